@@ -1,0 +1,7 @@
+"""``python -m ring_ref``: the same as the ``ring-ref`` command."""
+
+import sys
+
+from ring_ref.cli import main
+
+sys.exit(main())

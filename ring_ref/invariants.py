@@ -1,0 +1,161 @@
+"""The spec's invariants as named, pure, closed-form predicates.
+
+The ring is run on *provenance* as well as on values: a slot's provenance is the
+tuple of worker ids whose contributions it holds, in the order they were folded
+in (``(2, 3, 0)`` means ``(x_2 + x_3) + x_0``).  A sequence is stricter than a
+multiset: it also pins the association order, which is what fixes the bits of a
+floating-point result (clause ``fold-order``).
+
+Closed forms (``spec/ring_all_reduce.md``), with ``d = (i - c) mod n``:
+
+* ``inv-rs-provenance``: after reduce-scatter round ``r`` (``r = -1`` is the
+  initial state), slot ``c`` of worker ``i`` holds the arc ``c, c+1, ..., i``
+  when ``d <= r + 1``, and only ``(i,)`` otherwise.
+* ``inv-ag-provenance``: after all-gather round ``r``, worker ``i`` holds the
+  complete chunk ``c`` (the arc of all ``n`` workers starting at ``c``) when
+  ``(i + 1 - c) mod n <= r + 1``, and its reduce-scatter result otherwise.
+* ``inv-finished-chunks``: the set of chunks worker ``i`` has finished is exactly
+  the set those closed forms mark complete.
+
+>>> arc(3, 3, 4)
+(3, 0, 1)
+>>> rs_expected(4, 0, 2, 1)
+(1, 2)
+>>> rs_expected(4, 0, 3, 1)
+(3,)
+>>> ag_expected(4, 0, 0, 0)
+(0, 1, 2, 3)
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import NamedTuple, TypeVar
+
+from ring_ref.schedule import ALL_GATHER, REDUCE_SCATTER, Phase, rounds_per_phase
+
+T = TypeVar("T")
+
+State = tuple[tuple[T, ...], ...]
+"""Worker-major buffers: ``state[i][c]`` is chunk slot ``c`` of worker ``i``."""
+
+Provenance = tuple[int, ...]
+"""Worker ids whose contributions a slot holds, in fold order."""
+
+
+class InvariantViolation(AssertionError):
+    """A ring state broke one of the spec's invariants."""
+
+
+class Violation(NamedTuple):
+    """The first slot whose provenance differs from the closed form."""
+
+    worker: int
+    slot: int
+    expected: Provenance
+    actual: Provenance
+
+
+@lru_cache(maxsize=64)
+def _doubled_ring(n: int) -> Provenance:
+    return tuple(range(n)) * 2
+
+
+def arc(start: int, length: int, n: int) -> Provenance:
+    """Workers ``start, start+1, ...`` (mod ``n``), ``length`` of them (``0 <= length <= n``)."""
+    return _doubled_ring(n)[start % n : start % n + length]
+
+
+def is_complete(p: Provenance, n: int) -> bool:
+    """True when ``p`` holds every worker's contribution exactly once.
+
+    >>> is_complete((2, 0, 1), 3), is_complete((0, 1, 1), 3)
+    (True, False)
+    """
+    return len(p) == n and frozenset(p) == frozenset(range(n))
+
+
+def rs_expected(n: int, r: int, i: int, c: int) -> Provenance:
+    """Closed form of slot ``c`` of worker ``i`` after reduce-scatter round ``r``."""
+    d = (i - c) % n
+    return arc(c, d + 1, n) if d <= r + 1 else (i,)
+
+
+def ag_expected(n: int, r: int, i: int, c: int) -> Provenance:
+    """Closed form of slot ``c`` of worker ``i`` after all-gather round ``r``."""
+    if (i + 1 - c) % n <= r + 1:
+        return arc(c, n, n)
+    return rs_expected(n, rounds_per_phase(n) - 1, i, c)
+
+
+def expected_state(phase: Phase, r: int, n: int) -> State[Provenance]:
+    """The whole provenance state after round ``r`` of ``phase`` (reduce-scatter ``r = -1``: start)."""
+    slot = rs_expected if phase == REDUCE_SCATTER else ag_expected
+    return tuple(tuple(slot(n, r, i, c) for c in range(n)) for i in range(n))
+
+
+def first_violation(state: State[Provenance], phase: Phase, r: int) -> Violation | None:
+    """The first ``(worker, slot)`` whose provenance breaks the closed form, or ``None``."""
+    n = len(state)
+    expected = expected_state(phase, r, n)
+    if state == expected:
+        return None
+    if len(state) != n or any(len(row) != n for row in state):
+        raise ValueError(f"a ring state must be {n} workers x {n} slots")
+    for i, (got_row, want_row) in enumerate(zip(state, expected)):
+        for c, (got, want) in enumerate(zip(got_row, want_row)):
+            if got != want:
+                return Violation(i, c, want, got)
+    raise AssertionError("unreachable: states differ but no slot does")
+
+
+def holds_rs_invariant(state: State[Provenance], r: int) -> bool:
+    """``inv-rs-provenance``: ``state`` is exactly the closed form after reduce-scatter round ``r``."""
+    return first_violation(state, REDUCE_SCATTER, r) is None
+
+
+def holds_ag_invariant(state: State[Provenance], r: int) -> bool:
+    """``inv-ag-provenance``: ``state`` is exactly the closed form after all-gather round ``r``."""
+    return first_violation(state, ALL_GATHER, r) is None
+
+
+def finished_chunks(state: State[Provenance]) -> tuple[frozenset[int], ...]:
+    """For each worker, the chunk slots it holds complete.
+
+    >>> finished_chunks((((0,), (1, 0)), ((0, 1), (1,))))
+    (frozenset({1}), frozenset({0}))
+    """
+    n = len(state)
+    return tuple(frozenset(c for c, p in enumerate(row) if is_complete(p, n)) for row in state)
+
+
+def expected_finished(phase: Phase, r: int, n: int) -> tuple[frozenset[int], ...]:
+    """``inv-finished-chunks`` in closed form.
+
+    After reduce-scatter round ``r`` worker ``i`` has finished chunk ``(i + 1) mod n``
+    once ``r = n - 2`` and nothing before; after all-gather round ``r`` it has
+    finished every ``c`` with ``(i + 1 - c) mod n <= r + 1``.  With ``n = 1`` the
+    single chunk is finished from the start (``r = -1 = n - 2``).
+    """
+    reach = r + 1 if phase == ALL_GATHER else (0 if r == n - 2 else -1)
+    return tuple(frozenset(c for c in range(n) if (i + 1 - c) % n <= reach) for i in range(n))
+
+
+def holds_finished_chunks(state: State[Provenance], phase: Phase, r: int) -> bool:
+    """``inv-finished-chunks``: workers have finished exactly the chunks the closed form says."""
+    return finished_chunks(state) == expected_finished(phase, r, len(state))
+
+
+def check(state: State[Provenance], phase: Phase, r: int) -> None:
+    """Raise :class:`InvariantViolation` naming the first broken slot, if any."""
+    violation = first_violation(state, phase, r)
+    if violation is not None:
+        raise InvariantViolation(
+            f"after {phase} round {r}: worker {violation.worker} slot {violation.slot} holds "
+            f"contributions {violation.actual}, the spec requires {violation.expected}"
+        )
+    if not holds_finished_chunks(state, phase, r):
+        raise InvariantViolation(
+            f"after {phase} round {r}: finished chunks {finished_chunks(state)} differ from "
+            f"{expected_finished(phase, r, len(state))}"
+        )

@@ -1,0 +1,45 @@
+"""Oracles independent of ``ring_ref``: nothing here imports the package.
+
+* ``ring_fold`` is the spec's closed form (clause ``fold-order``) written
+  directly on tensors: chunk ``c`` is the left fold over workers
+  ``c, c+1, ..., c-1``, each addition in the input dtype.
+* ``exact_sum`` is the exact rational sum of every worker's element.
+* ``bits`` views a tensor's storage as integers so comparisons are bitwise.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import torch
+
+_INT_OF_SIZE = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def ring_fold(x: torch.Tensor) -> torch.Tensor:
+    """The closed-form ring all-reduce result of ``x`` of shape ``(N, M, ...)``."""
+    n, m = x.shape[0], x.shape[1]
+    k = m // n
+    pieces = []
+    for c in range(n):
+        acc = x[c, c * k : (c + 1) * k]
+        for step in range(1, n):
+            acc = acc + x[(c + step) % n, c * k : (c + 1) * k]
+        pieces.append(acc if n > 1 else acc.clone())
+    return torch.cat(pieces)
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's bit patterns as a contiguous integer tensor of the same shape."""
+    return t.detach().contiguous().view(_INT_OF_SIZE[t.element_size()])
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """True when ``a`` and ``b`` have the same shape, dtype and bit patterns."""
+    return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(bits(a), bits(b)))
+
+
+def exact_sum(x: torch.Tensor) -> list[Fraction]:
+    """The exact rational sum over axis 0, flattened, of a finite float tensor."""
+    flat = x.detach().to(torch.float64).reshape(x.shape[0], -1).tolist()
+    return [sum((Fraction(row[j]) for row in flat), Fraction(0)) for j in range(len(flat[0]))]
