@@ -8,7 +8,11 @@ from collections.abc import Sequence
 def expected_type_error(got: object) -> TypeError:
     """The error for an argument that is neither a torch tensor nor a numpy array."""
     kind = type(got).__name__
-    hint = " Stack the per-worker tensors first, e.g. torch.stack(tensors)." if isinstance(got, (list, tuple)) else ""
+    hint = (
+        " Stack the per-worker tensors first, e.g. torch.stack(tensors)."
+        if isinstance(got, (list, tuple))
+        else ""
+    )
     return TypeError(
         "ring_all_reduce expects worker_tensors as one torch.Tensor or numpy.ndarray of shape "
         f"(N, M, ...); got {kind}.{hint}"

@@ -62,7 +62,7 @@ def ag_round_is_copy(before: State[int], after: State[int], r: int) -> bool:
 
 def schedule_in_range(i: int, r: int, n: int) -> None:
     """Every chunk index the schedule produces is a valid slot; neighbours are inverse."""
-    assert 2 <= n
+    assert n >= 2
     assert 0 <= i < n
     assert 0 <= r < n - 1
     for c in (rs_send_chunk(i, r, n), rs_recv_chunk(i, r, n), ag_send_chunk(i, r, n), ag_recv_chunk(i, r, n)):
@@ -77,7 +77,7 @@ def rs_pipeline(i: int, r: int, n: int) -> None:
     Also: a worker never receives its own chunk ``i`` in reduce-scatter, and its
     last receive is the chunk it owns (``rs-owned-chunk``).
     """
-    assert 2 <= n
+    assert n >= 2
     assert 0 <= i < n
     assert 0 <= r < n - 1
     assert rs_recv_chunk(i, r, n) != i
@@ -89,7 +89,7 @@ def rs_pipeline(i: int, r: int, n: int) -> None:
 
 def rs_receives_distinct(i: int, r1: int, r2: int, n: int) -> None:
     """Reduce-scatter adds into a different slot in each round, so no slot is added twice."""
-    assert 2 <= n
+    assert n >= 2
     assert 0 <= i < n
     assert 0 <= r1 < r2 < n - 1
     assert rs_recv_chunk(i, r1, n) != rs_recv_chunk(i, r2, n)
@@ -97,7 +97,7 @@ def rs_receives_distinct(i: int, r1: int, r2: int, n: int) -> None:
 
 def ag_pipeline(i: int, r: int, n: int) -> None:
     """``ag-send-chunk``: all-gather starts from the owned chunk and forwards what it received."""
-    assert 2 <= n
+    assert n >= 2
     assert 0 <= i < n
     assert 0 <= r < n - 1
     assert ag_send_chunk(i, 0, n) == owned_chunk(i, n)

@@ -72,8 +72,22 @@ def fold(incoming: Provenance, own: Provenance) -> Provenance:
     return incoming + own
 
 
-def _replace(row: tuple[T, ...], c: int, value: T) -> tuple[T, ...]:
-    return row[:c] + (value,) + row[c + 1 :]
+def exchange(state: State[T], recv_chunk: Callable[[int], int], update: Combine[T]) -> State[T]:
+    """One simultaneous round: worker ``i`` receives slot ``recv_chunk(i)`` from its left neighbour.
+
+    The new slot is ``update(incoming, own)``; every other slot is kept.  All
+    reads are from ``state``, the buffers at the start of the round.
+    """
+    n = len(state)
+    new_rows = []
+    for i, row in enumerate(state):
+        c = recv_chunk(i)
+        new_rows.append((*row[:c], update(state[left(i, n)][c], row[c]), *row[c + 1 :]))
+    return tuple(new_rows)
+
+
+def _take_incoming(incoming: T, _own: T) -> T:
+    return incoming
 
 
 def reduce_scatter_round(state: State[T], r: int, combine: Combine[T]) -> State[T]:
@@ -84,11 +98,7 @@ def reduce_scatter_round(state: State[T], r: int, combine: Combine[T]) -> State[
     slot and keeps every other slot.
     """
     n = len(state)
-    new_rows = []
-    for i, row in enumerate(state):
-        c = rs_recv_chunk(i, r, n)
-        new_rows.append(_replace(row, c, combine(state[left(i, n)][c], row[c])))
-    return tuple(new_rows)
+    return exchange(state, lambda i: rs_recv_chunk(i, r, n), combine)
 
 
 def all_gather_round(state: State[T], r: int) -> State[T]:
@@ -97,11 +107,7 @@ def all_gather_round(state: State[T], r: int) -> State[T]:
     Clauses ``ag-send-chunk`` and ``ag-copy-not-add``.
     """
     n = len(state)
-    new_rows = []
-    for i, row in enumerate(state):
-        c = ag_recv_chunk(i, r, n)
-        new_rows.append(_replace(row, c, state[left(i, n)][c]))
-    return tuple(new_rows)
+    return exchange(state, lambda i: ag_recv_chunk(i, r, n), _take_incoming)
 
 
 def step(state: State[T], phase: Phase, r: int, combine: Combine[T]) -> State[T]:

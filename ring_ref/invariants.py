@@ -102,8 +102,8 @@ def first_violation(state: State[Provenance], phase: Phase, r: int) -> Violation
         return None
     if len(state) != n or any(len(row) != n for row in state):
         raise ValueError(f"a ring state must be {n} workers x {n} slots")
-    for i, (got_row, want_row) in enumerate(zip(state, expected)):
-        for c, (got, want) in enumerate(zip(got_row, want_row)):
+    for i, (got_row, want_row) in enumerate(zip(state, expected, strict=True)):
+        for c, (got, want) in enumerate(zip(got_row, want_row, strict=True)):
             if got != want:
                 return Violation(i, c, want, got)
     raise AssertionError("unreachable: states differ but no slot does")

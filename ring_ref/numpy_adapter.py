@@ -28,7 +28,16 @@ def validate(worker_tensors: object) -> tuple[int, int]:
     """Check a numpy input against the spec's bad-input table; return ``(N, M)``."""
     if not isinstance(worker_tensors, np.ndarray):
         raise _validate.expected_type_error(worker_tensors)
-    x = worker_tensors
+    n, m = validate_structure(worker_tensors)
+    validate_finite(worker_tensors)
+    return n, m
+
+
+def validate_structure(x: Array) -> tuple[int, int]:
+    """The ``bad-input`` checks on an array's metadata (class, dtype, shape); return ``(N, M)``.
+
+    They read no values; finiteness is :func:`validate_finite`.
+    """
     if type(x) is not np.ndarray:
         raise TypeError(
             f"worker_tensors is a {type(x).__name__}, an ndarray subclass whose semantics (masks, "
@@ -37,16 +46,21 @@ def validate(worker_tensors: object) -> tuple[int, int]:
         )
     if x.dtype not in SUPPORTED_DTYPES:
         raise _validate.unsupported_dtype(x.dtype, "numpy.float16, float32, float64")
-    n, m = _validate.check_layout(x.shape)
+    return _validate.check_layout(x.shape)
+
+
+def validate_finite(x: Array) -> None:
+    """Raise the ``bad-input`` error naming the first NaN or infinity of ``x``, if it holds any."""
     finite = np.isfinite(x)
     if not finite.all():
         bad = np.argwhere(~finite)
         raise _validate.non_finite(len(bad), [int(v) for v in bad[0]])
-    return n, m
 
 
 def _add(incoming: Array, own: Array) -> Array:
-    return np.add(incoming, own)
+    # Overflow to +-inf is the correctly rounded sum (clause input-finite), not an error.
+    with np.errstate(over="ignore"):
+        return np.add(incoming, own)
 
 
 def ring_all_reduce(worker_tensors: Array) -> Array:

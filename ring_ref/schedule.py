@@ -8,8 +8,11 @@ numbered ``0 .. n-1``; rounds of each phase are numbered ``0 .. n-2``.
 [0, 1, 2, 3]
 >>> [ag_send_chunk(i, 0, 4) for i in range(4)]
 [1, 2, 3, 0]
->>> sends(REDUCE_SCATTER, 1, 3)
-(Send(phase='reduce-scatter', round=1, src=0, dst=1, chunk=2), Send(phase='reduce-scatter', round=1, src=1, dst=2, chunk=0), Send(phase='reduce-scatter', round=1, src=2, dst=0, chunk=1))
+>>> for s in sends(REDUCE_SCATTER, 1, 3):
+...     print(s)
+Send(phase='reduce-scatter', round=1, src=0, dst=1, chunk=2)
+Send(phase='reduce-scatter', round=1, src=1, dst=2, chunk=0)
+Send(phase='reduce-scatter', round=1, src=2, dst=0, chunk=1)
 """
 
 from __future__ import annotations

@@ -24,7 +24,17 @@ def validate(worker_tensors: object) -> tuple[int, int]:
     """Check a torch input against the spec's bad-input table; return ``(N, M)``."""
     if not isinstance(worker_tensors, torch.Tensor):
         raise _validate.expected_type_error(worker_tensors)
-    x = worker_tensors
+    n, m = validate_structure(worker_tensors)
+    validate_finite(worker_tensors)
+    return n, m
+
+
+def validate_structure(x: torch.Tensor) -> tuple[int, int]:
+    """The ``bad-input`` checks on a tensor's metadata (layout, dtype, shape, device); return ``(N, M)``.
+
+    They read no values, so they cost nothing however large the input; finiteness
+    is :func:`validate_finite`.
+    """
     if x.is_nested or x.layout != torch.strided:
         raise TypeError(
             f"worker_tensors must be a dense strided tensor; got layout {x.layout}"
@@ -35,11 +45,15 @@ def validate(worker_tensors: object) -> tuple[int, int]:
     n, m = _validate.check_layout(tuple(x.shape))
     if x.device.type == "meta":
         raise ValueError("worker_tensors is on the meta device and holds no values to reduce.")
+    return n, m
+
+
+def validate_finite(x: torch.Tensor) -> None:
+    """Raise the ``bad-input`` error naming the first NaN or infinity of ``x``, if it holds any."""
     finite = torch.isfinite(x.detach())
     if not bool(finite.all()):
         bad = (~finite).nonzero()
         raise _validate.non_finite(int(bad.shape[0]), [int(v) for v in bad[0]])
-    return n, m
 
 
 def chunk_state(worker_tensors: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], ...]:

@@ -62,7 +62,9 @@ def worker_tensors(
     numel = 1
     for d in shape:
         numel *= d
-    elements = draw(st.lists(values or finite_values(dtype), min_size=numel, max_size=numel))
+    elements = draw(
+        st.lists(values if values is not None else finite_values(dtype), min_size=numel, max_size=numel)
+    )
     dense = torch.tensor(elements, dtype=torch.float64).to(dtype).reshape(shape)
     if not bool(torch.isfinite(dense).all()):
         dense = torch.where(torch.isfinite(dense), dense, torch.zeros((), dtype=dtype))

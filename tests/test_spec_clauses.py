@@ -1,0 +1,129 @@
+"""The spec document itself: its clause IDs, its citations, and its executable Python.
+
+The ``python`` blocks of ``spec/ring_all_reduce.md`` are an independent, plain
+statement of the closed forms; ``ring_ref`` is checked against them here.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Callable
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from ring_ref import invariants, ring_all_reduce, schedule
+from ring_ref.schedule import ALL_GATHER, REDUCE_SCATTER
+
+ROOT = Path(__file__).resolve().parent.parent
+SPEC = ROOT / "spec" / "ring_all_reduce.md"
+CLAUSE_HEADING = re.compile(r"^### `([a-z0-9]+(?:-[a-z0-9]+)*)` — ", re.MULTILINE)
+
+
+def spec_clause_ids() -> list[str]:
+    """Every clause ID, in document order."""
+    return CLAUSE_HEADING.findall(SPEC.read_text(encoding="utf-8"))
+
+
+def cited_clause_ids() -> dict[str, set[str]]:
+    """Clause ID -> the test files citing it with ``pytest.mark.clause(...)``."""
+    cited: dict[str, set[str]] = {}
+    for path in sorted((ROOT / "tests").glob("**/*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "clause"
+                and ast.unparse(node.func.value).endswith("mark")
+            ):
+                for arg in node.args:
+                    if not (isinstance(arg, ast.Constant) and isinstance(arg.value, str)):
+                        raise AssertionError(f"{path.name}: clause IDs must be string literals")
+                    cited.setdefault(arg.value, set()).add(path.name)
+    return cited
+
+
+def spec_namespace() -> dict[str, Any]:
+    """Execute the spec's ``python`` blocks in order and return what they define."""
+    blocks = re.findall(r"```python\n(.*?)```", SPEC.read_text(encoding="utf-8"), re.DOTALL)
+    assert blocks, "the spec has no executable blocks"
+    namespace: dict[str, Any] = {}
+    for block in blocks:
+        exec(compile(block, str(SPEC), "exec"), namespace)
+    return namespace
+
+
+SPEC_PY = spec_namespace()
+
+
+def test_clause_ids_are_unique_and_present() -> None:
+    ids = spec_clause_ids()
+    assert len(ids) >= 20
+    assert len(ids) == len(set(ids)), "duplicate clause IDs"
+
+
+def test_every_clause_is_cited_by_a_test() -> None:
+    uncited = sorted(set(spec_clause_ids()) - set(cited_clause_ids()))
+    assert not uncited, f"spec clauses no test cites: {uncited}"
+
+
+def test_every_citation_names_a_clause() -> None:
+    unknown = {cid: files for cid, files in cited_clause_ids().items() if cid not in spec_clause_ids()}
+    assert not unknown, f"tests cite IDs the spec does not define: {unknown}"
+
+
+@pytest.mark.clause("ring-topology", "rs-send-chunk", "ag-send-chunk")
+@pytest.mark.parametrize("n", range(1, 18))
+def test_schedule_matches_spec_code(n: int) -> None:
+    for i in range(n):
+        assert schedule.right(i, n) == SPEC_PY["right"](i, n)
+        assert schedule.left(i, n) == SPEC_PY["left"](i, n)
+        for r in range(n - 1):
+            assert schedule.rs_send_chunk(i, r, n) == SPEC_PY["rs_send_chunk"](i, r, n)
+            assert schedule.ag_send_chunk(i, r, n) == SPEC_PY["ag_send_chunk"](i, r, n)
+            sender = SPEC_PY["left"](i, n)
+            assert schedule.rs_recv_chunk(i, r, n) == SPEC_PY["rs_send_chunk"](sender, r, n)
+            assert schedule.ag_recv_chunk(i, r, n) == SPEC_PY["ag_send_chunk"](sender, r, n)
+
+
+@pytest.mark.clause("inv-rs-provenance", "inv-ag-provenance")
+@pytest.mark.parametrize("n", range(1, 13))
+def test_invariant_closed_forms_match_spec_code(n: int) -> None:
+    for r in range(-1, n - 1):
+        rs = tuple(tuple(SPEC_PY["rs_slot"](n, r, i, c) for c in range(n)) for i in range(n))
+        assert invariants.expected_state(REDUCE_SCATTER, r, n) == rs
+    for r in range(n - 1):
+        ag = tuple(tuple(SPEC_PY["ag_slot"](n, r, i, c) for c in range(n)) for i in range(n))
+        assert invariants.expected_state(ALL_GATHER, r, n) == ag
+
+
+def _spec_fold(x: list[list[Fraction]], add: Callable[[Fraction, Fraction], Fraction]) -> list[Fraction]:
+    n = len(x)
+    return [SPEC_PY["ring_fold"](x, c, add) for c in range(n)]
+
+
+@pytest.mark.clause("fold-order", "sum-not-mean")
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8])
+def test_ring_fold_in_spec_code_matches_the_package(n: int) -> None:
+    # float16 values chosen so that the order of additions changes the result.
+    gen = torch.Generator().manual_seed(n)
+    x = (torch.randn(n, n, generator=gen) * torch.logspace(-3, 3, n)).to(torch.float16)
+
+    def add16(a: Fraction, b: Fraction) -> Fraction:
+        # numpy's float16 addition: an arithmetic independent of torch's.
+        return Fraction(float(np.float16(float(a)) + np.float16(float(b))))
+
+    rows = [[Fraction(float(v)) for v in row] for row in x.tolist()]
+    expected = [float(v) for v in _spec_fold(rows, add16)]
+    assert ring_all_reduce(x).tolist() == expected
+
+
+@pytest.mark.clause("worked-example")
+def test_worked_example_matches_spec_code() -> None:
+    x = torch.tensor(SPEC_PY["WORKED_EXAMPLE_INPUT"])
+    assert ring_all_reduce(x).tolist() == SPEC_PY["WORKED_EXAMPLE_RESULT"]
