@@ -1,0 +1,44 @@
+"""The command line: ``python -m ring_ref`` and the ``ring-ref`` console script."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ring_ref.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.clause("worked-example", "round-count")
+def test_demo_prints_the_worked_example_and_every_round_for_n4(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo"]) == 0
+    out = capsys.readouterr().out
+    assert "after reduce-scatter round 0: worker buffers [[1.0, 6.0], [4.0, 4.0]]" in out
+    assert "ring_all_reduce(x) = [4.0, 6.0]" in out
+    for phase in ("reduce-scatter", "all-gather"):
+        for r in range(3):
+            assert f"{phase} round {r} " in out
+    assert f"{phase} round 3 " not in out
+
+
+def test_python_dash_m_and_console_script_run() -> None:
+    module = subprocess.run(
+        [sys.executable, "-m", "ring_ref", "demo"], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    assert "[4.0, 6.0]" in module.stdout
+    script = shutil.which("ring-ref", path=str(Path(sys.executable).parent))
+    assert script is not None, "the ring-ref console script is not installed next to this Python"
+    console = subprocess.run([script, "demo"], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert console.stdout == module.stdout
+
+
+def test_unknown_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["no-such-command"])
+    assert exit_info.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err
