@@ -1,19 +1,30 @@
-"""Round-by-round records of the reference ring, and a plain-text rendering.
+"""Round-by-round records of the reference ring: a plain-text table and a JSON trace.
 
 >>> records = trace(2)
 >>> [(rec.phase, rec.round) for rec in records]
 [('start', -1), ('reduce-scatter', 0), ('all-gather', 0)]
 >>> records[1].provenance
 (((0,), (1, 0)), ((0, 1), (1,)))
+>>> doc = trace_json(records, 4)
+>>> doc["traffic"]["elementsPerWorkerTotal"]
+4
+
+The JSON document follows ``spec/trace.schema.json`` (see "Traces" in
+``README.md``): every round's sends, with ``add`` or ``copy`` and the number of
+elements moved, every slot's provenance afterwards, the finished chunks, and a
+traffic summary (clause ``traffic``).
 """
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from ring_ref.core import fold, provenance_state, run_ring
-from ring_ref.invariants import Provenance, State, is_complete
-from ring_ref.schedule import Phase, Send, sends
+from ring_ref.invariants import Provenance, State, finished_chunks, is_complete
+from ring_ref.schedule import REDUCE_SCATTER, Phase, Send, rounds_per_phase, sends
+
+TRACE_FORMAT = "ring-ref-trace"
+TRACE_VERSION = 1
 
 Stage = Phase | Literal["start"]
 
@@ -68,3 +79,78 @@ def render_table(records: tuple[RoundRecord, ...]) -> str:
         lines.append("")
     lines.append("a+b+c = contributions of workers a, b, c added in that order;  * = finished chunk")
     return "\n".join(lines)
+
+
+def operation(phase: Phase) -> Literal["add", "copy"]:
+    """What a receiver does with a chunk in ``phase``: ``add`` (reduce-scatter) or ``copy`` (all-gather).
+
+    >>> operation("reduce-scatter"), operation("all-gather")
+    ('add', 'copy')
+    """
+    return "add" if phase == REDUCE_SCATTER else "copy"
+
+
+def check_rows(n: int, m: int) -> None:
+    """Raise ``ValueError`` unless ``n >= 1`` workers can split ``m >= 1`` rows into equal chunks."""
+    if n < 1:
+        raise ValueError(f"N = {n}: the ring needs at least one worker (use -n 1 or more).")
+    if m < 1 or m % n:
+        raise ValueError(f"M = {m} must be a positive multiple of N = {n} (e.g. -m {n}).")
+
+
+def trace_json(records: tuple[RoundRecord, ...], m: int) -> dict[str, Any]:
+    """The JSON trace (schema ``spec/trace.schema.json``) of ``records`` for ``M = m`` one-element rows.
+
+    ``S = m`` elements per worker, so each send moves one chunk of ``S / N`` elements.
+    """
+    n = len(records[0].provenance)
+    check_rows(n, m)
+    chunk = m // n
+    rounds = []
+    for rec in records:
+        finished = finished_chunks(rec.provenance)
+        rounds.append(
+            {
+                "phase": rec.phase,
+                "round": rec.round,
+                "sends": [
+                    {
+                        "src": s.src,
+                        "dst": s.dst,
+                        "chunk": s.chunk,
+                        "op": operation(s.phase),
+                        "elements": chunk,
+                    }
+                    for s in rec.sends
+                ],
+                "workers": [
+                    {
+                        "worker": i,
+                        "slots": [{"chunk": c, "contributions": list(p)} for c, p in enumerate(row)],
+                        "finishedChunks": sorted(finished[i]),
+                    }
+                    for i, row in enumerate(rec.provenance)
+                ],
+            }
+        )
+    sent = [0] * n
+    for rec in records:
+        for s in rec.sends:
+            sent[s.src] += chunk
+    return {
+        "format": TRACE_FORMAT,
+        "version": TRACE_VERSION,
+        "n": n,
+        "m": m,
+        "elementsPerWorker": m,
+        "chunkElements": chunk,
+        "rounds": rounds,
+        "traffic": {
+            "rounds": sum(1 for rec in records if rec.phase != "start"),
+            "roundsPerPhase": rounds_per_phase(n),
+            "elementsPerWorkerPerRound": chunk,
+            "elementsSentByWorker": sent,
+            "elementsPerWorkerTotal": max(sent),
+            "elementsTotal": sum(sent),
+        },
+    }

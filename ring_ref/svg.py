@@ -1,0 +1,254 @@
+"""An SVG picture of the reference ring: one panel per round.
+
+Each panel draws the ``N`` workers on a circle (worker 0 at the top, then
+clockwise), each as a row of ``N`` chunk slots.  A slot's fill shows how many
+workers' contributions it holds (pale: only its own, dark: all ``N``); a
+finished chunk also gets a thick outline and a tick.  Arrows are the round's
+sends, labelled with the chunk and ``+`` (reduce-scatter adds) or ``=``
+(all-gather copies).  The first panel is the start state; the remaining
+reduce-scatter panels fill the top row and the all-gather panels the bottom one.
+
+Every panel is a ``<g class="panel">`` with ``data-phase`` and ``data-round``;
+every slot a ``<rect class="slot">`` with ``data-worker``, ``data-chunk`` and
+``data-count``; every send a ``<path class="send">``.
+
+>>> from ring_ref.trace import trace
+>>> svg = render_svg(trace(2))
+>>> svg.startswith("<svg") and svg.count('class="panel"')
+3
+"""
+
+from __future__ import annotations
+
+import math
+import xml.etree.ElementTree as ET
+
+from ring_ref.invariants import is_complete
+from ring_ref.schedule import REDUCE_SCATTER
+from ring_ref.trace import RoundRecord
+
+SVG_NS = "http://www.w3.org/2000/svg"
+SLOT = 16
+PAD = 14
+TITLE_H = 22
+_RAMP = ((255, 255, 204), (161, 218, 180), (65, 182, 196), (44, 127, 184), (37, 52, 148))
+
+
+def slot_colour(count: int, n: int) -> str:
+    """The fill for a slot holding ``count`` of ``n`` contributions, pale (1) to dark (``n``).
+
+    >>> slot_colour(1, 4), slot_colour(4, 4)
+    ('#ffffcc', '#253494')
+    """
+    t = (len(_RAMP) - 1) * (0.0 if n == 1 else (count - 1) / (n - 1))
+    k = min(int(t), len(_RAMP) - 2)
+    lo, hi = _RAMP[k], _RAMP[k + 1]
+    r, g, b = (round(a + (b - a) * (t - k)) for a, b in zip(lo, hi, strict=True))
+    return f"#{r:02x}{g:02x}{b:02x}"
+
+
+def _text_colour(count: int, n: int) -> str:
+    return "#ffffff" if n > 1 and (count - 1) / (n - 1) > 0.5 else "#000000"
+
+
+def _radius(n: int) -> float:
+    """Circle radius at which neighbouring workers' slot rows do not overlap."""
+    if n <= 2:
+        return 80.0
+    return max(80.0, (n * SLOT + 40) / (2 * math.sin(math.pi / n)))
+
+
+def _centre(i: int, n: int, cx: float, cy: float, radius: float) -> tuple[float, float]:
+    angle = -math.pi / 2 + 2 * math.pi * i / n
+    return cx + radius * math.cos(angle), cy + radius * math.sin(angle)
+
+
+def _edge(dx: float, dy: float, half_w: float, half_h: float) -> float:
+    """Distance from a box centre along unit ``(dx, dy)`` to the box's edge."""
+    tx = half_w / abs(dx) if dx else math.inf
+    ty = half_h / abs(dy) if dy else math.inf
+    return min(tx, ty)
+
+
+def _fmt(v: float) -> str:
+    return f"{v:.1f}"
+
+
+def _add(parent: ET.Element, tag: str, text: str | None = None, **attrs: str) -> ET.Element:
+    el = ET.SubElement(parent, tag, {k.rstrip("_").replace("_", "-"): v for k, v in attrs.items()})
+    if text is not None:
+        el.text = text
+    return el
+
+
+def _panel(parent: ET.Element, rec: RoundRecord, x0: float, y0: float, size: float) -> None:
+    n = len(rec.provenance)
+    panel = _add(parent, "g", class_="panel", data_phase=rec.phase, data_round=str(rec.round))
+    _add(
+        panel,
+        "rect",
+        x=_fmt(x0),
+        y=_fmt(y0),
+        width=_fmt(size),
+        height=_fmt(size + TITLE_H),
+        rx="6",
+        fill="#ffffff",
+        stroke="#bbbbbb",
+    )
+    if rec.phase == "start":
+        title = "start"
+    else:
+        title = f"{rec.phase} round {rec.round} ({'add' if rec.phase == REDUCE_SCATTER else 'copy'})"
+    _add(panel, "text", title, x=_fmt(x0 + size / 2), y=_fmt(y0 + 16), class_="title")
+    cx, cy, radius = x0 + size / 2, y0 + TITLE_H + size / 2, _radius(n)
+    _add(panel, "circle", cx=_fmt(cx), cy=_fmt(cy), r=_fmt(radius), class_="ring")
+    half_w, half_h = n * SLOT / 2 + 3, SLOT / 2 + 12
+    for s in rec.sends:
+        (ax, ay), (bx, by) = _centre(s.src, n, cx, cy, radius), _centre(s.dst, n, cx, cy, radius)
+        length = math.hypot(bx - ax, by - ay)
+        dx, dy = (bx - ax) / length, (by - ay) / length
+        start = _edge(dx, dy, half_w, half_h) + 3
+        end = _edge(dx, dy, half_w, half_h) + 6
+        sx, sy, ex, ey = ax + dx * start, ay + dy * start, bx - dx * end, by - dy * end
+        bow = 0.18 * length
+        qx, qy = (sx + ex) / 2 - dy * bow, (sy + ey) / 2 + dx * bow
+        _add(
+            panel,
+            "path",
+            d=f"M {_fmt(sx)} {_fmt(sy)} Q {_fmt(qx)} {_fmt(qy)} {_fmt(ex)} {_fmt(ey)}",
+            class_="send",
+            data_src=str(s.src),
+            data_dst=str(s.dst),
+            data_chunk=str(s.chunk),
+            marker_end="url(#arrow)",
+        )
+        op = "+" if s.phase == REDUCE_SCATTER else "="
+        lx, ly = (sx + 2 * qx + ex) / 4, (sy + 2 * qy + ey) / 4
+        _add(panel, "text", f"{op}c{s.chunk}", x=_fmt(lx - dy * 9), y=_fmt(ly + dx * 9 + 4), class_="label")
+    for i, row in enumerate(rec.provenance):
+        wx, wy = _centre(i, n, cx, cy, radius)
+        left = wx - n * SLOT / 2
+        _add(panel, "text", f"w{i}", x=_fmt(wx), y=_fmt(wy - SLOT / 2 - 4), class_="worker")
+        for c, p in enumerate(row):
+            done = is_complete(p, n)
+            _add(
+                panel,
+                "rect",
+                x=_fmt(left + c * SLOT),
+                y=_fmt(wy - SLOT / 2),
+                width=str(SLOT),
+                height=str(SLOT),
+                fill=slot_colour(len(p), n),
+                class_="slot finished" if done else "slot",
+                data_worker=str(i),
+                data_chunk=str(c),
+                data_count=str(len(p)),
+            )
+            mark = "\u2713" if done else str(len(p))
+            _add(
+                panel,
+                "text",
+                mark,
+                x=_fmt(left + c * SLOT + SLOT / 2),
+                y=_fmt(wy + 4),
+                class_="count",
+                fill=_text_colour(len(p), n),
+            )
+
+
+_STYLE = """
+text { font-family: sans-serif; text-anchor: middle; }
+.title { font-size: 13px; font-weight: bold; }
+.worker { font-size: 11px; font-weight: bold; }
+.count { font-size: 9px; }
+.label { font-size: 10px; fill: #b2182b; }
+.ring { fill: none; stroke: #dddddd; stroke-dasharray: 4 4; }
+.send { fill: none; stroke: #b2182b; stroke-width: 1.6; }
+.slot { stroke: #555555; stroke-width: 0.8; }
+.finished { stroke: #d95f02; stroke-width: 2.6; }
+.legend { font-size: 10px; text-anchor: start; }
+"""
+
+
+def _legend(parent: ET.Element, n: int, x0: float, y0: float) -> None:
+    legend = _add(parent, "g", class_="legend-box")
+    lines = [
+        f"w0..w{n - 1}: workers; each sends to the next, clockwise",
+        f"its slots, left to right: chunks 0..{n - 1}",
+        "slot fill and number: contributions held",
+        "\u2713 + orange outline: finished chunk",
+        "arrow +cK: send chunk K, receiver adds",
+        "arrow =cK: send chunk K, receiver copies",
+    ]
+    for k, line in enumerate(lines):
+        _add(legend, "text", line, x=_fmt(x0), y=_fmt(y0 + 14 * k), class_="legend")
+    for count in range(1, n + 1):
+        x = x0 + (count - 1) * (SLOT + 2)
+        _add(
+            legend,
+            "rect",
+            x=_fmt(x),
+            y=_fmt(y0 + 14 * len(lines)),
+            width=str(SLOT),
+            height=str(SLOT),
+            fill=slot_colour(count, n),
+            stroke="#555555",
+        )
+        _add(
+            legend,
+            "text",
+            str(count),
+            x=_fmt(x + SLOT / 2),
+            y=_fmt(y0 + 14 * len(lines) + SLOT / 2 + 4),
+            class_="count",
+            fill=_text_colour(count, n),
+        )
+
+
+def render_svg(records: tuple[RoundRecord, ...]) -> str:
+    """The SVG document (ASCII, non-ASCII text as character references) for a trace.
+
+    The start panel comes first, then one panel per round.
+    """
+    n = len(records[0].provenance)
+    size = 2 * _radius(n) + n * SLOT + 48
+    columns = n
+    rows = 2 if n > 1 else 1
+    width = columns * (size + PAD) + PAD
+    height = rows * (size + TITLE_H + PAD) + PAD
+    root = ET.Element(
+        "svg",
+        {
+            "xmlns": SVG_NS,
+            "width": _fmt(width),
+            "height": _fmt(height),
+            "viewBox": f"0 0 {_fmt(width)} {_fmt(height)}",
+        },
+    )
+    _add(root, "title", f"Ring all-reduce, N = {n}: every round of reduce-scatter and all-gather")
+    defs = _add(root, "defs")
+    _add(defs, "style", _STYLE)
+    marker = _add(
+        defs,
+        "marker",
+        id="arrow",
+        viewBox="0 0 10 10",
+        refX="9",
+        refY="5",
+        markerWidth="5",
+        markerHeight="5",
+        orient="auto-start-reverse",
+    )
+    _add(marker, "path", d="M 0 0 L 10 5 L 0 10 z", fill="#b2182b")
+    _add(root, "rect", width="100%", height="100%", fill="#f7f7f7")
+    for rec in records:
+        if rec.phase == "start":
+            column, row = 0, 0
+        else:
+            column, row = rec.round + 1, 0 if rec.phase == REDUCE_SCATTER else 1
+        _panel(root, rec, PAD + column * (size + PAD), PAD + row * (size + TITLE_H + PAD), size)
+    if n > 1:
+        _legend(root, n, PAD + 8, PAD + size + TITLE_H + PAD + 24)
+    ET.indent(root, space=" ")
+    text = ET.tostring(root, encoding="unicode")
+    return text.encode("ascii", "xmlcharrefreplace").decode("ascii") + "\n"  # pure ASCII output
