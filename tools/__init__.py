@@ -1,0 +1,1 @@
+"""Developer tools that stand outside the ``ring_ref`` package (they never import it)."""
