@@ -1,0 +1,279 @@
+"""Run a function on ``world_size`` spawned processes joined by a ``torch.distributed`` group.
+
+A small harness for multi-process tests and tools, loopback only:
+
+* :class:`ProcessRing` starts ``world_size`` worker processes once, each of
+  which joins one process group (``gloo`` by default) through a
+  ``torch.distributed.TCPStore`` that the parent hosts on ``127.0.0.1`` at a
+  free port chosen by the operating system (port 0, so no port race).  Every
+  :meth:`ProcessRing.run` then calls ``fn(rank, world_size, payload)`` on all
+  ranks of that same group and returns the per-rank results in rank order.
+
+Failure handling, so that a test can never hang:
+
+* a rank whose ``fn`` raises makes :meth:`~ProcessRing.run` raise
+  :class:`RankError` carrying that rank's formatted traceback; the other ranks
+  (which may be blocked waiting for the failed peer) are killed at once;
+* a call that has not finished by its deadline kills every rank and raises
+  :class:`TimeoutError` naming the ranks that did not finish;
+* a rank that dies (signal, ``os._exit``) raises :class:`RankError` too.
+
+After a failure or timeout the ring is torn down, and the next ``run``
+respawns a fresh group, so one ``ProcessRing`` can outlive a failing case.
+Leaving the ``with`` block (or :meth:`~ProcessRing.close`) asks each rank to
+destroy its process group and exit, joins it, and kills any straggler.
+
+Start methods: ``"forkserver"`` (the default) forks each rank from a clean
+server process that was itself spawned and has imported torch once, so a rank
+starts in a fraction of a second instead of re-importing torch (seconds per
+process); ``"spawn"`` starts every rank as a fresh interpreter.  Neither
+inherits the parent's state: both unpickle ``fn`` and ``payload`` in the
+child, with the parent's ``sys.path`` at the time of the start.
+
+``fn`` must be a module-level (picklable) function, and ``payload`` and each
+result must be picklable.  ``fn`` may use ``torch.distributed`` freely with the
+default group, which is the ring's group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import multiprocessing
+import multiprocessing.connection
+import multiprocessing.context
+import os
+import pickle
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from types import TracebackType
+from typing import Any, Final, Literal, TypeVar
+
+import torch
+import torch.distributed as dist
+from torch.distributed import TCPStore  # type: ignore[attr-defined]  # re-exported at runtime, not in stubs
+
+__all__ = ["ProcessRing", "RankError"]
+
+_P = TypeVar("_P")
+_R = TypeVar("_R")
+StartMethod = Literal["forkserver", "spawn"]
+
+LOOPBACK: Final = "127.0.0.1"
+_STOP: Final = b"stop"
+_JOIN_GRACE_S: Final = 5.0
+
+
+class RankError(RuntimeError):
+    """One or more ranks failed; ``tracebacks`` maps each failed rank to its formatted traceback."""
+
+    def __init__(self, world_size: int, tracebacks: dict[int, str]) -> None:
+        self.tracebacks = dict(sorted(tracebacks.items()))
+        self.rank = next(iter(self.tracebacks))
+        parts = [f"rank {r} of {world_size} failed:\n{tb.rstrip()}" for r, tb in self.tracebacks.items()]
+        super().__init__(
+            f"{len(parts)} rank(s) failed; the remaining ranks were killed.\n" + "\n\n".join(parts)
+        )
+
+
+@dataclass(frozen=True)
+class _Config:
+    world_size: int
+    backend: str
+    store_port: int
+    group_timeout_s: float
+
+
+def _worker(rank: int, config: _Config, conn: Connection) -> None:
+    """Body of one spawned rank: join the group, then serve ``(fn, payload)`` calls until told to stop."""
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    timeout = datetime.timedelta(seconds=config.group_timeout_s)
+    try:
+        if config.backend == "nccl":
+            torch.cuda.set_device(rank % torch.cuda.device_count())
+        store = TCPStore(LOOPBACK, config.store_port, is_master=False, timeout=timeout)
+        dist.init_process_group(
+            config.backend, store=store, rank=rank, world_size=config.world_size, timeout=timeout
+        )
+    except BaseException:
+        conn.send(("error", traceback.format_exc()))
+        return
+    try:
+        conn.send(("ready", None))
+        with contextlib.suppress(EOFError):  # the parent went away: just leave
+            while (task := conn.recv_bytes()) != _STOP:
+                try:
+                    fn, payload = pickle.loads(task)
+                    conn.send(("ok", pickle.dumps(fn(rank, config.world_size, payload))))
+                except BaseException:
+                    conn.send(("error", traceback.format_exc()))
+    finally:
+        dist.destroy_process_group()
+
+
+class ProcessRing:
+    """``world_size`` spawned processes in one ``torch.distributed`` group, reusable across calls.
+
+    ``backend`` is ``"gloo"`` (CPU) or ``"nccl"`` (rank ``r`` uses CUDA device
+    ``r % device_count``); ``start_method`` is ``"forkserver"`` or ``"spawn"``.
+    ``group_timeout_s`` bounds each collective and point-to-point wait inside
+    the ranks; ``start_timeout_s`` bounds starting the ranks and joining the group.
+    Use as a context manager::
+
+        with ProcessRing(4) as ring:
+            results = ring.run(my_module_level_fn, payload, timeout_s=30)
+
+    ``results[r]`` is ``my_module_level_fn(r, 4, payload)`` evaluated on rank ``r``.
+    """
+
+    def __init__(
+        self,
+        world_size: int,
+        *,
+        backend: str = "gloo",
+        group_timeout_s: float = 30.0,
+        start_timeout_s: float = 120.0,
+        start_method: StartMethod = "forkserver",
+    ) -> None:
+        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+            raise ValueError(f"world_size must be a positive int; got {world_size!r}.")
+        if start_method not in ("forkserver", "spawn"):
+            raise ValueError(f"start_method must be 'forkserver' or 'spawn'; got {start_method!r}.")
+        self.start_method = start_method
+        self.world_size = world_size
+        self.backend = backend
+        self.group_timeout_s = group_timeout_s
+        self.start_timeout_s = start_timeout_s
+        self._procs: list[BaseProcess] = []
+        self._conns: list[Connection] = []
+        self._store: TCPStore | None = None
+
+    def __enter__(self) -> ProcessRing:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    @property
+    def running(self) -> bool:
+        """Whether a group of ranks is currently up (it is respawned lazily after a failure)."""
+        return bool(self._procs)
+
+    def start(self) -> None:
+        """Spawn the ranks and wait until every one has joined the group (no-op when already up)."""
+        if self._procs:
+            return
+        timeout = datetime.timedelta(seconds=self.group_timeout_s)
+        self._store = TCPStore(LOOPBACK, 0, is_master=True, timeout=timeout, wait_for_workers=False)
+        config = _Config(self.world_size, self.backend, self._store.port, self.group_timeout_s)
+        ctx: multiprocessing.context.SpawnContext | multiprocessing.context.ForkServerContext
+        if self.start_method == "forkserver":
+            ctx = multiprocessing.get_context("forkserver")
+            ctx.set_forkserver_preload([__name__])
+        else:
+            ctx = multiprocessing.get_context("spawn")
+        for rank in range(self.world_size):
+            parent_end, child_end = ctx.Pipe(duplex=True)
+            proc = ctx.Process(target=_worker, args=(rank, config, child_end), name=f"ring-rank-{rank}")
+            proc.daemon = True
+            proc.start()
+            child_end.close()
+            self._procs.append(proc)
+            self._conns.append(parent_end)
+        self._collect("starting the process group", self.start_timeout_s)
+
+    def run(self, fn: Callable[[int, int, _P], _R], payload: _P, *, timeout_s: float = 60.0) -> list[_R]:
+        """Call ``fn(rank, world_size, payload)`` on every rank; return the results in rank order.
+
+        Raises :class:`RankError` (with the failing ranks' tracebacks) if any rank
+        raises or dies, and :class:`TimeoutError` naming the unfinished ranks if
+        the call takes longer than ``timeout_s``; in both cases every rank is
+        killed first, and the next call respawns the group.
+        """
+        try:
+            task = pickle.dumps((fn, payload))
+        except Exception as exc:
+            raise TypeError(
+                f"fn and payload must be picklable (fn a module-level function); pickling failed: {exc!r}"
+            ) from exc
+        self.start()
+        for conn in self._conns:
+            conn.send_bytes(task)
+        return [pickle.loads(blob) for blob in self._collect(f"running {_name(fn)}", timeout_s)]
+
+    def close(self) -> None:
+        """Ask each rank to destroy its group and exit; join them, killing any that linger."""
+        for conn in self._conns:
+            with contextlib.suppress(OSError):
+                conn.send_bytes(_STOP)
+        deadline = time.monotonic() + _JOIN_GRACE_S
+        for proc in self._procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
+        self._kill()
+
+    def _collect(self, what: str, timeout_s: float) -> list[Any]:
+        """Wait for one reply per rank; on error, death or deadline kill all ranks and raise."""
+        deadline = time.monotonic() + timeout_s
+        replies: dict[int, Any] = {}
+        errors: dict[int, str] = {}
+        while len(replies) < self.world_size and not errors:
+            pending = [r for r in range(self.world_size) if r not in replies]
+            remaining = deadline - time.monotonic()
+            ready = multiprocessing.connection.wait(
+                [self._conns[r] for r in pending] + [self._procs[r].sentinel for r in pending],
+                timeout=max(0.0, remaining),
+            )
+            if not ready:
+                self._kill()
+                raise TimeoutError(
+                    f"{what} on {self.world_size} rank(s) timed out after {timeout_s:g} s; "
+                    f"rank(s) {pending} did not finish (all ranks were killed)."
+                )
+            self._read_ready(pending, replies, errors)
+        if errors:
+            self._read_ready([r for r in range(self.world_size) if r not in replies], replies, errors)
+            self._kill()
+            raise RankError(self.world_size, errors)
+        return [replies[r] for r in range(self.world_size)]
+
+    def _read_ready(self, ranks: list[int], replies: dict[int, Any], errors: dict[int, str]) -> None:
+        """Move every reply already available from ``ranks`` into ``replies`` or ``errors``."""
+        for rank in ranks:
+            conn = self._conns[rank]
+            try:
+                if not conn.poll(0):
+                    if not self._procs[rank].is_alive():
+                        code = self._procs[rank].exitcode
+                        errors[rank] = f"the process exited with code {code} without replying"
+                    continue
+                kind, value = conn.recv()
+            except (EOFError, OSError):
+                self._procs[rank].join(_JOIN_GRACE_S)
+                errors[rank] = f"the process exited with code {self._procs[rank].exitcode} without replying"
+                continue
+            if kind == "error":
+                errors[rank] = value
+            else:
+                replies[rank] = value
+
+    def _kill(self) -> None:
+        """Terminate and join every rank, close the pipes and the store."""
+        for proc in self._procs:
+            if proc.is_alive():
+                proc.kill()
+        for proc in self._procs:
+            proc.join(_JOIN_GRACE_S)
+        for conn in self._conns:
+            conn.close()
+        self._procs, self._conns, self._store = [], [], None
+
+
+def _name(fn: object) -> str:
+    return str(getattr(fn, "__qualname__", fn))

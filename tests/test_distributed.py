@@ -1,0 +1,411 @@
+"""``ring_ref.distributed.ring_all_reduce_`` on real gloo processes on 127.0.0.1 (``ring_ref._procs``).
+
+One process group per world size (2, 3 and 4 processes) is spawned once per
+module and reused by every case.  Each rank reduces its own row of a stacked
+input in place; the parent compares every rank's bits with the simulation
+``ring_ref.ring_all_reduce`` *and* with the independent closed-form fold
+``tests.oracles.ring_fold``.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import importlib
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, cast
+from unittest import mock
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from ring_ref import ring_all_reduce
+from ring_ref._procs import ProcessRing, RankError
+from ring_ref.distributed import ring_all_reduce_
+from ring_ref.testing import assert_matches_reference
+from tests.oracles import ring_fold, same_bits
+
+# The example script is imported by name here and, through sys.path (spawned ranks inherit it), on every rank.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+data_parallel_step: Any = importlib.import_module("data_parallel_step")
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+GROUP_TIMEOUT_S = 120.0
+CALL_TIMEOUT_S = 60.0
+SHORT_GROUP_TIMEOUT = datetime.timedelta(seconds=2)
+
+_GROUPS: dict[tuple[tuple[int, ...], float], dist.ProcessGroup] = {}
+
+
+def _group(ranks: tuple[int, ...], timeout_s: float = GROUP_TIMEOUT_S) -> dist.ProcessGroup:
+    """A cached sub-group; all ranks must ask for the same groups in the same order (a collective)."""
+    key = (ranks, timeout_s)
+    if key not in _GROUPS:
+        group = dist.new_group(list(ranks), timeout=datetime.timedelta(seconds=timeout_s))
+        assert group is not None
+        _GROUPS[key] = group
+    return _GROUPS[key]
+
+
+def stacked(
+    n: int, rows_per_chunk: int, trailing: tuple[int, ...], dtype: torch.dtype, seed: int
+) -> torch.Tensor:
+    """A seeded ``(N, M, ...)`` input with magnitudes spread over 10**-3 .. 10**3 (order-sensitive sums)."""
+    gen = torch.Generator().manual_seed(seed)
+    shape = (n, n * rows_per_chunk, *trailing)
+    scale = torch.pow(10.0, torch.randint(-3, 4, shape, generator=gen).to(torch.float64))
+    return (torch.randn(shape, generator=gen, dtype=torch.float64) * scale).to(dtype)
+
+
+def cases_for(n: int) -> list[tuple[torch.Tensor, bool]]:
+    """Every dtype x trailing shape, contiguous and column-major (non-contiguous) per-rank tensors."""
+    out = []
+    for d, dtype in enumerate(DTYPES):
+        for t, (rows, trailing) in enumerate([(1, ()), (3, ()), (2, (3,)), (1, (2, 3))]):
+            x = stacked(n, rows, trailing, dtype, seed=100 * n + 10 * d + t)
+            out.append((x, False))
+            if trailing:
+                out.append((x, True))
+    return out
+
+
+def reduce_rows(rank: int, world_size: int, cases: list[tuple[torch.Tensor, bool]]) -> list[torch.Tensor]:
+    """On each rank: reduce ``x[rank]`` in place; check identity, strides and storage were kept."""
+    results = []
+    for x, column_major in cases:
+        mine = x[rank].clone()
+        if column_major:
+            mine = mine.transpose(0, -1).contiguous().transpose(0, -1)
+            assert not mine.is_contiguous()
+        ptr, strides = mine.data_ptr(), mine.stride()
+        assert ring_all_reduce_(mine) is mine
+        assert (mine.data_ptr(), mine.stride()) == (ptr, strides)
+        results.append(mine)
+    return results
+
+
+def reduce_in_subgroup(rank: int, world_size: int, payload: tuple[tuple[int, ...], torch.Tensor]) -> Any:
+    """Members of the sub-group ``ranks`` reduce row ``group rank`` of ``x``; the others must be refused."""
+    ranks, x = payload
+    group = _group(ranks)
+    if rank not in ranks:
+        try:
+            ring_all_reduce_(torch.zeros(len(ranks)), group)
+        except ValueError as exc:
+            return str(exc)
+        return "accepted"
+    mine = x[dist.get_group_rank(group, rank)].clone()
+    ring_all_reduce_(mine, group)
+    return mine
+
+
+class Rings:
+    """One lazily spawned, reused :class:`ProcessRing` per world size, all closed at module end."""
+
+    def __init__(self) -> None:
+        self._rings: dict[int, ProcessRing] = {}
+
+    def __call__(self, n: int) -> ProcessRing:
+        if n not in self._rings:
+            self._rings[n] = ProcessRing(n, group_timeout_s=GROUP_TIMEOUT_S)
+        return self._rings[n]
+
+    def close(self) -> None:
+        for ring in self._rings.values():
+            ring.close()
+
+
+@pytest.fixture(scope="module")
+def rings() -> Iterator[Rings]:
+    pool = Rings()
+    yield pool
+    pool.close()
+
+
+@pytest.mark.clause("fold-order", "chunk-layout", "ag-complete", "supported-dtypes")
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_every_rank_matches_the_simulation_bit_for_bit(rings: Rings, n: int) -> None:
+    cases = cases_for(n)
+    per_rank = rings(n).run(reduce_rows, cases, timeout_s=CALL_TIMEOUT_S)
+    order_sensitive = 0
+    for k, (x, _) in enumerate(cases):
+        expected = ring_all_reduce(x)
+        assert same_bits(expected, ring_fold(x)), "the simulation itself disagrees with the closed form"
+        for rank in range(n):
+            got = per_rank[rank][k]
+            assert same_bits(got, expected), (
+                f"rank {rank}, case {k} ({x.dtype}, {tuple(x.shape)}): {got} != {expected}"
+            )
+        forward = x[0]
+        for i in range(1, n):
+            forward = forward + x[i]
+        order_sensitive += not same_bits(forward, expected)
+    # With N >= 3 the inputs make the plain 0..N-1 fold differ, so bitwise agreement is a real check of
+    # the association order; with N = 2 every order gives the same bits (IEEE addition commutes).
+    assert order_sensitive > 0 if n >= 3 else order_sensitive == 0
+
+
+@pytest.mark.clause("sum-not-mean")
+def test_worked_example_on_two_processes(rings: Rings) -> None:
+    x = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    per_rank = rings(2).run(reduce_rows, [(x, False)], timeout_s=CALL_TIMEOUT_S)
+    assert [r[0].tolist() for r in per_rank] == [[4.0, 6.0], [4.0, 6.0]]
+
+
+def test_subgroups_reduce_in_group_rank_order(rings: Rings) -> None:
+    for ranks in [(1, 3), (0, 2, 3), (2,)]:
+        x = stacked(len(ranks), 2, (2,), torch.float16, seed=len(ranks))
+        per_rank = rings(4).run(reduce_in_subgroup, (ranks, x), timeout_s=CALL_TIMEOUT_S)
+        for rank, got in enumerate(per_rank):
+            if rank in ranks:
+                assert same_bits(got, ring_fold(x)), (ranks, rank)
+            else:
+                assert got.startswith(f"this process (global rank {rank}) is not a member of the given group")
+
+
+def reduce_on_first_n(rank: int, world_size: int, x: torch.Tensor) -> torch.Tensor | None:
+    """Ranks ``0 .. N-1`` reduce their rows of ``x`` (``N = x.shape[0]``) in a sub-group; rank 0's result.
+
+    The members' results are compared bitwise first: a disagreement raises, so a
+    target built on this reports it rather than hiding it behind rank 0.
+    """
+    n = x.shape[0]
+    group = _group(tuple(range(n)))
+    if rank >= n:
+        return None
+    mine = x[rank].clone()
+    ring_all_reduce_(mine, group)
+    everyone: list[torch.Tensor | None] = [None] * n
+    dist.all_gather_object(everyone, mine, group=group)
+    if not all(t is not None and same_bits(t, mine) for t in everyone):
+        raise AssertionError(f"the ranks of the N = {n} ring ended with different bits")
+    return mine if rank == 0 else None
+
+
+def ring_target(ring: ProcessRing, rotate: bool = False) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A difftest target: ``(N, M, ...)`` in, rank 0's ``(M, ...)`` out, computed by N real ranks (N <= 4).
+
+    ``rotate`` plants a fault: rank ``r`` reduces row ``r + 1``, a correct sum in the wrong fold order.
+    """
+
+    def target(x: torch.Tensor) -> torch.Tensor:
+        rows = x.roll(1, 0) if rotate else x
+        result = ring.run(reduce_on_first_n, rows, timeout_s=CALL_TIMEOUT_S)[0]
+        assert result is not None
+        return result
+
+    return target
+
+
+@pytest.mark.clause("fold-order")
+def test_difftest_exact_mode_passes_on_real_processes(rings: Rings) -> None:
+    """The differential tester (exact mode: bitwise against the reference) with N = 1..4 real ranks."""
+    report = assert_matches_reference(ring_target(rings(4)), mode="exact", examples=30, seed=7, max_workers=4)
+    assert report.modes["exact"].examples >= 30
+
+
+@pytest.mark.soak  # shrinking the counterexample takes hundreds of multi-process calls
+def test_difftest_catches_a_wrong_fold_order_on_real_processes(rings: Rings) -> None:
+    with pytest.raises(AssertionError, match="not-ring-order"):
+        assert_matches_reference(
+            ring_target(rings(4), rotate=True), mode="exact", examples=30, seed=1, max_workers=4
+        )
+
+
+MakeArg = Callable[[int, int], object]
+BAD_CASES: dict[str, tuple[MakeArg, type[Exception], str]] = {
+    "indivisible": (lambda r, n: torch.zeros(n + 1), ValueError, "rows are not divisible by the"),
+    "scalar": (lambda r, n: torch.tensor(1.0), ValueError, "M and every dimension positive"),
+    "empty": (lambda r, n: torch.zeros(0, 2), ValueError, "M and every dimension positive"),
+    "shape-mismatch": (
+        lambda r, n: torch.zeros(n, 2) if r == 1 else torch.zeros(n),
+        ValueError,
+        "the ranks passed different tensors",
+    ),
+    "int-on-one-rank": (
+        lambda r, n: torch.zeros(n, dtype=torch.int32 if r == n - 1 else torch.float32),
+        TypeError,
+        "unsupported dtype torch.int32",
+    ),
+    "nan-on-one-rank": (
+        lambda r, n: torch.tensor([float("nan") if r == 0 else 1.0] * n),
+        ValueError,
+        "rank 0: inputs must be finite",
+    ),
+    "not-a-tensor": (
+        lambda r, n: [1.0] * n if r == 1 else torch.zeros(n),
+        TypeError,
+        "rank 1: expects a torch.Tensor",
+    ),
+    "sparse": (lambda r, n: torch.zeros(n, n).to_sparse(), TypeError, "dense strided tensor"),
+}
+
+
+def _unchanged(before: object, after: object) -> bool:
+    """Same bits (NaN included), dtype and shape; non-tensors must compare equal to their copy."""
+    if not isinstance(before, torch.Tensor) or not isinstance(after, torch.Tensor):
+        return before == after
+    if before.layout != torch.strided:
+        return after.layout == before.layout and same_bits(before.to_dense(), after.to_dense())
+    return same_bits(before, after)
+
+
+def reject_bad_inputs(rank: int, world_size: int, names: list[str]) -> list[tuple[str, str, bool]]:
+    """Call with each bad input; record the exception and whether the argument was left unchanged."""
+    seen = []
+    for name in names:
+        arg = BAD_CASES[name][0](rank, world_size)
+        before = arg.clone() if isinstance(arg, torch.Tensor) else copy.deepcopy(arg)
+        try:
+            ring_all_reduce_(cast(torch.Tensor, arg))  # deliberately not always a dense float tensor
+        except (TypeError, ValueError) as exc:
+            seen.append((type(exc).__name__, str(exc), _unchanged(before, arg)))
+        else:
+            seen.append(("no exception", "", False))
+    good = torch.ones(world_size)
+    ring_all_reduce_(good)  # the group is still usable afterwards
+    seen.append(("ok", str(good.tolist()), True))
+    return seen
+
+
+def test_bad_input_is_rejected_identically_on_every_rank(rings: Rings) -> None:
+    names = list(BAD_CASES)
+    per_rank = rings(3).run(reject_bad_inputs, names, timeout_s=CALL_TIMEOUT_S)
+    for k, name in enumerate(names):
+        _, kind, text = BAD_CASES[name]
+        outcomes = {per_rank[rank][k] for rank in range(3)}
+        assert len(outcomes) == 1, f"{name}: ranks disagree: {outcomes}"
+        exc_name, message, unchanged = outcomes.pop()
+        assert exc_name == kind.__name__, (name, exc_name, message)
+        assert text in message, (name, message)
+        assert message.startswith("ring_all_reduce_ rejected the input on every rank")
+        assert unchanged, name
+    assert {per_rank[rank][-1] for rank in range(3)} == {("ok", "[3.0, 3.0, 3.0]", True)}
+
+
+def test_without_a_process_group_the_error_says_how_to_start_one() -> None:
+    assert not dist.is_initialized()
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        ring_all_reduce_(torch.zeros(2))
+
+
+def seed_numbers(rank: int, world_size: int, _: None) -> tuple[float, float]:
+    """The seed's example: mean gradients 2 (1 example) and 6 (3 examples); weighted 5, mean of means 4."""
+    mean, count = [(2.0, 1.0), (6.0, 3.0)][rank]
+    weighted = torch.tensor([mean * count, count])
+    ring_all_reduce_(weighted)
+    means = torch.tensor([mean, 0.0])
+    ring_all_reduce_(means)
+    return float(weighted[0] / weighted[1]), float(means[0] / world_size)
+
+
+@pytest.mark.clause("sum-not-mean")
+def test_seed_example_weighting_by_example_count(rings: Rings) -> None:
+    assert rings(2).run(seed_numbers, None, timeout_s=CALL_TIMEOUT_S) == [(5.0, 4.0), (5.0, 4.0)]
+
+
+@pytest.mark.parametrize("sizes", [(2, 2, 2), (1, 3, 4)], ids=["equal", "unequal"])
+def test_data_parallel_step_matches_the_large_batch_gradient(rings: Rings, sizes: tuple[int, ...]) -> None:
+    per_rank = rings(3).run(data_parallel_step.data_parallel_gradients, list(sizes), timeout_s=CALL_TIMEOUT_S)
+    full = per_rank[0]["full_batch"]
+    for grads in per_rank:
+        assert same_bits(grads["full_batch"], full)
+        assert same_bits(grads["weighted"], per_rank[0]["weighted"]), "every rank must hold the same gradient"
+        torch.testing.assert_close(grads["weighted"], full, rtol=1e-12, atol=1e-14)
+    gap = float((per_rank[0]["mean_of_means"] - full).abs().max())
+    if len(set(sizes)) == 1:
+        assert gap < 1e-14, "with equal batches the mean of means is the global mean"
+    else:
+        assert gap > 1e-3, "with unequal batches the mean of means must differ from the global mean"
+
+
+# The failure cases come last: they tear their world down.
+
+
+def fail_mid_ring(rank: int, world_size: int, bad: int) -> str:
+    """Rank ``bad`` raises inside the ring at its second round; the others must time out, not hang."""
+    group = _group(tuple(range(world_size)), SHORT_GROUP_TIMEOUT.total_seconds())
+    x = torch.arange(2.0 * world_size)
+    calls = 0
+    real = dist.batch_isend_irecv
+
+    def failing(ops: list[dist.P2POp]) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise OSError(f"planted failure on rank {rank}")
+        return real(ops)
+
+    try:
+        if rank == bad:
+            with mock.patch.object(dist, "batch_isend_irecv", failing):
+                ring_all_reduce_(x, group)
+        else:
+            ring_all_reduce_(x, group)
+    except (OSError, RuntimeError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "finished"
+
+
+def test_a_rank_failing_mid_ring_makes_the_others_time_out_clearly(rings: Rings) -> None:
+    """No harness kill here: the surviving ranks return on their own, within the group's timeout."""
+    ring = rings(3)
+    start = time.monotonic()
+    per_rank = ring.run(fail_mid_ring, 1, timeout_s=CALL_TIMEOUT_S)
+    assert time.monotonic() - start < CALL_TIMEOUT_S
+    assert per_rank[1] == "OSError: planted failure on rank 1"
+    for rank in (0, 2):
+        assert per_rank[rank].startswith(f"RuntimeError: ring_all_reduce_: rank {rank} of 3, "), per_rank[
+            rank
+        ]
+        assert "failed or timed out; a peer probably raised, exited or did not call" in per_rank[rank]
+    ring.close()  # the short-timeout group is left broken; the next case respawns a clean world
+
+
+def raise_before_calling(rank: int, world_size: int, bad: int) -> list[float]:
+    """Rank ``bad`` raises instead of calling; the others call and wait for it."""
+    if rank == bad:
+        raise ValueError(f"planted failure on rank {rank}")
+    x = torch.ones(world_size)
+    ring_all_reduce_(x)
+    return x.tolist()
+
+
+def test_a_raising_rank_is_reported_and_the_others_are_killed(rings: Rings) -> None:
+    ring = rings(2)
+    start = time.monotonic()
+    with pytest.raises(RankError, match="rank 0 of 2 failed") as info:
+        ring.run(raise_before_calling, 0, timeout_s=CALL_TIMEOUT_S)
+    assert time.monotonic() - start < GROUP_TIMEOUT_S / 4, "the waiting rank must be killed, not waited out"
+    assert "ValueError: planted failure on rank 0" in str(info.value)
+    assert not ring.running
+
+
+def test_torchrun_example_reports_bitwise_equality_on_every_rank() -> None:
+    """The documented launcher, run as documented (two ranks here to stay quick), on 127.0.0.1 only."""
+    root = Path(__file__).resolve().parents[1]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    done = subprocess.run(
+        [*command, str(root / "examples" / "torchrun_ring.py")],
+        cwd=root,
+        env={**os.environ, "GLOO_SOCKET_IFNAME": "lo"},
+        capture_output=True,
+        text=True,
+        timeout=CALL_TIMEOUT_S * 2,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    found = re.findall(
+        r"rank (\d)/2 gloo +(torch\.\w+) \(4, 3\): (equals the simulation bit for bit|DIFFERS)", done.stdout
+    )
+    expected = {
+        (str(rank), str(dtype), "equals the simulation bit for bit") for rank in range(2) for dtype in DTYPES
+    }
+    assert sorted(found) == sorted(expected), done.stdout
