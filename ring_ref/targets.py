@@ -1,0 +1,55 @@
+"""Bundled difftest targets: real all-reduce implementations that nobody here wrote.
+
+``gloo_all_reduce`` runs ``torch.distributed.all_reduce`` (``SUM``, gloo backend)
+across ``N`` spawned processes on ``127.0.0.1``: rank ``i`` contributes
+``worker_tensors[i]`` and rank 0's reduced tensor is returned.  One process
+group per ``N`` is spawned on first use (through :mod:`ring_ref._procs`) and
+reused for every later call, so a difftest run pays the spawn cost once per
+``N``; :func:`close` (also registered with :mod:`atexit`) shuts them down.
+
+    ring-ref difftest ring_ref.targets:gloo_all_reduce --max-workers 4 --examples 20
+"""
+
+from __future__ import annotations
+
+import atexit
+
+import torch
+import torch.distributed as dist
+
+from ring_ref._procs import ProcessRing
+
+CALL_TIMEOUT_S = 60.0
+_RINGS: dict[int, ProcessRing] = {}
+
+
+def _rank_all_reduce(rank: int, _world_size: int, worker_tensors: torch.Tensor) -> torch.Tensor:
+    """On one rank: all-reduce this rank's tensor in place and return it."""
+    mine = worker_tensors[rank].clone()
+    dist.all_reduce(mine, op=dist.ReduceOp.SUM)
+    return mine
+
+
+def gloo_all_reduce(worker_tensors: torch.Tensor) -> torch.Tensor:
+    """``torch.distributed.all_reduce`` over ``N = worker_tensors.shape[0]`` gloo processes; rank 0's result.
+
+    Also checks that every rank ended with the same bits, as an all-reduce must.
+    """
+    n = int(worker_tensors.shape[0])
+    ring = _RINGS.get(n)
+    if ring is None:
+        ring = _RINGS[n] = ProcessRing(n, backend="gloo")
+    results = ring.run(_rank_all_reduce, worker_tensors.detach().contiguous(), timeout_s=CALL_TIMEOUT_S)
+    for rank, other in enumerate(results[1:], start=1):
+        if not torch.equal(other.view(torch.uint8), results[0].view(torch.uint8)):
+            raise RuntimeError(f"gloo ranks disagree: rank {rank}'s result differs from rank 0's")
+    return results[0]
+
+
+def close() -> None:
+    """Shut down every process group started by :func:`gloo_all_reduce`."""
+    while _RINGS:
+        _RINGS.popitem()[1].close()
+
+
+atexit.register(close)

@@ -1,0 +1,47 @@
+"""``assert_matches_reference``: the differential tester for users' own test suites.
+
+>>> import torch
+>>> from ring_ref import ring_all_reduce
+>>> assert_matches_reference(ring_all_reduce, mode="exact", examples=5, seed=0).verdict
+'pass'
+>>> assert_matches_reference(lambda x: x.mean(0), mode="order-free", examples=20, seed=0)
+Traceback (most recent call last):
+...
+AssertionError: FAIL: ...mean-not-sum...
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from ring_ref.difftest import DTYPES, MODES, Mode, Report, Target, difftest
+
+
+def assert_matches_reference(
+    fn: Target,
+    mode: Mode | str = "all",
+    *,
+    examples: int = 100,
+    seed: int | None = None,
+    max_workers: int = 16,
+    dtypes: Sequence[torch.dtype] = tuple(DTYPES.values()),
+) -> Report:
+    """Check ``fn`` against the reference; raise ``AssertionError`` with the diagnosis on failure.
+
+    ``mode`` is ``"exact"``, ``"order-free"``, ``"bound"`` or ``"all"``.  The
+    error message is the full report: the verdict per mode, the diagnosis codes
+    with their explanation, the counterexample and the seed to replay it.
+    Returns the passing :class:`ring_ref.difftest.Report`.
+    """
+    if mode == "all":
+        modes: tuple[Mode, ...] = MODES
+    elif mode in MODES:
+        modes = (next(m for m in MODES if m == mode),)
+    else:
+        raise ValueError(f"mode must be one of {[*MODES, 'all']}; got {mode!r}")
+    report = difftest(fn, modes=modes, examples=examples, seed=seed, max_workers=max_workers, dtypes=dtypes)
+    if report.verdict != "pass":
+        raise AssertionError(report.render())
+    return report
