@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 CROSSHAIR_TIMEOUT ?= 4
 
-.PHONY: install demo verify lint typecheck test contracts contracts-catch-fault soak clean
+.PHONY: install demo verify lint typecheck test contracts contracts-catch-fault soak clean vectors-check model-check bench
 
 install: $(STAMP)
 
@@ -19,8 +19,13 @@ $(STAMP): pyproject.toml constraints.txt
 
 demo: $(STAMP)
 	$(BIN)/ring-ref demo
+	@echo
+	@echo "Differential test of a buggy user all-reduce (examples/buggy_allreduce.py; exit 1 = bug found):"
+	@$(BIN)/ring-ref difftest examples/buggy_allreduce.py:ring_all_reduce --examples 50 --seed 7; \
+	  status=$$?; if [ $$status -eq 1 ]; then echo "As expected, the planted bug was found and diagnosed."; \
+	  else echo "difftest exited $$status; expected 1 (bug found)"; exit 1; fi
 
-verify: lint typecheck test contracts
+verify: lint typecheck test contracts vectors-check model-check
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -37,8 +42,34 @@ test: $(STAMP)
 contracts: $(STAMP)
 	$(BIN)/crosshair check --analysis_kind=asserts --per_condition_timeout=$(CROSSHAIR_TIMEOUT) ring_ref/contracts.py
 
+# Regenerate the conformance vectors into a temporary directory and fail on any
+# byte of drift from the committed spec/vectors (refresh: ring-ref vectors --out spec/vectors).
+vectors-check: $(STAMP)
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	$(BIN)/ring-ref vectors --out "$$tmp" >/dev/null && \
+	for f in "$$tmp"/*; do \
+		cmp "$$f" "spec/vectors/$$(basename "$$f")" || { echo "spec/vectors drifted: run ring-ref vectors --out spec/vectors"; exit 1; }; \
+	done && echo "vectors-check: spec/vectors matches the generator"
+
+# SPIN checks the asynchronous ring (spec/ring_all_reduce.pml) exhaustively for
+# N = 2 .. MODEL_CHECK_MAX_N and prints states stored and time per N; needs spin and
+# a C compiler (apt-get install -y spin gcc). Verifiers are built in a temporary directory.
+MODEL_CHECK_MAX_N ?= 8
+model-check: $(STAMP)
+	$(BIN)/python tools/model_check.py --max-n $(MODEL_CHECK_MAX_N)
+
 soak: $(STAMP)
 	HYPOTHESIS_PROFILE=soak $(BIN)/python -m pytest -q -m soak
+
+# Fast engine vs reference engine vs torch.sum(x, 0), side by side (a few minutes; not part of
+# verify). Prints the table and ratios; writes bench/results/bench.json and bench.png.
+BENCH_STAMP := $(VENV)/.bench-stamp
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,bench]'
+	touch $@
+
+bench: $(BENCH_STAMP)
+	$(BIN)/python bench/bench.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .hypothesis build *.egg-info

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import json
 import operator
+import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
-from ring_ref import ring_all_reduce
+from ring_ref import difftest, ring_all_reduce, svg, vectors
 from ring_ref.core import initial_state, run_ring
 from ring_ref.invariants import Provenance, State
 from ring_ref.schedule import Phase
-from ring_ref.trace import render_table, trace
+from ring_ref.trace import check_rows, render_table, trace, trace_json
 
 
 def _demo(_args: argparse.Namespace) -> int:
@@ -42,6 +45,29 @@ def _demo(_args: argparse.Namespace) -> int:
     return 0
 
 
+def _trace(args: argparse.Namespace) -> int:
+    m = args.n if args.m is None else args.m
+    try:
+        check_rows(args.n, m)
+    except ValueError as err:
+        print(f"ring-ref trace: {err}", file=sys.stderr)
+        return 2
+    records = trace(args.n)
+    if args.format == "json":
+        print(json.dumps(trace_json(records, m), indent=1))
+    elif args.format == "svg":
+        print(svg.render_svg(records), end="")
+    else:
+        print(render_table(records))
+    return 0
+
+
+def _vectors(args: argparse.Namespace) -> int:
+    for path in vectors.write(Path(args.out)):
+        print(path)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with one sub-command per tool."""
     parser = argparse.ArgumentParser(
@@ -50,6 +76,19 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="the worked example and an N = 4 walkthrough")
     demo.set_defaults(func=_demo)
+    tr = commands.add_parser("trace", help="every round of both phases: sends, add/copy, slot provenance")
+    tr.add_argument("-n", type=int, required=True, help="number of workers N (>= 1)")
+    tr.add_argument("-m", type=int, help="rows per worker M, a multiple of N (default N)")
+    tr.add_argument("--format", choices=("table", "json", "svg"), default="table", help="output format")
+    tr.set_defaults(func=_trace)
+    vec = commands.add_parser("vectors", help="write the conformance vector files (spec/vectors/)")
+    vec.add_argument("--out", required=True, help="directory to write into (created if needed)")
+    vec.set_defaults(func=_vectors)
+    dt = commands.add_parser(
+        "difftest", help="check an all-reduce implementation against the reference and diagnose its bug"
+    )
+    difftest.add_arguments(dt)
+    dt.set_defaults(func=difftest.command)
     return parser
 
 
