@@ -17,6 +17,7 @@ from __future__ import annotations
 from ring_ref.core import all_gather_round, fold, provenance_state, reduce_scatter_round
 from ring_ref.invariants import (
     State,
+    changed_slot,
     expected_finished,
     expected_state,
     finished_chunks,
@@ -146,3 +147,18 @@ def ag_invariant_inductive(n: int, r: int) -> None:
     assert finished_chunks(after) == expected_finished(ALL_GATHER, r + 1, n)
     if r + 1 == n - 2:
         assert all(row == after[0] for row in after)
+
+
+def changed_slot_is_the_only_change(n: int, r: int) -> None:
+    """``check_round``'s premise: each round changes the closed form in one slot per worker."""
+    assert 1 <= n <= MAX_N
+    assert 0 <= r < n - 1
+    for phase in (REDUCE_SCATTER, ALL_GATHER):
+        start_of_phase = phase == ALL_GATHER and r == 0
+        before = (
+            expected_state(REDUCE_SCATTER, n - 2, n) if start_of_phase else expected_state(phase, r - 1, n)
+        )
+        after = expected_state(phase, r, n)
+        for i in range(n):
+            differ = [c for c in range(n) if before[i][c] != after[i][c]]
+            assert differ == [changed_slot(phase, r, i, n)]

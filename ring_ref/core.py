@@ -82,7 +82,8 @@ def exchange(state: State[T], recv_chunk: Callable[[int], int], update: Combine[
     new_rows = []
     for i, row in enumerate(state):
         c = recv_chunk(i)
-        new_rows.append((*row[:c], update(state[left(i, n)][c], row[c]), *row[c + 1 :]))
+        # Slice concatenation: measurably faster than star-unpacking for long rows.
+        new_rows.append(row[:c] + (update(state[left(i, n)][c], row[c]),) + row[c + 1 :])  # noqa: RUF005
     return tuple(new_rows)
 
 
@@ -124,18 +125,24 @@ def run_ring(
 ) -> State[T]:
     """Run both phases on ``state`` and return every worker's final buffer.
 
-    The provenance of every slot is carried alongside in lock step, and after
-    every round the spec's invariants are checked on it; a violation raises
+    The provenance of every slot is carried alongside in lock step and checked
+    against the spec's closed forms: in full before the first round and after
+    the last, and after every round in between by
+    :func:`ring_ref.invariants.check_round`, which is exact given the previous
+    round was.  A violation raises
     :class:`ring_ref.invariants.InvariantViolation`.  With one worker no round
     runs (clause ``n1-no-rounds``).
     """
     n = len(state)
     provenance = provenance_state(n)
     invariants.check(provenance, REDUCE_SCATTER, -1)
+    phase: Phase = REDUCE_SCATTER
+    r = -1
     for phase, r in all_rounds(n):
         state = step(state, phase, r, combine)
-        provenance = step(provenance, phase, r, fold)
-        invariants.check(provenance, phase, r)
+        before, provenance = provenance, step(provenance, phase, r, fold)
+        invariants.check_round(before, provenance, phase, r)
         if observe is not None:
             observe(phase, r, state, provenance)
+    invariants.check(provenance, phase, r)
     return state

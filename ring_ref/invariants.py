@@ -17,6 +17,12 @@ Closed forms (``spec/ring_all_reduce.md``), with ``d = (i - c) mod n``:
 * ``inv-finished-chunks``: the set of chunks worker ``i`` has finished is exactly
   the set those closed forms mark complete.
 
+From one round to the next the closed form changes in exactly one slot per
+worker (:func:`changed_slot`), so :func:`check_round` can confirm a round in
+``O(n)`` closed-form evaluations and ``O(n^2)`` C-level tuple comparisons, given
+that the state before it was confirmed; :func:`check` confirms a whole state
+from scratch.
+
 >>> arc(3, 3, 4)
 (3, 0, 1)
 >>> rs_expected(4, 0, 2, 1)
@@ -72,7 +78,12 @@ def is_complete(p: Provenance, n: int) -> bool:
     >>> is_complete((2, 0, 1), 3), is_complete((0, 1, 1), 3)
     (True, False)
     """
-    return len(p) == n and frozenset(p) == frozenset(range(n))
+    return len(p) == n and frozenset(p) == _all_workers(n)
+
+
+@lru_cache(maxsize=64)
+def _all_workers(n: int) -> frozenset[int]:
+    return frozenset(range(n))
 
 
 def rs_expected(n: int, r: int, i: int, c: int) -> Provenance:
@@ -159,3 +170,40 @@ def check(state: State[Provenance], phase: Phase, r: int) -> None:
             f"after {phase} round {r}: finished chunks {finished_chunks(state)} differ from "
             f"{expected_finished(phase, r, len(state))}"
         )
+
+
+def changed_slot(phase: Phase, r: int, i: int, n: int) -> int:
+    """The one slot of worker ``i`` whose closed form changes in round ``r`` of ``phase``.
+
+    Reduce-scatter: the slot with ``(i - c) mod n = r + 1``; all-gather: the slot
+    with ``(i + 1 - c) mod n = r + 1``.  (They are the slots the schedule delivers
+    to worker ``i``; ``tests/test_invariants.py`` and the CrossHair contract
+    ``changed_slot_is_the_only_change`` check this against the closed forms.)
+
+    >>> [changed_slot("reduce-scatter", 0, i, 4) for i in range(4)]
+    [3, 0, 1, 2]
+    """
+    return (i - r - 1) % n if phase == REDUCE_SCATTER else (i - r) % n
+
+
+def check_round(before: State[Provenance], after: State[Provenance], phase: Phase, r: int) -> None:
+    """Raise :class:`InvariantViolation` unless ``after`` is the closed form after round ``r``.
+
+    ``before`` must be the confirmed closed form of the previous round (for
+    all-gather round 0: the end of reduce-scatter).  Then it suffices that each
+    worker's :func:`changed_slot` holds its closed form and every other slot is
+    unchanged.  When that shortcut fails, the full :func:`check` decides and
+    names the first broken slot.
+    """
+    n = len(after)
+    expected = rs_expected if phase == REDUCE_SCATTER else ag_expected
+    for i, (row, old) in enumerate(zip(after, before, strict=True)):
+        c = changed_slot(phase, r, i, n)
+        if (
+            len(row) != n
+            or row[:c] != old[:c]
+            or row[c + 1 :] != old[c + 1 :]
+            or row[c] != expected(n, r, i, c)
+        ):
+            check(after, phase, r)
+            return
