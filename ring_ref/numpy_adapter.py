@@ -50,10 +50,13 @@ def validate_structure(x: Array) -> tuple[int, int]:
 
 
 def validate_finite(x: Array) -> None:
-    """Raise the ``bad-input`` error naming the first NaN or infinity of ``x``, if it holds any."""
-    finite = np.isfinite(x)
-    if not finite.all():
-        bad = np.argwhere(~finite)
+    """Raise the ``bad-input`` error naming the first NaN or infinity of ``x``, if it holds any.
+
+    Scans one worker at a time, so the temporaries are 1/N of the input; the
+    whole-input mask is built only to word the error.
+    """
+    if not all(np.isfinite(x[i]).all() for i in range(x.shape[0])):
+        bad = np.argwhere(~np.isfinite(x))
         raise _validate.non_finite(len(bad), [int(v) for v in bad[0]])
 
 

@@ -49,10 +49,14 @@ def validate_structure(x: torch.Tensor) -> tuple[int, int]:
 
 
 def validate_finite(x: torch.Tensor) -> None:
-    """Raise the ``bad-input`` error naming the first NaN or infinity of ``x``, if it holds any."""
-    finite = torch.isfinite(x.detach())
-    if not bool(finite.all()):
-        bad = (~finite).nonzero()
+    """Raise the ``bad-input`` error naming the first NaN or infinity of ``x``, if it holds any.
+
+    Scans one worker at a time, so the temporaries are 1/N of the input; the
+    whole-input mask is built only to word the error.
+    """
+    x = x.detach()
+    if not all(bool(torch.isfinite(x[i]).all()) for i in range(x.shape[0])):
+        bad = (~torch.isfinite(x)).nonzero()
         raise _validate.non_finite(int(bad.shape[0]), [int(v) for v in bad[0]])
 
 
