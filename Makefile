@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 CROSSHAIR_TIMEOUT ?= 4
 
-.PHONY: install demo verify lint typecheck test contracts contracts-catch-fault soak clean vectors-check model-check bench
+.PHONY: install demo verify lint typecheck test contracts soak gpu-check clean vectors-check model-check bench
 
 install: $(STAMP)
 
@@ -35,7 +35,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy --strict
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -m 'not soak'
+	$(BIN)/python -m pytest -q -m 'not soak and not gpu'
 
 # CrossHair checks the assert-style contracts in ring_ref/contracts.py (zero
 # counterexamples allowed); tests/test_contracts.py shows it catching planted faults.
@@ -60,6 +60,10 @@ model-check: $(STAMP)
 
 soak: $(STAMP)
 	HYPOTHESIS_PROFILE=soak $(BIN)/python -m pytest -q -m soak
+
+# Both engines on a CUDA device (fails without one); extra to CI, which has no GPU.
+gpu-check: $(STAMP)
+	$(BIN)/python -m pytest -q -m gpu
 
 # Fast engine vs reference engine vs torch.sum(x, 0), side by side (a few minutes; not part of
 # verify). Prints the table and ratios; writes bench/results/bench.json and bench.png.

@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
+from ring_ref.difftest import LAYOUTS, lay_out
+
 ALL_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-LAYOUTS = ("contiguous", "transposed", "strided", "sliced")
 
 _WIDTH = {torch.float16: 16, torch.bfloat16: 32, torch.float32: 32, torch.float64: 64}
 
@@ -33,21 +34,6 @@ def shapes(
     return shape
 
 
-def _lay_out(values: torch.Tensor, layout: str) -> torch.Tensor:
-    """The same values in a (possibly) non-contiguous tensor."""
-    if layout == "transposed":
-        return values.transpose(0, 1).contiguous().transpose(0, 1)
-    if layout == "strided":
-        wide = torch.zeros((*values.shape[:-1], 2 * values.shape[-1]), dtype=values.dtype)
-        wide[..., ::2] = values
-        return wide[..., ::2]
-    if layout == "sliced":
-        padded = torch.zeros((values.shape[0] + 1, *values.shape[1:]), dtype=values.dtype)
-        padded[1:] = values
-        return padded[1:]
-    return values
-
-
 @st.composite
 def worker_tensors(
     draw: st.DrawFn,
@@ -68,4 +54,4 @@ def worker_tensors(
     dense = torch.tensor(elements, dtype=torch.float64).to(dtype).reshape(shape)
     if not bool(torch.isfinite(dense).all()):
         dense = torch.where(torch.isfinite(dense), dense, torch.zeros((), dtype=dtype))
-    return _lay_out(dense, draw(st.sampled_from(layouts)))
+    return lay_out(dense, draw(st.sampled_from(layouts)))

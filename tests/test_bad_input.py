@@ -88,11 +88,15 @@ CASES: list[tuple[str, Any, type[Exception], str]] = [
 ]
 
 
+CASES.append(("unknown-engine", torch.ones(2, 2), ValueError, "unknown engine"))
+
+
 @pytest.mark.parametrize(("x", "error", "message"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_bad_input_raises_documented_error(x: Any, error: type[Exception], message: str) -> None:
+@pytest.mark.parametrize("engine", ["reference", "fast"])
+def test_bad_input_raises_documented_error(x: Any, error: type[Exception], message: str, engine: str) -> None:
     snap = _snapshot(x)
     with pytest.raises(error, match=re.escape(message)):
-        ring_all_reduce(x)
+        ring_all_reduce(x, engine="no-such-engine" if message == "unknown engine" else engine)  # type: ignore[call-overload]
     assert _unchanged(x, snap)
 
 
