@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 CROSSHAIR_TIMEOUT ?= 4
 
-.PHONY: install demo verify lint typecheck test contracts soak gpu-check clean vectors-check model-check bench
+.PHONY: install system-tools demo verify lint typecheck test contracts soak gpu-check clean vectors-check model-check bench
 
 install: $(STAMP)
 
@@ -34,7 +34,11 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict
 
-test: $(STAMP)
+# spin and a C compiler: tests/test_spin.py, tests/test_vectors.py (C consumer) and model-check.
+system-tools:
+	@bash tools/ensure_spin.sh
+
+test: $(STAMP) system-tools
 	$(BIN)/python -m pytest -q -m 'not soak and not gpu'
 
 # CrossHair checks the assert-style contracts in ring_ref/contracts.py (zero
@@ -53,9 +57,10 @@ vectors-check: $(STAMP)
 
 # SPIN checks the asynchronous ring (spec/ring_all_reduce.pml) exhaustively for
 # N = 2 .. MODEL_CHECK_MAX_N and prints states stored and time per N; needs spin and
-# a C compiler (apt-get install -y spin gcc). Verifiers are built in a temporary directory.
+# a C compiler, which tools/ensure_spin.sh installs with apt-get when missing. Verifiers are
+# built in a temporary directory.
 MODEL_CHECK_MAX_N ?= 8
-model-check: $(STAMP)
+model-check: $(STAMP) system-tools
 	$(BIN)/python tools/model_check.py --max-n $(MODEL_CHECK_MAX_N)
 
 soak: $(STAMP)

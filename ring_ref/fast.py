@@ -331,9 +331,11 @@ def ring_all_reduce_numpy(x: npt.NDArray[Any]) -> npt.NDArray[Any]:
             return np.add(a, b, out=out)
 
         tile_rows = _tile_rows(n, math.prod(trailing) * x.itemsize, True)
-        finite = _run(
-            plan(n), acc, diagonal=diagonal, add=add, all_finite=_numpy_all_finite, tile_rows=tile_rows
-        )
+        # Overflow to +-inf is the correctly rounded sum (clause input-finite), not an error.
+        with np.errstate(over="ignore"):
+            finite = _run(
+                plan(n), acc, diagonal=diagonal, add=add, all_finite=_numpy_all_finite, tile_rows=tile_rows
+            )
         result = acc.reshape(m, *trailing)
     if not finite:
         numpy_adapter.validate_finite(x)
