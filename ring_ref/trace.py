@@ -63,6 +63,10 @@ def render_table(records: tuple[RoundRecord, ...]) -> str:
     """A readable walkthrough: each round's sends, then every worker's slots."""
     n = len(records[0].provenance)
     width = max(len(slot_label(p, n)) for rec in records for row in rec.provenance for p in row)
+
+    def label(i: int) -> str:
+        return f"  worker {i}:  "
+
     lines = []
     for rec in records:
         if rec.phase == "start":
@@ -71,11 +75,11 @@ def render_table(records: tuple[RoundRecord, ...]) -> str:
             op = "adds into" if rec.phase == "reduce-scatter" else "copies into"
             moves = ", ".join(f"{s.src}->{s.dst} chunk {s.chunk}" for s in rec.sends)
             lines.append(f"{rec.phase} round {rec.round} (receiver {op} the slot): {moves}")
-        header = "            " + " ".join(f"chunk {c}".ljust(width) for c in range(n))
+        header = " " * len(label(n - 1)) + " ".join(f"chunk {c}".ljust(width) for c in range(n))
         lines.append(header.rstrip())
         for i, row in enumerate(rec.provenance):
             cells = " ".join(slot_label(p, n).ljust(max(width, 7)) for p in row)
-            lines.append(f"  worker {i}:  {cells}".rstrip())
+            lines.append(f"{label(i).ljust(len(label(n - 1)))}{cells}".rstrip())
         lines.append("")
     lines.append("a+b+c = contributions of workers a, b, c added in that order;  * = finished chunk")
     return "\n".join(lines)

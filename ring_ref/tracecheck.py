@@ -88,7 +88,12 @@ class Report(NamedTuple):
     buffers: torch.Tensor
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """A tensor's bit patterns: a contiguous integer tensor of the same shape and element size.
+
+    >>> bits(torch.tensor([1.0, -0.0], dtype=torch.float16)).tolist()
+    [15360, -32768]
+    """
     return t.detach().contiguous().view(_INT_OF_SIZE[t.element_size()])
 
 
@@ -134,7 +139,7 @@ def record_rounds(
 def _first_slot(phase: str, r: int, got: torch.Tensor, want: torch.Tensor, n: int) -> Mismatch | None:
     """The first ``(worker, slot)`` whose bits differ between two ``(N, M, ...)`` buffer tensors."""
     k = want.shape[1] // n
-    got_bits, want_bits = _bits(got), _bits(want)
+    got_bits, want_bits = bits(got), bits(want)
     for i in range(want.shape[0]):
         for c in range(n):
             g, w = got_bits[i, c * k : (c + 1) * k], want_bits[i, c * k : (c + 1) * k]

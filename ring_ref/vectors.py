@@ -35,7 +35,7 @@ import torch
 
 from ring_ref import ring_all_reduce
 from ring_ref.schedule import PHASES
-from ring_ref.tracecheck import reference_rounds
+from ring_ref.tracecheck import bits, reference_rounds
 
 VERSION = 1
 SEED = 4104
@@ -51,7 +51,6 @@ DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "float64": torch.float64,
 }
-_INT_OF_BITS = {16: torch.int16, 32: torch.int32, 64: torch.int64}
 
 
 class Format(NamedTuple):
@@ -162,10 +161,9 @@ class Case(NamedTuple):
 
 def to_hex(t: torch.Tensor) -> list[str]:
     """Each element's bit pattern as a fixed-width lowercase hex string, in row-major order."""
-    bits = t.element_size() * 8
-    ints = t.detach().contiguous().view(_INT_OF_BITS[bits]).flatten().tolist()
-    mask = (1 << bits) - 1
-    return [format(v & mask, f"0{bits // 4}x") for v in ints]
+    width = t.element_size() * 8
+    mask = (1 << width) - 1
+    return [format(v & mask, f"0{width // 4}x") for v in bits(t).flatten().tolist()]
 
 
 def _tensor(values: Sequence[float], shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -351,10 +349,15 @@ def _strict(properties: dict[str, Any], required: Sequence[str]) -> dict[str, An
 def schema() -> dict[str, Any]:
     """The JSON schema (draft 2020-12) of :func:`build`'s output."""
     count = {"type": "integer", "minimum": 1}
+    text = {"type": "string", "minLength": 1}
     defs: dict[str, Any] = {}
     groups = []
     for name, fmt in FORMATS.items():
-        hex_list = {"type": "array", "items": {"type": "string", "pattern": f"^[0-9a-f]{{{fmt.bits // 4}}}$"}}
+        hex_list = {
+            "type": "array",
+            "minItems": 1,
+            "items": {"type": "string", "pattern": f"^[0-9a-f]{{{fmt.bits // 4}}}$"},
+        }
         round_obj = _strict(
             {
                 "phase": {"enum": list(PHASES)},
@@ -366,8 +369,13 @@ def schema() -> dict[str, Any]:
         test = _strict(
             {
                 "tcId": count,
-                "comment": {"type": "string"},
-                "flags": {"type": "array", "uniqueItems": True, "items": {"enum": list(NOTES)}},
+                "comment": text,
+                "flags": {
+                    "type": "array",
+                    "minItems": 1,
+                    "uniqueItems": True,
+                    "items": {"enum": list(NOTES)},
+                },
                 "n": count,
                 "m": count,
                 "trailingShape": {"type": "array", "items": count},
@@ -387,9 +395,7 @@ def schema() -> dict[str, Any]:
             ["type", "dtype", "bits", "tests"],
         )
         groups.append({"$ref": f"#/$defs/{name}Group"})
-    note = _strict(
-        {"bugType": {"type": "string"}, "description": {"type": "string"}}, ["bugType", "description"]
-    )
+    note = _strict({"bugType": text, "description": text}, ["bugType", "description"])
     top = _strict(
         {
             "algorithm": {"const": "RING-ALL-REDUCE"},
@@ -457,6 +463,10 @@ def to_text(doc: dict[str, Any]) -> str:
 
 def write(out_dir: Path) -> list[Path]:
     """Write the three vector files into ``out_dir`` (created if needed); return their paths."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise NotADirectoryError(
+            f"{out_dir} is a file, not a directory: pass a directory (created if missing)"
+        )
     out_dir.mkdir(parents=True, exist_ok=True)
     doc = build()
     contents = {JSON_NAME: dumps(doc) + "\n", SCHEMA_NAME: dumps(schema()) + "\n", TEXT_NAME: to_text(doc)}

@@ -13,6 +13,7 @@ import pytest
 
 from ring_ref.svg import render_svg, slot_colour
 from ring_ref.trace import trace
+from tests.test_trace import spec_slot
 
 NS = "{http://www.w3.org/2000/svg}"
 DOC = Path(__file__).parent.parent / "docs" / "ring-n4.svg"
@@ -20,14 +21,7 @@ DOC = Path(__file__).parent.parent / "docs" / "ring-n4.svg"
 
 def spec_count(phase: str, r: int, i: int, c: int, n: int) -> int:
     """How many contributions slot c of worker i holds (clauses inv-rs/ag-provenance)."""
-    if phase == "start":
-        return 1
-    if phase == "all-gather":
-        if (i + 1 - c) % n <= r + 1:
-            return n
-        r = n - 2
-    d = (i - c) % n
-    return d + 1 if d <= r + 1 else 1
+    return 1 if phase == "start" else len(spec_slot(phase, r, i, c, n))
 
 
 def _panels(n: int) -> list[ET.Element]:

@@ -139,3 +139,15 @@ def test_schema_rejects_unknown_fields() -> None:
     doc["rounds"][0]["extra"] = 1
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(doc, SCHEMA)
+
+
+@pytest.mark.parametrize("n", [4, 11])
+def test_table_columns_line_up_under_their_headers(n: int) -> None:
+    lines = render_table(trace(n)).splitlines()
+    headers = [k for k, line in enumerate(lines) if line.lstrip().startswith("chunk 0")]
+    assert len(headers) == 1 + 2 * (n - 1)
+    for k in headers:
+        starts = [lines[k].index(f"chunk {c}") for c in range(n)]
+        for row in lines[k + 1 : k + 1 + n]:
+            assert row.startswith("  worker ")
+            assert all(row[s - 1] == " " != row[s] for s in starts), (lines[k], row)

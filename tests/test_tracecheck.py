@@ -13,7 +13,14 @@ import torch
 from hypothesis import given, settings
 
 from ring_ref.testing import assert_matches_reference
-from ring_ref.tracecheck import RoundCallback, TraceMismatch, check_trace, first_mismatch
+from ring_ref.tracecheck import (
+    Mismatch,
+    RoundCallback,
+    TracedImplementation,
+    TraceMismatch,
+    check_trace,
+    first_mismatch,
+)
 from tests.oracles import ring_fold, same_bits
 from tests.strategies import worker_tensors
 
@@ -65,7 +72,14 @@ def _random_input(n: int, m: int, seed: int, dtype: torch.dtype = torch.float32)
     return (torch.rand((n, m), generator=gen, dtype=torch.float64) * 8 + 1).to(dtype)
 
 
-@settings(max_examples=30)
+def located(fn: TracedImplementation, x: torch.Tensor) -> Mismatch:
+    """The first mismatch, which must exist."""
+    mismatch = first_mismatch(fn, x)
+    assert mismatch is not None, "the trace check found no difference"
+    return mismatch
+
+
+@settings(max_examples=20)
 @given(worker_tensors())
 @pytest.mark.clause("simultaneous-rounds", "rs-add", "ag-copy-not-add", "fold-order")
 def test_a_correct_ring_passes_round_by_round(x: torch.Tensor) -> None:
@@ -81,8 +95,7 @@ def test_extra_reduce_scatter_round_is_named_while_the_output_is_right(n: int) -
     x = _random_input(n, 2 * n, seed=n)
     out = plain_ring(x, lambda *_: None, extra_rs_round=True)
     assert same_bits(out, ring_fold(x)), "the planted fault must leave the output right"
-    mismatch = first_mismatch(lambda t, cb: plain_ring(t, cb, extra_rs_round=True), x)
-    assert mismatch is not None
+    mismatch = located(lambda t, cb: plain_ring(t, cb, extra_rs_round=True), x)
     assert (mismatch.phase, mismatch.round, mismatch.worker, mismatch.slot) == (
         "reduce-scatter",
         n - 1,
@@ -112,8 +125,7 @@ def test_output_only_difftest_passes_the_extra_round_that_the_trace_check_names(
 def test_an_unreported_extra_round_is_found_in_worker_0_slot_0(n: int) -> None:
     """Reported as round N - 2, the extra round's damage is slot i of worker i; worker 0 comes first."""
     x = _random_input(n, n, seed=20 + n)
-    mismatch = first_mismatch(lambda t, cb: plain_ring(t, cb, extra_rs_round=True, report_extra=False), x)
-    assert mismatch is not None
+    mismatch = located(lambda t, cb: plain_ring(t, cb, extra_rs_round=True, report_extra=False), x)
     assert (mismatch.phase, mismatch.round, mismatch.worker, mismatch.slot) == ("reduce-scatter", n - 2, 0, 0)
 
 
@@ -122,8 +134,7 @@ def test_an_unreported_extra_round_is_found_in_worker_0_slot_0(n: int) -> None:
 def test_adding_in_all_gather_is_named_at_its_first_round(n: int) -> None:
     """All-gather round 0: worker 0 receives chunk 0 from worker n-1 and adds it to its own value."""
     x = _random_input(n, 3 * n, seed=30 + n)
-    mismatch = first_mismatch(lambda t, cb: plain_ring(t, cb, ag_adds=True), x)
-    assert mismatch is not None
+    mismatch = located(lambda t, cb: plain_ring(t, cb, ag_adds=True), x)
     assert (mismatch.phase, mismatch.round, mismatch.worker, mismatch.slot) == ("all-gather", 0, 0, 0)
     assert "element 0 of the slot" in mismatch.reason
 
@@ -142,8 +153,7 @@ def test_missing_reports_name_the_first_missing_round() -> None:
 
         return plain_ring(t, limited)
 
-    mismatch = first_mismatch(first_two_only, x)
-    assert mismatch is not None
+    mismatch = located(first_two_only, x)
     assert (mismatch.phase, mismatch.round) == ("all-gather", 0)
     assert "reported 2 of the reference's 4 rounds" in mismatch.reason
 
@@ -154,8 +164,7 @@ def test_a_wrong_result_with_a_right_trace_is_named_as_the_result() -> None:
     def halves(t: torch.Tensor, cb: RoundCallback) -> torch.Tensor:
         return plain_ring(t, cb) / 2
 
-    mismatch = first_mismatch(halves, x)
-    assert mismatch is not None
+    mismatch = located(halves, x)
     assert (mismatch.phase, mismatch.worker, mismatch.slot) == ("result", None, 0)
 
 
@@ -165,8 +174,7 @@ def test_wrong_buffer_shape_is_named_with_its_round() -> None:
     def worker_zero_only(t: torch.Tensor, cb: RoundCallback) -> torch.Tensor:
         return plain_ring(t, lambda phase, r, b: cb(phase, r, b[0]))
 
-    mismatch = first_mismatch(worker_zero_only, x)
-    assert mismatch is not None
+    mismatch = located(worker_zero_only, x)
     assert (mismatch.phase, mismatch.round, mismatch.worker) == ("reduce-scatter", 0, None)
     assert "buffers are (2,)" in mismatch.reason
 
@@ -180,8 +188,7 @@ def test_one_worker_must_report_no_round() -> None:
         return t[0].clone()
 
     assert first_mismatch(plain_ring, x) is None
-    mismatch = first_mismatch(reports_anyway, x)
-    assert mismatch is not None
+    mismatch = located(reports_anyway, x)
     assert (mismatch.phase, mismatch.round) == ("reduce-scatter", 0)
     assert "extra round" in mismatch.reason
 
@@ -215,7 +222,6 @@ def test_results_of_the_wrong_kind_or_shape_are_named() -> None:
 
     with pytest.raises(TypeError, match="must return a torch"):
         first_mismatch(as_list, x)
-    mismatch = first_mismatch(lambda t, cb: plain_ring(t, cb)[None], x)
-    assert mismatch is not None
+    mismatch = located(lambda t, cb: plain_ring(t, cb)[None], x)
     assert (mismatch.phase, mismatch.worker, mismatch.slot) == ("result", None, None)
     assert "result is (1, 4)" in mismatch.reason

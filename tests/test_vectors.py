@@ -3,7 +3,8 @@
 Every expected value in ``spec/vectors`` is re-derived here without
 ``ring_ref``: results with ``tests.oracles.ring_fold``, per-round buffers with
 the spec's provenance closed forms folded in the dtype, bit patterns decoded by
-reinterpreting integers.
+reinterpreting integers.  The C consumer's 16-bit rounding is also checked
+against torch's addition on many more bit patterns than the vectors hold.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ import pytest
 import torch
 
 from ring_ref.cli import main
+from ring_ref.vectors import write
 from tests.oracles import bits, exact_sum, ring_fold
+from tests.test_trace import spec_slot
 
 ROOT = Path(__file__).parent.parent
 VECTORS = ROOT / "spec" / "vectors"
@@ -63,16 +66,6 @@ def _input(dtype_name: str, t: dict[str, Any]) -> torch.Tensor:
     return decode(t["input"], dtype_name, [t["n"], t["m"], *t["trailingShape"]])
 
 
-def spec_slot(phase: str, r: int, i: int, c: int, n: int) -> list[int]:
-    """Clauses inv-rs-provenance / inv-ag-provenance, typed in from the spec."""
-    if phase == "all-gather":
-        if (i + 1 - c) % n <= r + 1:
-            return [(c + k) % n for k in range(n)]
-        r = n - 2
-    d = (i - c) % n
-    return [(c + k) % n for k in range(d + 1)] if d <= r + 1 else [i]
-
-
 def _ids(v: tuple[str, dict[str, Any]]) -> str:
     return f"{v[0]}-tc{v[1]['tcId']}"
 
@@ -94,6 +87,8 @@ def test_committed_vectors_validate_against_their_schema() -> None:
         (("testGroups", 2, "tests", 0, "input", 0), "3c00"),
         (("testGroups", 0, "tests", 0, "flags", 0), "NotANote"),
         (("notes", "Random", "bugType"), None),
+        (("notes", "Random", "bugType"), ""),
+        (("testGroups", 0, "tests", 0, "flags"), []),
     ],
 )
 def test_schema_rejects_broken_files(path: tuple[str | int, ...], value: object) -> None:
@@ -120,6 +115,14 @@ def test_regenerated_vectors_are_byte_identical(tmp_path: Path, capsys: pytest.C
         assert (tmp_path / name).read_bytes() == (VECTORS / name).read_bytes(), (
             f"spec/vectors/{name} drifted: regenerate with `ring-ref vectors --out spec/vectors`"
         )
+
+
+def test_writing_into_a_file_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    target = tmp_path / "not_a_dir"
+    target.write_text("keep me", encoding="utf-8")
+    with pytest.raises(NotADirectoryError, match="is a file, not a directory"):
+        write(target)
+    assert target.read_text(encoding="utf-8") == "keep me"
 
 
 @pytest.mark.clause("n1-no-rounds", "worked-example", "chunk-layout", "supported-dtypes")
@@ -233,8 +236,8 @@ def test_edge_case_flags_hold_what_they_claim() -> None:
     assert any(dt == "float16" for dt, _ in _flagged("Overflow"))
     for _, t in _flagged("SignedZero"):
         negative_zero = "8" + "0" * (len(t["expected"][0]) - 1)
-        assert negative_zero in t["expected"] or negative_zero in t["input"]
-        assert negative_zero in t["input"]
+        assert negative_zero in t["input"], t["tcId"]
+        assert negative_zero in t["expected"], t["tcId"]
     for dtype_name, t in _flagged("Subnormal"):
         subnormal = [
             h
@@ -279,7 +282,7 @@ def test_text_companion_holds_the_same_vectors() -> None:
     assert next(lines, None) is None
 
 
-def _compile(tmp_path: Path, name: str, *defines: str) -> Path:
+def _compile(tmp_path: Path, name: str, *defines: str, source: Path = C_SOURCE) -> Path:
     cc = shutil.which("cc")
     assert cc is not None, "the C consumer test needs the system C compiler `cc` (apt-get install gcc)"
     exe = tmp_path / name
@@ -295,7 +298,7 @@ def _compile(tmp_path: Path, name: str, *defines: str) -> Path:
             *defines,
             "-o",
             str(exe),
-            str(C_SOURCE),
+            str(source),
             "-lm",
         ],
         check=True,
@@ -315,6 +318,13 @@ def test_c_consumer_passes_on_the_vectors_and_fails_on_a_planted_bug(tmp_path: P
     broken = subprocess.run([exe, truncated], capture_output=True, text=True, timeout=60, check=False)
     assert broken.returncode == 2, broken.stdout + broken.stderr
     assert "malformed vector file" in broken.stderr
+    text = TEXT_FILE.read_text(encoding="utf-8")
+    first_input = next(line for line in text.splitlines() if line.startswith("input "))
+    bad_hex = tmp_path / "bad_hex.txt"
+    bad_hex.write_text(text.replace(first_input, first_input[:-1] + "g", 1), encoding="utf-8")
+    rejected = subprocess.run([exe, bad_hex], capture_output=True, text=True, timeout=60, check=False)
+    assert rejected.returncode == 2, rejected.stdout + rejected.stderr
+    assert "is not 4 hex digits" in rejected.stderr
     bad = subprocess.run(
         [_compile(tmp_path, "ring_check_bug", "-DPLANTED_BUG"), TEXT_FILE],
         capture_output=True,
@@ -326,3 +336,49 @@ def test_c_consumer_passes_on_the_vectors_and_fails_on_a_planted_bug(tmp_path: P
     assert "buffers after all-gather round 0 differs" in bad.stdout
     assert "tcId 1: buffers after all-gather round 0 differs" in bad.stdout
     assert f"{DOC['numberOfTests']} vectors passed" not in bad.stdout
+
+
+ADD_HARNESS = """\
+#define main ring_check_main
+#include "{source}"
+#undef main
+int main(void) {{
+    int dtype;
+    unsigned a, b;
+    while (scanf("%d %x %x", &dtype, &a, &b) == 3)
+        printf("%04llx\\n", (unsigned long long)add_bits(dtype, a, b));
+    return 0;
+}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("code", "dtype"), [(0, torch.float16), (1, torch.bfloat16)], ids=["float16", "bfloat16"]
+)
+@pytest.mark.clause("fold-order")
+def test_c_consumer_16_bit_addition_matches_torch(tmp_path: Path, code: int, dtype: torch.dtype) -> None:
+    """The C ring's own 16-bit rounding (decode, add in double, round half to even) against torch's
+    addition on random bit patterns, beyond the few values the vectors hold: random pairs, and pairs a
+    sign bit or an ulp apart for cancellation, ties and the subnormal/normal boundary."""
+    harness = tmp_path / "add16.c"
+    harness.write_text(ADD_HARNESS.format(source=C_SOURCE), encoding="utf-8")
+    exe = _compile(tmp_path, "add16", source=harness)
+    gen = torch.Generator().manual_seed(code)
+    a = torch.randint(0, 1 << 16, (40_000,), generator=gen, dtype=torch.int32)
+    flips = torch.tensor([0x8000, 0x8001, 0x0001, 0x0400, 0x0080], dtype=torch.int32)
+    near = a[20_000:] ^ flips[torch.randint(0, len(flips), (20_000,), generator=gen)]
+    b = torch.cat([torch.randint(0, 1 << 16, (20_000,), generator=gen, dtype=torch.int32), near])
+    fa, fb = (t.to(torch.int16).view(dtype) for t in (a, b))
+    finite = torch.isfinite(fa) & torch.isfinite(fb)
+    a, b, want = a[finite], b[finite], (bits(fa[finite] + fb[finite]).to(torch.int32) & 0xFFFF).tolist()
+    lines = "".join(f"{code} {x:x} {y:x}\n" for x, y in zip(a.tolist(), b.tolist(), strict=True))
+    got = subprocess.run(
+        [exe], input=lines, capture_output=True, text=True, timeout=60, check=True
+    ).stdout.split()
+    assert len(got) == len(want) > 30_000
+    wrong = [
+        (f"{x:04x} + {y:04x}", g, f"{w:04x}")
+        for x, y, g, w in zip(a.tolist(), b.tolist(), got, want, strict=True)
+        if int(g, 16) != w
+    ]
+    assert wrong == [], wrong[:10]

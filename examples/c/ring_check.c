@@ -45,6 +45,7 @@ static uint64_t encode16(double v, int mant_bits, int exp_bits) {
     double a = fabs(v);
     if (a == 0.0) return sign;
     if (isinf(a)) return sign | inf;
+    if (isnan(a)) return sign | inf | ((uint64_t)1 << (mant_bits - 1)); /* quiet NaN: inf + -inf */
     int e2;
     frexp(a, &e2);
     int e = e2 - 1 < emin ? emin : e2 - 1;           /* exponent of the target quantum */
@@ -166,14 +167,19 @@ static long read_long(FILE *f) {
     return v;
 }
 
-static void read_hex(FILE *f, uint64_t *out, size_t count) {
-    char word[64];
+/* `count` bit patterns of `digits` hex digits each (4, 8 or 16, by dtype). */
+static void read_hex(FILE *f, uint64_t *out, size_t count, size_t digits) {
+    char word[64], *end;
     for (size_t k = 0; k < count; k++) {
         if (!read_word(f, word, sizeof word)) {
             fprintf(stderr, "ring_check: malformed vector file: missing hex value\n");
             exit(2);
         }
-        out[k] = strtoull(word, NULL, 16);
+        out[k] = strtoull(word, &end, 16);
+        if (*end || strlen(word) != digits) {
+            fprintf(stderr, "ring_check: malformed vector file: '%s' is not %zu hex digits\n", word, digits);
+            exit(2);
+        }
     }
 }
 
@@ -216,7 +222,9 @@ static int run_vector(FILE *f) {
     long m = read_long(f), dims = read_long(f);
     size_t row = 1;
     for (long d = 0; d < dims; d++) row *= (size_t)read_long(f);
+    if (ring.n < 1 || m < 1 || m % ring.n) malformed(tc, "n must be at least 1 and m a positive multiple of n");
     size_t per_worker = (size_t)m * row, total = (size_t)ring.n * per_worker;
+    size_t digits = ring.dtype == FLOAT64 ? 16 : ring.dtype == FLOAT32 ? 8 : 4;
     ring.chunk = per_worker / (size_t)ring.n;
 
     expect_word(f, "flags");
@@ -225,11 +233,11 @@ static int run_vector(FILE *f) {
     if ((size_t)read_long(f) != total) malformed(tc, "input count is not n * m * prod(trailing)");
     ring.cur = xmalloc(total * sizeof(uint64_t));
     ring.next = xmalloc(total * sizeof(uint64_t));
-    read_hex(f, ring.cur, total);
+    read_hex(f, ring.cur, total, digits);
     expect_word(f, "expected");
     if ((size_t)read_long(f) != per_worker) malformed(tc, "expected count is not m * prod(trailing)");
     uint64_t *expected = xmalloc(per_worker * sizeof(uint64_t));
-    read_hex(f, expected, per_worker);
+    read_hex(f, expected, per_worker, digits);
     expect_word(f, "rounds");
     long rounds = read_long(f);
     if (rounds != 0 && rounds != 2L * (ring.n - 1)) malformed(tc, "rounds is neither 0 nor 2(n - 1)");
@@ -246,7 +254,7 @@ static int run_vector(FILE *f) {
             if (strcmp(phase, phase_ag ? "all-gather" : "reduce-scatter") || got_r != r)
                 malformed(tc, "rounds out of order");
             if ((size_t)read_long(f) != total) malformed(tc, "round buffer count is not n * m * prod(trailing)");
-            read_hex(f, want, total);
+            read_hex(f, want, total, digits);
             snprintf(label, sizeof label, "buffers after %s round %d", phase, r);
             if (ok) ok = same(tc, label, ring.cur, want, total);
         }
