@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import operator
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -63,7 +64,12 @@ def _trace(args: argparse.Namespace) -> int:
 
 
 def _vectors(args: argparse.Namespace) -> int:
-    for path in vectors.write(Path(args.out)):
+    try:
+        written = vectors.write(Path(args.out))
+    except OSError as err:
+        print(f"ring-ref vectors: {err}", file=sys.stderr)
+        return 2
+    for path in written:
         print(path)
     return 0
 
@@ -95,5 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``ring-ref`` console script."""
     args = build_parser().parse_args(argv)
-    status: int = args.func(args)
+    try:
+        status: int = args.func(args)
+    except BrokenPipeError:
+        # The reader left early (`ring-ref trace -n 64 | head`): stop quietly.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     return status

@@ -42,3 +42,11 @@ def test_unknown_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) ->
         main(["no-such-command"])
     assert exit_info.value.code == 2
     assert "invalid choice" in capsys.readouterr().err
+
+
+def test_vectors_into_a_file_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    target = tmp_path / "not-a-dir"
+    target.write_text("keep me", encoding="utf-8")
+    assert main(["vectors", "--out", str(target)]) == 2
+    assert "not a directory" in capsys.readouterr().err
+    assert target.read_text(encoding="utf-8") == "keep me"
