@@ -98,6 +98,18 @@ def moves_to_meta(x: torch.Tensor) -> torch.Tensor:
     return ring_all_reduce(x).to("meta")
 
 
+def chunks_rotated(x: torch.Tensor) -> torch.Tensor:
+    """Bug: all-gather stores each finished chunk one slot off (every contribution counted once)."""
+    return torch.roll(ring_all_reduce(x), shifts=x.shape[1] // x.shape[0], dims=0)
+
+
+def rejects_non_contiguous(x: torch.Tensor) -> torch.Tensor:
+    """Bug: rejects valid non-contiguous input (as a C extension expecting dense memory might)."""
+    if not x.is_contiguous():
+        raise ValueError("expected a contiguous tensor")
+    return ring_all_reduce(x)
+
+
 Impl = Callable[[torch.Tensor], torch.Tensor]
 
 CORRECT: dict[str, Impl] = {"reference": ring_all_reduce, "in_place_ring": in_place_ring}
@@ -112,5 +124,7 @@ EXPECTED: dict[Impl, set[str]] = {
     raises_on_one_worker: {"raised"},
     drops_last_worker: {"out-of-bound"},
     moves_to_meta: {"device-changed"},
+    chunks_rotated: {"out-of-bound"},
+    rejects_non_contiguous: {"raised"},
 }
 """Each planted bug and the exact set of codes every failing mode must report for it."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import shlex
 from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
@@ -25,13 +26,17 @@ from ring_ref.difftest import (
     CODES,
     DTYPES,
     LAYOUTS,
+    ORDER_FREE_EXPONENTS,
     Case,
     Report,
+    call_target,
     cases,
     check_values,
+    diagnose,
     difftest,
     gamma,
     one_worker_cases,
+    order_free_k_bound,
 )
 from ring_ref.testing import assert_matches_reference
 from tests import planted_impls
@@ -97,7 +102,7 @@ def test_value_bugs_shrink_to_two_workers_and_name_element_chunk_and_values(bug:
     assert m is not None
     # The named element really holds those values: recompute both independently.
     x = cex.tensor()
-    want = float(sum(exact_sum(x)[m.index[0] : m.index[0] + 1], Fraction(0)))
+    want = float(exact_sum(x)[m.index[0]])
     got = float(bug(cex.tensor())[m.index])
     assert (m.expected, m.actual, m.chunk) == (want, got, m.index[0] // (cex.m // cex.n))
     assert want != got
@@ -128,13 +133,61 @@ def test_one_worker_is_always_tried(bug: Impl) -> None:
 
 
 @pytest.mark.clause("difftest-oracles")
-def test_one_worker_cases_cover_every_requested_dtype_and_non_contiguous_layouts() -> None:
+def test_one_worker_cases_cover_every_requested_dtype_contiguous_and_not() -> None:
     for mode in ("exact", "order-free", "bound"):
         got = one_worker_cases(mode, ALL_DTYPES)
-        assert [c.dtype for c in got] == list(ALL_DTYPES)
         assert all(c.n == 1 for c in got)
-    shapes = {(c.layout, c.tensor().is_contiguous()) for c in one_worker_cases("bound", ALL_DTYPES)}
-    assert ("strided", False) in shapes and ("sliced", False) in shapes
+        for dtype in ALL_DTYPES:
+            contiguous = sorted(c.tensor().is_contiguous() for c in got if c.dtype == dtype)
+            assert contiguous == [False, True], (mode, dtype)
+
+
+@pytest.mark.clause("difftest-diagnoses", "n1-no-rounds")
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
+def test_non_contiguous_input_is_tried_for_every_dtype_even_with_one_example(dtype: torch.dtype) -> None:
+    report = difftest(
+        planted_impls.rejects_non_contiguous, modes=("bound",), examples=1, seed=0, dtypes=[dtype]
+    )
+    result = report.modes["bound"]
+    assert result.finding is not None and result.counterexample is not None, report.render()
+    assert result.finding.codes == ["raised"] and "expected a contiguous tensor" in result.finding.explanation
+    assert not result.counterexample.tensor().is_contiguous()
+
+
+def _lose_second_worker(x: torch.Tensor) -> torch.Tensor:
+    return x[0].clone() if x.shape[0] == 2 else ring_all_reduce(x)
+
+
+def _count_first_worker_thrice(x: torch.Tensor) -> torch.Tensor:
+    return 3 * x[0] if x.shape[0] == 2 else ring_all_reduce(x)
+
+
+def _halve(x: torch.Tensor) -> torch.Tensor:
+    return ring_all_reduce(x) / x.shape[0]
+
+
+@pytest.mark.clause("difftest-diagnoses")
+@pytest.mark.parametrize(
+    ("bug", "code", "words"),
+    [
+        # Identical rows: x[0] is also exactly the mean; the one-hot probes show worker 1 lost.
+        (_lose_second_worker, "out-of-bound", "worker(s) [1] lost"),
+        (_halve, "mean-not-sum", "divided by N = 2"),
+        # An element with one worker counted three times and the other lost is double-counted.
+        (
+            _count_first_worker_thrice,
+            "double-counted",
+            "worker(s) [0] counted more than once, worker(s) [1] lost",
+        ),
+    ],
+    ids=["lost", "mean", "thrice-and-lost"],
+)
+def test_codes_on_inputs_where_a_lost_worker_looks_like_a_mean(bug: Impl, code: str, words: str) -> None:
+    case = Case(2, 2, (), torch.float32, "contiguous", (3.0, 0.0, 3.0, 0.0))
+    for mode in ("exact", "order-free", "bound"):
+        finding = diagnose(bug, call_target(bug, case), mode)
+        assert finding is not None and finding.codes == [code], (mode, finding)
+        assert words in finding.explanation
 
 
 @pytest.mark.clause("difftest-oracles")
@@ -165,26 +218,61 @@ def _tree(terms: list[torch.Tensor]) -> torch.Tensor:
     return terms[0].clone()
 
 
+def _sums_in_several_orders(x: torch.Tensor, rnd: random.Random) -> list[torch.Tensor]:
+    """The sum over axis 0 in the input dtype: shuffled fold, its reverse, pairwise tree, ring, torch.sum."""
+    workers = [x[i] for i in range(x.shape[0])]
+    rnd.shuffle(workers)
+    return [_fold(workers), _fold(workers[::-1]), _tree(workers), ring_fold(x), torch.sum(x, 0)]
+
+
 @pytest.mark.clause("difftest-oracles")
 @given(cases("order-free", ALL_DTYPES), st.randoms(use_true_random=False))
 def test_order_free_inputs_sum_exactly_in_every_order(case: Case, rnd: random.Random) -> None:
     x = case.tensor()
-    workers = [x[i] for i in range(case.n)]
-    rnd.shuffle(workers)
     exact = exact_sum(x)
-    for total in (_fold(workers), _tree(workers), _fold(workers[::-1])):
+    for total in _sums_in_several_orders(x, rnd):
         assert [Fraction(v) for v in total.to(torch.float64).reshape(-1).tolist()] == exact
+
+
+@pytest.mark.clause("difftest-oracles")
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
+def test_order_free_extremes_sum_exactly_with_sixteen_workers(dtype: torch.dtype) -> None:
+    # The largest |k| and the largest and smallest shared exponent, all one sign: every
+    # prefix of the fold reaches |K| = 16 * floor(2**p / 16), the worst partial sum.
+    k = order_free_k_bound(dtype, 16)
+    for e in ORDER_FREE_EXPONENTS:
+        x = torch.full((16, 16), float(k) * 2.0**e, dtype=torch.float64).to(dtype)
+        assert torch.equal(x.to(torch.float64), torch.full((16, 16), float(k) * 2.0**e, dtype=torch.float64))
+        for prefix in range(1, 17):
+            assert float(_fold([x[i] for i in range(prefix)])[0]) == prefix * k * 2.0**e, (dtype, e, prefix)
 
 
 @pytest.mark.clause("difftest-oracles")
 @given(cases("bound", ALL_DTYPES), st.randoms(use_true_random=False))
 def test_bound_accepts_every_summation_order(case: Case, rnd: random.Random) -> None:
-    x = case.tensor()
-    workers = [x[i] for i in range(case.n)]
-    rnd.shuffle(workers)
-    for total in (_fold(workers), _tree(workers), torch.sum(x, 0), ring_fold(x)):
+    for total in _sums_in_several_orders(case.tensor(), rnd):
         mismatch, _ = check_values("bound", case, total)
         assert mismatch is None, mismatch
+
+
+@pytest.mark.clause("difftest-oracles", "input-finite")
+def test_bound_overflow_policy_is_tight_for_two_workers() -> None:
+    # float16 overflows at 65520 = 65504 + ulp/2: 32768 + 32752 rounds to inf (a tie, to even),
+    # 32768 + 32736 = 65504 is exact, so with one addition no order can give inf there.
+    half = torch.tensor([32768.0], dtype=torch.float16)
+    assert torch.isinf(half + 32752.0) and float(half + 32736.0) == 65504.0
+    inf = torch.tensor([float("inf"), 0.0], dtype=torch.float16)
+    tie = Case(2, 2, (), torch.float16, "contiguous", (32768.0, 0.0, 32752.0, 0.0))
+    assert check_values("bound", tie, inf) == (None, 1)
+    below = Case(2, 2, (), torch.float16, "contiguous", (32768.0, 0.0, 32736.0, 0.0))
+    mismatch, skipped = check_values("bound", below, inf)
+    assert mismatch is not None and skipped == 0
+    # Three workers: the last addition's operands carry at most one rounding, so the
+    # acceptance threshold is the overflow limit / (1 + gamma_1), just below 65520.
+    three = Case(3, 3, (), torch.float16, "contiguous", (32768.0, 0, 0, 32736.0, 0, 0, 8.0, 0, 0))
+    assert check_values("bound", three, torch.tensor([float("inf"), 0, 0], dtype=torch.float16)) == (None, 1)
+    one = Case(1, 1, (), torch.float16, "contiguous", (65504.0,))
+    assert check_values("bound", one, torch.tensor([float("inf")], dtype=torch.float16))[0] is not None
 
 
 @pytest.mark.clause("difftest-oracles", "input-finite")
@@ -219,12 +307,18 @@ def test_exact_oracle_agrees_with_the_independent_ring_fold(case: Case) -> None:
     assert check_values("exact", case, ring_fold(case.tensor()))[0] is None
 
 
-@pytest.mark.clause("difftest-oracles")
-def test_same_seed_replays_the_same_counterexample() -> None:
-    first = difftest(planted_impls.torch_sum, modes=("exact",), examples=20, seed=42)
-    again = difftest(planted_impls.torch_sum, modes=("exact",), examples=20, seed=42)
-    assert first.to_json() == again.to_json()
-    assert first.modes["exact"].counterexample is not None
+@pytest.mark.clause("difftest-report")
+def test_printed_replay_command_reproduces_the_counterexample(capsys: pytest.CaptureFixture[str]) -> None:
+    report = difftest(planted_impls.gather_adds, modes=("order-free",), examples=10, seed=123)
+    assert report.modes["order-free"].counterexample is not None
+    assert report.replay.startswith("ring-ref difftest tests.planted_impls:gather_adds --mode order-free")
+    assert main([*shlex.split(report.replay)[1:], "--json"]) == 1
+    replayed = json.loads(capsys.readouterr().out)
+    assert replayed["modes"] == report.to_json()["modes"]
+    # A function the CLI cannot import again gets a Python replay line instead.
+    lam = difftest(lambda x: x.sum(0), modes=("order-free",), examples=1, seed=5)
+    assert lam.replay.startswith("ring_ref.difftest.difftest(") and "<lambda>" in lam.replay
+    assert "modes=('order-free',), examples=1, seed=5, max_workers=16, dtypes=[torch.float16, " in lam.replay
 
 
 @pytest.mark.clause("difftest-report")
@@ -278,6 +372,7 @@ def test_cli_exit_status_pass_and_fail(capsys: pytest.CaptureFixture[str]) -> No
         ("f = 3\n", "{path}:f", "is a int, not a function"),
         ("import not_a_real_package_xyz\n", "{path}:f", "ModuleNotFoundError"),
         ("def f(:\n", "{path}:f", "SyntaxError"),
+        ("import sys\nsys.exit(3)\n", "{path}:f", "SystemExit: 3"),
     ],
 )
 def test_cli_usage_errors_exit_2_with_the_reason(
@@ -293,11 +388,36 @@ def test_cli_usage_errors_exit_2_with_the_reason(
 
 @pytest.mark.clause("difftest-report")
 @pytest.mark.parametrize(
-    "extra", [["--dtypes", "float8"], ["--examples", "0"], ["--max-workers", "0"]], ids=str
+    ("extra", "reason"),
+    [
+        (["--dtypes", "float8"], "unknown dtype(s) ['float8']"),
+        (["--examples", "0"], "--examples) must be at least 1"),
+        (["--max-workers", "0"], "--max-workers) must be between 1 and 64"),
+        (["--seed", "-1"], "--seed) must be a non-negative integer"),
+    ],
+    ids=str,
 )
-def test_cli_bad_options_exit_2(extra: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_bad_options_exit_2(extra: list[str], reason: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["difftest", "ring_ref:ring_all_reduce", *extra]) == 2
-    assert "ring-ref difftest: error:" in capsys.readouterr().err
+    captured = capsys.readouterr()
+    assert "ring-ref difftest: error:" in captured.err and reason in captured.err and captured.out == ""
+
+
+@pytest.mark.clause("difftest-report")
+def test_json_stdout_stays_one_object_when_the_target_prints(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "chatty.py"
+    path.write_text(
+        "import torch\nprint('loading chatty')\n\n"
+        "def f(x):\n    print('called')\n    return torch.sum(x, 0)\n",
+        encoding="utf-8",
+    )
+    args = ["difftest", f"{path}:f", "--mode", "order-free", "--examples", "3", "--seed", "1", "--json"]
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    jsonschema.validate(json.loads(captured.out), SCHEMA)
+    assert "loading chatty" in captured.err and "called" in captured.err
 
 
 @pytest.mark.clause("difftest-diagnoses")
@@ -318,6 +438,10 @@ def test_readme_documents_every_code_and_the_schema() -> None:
     for code in CODES:
         assert f"`{code}`" in section, code
     assert "spec/difftest_report.schema.json" in section
+    # The schema's vocabularies are the module's.
+    assert SCHEMA["$defs"]["code"]["enum"] == list(CODES)
+    assert SCHEMA["$defs"]["counterexample"]["properties"]["dtype"]["enum"] == list(DTYPES)
+    assert SCHEMA["$defs"]["counterexample"]["properties"]["layout"]["enum"] == list(LAYOUTS)
 
 
 @pytest.mark.clause("difftest-oracles")
