@@ -63,8 +63,9 @@ MODEL_CHECK_MAX_N ?= 8
 model-check: $(STAMP) system-tools
 	$(BIN)/python tools/model_check.py --max-n $(MODEL_CHECK_MAX_N)
 
-soak: $(STAMP)
-	HYPOTHESIS_PROFILE=soak $(BIN)/python -m pytest -q -m soak
+# Every test, the slow `soak`-marked ones included, with many more Hypothesis examples.
+soak: $(STAMP) system-tools
+	HYPOTHESIS_PROFILE=soak $(BIN)/python -m pytest -q -m 'not gpu'
 
 # Both engines on a CUDA device (fails without one); extra to CI, which has no GPU.
 gpu-check: $(STAMP)

@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 import torch
 
 from ring_ref import fast, ring_all_reduce
+from ring_ref.tracecheck import bits
 
 HERE = Path(__file__).resolve().parent
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -77,11 +78,6 @@ def make_input(case: Case) -> torch.Tensor:
     return torch.empty((case.n, case.m), dtype=DTYPES[case.dtype]).normal_(
         generator=torch.Generator().manual_seed(0)
     )
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    """The bit patterns of ``t`` as integers, for bitwise comparison."""
-    return t.view(torch.int16 if t.element_size() == 2 else torch.int32)
 
 
 def runs_of(engine: str, case: Case, reference_max_n: int) -> bool:
@@ -168,10 +164,10 @@ def measure_memory(engine: str, case: Case) -> dict[str, Any]:
     }
 
 
-def memory_in_subprocess(engine: str, case: Case) -> dict[str, Any]:
-    """Run :func:`measure_memory` in a fresh interpreter and return its figures."""
+def memory_in_subprocess(engine: str, case: Case, threads: int) -> dict[str, Any]:
+    """Run :func:`measure_memory` in a fresh interpreter on ``threads`` torch threads; return its figures."""
     out = subprocess.run(
-        [sys.executable, __file__, "--memory", engine, json.dumps(case._asdict())],
+        [sys.executable, __file__, "--threads", str(threads), "--memory", engine, json.dumps(case._asdict())],
         check=True,
         capture_output=True,
         text=True,
@@ -295,12 +291,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--memory", nargs=2, metavar=("ENGINE", "CASE_JSON"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     if args.memory:
         print(json.dumps(measure_memory(args.memory[0], Case(**json.loads(args.memory[1])))))
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
     cpu = platform.processor() or platform.machine()
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, {cpu}, load {os.getloadavg()[0]:.2f}"
@@ -309,7 +305,9 @@ def main(argv: list[str] | None = None) -> int:
     for case in CASES:
         row = time_case(case, args.reference_max_n, args.budget)
         row["memory"] = {
-            e: memory_in_subprocess(e, case) for e in ENGINES if runs_of(e, case, args.reference_max_n)
+            e: memory_in_subprocess(e, case, args.threads)
+            for e in ENGINES
+            if runs_of(e, case, args.reference_max_n)
         }
         if case.n > args.reference_max_n:
             print(

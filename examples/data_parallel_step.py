@@ -85,7 +85,7 @@ def data_parallel_gradients(rank: int, world_size: int, batch_sizes: list[int]) 
 
     summed = ring_sum(torch.cat([local_mean * count, count]))
     weighted = summed[:-1] / summed[-1]
-    mean_of_means = ring_sum(local_mean.clone()) / world_size
+    mean_of_means = ring_sum(local_mean) / world_size
     full_batch = mean_loss_gradient(model, inputs, targets)
     return {"weighted": weighted, "mean_of_means": mean_of_means, "full_batch": full_batch}
 

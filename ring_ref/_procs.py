@@ -5,8 +5,10 @@ A small harness for multi-process tests and tools, loopback only:
 * :class:`ProcessRing` starts ``world_size`` worker processes once, each of
   which joins one process group (``gloo`` by default) through a
   ``torch.distributed.TCPStore`` that the parent hosts on ``127.0.0.1`` at a
-  free port chosen by the operating system (port 0, so no port race).  Every
-  :meth:`ProcessRing.run` then calls ``fn(rank, world_size, payload)`` on all
+  free port chosen by the operating system (port 0, so no port race).  The
+  store listens on loopback only, and gloo is pinned to the loopback
+  interface (``GLOO_SOCKET_IFNAME``), so nothing is reachable from outside.
+  Every :meth:`ProcessRing.run` then calls ``fn(rank, world_size, payload)`` on all
   ranks of that same group and returns the per-rank results in rank order.
 
 Failure handling, so that a test can never hang:
@@ -44,6 +46,7 @@ import multiprocessing.connection
 import multiprocessing.context
 import os
 import pickle
+import socket
 import time
 import traceback
 from collections.abc import Callable
@@ -88,9 +91,15 @@ class _Config:
     group_timeout_s: float
 
 
+def _loopback_interface() -> str:
+    """The name of the loopback network interface (``lo`` on Linux, ``lo0`` on macOS and the BSDs)."""
+    names = [name for _, name in socket.if_nameindex()]
+    return next((name for name in ("lo", "lo0") if name in names), "lo")
+
+
 def _worker(rank: int, config: _Config, conn: Connection) -> None:
     """Body of one spawned rank: join the group, then serve ``(fn, payload)`` calls until told to stop."""
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    os.environ["GLOO_SOCKET_IFNAME"] = _loopback_interface()  # gloo's own sockets: loopback only
     timeout = datetime.timedelta(seconds=config.group_timeout_s)
     try:
         if config.backend == "nccl":
@@ -171,7 +180,22 @@ class ProcessRing:
         if self._procs:
             return
         timeout = datetime.timedelta(seconds=self.group_timeout_s)
-        self._store = TCPStore(LOOPBACK, 0, is_master=True, timeout=timeout, wait_for_workers=False)
+        # TCPStore's own server would listen on every interface; hand it a socket bound to loopback.
+        listener = socket.create_server((LOOPBACK, 0))
+        port = listener.getsockname()[1]
+        try:
+            self._store = TCPStore(
+                LOOPBACK,
+                port,
+                is_master=True,
+                timeout=timeout,
+                wait_for_workers=False,
+                master_listen_fd=listener.fileno(),
+            )
+        except BaseException:
+            listener.close()
+            raise
+        listener.detach()  # the store owns the socket now and closes it
         config = _Config(self.world_size, self.backend, self._store.port, self.group_timeout_s)
         ctx: multiprocessing.context.SpawnContext | multiprocessing.context.ForkServerContext
         if self.start_method == "forkserver":

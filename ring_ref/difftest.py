@@ -59,6 +59,7 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
 from ring_ref import ring_all_reduce
+from ring_ref.tracecheck import bits
 
 Mode = Literal["exact", "order-free", "bound"]
 MODES: Final[tuple[Mode, ...]] = ("exact", "order-free", "bound")
@@ -299,11 +300,6 @@ def one_worker_cases(mode: Mode, dtypes: Sequence[torch.dtype]) -> list[Case]:
         out.append(Case(1, 2, (), dtype, "contiguous", _in_dtype(values[:2], dtype)))
         out.append(Case(1, 2, (2,), dtype, ("sliced", "strided")[k % 2], _in_dtype(values, dtype)))
     return out
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    """A tensor's bit patterns as a contiguous integer tensor of the same shape."""
-    return t.detach().contiguous().view(_INT_OF_SIZE[t.element_size()])
 
 
 def _exact_sums(case: Case) -> tuple[list[Fraction], list[Fraction]]:

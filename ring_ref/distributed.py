@@ -46,6 +46,27 @@ class _Description:
     problem: tuple[str, str] | None  # (exception kind, message)
 
 
+def _may_overlap(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """False when no two elements of a tensor with this layout can share memory.
+
+    Sorted by stride, each dimension must step past everything the smaller ones
+    reach.  That holds for every layout made by slicing, transposing or
+    permuting a dense tensor; it fails for a zero stride (``expand``) and, rarely,
+    for an ``as_strided`` interleaving that does not in fact overlap.
+
+    >>> _may_overlap((4, 3), (3, 1)), _may_overlap((3, 4), (1, 3)), _may_overlap((4, 3), (0, 1))
+    (False, False, True)
+    """
+    reach = 0
+    for stride, size in sorted(
+        (stride, size) for size, stride in zip(shape, strides, strict=True) if size > 1
+    ):
+        if stride <= reach:
+            return True
+        reach += stride * (size - 1)
+    return False
+
+
 def _describe(tensor: object, n: int, backend: str) -> _Description:
     """Check one rank's argument on its own; the verdict is applied on every rank after the exchange."""
     if not isinstance(tensor, torch.Tensor):
@@ -77,6 +98,12 @@ def _describe(tensor: object, n: int, backend: str) -> _Description:
         )
     elif tensor.device.type == "meta":
         problem = ("ValueError", "the tensor is on the meta device and holds no values to reduce")
+    elif _may_overlap(shape, tensor.stride()):
+        problem = (
+            "ValueError",
+            f"the sum is written in place, but the layout (strides {tensor.stride()}) lets elements share "
+            "memory, as after expand(). Pass a tensor with distinct elements, e.g. t.clone()",
+        )
     elif backend in _BACKEND_DEVICE and tensor.device.type != _BACKEND_DEVICE[backend]:
         problem = (
             "ValueError",

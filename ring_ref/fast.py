@@ -38,11 +38,13 @@ non-finite sum -- a non-finite result, or rarely a finite one whose sum
 overflows -- pays for the exact input scan that tells bad input from a sum that
 overflowed (clause ``input-finite``).
 
-Autograd is supported: with a tensor that requires grad, the computation runs
-inside a :class:`torch.autograd.Function` whose backward passes the output
-gradient to every worker unchanged -- what the reference's chain of additions
-gives, bit for bit.  numpy arrays (float16, float32, float64) run through the
-same plan with ``numpy.add``.
+Autograd is supported: with a tensor that requires grad (or carries a
+forward-mode tangent), the computation runs inside a
+:class:`torch.autograd.Function` whose backward passes the output gradient to
+every worker unchanged -- what the reference's chain of additions gives, bit
+for bit -- and whose forward-mode derivative is the same ring over the
+tangents, as the reference's additions give.  numpy arrays (float16, float32,
+float64) run through the same plan with ``numpy.add``.
 
 >>> import torch
 >>> ring_all_reduce_torch(torch.tensor([[1.0, 2.0], [3.0, 4.0]]))
@@ -61,6 +63,7 @@ from typing import Any, NamedTuple, TypeVar
 import numpy as np
 import numpy.typing as npt
 import torch
+from torch.autograd import forward_ad
 
 from ring_ref import numpy_adapter, schedule, torch_adapter
 from ring_ref.invariants import InvariantViolation
@@ -305,15 +308,23 @@ class _RingSum(torch.autograd.Function):
         (grad,) = grad_outputs
         return grad.unsqueeze(0).expand(ctx.workers, *grad.shape), None
 
+    @staticmethod
+    def jvp(ctx: Any, *grad_inputs: Any) -> Any:
+        tangent, _ = grad_inputs
+        return _torch_forward(tangent)[0]
+
 
 _ring_sum: Callable[[torch.Tensor, list[bool]], torch.Tensor] = _RingSum.apply
 """``_RingSum.apply`` with its type stated (torch leaves it untyped)."""
+
+_unpack_dual: Callable[[torch.Tensor], Any] = forward_ad.unpack_dual
+"""``forward_ad.unpack_dual`` with its type stated (torch leaves it untyped)."""
 
 
 def ring_all_reduce_torch(x: torch.Tensor) -> torch.Tensor:
     """The fast engine on a ``torch.Tensor`` of shape ``(N, M, ...)``; returns ``(M, ...)``."""
     torch_adapter.validate_structure(x)
-    if x.requires_grad and torch.is_grad_enabled():
+    if (x.requires_grad and torch.is_grad_enabled()) or _unpack_dual(x).tangent is not None:
         report: list[bool] = []
         result = _ring_sum(x, report)
         finite = report[0]
@@ -348,8 +359,9 @@ def ring_all_reduce_numpy(x: npt.NDArray[Any]) -> npt.NDArray[Any]:
             return np.add(a, b, out=out)
 
         tile = _tile(n, k, math.prod(trailing) * x.itemsize, True)
-        # Overflow to +-inf is the correctly rounded sum (clause input-finite), not an error.
-        with np.errstate(over="ignore"):
+        # Overflow to +-inf is the correctly rounded sum (clause input-finite), not an error; an
+        # invalid operation (inf - inf) only happens on non-finite input, which is rejected below.
+        with np.errstate(over="ignore", invalid="ignore"):
             finite = _run(plan(n), acc, diagonal=diagonal, add=add, all_finite=_numpy_all_finite, tile=tile)
         result = acc.reshape(m, *trailing)
     if not finite:

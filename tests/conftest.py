@@ -16,7 +16,7 @@ settings.register_profile(
 )
 settings.register_profile(
     "soak",
-    max_examples=2000,
+    max_examples=1000,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )

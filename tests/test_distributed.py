@@ -14,6 +14,7 @@ import datetime
 import importlib
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -118,8 +119,11 @@ class Rings:
         return self._rings[n]
 
     def close(self) -> None:
+        """Close every ring; each rank still running must exit on its own with status 0 (no kill)."""
+        procs = [proc for ring in self._rings.values() for proc in ring._procs]
         for ring in self._rings.values():
             ring.close()
+        assert [proc.exitcode for proc in procs] == [0] * len(procs), "a rank did not shut down cleanly"
 
 
 @pytest.fixture(scope="module")
@@ -245,6 +249,17 @@ BAD_CASES: dict[str, tuple[MakeArg, type[Exception], str]] = {
         "rank 1: expects a torch.Tensor",
     ),
     "sparse": (lambda r, n: torch.zeros(n, n).to_sparse(), TypeError, "dense strided tensor"),
+    "meta": (lambda r, n: torch.zeros(n, device="meta"), ValueError, "meta device"),
+    "expanded-on-one-rank": (
+        lambda r, n: torch.zeros(1, 2).expand(n, 2) if r == 2 else torch.zeros(n, 2),
+        ValueError,
+        "rank 2: the sum is written in place, but the layout (strides (0, 1)) lets elements share memory",
+    ),
+    "dtype-mismatch": (
+        lambda r, n: torch.zeros(n, dtype=torch.float64 if r == 0 else torch.float32),
+        ValueError,
+        "rank 0: shape (3,) torch.float64 on cpu; rank 1: shape (3,) torch.float32 on cpu",
+    ),
 }
 
 
@@ -252,6 +267,8 @@ def _unchanged(before: object, after: object) -> bool:
     """Same bits (NaN included), dtype and shape; non-tensors must compare equal to their copy."""
     if not isinstance(before, torch.Tensor) or not isinstance(after, torch.Tensor):
         return before == after
+    if before.is_meta:  # no values to compare
+        return after.is_meta and (after.shape, after.dtype) == (before.shape, before.dtype)
     if before.layout != torch.strided:
         return after.layout == before.layout and same_bits(before.to_dense(), after.to_dense())
     return same_bits(before, after)
@@ -311,11 +328,29 @@ def test_seed_example_weighting_by_example_count(rings: Rings) -> None:
     assert rings(2).run(seed_numbers, None, timeout_s=CALL_TIMEOUT_S) == [(5.0, 4.0), (5.0, 4.0)]
 
 
+def simulated_weighted_gradient(sizes: tuple[int, ...]) -> torch.Tensor:
+    """The example's weighted gradient, rebuilt in one process: the simulation of the ranks' buckets."""
+    dp = data_parallel_step
+    model = dp.tiny_model()
+    inputs, targets = dp.global_batch(sum(sizes))
+    flats = []
+    for rank, size in enumerate(sizes):
+        local = slice(sum(sizes[:rank]), sum(sizes[: rank + 1]))
+        count = torch.tensor([float(size)], dtype=dp.DTYPE)
+        flats.append(torch.cat([dp.mean_loss_gradient(model, inputs[local], targets[local]) * count, count]))
+    length = flats[0].numel()  # the parameters, then the example count
+    padded = torch.stack([torch.cat([f, f.new_zeros((-length) % len(sizes))]) for f in flats])
+    total = ring_all_reduce(padded)
+    return total[: length - 1] / total[length - 1]
+
+
 @pytest.mark.parametrize("sizes", [(2, 2, 2), (1, 3, 4)], ids=["equal", "unequal"])
 def test_data_parallel_step_matches_the_large_batch_gradient(rings: Rings, sizes: tuple[int, ...]) -> None:
     per_rank = rings(3).run(data_parallel_step.data_parallel_gradients, list(sizes), timeout_s=CALL_TIMEOUT_S)
     full = per_rank[0]["full_batch"]
+    simulated = simulated_weighted_gradient(sizes)
     for grads in per_rank:
+        assert same_bits(grads["weighted"], simulated), "the ring's bits are the simulation's"
         assert same_bits(grads["full_batch"], full)
         assert same_bits(grads["weighted"], per_rank[0]["weighted"]), "every rank must hold the same gradient"
         torch.testing.assert_close(grads["weighted"], full, rtol=1e-12, atol=1e-14)
@@ -329,43 +364,73 @@ def test_data_parallel_step_matches_the_large_batch_gradient(rings: Rings, sizes
 # The failure cases come last: they tear their world down.
 
 
-def fail_mid_ring(rank: int, world_size: int, bad: int) -> str:
-    """Rank ``bad`` raises inside the ring at its second round; the others must time out, not hang."""
+FAILING_RANK = 1
+
+
+def fail_in_ring(rank: int, world_size: int, at_call: int) -> str:
+    """Rank 1 fails; every rank returns what happened to it as text, so the harness kills no one.
+
+    ``at_call = 0``: rank 1 never calls ``ring_all_reduce_`` (it returns at once), so the others wait
+    in the exchange of descriptions; ``at_call = k > 0``: rank 1 raises at its ``k``-th
+    ``batch_isend_irecv``, so the others wait inside the ring.  The group's timeout is 2 s.
+    """
     group = _group(tuple(range(world_size)), SHORT_GROUP_TIMEOUT.total_seconds())
     x = torch.arange(2.0 * world_size)
+    if rank != FAILING_RANK:
+        try:
+            ring_all_reduce_(x, group)
+        except RuntimeError as exc:
+            return f"RuntimeError: {exc}"
+        return "finished"
+    if at_call == 0:
+        return "did not call"
     calls = 0
     real = dist.batch_isend_irecv
 
     def failing(ops: list[dist.P2POp]) -> Any:
         nonlocal calls
         calls += 1
-        if calls == 2:
+        if calls == at_call:
             raise OSError(f"planted failure on rank {rank}")
         return real(ops)
 
-    try:
-        if rank == bad:
-            with mock.patch.object(dist, "batch_isend_irecv", failing):
-                ring_all_reduce_(x, group)
-        else:
+    with mock.patch.object(dist, "batch_isend_irecv", failing):
+        try:
             ring_all_reduce_(x, group)
-    except (OSError, RuntimeError) as exc:
-        return f"{type(exc).__name__}: {exc}"
+        except OSError as exc:
+            return f"OSError: {exc}"
     return "finished"
 
 
-def test_a_rank_failing_mid_ring_makes_the_others_time_out_clearly(rings: Rings) -> None:
-    """No harness kill here: the surviving ranks return on their own, within the group's timeout."""
+@pytest.mark.parametrize(
+    ("at_call", "failed", "where"),
+    [
+        (0, "did not call", r": exchanging tensor descriptions before the ring failed or timed out; "),
+        (
+            2,
+            "OSError: planted failure on rank 1",
+            r", (reduce-scatter|all-gather) round \d: exchanging chunks with rank \d \(send\) and rank \d "
+            r"\(receive\) failed or timed out; ",
+        ),
+    ],
+    ids=["never-calls", "raises-mid-ring"],
+)
+def test_a_failing_rank_makes_the_others_raise_a_clear_timeout(
+    rings: Rings, at_call: int, failed: str, where: str
+) -> None:
+    """The survivors return on their own once the group's 2 s timeout expires.
+
+    The harness would raise ``TimeoutError`` (and fail this test) if they were still waiting after
+    ``timeout_s``; nobody is killed here.  With 3 ranks the two survivors wait on rank 1 directly
+    (rank 2 receives from it, rank 0 sends to it) or, in the exchange, through the collective.
+    """
     ring = rings(3)
-    start = time.monotonic()
-    per_rank = ring.run(fail_mid_ring, 1, timeout_s=CALL_TIMEOUT_S)
-    assert time.monotonic() - start < CALL_TIMEOUT_S
-    assert per_rank[1] == "OSError: planted failure on rank 1"
+    per_rank = ring.run(fail_in_ring, at_call, timeout_s=30)
+    assert per_rank[FAILING_RANK] == failed
     for rank in (0, 2):
-        assert per_rank[rank].startswith(f"RuntimeError: ring_all_reduce_: rank {rank} of 3, "), per_rank[
-            rank
-        ]
-        assert "failed or timed out; a peer probably raised, exited or did not call" in per_rank[rank]
+        outcome = per_rank[rank]
+        assert re.match(f"RuntimeError: ring_all_reduce_: rank {rank} of 3{where}", outcome), outcome
+        assert "a peer probably raised, exited or did not call ring_all_reduce_" in outcome
     ring.close()  # the short-timeout group is left broken; the next case respawns a clean world
 
 
@@ -389,23 +454,33 @@ def test_a_raising_rank_is_reported_and_the_others_are_killed(rings: Rings) -> N
 
 
 def test_torchrun_example_reports_bitwise_equality_on_every_rank() -> None:
-    """The documented launcher, run as documented (two ranks here to stay quick), on 127.0.0.1 only."""
+    """The documented launcher, run as documented (two ranks here to stay quick), on this machine.
+
+    torchrun's ``--standalone`` rendezvous connects through ``localhost`` and gloo is pinned to the
+    loopback interface; torchrun's own store still listens on every interface (not ours to change).
+    """
     root = Path(__file__).resolve().parents[1]
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    done = subprocess.run(
+    launcher = subprocess.Popen(
         [*command, str(root / "examples" / "torchrun_ring.py")],
         cwd=root,
         env={**os.environ, "GLOO_SOCKET_IFNAME": "lo"},
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=CALL_TIMEOUT_S * 2,
-        check=False,
+        start_new_session=True,  # its own process group, so a timeout can take the ranks down with it
     )
-    assert done.returncode == 0, done.stdout + done.stderr
+    try:
+        stdout, stderr = launcher.communicate(timeout=CALL_TIMEOUT_S * 2)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.communicate()
+    assert launcher.returncode == 0, stdout + stderr
     found = re.findall(
-        r"rank (\d)/2 gloo +(torch\.\w+) \(4, 3\): (equals the simulation bit for bit|DIFFERS)", done.stdout
+        r"rank (\d)/2 gloo +(torch\.\w+) \(4, 3\): (equals the simulation bit for bit|DIFFERS)", stdout
     )
     expected = {
         (str(rank), str(dtype), "equals the simulation bit for bit") for rank in range(2) for dtype in DTYPES
     }
-    assert sorted(found) == sorted(expected), done.stdout
+    assert sorted(found) == sorted(expected), stdout

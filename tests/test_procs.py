@@ -7,6 +7,7 @@ ranks itself rather than waiting for torch.distributed to give up.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Iterator
@@ -64,6 +65,41 @@ def test_results_in_rank_order_and_group_reused(ring: ProcessRing) -> None:
     pids = [p.pid for p in ring._procs]
     assert ring.run(sum_of_ranks, 2.0) == [(r, WORLD, sum(range(WORLD)) + WORLD * 2.0) for r in range(WORLD)]
     assert [p.pid for p in ring._procs] == pids, "a second call must reuse the same processes"
+
+
+LOOPBACK_HEX = {
+    "0100007F",  # 127.0.0.1 in /proc/net/tcp's little-endian hex
+    "00000000000000000000000001000000",  # ::1 in /proc/net/tcp6
+    "0000000000000000FFFF00000100007F",  # ::ffff:127.0.0.1
+}
+
+
+def listening_addresses(pids: list[int]) -> set[str]:
+    """The local addresses (``/proc/net/tcp*`` hex) on which the processes ``pids`` hold listening sockets."""
+    inodes = set()
+    for pid in pids:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("socket:["):
+                    inodes.add(target[len("socket:[") : -1])
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(FileNotFoundError), open(table) as lines:
+            for line in list(lines)[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and fields[9] in inodes:  # state 0A: LISTEN
+                    found.add(fields[1].rsplit(":", 1)[0])
+    return found
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="reads Linux's /proc/net/tcp")
+def test_parent_and_ranks_listen_on_loopback_only(ring: ProcessRing) -> None:
+    """The parent's store and the ranks' gloo sockets: 127.0.0.1 only, never every interface."""
+    ring.run(sum_of_ranks, 0.0)
+    addresses = listening_addresses([os.getpid(), *(p.pid for p in ring._procs if p.pid is not None)])
+    assert addresses, "found no listening socket at all"
+    assert addresses <= LOOPBACK_HEX, addresses
 
 
 def test_raising_rank_reports_traceback_and_does_not_hang(ring: ProcessRing) -> None:
