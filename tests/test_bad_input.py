@@ -12,7 +12,9 @@ import torch
 
 from ring_ref import ring_all_reduce
 
-pytestmark = pytest.mark.clause("bad-input", "input-shape", "supported-dtypes", "input-finite", "engines-same-bits")
+pytestmark = pytest.mark.clause(
+    "bad-input", "input-shape", "supported-dtypes", "input-finite", "engines-same-bits"
+)
 
 
 def _snapshot(x: object) -> object:

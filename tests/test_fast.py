@@ -52,7 +52,7 @@ def negative_strides(a: npt.NDArray[Any], axis: int) -> npt.NDArray[Any]:
     return np.flip(flipped, axis)
 
 
-@pytest.mark.clause("fold-order", "input-unchanged", "preserve-dtype-device")
+@pytest.mark.clause("engines-same-bits", "fold-order", "input-unchanged", "preserve-dtype-device")
 @given(worker_tensors())
 def test_fast_equals_reference_bitwise(x: torch.Tensor) -> None:
     before = snapshot(x)
