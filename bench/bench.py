@@ -222,20 +222,20 @@ def target_lines(rows: list[dict[str, Any]], sweep: list[dict[str, Any]]) -> lis
     for text, label, limit in TARGETS:
         t = by_label[label]["median_s"]
         ratio = t["fast"] / t["torch.sum"]
-        lines.append(f"target {text} <= {limit:g}: {ratio:.3g}  {'met' if ratio <= limit else 'MISSED'}")
+        lines.append(f"target {text} <= {limit:g}: {ratio:.2f}  {'met' if ratio <= limit else 'MISSED'}")
     big = [r for r in rows if r["memory"]["fast"]["output_bytes"] >= MEMORY_RESOLUTION_BYTES]
     worst = max(big, key=lambda r: relative_memory(r, "fast", "output") or 0.0)
     fast_mem = relative_memory(worst, "fast", "output") or 0.0
     verdict = "met" if fast_mem <= 1.1 else "MISSED"
     lines.append(
         f"target fast peak extra <= 1.1 x output (worst, output >= 1 MiB: {worst['case']['label']}): "
-        f"{fast_mem:.3g}  {verdict}"
+        f"{fast_mem:.2f}  {verdict}"
     )
     ref_rows = [r for r in rows if "reference" in r["memory"]]
     if ref_rows:
         ref_mem = max(relative_memory(r, "reference", "input") or 0.0 for r in ref_rows)
         lines.append(
-            f"target reference peak extra <= 1.1 x input (worst measured case): {ref_mem:.3g}  "
+            f"target reference peak extra <= 1.1 x input (worst measured case): {ref_mem:.2f}  "
             f"{'met' if ref_mem <= 1.1 else 'MISSED'}"
         )
     practical = [r["case"]["n"] for r in sweep if r["median_s"].get("reference", float("inf")) <= 1.0]
