@@ -69,7 +69,10 @@ from ring_ref import numpy_adapter, schedule, torch_adapter
 from ring_ref.invariants import InvariantViolation
 
 TILE_BYTES = 2 << 20
-"""Bytes of partial sums per CPU tile (measured best on a 2-core Xeon; see ``make bench``)."""
+"""Bytes of partial sums per CPU tile with torch operations (best measured here; see ``make bench``)."""
+
+NUMPY_TILE_BYTES = 256 << 10
+"""The same with numpy operations, whose lower per-call cost makes smaller tiles pay."""
 
 
 class Add(NamedTuple):
@@ -229,18 +232,18 @@ def _run(
     return finite
 
 
-def _tile(n: int, k: int, row_bytes: int, on_cpu: bool) -> tuple[int, int]:
-    """``(chunks, rows)`` per tile: about :data:`TILE_BYTES` of partial sums on the CPU, else everything.
+def _tile(n: int, k: int, row_bytes: int, budget: int | None) -> tuple[int, int]:
+    """``(chunks, rows)`` per tile: about ``budget`` bytes of partial sums (``None``: everything at once).
 
     Small chunks are batched, as many whole chunks as fit; a chunk larger than
     the budget is a block of its own, cut into row ranges.
     """
-    if not on_cpu:
+    if budget is None:
         return n, k
-    chunks = TILE_BYTES // (k * row_bytes)
+    chunks = budget // (k * row_bytes)
     if chunks >= 1:
         return chunks, k
-    return 1, max(1, TILE_BYTES // row_bytes)
+    return 1, max(1, budget // row_bytes)
 
 
 def _torch_all_finite(block: torch.Tensor) -> bool:
@@ -267,6 +270,13 @@ def _torch_forward(x: torch.Tensor) -> tuple[torch.Tensor, bool]:
     n, m = x.shape[0], x.shape[1]
     k = m // n
     trailing = tuple(x.shape[2:])
+    row_bytes = math.prod(trailing) * x.element_size()
+    if x.is_cpu and x.dtype in (torch.float32, torch.float64) and k * row_bytes > NUMPY_TILE_BYTES:
+        # Chunks larger than a tile run as row tiles, many short operations, where numpy's
+        # per-call cost is a fraction of torch's. float32/float64 addition is IEEE in both, so the
+        # bits are the same; numpy's float16 arithmetic is far slower, and it has no bfloat16.
+        result, finite = _numpy_forward(x.detach().numpy())
+        return torch.from_numpy(result), finite
     if n == 1:
         copy = torch.clone(x[0], memory_format=torch.contiguous_format)
         return copy, _torch_all_finite(copy)
@@ -284,7 +294,7 @@ def _torch_forward(x: torch.Tensor) -> tuple[torch.Tensor, bool]:
     def add(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> object:
         return torch.add(a, b, out=out)
 
-    tile = _tile(n, k, math.prod(trailing) * x.element_size(), x.is_cpu)
+    tile = _tile(n, k, row_bytes, TILE_BYTES if x.is_cpu else None)
     finite = _run(plan(n), acc, diagonal=diagonal, add=add, all_finite=_torch_all_finite, tile=tile)
     return acc.view(m, *trailing), finite
 
@@ -337,7 +347,16 @@ def ring_all_reduce_torch(x: torch.Tensor) -> torch.Tensor:
 
 def ring_all_reduce_numpy(x: npt.NDArray[Any]) -> npt.NDArray[Any]:
     """The fast engine on a ``numpy.ndarray`` of shape ``(N, M, ...)``; returns ``(M, ...)``."""
-    n, m = numpy_adapter.validate_structure(x)
+    numpy_adapter.validate_structure(x)
+    result, finite = _numpy_forward(x)
+    if not finite:
+        numpy_adapter.validate_finite(x)
+    return result
+
+
+def _numpy_forward(x: npt.NDArray[Any]) -> tuple[npt.NDArray[Any], bool]:
+    """The result for an array that passed ``validate_structure``, and whether all of it is finite."""
+    n, m = x.shape[0], x.shape[1]
     k = m // n
     trailing = x.shape[2:]
     if n == 1:
@@ -358,12 +377,10 @@ def ring_all_reduce_numpy(x: npt.NDArray[Any]) -> npt.NDArray[Any]:
         def add(a: npt.NDArray[Any], b: npt.NDArray[Any], out: npt.NDArray[Any]) -> object:
             return np.add(a, b, out=out)
 
-        tile = _tile(n, k, math.prod(trailing) * x.itemsize, True)
+        tile = _tile(n, k, math.prod(trailing) * x.itemsize, NUMPY_TILE_BYTES)
         # Overflow to +-inf is the correctly rounded sum (clause input-finite), not an error; an
         # invalid operation (inf - inf) only happens on non-finite input, which is rejected below.
         with np.errstate(over="ignore", invalid="ignore"):
             finite = _run(plan(n), acc, diagonal=diagonal, add=add, all_finite=_numpy_all_finite, tile=tile)
         result = acc.reshape(m, *trailing)
-    if not finite:
-        numpy_adapter.validate_finite(x)
-    return result
+    return result, finite

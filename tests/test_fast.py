@@ -133,6 +133,7 @@ def test_fast_equals_the_closed_form_fold(x: torch.Tensor) -> None:
 def test_tile_size_does_not_change_the_bits(x: torch.Tensor, tile_bytes: int) -> None:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(fast, "TILE_BYTES", tile_bytes)
+        patch.setattr(fast, "NUMPY_TILE_BYTES", tile_bytes)
         got = ring_all_reduce(x, engine="fast")
     assert same_bits(got, ring_all_reduce(x, engine="reference"))
 
