@@ -37,8 +37,14 @@ from ring_ref.schedule import (
 MAX_N = 5
 
 
-def _add(incoming: int, own: int) -> int:
+def add_ints(incoming: int, own: int) -> int:
+    """The combine for integer buffers."""
     return incoming + own
+
+
+def small_round_input(state: State[int], r: int) -> bool:
+    """Precondition of the round contracts: a square state of 2 or 3 workers and a valid round."""
+    return 2 <= len(state) <= 3 and all(len(row) == len(state) for row in state) and 0 <= r < len(state) - 1
 
 
 def rs_round_is_add(before: State[int], after: State[int], r: int) -> bool:
@@ -109,17 +115,13 @@ def ag_pipeline(i: int, r: int, n: int) -> None:
 
 def rs_round_contract(state: tuple[tuple[int, ...], ...], r: int) -> None:
     """The core's reduce-scatter round on arbitrary integer buffers satisfies ``rs-add``."""
-    assert 2 <= len(state) <= 3
-    assert all(len(row) == len(state) for row in state)
-    assert 0 <= r < len(state) - 1
-    assert rs_round_is_add(state, reduce_scatter_round(state, r, _add), r)
+    assert small_round_input(state, r)
+    assert rs_round_is_add(state, reduce_scatter_round(state, r, add_ints), r)
 
 
 def ag_round_contract(state: tuple[tuple[int, ...], ...], r: int) -> None:
     """The core's all-gather round on arbitrary integer buffers satisfies ``ag-copy-not-add``."""
-    assert 2 <= len(state) <= 3
-    assert all(len(row) == len(state) for row in state)
-    assert 0 <= r < len(state) - 1
+    assert small_round_input(state, r)
     assert ag_round_is_copy(state, all_gather_round(state, r), r)
 
 
