@@ -41,10 +41,10 @@ system-tools:
 test: $(STAMP) system-tools
 	$(BIN)/python -m pytest -q -m 'not soak and not gpu'
 
-# CrossHair checks the assert-style contracts in ring_ref/contracts.py (zero
+# CrossHair checks the assert-style contracts in ring_ref/_contracts.py (zero
 # counterexamples allowed); tests/test_contracts.py shows it catching planted faults.
 contracts: $(STAMP)
-	$(BIN)/crosshair check --analysis_kind=asserts --per_condition_timeout=$(CROSSHAIR_TIMEOUT) ring_ref/contracts.py
+	$(BIN)/crosshair check --analysis_kind=asserts --per_condition_timeout=$(CROSSHAIR_TIMEOUT) ring_ref/_contracts.py
 
 # Regenerate the conformance vectors into a temporary directory and fail on any
 # byte of drift from the committed spec/vectors (refresh: ring-ref vectors --out spec/vectors).

@@ -25,8 +25,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ring_ref import fast, ring_all_reduce
-from ring_ref.tracecheck import bits
+from ring_ref import _fast, ring_all_reduce
+from ring_ref._tracecheck import bits
 
 HERE = Path(__file__).resolve().parent
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -89,7 +89,7 @@ def time_case(case: Case, reference_max_n: int, budget_s: float) -> dict[str, An
     """Median seconds per engine on ``case``, plus the fast engine's first (plan-compiling) call."""
     x = make_input(case)
     engines = [e for e in ENGINES if runs_of(e, case, reference_max_n)]
-    fast.plan.cache_clear()
+    _fast.plan.cache_clear()
     first: dict[str, float] = {}
     results: dict[str, torch.Tensor] = {}
     for engine in engines:

@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from ring_ref import fast, numpy_adapter, torch_adapter
+from ring_ref import _fast, _numpy_adapter, _torch_adapter
 from ring_ref._validate import expected_type_error
 from ring_ref.invariants import InvariantViolation
 
@@ -24,7 +24,7 @@ __all__ = ["ENGINES", "Engine", "InvariantViolation", "ring_all_reduce"]
 Engine = Literal["reference", "fast"]
 ENGINES: Final[tuple[Engine, Engine]] = ("reference", "fast")
 """``reference``: the pure-functional core, invariants asserted every round (the default).
-``fast``: batched tensor operations per round, bitwise identical (:mod:`ring_ref.fast`)."""
+``fast``: batched tensor operations per round, bitwise identical (:mod:`ring_ref._fast`)."""
 
 _A = TypeVar("_A", bound=np.generic)
 
@@ -45,7 +45,7 @@ def ring_all_reduce(
 
     ``engine="reference"`` (the default) runs the pure-functional core and asserts
     the spec's invariants after every round; ``engine="fast"`` runs the same
-    additions as batched tensor operations (:mod:`ring_ref.fast`) and returns the
+    additions as batched tensor operations (:mod:`ring_ref._fast`) and returns the
     same bits, orders of magnitude sooner for large ``N``.  Any other value raises
     ``ValueError`` (``unknown engine``).
     """
@@ -56,10 +56,10 @@ def ring_all_reduce(
         )
     if isinstance(worker_tensors, torch.Tensor):
         if engine == "fast":
-            return fast.ring_all_reduce_torch(worker_tensors)
-        return torch_adapter.ring_all_reduce(worker_tensors)
+            return _fast.ring_all_reduce_torch(worker_tensors)
+        return _torch_adapter.ring_all_reduce(worker_tensors)
     if isinstance(worker_tensors, np.ndarray):
         if engine == "fast":
-            return fast.ring_all_reduce_numpy(worker_tensors)
-        return numpy_adapter.ring_all_reduce(worker_tensors)
+            return _fast.ring_all_reduce_numpy(worker_tensors)
+        return _numpy_adapter.ring_all_reduce(worker_tensors)
     raise expected_type_error(worker_tensors)

@@ -2,6 +2,6 @@
 
 import sys
 
-from ring_ref.cli import main
+from ring_ref._cli import main
 
 sys.exit(main())

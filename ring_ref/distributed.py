@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from ring_ref import schedule
-from ring_ref.torch_adapter import SUPPORTED_DTYPES
+from ring_ref._torch_adapter import SUPPORTED_DTYPES
 
 __all__ = ["ring_all_reduce_"]
 

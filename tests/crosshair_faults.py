@@ -1,4 +1,4 @@
-"""Contracts of ``ring_ref/contracts.py`` stated over planted faulty rounds.
+"""Contracts of ``ring_ref/_contracts.py`` stated over planted faulty rounds.
 
 Not collected by pytest; ``tests/test_contracts.py`` runs CrossHair on this file
 and expects a counterexample for each function.
@@ -6,7 +6,7 @@ and expects a counterexample for each function.
 
 from __future__ import annotations
 
-from ring_ref.contracts import add_ints, ag_round_is_copy, rs_round_is_add, small_round_input
+from ring_ref._contracts import add_ints, ag_round_is_copy, rs_round_is_add, small_round_input
 from tests.faults import adding_all_gather, wrong_chunk_reduce_scatter
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ring_ref.cli import main
+from ring_ref._cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,6 +1,6 @@
 """CrossHair, run on planted faults, must report counterexamples.
 
-``make contracts`` runs CrossHair on ``ring_ref/contracts.py`` and requires none;
+``make contracts`` runs CrossHair on ``ring_ref/_contracts.py`` and requires none;
 this shows the same statements catch a faulty all-gather and a faulty chunk index.
 """
 

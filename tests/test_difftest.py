@@ -21,7 +21,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ring_ref import ring_all_reduce
-from ring_ref.cli import main
+from ring_ref._cli import main
 from ring_ref.difftest import (
     CODES,
     DTYPES,

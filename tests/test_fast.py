@@ -1,4 +1,4 @@
-"""The fast engine (``ring_ref.fast``): bitwise equal to the reference engine, and its own invariants.
+"""The fast engine (``ring_ref._fast``): bitwise equal to the reference engine, and its own invariants.
 
 The reference engine is the oracle for bits; ``tests/oracles.py`` (independent
 of ``ring_ref``) is a second one where the reference would be too slow.  Speed
@@ -19,7 +19,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from torch.autograd import forward_ad
 
-from ring_ref import InvariantViolation, fast, ring_all_reduce, schedule
+from ring_ref import InvariantViolation, _fast, ring_all_reduce, schedule
 from tests.oracles import bits, ring_fold, same_bits
 from tests.strategies import ALL_DTYPES, shapes, worker_tensors
 
@@ -31,9 +31,9 @@ FEW = settings(max_examples=max(4, settings().max_examples // 15))
 @pytest.fixture(autouse=True)
 def _fresh_plans() -> Iterator[None]:
     """Plans are cached per N; tests that patch the schedule must not see or leave stale ones."""
-    fast.plan.cache_clear()
+    _fast.plan.cache_clear()
     yield
-    fast.plan.cache_clear()
+    _fast.plan.cache_clear()
 
 
 def snapshot(x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...], tuple[int, ...], torch.dtype]:
@@ -132,8 +132,8 @@ def test_fast_equals_the_closed_form_fold(x: torch.Tensor) -> None:
 @given(worker_tensors(max_n=12), st.integers(1, 64))
 def test_tile_size_does_not_change_the_bits(x: torch.Tensor, tile_bytes: int) -> None:
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(fast, "TILE_BYTES", tile_bytes)
-        patch.setattr(fast, "NUMPY_TILE_BYTES", tile_bytes)
+        patch.setattr(_fast, "TILE_BYTES", tile_bytes)
+        patch.setattr(_fast, "NUMPY_TILE_BYTES", tile_bytes)
         got = ring_all_reduce(x, engine="fast")
     assert same_bits(got, ring_all_reduce(x, engine="reference"))
 
@@ -321,7 +321,7 @@ def test_fast_engine_rejects_bad_input_like_the_reference(
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 7, 16, 33])
 def test_plan_adds_each_chunk_in_ring_order_n_minus_1_times(n: int) -> None:
     order: dict[int, list[int]] = {c: [] for c in range(n)}
-    for adds in fast.plan(n):
+    for adds in _fast.plan(n):
         for add in adds:
             for c in range(add.start, add.stop):
                 if add.incoming is not None:

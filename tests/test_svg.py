@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ring_ref.svg import render_svg, slot_colour
-from ring_ref.trace import trace
+from ring_ref._svg import render_svg, slot_colour
+from ring_ref._trace import trace
 from tests.test_trace import spec_slot
 
 NS = "{http://www.w3.org/2000/svg}"

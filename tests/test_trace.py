@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ring_ref.cli import main
-from ring_ref.trace import render_table, trace, trace_json
+from ring_ref._cli import main
+from ring_ref._trace import render_table, trace, trace_json
 
 SCHEMA = json.loads((Path(__file__).parent.parent / "spec" / "trace.schema.json").read_text(encoding="utf-8"))
 

@@ -1,4 +1,4 @@
-"""The trace-level differential check (ring_ref.tracecheck) against implementations written here.
+"""The trace-level differential check (ring_ref._tracecheck) against implementations written here.
 
 ``plain_ring`` is an independent ring on stacked ``(N, M, ...)`` buffers, with
 the schedule typed in from the spec (not imported from ``ring_ref``); its
@@ -12,8 +12,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 
-from ring_ref.testing import assert_matches_reference
-from ring_ref.tracecheck import (
+from ring_ref._tracecheck import (
     Mismatch,
     RoundCallback,
     TracedImplementation,
@@ -21,6 +20,7 @@ from ring_ref.tracecheck import (
     check_trace,
     first_mismatch,
 )
+from ring_ref.testing import assert_matches_reference
 from tests.oracles import ring_fold, same_bits
 from tests.strategies import worker_tensors
 

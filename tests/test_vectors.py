@@ -19,8 +19,8 @@ import jsonschema  # type: ignore[import-untyped]
 import pytest
 import torch
 
-from ring_ref.cli import main
-from ring_ref.vectors import write
+from ring_ref._cli import main
+from ring_ref._vectors import write
 from tests.oracles import bits, exact_sum, ring_fold
 from tests.test_trace import spec_slot
 

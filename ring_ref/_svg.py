@@ -12,7 +12,7 @@ Every panel is a ``<g class="panel">`` with ``data-phase`` and ``data-round``;
 every slot a ``<rect class="slot">`` with ``data-worker``, ``data-chunk`` and
 ``data-count``; every send a ``<path class="send">``.
 
->>> from ring_ref.trace import trace
+>>> from ring_ref._trace import trace
 >>> svg = render_svg(trace(2))
 >>> svg.startswith("<svg") and svg.count('class="panel"')
 3
@@ -23,9 +23,9 @@ from __future__ import annotations
 import math
 import xml.etree.ElementTree as ET
 
+from ring_ref._trace import RoundRecord
 from ring_ref.invariants import is_complete
 from ring_ref.schedule import REDUCE_SCATTER
-from ring_ref.trace import RoundRecord
 
 SVG_NS = "http://www.w3.org/2000/svg"
 SLOT = 16

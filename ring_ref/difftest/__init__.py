@@ -59,7 +59,7 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
 from ring_ref import ring_all_reduce
-from ring_ref.tracecheck import bits
+from ring_ref._tracecheck import bits
 
 Mode = Literal["exact", "order-free", "bound"]
 MODES: Final[tuple[Mode, ...]] = ("exact", "order-free", "bound")

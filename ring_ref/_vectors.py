@@ -17,7 +17,7 @@ their shape (``(n, m, *trailingShape)`` for inputs and buffers, ``(m,
 *trailingShape)`` for the result).  Values are drawn from ``random.Random`` with
 fixed seeds, so regenerated files are byte-identical.  Expected values come
 from the reference: :func:`ring_ref.ring_all_reduce` on CPU for the result, and
-:func:`ring_ref.tracecheck.reference_rounds` for the per-round buffers.
+:func:`ring_ref._tracecheck.reference_rounds` for the per-round buffers.
 
 >>> to_hex(torch.tensor([1.0, -0.0], dtype=torch.float16))
 ['3c00', '8000']
@@ -34,8 +34,8 @@ from typing import Any, NamedTuple
 import torch
 
 from ring_ref import ring_all_reduce
+from ring_ref._tracecheck import bits, reference_rounds
 from ring_ref.schedule import PHASES
-from ring_ref.tracecheck import bits, reference_rounds
 
 VERSION = 1
 SEED = 4104

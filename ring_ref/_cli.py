@@ -12,11 +12,11 @@ from pathlib import Path
 
 import torch
 
-from ring_ref import difftest, ring_all_reduce, svg, vectors
+from ring_ref import _svg, _vectors, difftest, ring_all_reduce
+from ring_ref._trace import check_rows, render_table, trace, trace_json
 from ring_ref.core import initial_state, run_ring
 from ring_ref.invariants import Provenance, State
 from ring_ref.schedule import Phase
-from ring_ref.trace import check_rows, render_table, trace, trace_json
 
 
 def _demo(_args: argparse.Namespace) -> int:
@@ -46,7 +46,7 @@ def _demo(_args: argparse.Namespace) -> int:
     return 0
 
 
-def _trace(args: argparse.Namespace) -> int:
+def _trace_command(args: argparse.Namespace) -> int:
     m = args.n if args.m is None else args.m
     try:
         check_rows(args.n, m)
@@ -57,15 +57,15 @@ def _trace(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps(trace_json(records, m), indent=1))
     elif args.format == "svg":
-        print(svg.render_svg(records), end="")
+        print(_svg.render_svg(records), end="")
     else:
         print(render_table(records))
     return 0
 
 
-def _vectors(args: argparse.Namespace) -> int:
+def _vectors_command(args: argparse.Namespace) -> int:
     try:
-        written = vectors.write(Path(args.out))
+        written = _vectors.write(Path(args.out))
     except OSError as err:
         print(f"ring-ref vectors: {err}", file=sys.stderr)
         return 2
@@ -86,10 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("-n", type=int, required=True, help="number of workers N (>= 1)")
     tr.add_argument("-m", type=int, help="rows per worker M, a multiple of N (default N)")
     tr.add_argument("--format", choices=("table", "json", "svg"), default="table", help="output format")
-    tr.set_defaults(func=_trace)
+    tr.set_defaults(func=_trace_command)
     vec = commands.add_parser("vectors", help="write the conformance vector files (spec/vectors/)")
     vec.add_argument("--out", required=True, help="directory to write into (created if needed)")
-    vec.set_defaults(func=_vectors)
+    vec.set_defaults(func=_vectors_command)
     dt = commands.add_parser(
         "difftest", help="check an all-reduce implementation against the reference and diagnose its bug"
     )

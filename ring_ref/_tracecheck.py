@@ -36,10 +36,10 @@ from typing import NamedTuple
 
 import torch
 
+from ring_ref._torch_adapter import chunk_state, validate
 from ring_ref.core import run_ring
 from ring_ref.invariants import Provenance, State
 from ring_ref.schedule import Phase, all_rounds
-from ring_ref.torch_adapter import chunk_state, validate
 
 RoundCallback = Callable[[str, int, torch.Tensor], None]
 """``on_round(phase, round, buffers)``: called by the implementation after every round."""

@@ -65,7 +65,7 @@ import numpy.typing as npt
 import torch
 from torch.autograd import forward_ad
 
-from ring_ref import numpy_adapter, schedule, torch_adapter
+from ring_ref import _numpy_adapter, _torch_adapter, schedule
 from ring_ref.invariants import InvariantViolation
 
 TILE_BYTES = 2 << 20
@@ -333,7 +333,7 @@ _unpack_dual: Callable[[torch.Tensor], Any] = forward_ad.unpack_dual
 
 def ring_all_reduce_torch(x: torch.Tensor) -> torch.Tensor:
     """The fast engine on a ``torch.Tensor`` of shape ``(N, M, ...)``; returns ``(M, ...)``."""
-    torch_adapter.validate_structure(x)
+    _torch_adapter.validate_structure(x)
     if (x.requires_grad and torch.is_grad_enabled()) or _unpack_dual(x).tangent is not None:
         report: list[bool] = []
         result = _ring_sum(x, report)
@@ -341,16 +341,16 @@ def ring_all_reduce_torch(x: torch.Tensor) -> torch.Tensor:
     else:
         result, finite = _torch_forward(x)
     if not finite:
-        torch_adapter.validate_finite(x)
+        _torch_adapter.validate_finite(x)
     return result
 
 
 def ring_all_reduce_numpy(x: npt.NDArray[Any]) -> npt.NDArray[Any]:
     """The fast engine on a ``numpy.ndarray`` of shape ``(N, M, ...)``; returns ``(M, ...)``."""
-    numpy_adapter.validate_structure(x)
+    _numpy_adapter.validate_structure(x)
     result, finite = _numpy_forward(x)
     if not finite:
-        numpy_adapter.validate_finite(x)
+        _numpy_adapter.validate_finite(x)
     return result
 
 
