@@ -34,7 +34,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict
 
-# spin and a C compiler: tests/test_spin.py, tests/test_vectors.py (C consumer) and model-check.
+# spin and a C compiler: tests/nocover/test_spin.py, tests/nocover/test_c_consumer.py and model-check.
 system-tools:
 	@bash tools/ensure_spin.sh
 
@@ -42,7 +42,7 @@ test: $(STAMP) system-tools
 	$(BIN)/python -m pytest -q -m 'not soak and not gpu'
 
 # CrossHair checks the assert-style contracts in ring_ref/_contracts.py (zero
-# counterexamples allowed); tests/test_contracts.py shows it catching planted faults.
+# counterexamples allowed); tests/nocover/test_contracts.py shows it catching planted faults.
 contracts: $(STAMP)
 	$(BIN)/crosshair check --analysis_kind=asserts --per_condition_timeout=$(CROSSHAIR_TIMEOUT) ring_ref/_contracts.py
 

@@ -9,7 +9,7 @@ ints and tuples, which CrossHair reasons about; ring sizes are bounded
 
 The postconditions are phrased through the predicates ``rs_round_is_add`` and
 ``ag_round_is_copy``, so a planted faulty step can be checked against the very
-same statements (``tests/test_contracts.py``).
+same statements (``tests/nocover/test_contracts.py``).
 """
 
 from __future__ import annotations

@@ -177,7 +177,7 @@ def changed_slot(phase: Phase, r: int, i: int, n: int) -> int:
 
     Reduce-scatter: the slot with ``(i - c) mod n = r + 1``; all-gather: the slot
     with ``(i + 1 - c) mod n = r + 1``.  (They are the slots the schedule delivers
-    to worker ``i``; ``tests/test_invariants.py`` and the CrossHair contract
+    to worker ``i``; ``tests/cover/test_invariants.py`` and the CrossHair contract
     ``changed_slot_is_the_only_change`` check this against the closed forms.)
 
     >>> [changed_slot("reduce-scatter", 0, i, 4) for i in range(4)]

@@ -1,6 +1,6 @@
 """Contracts of ``ring_ref/_contracts.py`` stated over planted faulty rounds.
 
-Not collected by pytest; ``tests/test_contracts.py`` runs CrossHair on this file
+Not collected by pytest; ``tests/nocover/test_contracts.py`` runs CrossHair on this file
 and expects a counterexample for each function.
 """
 

@@ -4,6 +4,8 @@
   directly on tensors: chunk ``c`` is the left fold over workers
   ``c, c+1, ..., c-1``, each addition in the input dtype.
 * ``exact_sum`` is the exact rational sum of every worker's element.
+* ``spec_slot`` is the provenance closed form (clauses ``inv-rs-provenance``,
+  ``inv-ag-provenance``) typed in from the spec.
 * ``bits`` views a tensor's storage as integers so comparisons are bitwise.
 """
 
@@ -43,3 +45,14 @@ def exact_sum(x: torch.Tensor) -> list[Fraction]:
     """The exact rational sum over axis 0, flattened, of a finite float tensor."""
     flat = x.detach().to(torch.float64).reshape(x.shape[0], -1).tolist()
     return [sum((Fraction(row[j]) for row in flat), Fraction(0)) for j in range(len(flat[0]))]
+
+
+def spec_slot(phase: str, r: int, i: int, c: int, n: int) -> list[int]:
+    """Clauses inv-rs-provenance / inv-ag-provenance, typed in from the spec."""
+    rs_last = n - 2
+    if phase == "all-gather":
+        if (i + 1 - c) % n <= r + 1:
+            return [(c + k) % n for k in range(n)]
+        r, phase = rs_last, "reduce-scatter"
+    d = (i - c) % n
+    return [(c + k) % n for k in range(d + 1)] if d <= r + 1 else [i]

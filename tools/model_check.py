@@ -8,7 +8,7 @@ state storage (no bitstate or hash-compact approximation), no depth or memory
 limit hit.  Any error, incomplete search or tool failure exits non-zero.
 
 Stands apart from ``ring_ref`` (imports only the standard library);
-``tests/test_spin.py`` uses :func:`verify` and :func:`simulate` and checks the
+``tests/nocover/test_spin.py`` uses :func:`verify` and :func:`simulate` and checks the
 model's sends against ``ring_ref.schedule``.
 
 Usage::

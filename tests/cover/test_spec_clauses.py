@@ -10,7 +10,6 @@ import ast
 import re
 from collections.abc import Callable
 from fractions import Fraction
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,9 +18,8 @@ import torch
 
 from ring_ref import invariants, ring_all_reduce, schedule
 from ring_ref.schedule import ALL_GATHER, REDUCE_SCATTER
+from tests.paths import ROOT, SPEC
 
-ROOT = Path(__file__).resolve().parent.parent
-SPEC = ROOT / "spec" / "ring_all_reduce.md"
 CLAUSE_HEADING = re.compile(r"^### `([a-z0-9]+(?:-[a-z0-9]+)*)` — ", re.MULTILINE)
 
 

@@ -19,7 +19,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any, cast
 from unittest import mock
 
@@ -32,9 +31,10 @@ from ring_ref._procs import ProcessRing, RankError
 from ring_ref.distributed import ring_all_reduce_
 from ring_ref.testing import assert_matches_reference
 from tests.oracles import ring_fold, same_bits
+from tests.paths import ROOT
 
 # The example script is imported by name here and, through sys.path (spawned ranks inherit it), on every rank.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+sys.path.insert(0, str(ROOT / "examples"))
 data_parallel_step: Any = importlib.import_module("data_parallel_step")
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -459,7 +459,7 @@ def test_torchrun_example_reports_bitwise_equality_on_every_rank() -> None:
     torchrun's ``--standalone`` rendezvous connects through ``localhost`` and gloo is pinned to the
     loopback interface; torchrun's own store still listens on every interface (not ours to change).
     """
-    root = Path(__file__).resolve().parents[1]
+    root = ROOT
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     launcher = subprocess.Popen(
         [*command, str(root / "examples" / "torchrun_ring.py")],

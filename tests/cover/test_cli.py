@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from ring_ref._cli import main
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.paths import ROOT
 
 
 @pytest.mark.clause("worked-example", "round-count")

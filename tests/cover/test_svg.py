@@ -7,16 +7,16 @@ counts); nothing here renders the SVG, it is parsed as XML.
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
-from pathlib import Path
 
 import pytest
 
 from ring_ref._svg import render_svg, slot_colour
 from ring_ref._trace import trace
-from tests.test_trace import spec_slot
+from tests.oracles import spec_slot
+from tests.paths import ROOT
 
 NS = "{http://www.w3.org/2000/svg}"
-DOC = Path(__file__).parent.parent / "docs" / "ring-n4.svg"
+DOC = ROOT / "docs" / "ring-n4.svg"
 
 
 def spec_count(phase: str, r: int, i: int, c: int, n: int) -> int:

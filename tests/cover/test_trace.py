@@ -8,7 +8,6 @@ taken from ``ring_ref``.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import jsonschema  # type: ignore[import-untyped]
@@ -18,19 +17,10 @@ from hypothesis import strategies as st
 
 from ring_ref._cli import main
 from ring_ref._trace import render_table, trace, trace_json
+from tests.oracles import spec_slot
+from tests.paths import ROOT
 
-SCHEMA = json.loads((Path(__file__).parent.parent / "spec" / "trace.schema.json").read_text(encoding="utf-8"))
-
-
-def spec_slot(phase: str, r: int, i: int, c: int, n: int) -> list[int]:
-    """Clauses inv-rs-provenance / inv-ag-provenance, typed in from the spec."""
-    rs_last = n - 2
-    if phase == "all-gather":
-        if (i + 1 - c) % n <= r + 1:
-            return [(c + k) % n for k in range(n)]
-        r, phase = rs_last, "reduce-scatter"
-    d = (i - c) % n
-    return [(c + k) % n for k in range(d + 1)] if d <= r + 1 else [i]
+SCHEMA = json.loads((ROOT / "spec" / "trace.schema.json").read_text(encoding="utf-8"))
 
 
 def _rounds(n: int) -> list[tuple[str, int]]:

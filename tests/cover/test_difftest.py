@@ -41,8 +41,8 @@ from ring_ref.difftest import (
 from ring_ref.testing import assert_matches_reference
 from tests import planted_impls
 from tests.oracles import exact_sum, ring_fold, same_bits
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = json.loads((ROOT / "spec" / "difftest_report.schema.json").read_text(encoding="utf-8"))
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 BUGGY_EXAMPLE = ROOT / "examples" / "buggy_allreduce.py"

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from ring_ref import ring_all_reduce
+from tests.paths import SPEC
 
 pytestmark = pytest.mark.clause(
     "bad-input", "input-shape", "supported-dtypes", "input-finite", "engines-same-bits"
@@ -112,8 +113,6 @@ def test_messages_name_the_fix() -> None:
 
 
 def test_every_table_row_of_the_spec_is_tested() -> None:
-    from tests.test_spec_clauses import SPEC
-
     text = SPEC.read_text(encoding="utf-8")
     table = text[text.index("### `bad-input`") :].split("\n## ")[0]
     rows = [
