@@ -16,7 +16,7 @@ import numpy.typing as npt
 import torch
 
 from ring_ref import _fast, _numpy_adapter, _torch_adapter
-from ring_ref._validate import expected_type_error
+from ring_ref._validate import not_an_array
 from ring_ref.invariants import InvariantViolation
 
 __all__ = ["ENGINES", "Engine", "InvariantViolation", "ring_all_reduce"]
@@ -62,4 +62,4 @@ def ring_all_reduce(
         if engine == "fast":
             return _fast.ring_all_reduce_numpy(worker_tensors)
         return _numpy_adapter.ring_all_reduce(worker_tensors)
-    raise expected_type_error(worker_tensors)
+    raise not_an_array(worker_tensors).error()

@@ -65,7 +65,7 @@ import numpy.typing as npt
 import torch
 from torch.autograd import forward_ad
 
-from ring_ref import _numpy_adapter, _torch_adapter, schedule
+from ring_ref import _validate, schedule
 from ring_ref.invariants import InvariantViolation
 
 TILE_BYTES = 2 << 20
@@ -266,7 +266,7 @@ def _numpy_all_finite(block: npt.NDArray[Any]) -> bool:
 
 
 def _torch_forward(x: torch.Tensor) -> tuple[torch.Tensor, bool]:
-    """The result for a tensor that passed ``validate_structure``, and whether all of it is finite."""
+    """The result for a tensor that passed ``check_torch_structure``, and whether all of it is finite."""
     n, m = x.shape[0], x.shape[1]
     k = m // n
     trailing = tuple(x.shape[2:])
@@ -333,7 +333,7 @@ _unpack_dual: Callable[[torch.Tensor], Any] = forward_ad.unpack_dual
 
 def ring_all_reduce_torch(x: torch.Tensor) -> torch.Tensor:
     """The fast engine on a ``torch.Tensor`` of shape ``(N, M, ...)``; returns ``(M, ...)``."""
-    _torch_adapter.validate_structure(x)
+    _validate.check_torch_structure(x)
     if (x.requires_grad and torch.is_grad_enabled()) or _unpack_dual(x).tangent is not None:
         report: list[bool] = []
         result = _ring_sum(x, report)
@@ -341,21 +341,21 @@ def ring_all_reduce_torch(x: torch.Tensor) -> torch.Tensor:
     else:
         result, finite = _torch_forward(x)
     if not finite:
-        _torch_adapter.validate_finite(x)
+        _validate.torch_finite(x)
     return result
 
 
 def ring_all_reduce_numpy(x: npt.NDArray[Any]) -> npt.NDArray[Any]:
     """The fast engine on a ``numpy.ndarray`` of shape ``(N, M, ...)``; returns ``(M, ...)``."""
-    _numpy_adapter.validate_structure(x)
+    _validate.check_numpy_structure(x)
     result, finite = _numpy_forward(x)
     if not finite:
-        _numpy_adapter.validate_finite(x)
+        _validate.numpy_finite(x)
     return result
 
 
 def _numpy_forward(x: npt.NDArray[Any]) -> tuple[npt.NDArray[Any], bool]:
-    """The result for an array that passed ``validate_structure``, and whether all of it is finite."""
+    """The result for an array that passed ``check_numpy_structure``, and whether all of it is finite."""
     n, m = x.shape[0], x.shape[1]
     k = m // n
     trailing = x.shape[2:]

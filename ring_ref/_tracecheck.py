@@ -36,7 +36,8 @@ from typing import NamedTuple
 
 import torch
 
-from ring_ref._torch_adapter import chunk_state, validate
+from ring_ref._torch_adapter import chunk_state
+from ring_ref._validate import check_torch
 from ring_ref.core import run_ring
 from ring_ref.invariants import Provenance, State
 from ring_ref.schedule import Phase, all_rounds
@@ -105,7 +106,7 @@ def reference_rounds(worker_tensors: torch.Tensor) -> tuple[tuple[Report, ...], 
     >>> [(r.phase, r.round, r.buffers.tolist()) for r in rounds]
     [('reduce-scatter', 0, [[1.0, 6.0], [4.0, 4.0]]), ('all-gather', 0, [[4.0, 6.0], [4.0, 6.0]])]
     """
-    validate(worker_tensors)
+    check_torch(worker_tensors)
     x = worker_tensors.detach()
     rounds: list[Report] = []
 

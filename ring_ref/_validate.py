@@ -1,60 +1,311 @@
-"""Input checks shared by the array adapters (``spec/ring_all_reduce.md``, table ``bad-input``)."""
+"""The spec's ``bad-input`` table, for every entry point: one check and one message per problem.
+
+The simulated ring (both engines, torch and numpy), the distributed ring and
+the trace tool all ask this module; the same problem gets the same message
+wherever it is met.  Checks that read only metadata (type, layout, dtype,
+shape, device) come first and cost nothing; the finiteness scan is separate
+(:func:`torch_finite`, :func:`numpy_finite`) so that an engine may do it its
+own way.
+
+>>> check_torch(torch.ones(2, 4))
+(2, 4)
+>>> check_torch(torch.ones(2, 5))  # doctest: +ELLIPSIS
+Traceback (most recent call last):
+...
+ValueError: M = 5 is not divisible by N = 2, so the 2 chunks cannot be equal. Pad M to a multiple of 2 ...
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from ring_ref._dtypes import NUMPY_DTYPES, TORCH_DTYPES
+
+__all__ = [
+    "BadInput",
+    "check_numpy",
+    "check_numpy_structure",
+    "check_ring_size",
+    "check_torch",
+    "check_torch_structure",
+    "not_an_array",
+    "numpy_finite",
+    "plain_array",
+    "rank_tensor_problem",
+    "torch_finite",
+]
 
 
-def expected_type_error(got: object) -> TypeError:
-    """The error for an argument that is neither a torch tensor nor a numpy array."""
-    kind = type(got).__name__
+class BadInput(NamedTuple):
+    """One rejected input: the exception type the table prescribes and its message."""
+
+    kind: type[Exception]
+    message: str
+
+    def error(self) -> Exception:
+        """The exception to raise."""
+        return self.kind(self.message)
+
+
+def _raise(problem: BadInput | None) -> None:
+    if problem is not None:
+        raise problem.error()
+
+
+# --- one message per problem -------------------------------------------------------------------
+
+
+def not_an_array(got: object) -> BadInput:
+    """Neither a torch tensor nor a numpy array."""
     hint = (
         " Stack the per-worker tensors first, e.g. torch.stack(tensors)."
         if isinstance(got, (list, tuple))
         else ""
     )
-    return TypeError(
+    return BadInput(
+        TypeError,
         "ring_all_reduce expects worker_tensors as one torch.Tensor or numpy.ndarray of shape "
-        f"(N, M, ...); got {kind}.{hint}"
+        f"(N, M, ...); got {type(got).__name__}.{hint}",
     )
 
 
-def check_layout(shape: Sequence[int]) -> tuple[int, int]:
-    """Return ``(N, M)`` for a valid ``(N, M, ...)`` shape, else raise ``ValueError``."""
-    if len(shape) < 2:
-        raise ValueError(
-            f"worker_tensors must have shape (N, M, ...) with at least 2 dimensions; got shape "
-            f"{tuple(shape)}. Add a worker axis (x.unsqueeze(0) / x[None]) or a data axis."
-        )
-    n, m = shape[0], shape[1]
-    if n == 0:
-        raise ValueError(f"N = 0 workers (shape {tuple(shape)}); the ring needs at least one worker.")
-    if m == 0:
-        raise ValueError(f"M = 0 elements per worker (shape {tuple(shape)}); M must be positive.")
-    if any(d == 0 for d in shape[2:]):
-        raise ValueError(
-            f"trailing dimensions must be positive; got shape {tuple(shape)}. Drop the empty dimension."
+def _rows_problem(n: int, m: int, shape: Sequence[int]) -> BadInput | None:
+    """``M`` rows split among ``N`` workers (or ranks); trailing dimensions of ``shape`` positive."""
+    if n < 1:
+        return BadInput(ValueError, f"N = {n} workers (shape {tuple(shape)}); the ring needs at least one.")
+    if m < 1:
+        return BadInput(ValueError, f"M = {m} rows (shape {tuple(shape)}); M must be positive.")
+    if any(d == 0 for d in shape):
+        return BadInput(
+            ValueError,
+            f"trailing dimensions must be positive; got shape {tuple(shape)}. Drop the empty dimension.",
         )
     if m % n:
-        raise ValueError(
-            f"M = {m} is not divisible by N = {n} workers, so the {n} chunks cannot be equal. "
-            f"Pad M to a multiple of {n} (e.g. {m + (-m) % n})."
+        return BadInput(
+            ValueError,
+            f"M = {m} is not divisible by N = {n}, so the {n} chunks cannot be equal. "
+            f"Pad M to a multiple of {n} (e.g. {m + (-m) % n}).",
         )
+    return None
+
+
+def _stacked_shape_problem(shape: Sequence[int]) -> BadInput | None:
+    if len(shape) < 2:
+        return BadInput(
+            ValueError,
+            f"worker_tensors must have shape (N, M, ...) with at least 2 dimensions; got shape "
+            f"{tuple(shape)}. Add a worker axis (x.unsqueeze(0) / x[None]) or a data axis.",
+        )
+    return _rows_problem(shape[0], shape[1], shape)
+
+
+def _unsupported_dtype(dtype: object, kind: str) -> BadInput:
+    supported = (
+        "torch.float16, bfloat16, float32, float64" if kind == "torch" else "numpy.float16, float32, float64"
+    )
+    return BadInput(
+        TypeError,
+        f"unsupported dtype {dtype}; the ring sums floating-point values only ({supported}). "
+        "Cast first, e.g. x.to(torch.float32) or x.astype(numpy.float32); for complex inputs reduce "
+        "the real and imaginary parts as a trailing axis of size 2.",
+    )
+
+
+def _non_finite(count: int, index: Sequence[int]) -> BadInput:
+    return BadInput(
+        ValueError,
+        f"inputs must be finite: {count} element(s) are NaN or infinite, the first at index "
+        f"{tuple(index)}. Clean or mask them before the all-reduce.",
+    )
+
+
+def _torch_metadata_problem(x: torch.Tensor) -> BadInput | None:
+    """Layout, dtype and device: the checks every torch entry point shares."""
+    if x.is_nested or x.layout != torch.strided:
+        return BadInput(
+            TypeError,
+            f"worker_tensors must be a dense strided tensor; got layout {x.layout}"
+            f"{' (nested)' if x.is_nested else ''}. Convert with .to_dense() first.",
+        )
+    if x.dtype not in TORCH_DTYPES:
+        return _unsupported_dtype(x.dtype, "torch")
+    if x.device.type == "meta":
+        return BadInput(ValueError, "the tensor is on the meta device and holds no values to reduce.")
+    return None
+
+
+# --- the simulated ring: (N, M, ...) ------------------------------------------------------------
+
+
+def check_torch_structure(x: object) -> tuple[int, int]:
+    """The metadata rows of the table for a stacked torch input; return ``(N, M)``."""
+    if not isinstance(x, torch.Tensor):
+        raise not_an_array(x).error()
+    _raise(_torch_metadata_problem(x))
+    _raise(_stacked_shape_problem(tuple(x.shape)))
+    return int(x.shape[0]), int(x.shape[1])
+
+
+def torch_finite(x: torch.Tensor) -> None:
+    """Raise the table's error naming the count and first index of NaN/infinity in ``x``, if any.
+
+    Scans one leading slice at a time, so the temporaries are a fraction of
+    the input; the whole-input mask is built only to word the error.
+    """
+    x = x.detach()
+    if x.dim() == 0 or not all(bool(torch.isfinite(x[i]).all()) for i in range(x.shape[0])):
+        bad = (~torch.isfinite(x)).nonzero()
+        if bad.shape[0]:
+            raise _non_finite(int(bad.shape[0]), [int(v) for v in bad[0]]).error()
+
+
+def check_torch(x: object) -> tuple[int, int]:
+    """Every row of the table for a stacked torch input; return ``(N, M)``."""
+    n, m = check_torch_structure(x)
+    assert isinstance(x, torch.Tensor)
+    torch_finite(x)
     return n, m
 
 
-def unsupported_dtype(dtype: object, supported: str) -> TypeError:
-    """The error for a dtype the ring does not reduce."""
-    return TypeError(
-        f"unsupported dtype {dtype}; ring_all_reduce sums floating-point values only "
-        f"({supported}). Cast first, e.g. x.to(torch.float32) or x.astype(numpy.float32); "
-        "for complex inputs reduce the real and imaginary parts as a trailing axis of size 2."
+def check_numpy_structure(x: object) -> tuple[int, int]:
+    """The metadata rows of the table for a stacked numpy input; return ``(N, M)``.
+
+    ``numpy.memmap`` is accepted (it is an array on disk with the semantics of
+    a plain array); other subclasses are refused, as is non-native byte order.
+    """
+    if not isinstance(x, np.ndarray):
+        raise not_an_array(x).error()
+    if type(x) is not np.ndarray and not isinstance(x, np.memmap):
+        raise TypeError(
+            f"worker_tensors is a {type(x).__name__}, an ndarray subclass whose semantics (masks, "
+            "matrix products) the ring cannot preserve. Pass a plain array: numpy.asarray(x) "
+            "(or x.filled(...) for a masked array)."
+        )
+    if x.dtype.byteorder not in "=|" and x.dtype.newbyteorder("=") in NUMPY_DTYPES:
+        raise TypeError(
+            f"the array's byte order is the problem: dtype {x.dtype.str} is not in this machine's "
+            "native byte order, and the result must keep the input's dtype. Convert first: "
+            "x.astype(x.dtype.newbyteorder('='))."
+        )
+    if x.dtype not in NUMPY_DTYPES:
+        raise _unsupported_dtype(x.dtype, "numpy").error()
+    _raise(_stacked_shape_problem(x.shape))
+    return int(x.shape[0]), int(x.shape[1])
+
+
+def numpy_finite(x: npt.NDArray[Any]) -> None:
+    """Raise the table's error naming the count and first index of NaN/infinity in ``x``, if any."""
+    if not all(np.isfinite(x[i]).all() for i in range(x.shape[0])):
+        bad = np.argwhere(~np.isfinite(x))
+        raise _non_finite(len(bad), [int(v) for v in bad[0]]).error()
+
+
+def check_numpy(x: object) -> tuple[int, int]:
+    """Every row of the table for a stacked numpy input; return ``(N, M)``."""
+    n, m = check_numpy_structure(x)
+    assert isinstance(x, np.ndarray)
+    numpy_finite(x)
+    return n, m
+
+
+def plain_array(x: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """An accepted array as a plain ``numpy.ndarray`` view (a ``memmap`` loses its subclass, no copy)."""
+    return np.asarray(x)
+
+
+# --- the ring of ranks: (M, ...) per rank -------------------------------------------------------
+
+_BACKEND_DEVICE = {"gloo": "cpu", "nccl": "cuda"}
+
+
+def _may_overlap(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """False when no two elements of a tensor with this layout can share memory.
+
+    Sorted by stride, each dimension must step past everything the smaller ones
+    reach.  That holds for every layout made by slicing, transposing or
+    permuting a dense tensor; it fails for a zero stride (``expand``) and, rarely,
+    for an ``as_strided`` interleaving that does not in fact overlap.
+
+    >>> _may_overlap((4, 3), (3, 1)), _may_overlap((3, 4), (1, 3)), _may_overlap((4, 3), (0, 1))
+    (False, False, True)
+    """
+    reach = 0
+    for stride, size in sorted(
+        (stride, size) for size, stride in zip(shape, strides, strict=True) if size > 1
+    ):
+        if stride <= reach:
+            return True
+        reach += stride * (size - 1)
+    return False
+
+
+def rank_tensor_problem(tensor: object, n: int, backend: str, *, finite: bool = True) -> BadInput | None:
+    """The table's verdict on one rank's ``(M, ...)`` tensor in a group of ``n`` ranks, or ``None``.
+
+    The same messages as the simulated ring for the same problems, plus the
+    two that only an in-place, per-rank call has: a layout whose elements
+    share memory, and a device the backend cannot use.  ``finite=False``
+    skips the value scan (the caller checks finiteness its own way).
+
+    >>> rank_tensor_problem(torch.zeros(6), 3, "gloo") is None
+    True
+    >>> rank_tensor_problem(torch.zeros(5), 2, "gloo").message
+    'M = 5 is not divisible by N = 2, so the 2 chunks cannot be equal. Pad M to a multiple of 2 (e.g. 6).'
+    """
+    if not isinstance(tensor, torch.Tensor):
+        return BadInput(TypeError, f"expects a torch.Tensor of shape (M, ...); got {type(tensor).__name__}.")
+    shape = tuple(tensor.shape)
+    checks: tuple[Callable[[], BadInput | None], ...] = (
+        lambda: _torch_metadata_problem(tensor),
+        lambda: None if shape else _ZERO_DIM,
+        lambda: _rows_problem(n, shape[0], shape),
+        lambda: _overlap_problem(tensor),
+        lambda: _device_problem(tensor, backend),
+        lambda: _finite_problem(tensor) if finite else None,
+    )
+    return next((p for p in (check() for check in checks) if p is not None), None)
+
+
+_ZERO_DIM = BadInput(
+    ValueError, "needs a tensor of shape (M, ...) with at least 1 dimension; got a 0-d tensor."
+)
+
+
+def _overlap_problem(tensor: torch.Tensor) -> BadInput | None:
+    if not _may_overlap(tuple(tensor.shape), tensor.stride()):
+        return None
+    return BadInput(
+        ValueError,
+        f"the sum is written in place, but the layout (strides {tensor.stride()}) lets elements share "
+        "memory, as after expand(). Pass a tensor with distinct elements, e.g. t.clone().",
     )
 
 
-def non_finite(count: int, index: Sequence[int]) -> ValueError:
-    """The error for inputs holding NaN or infinity."""
-    return ValueError(
-        f"inputs must be finite: {count} element(s) are NaN or infinite, the first at index "
-        f"{tuple(index)}. Clean or mask them before the all-reduce."
+def _device_problem(tensor: torch.Tensor, backend: str) -> BadInput | None:
+    wanted = _BACKEND_DEVICE.get(backend)
+    if wanted is None or tensor.device.type == wanted:
+        return None
+    return BadInput(
+        ValueError, f"the {backend} backend needs {wanted} tensors; got a {tensor.device.type} tensor."
     )
+
+
+def _finite_problem(tensor: torch.Tensor) -> BadInput | None:
+    try:
+        torch_finite(tensor)
+    except ValueError as exc:
+        return BadInput(ValueError, str(exc))
+    return None
+
+
+# --- sizes alone (traces) -----------------------------------------------------------------------
+
+
+def check_ring_size(n: int, m: int) -> None:
+    """The table's rows for ``N`` workers of ``M`` rows, without any data (``ring-ref trace``)."""
+    _raise(_rows_problem(n, m, (n, m)))

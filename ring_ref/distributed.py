@@ -30,11 +30,10 @@ import torch
 import torch.distributed as dist
 
 from ring_ref import schedule
-from ring_ref._torch_adapter import SUPPORTED_DTYPES
+from ring_ref._chunks import chunk_views
+from ring_ref._validate import rank_tensor_problem
 
 __all__ = ["ring_all_reduce_"]
-
-_BACKEND_DEVICE = {"gloo": "cpu", "nccl": "cuda"}
 
 
 @dataclass(frozen=True)
@@ -46,73 +45,16 @@ class _Description:
     problem: tuple[str, str] | None  # (exception kind, message)
 
 
-def _may_overlap(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
-    """False when no two elements of a tensor with this layout can share memory.
-
-    Sorted by stride, each dimension must step past everything the smaller ones
-    reach.  That holds for every layout made by slicing, transposing or
-    permuting a dense tensor; it fails for a zero stride (``expand``) and, rarely,
-    for an ``as_strided`` interleaving that does not in fact overlap.
-
-    >>> _may_overlap((4, 3), (3, 1)), _may_overlap((3, 4), (1, 3)), _may_overlap((4, 3), (0, 1))
-    (False, False, True)
-    """
-    reach = 0
-    for stride, size in sorted(
-        (stride, size) for size, stride in zip(shape, strides, strict=True) if size > 1
-    ):
-        if stride <= reach:
-            return True
-        reach += stride * (size - 1)
-    return False
-
-
 def _describe(tensor: object, n: int, backend: str) -> _Description:
     """Check one rank's argument on its own; the verdict is applied on every rank after the exchange."""
+    bad = rank_tensor_problem(tensor, n, backend)
+    problem = None if bad is None else (bad.kind.__name__, bad.message.rstrip("."))
     if not isinstance(tensor, torch.Tensor):
         name = type(tensor).__name__
-        return _Description(name, (name,), ("TypeError", f"expects a torch.Tensor; got {name}"))
+        return _Description(name, (name,), problem)
     shape = tuple(tensor.shape)
     summary = f"shape {shape} {tensor.dtype} on {tensor.device.type}"
-    signature: tuple[object, ...] = (shape, str(tensor.dtype), tensor.device.type)
-    problem: tuple[str, str] | None = None
-    if tensor.is_nested or tensor.layout != torch.strided:
-        problem = ("TypeError", f"needs a dense strided tensor; got layout {tensor.layout}. Use .to_dense()")
-    elif tensor.dtype not in SUPPORTED_DTYPES:
-        problem = (
-            "TypeError",
-            f"unsupported dtype {tensor.dtype}; only float16, bfloat16, float32 and float64 are "
-            "reduced. Cast first, e.g. t.to(torch.float32)",
-        )
-    elif tensor.dim() == 0 or shape[0] == 0 or 0 in shape:
-        problem = (
-            "ValueError",
-            f"needs a tensor of shape (M, ...) with M and every dimension positive; got {shape}",
-        )
-    elif shape[0] % n:
-        problem = (
-            "ValueError",
-            f"M = {shape[0]} rows are not divisible by the {n} ranks of the group, so the chunks along "
-            f"dimension 0 cannot be equal. Pad dimension 0 to a multiple of {n} "
-            f"(e.g. {shape[0] + (-shape[0]) % n})",
-        )
-    elif tensor.device.type == "meta":
-        problem = ("ValueError", "the tensor is on the meta device and holds no values to reduce")
-    elif _may_overlap(shape, tensor.stride()):
-        problem = (
-            "ValueError",
-            f"the sum is written in place, but the layout (strides {tensor.stride()}) lets elements share "
-            "memory, as after expand(). Pass a tensor with distinct elements, e.g. t.clone()",
-        )
-    elif backend in _BACKEND_DEVICE and tensor.device.type != _BACKEND_DEVICE[backend]:
-        problem = (
-            "ValueError",
-            f"the {backend} backend needs {_BACKEND_DEVICE[backend]} tensors; "
-            f"got a {tensor.device.type} tensor",
-        )
-    elif not bool(torch.isfinite(tensor.detach()).all()):
-        problem = ("ValueError", "inputs must be finite: the tensor holds NaN or infinity")
-    return _Description(summary, signature, problem)
+    return _Description(summary, (shape, str(tensor.dtype), tensor.device.type), problem)
 
 
 def _verdict(descriptions: list[_Description]) -> Exception | None:
@@ -120,8 +62,8 @@ def _verdict(descriptions: list[_Description]) -> Exception | None:
 
     >>> _verdict([_describe(torch.zeros(6), 3, "gloo")] * 3) is None
     True
-    >>> _verdict([_describe(torch.zeros(6), 3, "gloo"), _describe([0.0], 3, "gloo")])
-    TypeError('ring_all_reduce_ rejected the input on every rank: rank 1: expects a torch.Tensor; got list.')
+    >>> print(_verdict([_describe(torch.zeros(6), 3, "gloo"), _describe([0.0], 3, "gloo")]))
+    ring_all_reduce_ rejected the input on every rank: rank 1: expects a torch.Tensor of shape (M, ...); got list.
     """
     prefix = "ring_all_reduce_ rejected the input on every rank"
     failures = [(r, d.problem) for r, d in enumerate(descriptions) if d.problem is not None]
@@ -175,7 +117,7 @@ def ring_all_reduce_(tensor: torch.Tensor, group: dist.ProcessGroup | None = Non
     if error is not None:
         raise error
     data = tensor.detach()
-    chunks = torch.chunk(data, n)
+    chunks = chunk_views(data, n)
     incoming = torch.empty_like(chunks[0], memory_format=torch.contiguous_format)
     for phase, r in schedule.all_rounds(n):
         transfers = schedule.sends(phase, r, n)

@@ -4,6 +4,7 @@ naming the problem, and the input left as it was."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 import torch
 
 from ring_ref import ring_all_reduce
+from ring_ref._validate import rank_tensor_problem
 from tests.paths import SPEC
 
 pytestmark = pytest.mark.clause(
@@ -88,6 +90,7 @@ CASES: list[tuple[str, Any, type[Exception], str]] = [
         "ndarray subclass",
     ),
     ("numpy-matrix", np.asmatrix(np.ones((2, 2))), TypeError, "ndarray subclass"),
+    ("numpy-big-endian", np.ones((2, 2), dtype=">f4"), TypeError, "byte order is the problem"),
 ]
 
 
@@ -125,3 +128,62 @@ def test_every_table_row_of_the_spec_is_tested() -> None:
     for cell in rows:
         pattern = re.escape(cell.split("`")[1]).replace("<M>", r"\d+").replace("<N>", r"\d+")
         assert any(re.search(pattern, message) for message in tested), f"untested row: {cell}"
+
+
+@pytest.mark.parametrize("engine", ["reference", "fast"])
+def test_memmap_inputs_are_reduced_like_plain_arrays(tmp_path: Path, engine: str) -> None:
+    plain = np.arange(36, dtype=np.float32).reshape(3, 6, 2) / 7
+    mapped = np.memmap(tmp_path / "x.bin", dtype=np.float32, mode="w+", shape=plain.shape)
+    mapped[:] = plain
+    got = ring_all_reduce(mapped, engine=engine)  # type: ignore[call-overload]
+    assert type(got) is np.ndarray
+    assert got.tobytes() == ring_all_reduce(plain).tobytes()
+    assert np.array_equal(np.asarray(mapped), plain)
+
+
+def test_byte_order_message_names_the_fix() -> None:
+    with pytest.raises(TypeError, match=re.escape("x.astype(x.dtype.newbyteorder('='))")):
+        ring_all_reduce(np.ones((2, 2), dtype=">f8"))
+    with pytest.raises(TypeError, match="unsupported dtype"):
+        ring_all_reduce(np.ones((2, 2), dtype=">i4"))
+
+
+SAME_PROBLEM: list[tuple[str, list[Any], Any]] = [
+    ("indivisible", [torch.ones(2, 5), np.ones((2, 5))], torch.ones(5)),
+    ("int dtype", [torch.ones(2, 2, dtype=torch.int32)], torch.ones(2, dtype=torch.int32)),
+    ("meta", [torch.ones(2, 2, device="meta")], torch.ones(2, device="meta")),
+    ("sparse", [torch.eye(2).to_sparse()], torch.eye(2).to_sparse()),
+]
+
+
+@pytest.mark.parametrize(
+    ("stacked", "per_rank"), [c[1:] for c in SAME_PROBLEM], ids=[c[0] for c in SAME_PROBLEM]
+)
+def test_every_entry_point_words_the_same_problem_the_same_way(stacked: list[Any], per_rank: Any) -> None:
+    """The reference, the fast engine, numpy and the distributed ring's per-rank check agree word for word."""
+    messages = set()
+    for x in stacked:
+        for engine in ("reference", "fast"):
+            with pytest.raises((TypeError, ValueError)) as caught:
+                ring_all_reduce(x, engine=engine)
+            messages.add(str(caught.value))
+    problem = rank_tensor_problem(per_rank, 2, "gloo")
+    assert problem is not None
+    messages.add(problem.message)
+    assert len(messages) == 1, messages
+
+
+def test_non_finite_message_counts_every_bad_element_and_names_the_first() -> None:
+    x = torch.zeros(3, 6)
+    x[1, 4] = float("inf")
+    x[2, 0] = float("nan")
+    x[1, 5] = float("-inf")
+    for engine in ("reference", "fast"):
+        with pytest.raises(
+            ValueError, match=re.escape("3 element(s) are NaN or infinite, the first at index (1, 4)")
+        ):
+            ring_all_reduce(x, engine=engine)
+    with pytest.raises(
+        ValueError, match=re.escape("2 element(s) are NaN or infinite, the first at index (0, 1)")
+    ):
+        ring_all_reduce(np.array([[0.0, np.nan], [np.inf, 0.0]]))

@@ -225,9 +225,9 @@ def test_difftest_catches_a_wrong_fold_order_on_real_processes(rings: Rings) -> 
 
 MakeArg = Callable[[int, int], object]
 BAD_CASES: dict[str, tuple[MakeArg, type[Exception], str]] = {
-    "indivisible": (lambda r, n: torch.zeros(n + 1), ValueError, "rows are not divisible by the"),
-    "scalar": (lambda r, n: torch.tensor(1.0), ValueError, "M and every dimension positive"),
-    "empty": (lambda r, n: torch.zeros(0, 2), ValueError, "M and every dimension positive"),
+    "indivisible": (lambda r, n: torch.zeros(n + 1), ValueError, "M = 4 is not divisible by N = 3"),
+    "scalar": (lambda r, n: torch.tensor(1.0), ValueError, "at least 1 dimension"),
+    "empty": (lambda r, n: torch.zeros(0, 2), ValueError, "M = 0"),
     "shape-mismatch": (
         lambda r, n: torch.zeros(n, 2) if r == 1 else torch.zeros(n),
         ValueError,
