@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 import torch
 
 from ring_ref import _fast, ring_all_reduce
-from ring_ref._tracecheck import bits
+from ring_ref._dtypes import bits
 
 HERE = Path(__file__).resolve().parent
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

@@ -36,6 +36,7 @@ from typing import NamedTuple
 
 import torch
 
+from ring_ref._dtypes import bits
 from ring_ref._torch_adapter import chunk_state
 from ring_ref._validate import check_torch
 from ring_ref.core import run_ring
@@ -47,9 +48,6 @@ RoundCallback = Callable[[str, int, torch.Tensor], None]
 
 TracedImplementation = Callable[[torch.Tensor, RoundCallback], torch.Tensor]
 """``fn(worker_tensors, on_round) -> result``: an implementation that reports its rounds."""
-
-_INT_OF_SIZE = {2: torch.int16, 4: torch.int32, 8: torch.int64}
-
 
 class Mismatch(NamedTuple):
     """The first place an implementation's trace differs from the reference.
@@ -87,15 +85,6 @@ class Report(NamedTuple):
     phase: str
     round: int
     buffers: torch.Tensor
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    """A tensor's bit patterns: a contiguous integer tensor of the same shape and element size.
-
-    >>> bits(torch.tensor([1.0, -0.0], dtype=torch.float16)).tolist()
-    [15360, -32768]
-    """
-    return t.detach().contiguous().view(_INT_OF_SIZE[t.element_size()])
 
 
 def reference_rounds(worker_tensors: torch.Tensor) -> tuple[tuple[Report, ...], torch.Tensor]:

@@ -34,7 +34,8 @@ from typing import Any, NamedTuple
 import torch
 
 from ring_ref import ring_all_reduce
-from ring_ref._tracecheck import bits, reference_rounds
+from ring_ref._dtypes import FORMATS, to_hex
+from ring_ref._tracecheck import reference_rounds
 from ring_ref.schedule import PHASES
 
 VERSION = 1
@@ -44,45 +45,6 @@ SCHEMA_NAME = f"ring_all_reduce_schema_v{VERSION}.json"
 TEXT_NAME = f"ring_all_reduce_v{VERSION}.txt"
 ROUND_BUFFER_LIMIT = 96
 """Per-round buffers are included when the input has at most this many elements."""
-
-DTYPES: dict[str, torch.dtype] = {
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float32": torch.float32,
-    "float64": torch.float64,
-}
-
-
-class Format(NamedTuple):
-    """An IEEE binary format: ``precision`` significand bits (hidden bit included), ``emax``, ``emin``."""
-
-    bits: int
-    precision: int
-    emax: int
-    emin: int
-
-    @property
-    def max_finite(self) -> float:
-        """The largest finite value."""
-        return float((2 - 2.0 ** (1 - self.precision)) * 2.0**self.emax)
-
-    @property
-    def ulp_of_max(self) -> float:
-        """The spacing of values just below :attr:`max_finite`."""
-        return float(2.0 ** (self.emax - self.precision + 1))
-
-    @property
-    def min_subnormal(self) -> float:
-        """The smallest positive value."""
-        return float(2.0 ** (self.emin - self.precision + 1))
-
-
-FORMATS = {
-    "float16": Format(16, 11, 15, -14),
-    "bfloat16": Format(16, 8, 127, -126),
-    "float32": Format(32, 24, 127, -126),
-    "float64": Format(64, 53, 1023, -1022),
-}
 
 NOTES: dict[str, dict[str, str]] = {
     "WorkedExample": {
@@ -159,13 +121,6 @@ class Case(NamedTuple):
     x: torch.Tensor
 
 
-def to_hex(t: torch.Tensor) -> list[str]:
-    """Each element's bit pattern as a fixed-width lowercase hex string, in row-major order."""
-    width = t.element_size() * 8
-    mask = (1 << width) - 1
-    return [format(v & mask, f"0{width // 4}x") for v in bits(t).flatten().tolist()]
-
-
 def _tensor(values: Sequence[float], shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.float64).to(dtype).reshape(shape)
 
@@ -189,7 +144,8 @@ def _by_chunk(n: int, rows: int, pattern: Sequence[float], dtype: torch.dtype) -
 
 def cases(name: str) -> list[Case]:
     """Every vector of dtype ``name``, in ``tcId`` order within the dtype."""
-    dtype, fmt = DTYPES[name], FORMATS[name]
+    fmt = FORMATS[name]
+    dtype = fmt.torch_dtype
     rng = random.Random(SEED + fmt.bits * 10 + fmt.precision)
     big = 2.0 ** (fmt.precision + 1)
     tie = 2.0**fmt.precision
@@ -318,7 +274,7 @@ def build() -> dict[str, Any]:
     """The whole vector file as a JSON-ready object."""
     groups = []
     tc_id = 0
-    for name in DTYPES:
+    for name in FORMATS:
         tests = []
         for case in cases(name):
             tc_id += 1
