@@ -49,6 +49,7 @@ RoundCallback = Callable[[str, int, torch.Tensor], None]
 TracedImplementation = Callable[[torch.Tensor, RoundCallback], torch.Tensor]
 """``fn(worker_tensors, on_round) -> result``: an implementation that reports its rounds."""
 
+
 class Mismatch(NamedTuple):
     """The first place an implementation's trace differs from the reference.
 

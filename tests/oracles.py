@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import random
 from fractions import Fraction
 
 import torch
@@ -56,3 +57,25 @@ def spec_slot(phase: str, r: int, i: int, c: int, n: int) -> list[int]:
         r, phase = rs_last, "reduce-scatter"
     d = (i - c) % n
     return [(c + k) % n for k in range(d + 1)] if d <= r + 1 else [i]
+
+
+def fold(terms: list[torch.Tensor]) -> torch.Tensor:
+    """The left fold ``((t0 + t1) + t2) + ...`` in the input dtype."""
+    acc = terms[0].clone()
+    for t in terms[1:]:
+        acc = acc + t
+    return acc
+
+
+def pairwise_tree(terms: list[torch.Tensor]) -> torch.Tensor:
+    """Adjacent pairs summed level by level (an odd one out carried up), in the input dtype."""
+    while len(terms) > 1:
+        terms = [terms[i] + terms[i + 1] if i + 1 < len(terms) else terms[i] for i in range(0, len(terms), 2)]
+    return terms[0].clone()
+
+
+def sums_in_several_orders(x: torch.Tensor, rnd: random.Random) -> list[torch.Tensor]:
+    """The sum over axis 0 in the input dtype: shuffled fold, its reverse, pairwise tree, ring, torch.sum."""
+    workers = [x[i] for i in range(x.shape[0])]
+    rnd.shuffle(workers)
+    return [fold(workers), fold(workers[::-1]), pairwise_tree(workers), ring_fold(x), torch.sum(x, 0)]

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import torch
 
 from ring_ref import ring_all_reduce
+from ring_ref.difftest import Report, difftest
 from ring_ref.schedule import all_rounds, right, send_chunk
 
 
@@ -128,3 +129,8 @@ EXPECTED: dict[Impl, set[str]] = {
     rejects_non_contiguous: {"raised"},
 }
 """Each planted bug and the exact set of codes every failing mode must report for it."""
+
+
+def run_all(fn: Impl, examples: int = 15, seed: int = 20260101) -> Report:
+    """The tester in every mode with a fixed seed, as the planted-implementation tests run it."""
+    return difftest(fn, examples=examples, seed=seed)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
-from ring_ref.difftest import LAYOUTS, lay_out
+from ring_ref.difftest._inputs import LAYOUTS, lay_out
 
 ALL_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 

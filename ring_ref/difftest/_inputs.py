@@ -1,0 +1,215 @@
+"""Inputs: the generated cases, their memory layouts, order-free values and one-hot probes.
+
+A :class:`Case` holds exact values (Python floats already representable in its
+dtype), so it can be rebuilt, shown in a report and replayed.  :func:`cases`
+is the Hypothesis strategy for one mode; :func:`one_worker_cases` are the
+``N = 1`` cases always run first; :func:`probe_cases` are the diagnosis'
+one-hot inputs.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Final, Literal, cast
+
+import torch
+from hypothesis import strategies as st
+
+from ring_ref._dtypes import dtype_name, format_of
+from ring_ref.difftest._vocabulary import DTYPES, Mode
+
+__all__ = [
+    "LAYOUTS",
+    "MAX_NUMEL",
+    "ORDER_FREE_EXPONENTS",
+    "Case",
+    "cases",
+    "lay_out",
+    "one_worker_cases",
+    "order_free_k_bound",
+    "order_free_values",
+    "probe_cases",
+]
+
+LAYOUTS: Final = ("contiguous", "transposed", "strided", "sliced")
+MAX_NUMEL: Final = 256
+
+
+@dataclass(frozen=True)
+class Case:
+    """One generated input: shape, dtype, memory layout and the values (exact, as Python floats)."""
+
+    n: int
+    m: int
+    trailing: tuple[int, ...]
+    dtype: torch.dtype
+    layout: str
+    values: tuple[float, ...]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """``(N, M, *trailing)``."""
+        return (self.n, self.m, *self.trailing)
+
+    def tensor(self) -> torch.Tensor:
+        """A fresh tensor holding the values in the case's layout (``strided``, ``sliced``: non-contiguous).
+
+        >>> Case(2, 2, (), torch.float32, "sliced", (1.0, 2.0, 3.0, 4.0)).tensor().is_contiguous()
+        False
+        """
+        dense = torch.tensor(self.values, dtype=torch.float64).to(self.dtype).reshape(self.shape)
+        return lay_out(dense, self.layout)
+
+    def to_json(self) -> dict[str, Any]:
+        """The input as JSON: shape, dtype, layout and the nested values."""
+        nested = torch.tensor(self.values, dtype=torch.float64).reshape(self.shape).tolist()
+        return {
+            "n": self.n,
+            "m": self.m,
+            "shape": list(self.shape),
+            "dtype": dtype_name(self.dtype),
+            "layout": self.layout,
+            "input": nested,
+        }
+
+
+def lay_out(dense: torch.Tensor, layout: str) -> torch.Tensor:
+    """The same values as ``dense`` in a ``contiguous``, ``transposed``, ``strided`` or ``sliced`` tensor."""
+    if layout == "transposed":
+        return dense.transpose(0, 1).contiguous().transpose(0, 1)
+    if layout == "strided":
+        wide = torch.zeros((*dense.shape[:-1], 2 * dense.shape[-1]), dtype=dense.dtype)
+        wide[..., ::2] = dense
+        return wide[..., ::2]
+    if layout == "sliced":
+        padded = torch.zeros((*dense.shape[:-1], dense.shape[-1] + 1), dtype=dense.dtype)
+        padded[..., 1:] = dense
+        return padded[..., 1:]
+    return dense.clone()
+
+
+def _in_dtype(raw: Sequence[float], dtype: torch.dtype) -> tuple[float, ...]:
+    """Round ``raw`` to ``dtype`` (overflow clamped to the largest finite value); exact floats back."""
+    t = torch.tensor(list(raw), dtype=torch.float64).to(dtype)
+    big = format_of(dtype).max_finite
+    t = torch.where(torch.isinf(t), torch.sign(t) * big, t).to(dtype)
+    return tuple(float(v) for v in t.to(torch.float64).tolist())
+
+
+ORDER_FREE_EXPONENTS: Final = (-8, 4)
+"""The shared exponent ``e`` of order-free inputs is drawn from this range (inclusive)."""
+
+
+def order_free_k_bound(dtype: torch.dtype, n: int) -> int:
+    """The largest ``|k|`` of order-free inputs ``k * 2**e`` for ``n`` workers: ``floor(2**p / n)``.
+
+    Any partial sum of ``n`` such values, in any order, is ``K * 2**e`` with
+    ``|K| <= 2**p``, which the dtype represents exactly (for ``e`` in
+    :data:`ORDER_FREE_EXPONENTS`: ``2**(p + 4)`` stays below float16's maximum
+    and ``2**-8`` above its subnormal spacing).
+
+    >>> order_free_k_bound(torch.float16, 16), order_free_k_bound(torch.bfloat16, 3)
+    (128, 85)
+    """
+    return (1 << format_of(dtype).precision) // n
+
+
+def order_free_values(dtype: torch.dtype, n: int, count: int, rng: random.Random) -> tuple[float, ...]:
+    """``count`` values ``k * 2**e`` whose every partial sum over ``n`` workers is exact in ``dtype``.
+
+    >>> vals = order_free_values(torch.bfloat16, 16, 4, random.Random(0))
+    >>> all(abs(v) * 16 <= 2**8 * 2**4 for v in vals)
+    True
+    """
+    bound = order_free_k_bound(dtype, n)
+    scale = 2.0 ** rng.randint(*ORDER_FREE_EXPONENTS)
+    return tuple(rng.randint(-bound, bound) * scale for _ in range(count))
+
+
+def _random_floats(dtype: torch.dtype, fill: str, count: int, rng: random.Random) -> tuple[float, ...]:
+    """Random finite values of ``dtype``: ``normal`` (moderate) or ``wide`` (any finite bit pattern)."""
+    if fill == "normal":
+        raw = [rng.gauss(0.0, 1.0) * 2.0 ** rng.randint(-6, 6) for _ in range(count)]
+        return _in_dtype(raw, dtype)
+    fmt = format_of(dtype)
+    width = fmt.bits
+    patterns = torch.tensor([rng.getrandbits(width) - 2 ** (width - 1) for _ in range(count)])
+    wide = patterns.to(fmt.int_dtype).view(dtype)
+    wide = torch.where(torch.isfinite(wide), wide, torch.zeros((), dtype=dtype))
+    return tuple(float(v) for v in wide.to(torch.float64).tolist())
+
+
+@st.composite
+def cases(
+    draw: st.DrawFn,
+    mode: Mode,
+    dtypes: Sequence[torch.dtype] = tuple(DTYPES.values()),
+    max_workers: int = 16,
+) -> Case:
+    """A valid ring input for ``mode``: ``M`` a multiple of ``N``, at most :data:`MAX_NUMEL` elements.
+
+    The values are a *fill* (zeros, or a pseudo-random stream from a drawn
+    seed) with up to eight drawn elements written over it.  That keeps the
+    number of Hypothesis choices small whatever the size, so shrinking is
+    fast and ends at a readable input: few workers, mostly zeros.
+    """
+    dtype = draw(st.sampled_from(tuple(dtypes)))
+    n = draw(st.integers(1, max_workers))
+    m = n * draw(st.integers(1, max(1, min(3, MAX_NUMEL // (n * n)))))
+    trailing: tuple[int, ...] = tuple(draw(st.lists(st.integers(1, 3), max_size=3)))
+    if n * m * math.prod(trailing) > MAX_NUMEL:
+        trailing = ()
+    count = n * m * math.prod(trailing)
+    layout = draw(st.sampled_from(LAYOUTS))
+    order_free = mode == "order-free"
+    fill = draw(st.sampled_from(("zeros", "random") if order_free else ("zeros", "normal", "wide")))
+    rng = random.Random(draw(st.integers(0, 2**32 - 1)))
+    element: st.SearchStrategy[float]
+    if order_free:
+        bound = order_free_k_bound(dtype, n)
+        scale = 2.0 ** draw(st.integers(*ORDER_FREE_EXPONENTS))
+        values = (
+            [0.0] * count if fill == "zeros" else [rng.randint(-bound, bound) * scale for _ in range(count)]
+        )
+        element = st.integers(-bound, bound).map(lambda k: k * scale)
+    else:
+        values = [0.0] * count if fill == "zeros" else list(_random_floats(dtype, fill, count, rng))
+        # Hypothesis draws float16, float32 or float64; bfloat16 values are float32 ones, rounded.
+        width = cast(Literal[16, 32, 64], 16 if dtype == torch.float16 else max(32, format_of(dtype).bits))
+        element = st.floats(allow_nan=False, allow_infinity=False, width=width)
+    for index, value in draw(st.lists(st.tuples(st.integers(0, count - 1), element), max_size=8)):
+        values[index] = value
+    if not order_free:
+        headroom = draw(st.sampled_from((0, n.bit_length() + 1)))
+        values = list(_in_dtype([v * 2.0**-headroom for v in values], dtype))
+    return Case(n, m, trailing, dtype, layout, tuple(values))
+
+
+def one_worker_cases(mode: Mode, dtypes: Sequence[torch.dtype]) -> list[Case]:
+    """Explicit ``N = 1`` cases, always run first: per dtype one contiguous and one non-contiguous input.
+
+    The non-contiguous one alternates between the ``sliced`` and ``strided``
+    layouts, with a trailing dimension so that torch does not call it
+    contiguous.
+
+    >>> [(c.n, c.layout, c.tensor().is_contiguous()) for c in one_worker_cases("bound", [torch.float16])]
+    [(1, 'contiguous', True), (1, 'sliced', False)]
+    """
+    values = (3.0, -1.5, 0.25, 2.0) if mode == "order-free" else (1.5, -3.0e-3, 0.1, 7.0)
+    out = []
+    for k, dtype in enumerate(dtypes):
+        out.append(Case(1, 2, (), dtype, "contiguous", _in_dtype(values[:2], dtype)))
+        out.append(Case(1, 2, (2,), dtype, ("sliced", "strided")[k % 2], _in_dtype(values, dtype)))
+    return out
+
+
+def probe_cases(case: Case) -> list[Case]:
+    """Per worker ``j``, a probe: the case's shape, dtype and layout; ones in worker ``j``, else zeros."""
+    per_worker = len(case.values) // case.n
+    return [
+        replace(case, values=tuple(1.0 if i == j else 0.0 for i in range(case.n) for _ in range(per_worker)))
+        for j in range(case.n)
+    ]

@@ -1,0 +1,137 @@
+"""The report: per-mode verdicts, the text rendering and the JSON object (clause ``difftest-report``)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from ring_ref._dtypes import dtype_name
+from ring_ref.difftest._diagnosis import Finding
+from ring_ref.difftest._inputs import Case
+from ring_ref.difftest._vocabulary import CODES, Mode
+
+__all__ = ["ModeResult", "Report"]
+
+
+@dataclass
+class ModeResult:
+    """One mode's verdict."""
+
+    mode: Mode
+    verdict: str
+    examples: int
+    overflow_skipped: int = 0
+    finding: Finding | None = None
+    counterexample: Case | None = None
+
+    def to_json(self, seed: int) -> dict[str, Any]:
+        """This mode's part of the JSON report."""
+        out: dict[str, Any] = {
+            "verdict": self.verdict,
+            "examples": self.examples,
+            "overflow_skipped": self.overflow_skipped,
+        }
+        if self.finding is not None and self.counterexample is not None:
+            out["diagnoses"] = self.finding.codes
+            out["explanation"] = self.finding.explanation
+            cex = {**self.counterexample.to_json(), "seed": seed}
+            m = self.finding.mismatch
+            if m is not None:
+                cex["element"] = {
+                    "index": list(m.index),
+                    "chunk": m.chunk,
+                    "expected": _json_float(m.expected),
+                    "actual": _json_float(m.actual),
+                }
+            out["counterexample"] = cex
+        return out
+
+
+def _json_float(v: float) -> float | str:
+    return v if math.isfinite(v) else str(v)
+
+
+@dataclass
+class Report:
+    """The result of :func:`difftest` over one or more modes."""
+
+    target: str
+    seed: int
+    replay: str
+    modes: dict[str, ModeResult] = field(default_factory=dict)
+
+    @property
+    def verdict(self) -> str:
+        """``"pass"`` when every mode passed."""
+        return "pass" if all(r.verdict == "pass" for r in self.modes.values()) else "fail"
+
+    @property
+    def diagnoses(self) -> list[str]:
+        """The union of every mode's codes, in vocabulary order."""
+        found = {c for r in self.modes.values() if r.finding is not None for c in r.finding.codes}
+        return [c for c in CODES if c in found]
+
+    @property
+    def only_ring_order(self) -> bool:
+        """True when the sole failure is ``exact`` with ``not-ring-order`` while the others pass."""
+        failed = {name: r for name, r in self.modes.items() if r.verdict == "fail"}
+        others_ran = {"order-free", "bound"} <= set(self.modes)
+        return (
+            others_ran
+            and set(failed) == {"exact"}
+            and failed["exact"].finding is not None
+            and failed["exact"].finding.codes == ["not-ring-order"]
+        )
+
+    def summary(self) -> str:
+        """One sentence: the verdict in plain words."""
+        if self.verdict == "pass":
+            return f"PASS: {self.target} matches the reference in every mode run ({', '.join(self.modes)})."
+        if self.only_ring_order:
+            return (
+                f"FAIL (exact only): {self.target} computes a correct all-reduce - it passes order-free "
+                "and bound - but sums in a different order than the ring, so it is not bitwise the "
+                "reference (not-ring-order). Only an implementation of this exact schedule must pass exact."
+            )
+        return f"FAIL: {self.target}: {', '.join(self.diagnoses)}."
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON report (schema: ``spec/difftest_report.schema.json``)."""
+        return {
+            "target": self.target,
+            "verdict": self.verdict,
+            "seed": self.seed,
+            "replay": self.replay,
+            "diagnoses": self.diagnoses,
+            "summary": self.summary(),
+            "modes": {name: r.to_json(self.seed) for name, r in self.modes.items()},
+        }
+
+    def render(self) -> str:
+        """The human-readable report."""
+        lines = [self.summary()]
+        for name, r in self.modes.items():
+            skip = f", {r.overflow_skipped} overflowing element(s) accepted" if r.overflow_skipped else ""
+            lines.append(f"  {name}: {r.verdict.upper()} ({r.examples} inputs tried{skip})")
+            if r.finding is not None and r.counterexample is not None:
+                c = r.counterexample
+                lines.append(f"    diagnosis: {', '.join(r.finding.codes)}")
+                lines.append(f"    {r.finding.explanation}")
+                lines.append(
+                    f"    counterexample: N = {c.n}, M = {c.m}, shape {c.shape}, {dtype_name(c.dtype)}, "
+                    f"{c.layout} layout"
+                )
+                lines.append(f"    input = {_abbrev(json.dumps(c.to_json()['input']))}")
+        if self.verdict == "fail":
+            lines.append(f"Replay: {self.replay}")
+        return "\n".join(lines)
+
+    def to_json_text(self) -> str:
+        """The JSON report as one line of strict JSON."""
+        return json.dumps(self.to_json(), allow_nan=False)
+
+
+def _abbrev(text: str, limit: int = 400) -> str:
+    return text if len(text) <= limit else text[:limit] + " ... (full input in --json)"

@@ -1,0 +1,35 @@
+"""The tester's fixed names: oracle modes, diagnosis codes, dtypes by name, and what a target is."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Final, Literal
+
+import torch
+
+from ring_ref._dtypes import FORMATS
+
+__all__ = ["CODES", "DTYPES", "MODES", "Mode", "Target"]
+
+Mode = Literal["exact", "order-free", "bound"]
+MODES: Final[tuple[Mode, ...]] = ("exact", "order-free", "bound")
+
+CODES: Final = (
+    "wrong-shape",
+    "dtype-changed",
+    "device-changed",
+    "input-modified",
+    "aliases-input",
+    "raised",
+    "mean-not-sum",
+    "double-counted",
+    "not-ring-order",
+    "out-of-bound",
+)
+"""The fixed diagnosis vocabulary (README section *Differential testing*)."""
+
+DTYPES: Final[dict[str, torch.dtype]] = {name: fmt.torch_dtype for name, fmt in FORMATS.items()}
+"""The dtypes the tester generates, by name."""
+
+Target = Callable[[torch.Tensor], object]
+"""A stacked target: ``fn(worker_tensors)`` with the signature of :func:`ring_ref.ring_all_reduce`."""

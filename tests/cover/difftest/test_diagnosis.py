@@ -1,0 +1,144 @@
+"""Diagnosis: each planted bug gets its code and an explanation naming the element, chunk and values."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from ring_ref import ring_all_reduce
+from ring_ref.difftest import CODES, DTYPES, Case, difftest
+from ring_ref.difftest._call import call_target
+from ring_ref.difftest._diagnosis import diagnose
+from ring_ref.difftest._inputs import (
+    LAYOUTS,
+)
+from ring_ref.testing import assert_matches_reference
+from tests import planted_impls
+from tests.oracles import exact_sum, ring_fold, same_bits
+from tests.paths import ROOT
+from tests.planted_impls import Impl, run_all
+
+SCHEMA = json.loads((ROOT / "spec" / "difftest_report.schema.json").read_text(encoding="utf-8"))
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+BUGGY_EXAMPLE = ROOT / "examples" / "buggy_allreduce.py"
+ALL_DTYPES = tuple(DTYPES.values())
+
+
+@pytest.mark.clause("difftest-diagnoses", "sum-not-mean", "ag-copy-not-add", "input-unchanged")
+@pytest.mark.clause("no-aliasing", "preserve-dtype-device", "output-shape", "n1-no-rounds")
+@pytest.mark.parametrize("bug", list(planted_impls.EXPECTED), ids=lambda f: f.__name__)
+def test_planted_bug_gets_its_code_in_every_mode(bug: Impl) -> None:
+    report = run_all(bug)
+    expected = planted_impls.EXPECTED[bug]
+    assert report.verdict == "fail"
+    for mode, result in report.modes.items():
+        assert result.verdict == "fail", (mode, report.render())
+        assert result.finding is not None and result.counterexample is not None
+        assert set(result.finding.codes) == expected, (mode, result.finding.explanation)
+    assert set(report.diagnoses) == expected
+    rendered = report.render()
+    assert "counterexample: N = " in rendered
+    assert f"--seed {report.seed}" in rendered
+
+
+@pytest.mark.clause("difftest-diagnoses")
+@pytest.mark.parametrize(
+    ("bug", "words"),
+    [
+        (planted_impls.gather_adds, "worker(s) [0] counted more than once"),
+        (planted_impls.drops_last_worker, "worker(s) [1] lost"),
+        (planted_impls.mean_instead_of_sum, "divided by N = 2"),
+    ],
+    ids=lambda v: getattr(v, "__name__", "words"),
+)
+def test_value_bugs_shrink_to_two_workers_and_name_element_chunk_and_values(bug: Impl, words: str) -> None:
+    result = difftest(bug, modes=("order-free",), examples=30, seed=5).modes["order-free"]
+    assert result.counterexample is not None and result.finding is not None
+    cex = result.counterexample
+    assert (cex.n, cex.m, cex.trailing) == (2, 2, ())
+    assert words in result.finding.explanation
+    m = result.finding.mismatch
+    assert m is not None
+    # The named element really holds those values: recompute both independently.
+    x = cex.tensor()
+    want = float(exact_sum(x)[m.index[0]])
+    got = float(bug(cex.tensor())[m.index])
+    assert (m.expected, m.actual, m.chunk) == (want, got, m.index[0] // (cex.m // cex.n))
+    assert want != got
+    assert f"First differing element {m.index} (chunk {m.chunk})" in result.finding.explanation
+
+
+@pytest.mark.clause("difftest-diagnoses", "fold-order")
+def test_torch_sum_fails_only_exact_with_not_ring_order() -> None:
+    report = run_all(planted_impls.torch_sum, examples=40)
+    verdicts = {mode: r.verdict for mode, r in report.modes.items()}
+    assert verdicts == {"exact": "fail", "order-free": "pass", "bound": "pass"}
+    assert report.diagnoses == ["not-ring-order"]
+    assert report.only_ring_order
+    assert "passes order-free and bound" in report.summary()
+    exact = report.modes["exact"]
+    assert exact.counterexample is not None and exact.finding is not None
+    x = exact.counterexample.tensor()
+    assert not same_bits(torch.sum(x, 0), ring_fold(x))  # the counterexample really separates the orders
+
+
+def _lose_second_worker(x: torch.Tensor) -> torch.Tensor:
+    return x[0].clone() if x.shape[0] == 2 else ring_all_reduce(x)
+
+
+def _count_first_worker_thrice(x: torch.Tensor) -> torch.Tensor:
+    return 3 * x[0] if x.shape[0] == 2 else ring_all_reduce(x)
+
+
+def _halve(x: torch.Tensor) -> torch.Tensor:
+    return ring_all_reduce(x) / x.shape[0]
+
+
+@pytest.mark.clause("difftest-diagnoses")
+@pytest.mark.parametrize(
+    ("bug", "code", "words"),
+    [
+        # Identical rows: x[0] is also exactly the mean; the one-hot probes show worker 1 lost.
+        (_lose_second_worker, "out-of-bound", "worker(s) [1] lost"),
+        (_halve, "mean-not-sum", "divided by N = 2"),
+        # An element with one worker counted three times and the other lost is double-counted.
+        (
+            _count_first_worker_thrice,
+            "double-counted",
+            "worker(s) [0] counted more than once, worker(s) [1] lost",
+        ),
+    ],
+    ids=["lost", "mean", "thrice-and-lost"],
+)
+def test_codes_on_inputs_where_a_lost_worker_looks_like_a_mean(bug: Impl, code: str, words: str) -> None:
+    case = Case(2, 2, (), torch.float32, "contiguous", (3.0, 0.0, 3.0, 0.0))
+    for mode in ("exact", "order-free", "bound"):
+        finding = diagnose(bug, call_target(bug, case), mode)
+        assert finding is not None and finding.codes == [code], (mode, finding)
+        assert words in finding.explanation
+
+
+@pytest.mark.clause("difftest-diagnoses")
+def test_assert_matches_reference_message_carries_diagnosis_and_counterexample() -> None:
+    with pytest.raises(AssertionError) as info:
+        assert_matches_reference(planted_impls.gather_adds, mode="order-free", examples=20, seed=9)
+    message = str(info.value)
+    assert "double-counted" in message and "counterexample: N = 2" in message and "input = " in message
+    assert "--seed 9" in message
+    assert assert_matches_reference(planted_impls.in_place_ring, mode="exact", examples=10).verdict == "pass"
+    with pytest.raises(ValueError, match="mode must be one of"):
+        assert_matches_reference(ring_all_reduce, mode="bitwise")
+
+
+@pytest.mark.clause("difftest-diagnoses")
+def test_readme_documents_every_code_and_the_schema() -> None:
+    section = README[README.index("## Differential testing") :]
+    for code in CODES:
+        assert f"`{code}`" in section, code
+    assert "spec/difftest_report.schema.json" in section
+    # The schema's vocabularies are the module's.
+    assert SCHEMA["$defs"]["code"]["enum"] == list(CODES)
+    assert SCHEMA["$defs"]["counterexample"]["properties"]["dtype"]["enum"] == list(DTYPES)
+    assert SCHEMA["$defs"]["counterexample"]["properties"]["layout"]["enum"] == list(LAYOUTS)
