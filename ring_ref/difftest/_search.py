@@ -179,7 +179,14 @@ def option_problem(*, examples: int, seed: int | None, max_workers: int) -> str:
 
     >>> option_problem(examples=0, seed=None, max_workers=4)
     'examples (--examples) must be at least 1; got 0'
+    >>> option_problem(examples=5, seed=1.5, max_workers=4)  # type: ignore[arg-type]
+    'seed (--seed) must be a non-negative integer; got 1.5'
     """
+    for name, value in (("examples", examples), ("seed", seed), ("max_workers", max_workers)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            flag = name.replace("_", "-")
+            kind = "a non-negative integer" if name == "seed" else "an integer"
+            return f"{name} (--{flag}) must be {kind}; got {value!r}"
     if examples < 1:
         return f"examples (--examples) must be at least 1; got {examples}"
     if seed is not None and seed < 0:
