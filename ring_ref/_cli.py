@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
-from ring_ref import _svg, _vectors, ring_all_reduce
-from ring_ref._trace import check_rows, render_table, trace, trace_json
+from ring_ref import __version__, _svg, _vectors, ring_all_reduce
+from ring_ref._trace import check_size, render_table, trace, trace_json
 from ring_ref.core import initial_state, run_ring
 from ring_ref.difftest import DTYPES, MODES, TargetError, difftest, load_target
 from ring_ref.difftest._search import option_problem
@@ -52,7 +52,7 @@ def _demo(_args: argparse.Namespace) -> int:
 def _trace_command(args: argparse.Namespace) -> int:
     m = args.n if args.m is None else args.m
     try:
-        check_rows(args.n, m)
+        check_size(args.n, m, args.format)
     except ValueError as err:
         print(f"ring-ref trace: {err}", file=sys.stderr)
         return 2
@@ -67,6 +67,9 @@ def _trace_command(args: argparse.Namespace) -> int:
 
 
 def _vectors_command(args: argparse.Namespace) -> int:
+    if not args.out.strip():
+        print("ring-ref vectors: --out must name a directory; got an empty path", file=sys.stderr)
+        return 2
     try:
         written = _vectors.write(Path(args.out))
     except OSError as err:
@@ -137,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ring-ref", description="Reference ring all-reduce: demo, traces, vectors, differential testing."
     )
+    parser.add_argument("--version", action="version", version=f"ring-ref {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="the worked example and an N = 4 walkthrough")
     demo.set_defaults(func=_demo)

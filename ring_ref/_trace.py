@@ -17,8 +17,9 @@ traffic summary (clause ``traffic``).
 
 from __future__ import annotations
 
-from typing import Any, Literal, NamedTuple
+from typing import Any, Final, Literal, NamedTuple
 
+from ring_ref._validate import check_ring_size
 from ring_ref.core import fold, provenance_state, run_ring
 from ring_ref.invariants import Provenance, State, finished_chunks, is_complete
 from ring_ref.schedule import REDUCE_SCATTER, Phase, Send, rounds_per_phase, sends
@@ -94,12 +95,24 @@ def operation(phase: Phase) -> Literal["add", "copy"]:
     return "add" if phase == REDUCE_SCATTER else "copy"
 
 
-def check_rows(n: int, m: int) -> None:
-    """Raise ``ValueError`` unless ``n >= 1`` workers can split ``m >= 1`` rows into equal chunks."""
-    if n < 1:
-        raise ValueError(f"N = {n}: the ring needs at least one worker (use -n 1 or more).")
-    if m < 1 or m % n:
-        raise ValueError(f"M = {m} must be a positive multiple of N = {n} (e.g. -m {n}).")
+MAX_WORKERS: Final[dict[str, int]] = {"table": 16, "svg": 8, "json": 64}
+"""The largest ``N`` each trace format shows readably: a trace holds ``O(N^3)`` provenance entries.
+
+At ``N = 16`` a table line is about 700 characters and an SVG is 29,000 pixels
+wide; at ``N = 64`` the SVG would be 112 MB.
+"""
+
+
+def check_size(n: int, m: int, fmt: str) -> None:
+    """Raise ``ValueError`` for a ring the trace cannot hold (``bad-input``) or show readably in ``fmt``."""
+    check_ring_size(n, m)
+    limit = MAX_WORKERS[fmt]
+    if n > limit:
+        larger = [f"--format {f} (N <= {k})" for f, k in MAX_WORKERS.items() if k > limit]
+        raise ValueError(
+            f"N = {n} workers is too many to show readably as {fmt}: at most {limit}, since a trace grows "
+            f"as N^3. Use a smaller -n{' or ' + ', '.join(larger) if larger else ''}."
+        )
 
 
 def trace_json(records: tuple[RoundRecord, ...], m: int) -> dict[str, Any]:
@@ -108,7 +121,7 @@ def trace_json(records: tuple[RoundRecord, ...], m: int) -> dict[str, Any]:
     ``S = m`` elements per worker, so each send moves one chunk of ``S / N`` elements.
     """
     n = len(records[0].provenance)
-    check_rows(n, m)
+    check_ring_size(n, m)
     chunk = m // n
     rounds = []
     for rec in records:

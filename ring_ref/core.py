@@ -33,6 +33,20 @@ from ring_ref.schedule import (
     rs_recv_chunk,
 )
 
+__all__ = [
+    "Combine",
+    "Observer",
+    "all_gather_round",
+    "exchange",
+    "fold",
+    "initial_state",
+    "provenance_state",
+    "reduce_scatter_round",
+    "run_ring",
+    "step",
+]
+
+
 T = TypeVar("T")
 
 Combine = Callable[[T, T], T]

@@ -40,6 +40,28 @@ from typing import NamedTuple, TypeVar
 
 from ring_ref.schedule import ALL_GATHER, REDUCE_SCATTER, Phase, rounds_per_phase
 
+__all__ = [
+    "InvariantViolation",
+    "Provenance",
+    "State",
+    "Violation",
+    "ag_expected",
+    "arc",
+    "changed_slot",
+    "check",
+    "check_round",
+    "expected_finished",
+    "expected_state",
+    "finished_chunks",
+    "first_violation",
+    "holds_ag_invariant",
+    "holds_finished_chunks",
+    "holds_rs_invariant",
+    "is_complete",
+    "rs_expected",
+]
+
+
 T = TypeVar("T")
 
 State = tuple[tuple[T, ...], ...]

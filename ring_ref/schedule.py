@@ -19,6 +19,27 @@ from __future__ import annotations
 
 from typing import Final, Literal, NamedTuple
 
+__all__ = [
+    "ALL_GATHER",
+    "PHASES",
+    "REDUCE_SCATTER",
+    "Phase",
+    "Send",
+    "ag_recv_chunk",
+    "ag_send_chunk",
+    "all_rounds",
+    "elements_sent_per_worker",
+    "left",
+    "owned_chunk",
+    "right",
+    "rounds_per_phase",
+    "rs_recv_chunk",
+    "rs_send_chunk",
+    "send_chunk",
+    "sends",
+]
+
+
 Phase = Literal["reduce-scatter", "all-gather"]
 REDUCE_SCATTER: Final = "reduce-scatter"
 ALL_GATHER: Final = "all-gather"

@@ -19,6 +19,12 @@ import torch.distributed as dist
 
 from ring_ref._procs import ProcessRing
 
+__all__ = [
+    "close",
+    "gloo_all_reduce",
+]
+
+
 CALL_TIMEOUT_S = 60.0
 _RINGS: dict[int, ProcessRing] = {}
 

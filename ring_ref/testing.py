@@ -1,4 +1,8 @@
-"""``assert_matches_reference``: the differential tester for users' own test suites.
+"""Testing other implementations against the reference, from a test suite.
+
+``assert_matches_reference`` runs the differential tester; ``check_trace`` and
+``first_mismatch`` compare an implementation's buffers round by round (the
+``on_round`` callback protocol of :mod:`ring_ref._tracecheck`).
 
 >>> import torch
 >>> from ring_ref import ring_all_reduce
@@ -16,7 +20,25 @@ from collections.abc import Sequence
 
 import torch
 
+from ring_ref._tracecheck import (
+    Mismatch,
+    RoundCallback,
+    TracedImplementation,
+    TraceMismatch,
+    check_trace,
+    first_mismatch,
+)
 from ring_ref.difftest import DTYPES, MODES, Mode, Report, Target, difftest
+
+__all__ = [
+    "Mismatch",
+    "RoundCallback",
+    "TraceMismatch",
+    "TracedImplementation",
+    "assert_matches_reference",
+    "check_trace",
+    "first_mismatch",
+]
 
 
 def assert_matches_reference(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import shutil
 import subprocess
 import sys
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import ring_ref
 from ring_ref._cli import main
 from tests.paths import ROOT
 
@@ -49,3 +51,36 @@ def test_vectors_into_a_file_is_a_usage_error(tmp_path: Path, capsys: pytest.Cap
     assert main(["vectors", "--out", str(target)]) == 2
     assert "not a directory" in capsys.readouterr().err
     assert target.read_text(encoding="utf-8") == "keep me"
+
+
+def test_version_is_the_package_version_and_the_citation_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    printed = capsys.readouterr().out.split()
+    citation = {
+        key.strip(): value.strip().strip('"')
+        for key, _, value in (
+            line.partition(":") for line in (ROOT / "CITATION.cff").read_text(encoding="utf-8").splitlines()
+        )
+    }
+    assert printed == ["ring-ref", importlib.metadata.version("ring-ref")]
+    assert citation["version"] == ring_ref.__version__ == printed[1]
+
+
+def test_vectors_into_an_empty_path_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["vectors", "--out", ""]) == 2
+    assert "--out must name a directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("fmt", "too_many", "hint"),
+    [("svg", 9, "--format table (N <= 16)"), ("table", 17, "--format json (N <= 64)"), ("json", 65, "-n")],
+)
+def test_trace_refuses_rings_it_cannot_show_readably(
+    fmt: str, too_many: int, hint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["trace", "-n", str(too_many), "--format", fmt]) == 2
+    err = capsys.readouterr().err
+    assert f"N = {too_many} workers is too many to show readably as {fmt}" in err and hint in err
+    assert main(["trace", "-n", str(too_many - 1), "-m", str(too_many - 1), "--format", fmt]) == 0

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from ring_ref import invariants, ring_all_reduce, schedule
+from ring_ref import core, invariants, ring_all_reduce, schedule
 from ring_ref.schedule import ALL_GATHER, REDUCE_SCATTER
 from tests.paths import ROOT, SPEC
 
@@ -125,3 +125,6 @@ def test_ring_fold_in_spec_code_matches_the_package(n: int) -> None:
 def test_worked_example_matches_spec_code() -> None:
     x = torch.tensor(SPEC_PY["WORKED_EXAMPLE_INPUT"])
     assert ring_all_reduce(x).tolist() == SPEC_PY["WORKED_EXAMPLE_RESULT"]
+    buffers = [list(row) for row in SPEC_PY["WORKED_EXAMPLE_INPUT"]]
+    after = core.reduce_scatter_round(core.initial_state(buffers), 0, lambda a, b: a + b)
+    assert [list(row) for row in after] == SPEC_PY["WORKED_EXAMPLE_AFTER_REDUCE_SCATTER"]

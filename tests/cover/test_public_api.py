@@ -1,0 +1,55 @@
+"""The public surface: which modules are public, what they export, and the engine-level warnings."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import ring_ref
+from ring_ref import REFERENCE_SLOW_N, SlowReferenceWarning, ring_all_reduce
+
+PUBLIC = {
+    "ring_ref",
+    "ring_ref.schedule",
+    "ring_ref.core",
+    "ring_ref.invariants",
+    "ring_ref.testing",
+    "ring_ref.distributed",
+    "ring_ref.targets",
+    "ring_ref.difftest",
+}
+
+
+def _modules() -> list[str]:
+    found = ["ring_ref"]
+    for info in pkgutil.walk_packages(ring_ref.__path__, "ring_ref."):
+        found.append(info.name)
+    return found
+
+
+def test_public_modules_are_exactly_the_documented_ones_and_declare_all() -> None:
+    public = {name for name in _modules() if not any(part.startswith("_") for part in name.split(".")[1:])}
+    assert public == PUBLIC
+    for name in sorted(public):
+        module = importlib.import_module(name)
+        exported = getattr(module, "__all__", None)
+        assert exported, f"{name} has no __all__"
+        missing = [item for item in exported if not hasattr(module, item)]
+        assert not missing, f"{name}.__all__ names missing attributes {missing}"
+
+
+def test_reference_engine_warns_before_a_ring_that_takes_seconds() -> None:
+    small = torch.ones(REFERENCE_SLOW_N - 1, REFERENCE_SLOW_N - 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ring_all_reduce(small)
+        ring_all_reduce(torch.ones(2 * REFERENCE_SLOW_N, 2 * REFERENCE_SLOW_N), engine="fast")
+    big = np.ones((REFERENCE_SLOW_N, REFERENCE_SLOW_N), dtype=np.float32)
+    with pytest.warns(SlowReferenceWarning, match="engine='fast'"):
+        got = ring_all_reduce(big)
+    assert got.tolist() == [float(REFERENCE_SLOW_N)] * REFERENCE_SLOW_N
