@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 CROSSHAIR_TIMEOUT ?= 4
 
-.PHONY: install system-tools demo verify lint typecheck test contracts soak gpu-check clean vectors-check model-check bench prove
+.PHONY: install install-check system-tools demo verify lint typecheck test contracts soak gpu-check clean vectors-check model-check bench prove
 
 install: $(STAMP)
 
@@ -85,6 +85,17 @@ $(BENCH_STAMP): $(STAMP)
 
 bench: $(BENCH_STAMP)
 	$(BIN)/python bench/bench.py
+
+# What a user gets from a plain `pip install .` (no dev extra), in a fresh virtualenv outside the
+# source tree: the CLI and the differential tester must run on runtime dependencies alone. CI runs it.
+INSTALL_CHECK_VENV ?= build/install-check
+install-check:
+	rm -rf $(INSTALL_CHECK_VENV) && $(PYTHON) -m venv $(INSTALL_CHECK_VENV)
+	$(INSTALL_CHECK_VENV)/bin/python -m pip install --quiet -c constraints.txt .
+	cd "$$(mktemp -d)" && bin="$(CURDIR)/$(INSTALL_CHECK_VENV)/bin" && \
+	  "$$bin/ring-ref" --version && "$$bin/ring-ref" demo >/dev/null && \
+	  "$$bin/ring-ref" difftest ring_ref:ring_all_reduce --examples 20 --seed 1 && \
+	  echo "install-check: a plain pip install runs ring-ref --version, demo and difftest"
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .hypothesis build *.egg-info

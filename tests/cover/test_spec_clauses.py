@@ -7,6 +7,7 @@ statement of the closed forms; ``ring_ref`` is checked against them here.
 from __future__ import annotations
 
 import ast
+import importlib
 import re
 from collections.abc import Callable
 from fractions import Fraction
@@ -68,6 +69,85 @@ def test_clause_ids_are_unique_and_present() -> None:
 def test_every_clause_is_cited_by_a_test() -> None:
     uncited = sorted(set(spec_clause_ids()) - set(cited_clause_ids()))
     assert not uncited, f"spec clauses no test cites: {uncited}"
+
+
+TRACE_LINE = re.compile(r"^Implemented by: (?P<impl>.+?)\. Checked by: (?P<tests>.+)\.$")
+
+
+def traceability() -> dict[str, tuple[list[str], list[str]]]:
+    """Clause ID -> (implementing names, checking tests) from the line under its heading."""
+    text = SPEC.read_text(encoding="utf-8").splitlines()
+    found: dict[str, tuple[list[str], list[str]]] = {}
+    for k, line in enumerate(text):
+        heading = CLAUSE_HEADING.match(line + "\n")
+        if heading is None:
+            continue
+        match = TRACE_LINE.match(text[k + 1]) if k + 1 < len(text) else None
+        assert match is not None, (
+            f"clause {heading.group(1)} has no 'Implemented by: ... Checked by: ...' line"
+        )
+        names = re.findall(r"`([^`]+)`", match.group("impl"))
+        tests = re.findall(r"`([^`]+)`", match.group("tests"))
+        found[heading.group(1)] = (names, tests)
+    return found
+
+
+def _resolve(dotted: str) -> object:
+    """Import the longest module prefix of ``dotted`` and walk the rest as attributes."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj: object = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        for attr in parts[cut:]:
+            obj = getattr(obj, attr)
+        return obj
+    raise ModuleNotFoundError(dotted)
+
+
+def test_every_clause_names_its_implementation_and_its_tests() -> None:
+    cited = _citing_tests()
+    trace = traceability()
+    assert set(trace) == set(spec_clause_ids())
+    for cid, (names, tests) in trace.items():
+        assert names and tests, cid
+        for name in names:
+            try:
+                _resolve(name)
+            except (ImportError, AttributeError) as exc:
+                raise AssertionError(f"clause {cid} names {name}, which does not exist: {exc}") from exc
+        for test in tests:
+            assert cid in cited.get(test, set()), f"clause {cid} names {test}, which does not cite it"
+
+
+def _citing_tests() -> dict[str, set[str]]:
+    """``path::test_name`` -> the clause IDs it cites (its own marks and its module's ``pytestmark``)."""
+    out: dict[str, set[str]] = {}
+    for path in sorted((ROOT / "tests").glob("**/test_*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        module_ids = {
+            arg.value
+            for node in tree.body
+            if isinstance(node, ast.Assign)
+            and any(getattr(t, "id", "") == "pytestmark" for t in node.targets)
+            for call in ast.walk(node.value)
+            if isinstance(call, ast.Call) and getattr(call.func, "attr", "") == "clause"
+            for arg in call.args
+            if isinstance(arg, ast.Constant) and isinstance(arg.value, str)
+        }
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
+                ids = set(module_ids)
+                for dec in node.decorator_list:
+                    if isinstance(dec, ast.Call) and getattr(dec.func, "attr", "") == "clause":
+                        ids |= {
+                            a.value
+                            for a in dec.args
+                            if isinstance(a, ast.Constant) and isinstance(a.value, str)
+                        }
+                out[f"{path.relative_to(ROOT)}::{node.name}"] = ids
+    return out
 
 
 def test_every_citation_names_a_clause() -> None:
