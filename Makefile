@@ -77,14 +77,16 @@ gpu-check: $(STAMP)
 	$(BIN)/python -m pytest -q -m gpu
 
 # Fast engine vs reference engine vs torch.sum(x, 0), side by side (a few minutes; not part of
-# verify). Prints the table and ratios; writes bench/results/bench.json and bench.png.
+# verify). Prints the table and ratios; writes bench.json and bench.png to build/bench, or to the
+# committed bench/results with `make bench UPDATE=1`.
 BENCH_STAMP := $(VENV)/.bench-stamp
 $(BENCH_STAMP): $(STAMP)
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,bench]'
 	touch $@
 
+BENCH_OUT = $(if $(UPDATE),bench/results,build/bench)
 bench: $(BENCH_STAMP)
-	$(BIN)/python bench/bench.py
+	$(BIN)/python bench/bench.py --out $(BENCH_OUT)
 
 # What a user gets from a plain `pip install .` (no dev extra), in a fresh virtualenv outside the
 # source tree: the CLI and the differential tester must run on runtime dependencies alone. CI runs it.
