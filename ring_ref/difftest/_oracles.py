@@ -23,9 +23,11 @@ __all__ = [
     "as_float_list",
     "check_bound",
     "check_values",
+    "exact_oracle",
     "exact_sums",
     "flat_of",
     "locate",
+    "order_free_oracle",
 ]
 
 
@@ -66,12 +68,12 @@ def flat_of(case: Case, index: tuple[int, ...]) -> int:
 
 
 @dataclass
-class _BoundCheck:
+class BoundCheck:
     mismatch: ValueMismatch | None
     overflow_skipped: int
 
 
-def check_bound(case: Case, actual: list[float]) -> _BoundCheck:
+def check_bound(case: Case, actual: list[float]) -> BoundCheck:
     """The ``bound`` oracle on one result (flattened, as floats).
 
     A non-finite element is accepted only if some order could overflow.  The
@@ -96,7 +98,7 @@ def check_bound(case: Case, actual: list[float]) -> _BoundCheck:
         elif abs(Fraction(y) - s) > g * a:
             bad.append(e)
     if not bad:
-        return _BoundCheck(None, skipped)
+        return BoundCheck(None, skipped)
     e = bad[0]
     index, chunk = locate(case, e)
     detail = (
@@ -106,7 +108,7 @@ def check_bound(case: Case, actual: list[float]) -> _BoundCheck:
         else f"|actual - exact| = {float(abs(Fraction(actual[e]) - sums[e])):.6g} > "
         f"gamma_{case.n - 1} * sum|x_i| = {float(g * mags[e]):.6g}"
     )
-    return _BoundCheck(ValueMismatch(index, chunk, float(sums[e]), actual[e], detail, len(bad)), skipped)
+    return BoundCheck(ValueMismatch(index, chunk, float(sums[e]), actual[e], detail, len(bad)), skipped)
 
 
 def _first_bitwise(
@@ -126,15 +128,25 @@ def as_float_list(result: torch.Tensor) -> list[float]:
     return [float(v) for v in result.detach().to(torch.float64).reshape(-1).tolist()]
 
 
+def exact_oracle(case: Case, result: torch.Tensor) -> ValueMismatch | None:
+    """``exact``: the result's bits are the reference ring's (clause ``fold-order``)."""
+    return _first_bitwise(case, ring_all_reduce(case.tensor()), result, "the ring order (fold-order)")
+
+
+def order_free_oracle(case: Case, result: torch.Tensor) -> ValueMismatch | None:
+    """``order-free``: where every partial sum is exact, the result is the exact sum, bit for bit."""
+    sums, _ = exact_sums(case)
+    exact = torch.tensor([float(s) for s in sums], dtype=torch.float64).to(case.dtype)
+    if any(Fraction(float(v)) != s for v, s in zip(exact.tolist(), sums, strict=True)):
+        raise AssertionError("order-free generator produced a sum that rounds; this is a ring_ref bug")
+    return _first_bitwise(case, exact.reshape(result.shape), result, "the exact sum")
+
+
 def check_values(mode: Mode, case: Case, result: torch.Tensor) -> tuple[ValueMismatch | None, int]:
     """The mode's oracle on a well-formed result: the first mismatch (or ``None``) and overflow skips."""
     if mode == "exact":
-        return _first_bitwise(case, ring_all_reduce(case.tensor()), result, "the ring order (fold-order)"), 0
+        return exact_oracle(case, result), 0
     if mode == "order-free":
-        sums, _ = exact_sums(case)
-        exact = torch.tensor([float(s) for s in sums], dtype=torch.float64).to(case.dtype)
-        if any(Fraction(float(v)) != s for v, s in zip(exact.tolist(), sums, strict=True)):
-            raise AssertionError("order-free generator produced a sum that rounds; this is a ring_ref bug")
-        return _first_bitwise(case, exact.reshape(result.shape), result, "the exact sum"), 0
+        return order_free_oracle(case, result), 0
     checked = check_bound(case, as_float_list(result))
     return checked.mismatch, checked.overflow_skipped
