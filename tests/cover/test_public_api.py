@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import re
 import warnings
 
 import numpy as np
@@ -12,6 +13,7 @@ import torch
 
 import ring_ref
 from ring_ref import REFERENCE_SLOW_N, SlowReferenceWarning, ring_all_reduce
+from tests.paths import ROOT
 
 PUBLIC = {
     "ring_ref",
@@ -53,3 +55,17 @@ def test_reference_engine_warns_before_a_ring_that_takes_seconds() -> None:
     with pytest.warns(SlowReferenceWarning, match="engine='fast'"):
         got = ring_all_reduce(big)
     assert got.tolist() == [float(REFERENCE_SLOW_N)] * REFERENCE_SLOW_N
+
+
+def test_readme_layout_table_matches_the_tree() -> None:
+    """Every module of the package is in the README's layout table, and the table names no missing file."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    table = readme[readme.index("## Layout") :].split("\n## ")[0]
+    named = set(re.findall(r"`(ring_ref/[\w/]+(?:\.py|/))`", table))
+    package = ROOT / "ring_ref"
+    on_disk = {
+        f"ring_ref/{path.relative_to(package).as_posix()}"
+        for path in package.glob("*.py")
+        if path.name not in {"__main__.py"}
+    } | {f"ring_ref/{path.name}/" for path in package.iterdir() if (path / "__init__.py").is_file()}
+    assert named == on_disk, (sorted(on_disk - named), sorted(named - on_disk))
