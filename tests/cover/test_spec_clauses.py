@@ -71,23 +71,24 @@ def test_every_clause_is_cited_by_a_test() -> None:
     assert not uncited, f"spec clauses no test cites: {uncited}"
 
 
-TRACE_LINE = re.compile(r"^Implemented by: (?P<impl>.+?)\. Checked by: (?P<tests>.+)\.$")
+TRACE_LINE = re.compile(r"^Implemented by: (?P<impl>.+?)(?:\.| ·) Checked by: (?P<tests>.+?)\.?$")
 
 
 def traceability() -> dict[str, tuple[list[str], list[str]]]:
-    """Clause ID -> (implementing names, checking tests) from the line under its heading."""
-    text = SPEC.read_text(encoding="utf-8").splitlines()
+    """Clause ID -> (implementing names, checking tests) from the clause's *Implemented by* line."""
+    sections = re.split(r"^(?=### `)", SPEC.read_text(encoding="utf-8"), flags=re.MULTILINE)
     found: dict[str, tuple[list[str], list[str]]] = {}
-    for k, line in enumerate(text):
-        heading = CLAUSE_HEADING.match(line + "\n")
+    for section in sections:
+        heading = CLAUSE_HEADING.match(section)
         if heading is None:
             continue
-        match = TRACE_LINE.match(text[k + 1]) if k + 1 < len(text) else None
-        assert match is not None, (
-            f"clause {heading.group(1)} has no 'Implemented by: ... Checked by: ...' line"
+        body = section.split("\n## ")[0].splitlines()
+        matches = [m for m in map(TRACE_LINE.match, body) if m is not None]
+        assert len(matches) == 1, (
+            f"clause {heading.group(1)} needs one 'Implemented by: ... Checked by: ...' line"
         )
-        names = re.findall(r"`([^`]+)`", match.group("impl"))
-        tests = re.findall(r"`([^`]+)`", match.group("tests"))
+        names = re.findall(r"`([^`]+)`", matches[0].group("impl"))
+        tests = re.findall(r"`([^`]+)`", matches[0].group("tests"))
         found[heading.group(1)] = (names, tests)
     return found
 
