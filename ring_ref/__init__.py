@@ -9,7 +9,6 @@ tensor([4., 6.])
 
 from __future__ import annotations
 
-import warnings
 from typing import Final, Literal, TypeVar, overload
 
 import numpy as np
@@ -17,15 +16,19 @@ import numpy.typing as npt
 import torch
 
 from ring_ref import _fast, _numpy_adapter, _torch_adapter
+from ring_ref._cost import REFERENCE_SLOW_N, SlowReferenceWarning
+from ring_ref._ops import OPS, Op, op_name
 from ring_ref._validate import not_an_array
 from ring_ref._version import __version__
 from ring_ref.invariants import InvariantViolation
 
 __all__ = [
     "ENGINES",
+    "OPS",
     "REFERENCE_SLOW_N",
     "Engine",
     "InvariantViolation",
+    "Op",
     "SlowReferenceWarning",
     "__version__",
     "ring_all_reduce",
@@ -36,26 +39,26 @@ ENGINES: Final[tuple[Engine, Engine]] = ("reference", "fast")
 """``reference``: the pure-functional core, invariants asserted every round (the default).
 ``fast``: batched tensor operations per round, bitwise identical (:mod:`ring_ref._fast`)."""
 
-REFERENCE_SLOW_N: Final = 256
-"""From this many workers on, the reference engine warns before it starts: it takes seconds (N = 256:
-about 3 s here) and grows as N^3, while ``engine="fast"`` gives the same bits in milliseconds."""
-
-
-class SlowReferenceWarning(UserWarning):
-    """The reference engine was asked for a ring large enough to take seconds or more."""
-
-
 _A = TypeVar("_A", bound=np.generic)
 
 
 @overload
-def ring_all_reduce(worker_tensors: torch.Tensor, engine: Engine = "reference") -> torch.Tensor: ...
-@overload
-def ring_all_reduce(worker_tensors: npt.NDArray[_A], engine: Engine = "reference") -> npt.NDArray[_A]: ...
 def ring_all_reduce(
-    worker_tensors: torch.Tensor | npt.NDArray[_A], engine: Engine = "reference"
+    worker_tensors: torch.Tensor, engine: Engine = "reference", *, op: Op | str = "sum"
+) -> torch.Tensor: ...
+@overload
+def ring_all_reduce(
+    worker_tensors: npt.NDArray[_A], engine: Engine = "reference", *, op: Op | str = "sum"
+) -> npt.NDArray[_A]: ...
+def ring_all_reduce(
+    worker_tensors: torch.Tensor | npt.NDArray[_A], engine: Engine = "reference", *, op: object = "sum"
 ) -> torch.Tensor | npt.NDArray[_A]:
     """Ring all-reduce of ``worker_tensors`` (shape ``(N, M, ...)``); returns worker 0's ``(M, ...)`` sum.
+
+    ``op`` is ``"sum"`` (the default), ``"prod"``, ``"max"``, ``"min"`` or ``"avg"``
+    (or a ``torch.distributed.ReduceOp``): the same ring and fold order, with
+    the receiver storing ``incoming * own``, the first maximum or minimum in fold
+    order, or, for ``avg``, the ring's sum divided once by ``N`` (clauses ``op-*``).
 
     Accepts a ``torch.Tensor`` (float16, bfloat16, float32, float64; any device;
     autograd kept) or a ``numpy.ndarray`` (float16, float32, float64) and returns
@@ -73,23 +76,15 @@ def ring_all_reduce(
             f"unknown engine {engine!r}; choose engine='reference' (the invariant-checked core, "
             "the default) or engine='fast' (batched, the same bits)."
         )
-    stacked = isinstance(worker_tensors, (torch.Tensor, np.ndarray)) and worker_tensors.ndim >= 2
-    n = int(worker_tensors.shape[0]) if stacked else 0
-    if engine == "reference" and n >= REFERENCE_SLOW_N:
-        warnings.warn(
-            SlowReferenceWarning(
-                f"N = {n} workers: the reference engine checks every invariant after each of the "
-                f"{2 * (n - 1)} rounds and takes seconds or more (time grows as N^3). engine='fast' "
-                "gives the same bits much sooner."
-            ),
-            stacklevel=2,
-        )
+    reduce_op = op_name(op)
+    if engine == "fast" and reduce_op != "sum":
+        raise NotImplementedError("TEMPORARY: the fast engine's ops land with the fused kernel")
     if isinstance(worker_tensors, torch.Tensor):
         if engine == "fast":
             return _fast.ring_all_reduce_torch(worker_tensors)
-        return _torch_adapter.ring_all_reduce(worker_tensors)
+        return _torch_adapter.ring_all_reduce(worker_tensors, reduce_op)
     if isinstance(worker_tensors, np.ndarray):
         if engine == "fast":
             return _fast.ring_all_reduce_numpy(worker_tensors)
-        return _numpy_adapter.ring_all_reduce(worker_tensors)
+        return _numpy_adapter.ring_all_reduce(worker_tensors, reduce_op)
     raise not_an_array(worker_tensors).error()

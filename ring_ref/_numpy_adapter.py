@@ -1,7 +1,7 @@
 """``ring_all_reduce`` for ``numpy.ndarray`` inputs, on top of :mod:`ring_ref.core`.
 
-numpy has no bfloat16; float16, float32 and float64 are supported, each addition
-being one ``numpy.add`` in the input dtype.  The input is only read through
+numpy has no bfloat16; float16, float32 and float64 are supported, each
+combine (:mod:`ring_ref._ops`; ``numpy.add`` for the sum) in the input dtype.  The input is only read through
 chunk views (:mod:`ring_ref._chunks`); the result is a new array
 (``numpy.concatenate`` of worker 0's chunks).  A ``numpy.memmap`` is read as a
 plain array.  Bad input is rejected by :mod:`ring_ref._validate`.
@@ -19,6 +19,8 @@ import numpy as np
 import numpy.typing as npt
 
 from ring_ref._chunks import chunk_views
+from ring_ref._cost import warn_if_slow
+from ring_ref._ops import Op, finish_numpy, numpy_combine
 from ring_ref._validate import check_numpy, plain_array
 from ring_ref.core import initial_state, run_ring
 
@@ -27,15 +29,10 @@ __all__ = ["ring_all_reduce"]
 Array = npt.NDArray[Any]
 
 
-def _add(incoming: Array, own: Array) -> Array:
-    # Overflow to +-inf is the correctly rounded sum (clause input-finite), not an error.
-    with np.errstate(over="ignore"):
-        return np.add(incoming, own)
-
-
-def ring_all_reduce(worker_tensors: Array) -> Array:
-    """Sum ``(N, M, ...)`` over the worker axis with the spec's ring; return worker 0's ``(M, ...)``."""
+def ring_all_reduce(worker_tensors: Array, op: Op = "sum") -> Array:
+    """Reduce ``(N, M, ...)`` over the worker axis with the spec's ring; return worker 0's ``(M, ...)``."""
     n, _ = check_numpy(worker_tensors)
+    warn_if_slow(n)
     x = plain_array(worker_tensors)
     state = initial_state([chunk_views(x[i], n) for i in range(n)])
-    return np.concatenate(run_ring(state, _add)[0])
+    return finish_numpy(op, np.concatenate(run_ring(state, numpy_combine(op))[0]), n)

@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 
 from ring_ref._chunks import chunk_views
+from ring_ref._cost import warn_if_slow
+from ring_ref._ops import Op, finish_torch, torch_combine
 from ring_ref._validate import check_torch
 from ring_ref.core import initial_state, run_ring
 from ring_ref.invariants import State
@@ -29,8 +31,9 @@ def chunk_state(worker_tensors: torch.Tensor) -> State[torch.Tensor]:
     return initial_state([chunk_views(worker_tensors[i], n) for i in range(n)])
 
 
-def ring_all_reduce(worker_tensors: torch.Tensor) -> torch.Tensor:
-    """Sum ``(N, M, ...)`` over the worker axis with the spec's ring; return worker 0's ``(M, ...)``."""
-    check_torch(worker_tensors)
-    final = run_ring(chunk_state(worker_tensors), torch.add)
-    return torch.cat(final[0])
+def ring_all_reduce(worker_tensors: torch.Tensor, op: Op = "sum") -> torch.Tensor:
+    """Reduce ``(N, M, ...)`` over the worker axis with the spec's ring; return worker 0's ``(M, ...)``."""
+    n, _ = check_torch(worker_tensors)
+    warn_if_slow(n)
+    final = run_ring(chunk_state(worker_tensors), torch_combine(op))
+    return finish_torch(op, torch.cat(final[0]), n)

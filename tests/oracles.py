@@ -79,3 +79,44 @@ def sums_in_several_orders(x: torch.Tensor, rnd: random.Random) -> list[torch.Te
     workers = [x[i] for i in range(x.shape[0])]
     rnd.shuffle(workers)
     return [fold(workers), fold(workers[::-1]), pairwise_tree(workers), ring_fold(x), torch.sum(x, 0)]
+
+
+def _first_extreme(values: list[float], greater: bool) -> float:
+    """The first maximum (``greater``) or minimum of ``values`` in order, in Python floats."""
+    best = values[0]
+    for v in values[1:]:
+        if (v > best) if greater else (v < best):
+            best = v
+    return best
+
+
+def ring_fold_op(x: torch.Tensor, op: str) -> torch.Tensor:
+    """The closed-form ring result of ``x`` (shape ``(N, M, ...)``) for ``op`` (clauses ``op-*``).
+
+    ``sum``/``prod``: the fold of chunk ``c`` over workers ``c, c+1, ..., c-1``
+    in the dtype; ``max``/``min``: the first extreme in that order, chosen in
+    Python floats; ``avg``: the exact quotient of the ring's sum by ``N``,
+    correctly rounded (through float64, innocuous for p <= 24, exact for float64).
+    """
+    n, m = x.shape[0], x.shape[1]
+    k = m // n
+    if op in ("sum", "avg"):
+        total = ring_fold(x)
+        if op == "sum":
+            return total
+        exact = [Fraction(v) / n for v in total.to(torch.float64).reshape(-1).tolist()]
+        return torch.tensor([float(q) for q in exact], dtype=torch.float64).to(x.dtype).reshape(total.shape)
+    pieces = []
+    for c in range(n):
+        order = [(c + step) % n for step in range(n)]
+        rows = [x[w, c * k : (c + 1) * k] for w in order]
+        if op == "prod":
+            acc = rows[0].clone()
+            for row in rows[1:]:
+                acc = acc * row
+        else:
+            flat = [row.to(torch.float64).reshape(-1).tolist() for row in rows]
+            chosen = [_first_extreme([f[e] for f in flat], op == "max") for e in range(len(flat[0]))]
+            acc = torch.tensor(chosen, dtype=torch.float64).to(x.dtype).reshape(rows[0].shape)
+        pieces.append(acc)
+    return torch.cat(pieces)

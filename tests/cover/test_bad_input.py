@@ -95,6 +95,7 @@ CASES: list[tuple[str, Any, type[Exception], str]] = [
 
 
 CASES.append(("unknown-engine", torch.ones(2, 2), ValueError, "unknown engine"))
+CASES.append(("unknown-op", torch.ones(2, 2), ValueError, "unknown reduction op"))
 
 
 @pytest.mark.parametrize(("x", "error", "message"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
@@ -102,7 +103,9 @@ CASES.append(("unknown-engine", torch.ones(2, 2), ValueError, "unknown engine"))
 def test_bad_input_raises_documented_error(x: Any, error: type[Exception], message: str, engine: str) -> None:
     snap = _snapshot(x)
     with pytest.raises(error, match=re.escape(message)):
-        ring_all_reduce(x, engine="no-such-engine" if message == "unknown engine" else engine)  # type: ignore[call-overload]
+        engine_arg = "no-such-engine" if message == "unknown engine" else engine
+        op = "no-such-op" if message == "unknown reduction op" else "sum"
+        ring_all_reduce(x, engine=engine_arg, op=op)  # type: ignore[call-overload]
     assert _unchanged(x, snap)
 
 
