@@ -36,6 +36,7 @@ __all__ = [
     "not_an_array",
     "numpy_finite",
     "plain_array",
+    "rank_array_problem",
     "rank_tensor_problem",
     "torch_finite",
 ]
@@ -180,22 +181,30 @@ def check_numpy_structure(x: object) -> tuple[int, int]:
     """
     if not isinstance(x, np.ndarray):
         raise not_an_array(x).error()
-    if type(x) is not np.ndarray and not isinstance(x, np.memmap):
-        raise TypeError(
-            f"worker_tensors is a {type(x).__name__}, an ndarray subclass whose semantics (masks, "
-            "matrix products) the ring cannot preserve. Pass a plain array: numpy.asarray(x) "
-            "(or x.filled(...) for a masked array)."
-        )
-    if x.dtype.byteorder not in "=|" and x.dtype.newbyteorder("=") in NUMPY_DTYPES:
-        raise TypeError(
-            f"the array's byte order is the problem: dtype {x.dtype.str} is not in this machine's "
-            "native byte order, and the result must keep the input's dtype. Convert first: "
-            "x.astype(x.dtype.newbyteorder('='))."
-        )
-    if x.dtype not in NUMPY_DTYPES:
-        raise _unsupported_dtype(x.dtype, "numpy").error()
+    _raise(_numpy_metadata_problem(x))
     _raise(_stacked_shape_problem(x.shape))
     return int(x.shape[0]), int(x.shape[1])
+
+
+def _numpy_metadata_problem(x: npt.NDArray[Any]) -> BadInput | None:
+    """Subclass, byte order and dtype: the checks every numpy entry point shares."""
+    if type(x) is not np.ndarray and not isinstance(x, np.memmap):
+        return BadInput(
+            TypeError,
+            f"worker_tensors is a {type(x).__name__}, an ndarray subclass whose semantics (masks, "
+            "matrix products) the ring cannot preserve. Pass a plain array: numpy.asarray(x) "
+            "(or x.filled(...) for a masked array).",
+        )
+    if x.dtype.byteorder not in "=|" and x.dtype.newbyteorder("=") in NUMPY_DTYPES:
+        return BadInput(
+            TypeError,
+            f"the array's byte order is the problem: dtype {x.dtype.str} is not in this machine's "
+            "native byte order, and the result must keep the input's dtype. Convert first: "
+            "x.astype(x.dtype.newbyteorder('=')).",
+        )
+    if x.dtype not in NUMPY_DTYPES:
+        return _unsupported_dtype(x.dtype, "numpy")
+    return None
 
 
 def numpy_finite(x: npt.NDArray[Any]) -> None:
@@ -223,22 +232,26 @@ def plain_array(x: npt.NDArray[Any]) -> npt.NDArray[Any]:
 _BACKEND_DEVICE = {"gloo": "cpu", "nccl": "cuda"}
 
 
-def _may_overlap(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+def _may_overlap(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int = 1) -> bool:
     """False when no two elements of a tensor with this layout can share memory.
 
     Sorted by stride, each dimension must step past everything the smaller ones
     reach.  That holds for every layout made by slicing, transposing or
     permuting a dense tensor; it fails for a zero stride (``expand``) and, rarely,
-    for an ``as_strided`` interleaving that does not in fact overlap.
+    for an ``as_strided`` interleaving that does not in fact overlap.  Strides
+    count elements (torch) or, with ``itemsize`` the element's size, bytes
+    (numpy, whose strides may also be negative).
 
     >>> _may_overlap((4, 3), (3, 1)), _may_overlap((3, 4), (1, 3)), _may_overlap((4, 3), (0, 1))
     (False, False, True)
+    >>> _may_overlap((4,), (-8,), 8), _may_overlap((4,), (4,), 8)
+    (False, True)
     """
     reach = 0
     for stride, size in sorted(
-        (stride, size) for size, stride in zip(shape, strides, strict=True) if size > 1
+        (abs(stride), size) for size, stride in zip(shape, strides, strict=True) if size > 1
     ):
-        if stride <= reach:
+        if stride < reach + itemsize:
             return True
         reach += stride * (size - 1)
     return False
@@ -298,6 +311,61 @@ def _device_problem(tensor: torch.Tensor, backend: str) -> BadInput | None:
 def _finite_problem(tensor: torch.Tensor) -> BadInput | None:
     try:
         torch_finite(tensor)
+    except ValueError as exc:
+        return BadInput(ValueError, str(exc))
+    return None
+
+
+def rank_array_problem(array: object, n: int, *, finite: bool = True) -> BadInput | None:
+    """The table's verdict on one rank's ``(M, ...)`` numpy array in a group of ``n`` ranks, or ``None``.
+
+    The numpy sibling of :func:`rank_tensor_problem` (``ring_ref.mpi``): the
+    simulated ring's messages for the same problems, plus those of an in-place
+    call (a read-only array, elements that share memory).
+
+    >>> rank_array_problem(np.zeros(6), 3) is None
+    True
+    >>> rank_array_problem(np.zeros(5), 2).message
+    'M = 5 is not divisible by N = 2, so the 2 chunks cannot be equal. Pad M to a multiple of 2 (e.g. 6).'
+    """
+    if not isinstance(array, np.ndarray):
+        return BadInput(TypeError, f"expects a numpy.ndarray of shape (M, ...); got {type(array).__name__}.")
+    shape = tuple(array.shape)
+    checks: tuple[Callable[[], BadInput | None], ...] = (
+        lambda: _numpy_metadata_problem(array),
+        lambda: None if shape else _ZERO_DIM_ARRAY,
+        lambda: _rows_problem(n, shape[0], shape),
+        lambda: None if array.flags.writeable else _READ_ONLY,
+        lambda: _array_overlap_problem(array),
+        lambda: _array_finite_problem(array) if finite else None,
+    )
+    return next((p for p in (check() for check in checks) if p is not None), None)
+
+
+_ZERO_DIM_ARRAY = BadInput(
+    ValueError, "needs an array of shape (M, ...) with at least 1 dimension; got a 0-d array."
+)
+_READ_ONLY = BadInput(
+    ValueError,
+    "the sum is written in place, but the array is read-only (flags.writeable is False, as for "
+    "numpy.broadcast_to()). Pass a writeable array, e.g. a.copy().",
+)
+
+
+def _array_overlap_problem(array: npt.NDArray[Any]) -> BadInput | None:
+    if not _may_overlap(shape := tuple(array.shape), array.strides, array.itemsize):
+        return None
+    return BadInput(
+        ValueError,
+        f"the sum is written in place, but the layout (shape {shape}, byte strides {array.strides}) "
+        "lets elements share memory, as after numpy.lib.stride_tricks.as_strided(). Pass an array "
+        "with distinct elements, e.g. a.copy().",
+    )
+
+
+def _array_finite_problem(array: npt.NDArray[Any]) -> BadInput | None:
+    try:
+        numpy_finite(array)
     except ValueError as exc:
         return BadInput(ValueError, str(exc))
     return None
