@@ -14,7 +14,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,mpi]'
 	touch $@
 
 demo: $(STAMP)
@@ -34,9 +34,11 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict
 
-# spin and a C compiler: tests/nocover/test_spin.py, tests/nocover/test_c_consumer.py and model-check.
+# spin and a C compiler: tests/nocover/test_spin.py, tests/nocover/test_c_consumer.py and model-check;
+# OpenMPI: tests/nocover/test_mpi.py.
 system-tools:
 	@bash tools/ensure_spin.sh
+	@bash tools/ensure_mpi.sh
 
 test: $(STAMP) system-tools
 	$(BIN)/python -m pytest -q -m 'not soak and not gpu'
