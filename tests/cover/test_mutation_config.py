@@ -1,0 +1,40 @@
+"""``make mutation``'s configuration stays true to the tree: files exist, equivalents name real code."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+
+from tests.paths import ROOT
+from tools import mutation
+
+
+def test_every_mutated_file_and_every_test_path_exists() -> None:
+    for name, (files, tests) in mutation.MODULES.items():
+        for pattern in files:
+            assert list(ROOT.glob(pattern)), (name, pattern)
+        for test in tests:
+            assert (ROOT / test).exists(), (name, test)
+
+
+def test_every_equivalent_mutant_names_a_function_and_a_line_of_it() -> None:
+    rows = mutation.read_equivalents()
+    assert rows, "the table parsed to nothing"
+    for row in rows:
+        module_name, _, func = row.function.rpartition(".")
+        function = getattr(importlib.import_module(module_name), func)
+        assert row.reason and row.line, row
+        # The line is a mutation of the function: it shares at least one token with its source.
+        source = inspect.getsource(function)
+        assert any(token in source for token in row.line.split() if len(token) > 3), row
+
+
+def test_mutated_line_finds_the_changed_line_of_a_mutant() -> None:
+    source = (
+        "def x_f__mutmut_orig(a):\n    b = a + 1\n    return b\n"
+        "def x_f__mutmut_3(a):\n    b = a - 1\n    return b\n"
+        "def x_f__mutmut_4(a):\n    b = a + 1\n"
+    )
+    assert mutation.mutated_line(source, "x_f", "3") == "b = a - 1"
+    assert mutation.mutated_line(source, "x_f", "4") == "(line deleted)"
+    assert mutation.mutated_line(source, "x_f", "9") == "?"

@@ -1,0 +1,274 @@
+"""Mutation testing with mutmut, one module at a time (``make mutation``; soak-style, not in ``make verify``).
+
+For each module in :data:`MODULES` this copies the working tree (tracked and
+untracked-but-not-ignored files) into a fresh temporary directory, configures
+mutmut there to mutate only that module and to run only the module's fast tests
+(``tests/cover/...`` plus the module's doctests), runs it, and prints the score
+``killed / (mutants - equivalent)`` and every surviving mutant with its mutated
+line.  Nothing is written into the repository; the shared tree is never
+mutated in place.
+
+A mutant judged *equivalent* (no test could tell it apart, because it computes
+the same thing) is listed in ``tests/mutation/equivalent.md`` as a table row
+``| module.function | mutated line | reason |``; it is matched by function and
+mutated line, not by mutmut's mutant number, so the list survives unrelated edits.
+
+The run fails (exit 1) when a module scores below :data:`TARGET`.
+
+Usage::
+
+    python tools/mutation.py                    # every module
+    python tools/mutation.py core invariants    # some of them
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import difflib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final, NamedTuple
+
+ROOT: Final = Path(__file__).resolve().parent.parent
+EQUIVALENT: Final = ROOT / "tests" / "mutation" / "equivalent.md"
+TARGET: Final = 0.95
+MAX_CHILDREN: Final = 2
+EXTRA_DIRS: Final = ("spec", "tools", "examples", "docs")
+"""Copied next to the mutated package as well: tests read the spec and use tools/."""
+
+MODULES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
+    # name: (files mutated, tests run: fast tests/cover modules and the modules' doctests)
+    "schedule": (
+        ("ring_ref/schedule.py",),
+        (
+            "ring_ref/schedule.py",
+            "tests/cover/test_spec_clauses.py",
+            "tests/cover/test_invariants.py",
+            "tests/cover/test_kills_schedule.py",
+        ),
+    ),
+    "core": (
+        ("ring_ref/core.py",),
+        (
+            "ring_ref/core.py",
+            "tests/cover/test_invariants.py",
+            "tests/cover/test_stateful.py",
+            "tests/cover/test_kills_core.py",
+        ),
+    ),
+    "invariants": (
+        ("ring_ref/invariants.py",),
+        (
+            "ring_ref/invariants.py",
+            "tests/cover/test_invariants.py",
+            "tests/cover/test_spec_clauses.py",
+            "tests/cover/test_kills_invariants.py",
+        ),
+    ),
+    "adapters": (
+        ("ring_ref/_torch_adapter.py", "ring_ref/_numpy_adapter.py", "ring_ref/_validate.py"),
+        ("tests/cover/test_bad_input.py", "tests/cover/test_kills_adapters.py"),
+    ),
+    "fast": (("ring_ref/_fast.py",), ("ring_ref/_fast.py", "tests/cover/test_fast.py")),
+    "difftest": (("ring_ref/difftest/*",), ("tests/cover/difftest",)),
+}
+
+
+class Equivalent(NamedTuple):
+    """A row of ``tests/mutation/equivalent.md``."""
+
+    function: str
+    line: str
+    reason: str
+
+
+def read_equivalents(path: Path = EQUIVALENT) -> list[Equivalent]:
+    """The table rows ``| module.function | `mutated line` | reason |`` (header rows skipped)."""
+    rows = []
+    for raw in path.read_text(encoding="utf-8").splitlines():
+        cells = [cell.strip() for cell in raw.strip().strip("|").split("|")] if raw.startswith("|") else []
+        if len(cells) == 3 and cells[0].strip("`").startswith("ring_ref."):
+            rows.append(Equivalent(cells[0].strip("`"), cells[1].strip("`"), cells[2]))
+    return rows
+
+
+class Mutant(NamedTuple):
+    """One mutant and its fate."""
+
+    name: str
+    status: str
+    function: str
+    line: str
+
+
+_NAME: Final = re.compile(r"^(?P<module>[\w.]+)\.(?P<func>[^.]+)__mutmut_(?P<k>\d+)$")
+
+
+def _functions(tree: ast.Module) -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
+    out: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            out[node.name] = node
+    return out
+
+
+def mutated_line(source: str, func: str, k: str) -> str:
+    """The first line of mutant ``k`` of ``func`` that differs from the original, stripped."""
+    tree = ast.parse(source)
+    defs = _functions(tree)
+    leaf = func.rsplit("ǁ", maxsplit=1)[-1]
+    orig, mutant = defs.get(f"{leaf}__mutmut_orig"), defs.get(f"{leaf}__mutmut_{k}")
+    if orig is None or mutant is None:
+        return "?"
+    a = (ast.get_source_segment(source, orig) or "").splitlines()[1:]
+    b = (ast.get_source_segment(source, mutant) or "").splitlines()[1:]
+    for tag, _i1, _i2, j1, j2 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
+        if tag != "equal":
+            return b[j1].strip() if j1 < j2 else "(line deleted)"
+    return "?"
+
+
+def _public_function(module: str, func: str) -> str:
+    name = func.split("ǁ")
+    pieces = [piece[2:] if piece.startswith("x_") else piece for piece in name if piece not in {"x", ""}]
+    return f"{module}.{'.'.join(pieces)}"
+
+
+@dataclass
+class ModuleScore:
+    """One module's run."""
+
+    name: str
+    seconds: float
+    mutants: list[Mutant] = field(default_factory=list)
+    equivalent: list[Mutant] = field(default_factory=list)
+
+    @property
+    def killed(self) -> list[Mutant]:
+        return [m for m in self.mutants if m.status in {"killed", "timeout", "caught by type check"}]
+
+    @property
+    def surviving(self) -> list[Mutant]:
+        eq = {m.name for m in self.equivalent}
+        return [m for m in self.mutants if m not in self.killed and m.name not in eq]
+
+    @property
+    def score(self) -> float:
+        considered = len(self.mutants) - len(self.equivalent)
+        return len(self.killed) / considered if considered else 1.0
+
+
+def _copy_tree(dest: Path) -> None:
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "-co", "--exclude-standard"], cwd=ROOT, check=True, capture_output=True
+    ).stdout.split(b"\0")
+    for rel in filter(None, (name.decode() for name in listed)):
+        src = ROOT / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+
+
+def _toml_list(items: Sequence[str]) -> str:
+    return "[" + ", ".join(f'"{item}"' for item in items) + "]"
+
+
+def run_module(name: str, equivalents: Sequence[Equivalent]) -> ModuleScore:
+    """Run mutmut on one module in a scratch copy of the tree."""
+    files, tests = MODULES[name]
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix=f"ring-ref-mutation-{name}-") as tmp:
+        work = Path(tmp)
+        _copy_tree(work)
+        tests = tuple(t for t in tests if (work / t).exists())
+        with (work / "pyproject.toml").open("a", encoding="utf-8") as f:
+            f.write(
+                "\n[tool.mutmut]\n"
+                'source_paths = ["ring_ref"]\n'
+                f"also_copy = {_toml_list([d for d in EXTRA_DIRS if (work / d).exists()])}\n"
+                f"only_mutate = {_toml_list(files)}\n"
+                f"pytest_add_cli_args_test_selection = {_toml_list(tests)}\n"
+                'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q", "-p", "no:randomly"]\n'
+                "use_git_change_detection = false\n"
+            )
+        mutmut = [str(Path(sys.executable).parent / "mutmut")]
+        env = {**os.environ, "HYPOTHESIS_PROFILE": "default"}
+        run = subprocess.run(
+            [*mutmut, "run", "--max-children", str(MAX_CHILDREN)],
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if run.returncode != 0:
+            raise RuntimeError(f"mutmut run failed for {name}:\n{run.stdout[-4000:]}\n{run.stderr[-4000:]}")
+        listing = subprocess.run(
+            [*mutmut, "results", "--all", "true"],
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        score = ModuleScore(name, 0.0)
+        sources: dict[str, str] = {}
+        for raw in listing.splitlines():
+            mutant_name, _, status = raw.strip().rpartition(": ")
+            match = _NAME.match(mutant_name)
+            if not match:
+                continue
+            module = match["module"]
+            if module not in sources:
+                path = work / "mutants" / (module.replace(".", "/") + ".py")
+                if not path.exists():
+                    path = work / "mutants" / module.replace(".", "/") / "__init__.py"
+                sources[module] = path.read_text(encoding="utf-8")
+            line = mutated_line(sources[module], match["func"], match["k"])
+            function = _public_function(module, match["func"])
+            mutant = Mutant(mutant_name, status, function, line)
+            score.mutants.append(mutant)
+            alive = status not in {"killed", "timeout", "caught by type check"}
+            if alive and any(e.function == function and e.line == line for e in equivalents):
+                score.equivalent.append(mutant)
+    score.seconds = time.perf_counter() - started
+    return score
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the chosen modules; print scores and survivors; exit 1 below the target."""
+    parser = argparse.ArgumentParser(description="mutation testing with mutmut, per module")
+    parser.add_argument("modules", nargs="*", help=f"some of {', '.join(MODULES)} (default: all)")
+    args = parser.parse_args(argv)
+    unknown = sorted(set(args.modules) - set(MODULES))
+    if unknown:
+        parser.error(f"unknown modules {unknown}; choose from {', '.join(MODULES)}")
+    equivalents = read_equivalents()
+    scores = []
+    for name in args.modules or list(MODULES):
+        score = run_module(name, equivalents)
+        scores.append(score)
+        print(
+            f"{name:10} {len(score.killed):4} killed / {len(score.mutants) - len(score.equivalent):4} "
+            f"non-equivalent ({len(score.equivalent)} equivalent) = {100 * score.score:5.1f} %"
+            f"  in {score.seconds:6.1f} s",
+            flush=True,
+        )
+        for m in score.surviving:
+            print(f"    {m.status:9} {m.name}: {m.line}", flush=True)
+    below = [s.name for s in scores if s.score < TARGET]
+    print(f"target {100 * TARGET:.0f} % per module: " + (f"MISSED by {below}" if below else "met"))
+    return 1 if below else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
