@@ -44,11 +44,11 @@ _A = TypeVar("_A", bound=np.generic)
 
 @overload
 def ring_all_reduce(
-    worker_tensors: torch.Tensor, engine: Engine = "reference", *, op: Op | str = "sum"
+    worker_tensors: torch.Tensor, engine: Engine = "reference", *, op: object = "sum"
 ) -> torch.Tensor: ...
 @overload
 def ring_all_reduce(
-    worker_tensors: npt.NDArray[_A], engine: Engine = "reference", *, op: Op | str = "sum"
+    worker_tensors: npt.NDArray[_A], engine: Engine = "reference", *, op: object = "sum"
 ) -> npt.NDArray[_A]: ...
 def ring_all_reduce(
     worker_tensors: torch.Tensor | npt.NDArray[_A], engine: Engine = "reference", *, op: object = "sum"
