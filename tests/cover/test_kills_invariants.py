@@ -210,3 +210,16 @@ def test_check_round_rejects_damage_to_any_slot_the_round_must_not_touch(n: int)
                 after[i][c] = (*after[i][c], i)
                 with pytest.raises(InvariantViolation, match=rf"worker {i} slot {c}"):
                     check_round(before, _frozen(after), phase, r)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_check_refuses_an_all_gather_round_before_the_first(n: int) -> None:
+    """r = -2: the state matches the formula, but the finished chunks cannot."""
+    state = invariants.expected_state(ALL_GATHER, -2, n)
+    finished = tuple(frozenset({(i + 1) % n}) for i in range(n))
+    with pytest.raises(InvariantViolation) as caught:
+        check(state, ALL_GATHER, -2)
+    assert str(caught.value) == (
+        f"after all-gather round -2: finished chunks {finished} differ from "
+        f"{tuple(frozenset() for _ in range(n))}"
+    )
