@@ -26,7 +26,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ring_ref import ring_all_reduce
+from ring_ref import distributed, ring_all_reduce
 from ring_ref._procs import ProcessRing, RankError
 from ring_ref.distributed import ring_all_reduce_
 from ring_ref.testing import assert_matches_reference
@@ -40,7 +40,6 @@ data_parallel_step: Any = importlib.import_module("data_parallel_step")
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 GROUP_TIMEOUT_S = 120.0
 CALL_TIMEOUT_S = 60.0
-SHORT_GROUP_TIMEOUT = datetime.timedelta(seconds=2)
 
 _GROUPS: dict[tuple[tuple[int, ...], float], dist.ProcessGroup] = {}
 
@@ -74,6 +73,9 @@ def cases_for(n: int) -> list[tuple[torch.Tensor, bool]]:
             out.append((x, False))
             if trailing:
                 out.append((x, True))
+    # Finite inputs whose local sum overflows float16: the quick finiteness check (a sum) cannot vouch
+    # for them, so the element-wise scan must, and the ring must still run (its sums overflow to inf).
+    out.append((torch.full((n, 4 * n), 60000.0, dtype=torch.float16), False))
     return out
 
 
@@ -154,6 +156,71 @@ def test_every_rank_matches_the_simulation_bit_for_bit(rings: Rings, n: int) -> 
     # With N >= 3 the inputs make the plain 0..N-1 fold differ, so bitwise agreement is a real check of
     # the association order; with N = 2 every order gives the same bits (IEEE addition commutes).
     assert order_sensitive > 0 if n >= 3 else order_sensitive == 0
+
+
+def reduce_rows_with(
+    rank: int, world_size: int, payload: tuple[int, bool, list[tuple[torch.Tensor, bool]]]
+) -> list[torch.Tensor]:
+    """:func:`reduce_rows` with chunks sent in ``segment_bytes`` pieces, or one batched send per round."""
+    segment_bytes, pipelined, cases = payload
+    backends = frozenset({"gloo"}) if pipelined else frozenset()
+    with (
+        mock.patch.object(distributed, "SEGMENT_BYTES", segment_bytes),
+        mock.patch.object(distributed, "_PIPELINED_BACKENDS", backends),
+    ):
+        return reduce_rows(rank, world_size, cases)
+
+
+@pytest.mark.clause("fold-order", "chunk-layout", "simultaneous-rounds")
+@pytest.mark.parametrize(
+    ("n", "segment_bytes", "pipelined"),
+    [(3, 8, True), (4, 6, True), (3, 8, False)],
+    ids=["n3-segments-of-8-bytes", "n4-segments-of-6-bytes", "n3-one-send-per-round"],
+)
+def test_segmented_and_per_round_sends_give_the_simulations_bits(
+    rings: Rings, n: int, segment_bytes: int, pipelined: bool
+) -> None:
+    """Chunks of 15 elements in segments of 1-4 elements (a short last one), and the unsegmented path."""
+    cases = []
+    for d, dtype in enumerate(DTYPES):
+        x = stacked(n, 5, (3,), dtype, seed=7 * n + d)
+        cases += [(x, False), (x, True)]
+    per_rank = rings(n).run(reduce_rows_with, (segment_bytes, pipelined, cases), timeout_s=CALL_TIMEOUT_S)
+    for k, (x, _) in enumerate(cases):
+        expected = ring_fold(x)
+        assert same_bits(ring_all_reduce(x), expected)
+        for rank in range(n):
+            assert same_bits(per_rank[rank][k], expected), (rank, k, x.dtype)
+
+
+def count_collectives(rank: int, world_size: int, _: None) -> tuple[list[int], int]:
+    """Sizes of the all-reduces and number of object gathers one good call makes."""
+    reduced: list[int] = []
+    gathers = 0
+    real_all_reduce, real_gather = dist.all_reduce, dist.all_gather_object
+
+    def all_reduce(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        reduced.append(tensor.numel())
+        return real_all_reduce(tensor, *args, **kwargs)
+
+    def all_gather_object(*args: Any, **kwargs: Any) -> Any:
+        nonlocal gathers
+        gathers += 1
+        return real_gather(*args, **kwargs)
+
+    with (
+        mock.patch.object(dist, "all_reduce", all_reduce),
+        mock.patch.object(dist, "all_gather_object", all_gather_object),
+    ):
+        ring_all_reduce_(torch.randn(world_size << 10, 3))
+    return reduced, gathers
+
+
+def test_good_input_is_checked_with_one_small_all_reduce(rings: Rings) -> None:
+    """The check before the ring costs one fixed-size collective; descriptions move only on a mismatch."""
+    for reduced, gathers in rings(3).run(count_collectives, None, timeout_s=CALL_TIMEOUT_S):
+        assert len(reduced) == 1 and reduced[0] <= 64, reduced
+        assert gathers == 0
 
 
 @pytest.mark.clause("sum-not-mean")
@@ -254,6 +321,21 @@ BAD_CASES: dict[str, tuple[MakeArg, type[Exception], str]] = {
         lambda r, n: torch.zeros(1, 2).expand(n, 2) if r == 2 else torch.zeros(n, 2),
         ValueError,
         "rank 2: the sum is written in place, but the layout (strides (0, 1)) lets elements share memory",
+    ),
+    "trailing-shape-mismatch": (
+        lambda r, n: torch.zeros(n, 2, 3) if r == 1 else torch.zeros(n, 3, 2),
+        ValueError,
+        "rank 1: shape (3, 2, 3) torch.float32 on cpu",
+    ),
+    "deep-shape-mismatch": (  # differs beyond the dimensions the signature holds exactly
+        lambda r, n: torch.zeros(n, *([1] * 8), 2 if r == 2 else 1, 1 if r == 2 else 2),
+        ValueError,
+        "the ranks passed different tensors",
+    ),
+    "inf-on-one-rank": (
+        lambda r, n: torch.tensor([float("-inf") if r == 2 else 1.0] * n),
+        ValueError,
+        "rank 2: inputs must be finite",
     ),
     "dtype-mismatch": (
         lambda r, n: torch.zeros(n, dtype=torch.float64 if r == 0 else torch.float32),
@@ -365,49 +447,54 @@ def test_data_parallel_step_matches_the_large_batch_gradient(rings: Rings, sizes
 
 
 FAILING_RANK = 1
+CALL_TIMEOUT = datetime.timedelta(seconds=2)
 
 
-def fail_in_ring(rank: int, world_size: int, at_call: int) -> str:
-    """Rank 1 fails; every rank returns what happened to it as text, so the harness kills no one.
+def fail_in_ring(rank: int, world_size: int, at_add: int) -> tuple[str, bool]:
+    """Rank 1 fails; every rank returns what happened to it (and whether its tensor is intact) as text.
 
-    ``at_call = 0``: rank 1 never calls ``ring_all_reduce_`` (it returns at once), so the others wait
-    in the exchange of descriptions; ``at_call = k > 0``: rank 1 raises at its ``k``-th
-    ``batch_isend_irecv``, so the others wait inside the ring.  The group's timeout is 2 s.
+    ``at_add = 0``: rank 1 never calls ``ring_all_reduce_`` (it returns at once), so the others wait
+    in the check before the ring; ``at_add = k > 0``: rank 1 raises at its ``k``-th reduce-scatter
+    addition, so the others wait inside the ring.  The group's own timeout is 120 s; the call's
+    ``timeout=`` of 2 s must be what ends the wait.  Rank 0 passes a non-contiguous tensor, which
+    the ring reduces in a private copy: it must come back unchanged.
     """
-    group = _group(tuple(range(world_size)), SHORT_GROUP_TIMEOUT.total_seconds())
-    x = torch.arange(2.0 * world_size)
+    x = torch.arange(2.0 * world_size * 3).reshape(2 * world_size, 3)
+    if rank == 0:
+        x = x.T.contiguous().T
+    before = x.clone()
     if rank != FAILING_RANK:
         try:
-            ring_all_reduce_(x, group)
+            ring_all_reduce_(x, timeout=CALL_TIMEOUT)
         except RuntimeError as exc:
-            return f"RuntimeError: {exc}"
-        return "finished"
-    if at_call == 0:
-        return "did not call"
+            return f"RuntimeError: {exc}", same_bits(x, before)
+        return "finished", same_bits(x, before)
+    if at_add == 0:
+        return "did not call", True
     calls = 0
-    real = dist.batch_isend_irecv
+    real = torch.add
 
-    def failing(ops: list[dist.P2POp]) -> Any:
+    def failing(*args: Any, **kwargs: Any) -> Any:
         nonlocal calls
         calls += 1
-        if calls == at_call:
+        if calls == at_add:
             raise OSError(f"planted failure on rank {rank}")
-        return real(ops)
+        return real(*args, **kwargs)
 
-    with mock.patch.object(dist, "batch_isend_irecv", failing):
+    with mock.patch.object(torch, "add", failing):
         try:
-            ring_all_reduce_(x, group)
+            ring_all_reduce_(x, timeout=CALL_TIMEOUT)
         except OSError as exc:
-            return f"OSError: {exc}"
-    return "finished"
+            return f"OSError: {exc}", True
+    return "finished", True
 
 
 @pytest.mark.parametrize(
-    ("at_call", "failed", "where"),
+    ("at_add", "failed", "where"),
     [
-        (0, "did not call", r": exchanging tensor descriptions before the ring failed or timed out; "),
+        (0, "did not call", r": checking every rank's tensor before the ring failed or timed out; "),
         (
-            2,
+            1,
             "OSError: planted failure on rank 1",
             r", (reduce-scatter|all-gather) round \d: exchanging chunks with rank \d \(send\) and rank \d "
             r"\(receive\) failed or timed out; ",
@@ -415,23 +502,26 @@ def fail_in_ring(rank: int, world_size: int, at_call: int) -> str:
     ],
     ids=["never-calls", "raises-mid-ring"],
 )
-def test_a_failing_rank_makes_the_others_raise_a_clear_timeout(
-    rings: Rings, at_call: int, failed: str, where: str
+def test_a_failing_rank_makes_the_others_raise_within_the_calls_timeout(
+    rings: Rings, at_add: int, failed: str, where: str
 ) -> None:
-    """The survivors return on their own once the group's 2 s timeout expires.
+    """The survivors return on their own once the call's 2 s ``timeout`` expires (the group's is 120 s).
 
     The harness would raise ``TimeoutError`` (and fail this test) if they were still waiting after
     ``timeout_s``; nobody is killed here.  With 3 ranks the two survivors wait on rank 1 directly
-    (rank 2 receives from it, rank 0 sends to it) or, in the exchange, through the collective.
+    (rank 2 receives from it, rank 0 sends to it) or, in the check, through the collective.
     """
     ring = rings(3)
-    per_rank = ring.run(fail_in_ring, at_call, timeout_s=30)
-    assert per_rank[FAILING_RANK] == failed
+    start = time.monotonic()
+    per_rank = ring.run(fail_in_ring, at_add, timeout_s=30)
+    assert time.monotonic() - start < GROUP_TIMEOUT_S / 4, "the call's timeout, not the group's, must apply"
+    assert per_rank[FAILING_RANK] == (failed, True)
     for rank in (0, 2):
-        outcome = per_rank[rank]
+        outcome, _ = per_rank[rank]
         assert re.match(f"RuntimeError: ring_all_reduce_: rank {rank} of 3{where}", outcome), outcome
         assert "a peer probably raised, exited or did not call ring_all_reduce_" in outcome
-    ring.close()  # the short-timeout group is left broken; the next case respawns a clean world
+    assert per_rank[0][1], "a non-contiguous tensor must be left unchanged by a failed ring"
+    ring.close()  # the timed-out group is left broken; the next case respawns a clean world
 
 
 def raise_before_calling(rank: int, world_size: int, bad: int) -> list[float]:
