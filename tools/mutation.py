@@ -35,6 +35,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Final, NamedTuple
 
@@ -121,10 +122,14 @@ def _functions(tree: ast.Module) -> dict[str, ast.FunctionDef | ast.AsyncFunctio
     return out
 
 
+@lru_cache(maxsize=8)
+def _parsed(source: str) -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
+    return _functions(ast.parse(source))
+
+
 def mutated_line(source: str, func: str, k: str) -> str:
     """The first line of mutant ``k`` of ``func`` that differs from the original, stripped."""
-    tree = ast.parse(source)
-    defs = _functions(tree)
+    defs = _parsed(source)
     leaf = func.rsplit("ǁ", maxsplit=1)[-1]
     orig, mutant = defs.get(f"{leaf}__mutmut_orig"), defs.get(f"{leaf}__mutmut_{k}")
     if orig is None or mutant is None:
