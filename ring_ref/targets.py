@@ -8,20 +8,33 @@ reused for every later call, so a difftest run pays the spawn cost once per
 ``N``; :func:`close` (also registered with :mod:`atexit`) shuts them down.
 
     ring-ref difftest ring_ref.targets:gloo_all_reduce --max-workers 4 --examples 20
+
+``mpi_allreduce`` is a per-rank target: ``comm.Allreduce(MPI.IN_PLACE, array,
+op=MPI.SUM)`` on each rank's own ``numpy`` array, MPI's own all-reduce.  Which
+algorithm OpenMPI runs is chosen when ``mpirun`` starts, by the ``--mca``
+options that :func:`ring_ref.mpi.openmpi_allreduce_mca` gives (the ring is
+algorithm 4).  MPI has no float16 type: float16 arrays are refused by MPI
+itself (``MPI_ERR_TYPE``).
 """
 
 from __future__ import annotations
 
 import atexit
+from typing import TYPE_CHECKING, Any
 
+import numpy.typing as npt
 import torch
 import torch.distributed as dist
 
 from ring_ref._procs import ProcessRing
 
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
 __all__ = [
     "close",
     "gloo_all_reduce",
+    "mpi_allreduce",
 ]
 
 
@@ -59,3 +72,10 @@ def close() -> None:
 
 
 atexit.register(close)
+
+
+def mpi_allreduce(comm: MPI.Comm, array: npt.NDArray[Any]) -> None:
+    """``comm.Allreduce(MPI.IN_PLACE, array, op=MPI.SUM)``: MPI's all-reduce of this rank's array."""
+    from mpi4py import MPI
+
+    comm.Allreduce(MPI.IN_PLACE, array, op=MPI.SUM)

@@ -22,6 +22,7 @@ PUBLIC = {
     "ring_ref.invariants",
     "ring_ref.testing",
     "ring_ref.distributed",
+    "ring_ref.mpi",
     "ring_ref.targets",
     "ring_ref.difftest",
 }

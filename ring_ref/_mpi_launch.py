@@ -1,0 +1,488 @@
+"""N MPI ranks on this machine, started once and reused: the harness behind the MPI targets and tests.
+
+:class:`MpiRing` runs ``mpirun -n N python -m ring_ref._mpi_rank`` once; every
+rank connects back to the parent over a Unix socket in a private temporary
+directory, and each :meth:`MpiRing.run` sends all ranks one task,
+``fn(comm, payload)`` (``fn`` a module-level function, pickled by name), and
+returns the per-rank results in rank order.  So a run pays ``mpirun``'s start
+(about 2-4 s here) once per ``N``, not per call.
+
+``mpirun`` is given what OpenMPI needs on one machine: ``--oversubscribe``
+(more ranks than cores), ``--bind-to none``, ``--allow-run-as-root`` when
+running as root, shared memory between ranks (``btl self,vader``) and its
+runtime on loopback (``oob_tcp_if_include lo``); ``mca`` adds ``--mca``
+options (e.g. ``{"coll_tuned_use_dynamic_rules": "1",
+"coll_tuned_allreduce_algorithm": "4"}``; the second is silently ignored
+without the first).  Environment variables reach the ranks only through
+``-x``; the launcher passes its own that way.
+
+**Loopback only.**  Where ``unshare --net`` works (root, as on CI), ``mpirun``
+runs in a network namespace of its own whose only interface is loopback
+(:mod:`ring_ref._netns` brings it up), so none of OpenMPI's sockets, including
+its PMIx server's (which listens on every interface otherwise), can be reached
+from outside.  Elsewhere the options above keep OpenMPI's traffic on ``lo``.
+The parent itself uses no network at all: the control channel is a Unix
+socket in a directory only this user can enter, and a rank must present a
+random token before anything else is read from it.
+
+**Failures** never hang a caller:
+
+* a call not finished by ``timeout_s`` raises :class:`RanksTimedOut` naming the
+  ranks still inside it, with each one's Python stack at that moment
+  (``faulthandler``), and kills the job;
+* a rank process that dies raises :class:`RankFailed` naming it (with
+  ``mpirun``'s account: exit code or signal), after OpenMPI has aborted the job;
+* a rank whose ``fn`` raises gives :class:`RankFailed` with its traceback; if
+  every rank answered, the job stays up (each task runs on a fresh
+  duplicate communicator), else the ranks still inside the call are given
+  :data:`FAILURE_GRACE_S` to finish and then killed.
+
+After a kill the next :meth:`~MpiRing.run` starts a fresh job.  :meth:`~MpiRing.close`
+(or leaving the ``with`` block) stops the ranks and ``mpirun`` and kills
+whatever is left of its session; ``mpirun`` also dies with the parent
+(``PR_SET_PDEATHSIG``), and a rank leaves when the parent's socket closes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hmac
+import os
+import pickle
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Final, TypeVar
+
+from ring_ref import _netns
+from ring_ref._mpi_rank import CONTROL_ENV, STOP, TOKEN_ENV, stack_path
+
+__all__ = ["FAILURE_GRACE_S", "MpiRing", "MpiUnavailable", "RankFailed", "RanksTimedOut", "mpirun_path"]
+
+_P = TypeVar("_P")
+_R = TypeVar("_R")
+
+FAILURE_GRACE_S: Final = 2.0
+"""After one rank has failed, how long the others may take to answer before the job is killed."""
+STACK_WAIT_S: Final = 2.0
+_STOP_GRACE_S: Final = 5.0
+_POLL_S: Final = 0.25
+_LOG_TAIL: Final = 3000
+_PR_SET_PDEATHSIG: Final = 1
+_BASE_MCA: Final = {"btl": "self,vader", "oob_tcp_if_include": "lo"}
+
+
+class MpiUnavailable(RuntimeError):
+    """``mpirun`` or ``mpi4py`` is missing; the message says what to install."""
+
+
+@dataclass
+class RankFailed(RuntimeError):
+    """Ranks failed: ``tracebacks`` of those whose ``fn`` raised, ``died`` for processes that ended.
+
+    ``stacks`` holds the stacks of ranks still inside the call when the job was
+    killed; ``killed`` says whether it was (else it is still up for the next call).
+    """
+
+    world_size: int
+    tracebacks: dict[int, str] = field(default_factory=dict)
+    died: dict[int, str] = field(default_factory=dict)
+    stacks: dict[int, str] = field(default_factory=dict)
+    killed: bool = True
+    log: str = ""
+
+    def __post_init__(self) -> None:
+        parts = [
+            f"rank {r} of {self.world_size} raised:\n{tb.rstrip()}"
+            for r, tb in sorted(self.tracebacks.items())
+        ]
+        parts += [f"rank {r} of {self.world_size} died: {how}" for r, how in sorted(self.died.items())]
+        parts += [
+            f"rank {r} was still inside the call, at:\n{stack.rstrip()}"
+            for r, stack in sorted(self.stacks.items())
+        ]
+        if self.log:
+            parts.append(f"mpirun's output (end):\n{self.log.rstrip()}")
+        ranks = sorted({*self.tracebacks, *self.died})
+        fate = "the job was killed" if self.killed else "the job is still up"
+        super().__init__(f"rank(s) {ranks} failed; {fate}.\n" + "\n\n".join(parts))
+
+    @property
+    def ranks(self) -> list[int]:
+        """The failed ranks (raised or died), in order."""
+        return sorted({*self.tracebacks, *self.died})
+
+
+@dataclass
+class RanksTimedOut(TimeoutError):
+    """``pending`` ranks had not finished within ``timeout_s``; ``stacks`` is where each one was."""
+
+    world_size: int
+    timeout_s: float
+    what: str
+    pending: list[int]
+    stacks: dict[int, str]
+
+    def __post_init__(self) -> None:
+        shown = "\n\n".join(
+            f"rank {r} at:\n{self.stacks.get(r, '(no stack could be taken)').rstrip()}" for r in self.pending
+        )
+        super().__init__(
+            f"{self.what} on {self.world_size} MPI rank(s) timed out after {self.timeout_s:g} s; rank(s) "
+            f"{self.pending} did not finish (the job was killed).\n{shown}"
+        )
+
+
+def mpirun_path() -> str:
+    """The ``mpirun`` to use; :class:`MpiUnavailable` if there is none or ``mpi4py`` is missing."""
+    found = shutil.which("mpirun")
+    if found is None:
+        raise MpiUnavailable(
+            "mpirun not found: install OpenMPI (Debian/Ubuntu: apt-get install -y --no-install-recommends "
+            "openmpi-bin libopenmpi-dev; or run tools/ensure_mpi.sh)."
+        )
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError as exc:
+        raise MpiUnavailable("mpi4py is not installed: pip install 'ring-ref[mpi]' (or mpi4py).") from exc
+    return found
+
+
+@cache
+def _netns_works() -> bool:
+    """Whether ``unshare --net`` may be used here (root, or a kernel that lets this user)."""
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        return False
+    probe = [unshare, "--net", "--", sys.executable, "-I", _netns.__file__, "true"]
+    try:
+        return subprocess.run(probe, capture_output=True, timeout=10, check=False).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: get ``SIGTERM`` when the parent dies (Linux)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+_EXIT = re.compile(r"Process name: \[\[\d+,\d+\],(\d+)\]\s+Exit code:\s+(-?\d+)")
+_SIGNAL = re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited on signal (\d+)(?: \(([^)]*)\))?")
+
+
+def _mpirun_account(log: str) -> dict[int, str]:
+    """The rank ``mpirun`` says failed first, and how.
+
+    >>> _mpirun_account("Process name: [[9232,1],1]\\n  Exit code:    3\\n")
+    {1: 'exited with code 3'}
+    >>> _mpirun_account("process rank 2 with PID 0 on node vm exited on signal 9 (Killed).")
+    {2: 'killed by signal 9 (Killed)'}
+    """
+    if m := _EXIT.search(log):
+        return {int(m[1]): f"exited with code {m[2]}"}
+    if m := _SIGNAL.search(log):
+        return {int(m[1]): f"killed by signal {m[2]}" + (f" ({m[3]})" if m[3] else "")}
+    return {}
+
+
+class MpiRing:
+    """``world_size`` MPI ranks under one ``mpirun``, reusable across calls (see the module docstring).
+
+    Use as a context manager::
+
+        with MpiRing(4) as ring:
+            results = ring.run(my_module_level_fn, payload, timeout_s=30)
+
+    ``results[r]`` is ``my_module_level_fn(comm, payload)`` evaluated on rank
+    ``r``, ``comm`` a duplicate of its ``COMM_WORLD``.
+    """
+
+    def __init__(
+        self,
+        world_size: int,
+        *,
+        mca: Mapping[str, str] | None = None,
+        start_timeout_s: float = 120.0,
+        isolate: bool | None = None,
+    ) -> None:
+        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+            raise ValueError(f"world_size must be a positive int; got {world_size!r}.")
+        self.world_size = world_size
+        self.mca = dict(mca or {})
+        self.start_timeout_s = start_timeout_s
+        self.isolate = isolate
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._dir: Path | None = None
+        self._conns: list[Connection] = []
+        self._pids: list[int] = []
+
+    def __enter__(self) -> MpiRing:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    @property
+    def running(self) -> bool:
+        """Whether a job is up (one is started lazily after a kill)."""
+        return self._proc is not None
+
+    @property
+    def pids(self) -> list[int]:
+        """The process ids: ``mpirun``'s, then each rank's (empty when no job is up)."""
+        return [self._proc.pid, *self._pids] if self._proc is not None else []
+
+    def command(self) -> list[str]:
+        """The command line that starts the job (without the network-namespace prefix)."""
+        cmd = [mpirun_path(), "-n", str(self.world_size), "--oversubscribe", "--bind-to", "none"]
+        if os.geteuid() == 0:
+            cmd.append("--allow-run-as-root")
+        for key, value in {**_BASE_MCA, **self.mca}.items():
+            cmd += ["--mca", key, str(value)]
+        cmd += ["-x", CONTROL_ENV, "-x", TOKEN_ENV, "-x", "PYTHONPATH"]
+        return [*cmd, sys.executable, "-m", "ring_ref._mpi_rank"]
+
+    def start(self) -> None:
+        """Start ``mpirun`` and wait until every rank has connected (no-op when already up)."""
+        if self._proc is not None:
+            return
+        command = self.command()
+        isolate = _netns_works() if self.isolate is None else self.isolate
+        if isolate:
+            unshare = shutil.which("unshare") or "unshare"
+            command = [unshare, "--net", "--", sys.executable, "-I", _netns.__file__, *command]
+        self._dir = Path(tempfile.mkdtemp(prefix="ring-ref-mpi-"))
+        control = str(self._dir / "control.sock")
+        token = secrets.token_bytes(16)
+        package_root = str(Path(__file__).resolve().parent.parent)
+        env = {
+            **os.environ,
+            CONTROL_ENV: control,
+            TOKEN_ENV: token.hex(),
+            "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p),
+        }
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            listener.bind(control)
+            listener.listen(self.world_size)
+            with open(self._dir / "mpirun.log", "wb") as log:
+                self._proc = subprocess.Popen(
+                    command,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,
+                    preexec_fn=_die_with_parent,  # noqa: PLW1509  (a single prctl call; no locks taken)
+                )
+            self._accept(listener, token)
+        except BaseException:
+            self._kill()
+            raise
+        finally:
+            listener.close()
+
+    def _accept(self, listener: socket.socket, token: bytes) -> None:
+        """Take one connection per rank; on a wrong token, ``mpirun`` exiting or the deadline, raise."""
+        deadline = time.monotonic() + self.start_timeout_s
+        by_rank: dict[int, tuple[Connection, int]] = {}
+        listener.settimeout(_POLL_S)
+        while len(by_rank) < self.world_size:
+            if time.monotonic() > deadline or self._exited():
+                self._conns = [c for c, _ in by_rank.values()]
+                why = "timed out" if not self._exited() else "failed: mpirun exited"
+                raise RuntimeError(
+                    f"starting {self.world_size} MPI rank(s) {why} ({len(by_rank)} connected, "
+                    f"{self.start_timeout_s:g} s allowed).\n{self._log_tail()}"
+                )
+            try:
+                sock, _ = listener.accept()
+            except TimeoutError:
+                continue
+            conn = Connection(sock.detach())
+            hello = _hello(conn, token, deadline)
+            if hello is None:
+                conn.close()
+                continue
+            conn.send(list(sys.path))
+            by_rank[hello[0]] = (conn, hello[1])
+        self._conns = [by_rank[r][0] for r in range(self.world_size)]
+        self._pids = [by_rank[r][1] for r in range(self.world_size)]
+
+    def run(self, fn: Callable[[Any, _P], _R], payload: _P, *, timeout_s: float = 60.0) -> list[_R]:
+        """Call ``fn(comm, payload)`` on every rank; return the results in rank order.
+
+        Raises :class:`RanksTimedOut` or :class:`RankFailed` (see the module docstring).
+        """
+        try:
+            task = pickle.dumps((fn, payload))
+        except Exception as exc:
+            raise TypeError(
+                f"fn and payload must be picklable (fn a module-level function); pickling failed: {exc!r}"
+            ) from exc
+        self.start()
+        for conn in self._conns:
+            conn.send_bytes(task)
+        return [pickle.loads(blob) for blob in self._collect(f"running {_name(fn)}", timeout_s)]
+
+    def _collect(self, what: str, timeout_s: float) -> list[Any]:
+        """One reply per rank, or the failure, killing the job unless every rank answered."""
+        deadline = time.monotonic() + timeout_s
+        replies: dict[int, Any] = {}
+        errors: dict[int, str] = {}
+        gone: set[int] = set()
+        grace_until: float | None = None
+
+        def pending() -> list[int]:
+            return [
+                r for r in range(self.world_size) if r not in replies and r not in errors and r not in gone
+            ]
+
+        while (waiting := pending()) and not (gone and self._exited()):
+            remaining = min(deadline, grace_until or deadline) - time.monotonic()
+            if remaining <= 0:
+                break
+            ready = wait([self._conns[r] for r in waiting], timeout=min(_POLL_S, remaining))
+            for rank in waiting:
+                if self._conns[rank] in ready:
+                    try:
+                        kind, value = self._conns[rank].recv()
+                    except (EOFError, OSError):
+                        gone.add(rank)
+                    else:
+                        (replies if kind == "ok" else errors)[rank] = value
+            if not ready and self._exited():
+                gone.update(waiting)
+            if (errors or gone) and grace_until is None:
+                grace_until = time.monotonic() + FAILURE_GRACE_S
+        waiting = pending()
+        if not waiting and not errors and not gone:
+            return [replies[r] for r in range(self.world_size)]
+        if not waiting and not gone:
+            raise RankFailed(self.world_size, tracebacks=errors, killed=False)
+        if gone:
+            self._wait_exit(_STOP_GRACE_S)
+            log = self._log_tail()
+            died = _mpirun_account(log) or {r: "its process ended without answering" for r in sorted(gone)}
+            self._kill()
+            raise RankFailed(self.world_size, tracebacks=errors, died=died, log=log)
+        stacks = self._stacks(waiting)
+        self._kill()
+        if errors:
+            raise RankFailed(self.world_size, tracebacks=errors, stacks=stacks)
+        raise RanksTimedOut(self.world_size, timeout_s, what, waiting, stacks)
+
+    def _stacks(self, ranks: list[int]) -> dict[int, str]:
+        """Each rank's Python stacks, written by its ``faulthandler`` on ``SIGUSR1``."""
+        assert self._dir is not None
+        control = str(self._dir / "control.sock")
+        paths = {r: Path(stack_path(control, r)) for r in ranks}
+        for r in ranks:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self._pids[r], signal.SIGUSR1)
+        deadline = time.monotonic() + STACK_WAIT_S
+        sizes: dict[int, int] = {}
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+            now = {r: p.stat().st_size if p.exists() else 0 for r, p in paths.items()}
+            if all(now.values()) and now == sizes:
+                break
+            sizes = now
+        return {r: p.read_text(errors="replace") for r, p in paths.items() if p.exists() and p.stat().st_size}
+
+    def _exited(self) -> bool:
+        return self._proc is None or self._proc.poll() is not None
+
+    def _wait_exit(self, seconds: float) -> None:
+        if self._proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(seconds)
+
+    def _log_tail(self) -> str:
+        if self._dir is None:
+            return ""
+        with contextlib.suppress(OSError):
+            return (self._dir / "mpirun.log").read_text(errors="replace")[-_LOG_TAIL:]
+        return ""
+
+    def close(self) -> None:
+        """Tell every rank to stop, give ``mpirun`` a moment to end the job, then kill what is left."""
+        for conn in self._conns:
+            with contextlib.suppress(OSError):
+                conn.send_bytes(STOP)
+        self._wait_exit(_STOP_GRACE_S)
+        self._kill()
+
+    def _kill(self) -> None:
+        """Kill ``mpirun``'s session (it and every rank), reap it, close the sockets, remove the directory."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            ranks = []
+            for pid in self._pids:  # each rank has a process group of its own, in mpirun's session
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    if os.getsid(pid) == proc.pid:
+                        os.kill(pid, signal.SIGKILL)
+                        ranks.append(pid)
+            proc.wait()
+            deadline = time.monotonic() + _STOP_GRACE_S
+            while any(map(_alive, ranks)) and time.monotonic() < deadline:
+                time.sleep(0.02)
+        for conn in self._conns:
+            conn.close()
+        self._conns, self._pids = [], []
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie, dead but not yet reaped by its new parent, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+
+def _hello(conn: Connection, token: bytes, deadline: float) -> tuple[int, int] | None:
+    """A rank's ``(rank, pid)``, read only after it has shown the token; ``None`` for anything else."""
+    try:
+        if not conn.poll(max(0.0, deadline - time.monotonic())):
+            return None
+        if not hmac.compare_digest(conn.recv_bytes(len(token)), token):
+            return None
+        if not conn.poll(max(0.0, deadline - time.monotonic())):
+            return None
+        kind, rank, pid = conn.recv()
+    except (EOFError, OSError, ValueError, pickle.UnpicklingError):
+        return None
+    return (int(rank), int(pid)) if kind == "hello" else None
+
+
+def _name(fn: object) -> str:
+    return str(getattr(fn, "__qualname__", fn))

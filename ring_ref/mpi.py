@@ -1,0 +1,269 @@
+"""The spec's ring all-reduce over MPI point-to-point messages (``mpi4py``).
+
+:func:`ring_allreduce_` is a deterministic drop-in for
+``comm.Allreduce(MPI.IN_PLACE, array, op=MPI.SUM)`` when debugging numerics:
+every rank of ``comm`` calls it with its own ``(M, ...)`` ``numpy`` array, and
+every rank ends with the same bits, equal to
+``ring_ref.ring_all_reduce(numpy.stack(inputs in rank order))``.  Rank ``i``
+plays worker ``i``; each round posts one receive from the left neighbour and
+one send to the right neighbour following :mod:`ring_ref.schedule` exactly
+(clauses ``rs-send-chunk``, ``ag-send-chunk``), reduce-scatter storing
+``incoming + slot`` (``rs-add``) only once the chunk has fully arrived
+(``simultaneous-rounds``) and all-gather copying (``ag-copy-not-add``).  Chunks
+travel as raw bytes (``MPI.BYTE``), so float16, which MPI has no type for, is
+reduced as well as float32 and float64; the additions are ``numpy.add`` in the
+array's dtype.  A C-contiguous array is reduced in place; any other layout in
+a contiguous copy written back at the end.
+
+**Bad input** is rejected with the same exception on *every* rank before any
+chunk is sent: each rank checks its own array (the spec's bad-input table,
+:mod:`ring_ref._validate`) and condenses kind, dtype, shape and verdict into a
+fixed-size signature; one small all-reduce (``MAX`` of the signature and of its
+negation) tells every rank whether all are equal and clean.  Only when they are
+not do the ranks exchange descriptions (``comm.allgather``) so that every rank
+words the same error naming every offending rank.
+
+**Failures.**  ``timeout`` (seconds) bounds every wait for a peer: the check
+before the ring and each round.  A peer that never calls, or stops mid-ring,
+then makes this rank raise ``RuntimeError`` naming the round and the
+neighbours, instead of waiting forever as MPI would.  A peer *process* that
+dies makes OpenMPI's ``mpirun`` abort the whole job; a launcher sees that
+(:mod:`ring_ref._mpi_launch` reports the rank).  After a timeout the
+communicator still holds the abandoned messages: abort the job
+(``comm.Abort()``) rather than reuse it, and treat the array as garbage (a
+receive posted before the failure may still write into it).
+
+``mpi4py`` is imported on first call, so importing this module needs neither
+``mpi4py`` nor an MPI library (``pip install 'ring-ref[mpi]'`` brings
+``mpi4py``; it needs an MPI library such as OpenMPI).
+
+    mpirun -n 4 python -c "from mpi4py import MPI; import numpy as np; \\
+        from ring_ref.mpi import ring_allreduce_; \\
+        print(ring_allreduce_(MPI.COMM_WORLD, np.full(8, MPI.COMM_WORLD.rank, np.float32)))"
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+import numpy as np
+import numpy.typing as npt
+
+from ring_ref import schedule
+from ring_ref._chunks import chunk_views
+from ring_ref._validate import rank_array_problem
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from mpi4py import MPI
+
+__all__ = ["OPENMPI_ALLREDUCE_ALGORITHMS", "openmpi_allreduce_mca", "ring_allreduce_"]
+
+OPENMPI_ALLREDUCE_ALGORITHMS: Final = {
+    "basic_linear": 1,
+    "nonoverlapping": 2,
+    "recursive_doubling": 3,
+    "ring": 4,
+    "segmented_ring": 5,
+    "rabenseifner": 6,
+}
+"""OpenMPI 4's ``coll_tuned_allreduce_algorithm`` values (``ompi_info --param coll tuned --level 9``)."""
+
+_TAG: Final = 0x5249
+"""The tag of every ring message; MPI keeps messages between two ranks in order, so one tag suffices."""
+_EXACT_DIMS: Final = 8
+_HASH_MODULUS: Final = (1 << 61) - 1
+_SIGNATURE_LENGTH: Final = 4 + _EXACT_DIMS + 1
+_POLL_MAX_S: Final = 1e-3
+_ABANDONED: Final[list[object]] = []
+"""Requests (and so their buffers) of rounds abandoned after a timeout: kept alive for MPI to finish."""
+
+
+@dataclass(frozen=True)
+class _Description:
+    """What one rank passed, exchanged after a mismatch; ``problem`` is its local verdict."""
+
+    summary: str
+    signature: tuple[object, ...]
+    problem: tuple[str, str] | None  # (exception kind, message)
+
+
+def _describe(array: object, n: int) -> _Description:
+    bad = rank_array_problem(array, n)
+    problem = None if bad is None else (bad.kind.__name__, bad.message.rstrip("."))
+    if not isinstance(array, np.ndarray):
+        name = type(array).__name__
+        return _Description(name, (name,), problem)
+    return _Description(f"shape {array.shape} {array.dtype}", (array.shape, array.dtype.str), problem)
+
+
+def _verdict(descriptions: Sequence[_Description]) -> Exception | None:
+    """The one exception every rank raises for these descriptions, or ``None`` if all is well.
+
+    >>> _verdict([_describe(np.zeros(6), 3)] * 3) is None
+    True
+    >>> print(_verdict([_describe(np.zeros(6), 3), _describe([0.0], 3)]))  # doctest: +ELLIPSIS
+    ring_allreduce_ rejected the input on every rank: rank 1: expects a numpy.ndarray ...; got list.
+    >>> print(_verdict([_describe(np.zeros(6), 3), _describe(np.zeros(3), 3)]))  # doctest: +ELLIPSIS
+    ring_allreduce_ rejected ...: the ranks passed different arrays (rank 0: shape (6,) float64; ...
+    """
+    prefix = "ring_allreduce_ rejected the input on every rank"
+    failures = [(r, d.problem) for r, d in enumerate(descriptions) if d.problem is not None]
+    if failures:
+        kind = TypeError if failures[0][1][0] == "TypeError" else ValueError
+        lines = "; ".join(f"rank {r}: {problem[1]}" for r, problem in failures)
+        return kind(f"{prefix}: {lines}.")
+    if len({d.signature for d in descriptions}) > 1:
+        listing = "; ".join(f"rank {r}: {d.summary}" for r, d in enumerate(descriptions))
+        return ValueError(
+            f"{prefix}: the ranks passed different arrays ({listing}). Every rank must pass the same "
+            "shape and dtype."
+        )
+    return None
+
+
+def _signature(array: object, n: int) -> tuple[list[int], bool]:
+    """This rank's fixed-size signature and whether its array is clean, at the cost of one sum.
+
+    >>> a, ok = _signature(np.zeros((6, 2)), 3)
+    >>> ok, a == _signature(np.ones((6, 2)), 3)[0], a == _signature(np.zeros(6), 3)[0]
+    (True, True, False)
+    >>> _signature(np.array([1.0, np.nan, 0.0]), 3)[1]
+    False
+    """
+    if not isinstance(array, np.ndarray):
+        return [0, zlib.crc32(type(array).__name__.encode()), *[0] * (_SIGNATURE_LENGTH - 2)], False
+    shape = tuple(array.shape)
+    rest = 0
+    for d in shape[_EXACT_DIMS:]:
+        rest = (rest * 1_000_003 + d + 1) % _HASH_MODULUS
+    exact = [*shape[:_EXACT_DIMS], *([-1] * (_EXACT_DIMS - len(shape)))]
+    signature = [1, zlib.crc32(array.dtype.str.encode()), len(shape), array.size, *exact, rest]
+    if rank_array_problem(array, n, finite=False) is not None:
+        return signature, False
+    with np.errstate(over="ignore", invalid="ignore"):
+        total_finite = bool(np.isfinite(np.add.reduce(array, axis=None)))
+    return signature, total_finite or rank_array_problem(array, n) is None
+
+
+class _Waiter:
+    """Completes requests, within ``timeout`` if given; rewords any failure with the rank and the step."""
+
+    def __init__(self, rank: int, n: int, timeout: float | None) -> None:
+        self.rank, self.n, self.timeout = rank, n, timeout
+
+    def wait(self, requests: list[MPI.Request], where: str) -> None:
+        from mpi4py import MPI
+
+        try:
+            if self.timeout is None:
+                MPI.Request.Waitall(requests)
+                return
+            deadline = time.monotonic() + self.timeout
+            pause = 1e-5
+            while not MPI.Request.Testall(requests):
+                if time.monotonic() >= deadline:
+                    _ABANDONED.append(requests)
+                    raise RuntimeError(
+                        f"ring_allreduce_: rank {self.rank} of {self.n}{where} timed out after "
+                        f"{self.timeout:g} s; a peer probably raised, stopped or did not call "
+                        "ring_allreduce_. Abort the job (comm.Abort()) rather than reuse the communicator."
+                    )
+                time.sleep(pause)
+                pause = min(2 * pause, _POLL_MAX_S)
+        except MPI.Exception as exc:
+            raise RuntimeError(f"ring_allreduce_: rank {self.rank} of {self.n}{where} failed: {exc}") from exc
+
+
+def _check_everywhere(comm: MPI.Comm, array: object, n: int, waiter: _Waiter) -> None:
+    """Raise the same bad-input error on every rank, or return on every rank; one small all-reduce."""
+    from mpi4py import MPI
+
+    signature, clean = _signature(array, n)
+    flags = np.array([*signature, *(-v for v in signature), 0 if clean else 1], dtype=np.int64)
+    where = ": checking every rank's array before the ring"
+    waiter.wait([comm.Iallreduce(MPI.IN_PLACE, flags, op=MPI.MAX)], where)
+    k = len(signature)
+    if flags[2 * k] == 0 and np.array_equal(flags[:k], -flags[k : 2 * k]):
+        return
+    error = _verdict(comm.allgather(_describe(array, n)))
+    if error is not None:
+        raise error
+
+
+def _bytes(chunk: npt.NDArray[Any]) -> list[Any]:
+    from mpi4py import MPI
+
+    return [chunk.view(np.uint8), MPI.BYTE]
+
+
+def _ring(comm: MPI.Comm, chunks: tuple[npt.NDArray[Any], ...], rank: int, waiter: _Waiter) -> None:
+    """The schedule's rounds on flat contiguous ``chunks``: per round one receive and one send."""
+    n = len(chunks)
+    right, left = schedule.right(rank, n), schedule.left(rank, n)
+    incoming = np.empty_like(chunks[0])
+    for phase, r in schedule.all_rounds(n):
+        out, inc = schedule.send_chunk(phase, rank, r, n), schedule.send_chunk(phase, left, r, n)
+        slot = chunks[inc]
+        into = incoming if phase == schedule.REDUCE_SCATTER else slot
+        requests = [
+            comm.Irecv(_bytes(into), source=left, tag=_TAG),
+            comm.Isend(_bytes(chunks[out]), dest=right, tag=_TAG),
+        ]
+        waiter.wait(
+            requests,
+            f", {phase} round {r}: exchanging chunks with rank {right} (send) and rank {left} (receive)",
+        )
+        if phase == schedule.REDUCE_SCATTER:
+            with np.errstate(over="ignore"):  # overflow to +-inf is the rounded sum (input-finite)
+                np.add(incoming, slot, out=slot)  # incoming + own, as rs-add states
+
+
+def ring_allreduce_(
+    comm: MPI.Comm, array: npt.NDArray[Any], *, timeout: float | None = None
+) -> npt.NDArray[Any]:
+    """Sum ``array`` across the ranks of ``comm`` in place with the spec's ring; return ``array``.
+
+    Every rank must call it with a writeable ``numpy`` array of the same shape
+    ``(M, ...)`` and dtype (float16, float32 or float64), ``M`` divisible by
+    ``comm.Get_size()``; chunk ``c`` is rows ``c*M/n ... (c+1)*M/n - 1``.
+    Afterwards every rank's array holds the bits of
+    ``ring_ref.ring_all_reduce(numpy.stack(inputs in rank order))``.  Bad input
+    raises the same ``TypeError``/``ValueError`` on every rank and leaves every
+    array unchanged.  ``timeout`` (seconds) bounds each wait for a peer; see
+    the module docstring for what a failure leaves behind.
+    """
+    rank, n = comm.Get_rank(), comm.Get_size()
+    waiter = _Waiter(rank, n, timeout)
+    _check_everywhere(comm, array, n, waiter)
+    if n == 1:
+        return array
+    work = array if array.flags.c_contiguous else np.ascontiguousarray(array)
+    chunks = tuple(chunk.reshape(-1) for chunk in chunk_views(work, n))
+    _ring(comm, chunks, rank, waiter)
+    if work is not array:
+        array[...] = work
+    return array
+
+
+def openmpi_allreduce_mca(algorithm: int | str) -> dict[str, str]:
+    """The ``--mca`` options that make OpenMPI's ``MPI_Allreduce`` run ``algorithm`` (a number or a name).
+
+    ``coll_tuned_allreduce_algorithm`` is silently ignored without
+    ``coll_tuned_use_dynamic_rules``, so both are given.  Pass them to
+    ``mpirun`` (``--mca KEY VALUE`` each) or to :class:`ring_ref._mpi_launch.MpiRing`.
+
+    >>> openmpi_allreduce_mca("ring")
+    {'coll_tuned_use_dynamic_rules': '1', 'coll_tuned_allreduce_algorithm': '4'}
+    """
+    number = OPENMPI_ALLREDUCE_ALGORITHMS.get(algorithm) if isinstance(algorithm, str) else algorithm
+    if number not in OPENMPI_ALLREDUCE_ALGORITHMS.values():
+        raise ValueError(
+            f"unknown OpenMPI allreduce algorithm {algorithm!r}; choose one of "
+            f"{', '.join(f'{k} ({v})' for k, v in OPENMPI_ALLREDUCE_ALGORITHMS.items())}."
+        )
+    return {"coll_tuned_use_dynamic_rules": "1", "coll_tuned_allreduce_algorithm": str(number)}

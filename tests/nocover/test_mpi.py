@@ -1,0 +1,419 @@
+"""``ring_ref.mpi``, ``MPI_Allreduce`` and the MPI launcher on real OpenMPI jobs on this machine.
+
+One job of 4 ranks, started once with OpenMPI's ring allreduce algorithm
+selected, serves every bit-for-bit test for N = 1 .. 4 through sub-communicators
+(``comm.Split``); a job of 2 ranks serves the failure tests, the ones that
+kill it last.  Every rank's bits are compared with the simulation
+``ring_ref.ring_all_reduce`` *and* with the independent closed-form fold
+``tests.oracles.ring_fold``.  Each call is bounded by a timeout, and every
+job's processes must be gone when its fixture closes it.
+
+Requires OpenMPI and mpi4py (``make test`` installs them: tools/ensure_mpi.sh
+and the ``mpi`` extra); without them these tests fail, they are not skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+import torch
+
+from ring_ref import ring_all_reduce
+from ring_ref._mpi_launch import MpiRing, RankFailed, RanksTimedOut, mpirun_path
+from ring_ref.mpi import _check_everywhere, _Waiter, openmpi_allreduce_mca, ring_allreduce_
+from ring_ref.targets import mpi_allreduce
+from tests.oracles import ring_fold, same_bits
+
+Array = npt.NDArray[Any]
+DTYPES = (np.float16, np.float32, np.float64)
+CALL_TIMEOUT_S = 60.0
+SHAPES = ((1, ()), (3, ()), (2, (3,)), (1, (2, 3)))
+"""(rows per chunk, trailing shape) of the bit-for-bit cases."""
+
+
+def _gone(pid: int) -> bool:
+    """The process has exited (a zombie waiting for its reaper counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return state in ("Z", "X")
+
+
+class Jobs:
+    """The MPI jobs of this module; on close, every process any of them started must be gone."""
+
+    def __init__(self) -> None:
+        mpirun_path()  # fail (not skip) with what to install when OpenMPI or mpi4py is missing
+        self.rings: list[MpiRing] = []
+        self.pids: set[int] = set()
+
+    def ring(self, n: int, **kwargs: Any) -> MpiRing:
+        ring = MpiRing(n, **kwargs)
+        self.rings.append(ring)
+        return ring
+
+    def run(self, ring: MpiRing, fn: Any, payload: Any, timeout_s: float = CALL_TIMEOUT_S) -> list[Any]:
+        ring.start()
+        self.pids.update(ring.pids)
+        return ring.run(fn, payload, timeout_s=timeout_s)
+
+    def close(self) -> None:
+        for ring in self.rings:
+            self.pids.update(ring.pids)
+            ring.close()
+        deadline = time.monotonic() + 10
+        while (left := [p for p in self.pids if not _gone(p)]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not left, f"processes left behind: {left}"
+
+
+@pytest.fixture(scope="module")
+def jobs() -> Iterator[Jobs]:
+    pool = Jobs()
+    yield pool
+    pool.close()
+
+
+@pytest.fixture(scope="module")
+def world4(jobs: Jobs) -> MpiRing:
+    return jobs.ring(4, mca=openmpi_allreduce_mca("ring"))
+
+
+@pytest.fixture(scope="module")
+def world2(jobs: Jobs) -> MpiRing:
+    return jobs.ring(2)
+
+
+def stacked(n: int, rows_per_chunk: int, trailing: tuple[int, ...], dtype: type, seed: int) -> Array:
+    """A seeded ``(N, M, ...)`` input with magnitudes spread over 10**-3 .. 10**3 (order-sensitive sums)."""
+    rng = np.random.default_rng(seed)
+    shape = (n, n * rows_per_chunk, *trailing)
+    return (rng.standard_normal(shape) * 10.0 ** rng.integers(-3, 4, shape)).astype(dtype)
+
+
+def _sub(comm: Any, n: int) -> Any:
+    """The first ``n`` ranks of ``comm`` as a communicator (``COMM_NULL`` on the others); a collective."""
+    from mpi4py import MPI
+
+    return comm.Split(0 if comm.Get_rank() < n else MPI.UNDEFINED, comm.Get_rank())
+
+
+def _layout(row: Array, layout: str) -> Array:
+    """This rank's row laid out as asked: ``c`` contiguous, ``f`` column-major, ``strided`` every 2nd row."""
+    if layout == "f":
+        return np.asfortranarray(row)
+    if layout == "strided":
+        big = np.zeros((2 * row.shape[0], *row.shape[1:]), dtype=row.dtype)
+        big[::2] = row
+        return big[::2]
+    return row.copy()
+
+
+def reduce_rows(comm: Any, cases: list[tuple[Array, str]]) -> list[Array | None]:
+    """On each rank: ring_allreduce_ of ``x[rank]`` among the first N ranks; identity and strides kept."""
+    from mpi4py import MPI
+
+    subs: dict[int, Any] = {}
+    results: list[Array | None] = []
+    for x, layout in cases:
+        n = x.shape[0]
+        sub = subs[n] if n in subs else subs.setdefault(n, _sub(comm, n))
+        if sub == MPI.COMM_NULL:
+            results.append(None)
+            continue
+        mine = _layout(x[comm.Get_rank()], layout)
+        strides = mine.strides
+        assert ring_allreduce_(sub, mine) is mine
+        assert mine.strides == strides
+        results.append(mine)
+    return results
+
+
+def allreduce_rows(comm: Any, xs: list[Array]) -> list[Array | None]:
+    """On each rank: ``MPI_Allreduce`` (the bundled target) of ``x[rank]`` among the first N ranks."""
+    from mpi4py import MPI
+
+    results: list[Array | None] = []
+    for x in xs:
+        sub = _sub(comm, x.shape[0])
+        if sub == MPI.COMM_NULL:
+            results.append(None)
+            continue
+        mine = x[comm.Get_rank()].copy()
+        mpi_allreduce(sub, mine)
+        results.append(mine)
+    return results
+
+
+def _bit_cases() -> list[tuple[Array, str]]:
+    cases: list[tuple[Array, str]] = []
+    for n in (1, 2, 3, 4):
+        for d, dtype in enumerate(DTYPES):
+            for t, (rows, trailing) in enumerate(SHAPES):
+                x = stacked(n, rows, trailing, dtype, seed=100 * n + 10 * d + t)
+                cases.append((x, "c"))
+                cases.append((x, "f" if trailing else "strided"))
+        # Finite inputs whose sum overflows float16: the quick finiteness check (a sum) cannot vouch for
+        # them, so the element-wise scan must, and the ring must still run (its sums overflow to inf).
+        cases.append((np.full((n, 4 * n), 60000.0, dtype=np.float16), "c"))
+    return cases
+
+
+def _assert_every_rank_has(per_rank: list[list[Array | None]], k: int, expected: Array, what: str) -> None:
+    for rank in range(len(per_rank)):
+        got = per_rank[rank][k]
+        if got is None:
+            continue
+        assert got.dtype == expected.dtype and got.shape == expected.shape, (what, rank)
+        assert same_bits(torch.from_numpy(np.ascontiguousarray(got)), torch.from_numpy(expected)), (
+            f"{what}, rank {rank}: {got} != {expected}"
+        )
+
+
+@pytest.mark.clause("fold-order", "chunk-layout", "ag-complete", "supported-dtypes")
+def test_ring_allreduce_gives_the_simulations_bits_on_every_rank(jobs: Jobs, world4: MpiRing) -> None:
+    """Every dtype, N = 1 .. 4, contiguous and strided: the same bits as the simulation and the fold."""
+    cases = _bit_cases()
+    per_rank = jobs.run(world4, reduce_rows, cases)
+    order_sensitive = {n: 0 for n in (1, 2, 3, 4)}
+    for k, (x, layout) in enumerate(cases):
+        n = x.shape[0]
+        expected = ring_all_reduce(x)
+        assert same_bits(torch.from_numpy(expected), ring_fold(torch.from_numpy(x)))
+        assert sum(per_rank[r][k] is not None for r in range(4)) == n
+        _assert_every_rank_has(per_rank, k, expected, f"case {k} ({x.dtype}, {x.shape}, {layout})")
+        forward = x[0].copy()
+        with np.errstate(over="ignore"):
+            for i in range(1, n):
+                forward = forward + x[i]
+        order_sensitive[n] += not np.array_equal(forward, expected)
+    # With N >= 3 the inputs make the plain 0..N-1 fold differ, so agreement is a real check of the
+    # association order; with N <= 2 every order gives the same bits (IEEE addition commutes).
+    assert order_sensitive[1] == order_sensitive[2] == 0
+    assert order_sensitive[3] > 0 and order_sensitive[4] > 0
+
+
+@pytest.mark.clause("fold-order")
+def test_openmpi_ring_algorithm_sums_the_specs_fold(jobs: Jobs, world4: MpiRing) -> None:
+    """Certification: OpenMPI's ``MPI_Allreduce`` with ``coll_tuned_allreduce_algorithm`` 4 (ring) gives
+    the spec's bits for M divisible by N, N = 2 .. 4, float32 and float64 (MPI has no float16)."""
+    xs = [
+        stacked(n, rows, trailing, dtype, seed=1000 * n + 10 * d + t)
+        for n in (2, 3, 4)
+        for d, dtype in enumerate((np.float32, np.float64))
+        for t, (rows, trailing) in enumerate(SHAPES)
+    ]
+    per_rank = jobs.run(world4, allreduce_rows, xs)
+    for k, x in enumerate(xs):
+        _assert_every_rank_has(per_rank, k, ring_all_reduce(x), f"MPI_Allreduce ring, {x.dtype} {x.shape}")
+    assert any(not np.array_equal(x.sum(axis=0), ring_all_reduce(x)) for x in xs if x.shape[0] >= 3)
+
+
+BAD_CASES: dict[str, tuple[type[Exception], str]] = {
+    "indivisible": (ValueError, "M = 5 is not divisible by N = 2"),
+    "list-on-rank-1": (TypeError, "rank 1: expects a numpy.ndarray of shape (M, ...); got list."),
+    "nan-on-rank-0": (ValueError, "rank 0: inputs must be finite: 1 element(s)"),
+    "int-dtype": (TypeError, "unsupported dtype int32"),
+    "read-only-on-rank-1": (ValueError, "rank 1: the sum is written in place, but the array is read-only"),
+    "different-shapes": (ValueError, "the ranks passed different arrays (rank 0: shape (4,) float32; rank 1"),
+    "different-dtypes": (ValueError, "the ranks passed different arrays"),
+}
+
+
+def _bad_argument(name: str, rank: int) -> object:
+    base = np.arange(4, dtype=np.float32)
+    if name == "indivisible":
+        return np.zeros(5, dtype=np.float32)
+    if name == "list-on-rank-1" and rank == 1:
+        return [0.0, 1.0, 2.0, 3.0]
+    if name == "nan-on-rank-0" and rank == 0:
+        base[2] = np.nan
+    if name == "int-dtype":
+        return np.arange(4, dtype=np.int32)
+    if name == "read-only-on-rank-1" and rank == 1:
+        base.flags.writeable = False
+    if name == "different-shapes" and rank == 1:
+        return np.zeros(6, dtype=np.float32)
+    if name == "different-dtypes" and rank == 1:
+        return base.astype(np.float64)
+    return base
+
+
+def reject_everywhere(comm: Any, names: list[str]) -> list[tuple[str, str, bool]]:
+    """On the first 2 ranks: each bad argument's (exception type, message, argument unchanged)."""
+    from mpi4py import MPI
+
+    sub = _sub(comm, 2)
+    if sub == MPI.COMM_NULL:
+        return []
+    out = []
+    for name in names:
+        argument = _bad_argument(name, comm.Get_rank())
+        before = np.array(argument, copy=True) if not isinstance(argument, list) else None
+        try:
+            ring_allreduce_(sub, argument)  # type: ignore[arg-type]
+        except (TypeError, ValueError) as exc:
+            unchanged = before is None or np.array_equal(before, np.asarray(argument), equal_nan=True)
+            out.append((type(exc).__name__, str(exc), unchanged))
+        else:
+            out.append(("accepted", "", True))
+    return out
+
+
+@pytest.mark.clause("bad-input")
+def test_bad_input_raises_the_same_error_on_every_rank(jobs: Jobs, world4: MpiRing) -> None:
+    names = list(BAD_CASES)
+    per_rank = jobs.run(world4, reject_everywhere, names)
+    assert per_rank[2] == per_rank[3] == []
+    for k, name in enumerate(names):
+        kind, fragment = BAD_CASES[name]
+        got = [per_rank[r][k] for r in (0, 1)]
+        assert got[0] == got[1], f"{name}: the ranks raised different errors: {got}"
+        assert got[0][0] == kind.__name__ and fragment in got[0][1], (name, got[0])
+        assert got[0][1].startswith("ring_allreduce_ rejected the input on every rank: "), got[0][1]
+        assert got[0][2], f"{name}: the argument was modified"
+
+
+def test_bad_input_messages_are_the_simulations(jobs: Jobs, world4: MpiRing) -> None:
+    """The problems the simulated ring also has are worded as it words them."""
+    per_rank = jobs.run(world4, reject_everywhere, ["indivisible", "nan-on-rank-0", "int-dtype"])
+    simulated = []
+    for bad in (
+        np.zeros((2, 5), np.float32),
+        np.array([[0, 1, np.nan, 3], [0, 1, 2, 3]], np.float32),
+        np.zeros((2, 4), np.int32),
+    ):
+        with pytest.raises((TypeError, ValueError)) as info:
+            ring_all_reduce(bad)
+        simulated.append(str(info.value).rstrip("."))
+    for (_, message, _), expected in zip(per_rank[0], simulated, strict=True):
+        tail = expected.replace("index (0, 2)", "index (2,)")  # the simulation indexes (worker, row)
+        assert tail in message, (tail, message)
+
+
+def peer_never_calls(comm: Any, timeout_s: float) -> str:
+    """Rank 0 calls ring_allreduce_ with a timeout; rank 1 never does. Rank 0's error, or ``"returned"``."""
+    if comm.Get_rank() == 1:
+        return "did not call"
+    try:
+        ring_allreduce_(comm, np.ones(4), timeout=timeout_s)
+    except RuntimeError as exc:
+        return str(exc)
+    return "returned"
+
+
+def peer_stops_after_the_check(comm: Any, timeout_s: float) -> str:
+    """Rank 1 takes part in the check before the ring, then stops; rank 0 must time out in round 0."""
+    x = np.ones(4)
+    if comm.Get_rank() == 1:
+        _check_everywhere(comm, x, 2, _Waiter(1, 2, None))
+        return "stopped"
+    try:
+        ring_allreduce_(comm, x, timeout=timeout_s)
+    except RuntimeError as exc:
+        return str(exc)
+    return "returned"
+
+
+def test_a_peer_that_never_calls_gives_an_error_not_a_hang(jobs: Jobs, world2: MpiRing) -> None:
+    start = time.monotonic()
+    got = jobs.run(world2, peer_never_calls, 1.0)
+    assert got[1] == "did not call"
+    assert "rank 0 of 2: checking every rank's array before the ring timed out after 1 s" in got[0], got[0]
+    got = jobs.run(world2, peer_stops_after_the_check, 1.0)
+    assert got[1] == "stopped"
+    assert "rank 0 of 2, reduce-scatter round 0: exchanging chunks with rank 1 (send) and rank 1" in got[0]
+    assert "timed out after 1 s" in got[0]
+    assert time.monotonic() - start < 30
+    assert world2.running, "a call that every rank answered must not cost the job"
+    pids = world2.pids
+    world2.close()
+    deadline = time.monotonic() + 10
+    while not all(_gone(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(_gone(p) for p in pids), f"close() left {[p for p in pids if not _gone(p)]} behind"
+    assert not world2.running and world2.pids == []
+
+
+def recv_recv_deadlock(comm: Any, _: None) -> None:
+    """Both ranks receive first with blocking calls: the classic deadlock."""
+    buf = np.zeros(4)
+    comm.Recv(buf, source=1 - comm.Get_rank())
+    comm.Send(buf, dest=1 - comm.Get_rank())
+
+
+def test_a_deadlock_times_out_naming_each_rank_and_its_stack(jobs: Jobs, world2: MpiRing) -> None:
+    world2.start()  # a new job after the close() above
+    pids = world2.pids
+    start = time.monotonic()
+    with pytest.raises(RanksTimedOut) as info:
+        jobs.run(world2, recv_recv_deadlock, None, timeout_s=3.0)
+    assert time.monotonic() - start < 20
+    assert info.value.pending == [0, 1]
+    for rank in (0, 1):
+        assert "in recv_recv_deadlock" in info.value.stacks[rank], info.value.stacks
+    assert "rank(s) [0, 1] did not finish" in str(info.value)
+    assert not world2.running
+    assert all(_gone(p) for p in pids), "the timed-out job (mpirun and every rank) must be gone"
+
+
+def raise_while_peers_block(comm: Any, _: None) -> None:
+    if comm.Get_rank() == 0:
+        raise ValueError("rank 0 gives up")
+    comm.Recv(np.zeros(1), source=0)
+
+
+def test_a_rank_that_raises_while_its_peers_block_is_named_and_the_job_killed(
+    jobs: Jobs, world4: MpiRing
+) -> None:
+    """(Run on the 4-rank job once the bit-for-bit tests are done with it: the kill costs no relaunch.)"""
+    with pytest.raises(RankFailed) as info:
+        jobs.run(world4, raise_while_peers_block, None, timeout_s=30.0)
+    assert info.value.ranks == [0] and "rank 0 gives up" in info.value.tracebacks[0]
+    assert info.value.killed and not world4.running
+    assert sorted(info.value.stacks) == [1, 2, 3]
+    assert all("in raise_while_peers_block" in stack for stack in info.value.stacks.values())
+
+
+def dies_mid_ring(comm: Any, _: None) -> str:
+    """Rank 1's process exits while rank 0 is inside ring_allreduce_ (no timeout given)."""
+    if comm.Get_rank() == 1:
+        os._exit(3)
+    ring_allreduce_(comm, np.ones(4))
+    return "returned"
+
+
+def test_a_dead_peer_is_an_error_naming_it_not_a_hang(jobs: Jobs, world2: MpiRing) -> None:
+    start = time.monotonic()
+    with pytest.raises(RankFailed) as info:
+        jobs.run(world2, dies_mid_ring, None, timeout_s=30.0)
+    assert time.monotonic() - start < 25
+    assert info.value.died == {1: "exited with code 3"}, str(info.value)
+    assert not world2.running
+
+
+@pytest.mark.soak
+@pytest.mark.clause("fold-order")
+@pytest.mark.parametrize("algorithm", ["ring", "segmented_ring"])
+def test_openmpi_ring_algorithms_sum_the_specs_fold_on_many_inputs(jobs: Jobs, algorithm: str) -> None:
+    """The certification on N = 2 .. 5 and many seeds and sizes, for both of OpenMPI's rings."""
+    ring = jobs.ring(5, mca=openmpi_allreduce_mca(algorithm))
+    xs = [
+        stacked(n, rows, (), dtype, seed=seed)
+        for n in (2, 3, 4, 5)
+        for dtype in (np.float32, np.float64)
+        for rows in (1, 2, 7, 64)
+        for seed in range(5)
+    ]
+    per_rank = jobs.run(ring, allreduce_rows, xs, timeout_s=300)
+    for k, x in enumerate(xs):
+        _assert_every_rank_has(per_rank, k, ring_all_reduce(x), f"{algorithm}, {x.dtype} {x.shape}")
+    ring.close()
