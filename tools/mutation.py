@@ -77,7 +77,12 @@ MODULES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
     ),
     "adapters": (
         ("ring_ref/_torch_adapter.py", "ring_ref/_numpy_adapter.py", "ring_ref/_validate.py"),
-        ("tests/cover/test_bad_input.py", "tests/cover/test_kills_adapters.py"),
+        (
+            "ring_ref/_validate.py",
+            "tests/cover/test_bad_input.py",
+            "tests/cover/test_kills_adapters.py",
+            "tests/cover/test_properties.py",
+        ),
     ),
     "fast": (("ring_ref/_fast.py",), ("ring_ref/_fast.py", "tests/cover/test_fast.py")),
     "difftest": (("ring_ref/difftest/*",), ("tests/cover/difftest",)),
