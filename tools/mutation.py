@@ -1,7 +1,7 @@
 """Mutation testing with mutmut, one module at a time (``make mutation``; soak-style, not in ``make verify``).
 
-For each module in :data:`MODULES` this copies the working tree (tracked and
-untracked-but-not-ignored files) into a fresh temporary directory, configures
+For each module in :data:`MODULES` this copies the committed tree (``git archive
+HEAD``) into a fresh temporary directory, configures
 mutmut there to mutate only that module and to run only the module's fast tests
 (``tests/cover/...`` plus the module's doctests), runs it, and prints the score
 ``killed / (mutants - equivalent)`` and every surviving mutant with its mutated
@@ -28,7 +28,6 @@ import ast
 import difflib
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -178,14 +177,9 @@ class ModuleScore:
 
 
 def _copy_tree(dest: Path) -> None:
-    listed = subprocess.run(
-        ["git", "ls-files", "-z", "-co", "--exclude-standard"], cwd=ROOT, check=True, capture_output=True
-    ).stdout.split(b"\0")
-    for rel in filter(None, (name.decode() for name in listed)):
-        src = ROOT / rel
-        if src.is_file():
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dest / rel)
+    """The committed tree (``HEAD``): reproducible, and untouched by edits in progress elsewhere."""
+    archive = subprocess.run(["git", "archive", "HEAD"], cwd=ROOT, check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
 
 
 def _toml_list(items: Sequence[str]) -> str:
