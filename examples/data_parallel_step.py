@@ -16,13 +16,23 @@ combined with :func:`ring_ref.distributed.ring_all_reduce_` in one flat bucket:
   local mean gradient and divides the sum by the world size.
 
 Both are compared with the gradient of the mean loss over the whole global
-batch in one process.  See ``docs/data_parallel.md``.
+batch in one process.
+
+Then the rest of the step (:func:`training_step`): each rank splits its
+examples into microbatches and accumulates ``count * microbatch_mean_gradient``
+(the same weighting), the ranks combine once, every rank applies **one**
+optimizer step to the combined gradient, and only then updates an exponential
+moving average of the parameters.  :func:`averaged_independent_steps` shows
+the pitfall: Adam stepped independently on each rank, weights averaged
+afterwards, is not Adam on the combined gradient (plain SGD is the case where
+the two agree).  See ``docs/data_parallel.md``.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from typing import Final
 
 import torch
@@ -90,8 +100,133 @@ def data_parallel_gradients(rank: int, world_size: int, batch_sizes: list[int]) 
     return {"weighted": weighted, "mean_of_means": mean_of_means, "full_batch": full_batch}
 
 
+@dataclass(frozen=True)
+class StepSpec:
+    """One training step: each rank's microbatch sizes, the optimizer, its learning rate, the EMA decay."""
+
+    microbatches: tuple[tuple[int, ...], ...]
+    optimizer: str = "adam"  # or "sgd" (plain, no momentum)
+    lr: float = 0.1
+    ema_decay: float = 0.9
+
+    def rank_examples(self, rank: int) -> slice:
+        """The slice of the global batch that ``rank`` owns."""
+        start = sum(sum(sizes) for sizes in self.microbatches[:rank])
+        return slice(start, start + sum(self.microbatches[rank]))
+
+    @property
+    def total(self) -> int:
+        return sum(sum(sizes) for sizes in self.microbatches)
+
+
+def make_optimizer(spec: StepSpec, model: torch.nn.Module) -> torch.optim.Optimizer:
+    """Adam, or plain SGD (the optimizer that is linear in the gradient)."""
+    if spec.optimizer == "adam":
+        return torch.optim.Adam(model.parameters(), lr=spec.lr)
+    if spec.optimizer == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=spec.lr)
+    raise ValueError(f"unknown optimizer {spec.optimizer!r}; choose 'adam' or 'sgd'.")
+
+
+def flat_parameters(model: torch.nn.Module) -> torch.Tensor:
+    """Every parameter, flattened and concatenated (a copy)."""
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def set_gradients(model: torch.nn.Module, flat: torch.Tensor) -> None:
+    """Unpack a flat gradient into the parameters' ``.grad``, in ``model.parameters()`` order."""
+    offset = 0
+    for p in model.parameters():
+        p.grad = flat[offset : offset + p.numel()].view_as(p).clone()
+        offset += p.numel()
+
+
+def accumulated_gradient(
+    model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor, sizes: tuple[int, ...]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Example-weighted microbatch accumulation: ``sum_mb count_mb * mean_gradient_mb``, ``sum count``.
+
+    Each microbatch's mean-loss gradient is weighted by its example count, so the
+    sum is the gradient of the *summed* loss over this rank's examples, whatever
+    the microbatch sizes (averaging the microbatch means would weight a short
+    last microbatch as much as a full one).
+    """
+    summed = torch.zeros(sum(p.numel() for p in model.parameters()), dtype=DTYPE)
+    start = 0
+    for size in sizes:
+        mb = slice(start, start + size)
+        start += size
+        summed += mean_loss_gradient(model, inputs[mb], targets[mb]) * size
+    return summed, torch.tensor([float(start)], dtype=DTYPE)
+
+
+def combined_gradient(
+    model: torch.nn.Module,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    sizes: tuple[int, ...],
+    group: dist.ProcessGroup | None = None,
+) -> torch.Tensor:
+    """The global mean-loss gradient: every rank's accumulated sum and count, ring-summed, divided."""
+    summed, count = accumulated_gradient(model, inputs, targets, sizes)
+    total = ring_sum(torch.cat([summed, count]), group)
+    return total[:-1] / total[-1]
+
+
+def training_step(rank: int, world_size: int, spec: StepSpec) -> dict[str, torch.Tensor]:
+    """One synchronized step on this rank; returns the gradient, the parameters and the EMA after it.
+
+    1. accumulate this rank's microbatches (example-weighted), combine across ranks once;
+    2. one optimizer step on the combined gradient (the same bits on every rank, so the
+       same parameters and the same optimizer state everywhere);
+    3. then, once per optimizer step and from the updated parameters, the EMA:
+       ``ema = decay * ema + (1 - decay) * parameters``.
+    """
+    if len(spec.microbatches) != world_size:
+        raise ValueError(f"need microbatch sizes for each of the {world_size} ranks; got {spec.microbatches}")
+    model = tiny_model()
+    optimizer = make_optimizer(spec, model)
+    ema = flat_parameters(model)  # the EMA starts at the initial parameters
+    inputs, targets = global_batch(spec.total)
+    local = spec.rank_examples(rank)
+    gradient = combined_gradient(model, inputs[local], targets[local], spec.microbatches[rank])
+    set_gradients(model, gradient)
+    optimizer.step()
+    optimizer.zero_grad()
+    parameters = flat_parameters(model)
+    ema.mul_(spec.ema_decay).add_(parameters, alpha=1 - spec.ema_decay)
+    return {"gradient": gradient, "parameters": parameters, "ema": ema}
+
+
+def averaged_independent_steps(rank: int, world_size: int, spec: StepSpec) -> dict[str, torch.Tensor]:
+    """The pitfall: each rank steps its own optimizer on its own gradient, then the weights are averaged.
+
+    Returned: ``combined`` (one step on the combined gradient, as in :func:`training_step`)
+    and ``averaged`` (independent steps from the same start, the parameters then averaged
+    across ranks weighted by example count).  With plain SGD the two agree to rounding,
+    because the step is linear in the gradient; with Adam they do not.
+    """
+    inputs, targets = global_batch(spec.total)
+    local = spec.rank_examples(rank)
+    sizes = spec.microbatches[rank]
+
+    model = tiny_model()
+    optimizer = make_optimizer(spec, model)
+    set_gradients(model, combined_gradient(model, inputs[local], targets[local], sizes))
+    optimizer.step()
+    combined = flat_parameters(model)
+
+    model = tiny_model()
+    optimizer = make_optimizer(spec, model)
+    summed, count = accumulated_gradient(model, inputs[local], targets[local], sizes)
+    set_gradients(model, summed / count)
+    optimizer.step()
+    total = ring_sum(torch.cat([flat_parameters(model) * count, count]))
+    return {"combined": combined, "averaged": total[:-1] / total[-1]}
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Under torchrun: combine the gradients, print the gaps to the full-batch gradient on rank 0."""
+    """Under torchrun: combine the gradients, take the step, show the pitfall; print the figures on rank 0."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch-sizes", default=None, help="comma-separated, one per rank (default 1,2,..)")
     args = parser.parse_args(argv)
@@ -102,10 +237,26 @@ def main(argv: list[str] | None = None) -> int:
         grads = data_parallel_gradients(rank, n, sizes)
         gap_weighted = float((grads["weighted"] - grads["full_batch"]).abs().max())
         gap_means = float((grads["mean_of_means"] - grads["full_batch"]).abs().max())
+        # Microbatches of at most 2 examples on every rank (a short last one where the count is odd).
+        micro = tuple(tuple([2] * (b // 2) + [1] * (b % 2)) for b in sizes)
+        step = training_step(rank, n, StepSpec(micro))
+        initial = flat_parameters(tiny_model())
+        gaps = {
+            name: float((d["combined"] - d["averaged"]).abs().max())
+            for name in ("adam", "sgd")
+            for d in [averaged_independent_steps(rank, n, StepSpec(micro, optimizer=name))]
+        }
         if rank == 0:
             print(f"local batch sizes {sizes}; max |difference| from the full-batch gradient:")
             print(f"  weighted by example count:  {gap_weighted:.3e}")
             print(f"  mean of the workers' means: {gap_means:.3e}")
+            change = float((step["parameters"] - initial).abs().max())
+            lag = float((step["ema"] - initial).abs().max())
+            print(f"microbatches {[list(m) for m in micro]}: one Adam step on the combined gradient,")
+            print(f"  max |parameter change| {change:.3e}; the EMA (decay 0.9) moved {lag:.3e}")
+            print("independent steps on each rank, weights averaged, vs one step on the combined gradient:")
+            print(f"  Adam: max |difference| {gaps['adam']:.3e}")
+            print(f"  SGD:  max |difference| {gaps['sgd']:.3e}")
         return 0 if gap_weighted < 1e-12 else 1
     finally:
         dist.destroy_process_group()
