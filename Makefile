@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 CROSSHAIR_TIMEOUT ?= 4
 
-.PHONY: install install-check system-tools demo verify lint typecheck test contracts soak gpu-check clean vectors-check model-check bench prove mutation
+.PHONY: install install-check system-tools demo verify lint typecheck test contracts soak gpu-check clean vectors-check model-check bench bench-dist prove mutation
 
 install: $(STAMP)
 
@@ -89,6 +89,14 @@ $(BENCH_STAMP): $(STAMP)
 BENCH_OUT = $(if $(UPDATE),bench/results,build/bench)
 bench: $(BENCH_STAMP)
 	$(BIN)/python bench/bench.py --out $(BENCH_OUT)
+
+# ring_ref.distributed.ring_all_reduce_ vs dist.all_reduce on the same gloo processes (N = 2, 4;
+# 4 KiB .. 64 MiB per rank), then DDP steps with ring_hook vs the default hook (a few minutes; not
+# part of verify). Prints the table and every ratio against its target; writes bench_dist.json and
+# bench_dist.png to build/bench-dist, or to the committed bench/results with `make bench-dist UPDATE=1`.
+BENCH_DIST_OUT = $(if $(UPDATE),bench/results,build/bench-dist)
+bench-dist: $(BENCH_STAMP)
+	$(BIN)/python bench/bench_dist.py --out $(BENCH_DIST_OUT)
 
 # What a user gets from a plain `pip install .` (no dev extra), in a fresh virtualenv outside the
 # source tree: the CLI and the differential tester must run on runtime dependencies alone. CI runs it.
