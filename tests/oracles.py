@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from fractions import Fraction
 
@@ -104,8 +105,10 @@ def ring_fold_op(x: torch.Tensor, op: str) -> torch.Tensor:
         total = ring_fold(x)
         if op == "sum":
             return total
-        exact = [Fraction(v) / n for v in total.to(torch.float64).reshape(-1).tolist()]
-        return torch.tensor([float(q) for q in exact], dtype=torch.float64).to(x.dtype).reshape(total.shape)
+        # Fraction(-0.0) is 0: the sign of a zero sum is carried over by hand (-0.0 / N is -0.0).
+        sums = total.to(torch.float64).reshape(-1).tolist()
+        exact = [math.copysign(float(Fraction(v) / n), v) for v in sums]
+        return torch.tensor(exact, dtype=torch.float64).to(x.dtype).reshape(total.shape)
     pieces = []
     for c in range(n):
         order = [(c + step) % n for step in range(n)]
