@@ -13,7 +13,8 @@ or ``("error", formatted traceback)``.
 
 ``faulthandler`` writes the Python stack of every thread to
 ``<control dir>/stack-<rank>.txt`` on ``SIGUSR1``: the parent takes it from a
-rank that has not answered by its deadline.
+rank that has not answered by its deadline.  A rank leaves by ``MPI.Finalize()``
+and ``os._exit(0)``, skipping the interpreter's teardown.
 """
 
 from __future__ import annotations
@@ -78,6 +79,11 @@ def main() -> None:
             sys.path[:] = conn.recv()
             with contextlib.suppress(EOFError, OSError):  # the parent went away: just leave
                 _serve(conn)
+    # Leave without the interpreter's teardown (torch's thread pools and atexit hooks take seconds).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    MPI.Finalize()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -217,6 +217,49 @@ def test_openmpi_ring_algorithm_sums_the_specs_fold(jobs: Jobs, world4: MpiRing)
     assert any(not np.array_equal(x.sum(axis=0), ring_all_reduce(x)) for x in xs if x.shape[0] >= 3)
 
 
+def openmpi_ring_fold(x: Array) -> Array:
+    """OpenMPI's ring allreduce, written from its block layout (independent of ``ring_ref``).
+
+    The buffer of each rank is cut by *elements* (not rows): ``count`` elements
+    into ``N`` blocks, the first ``count mod N`` one element longer; block
+    ``c`` is the left fold over ranks ``c, c+1, ..., c-1``, as the spec's chunks
+    are.  (For ``count < N`` OpenMPI does not run the ring at all.)
+    """
+    n = x.shape[0]
+    flat = x.reshape(n, -1)
+    count = flat.shape[1]
+    out = np.empty(count, dtype=x.dtype)
+    start = 0
+    for c in range(n):
+        stop = start + count // n + (c < count % n)
+        acc = flat[c, start:stop].copy()
+        with np.errstate(over="ignore"):
+            for k in range(1, n):
+                acc = acc + flat[(c + k) % n, start:stop]
+        out[start:stop] = acc
+        start = stop
+    return out.reshape(x.shape[1:])
+
+
+@pytest.mark.clause("fold-order")
+def test_openmpi_ring_algorithm_on_any_size_is_the_fold_of_its_element_blocks(
+    jobs: Jobs, world4: MpiRing
+) -> None:
+    """For ``count`` not divisible by N (and ``count >= N``) OpenMPI's ring folds uneven element blocks."""
+    rng = np.random.default_rng(5)
+    xs = []
+    for n in (3, 4):
+        for shape in ((n + 1,), (3 * n + 2,), (1003 * n + 1,), (n + 1, 3), (2 * n - 1, 2)):
+            for dtype in (np.float32, np.float64):
+                full = (n, *shape)
+                xs.append((rng.standard_normal(full) * 10.0 ** rng.integers(-4, 5, full)).astype(dtype))
+    per_rank = jobs.run(world4, allreduce_rows, xs)
+    for k, x in enumerate(xs):
+        expected = openmpi_ring_fold(x)
+        _assert_every_rank_has(per_rank, k, expected, f"MPI_Allreduce ring, {x.dtype} {x.shape}")
+    assert sum(not np.array_equal(x.sum(axis=0), openmpi_ring_fold(x)) for x in xs) > len(xs) // 2
+
+
 BAD_CASES: dict[str, tuple[type[Exception], str]] = {
     "indivisible": (ValueError, "M = 5 is not divisible by N = 2"),
     "list-on-rank-1": (TypeError, "rank 1: expects a numpy.ndarray of shape (M, ...); got list."),
