@@ -1,78 +1,94 @@
-"""The fast engine: the spec's ring as a few batched array operations per round.
+"""The fast engine: the spec's additions, without the spec's bookkeeping.
 
 It performs exactly the additions the reference core (:mod:`ring_ref.core`)
 performs, with the same operands in the same order and dtype, so its result is
 bitwise identical (clause ``fold-order``); only the bookkeeping differs:
 
-* **A plan, compiled from the schedule.**  :func:`plan` walks every send of
-  :mod:`ring_ref.schedule` once per ``N`` (cached) and records, for each
-  reduce-scatter round, which worker's original chunk ``c`` is added to the
-  running partial sum of chunk ``c``.  It checks, while walking, the facts the
-  engine relies on: each chunk's partial sum travels as one value from worker to
-  worker, every addition adds a contribution the partial does not yet hold, and
-  all-gather only forwards completed chunks and delivers every one of them to
-  worker 0.  A schedule that broke these raises
+* **A plan, compiled from the schedule.**  :func:`plan` evaluates every send of
+  :mod:`ring_ref.schedule` once per ``N`` (cached) -- the schedule's closed
+  forms are called on numpy index arrays, one round at a time -- and records,
+  for each reduce-scatter round, which worker's original chunk ``c`` is added
+  to the running partial sum of chunk ``c``.  It checks, round by round, the
+  facts the engine relies on: each chunk's partial sum travels as one value
+  from worker to worker, every addition adds a contribution the partial does
+  not yet hold, and all-gather only forwards completed chunks and delivers
+  every one of them to worker 0.  A schedule that broke these raises
   :class:`ring_ref.invariants.InvariantViolation` instead of running.
 * **One running partial per chunk.**  Worker ``i``'s slot ``c`` is only ever
-  read as the sender's partial sum, so the engine keeps one ``(N, M/N, ...)``
-  buffer -- the size of the result -- and never materialises the other
-  ``N^2 - N`` slots.  The ``N`` additions of a round become at most a few
-  batched ``add`` calls: for a run of consecutive chunks, the own operands
-  ``x[c + off, c]`` lie on one diagonal of the ``(worker, chunk)`` grid, a
-  strided *view* of the input (no copy).
+  read as the sender's partial sum, so the engine keeps one result-sized
+  buffer and never materialises the other ``N^2 - N`` slots.
 * **All-gather moves bytes the result does not need.**  It copies completed
   chunks between workers and never changes a value; the plan proves it hands
   worker 0 every completed chunk, so the engine returns each completed chunk
   once, in place.
-* **Tiles** (CPU): all rounds run on a tile -- a block of whole chunks when
-  chunks are small, a range of rows of one chunk when they are large -- before
-  the next tile, so the partial sums stay in cache while the input streams by
-  once.  Tiling reorders *which elements* are processed when, never the
-  additions that make one element.
+* **float32 and float64 on the CPU: one compiled pass** (:mod:`ring_ref._kernel`).
+  Every element's fold runs in machine code over cache-sized tiles, the input
+  read once, on up to ``torch.get_num_threads()`` threads.  This covers every
+  layout whose ``(M, ...)`` part is one stride apart per element (contiguous,
+  sliced, transposed, expanded workers, negative numpy strides).
+* **Everything else: a few batched array operations per round.**  float16,
+  bfloat16, other devices (CUDA) and layouts the kernel cannot address run the
+  same plan as ``torch.add`` (or ``numpy.add``) calls: a round's additions over
+  a run of consecutive chunks are one call on a strided *view* of the input
+  (the own operands ``x[c + off, c]`` lie on one diagonal of the ``(worker,
+  chunk)`` grid), tile by tile on the CPU so the partial sums stay in cache.
 
 Finiteness (clause ``bad-input``) is checked on the result rather than the
-input: an addition with a NaN or infinite operand never yields a finite value,
-so a finite result proves a finite input.  Each finished tile is summed (one
-pass, no mask); a NaN or infinity anywhere makes that sum non-finite.  Only a
-non-finite sum -- a non-finite result, or rarely a finite one whose sum
-overflows -- pays for the exact input scan that tells bad input from a sum that
-overflowed (clause ``input-finite``).
+input, for torch and numpy inputs alike: an addition with a NaN or infinite
+operand never yields a finite value, so a finite result proves a finite input.
+The kernel checks each finished tile while it is in cache; the batched path
+checks each tile with one reduction (a sum, or the maximum and minimum for
+float16, bfloat16 and numpy).  Only a result that is not all finite -- or,
+rarely, a finite one whose sum overflows -- pays for the exact input scan
+(:mod:`ring_ref._validate`) that tells bad input from a sum that overflowed to
+``±inf``, which is the correctly rounded result (clause ``input-finite``).
 
-Autograd is supported: with a tensor that requires grad (or carries a
-forward-mode tangent), the computation runs inside a
+Autograd is supported, and so are ``torch.func`` transforms (``grad``,
+``vmap``, ``jvp``, ``jacrev``): the computation is a
 :class:`torch.autograd.Function` whose backward passes the output gradient to
 every worker unchanged -- what the reference's chain of additions gives, bit
-for bit -- and whose forward-mode derivative is the same ring over the
-tangents, as the reference's additions give.  numpy arrays (float16, float32,
-float64) run through the same plan with ``numpy.add``.
+for bit -- whose forward-mode derivative is the same ring over the tangents,
+and whose ``vmap`` rule treats the batch as one more trailing dimension.  The
+result never is a view, so in-place operations on it work.
 
 >>> import torch
 >>> ring_all_reduce_torch(torch.tensor([[1.0, 2.0], [3.0, 4.0]]))
 tensor([4., 6.])
->>> plan(2)
+>>> plan(2).rounds
 ((Add(start=0, stop=1, own=1, incoming=0), Add(start=1, stop=2, own=-1, incoming=0)),)
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from functools import lru_cache
-from typing import Any, NamedTuple, TypeVar
+from types import ModuleType
+from typing import Any, Final, NamedTuple, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 import torch
+from torch._C._functorch import is_functorch_wrapped_tensor
 from torch.autograd import forward_ad
 
 from ring_ref import _validate, schedule
 from ring_ref.invariants import InvariantViolation
 
 TILE_BYTES = 2 << 20
-"""Bytes of partial sums per CPU tile with torch operations (best measured here; see ``make bench``)."""
+"""Bytes of partial sums per CPU tile on the batched path with torch operations (see ``make bench``)."""
 
 NUMPY_TILE_BYTES = 256 << 10
 """The same with numpy operations, whose lower per-call cost makes smaller tiles pay."""
+
+KERNEL_DTYPES: Final = (torch.float32, torch.float64)
+"""The dtypes the compiled kernel adds natively; float16 and bfloat16 take the batched path."""
+
+_NONE: Final = np.iinfo(np.int64).min
+"""``incoming`` of a chunk that already holds a partial sum, in the plan's index arrays."""
+
+Array = npt.NDArray[Any]
 
 
 class Add(NamedTuple):
@@ -91,21 +107,189 @@ class Add(NamedTuple):
     incoming: int | None
 
 
-Plan = tuple[tuple[Add, ...], ...]
+Rounds = tuple[tuple[Add, ...], ...]
 """The batched additions of each reduce-scatter round, in round order."""
 
 
-def _group(per_chunk: Sequence[tuple[int, int | None] | None]) -> tuple[Add, ...]:
-    """Runs of consecutive chunks with the same operand offsets, as :class:`Add` records."""
-    adds = []
-    start = 0
-    for c in range(1, len(per_chunk) + 1):
-        if c == len(per_chunk) or per_chunk[c] != per_chunk[start]:
-            offsets = per_chunk[start]
-            if offsets is not None:
-                adds.append(Add(start, c, *offsets))
-            start = c
-    return tuple(adds)
+class Cycle(NamedTuple):
+    """Every chunk's worker order as one cycle of the workers, entered at a position per chunk.
+
+    Chunk ``c`` entering at position ``p`` is the fold over the workers
+    ``order[p], order[p + 1], ..., order[n - 1], order[0], ..., order[p - 1]``.
+    ``entries[q] = (start, stop, p)``: the chunks ``start .. stop - 1`` enter at
+    ``p, p + 1, ...``.  Both are unsigned, as :mod:`ring_ref._kernel` reads them.
+    """
+
+    order: Array
+    entries: Array
+
+
+class Plan(NamedTuple):
+    """The reduce-scatter additions of each round, and the same additions as one :class:`Cycle`."""
+
+    rounds: Rounds
+    cycle: Cycle
+
+
+# --- the plan ------------------------------------------------------------------------------------
+
+_WORKERS: Final = object()
+"""Stands for every worker index in an :func:`_evaluate` call."""
+
+_ROUND: Final = object()
+"""Stands for every round index of the block in an :func:`_evaluate` call."""
+
+BLOCK_ENTRIES: Final = 1 << 20
+"""Sends evaluated at once while compiling a plan: rounds come in blocks of about this many sends."""
+
+
+def _evaluate(
+    function: Callable[..., int], *args: Any, n: int, rounds: range = range(1)
+) -> npt.NDArray[np.int64]:
+    """A function of :mod:`ring_ref.schedule` at every worker of every round in ``rounds`` at once.
+
+    Returns int64 of shape ``(len(rounds), n)``: row ``j`` for round
+    ``rounds[j]``, column ``i`` for worker ``i``.  The schedule is written as
+    integer closed forms, which numpy evaluates on index arrays exactly as
+    Python does on each integer (``%`` and ``//`` round the same way).  The
+    result is compared with plain calls at a few points; a function that does
+    not take arrays, or gives them other values, is called once per point.
+    """
+    call: Callable[..., Any] = function
+    shape = (len(rounds), n)
+    grid = {id(_WORKERS): np.arange(n, dtype=np.int64)[None, :]}
+    grid[id(_ROUND)] = np.arange(rounds.start, rounds.stop, dtype=np.int64)[:, None]
+
+    def at(r: int, i: int) -> int:
+        return int(call(*({id(_WORKERS): i, id(_ROUND): r}.get(id(a), a) for a in args)))
+
+    table: npt.NDArray[np.int64] | None = None
+    try:
+        with np.errstate(all="raise"):
+            got = np.asarray(call(*(grid.get(id(a), a) for a in args)))
+        if got.dtype.kind in "iu":
+            table = np.broadcast_to(got, shape).astype(np.int64)
+    except (TypeError, ValueError, ArithmeticError):
+        table = None
+    probes = {(j, i) for j in (0, len(rounds) // 2, len(rounds) - 1) for i in (0, n // 3, n // 2, n - 1)}
+    if table is not None and all(int(table[j, i]) == at(rounds[j], i) for j, i in probes):
+        return table
+    values = (at(r, i) for r in rounds for i in range(n))
+    return np.fromiter(values, dtype=np.int64, count=shape[0] * n).reshape(shape)
+
+
+def _blocks(count: int, n: int) -> list[range]:
+    """``range(count)`` cut into consecutive blocks of about :data:`BLOCK_ENTRIES` ``/ n`` rounds."""
+    size = max(1, BLOCK_ENTRIES // max(n, 1))
+    return [range(r, min(count, r + size)) for r in range(0, count, size)]
+
+
+def _in_range(values: npt.NDArray[np.int64], n: int) -> bool:
+    return bool(((values >= 0) & (values < n)).all())
+
+
+def _out_of_range(values: npt.NDArray[np.int64], n: int, what: str) -> InvariantViolation | None:
+    bad = (values < 0) | (values >= n)
+    if not bad.any():
+        return None
+    i = int(np.argmax(bad))
+    return InvariantViolation(f"{what}: worker {i} gets {int(values[i])}, not one of 0 .. {n - 1}")
+
+
+def _inverse(table: npt.NDArray[np.int64], n: int) -> npt.NDArray[np.int64] | None:
+    """Row by row, the inverse permutation of ``table`` (values ``0 .. n-1``); ``None`` if a row is none."""
+    inverse = np.full(table.shape, -1, dtype=np.int64)
+    np.put_along_axis(inverse, table, np.broadcast_to(np.arange(n, dtype=np.int64), table.shape), axis=-1)
+    return None if (inverse < 0).any() else inverse
+
+
+def _is_one_cycle(dst: npt.NDArray[np.int64], n: int) -> bool:
+    """Whether following ``dst`` from worker 0 visits every worker before returning to 0."""
+    w, seen = 0, 0
+    for _ in range(n):
+        w, seen = int(dst[w]), seen + 1
+        if w == 0:
+            break
+    return seen == n and w == 0
+
+
+def _group_rows(own: npt.NDArray[np.int64], incoming: npt.NDArray[np.int64]) -> list[tuple[Add, ...]]:
+    """Each row's runs of consecutive chunks with the same operand offsets, as :class:`Add` records."""
+    rows, n = own.shape
+    change = np.zeros((rows, n + 1), dtype=bool)
+    change[:, 0] = change[:, n] = True
+    change[:, 1:n] = (own[:, 1:] != own[:, :-1]) | (incoming[:, 1:] != incoming[:, :-1])
+    at_row, at_chunk = np.nonzero(change)
+    firsts = np.searchsorted(at_row, np.arange(rows + 1))
+    bounds = at_chunk.tolist()
+    result = []
+    for j in range(rows):
+        b = bounds[firsts[j] : firsts[j + 1]]
+        result.append(
+            tuple(
+                Add(lo, hi, int(own[j, lo]), None if incoming[j, lo] == _NONE else int(incoming[j, lo]))
+                for lo, hi in itertools.pairwise(b)
+            )
+        )
+    return result
+
+
+def _reduce_scatter_in_bulk(n: int) -> tuple[Rounds, npt.NDArray[np.int64], Cycle] | None:
+    """The reduce-scatter plan when the schedule has the ring's usual shape, checked in bulk; else ``None``.
+
+    The shape: ``right`` visits all ``n`` workers in one cycle, there are
+    ``n - 1`` rounds, every round sends each chunk exactly once, and each
+    chunk is sent by the worker its previous round delivered it to.  Then
+    every check of :func:`_reduce_scatter_walk` holds, in closed form per
+    chunk: a chunk's partial travels as one value, and its contributors are
+    its first sender and the next ``n - 1`` workers along the cycle, all
+    distinct and all ``n`` of them: the order is a :class:`Cycle`.  Anything
+    else is left to the walk.
+    """
+    count = schedule.rounds_per_phase(n)
+    if n == 1:
+        entries = np.array([[0, 1, 0]], dtype=np.uint64)
+        return ((), np.zeros(1, dtype=np.int64), Cycle(entries[0, 2:], entries)) if count == 0 else None
+    dst = _evaluate(schedule.right, _WORKERS, n, n=n)[0]
+    if count != n - 1 or not _in_range(dst, n) or not _is_one_cycle(dst, n):
+        return None
+    chunks = np.arange(n, dtype=np.int64)
+    rounds: list[tuple[Add, ...]] = []
+    holder: npt.NDArray[np.int64] | None = None  # who holds each chunk's partial sum
+    first = chunks  # each chunk's first worker
+    for block in _blocks(count, n):
+        sent = _evaluate(schedule.send_chunk, schedule.REDUCE_SCATTER, _WORKERS, _ROUND, n, n=n, rounds=block)
+        sender = _inverse(sent, n) if _in_range(sent, n) else None
+        if sender is None:
+            return None
+        received = dst[sender]  # received[j, c]: the worker that adds into chunk c in round block[j]
+        if (holder is not None and (sender[0] != holder).any()) or (sender[1:] != received[:-1]).any():
+            return None
+        incoming = np.full(sent.shape, _NONE, dtype=np.int64)
+        if holder is None:
+            incoming[0] = sender[0] - chunks
+            first = sender[0]
+        rounds.extend(_group_rows(received - chunks, incoming))
+        holder = received[-1]
+    assert holder is not None
+    return tuple(rounds), holder, _cycle(dst, first)
+
+
+def _cycle(dst: npt.NDArray[np.int64], first: npt.NDArray[np.int64]) -> Cycle:
+    """The :class:`Cycle` of ``dst`` (one cycle through all workers) entered at each chunk's ``first``."""
+    n = len(dst)
+    order = np.empty(n, dtype=np.int64)
+    w = 0
+    for p in range(n):
+        order[p] = w
+        w = int(dst[w])
+    position = np.empty(n, dtype=np.int64)
+    position[order] = np.arange(n)
+    enter = position[first]
+    shift = enter - np.arange(n)
+    bounds = [0, *(np.flatnonzero(shift[1:] != shift[:-1]) + 1).tolist(), n]
+    entries = [(lo, hi, int(enter[lo])) for lo, hi in itertools.pairwise(bounds)]
+    return Cycle(order.astype(np.uint64), np.array(entries, dtype=np.uint64))
 
 
 def _rs_fault(r: int, src: int, c: int, n: int, problem: str) -> InvariantViolation:
@@ -115,53 +299,117 @@ def _rs_fault(r: int, src: int, c: int, n: int, problem: str) -> InvariantViolat
     )
 
 
-def _reduce_scatter_plan(n: int) -> tuple[Plan, list[int]]:
-    """The batched additions of reduce-scatter, and the worker holding each completed chunk."""
-    holder: list[int | None] = [None] * n
-    folded = bytearray(n * n)  # folded[c * n + w]: chunk c's partial holds worker w's contribution
-    rounds = []
-    for r in range(schedule.rounds_per_phase(n)):
-        per_chunk: list[tuple[int, int | None] | None] = [None] * n
-        for src in range(n):
-            c = schedule.send_chunk(schedule.REDUCE_SCATTER, src, r, n)
-            dst = schedule.right(src, n)
-            if per_chunk[c] is not None:
-                raise _rs_fault(r, src, c, n, "but that chunk is already in flight this round")
-            incoming: int | None = None
-            if holder[c] is None:
-                incoming = src - c
-                folded[c * n + src] = 1
-            elif holder[c] != src:
-                raise _rs_fault(r, src, c, n, f"but its partial sum is at worker {holder[c]}")
-            if folded[c * n + dst]:
-                raise _rs_fault(r, src, c, n, "whose partial sum already holds the receiver's contribution")
-            folded[c * n + dst] = 1
-            holder[c] = dst
-            per_chunk[c] = (dst - c, incoming)
-        rounds.append(_group(per_chunk))
-    owners = []
-    for c, at in enumerate(holder):
-        if n > 1 and (at is None or sum(folded[c * n : (c + 1) * n]) != n):
+def _repeats(chunk: npt.NDArray[np.int64], n: int) -> npt.NDArray[np.bool_]:
+    """For each sender, whether an earlier sender of the same round sends the same chunk."""
+    repeated = np.zeros(n, dtype=bool)
+    if int(np.bincount(chunk, minlength=n).max()) > 1:
+        order = np.argsort(chunk, kind="stable")
+        repeated[order[1:]] = chunk[order[1:]] == chunk[order[:-1]]
+    return repeated
+
+
+def _reduce_scatter_walk(n: int) -> tuple[Rounds, npt.NDArray[np.int64]]:
+    """The reduce-scatter plan for any schedule, or the first fault, by simulating every send.
+
+    Round by round, all senders of a round at once, it tracks the worker
+    holding each chunk's partial sum and the contributions the partial holds
+    (``n^2`` flags); a fault is reported at the first round and sender where
+    it happens, as a sequential walk over the sends would find it.
+    """
+    workers = np.arange(n, dtype=np.int64)
+    dst = _evaluate(schedule.right, _WORKERS, n, n=n)[0]
+    fault = _out_of_range(dst, n, "right(i)")
+    if fault:
+        raise fault
+    holder = np.full(n, -1, dtype=np.int64)  # the worker holding chunk c's partial sum, -1: none yet
+    folded = np.zeros((n, n), dtype=bool)  # folded[c, w]: chunk c's partial holds worker w's contribution
+    rounds: list[tuple[Add, ...]] = []
+    for block in _blocks(schedule.rounds_per_phase(n), n):
+        table = _evaluate(
+            schedule.send_chunk, schedule.REDUCE_SCATTER, _WORKERS, _ROUND, n, n=n, rounds=block
+        )
+        for r, chunk in zip(block, table, strict=True):
+            fault = _out_of_range(chunk, n, f"reduce-scatter round {r}: the chunk sent")
+            if fault:
+                raise fault
+            at = holder[chunk]
+            fresh = at < 0
+            in_flight = _repeats(chunk, n)
+            stale = ~fresh & (at != workers)
+            refolds = folded[chunk, dst] | (fresh & (dst == workers))
+            faulty = in_flight | stale | refolds
+            if faulty.any():
+                src = int(np.argmax(faulty))
+                if in_flight[src]:
+                    problem = "but that chunk is already in flight this round"
+                elif stale[src]:
+                    problem = f"but its partial sum is at worker {int(at[src])}"
+                else:
+                    problem = "whose partial sum already holds the receiver's contribution"
+                raise _rs_fault(r, src, int(chunk[src]), n, problem)
+            folded[chunk[fresh], workers[fresh]] = True
+            folded[chunk, dst] = True
+            holder[chunk] = dst
+            own = np.empty(n, dtype=np.int64)
+            incoming = np.empty(n, dtype=np.int64)
+            own[chunk] = dst - chunk  # no repeats: the n senders send every chunk exactly once
+            incoming[chunk] = np.where(fresh, workers - chunk, _NONE)
+            rounds.extend(_group_rows(own[None], incoming[None]))
+    if n > 1:
+        incomplete = (holder < 0) | (folded.sum(axis=1) != n)
+        if incomplete.any():
+            c = int(np.argmax(incomplete))
             raise InvariantViolation(f"after reduce-scatter chunk {c} is not complete at any worker")
-        owners.append(0 if at is None else at)
-    return tuple(rounds), owners
+    return tuple(rounds), np.where(holder < 0, 0, holder)
 
 
-def _check_all_gather(n: int, owners: Sequence[int]) -> None:
-    """Walk the all-gather sends: only completed chunks move, and worker 0 ends with all of them."""
-    complete = bytearray(n * n)  # complete[w * n + c]: worker w holds completed chunk c
-    for c, w in enumerate(owners):
-        complete[w * n + c] = 1
-    for r in range(schedule.rounds_per_phase(n)):
-        arriving = []
-        for src in range(n):
-            c = schedule.send_chunk(schedule.ALL_GATHER, src, r, n)
-            if not complete[src * n + c]:
-                raise InvariantViolation(f"all-gather round {r}: worker {src} forwards incomplete chunk {c}")
-            arriving.append(schedule.right(src, n) * n + c)
-        for slot in arriving:
-            complete[slot] = 1
-    missing = [c for c in range(n) if not complete[c]]
+def _all_gather_in_bulk(n: int, owners: npt.NDArray[np.int64]) -> bool:
+    """Whether all-gather has the ring's usual shape, checked in bulk (else :func:`_all_gather_walk` decides).
+
+    The shape: each worker owns one completed chunk, ``right`` is a permutation,
+    every worker first sends the chunk it owns and then, each round, the chunk
+    it received the round before, and worker 0 ends up with every chunk.  Then
+    only completed chunks move.
+    """
+    count = schedule.rounds_per_phase(n)
+    if n == 1:
+        return count == 0
+    dst = _evaluate(schedule.right, _WORKERS, n, n=n)[0]
+    owned = _inverse(owners[None], n)
+    left = _inverse(dst[None], n) if _in_range(dst, n) else None
+    if owned is None or left is None:
+        return False
+    last = owned[0]  # last[i]: the chunk worker i holds newest, completed
+    at_0 = [owned[0, 0]]
+    for block in _blocks(count, n):
+        sent = _evaluate(schedule.send_chunk, schedule.ALL_GATHER, _WORKERS, _ROUND, n, n=n, rounds=block)
+        if (sent[0] != last).any() or (sent[1:] != sent[:-1][:, left[0]]).any():
+            return False
+        last = sent[-1][left[0]]
+        at_0.extend(sent[:, left[0, 0]].tolist())
+    return len(set(at_0)) == n
+
+
+def _all_gather_walk(n: int, owners: npt.NDArray[np.int64]) -> None:
+    """Simulate every all-gather send: only completed chunks move, and worker 0 ends with all of them."""
+    workers = np.arange(n, dtype=np.int64)
+    dst = _evaluate(schedule.right, _WORKERS, n, n=n)[0]
+    complete = np.zeros((n, n), dtype=bool)  # complete[w, c]: worker w holds completed chunk c
+    complete[owners, workers] = True
+    for block in _blocks(schedule.rounds_per_phase(n), n):
+        table = _evaluate(schedule.send_chunk, schedule.ALL_GATHER, _WORKERS, _ROUND, n, n=n, rounds=block)
+        for r, chunk in zip(block, table, strict=True):
+            fault = _out_of_range(chunk, n, f"all-gather round {r}: the chunk sent")
+            if fault:
+                raise fault
+            incomplete = ~complete[workers, chunk]
+            if incomplete.any():
+                src = int(np.argmax(incomplete))
+                raise InvariantViolation(
+                    f"all-gather round {r}: worker {src} forwards incomplete chunk {int(chunk[src])}"
+                )
+            complete[dst, chunk] = True
+    missing = np.flatnonzero(~complete[0]).tolist()
     if missing:
         raise InvariantViolation(f"after all-gather worker 0 lacks completed chunks {missing}")
 
@@ -170,22 +418,35 @@ def _check_all_gather(n: int, owners: Sequence[int]) -> None:
 def plan(n: int) -> Plan:
     """The reduce-scatter additions of the ring for ``n`` workers, checked against the whole schedule.
 
-    Costs ``O(n^2)`` Python steps once per ``n`` (about a second at ``n = 1024``);
-    the result is cached.
+    A schedule of the ring's usual shape is checked in bulk, with closed forms
+    per chunk (:func:`_reduce_scatter_in_bulk`, :func:`_all_gather_in_bulk`);
+    any other is simulated send by send, which words the first fault found.
+    (Every reduce-scatter the simulation accepts has that shape: ``n - 1``
+    rounds of distinct contributions along ``right`` reach all ``n`` workers
+    from every starting worker only if ``right`` is one cycle.)  Either costs
+    ``O(n^2)`` work in numpy operations over blocks of about a million sends:
+    about a second at ``n = 4096`` here.  The result is cached.
 
-    >>> [len(adds) for adds in plan(4)]
+    >>> [len(adds) for adds in plan(4).rounds]
     [2, 2, 2]
     """
-    rounds, owners = _reduce_scatter_plan(n)
-    _check_all_gather(n, owners)
-    return rounds
+    bulk = _reduce_scatter_in_bulk(n)
+    if bulk is None:
+        _reduce_scatter_walk(n)  # raises, naming the first fault: every schedule it accepts is ring-shaped
+        raise InvariantViolation(f"the reduce-scatter schedule for N = {n} does not move chunks in one cycle")
+    rounds, owners, cycle = bulk
+    if not _all_gather_in_bulk(n, owners):
+        _all_gather_walk(n, owners)
+    return Plan(rounds, cycle)
 
+
+# --- the batched path ----------------------------------------------------------------------------
 
 A = TypeVar("A", torch.Tensor, npt.NDArray[Any])
 
 
 def _run(
-    rounds: Plan,
+    rounds: Sequence[Sequence[Add]],
     acc: A,
     *,
     diagonal: Callable[[int, int, int], A],
@@ -265,22 +526,72 @@ def _numpy_all_finite(block: npt.NDArray[Any]) -> bool:
     return bool(np.isfinite(block.max())) and bool(np.isfinite(block.min()))
 
 
+# --- the compiled path ---------------------------------------------------------------------------
+
+_kernel_module: ModuleType | None = None
+
+
+def _kernel() -> ModuleType:
+    """:mod:`ring_ref._kernel`, imported on first use: importing Numba costs half a second."""
+    global _kernel_module  # noqa: PLW0603 - a lazily imported module
+    if _kernel_module is None:
+        from ring_ref import _kernel as module
+
+        _kernel_module = module
+    return _kernel_module
+
+
+def element_stride(shape: Sequence[int], strides: Sequence[int]) -> int | None:
+    """The one stride that steps through a worker's ``(M, ...)`` elements in order, or ``None``.
+
+    ``shape`` and ``strides`` are the whole ``(N, M, ...)`` input's.  Size-1
+    dimensions do not count; any stride (zero, negative) is fine as long as each
+    dimension steps over exactly the one inside it.
+
+    >>> element_stride((4, 8, 3), (24, 3, 1)), element_stride((4, 8, 3), (24, 1, 8))
+    (1, None)
+    """
+    dims = [(size, stride) for size, stride in zip(shape[1:], strides[1:], strict=True) if size != 1]
+    if not dims:
+        return 1
+    inner = expected = dims[-1][1]
+    for size, stride in reversed(dims):
+        if stride != expected:
+            return None
+        expected = stride * size
+    return inner
+
+
+def _fold(x2d: Array, out: Array, cycle: Cycle) -> bool:
+    """The compiled fold of ``x2d`` (``(N, M ...)`` flattened to two axes) into ``out`` (flat)."""
+    n = x2d.shape[0]
+    return bool(
+        _kernel().fold(
+            x2d, out, cycle.order, cycle.entries, chunk_size=out.size // n, threads=torch.get_num_threads()
+        )
+    )
+
+
 def _torch_forward(x: torch.Tensor) -> tuple[torch.Tensor, bool]:
-    """The result for a tensor that passed ``check_torch_structure``, and whether all of it is finite."""
+    """The result for a tensor that passed ``check_torch_structure``, and whether all of it is finite.
+
+    The result is a tensor of its own, never a view (autograd allows in-place
+    operations on it).
+    """
     n, m = x.shape[0], x.shape[1]
     k = m // n
     trailing = tuple(x.shape[2:])
-    row_bytes = math.prod(trailing) * x.element_size()
-    if x.is_cpu and x.dtype in (torch.float32, torch.float64) and k * row_bytes > NUMPY_TILE_BYTES:
-        # Chunks larger than a tile run as row tiles, many short operations, where numpy's
-        # per-call cost is a fraction of torch's. float32/float64 addition is IEEE in both, so the
-        # bits are the same; numpy's float16 arithmetic is far slower, and it has no bfloat16.
-        result, finite = _numpy_forward(x.detach().numpy())
-        return torch.from_numpy(result), finite
+    x = x.detach()
+    result = torch.empty((m, *trailing), dtype=x.dtype, device=x.device)
     if n == 1:
-        copy = torch.clone(x[0], memory_format=torch.contiguous_format)
-        return copy, _torch_all_finite(copy)
-    acc = torch.empty((n, k, *trailing), dtype=x.dtype, device=x.device)
+        result.copy_(x[0])
+        return result, _torch_all_finite(result)
+    inner = element_stride(x.shape, x.stride())
+    if x.is_cpu and x.dtype in KERNEL_DTYPES and inner is not None:
+        flat = x.as_strided((n, x[0].numel()), (x.stride(0), inner)).numpy()
+        flat.flags.writeable = False
+        if flat.flags.aligned:
+            return result, _fold(flat, result.numpy().reshape(-1), plan(n).cycle)
     s_worker, s_row, *s_trailing = x.stride()
     base = x.storage_offset()
 
@@ -294,24 +605,31 @@ def _torch_forward(x: torch.Tensor) -> tuple[torch.Tensor, bool]:
     def add(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> object:
         return torch.add(a, b, out=out)
 
-    tile = _tile(n, k, row_bytes, TILE_BYTES if x.is_cpu else None)
-    finite = _run(plan(n), acc, diagonal=diagonal, add=add, all_finite=_torch_all_finite, tile=tile)
-    return acc.view(m, *trailing), finite
+    tile = _tile(n, k, math.prod(trailing) * x.element_size(), TILE_BYTES if x.is_cpu else None)
+    acc = result.view(n, k, *trailing)
+    finite = _run(plan(n).rounds, acc, diagonal=diagonal, add=add, all_finite=_torch_all_finite, tile=tile)
+    return result, finite
 
 
 class _RingSum(torch.autograd.Function):
     """Autograd for the fast engine: every worker's gradient is the output gradient, unchanged.
 
-    ``forward(x, report)`` appends to the list ``report`` whether the result is finite.
+    ``apply(x, check)``: ``check`` says whether a result that is not all finite
+    needs the input scan (``bad-input``); tangents are not inputs and are not
+    checked.
     """
 
     @staticmethod
-    def forward(ctx: Any, *args: Any, **kwargs: Any) -> Any:
-        x, report = args
-        ctx.workers = x.shape[0]
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        x, check = args
         result, finite = _torch_forward(x)
-        report.append(finite)
+        if check and not finite:
+            _validate.torch_finite(x)
         return result
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: Any, output: Any) -> None:
+        ctx.workers = inputs[0].shape[0]
 
     @staticmethod
     def backward(ctx: Any, *grad_outputs: Any) -> Any:
@@ -320,26 +638,43 @@ class _RingSum(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx: Any, *grad_inputs: Any) -> Any:
+        # The same ring over the tangents; through apply, so a torch.func tangent is unwrapped first.
         tangent, _ = grad_inputs
-        return _torch_forward(tangent)[0]
+        return _ring_sum(tangent, False)
+
+    @staticmethod
+    def vmap(info: Any, in_dims: Any, *args: Any) -> Any:
+        # Elements are reduced independently: the batch is one more trailing dimension.
+        x, check = args
+        if in_dims[0] is None:
+            return _ring_sum(x, check), None
+        return _ring_sum(x.movedim(in_dims[0], -1), check), -1
 
 
-_ring_sum: Callable[[torch.Tensor, list[bool]], torch.Tensor] = _RingSum.apply
+_ring_sum: Callable[[torch.Tensor, bool], torch.Tensor] = _RingSum.apply
 """``_RingSum.apply`` with its type stated (torch leaves it untyped)."""
+
 
 _unpack_dual: Callable[[torch.Tensor], Any] = forward_ad.unpack_dual
 """``forward_ad.unpack_dual`` with its type stated (torch leaves it untyped)."""
 
 
+def _differentiable(x: torch.Tensor) -> bool:
+    """Whether ``x`` needs :class:`_RingSum`: it records a graph, carries a tangent, or is a ``torch.func``
+    wrapper (``grad``, ``vmap``, ``jvp``), whose values only the Function's unwrapped inputs expose."""
+    return (
+        (x.requires_grad and torch.is_grad_enabled())
+        or is_functorch_wrapped_tensor(x)
+        or _unpack_dual(x).tangent is not None
+    )
+
+
 def ring_all_reduce_torch(x: torch.Tensor) -> torch.Tensor:
     """The fast engine on a ``torch.Tensor`` of shape ``(N, M, ...)``; returns ``(M, ...)``."""
     _validate.check_torch_structure(x)
-    if (x.requires_grad and torch.is_grad_enabled()) or _unpack_dual(x).tangent is not None:
-        report: list[bool] = []
-        result = _ring_sum(x, report)
-        finite = report[0]
-    else:
-        result, finite = _torch_forward(x)
+    if _differentiable(x):
+        return _ring_sum(x, True)  # checks finiteness inside, on the unwrapped input
+    result, finite = _torch_forward(x)
     if not finite:
         _validate.torch_finite(x)
     return result
@@ -348,6 +683,7 @@ def ring_all_reduce_torch(x: torch.Tensor) -> torch.Tensor:
 def ring_all_reduce_numpy(x: npt.NDArray[Any]) -> npt.NDArray[Any]:
     """The fast engine on a ``numpy.ndarray`` of shape ``(N, M, ...)``; returns ``(M, ...)``."""
     _validate.check_numpy_structure(x)
+    x = _validate.plain_array(x)
     result, finite = _numpy_forward(x)
     if not finite:
         _validate.numpy_finite(x)
@@ -359,28 +695,36 @@ def _numpy_forward(x: npt.NDArray[Any]) -> tuple[npt.NDArray[Any], bool]:
     n, m = x.shape[0], x.shape[1]
     k = m // n
     trailing = x.shape[2:]
+    result: npt.NDArray[Any] = np.empty((m, *trailing), dtype=x.dtype)
     if n == 1:
-        result: npt.NDArray[Any] = np.array(x[0], order="C")
-        finite = _numpy_all_finite(result)
-    else:
-        acc = np.empty((n, k, *trailing), dtype=x.dtype)
-        s_worker, s_row, *s_trailing = x.strides
+        result[...] = x[0]
+        return result, _numpy_all_finite(result)
+    strides = [s // x.itemsize for s in x.strides] if all(s % x.itemsize == 0 for s in x.strides) else None
+    inner = None if strides is None else element_stride(x.shape, strides)
+    if x.dtype.isnative and x.dtype in (np.float32, np.float64) and inner is not None and x.flags.aligned:
+        flat = np.lib.stride_tricks.as_strided(
+            x, (n, x[0].size), (x.strides[0], inner * x.itemsize), writeable=False
+        )
+        return result, _fold(flat, result.reshape(-1), plan(n).cycle)
+    s_worker, s_row, *s_trailing = x.strides
 
-        def diagonal(offset: int, start: int, stop: int) -> npt.NDArray[Any]:
-            return np.lib.stride_tricks.as_strided(
-                x[start + offset, start * k :],
-                (stop - start, k, *trailing),
-                (s_worker + k * s_row, s_row, *s_trailing),
-                writeable=False,
-            )
+    def diagonal(offset: int, start: int, stop: int) -> npt.NDArray[Any]:
+        return np.lib.stride_tricks.as_strided(
+            x[start + offset, start * k :],
+            (stop - start, k, *trailing),
+            (s_worker + k * s_row, s_row, *s_trailing),
+            writeable=False,
+        )
 
-        def add(a: npt.NDArray[Any], b: npt.NDArray[Any], out: npt.NDArray[Any]) -> object:
-            return np.add(a, b, out=out)
+    def add(a: npt.NDArray[Any], b: npt.NDArray[Any], out: npt.NDArray[Any]) -> object:
+        return np.add(a, b, out=out)
 
-        tile = _tile(n, k, math.prod(trailing) * x.itemsize, NUMPY_TILE_BYTES)
-        # Overflow to +-inf is the correctly rounded sum (clause input-finite), not an error; an
-        # invalid operation (inf - inf) only happens on non-finite input, which is rejected below.
-        with np.errstate(over="ignore", invalid="ignore"):
-            finite = _run(plan(n), acc, diagonal=diagonal, add=add, all_finite=_numpy_all_finite, tile=tile)
-        result = acc.reshape(m, *trailing)
+    tile = _tile(n, k, math.prod(trailing) * x.itemsize, NUMPY_TILE_BYTES)
+    acc = result.reshape(n, k, *trailing)
+    # Overflow to +-inf is the correctly rounded sum (clause input-finite), not an error; an
+    # invalid operation (inf - inf) only happens on non-finite input, which is rejected below.
+    with np.errstate(over="ignore", invalid="ignore"):
+        finite = _run(
+            plan(n).rounds, acc, diagonal=diagonal, add=add, all_finite=_numpy_all_finite, tile=tile
+        )
     return result, finite

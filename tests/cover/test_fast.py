@@ -7,8 +7,10 @@ and memory are not tested here: ``make bench`` measures them side by side.
 
 from __future__ import annotations
 
+import re
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,11 +21,13 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from torch.autograd import forward_ad
 
-from ring_ref import InvariantViolation, _fast, ring_all_reduce, schedule
-from tests.oracles import bits, ring_fold, same_bits
+from ring_ref import InvariantViolation, _fast, _kernel, ring_all_reduce, schedule
+from tests.oracles import bits, exact_sum, pairwise_tree, ring_fold, same_bits
 from tests.strategies import ALL_DTYPES, shapes, worker_tensors
 
 NUMPY_DTYPES = (torch.float16, torch.float32, torch.float64)
+KERNEL_DTYPES = (torch.float32, torch.float64)
+"""The dtypes the compiled kernel adds (on the CPU); float16 and bfloat16 take the batched path."""
 FEW = settings(max_examples=max(4, settings().max_examples // 15))
 """Examples for the tests whose reference runs take seconds (N up to 64): 4 by default, more under soak."""
 
@@ -85,13 +89,19 @@ def test_fast_equals_reference_bitwise_up_to_64_workers(
     assert same_bits(ring_all_reduce(x, engine="fast"), ring_all_reduce(x, engine="reference"))
 
 
-UNUSUAL_LAYOUTS = {
-    "expanded-workers": lambda: torch.randn(1, 8, dtype=torch.float64).expand(4, 8),
-    "expanded-rows": lambda: torch.randn(4, 1, 3, dtype=torch.float64).expand(4, 8, 3),
-    "expanded-trailing": lambda: torch.randn(4, 8, 1, dtype=torch.float64).expand(4, 8, 3),
-    "permuted": lambda: torch.randn(3, 2, 6, dtype=torch.float64).permute(1, 2, 0),
-    "storage-offset": lambda: torch.randn(5, 8, 2, dtype=torch.float64)[1:],
+def scaled(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """Normal values times 1000 in ``dtype``, a fresh contiguous tensor to take a view of."""
+    return (torch.randn(shape, dtype=torch.float64) * 1e3).to(dtype)
+
+
+UNUSUAL_LAYOUTS: dict[str, Callable[[torch.dtype], torch.Tensor]] = {
+    "expanded-workers": lambda d: scaled((1, 8), d).expand(4, 8),
+    "expanded-rows": lambda d: scaled((4, 1, 3), d).expand(4, 8, 3),
+    "expanded-trailing": lambda d: scaled((4, 8, 1), d).expand(4, 8, 3),
+    "permuted": lambda d: scaled((3, 2, 6), d).permute(1, 2, 0),
+    "storage-offset": lambda d: scaled((5, 8, 2), d)[1:],
 }
+"""Views made last, in the dtype under test, so that the engine sees the layout (arithmetic would copy)."""
 
 
 @pytest.mark.clause("fold-order", "input-unchanged")
@@ -99,7 +109,7 @@ UNUSUAL_LAYOUTS = {
 @pytest.mark.parametrize("layout", list(UNUSUAL_LAYOUTS))
 def test_fast_equals_reference_on_unusual_strides(layout: str, dtype: torch.dtype) -> None:
     """Zero strides (``expand``), permuted dimensions and a storage offset: the diagonal views stay right."""
-    x = (UNUSUAL_LAYOUTS[layout]() * 1e3).to(dtype)
+    x = UNUSUAL_LAYOUTS[layout](dtype)
     before = snapshot(x)
     got = ring_all_reduce(x, engine="fast")
     assert same_bits(got, ring_all_reduce(x, engine="reference"))
@@ -134,8 +144,185 @@ def test_tile_size_does_not_change_the_bits(x: torch.Tensor, tile_bytes: int) ->
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(_fast, "TILE_BYTES", tile_bytes)
         patch.setattr(_fast, "NUMPY_TILE_BYTES", tile_bytes)
+        patch.setattr(_kernel, "TILE_BYTES", tile_bytes)
         got = ring_all_reduce(x, engine="fast")
     assert same_bits(got, ring_all_reduce(x, engine="reference"))
+
+
+@pytest.mark.clause("fold-order")
+@settings(max_examples=max(10, settings().max_examples // 3))
+@given(worker_tensors(max_n=12, dtypes=KERNEL_DTYPES), st.integers(1, 256), st.integers(2, 4))
+def test_kernel_tiles_shared_among_threads_give_the_same_bits(
+    x: torch.Tensor, tile_bytes: int, threads: int
+) -> None:
+    """Tiny tiles and no minimum size per thread: every input is cut among several threads."""
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(_kernel, "TILE_BYTES", tile_bytes)
+            patch.setattr(_kernel, "MIN_BYTES_PER_THREAD", 1)
+            got = ring_all_reduce(x, engine="fast")
+            array = ring_all_reduce(x.numpy(), engine="fast")
+    finally:
+        torch.set_num_threads(before)
+    want = ring_all_reduce(x, engine="reference")
+    assert same_bits(got, want)
+    assert same_bits(torch.from_numpy(array), want)
+
+
+def kernel_calls(patch: pytest.MonkeyPatch) -> list[int]:
+    """Record each call of the compiled kernel (its ``N``) while ``patch`` is active."""
+    calls: list[int] = []
+    fold = _kernel.fold
+
+    def counted(x: npt.NDArray[Any], *args: Any, **kwargs: Any) -> bool:
+        calls.append(x.shape[0])
+        return fold(x, *args, **kwargs)
+
+    patch.setattr(_kernel, "fold", counted)
+    return calls
+
+
+KERNEL_LAYOUTS: dict[str, Callable[[torch.dtype], torch.Tensor | npt.NDArray[Any]]] = {
+    "contiguous": lambda d: torch.randn(4, 8, 3, dtype=d),
+    "transposed": lambda d: torch.randn(8, 4, dtype=d).T,
+    "strided": lambda d: torch.randn(4, 16, dtype=d)[:, ::2],
+    "expanded-workers": lambda d: torch.randn(1, 8, dtype=d).expand(4, 8),
+    "storage-offset": lambda d: torch.randn(5, 8, 2, dtype=d)[1:],
+    "numpy": lambda d: torch.randn(4, 8, 3, dtype=d).numpy(),
+    "numpy-negative-strides": lambda d: negative_strides(torch.randn(4, 8, dtype=d).numpy(), 1),
+}
+
+
+@pytest.mark.clause("fold-order", "engines-same-bits")
+@pytest.mark.parametrize(
+    ("layout", "dtype"),
+    [
+        (layout, d)
+        for layout in KERNEL_LAYOUTS
+        for d in ALL_DTYPES
+        if d in NUMPY_DTYPES or "numpy" not in layout
+    ],
+)
+def test_kernel_takes_float32_and_float64_in_every_layout_it_can_address(
+    layout: str, dtype: torch.dtype
+) -> None:
+    """So the bitwise property tests exercise the compiled path; float16 and bfloat16 keep the batched one."""
+    x = KERNEL_LAYOUTS[layout](dtype)
+    with pytest.MonkeyPatch.context() as patch:
+        calls = kernel_calls(patch)
+        got = ring_all_reduce(x, engine="fast")
+    assert calls == ([4] if dtype in KERNEL_DTYPES else [])
+    want = ring_all_reduce(x, engine="reference")
+    assert bits(torch.as_tensor(got)).tolist() == bits(torch.as_tensor(want)).tolist()
+
+
+@pytest.mark.clause("fold-order")
+@pytest.mark.parametrize("layout", ["permuted", "expanded-rows", "expanded-trailing"])
+def test_layouts_without_one_element_stride_take_the_batched_path(layout: str) -> None:
+    x = UNUSUAL_LAYOUTS[layout](torch.float32)
+    with pytest.MonkeyPatch.context() as patch:
+        calls = kernel_calls(patch)
+        got = ring_all_reduce(x, engine="fast")
+    assert calls == []
+    assert same_bits(got, ring_fold(x))
+
+
+def half_ulp_ring(n: int, k: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """Each chunk's first worker (worker ``c`` for chunk ``c``) holds ``s``, every other ``s * 2**-p``.
+
+    ``2**-p`` is half an ulp of 1 (``p`` the dtype's precision) and ``s = ±2**e``:
+    in ring order every addition is a tie that rounds back to ``s`` (even), so
+    the result is ``s``; adding any two small terms first makes a whole ulp
+    that survives.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    precision = {torch.float32: 24, torch.float64: 53}[dtype]
+    signs = torch.randint(0, 2, (n * k,), generator=generator).to(torch.float64) * 2 - 1
+    scale = signs * 2.0 ** torch.randint(-30, 31, (n * k,), generator=generator).to(torch.float64)
+    owner = torch.arange(n * k) // k  # the chunk of each element, whose fold starts at that worker
+    first = torch.arange(n)[:, None] == owner[None, :]
+    return torch.where(first, scale, scale * 2.0**-precision).to(dtype)
+
+
+def right_fold(terms: list[torch.Tensor]) -> torch.Tensor:
+    """``t0 + (t1 + (t2 + ...))``: the ring's terms, reassociated from the right."""
+    acc = terms[-1]
+    for t in reversed(terms[:-1]):
+        acc = t + acc
+    return acc
+
+
+@pytest.mark.clause("fold-order", "engines-same-bits")
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES)
+@pytest.mark.parametrize(("n", "k"), [(4, 3), (5, 1), (8, 7), (33, 2)])
+@pytest.mark.parametrize("tile_bytes", [16 << 10, 8])
+@pytest.mark.parametrize("kind", ["torch", "numpy", "transposed"])
+def test_kernel_rounds_where_reassociation_would_not(
+    dtype: torch.dtype, n: int, k: int, tile_bytes: int, kind: str
+) -> None:
+    """Inputs on which a reassociated, tree-shaped or once-rounded sum differs from the ring in every element.
+
+    The fast engine must still give the reference's bits; the alternatives,
+    computed here independently, show that the inputs can tell them apart.
+    ``tile_bytes = 8`` cuts every chunk into column tiles (the one-chunk path),
+    the default batches whole chunks (the row-streaming path).
+    """
+    x = half_ulp_ring(n, k, dtype, seed=n * k)
+    if kind == "transposed":
+        x = x.T.contiguous().T  # worker axis innermost: the kernel's any-strides specialisation
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_kernel, "TILE_BYTES", tile_bytes)
+        got = fast_on(x, "numpy" if kind == "numpy" else "torch")
+    want = ring_all_reduce(x, engine="reference")
+    assert same_bits(got, want)
+    assert same_bits(want, ring_fold(x))
+    chunks = [
+        [x[(c + j) % n, c * k : (c + 1) * k] for j in range(n)] for c in range(n)
+    ]  # each chunk's terms in ring order
+    reassociated = torch.cat([right_fold(terms) for terms in chunks])
+    tree = torch.cat([pairwise_tree(terms) for terms in chunks])
+    once = torch.tensor([float(v) for v in exact_sum(x)], dtype=torch.float64).to(dtype)  # exact in float64
+    for other in (reassociated, tree, once):
+        assert bool((bits(other) != bits(want)).all())
+
+
+@pytest.mark.clause("fold-order")
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_kernel_machine_code_adds_in_the_dtype_without_fast_math(dtype: str) -> None:
+    """The compiled kernel's LLVM IR: every ``fadd`` is plain IEEE (no fast-math flags) in the input type.
+
+    No flag allows reassociation or contraction, no wider type carries a
+    partial sum, no fused multiply-add exists; the vector ``fadd`` s are the
+    element loops (independent folds side by side).
+    """
+    compiled = _kernel.compile_kernel(dtype, contiguous=True, cache=False)
+    (ir,) = compiled.inspect_llvm().values()
+    scalar = {"float32": "float", "float64": "double"}[dtype]
+    adds = re.findall(r"= fadd ((?:[a-z]+ )*)(<\d+ x \w+>|float|double|half) ", ir)
+    assert adds
+    assert {flags for flags, _ in adds} == {""}
+    assert {re.sub(r"<\d+ x (\w+)>", r"\1", t) for _, t in adds} == {scalar}
+    assert any(t.startswith("<") for _, t in adds)
+    assert not re.search(r"fmuladd|llvm\.fma|\bfpext\b|\bfptrunc\b", ir)
+
+
+@pytest.mark.clause("fold-order")
+def test_kernel_compiles_without_a_writable_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where Numba finds no cache directory it can write, the kernel is compiled in memory instead."""
+    import numba
+    from numba.core import config
+
+    monkeypatch.setattr(config, "CACHE_LOCATOR_CLASSES", "IPythonCacheLocator")  # applies to no file here
+    with pytest.raises(RuntimeError, match="no locator available"):
+        numba.njit(_kernel.signature("float64", False), cache=True)(_kernel._fold_tiles)
+    compiled = _kernel.compile_kernel("float64", contiguous=False)
+    x = half_ulp_ring(4, 3, torch.float64, seed=1)
+    out = np.empty(12)
+    cycle = _fast.plan(4).cycle
+    assert compiled(x.numpy(), out, cycle.order, cycle.entries, 3, 1, 3, 0, 4)
+    assert same_bits(torch.from_numpy(out), ring_fold(x))
 
 
 @pytest.mark.clause("fold-order", "preserve-dtype-device", "input-unchanged")
@@ -321,7 +508,7 @@ def test_fast_engine_rejects_bad_input_like_the_reference(
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 7, 16, 33])
 def test_plan_adds_each_chunk_in_ring_order_n_minus_1_times(n: int) -> None:
     order: dict[int, list[int]] = {c: [] for c in range(n)}
-    for adds in _fast.plan(n):
+    for adds in _fast.plan(n).rounds:
         for add in adds:
             for c in range(add.start, add.stop):
                 if add.incoming is not None:
@@ -392,3 +579,158 @@ def test_engines_on_cuda_keep_device_and_bits(dtype: torch.dtype, engine: str) -
 def test_fast_result_shape(shape: tuple[int, ...]) -> None:
     x = torch.zeros(shape)
     assert tuple(ring_all_reduce(x, engine="fast").shape) == shape[1:]
+
+
+@pytest.mark.clause("no-shortcut", "rs-send-chunk")
+def test_plan_for_4096_workers_is_the_ring() -> None:
+    """The plan at N = 4096 (compiled in bulk), against the spec's closed form typed in here."""
+    n = 4096
+    p = _fast.plan(n)
+    assert p.cycle.order.tolist() == list(range(n))
+    assert p.cycle.entries.tolist() == [[0, n, 0]]
+    expected = [
+        (
+            _fast.Add(0, n - 1 - r, r + 1, 0 if r == 0 else None),
+            _fast.Add(n - 1 - r, n, r + 1 - n, 0 if r == 0 else None),
+        )
+        for r in range(n - 1)
+    ]
+    assert list(p.rounds) == expected
+
+
+def reversed_ring(patch: pytest.MonkeyPatch) -> None:
+    """The ring run the other way: worker i sends to i - 1, so chunk c's fold is c, c-1, ..., c+1."""
+    patch.setattr(schedule, "right", lambda i, n: (i - 1) % n)
+    patch.setattr(schedule, "rs_send_chunk", lambda i, r, n: (i + r) % n)
+    patch.setattr(schedule, "ag_send_chunk", lambda i, r, n: (i - 1 + r) % n)
+
+
+@pytest.mark.clause("rs-send-chunk", "ag-send-chunk", "no-shortcut")
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8, 16, 33])
+@pytest.mark.parametrize("ring", ["spec", "shifted", "reversed"])
+def test_plan_in_bulk_equals_the_send_by_send_walk(n: int, ring: str) -> None:
+    with pytest.MonkeyPatch.context() as patch:
+        {"spec": lambda p: None, "shifted": shifted_ring, "reversed": reversed_ring}[ring](patch)
+        bulk = _fast._reduce_scatter_in_bulk(n)
+        rounds, owners = _fast._reduce_scatter_walk(n)
+        assert bulk is not None
+        assert bulk[0] == rounds
+        assert bulk[1].tolist() == owners.tolist()
+        assert _fast._all_gather_in_bulk(n, owners)
+        _fast._all_gather_walk(n, owners)
+
+
+@pytest.mark.clause("rs-send-chunk", "fold-order")
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_fast_engine_follows_a_reversed_ring(dtype: torch.dtype) -> None:
+    """A cycle other than 0 -> 1 -> ... reaches the kernel (and the batched path) through the plan."""
+    n, k = 5, 3
+    x = (torch.randn(n, k * n, dtype=torch.float64) * 1e3).to(dtype)
+    with pytest.MonkeyPatch.context() as patch:
+        reversed_ring(patch)
+        got = ring_all_reduce(x, engine="fast")
+    want = []
+    for c in range(n):
+        acc = x[c, c * k : (c + 1) * k]
+        for j in range(1, n):
+            acc = acc + x[(c - j) % n, c * k : (c + 1) * k]
+        want.append(acc)
+    assert same_bits(got, torch.cat(want))
+
+
+@pytest.mark.clause("ag-copy-not-add")
+def test_an_all_gather_off_the_usual_shape_is_checked_send_by_send() -> None:
+    """Worker 0 re-sends the chunk it owns in round 1 (allowed: it is complete); worker 0 still gets all."""
+    n = 3
+    spec_ag = schedule.ag_send_chunk
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(
+            schedule,
+            "ag_send_chunk",
+            lambda i, r, n: schedule.owned_chunk(0, n) if (i, r) == (0, 1) else spec_ag(i, r, n),
+        )
+        owners = _fast._reduce_scatter_in_bulk(n)
+        assert owners is not None
+        assert not _fast._all_gather_in_bulk(n, owners[1])
+        x = torch.randn(n, 2 * n, dtype=torch.float64)
+        assert same_bits(ring_all_reduce(x, engine="fast"), ring_fold(x))
+
+
+@pytest.mark.clause("autograd")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_fast_result_under_autograd_takes_in_place_operations(dtype: torch.dtype) -> None:
+    x = torch.randn(4, 8, dtype=dtype, requires_grad=True)
+    y = ring_all_reduce(x, engine="fast")
+    y.mul_(2)
+    (grad,) = torch.autograd.grad(y.sum(), x)
+    assert same_bits(grad, torch.full_like(x, 2.0))
+
+
+def _ones_jacobian(n: int, m: int) -> torch.Tensor:
+    """d result[j] / d x[w, i]: 1 where i == j, for every worker ``w``."""
+    return torch.eye(m, dtype=torch.float64)[:, None, :].expand(m, n, m)
+
+
+FUNC_TRANSFORMS: dict[str, Callable[[Callable[[torch.Tensor], torch.Tensor], torch.Tensor], Any]] = {
+    "grad": lambda f, x: torch.func.grad(lambda t: f(t).sum())(x),
+    "vmap": lambda f, x: torch.func.vmap(f)(torch.stack([x, 2 * x])),
+    "vmap-dim-1": lambda f, x: torch.func.vmap(f, in_dims=1)(torch.stack([x, 2 * x], 1)),
+    "jvp": lambda f, x: torch.func.jvp(f, (x,), (x.flip(1),)),
+    "jacrev": lambda f, x: torch.func.jacrev(f)(x),
+    "jacfwd": lambda f, x: torch.func.jacfwd(f)(x),
+    "vmap-grad": lambda f, x: torch.func.vmap(torch.func.grad(lambda t: f(t).sum()))(torch.stack([x, 2 * x])),
+    "hessian": lambda f, x: torch.func.hessian(lambda t: (f(t) ** 2).sum())(x),
+}
+
+
+@pytest.mark.clause("autograd")
+@pytest.mark.parametrize("transform", list(FUNC_TRANSFORMS))
+def test_fast_engine_under_torch_func_transforms(transform: str) -> None:
+    """Against closed forms: the ring fold per example, the ones gradient, the identity Jacobians."""
+    n, m = 4, 8
+    x = torch.randn(n, m, dtype=torch.float64) * 1e3
+    got = FUNC_TRANSFORMS[transform](lambda t: ring_all_reduce(t, engine="fast"), x)
+    ones = torch.ones(n, m, dtype=torch.float64)
+    want: Any = {
+        "grad": ones,
+        "vmap": torch.stack([ring_fold(x), ring_fold(2 * x)]),
+        "vmap-dim-1": torch.stack([ring_fold(x), ring_fold(2 * x)]),
+        "jvp": (ring_fold(x), ring_fold(x.flip(1))),
+        "jacrev": _ones_jacobian(n, m),
+        "jacfwd": _ones_jacobian(n, m),
+        "vmap-grad": torch.stack([ones, ones]),
+        # d^2 / dx[w, i] dx[v, j] of sum_j (sum_w x[w, j])^2: 2 where i == j, for every pair of workers.
+        "hessian": 2 * torch.eye(m, dtype=torch.float64)[None, :, None, :].expand(n, m, n, m),
+    }[transform]
+    pairs = list(zip(got, want, strict=True)) if isinstance(want, tuple) else [(got, want)]
+    for a, b in pairs:
+        assert same_bits(a, b.contiguous())
+
+
+@pytest.mark.clause("bad-input")
+def test_fast_engine_under_vmap_rejects_non_finite_input() -> None:
+    x = torch.ones(2, 4, 8)
+    x[1, 0, 3] = float("nan")
+    with pytest.raises(ValueError, match="must be finite"):
+        torch.func.vmap(lambda t: ring_all_reduce(t, engine="fast"))(x)
+
+
+@pytest.mark.clause("engines-same-bits", "input-unchanged")
+@pytest.mark.parametrize("mode", ["r+", "r"])
+def test_fast_engine_reads_a_memmap_like_a_plain_array(tmp_path: Path, mode: Any) -> None:
+    path = tmp_path / "workers.f32"
+    values = half_ulp_ring(4, 5, torch.float32, seed=7).numpy()
+    values.tofile(path)
+    x = np.memmap(path, dtype=np.float32, mode=mode, shape=values.shape)
+    got = ring_all_reduce(x, engine="fast")
+    assert type(got) is np.ndarray
+    assert got.tobytes() == ring_all_reduce(x, engine="reference").tobytes()
+    assert np.asarray(x).tobytes() == values.tobytes()
+
+
+@pytest.mark.clause("bad-input")
+def test_fast_engine_refuses_non_native_byte_order_like_the_reference() -> None:
+    x = np.ones((2, 4), dtype=np.dtype(np.float32).newbyteorder("S"))
+    for engine in ("reference", "fast"):
+        with pytest.raises(TypeError, match="byte order"):
+            ring_all_reduce(x, engine=engine)
