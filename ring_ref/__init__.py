@@ -18,17 +18,20 @@ import torch
 from ring_ref import _fast, _numpy_adapter, _torch_adapter
 from ring_ref._cost import REFERENCE_SLOW_N, SlowReferenceWarning
 from ring_ref._ops import OPS, Op, op_name
-from ring_ref._validate import not_an_array
+from ring_ref._validate import not_an_array, schedule_of
 from ring_ref._version import __version__
 from ring_ref.invariants import InvariantViolation
+from ring_ref.schedule import PRESETS, SPEC, RingSchedule
 
 __all__ = [
     "ENGINES",
     "OPS",
+    "PRESETS",
     "REFERENCE_SLOW_N",
     "Engine",
     "InvariantViolation",
     "Op",
+    "RingSchedule",
     "SlowReferenceWarning",
     "__version__",
     "ring_all_reduce",
@@ -44,14 +47,26 @@ _A = TypeVar("_A", bound=np.generic)
 
 @overload
 def ring_all_reduce(
-    worker_tensors: torch.Tensor, engine: Engine = "reference", *, op: object = "sum"
+    worker_tensors: torch.Tensor,
+    engine: Engine = "reference",
+    *,
+    op: object = "sum",
+    schedule: str | RingSchedule = "spec",
 ) -> torch.Tensor: ...
 @overload
 def ring_all_reduce(
-    worker_tensors: npt.NDArray[_A], engine: Engine = "reference", *, op: object = "sum"
+    worker_tensors: npt.NDArray[_A],
+    engine: Engine = "reference",
+    *,
+    op: object = "sum",
+    schedule: str | RingSchedule = "spec",
 ) -> npt.NDArray[_A]: ...
 def ring_all_reduce(
-    worker_tensors: torch.Tensor | npt.NDArray[_A], engine: Engine = "reference", *, op: object = "sum"
+    worker_tensors: torch.Tensor | npt.NDArray[_A],
+    engine: Engine = "reference",
+    *,
+    op: object = "sum",
+    schedule: str | RingSchedule = "spec",
 ) -> torch.Tensor | npt.NDArray[_A]:
     """Ring all-reduce of ``worker_tensors`` (shape ``(N, M, ...)``); returns worker 0's ``(M, ...)`` sum.
 
@@ -70,6 +85,13 @@ def ring_all_reduce(
     additions as batched tensor operations (:mod:`ring_ref._fast`) and returns the
     same bits, orders of magnitude sooner for large ``N``.  Any other value raises
     ``ValueError`` (``unknown engine``).
+
+    ``schedule`` picks the ring of the family (clauses ``schedule-*``): a preset
+    name from :data:`PRESETS` (``"spec"``, the default, ``"openmpi-ring"``,
+    ``"gloo"``) or a :class:`RingSchedule` (direction, offset, chunk layout).
+    With the layouts ``blocks`` and ``gloo`` ``M`` need not be divisible by ``N``.
+    The fast engine runs the spec's ring itself; another schedule on
+    ``engine="fast"`` runs on the reference core, which gives the same bits.
     """
     if engine not in ENGINES:
         raise ValueError(
@@ -77,6 +99,13 @@ def ring_all_reduce(
             "the default) or engine='fast' (batched, the same bits)."
         )
     reduce_op = op_name(op)
+    ring = schedule_of(schedule)
+    if ring != SPEC:
+        if isinstance(worker_tensors, torch.Tensor):
+            return _torch_adapter.ring_all_reduce(worker_tensors, reduce_op, ring)
+        if isinstance(worker_tensors, np.ndarray):
+            return _numpy_adapter.ring_all_reduce(worker_tensors, reduce_op, ring)
+        raise not_an_array(worker_tensors).error()
     if engine == "fast" and reduce_op != "sum":
         raise NotImplementedError("TEMPORARY: the fast engine's ops land with the fused kernel")
     if isinstance(worker_tensors, torch.Tensor):

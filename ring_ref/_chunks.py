@@ -1,22 +1,40 @@
-"""Chunk views: the one place that cuts a buffer into the ring's chunks (clause ``chunk-layout``).
+"""Chunk views: the one place that cuts a buffer into the ring's chunks.
 
-A buffer of ``M`` rows (its leading axis) is cut into ``N`` chunks of ``M / N``
-consecutive rows each; trailing dimensions stay whole.  The chunks are views
-(basic slicing), so nothing is copied, for ``torch.Tensor`` and
-``numpy.ndarray`` alike.
+Clauses ``chunk-layout`` and ``schedule-layouts``.
+
+The spec's layout (``even``): a buffer of ``M`` rows (its leading axis) is cut
+into ``N`` chunks of ``M / N`` consecutive rows each; trailing dimensions stay
+whole.  The other layouts of the schedule family cut the ``S`` elements of a
+buffer, in row-major order, into ``N`` consecutive ranges of any sizes, as the
+libraries they come from see a flat buffer: ``blocks`` (OpenMPI: the first
+``S mod N`` chunks one element longer) and ``gloo`` (gloo's segments: the last
+chunks may be short or empty).  The chunks are views (basic slicing), so
+nothing is copied, for ``torch.Tensor`` and ``numpy.ndarray`` alike.
 
 >>> import numpy as np
 >>> [c.tolist() for c in chunk_views(np.arange(6), 3)]
 [[0, 1], [2, 3], [4, 5]]
 >>> chunk_rows(6, 3)
 [(0, 2), (2, 4), (4, 6)]
+>>> chunk_bounds("blocks", 3, 7), chunk_bounds("gloo", 3, 7, itemsize=4)
+([(0, 3), (3, 5), (5, 7)], [(0, 4), (4, 7), (7, 7)])
 """
 
 from __future__ import annotations
 
-from typing import Protocol, Self, TypeVar
+import itertools
+from typing import Final, Protocol, Self, TypeVar
 
-__all__ = ["chunk_rows", "chunk_views"]
+from ring_ref.schedule import Layout
+
+__all__ = [
+    "GLOO_MAX_SEGMENT_BYTES",
+    "chunk_bounds",
+    "chunk_of_elements",
+    "chunk_rows",
+    "chunk_views",
+    "layout_views",
+]
 
 
 class _Sliceable(Protocol):
@@ -26,6 +44,9 @@ class _Sliceable(Protocol):
 
 
 B = TypeVar("B", bound=_Sliceable)
+
+GLOO_MAX_SEGMENT_BYTES: Final = 1 << 20
+"""gloo's ``AllreduceOptions::kMaxSegmentSize``: the largest segment its ring moves at once."""
 
 
 def chunk_rows(m: int, n: int) -> list[tuple[int, int]]:
@@ -37,3 +58,61 @@ def chunk_rows(m: int, n: int) -> list[tuple[int, int]]:
 def chunk_views(buffer: B, n: int) -> tuple[B, ...]:
     """The ``n`` chunks of ``buffer`` along its leading axis, as views."""
     return tuple(buffer[start:stop] for start, stop in chunk_rows(len(buffer), n))
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _gloo_chunk_elements(n: int, s: int, itemsize: int) -> int:
+    """Elements per chunk in gloo's ring allreduce (``gloo/allreduce.cc``, function ``ring``).
+
+    gloo cuts the buffer into ``numSegments`` segments: the number of segments of
+    at most ``maxSegmentSize`` bytes, at least ``2 n``, rounded up to a multiple
+    of ``n``; a segment holds ``ceil(s / numSegments)`` elements and rank ``c``'s
+    chunk is segments ``c * numSegments / n`` onwards.  Offsets past the end are
+    clipped, so the last chunks may be short or empty.
+    """
+    max_segment = itemsize * max(1, GLOO_MAX_SEGMENT_BYTES // itemsize)
+    segments = max(_ceil_div(s * itemsize, max_segment), 2 * n)
+    segments = _ceil_div(segments, n) * n
+    return (segments // n) * _ceil_div(s, segments)
+
+
+def chunk_bounds(layout: Layout, n: int, s: int, *, itemsize: int = 4) -> list[tuple[int, int]]:
+    """``(start, stop)`` element ranges of the ``n`` chunks of ``s`` elements under ``layout``.
+
+    ``even`` needs ``s`` divisible by ``n`` (chunks of ``s / n``); ``blocks`` gives
+    the first ``s mod n`` chunks ``ceil(s / n)`` elements and the rest
+    ``floor(s / n)``; ``gloo`` depends on the element size ``itemsize`` (bytes)
+    once a chunk exceeds gloo's segment limit.
+
+    >>> chunk_bounds("gloo", 4, 4, itemsize=8)
+    [(0, 2), (2, 4), (4, 4), (4, 4)]
+    """
+    if layout == "even":
+        return chunk_rows(s, n)
+    if layout == "blocks":
+        small, extra = divmod(s, n)
+        starts = [c * small + min(c, extra) for c in range(n + 1)]
+        return list(itertools.pairwise(starts))
+    size = _gloo_chunk_elements(n, s, itemsize)
+    return [(min(c * size, s), min((c + 1) * size, s)) for c in range(n)]
+
+
+def chunk_of_elements(layout: Layout, n: int, s: int, *, itemsize: int = 4) -> list[int]:
+    """The chunk each of the ``s`` elements belongs to under ``layout``.
+
+    >>> chunk_of_elements("blocks", 2, 3)
+    [0, 0, 1]
+    """
+    return [
+        c
+        for c, (start, stop) in enumerate(chunk_bounds(layout, n, s, itemsize=itemsize))
+        for _ in range(start, stop)
+    ]
+
+
+def layout_views(flat: B, layout: Layout, n: int, *, itemsize: int) -> tuple[B, ...]:
+    """The ``n`` chunks of a one-dimensional buffer of elements under ``layout``, as views."""
+    return tuple(flat[start:stop] for start, stop in chunk_bounds(layout, n, len(flat), itemsize=itemsize))

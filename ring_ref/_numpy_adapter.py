@@ -18,21 +18,33 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ring_ref._chunks import chunk_views
+from ring_ref._chunks import chunk_views, layout_views
 from ring_ref._cost import warn_if_slow
 from ring_ref._ops import Op, finish_numpy, numpy_combine
 from ring_ref._validate import check_numpy, plain_array
 from ring_ref.core import initial_state, run_ring
+from ring_ref.schedule import SPEC, RingSchedule
 
 __all__ = ["ring_all_reduce"]
 
 Array = npt.NDArray[Any]
 
 
-def ring_all_reduce(worker_tensors: Array, op: Op = "sum") -> Array:
-    """Reduce ``(N, M, ...)`` over the worker axis with the spec's ring; return worker 0's ``(M, ...)``."""
-    n, _ = check_numpy(worker_tensors)
+def ring_all_reduce(worker_tensors: Array, op: Op = "sum", schedule: RingSchedule = SPEC) -> Array:
+    """Reduce ``(N, M, ...)`` over the worker axis with ``schedule``'s ring; return worker 0's ``(M, ...)``.
+
+    Layouts other than ``even`` cut each worker's elements in row-major order
+    (clause ``schedule-layouts``), as :mod:`ring_ref._torch_adapter` does.
+    """
+    n, _ = check_numpy(worker_tensors, divisible=schedule.layout == "even")
     warn_if_slow(n)
     x = plain_array(worker_tensors)
-    state = initial_state([chunk_views(x[i], n) for i in range(n)])
-    return finish_numpy(op, np.concatenate(run_ring(state, numpy_combine(op))[0]), n)
+    if schedule.layout == "even":
+        state = initial_state([chunk_views(x[i], n) for i in range(n)])
+    else:
+        size = x.itemsize
+        state = initial_state(
+            [layout_views(x[i].reshape(-1), schedule.layout, n, itemsize=size) for i in range(n)]
+        )
+    final = np.concatenate(run_ring(state, numpy_combine(op), schedule=schedule)[0])
+    return finish_numpy(op, final.reshape(x.shape[1:]), n)

@@ -15,25 +15,38 @@ from __future__ import annotations
 
 import torch
 
-from ring_ref._chunks import chunk_views
+from ring_ref._chunks import chunk_views, layout_views
 from ring_ref._cost import warn_if_slow
 from ring_ref._ops import Op, finish_torch, torch_combine
 from ring_ref._validate import check_torch
 from ring_ref.core import initial_state, run_ring
 from ring_ref.invariants import State
+from ring_ref.schedule import SPEC, RingSchedule
 
 __all__ = ["chunk_state", "ring_all_reduce"]
 
 
-def chunk_state(worker_tensors: torch.Tensor) -> State[torch.Tensor]:
-    """Split each worker's tensor into ``N`` views of ``M / N`` rows (clause ``chunk-layout``)."""
+def chunk_state(worker_tensors: torch.Tensor, schedule: RingSchedule = SPEC) -> State[torch.Tensor]:
+    """Split each worker's tensor into ``N`` chunks (clauses ``chunk-layout``, ``schedule-layouts``).
+
+    ``even``: views of ``M / N`` rows.  ``blocks`` and ``gloo``: ranges of the
+    worker's elements in row-major order (views when the worker's tensor is
+    contiguous; otherwise ``reshape`` reads it into a new tensor, never writing the input).
+    """
     n = worker_tensors.shape[0]
-    return initial_state([chunk_views(worker_tensors[i], n) for i in range(n)])
+    if schedule.layout == "even":
+        return initial_state([chunk_views(worker_tensors[i], n) for i in range(n)])
+    size = worker_tensors.element_size()
+    return initial_state(
+        [layout_views(worker_tensors[i].reshape(-1), schedule.layout, n, itemsize=size) for i in range(n)]
+    )
 
 
-def ring_all_reduce(worker_tensors: torch.Tensor, op: Op = "sum") -> torch.Tensor:
-    """Reduce ``(N, M, ...)`` over the worker axis with the spec's ring; return worker 0's ``(M, ...)``."""
-    n, _ = check_torch(worker_tensors)
+def ring_all_reduce(
+    worker_tensors: torch.Tensor, op: Op = "sum", schedule: RingSchedule = SPEC
+) -> torch.Tensor:
+    """Reduce ``(N, M, ...)`` over the worker axis with ``schedule``'s ring; worker 0's ``(M, ...)``."""
+    n, _ = check_torch(worker_tensors, divisible=schedule.layout == "even")
     warn_if_slow(n)
-    final = run_ring(chunk_state(worker_tensors), torch_combine(op))
-    return finish_torch(op, torch.cat(final[0]), n)
+    final = run_ring(chunk_state(worker_tensors, schedule), torch_combine(op), schedule=schedule)
+    return finish_torch(op, torch.cat(final[0]).reshape(worker_tensors.shape[1:]), n)

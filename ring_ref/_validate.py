@@ -25,6 +25,7 @@ import numpy.typing as npt
 import torch
 
 from ring_ref._dtypes import NUMPY_DTYPES, TORCH_DTYPES
+from ring_ref.schedule import LAYOUTS, PRESETS, SPEC, RingSchedule
 
 __all__ = [
     "BadInput",
@@ -38,6 +39,7 @@ __all__ = [
     "plain_array",
     "rank_array_problem",
     "rank_tensor_problem",
+    "schedule_of",
     "torch_finite",
 ]
 
@@ -75,8 +77,12 @@ def not_an_array(got: object) -> BadInput:
     )
 
 
-def _rows_problem(n: int, m: int, shape: Sequence[int]) -> BadInput | None:
-    """``M`` rows split among ``N`` workers (or ranks); trailing dimensions of ``shape`` positive."""
+def _rows_problem(n: int, m: int, shape: Sequence[int], *, divisible: bool = True) -> BadInput | None:
+    """``M`` rows split among ``N`` workers (or ranks); trailing dimensions of ``shape`` positive.
+
+    ``divisible=False`` (a layout other than ``even``, clause ``schedule-layouts``)
+    accepts any positive ``M``.
+    """
     if n < 1:
         return BadInput(ValueError, f"N = {n} workers (shape {tuple(shape)}); the ring needs at least one.")
     if m < 1:
@@ -86,7 +92,7 @@ def _rows_problem(n: int, m: int, shape: Sequence[int]) -> BadInput | None:
             ValueError,
             f"trailing dimensions must be positive; got shape {tuple(shape)}. Drop the empty dimension.",
         )
-    if m % n:
+    if divisible and m % n:
         return BadInput(
             ValueError,
             f"M = {m} is not divisible by N = {n}, so the {n} chunks cannot be equal. "
@@ -95,14 +101,14 @@ def _rows_problem(n: int, m: int, shape: Sequence[int]) -> BadInput | None:
     return None
 
 
-def _stacked_shape_problem(shape: Sequence[int]) -> BadInput | None:
+def _stacked_shape_problem(shape: Sequence[int], *, divisible: bool = True) -> BadInput | None:
     if len(shape) < 2:
         return BadInput(
             ValueError,
             f"worker_tensors must have shape (N, M, ...) with at least 2 dimensions; got shape "
             f"{tuple(shape)}. Add a worker axis (x.unsqueeze(0) / x[None]) or a data axis.",
         )
-    return _rows_problem(shape[0], shape[1], shape)
+    return _rows_problem(shape[0], shape[1], shape, divisible=divisible)
 
 
 def _unsupported_dtype(dtype: object, kind: str) -> BadInput:
@@ -143,12 +149,15 @@ def _torch_metadata_problem(x: torch.Tensor) -> BadInput | None:
 # --- the simulated ring: (N, M, ...) ------------------------------------------------------------
 
 
-def check_torch_structure(x: object) -> tuple[int, int]:
-    """The metadata rows of the table for a stacked torch input; return ``(N, M)``."""
+def check_torch_structure(x: object, *, divisible: bool = True) -> tuple[int, int]:
+    """The metadata rows of the table for a stacked torch input; return ``(N, M)``.
+
+    ``divisible=False`` skips the ``M``-divisible-by-``N`` row (layouts other than ``even``).
+    """
     if not isinstance(x, torch.Tensor):
         raise not_an_array(x).error()
     _raise(_torch_metadata_problem(x))
-    _raise(_stacked_shape_problem(tuple(x.shape)))
+    _raise(_stacked_shape_problem(tuple(x.shape), divisible=divisible))
     return int(x.shape[0]), int(x.shape[1])
 
 
@@ -165,15 +174,15 @@ def torch_finite(x: torch.Tensor) -> None:
             raise _non_finite(int(bad.shape[0]), [int(v) for v in bad[0]]).error()
 
 
-def check_torch(x: object) -> tuple[int, int]:
+def check_torch(x: object, *, divisible: bool = True) -> tuple[int, int]:
     """Every row of the table for a stacked torch input; return ``(N, M)``."""
-    n, m = check_torch_structure(x)
+    n, m = check_torch_structure(x, divisible=divisible)
     assert isinstance(x, torch.Tensor)
     torch_finite(x)
     return n, m
 
 
-def check_numpy_structure(x: object) -> tuple[int, int]:
+def check_numpy_structure(x: object, *, divisible: bool = True) -> tuple[int, int]:
     """The metadata rows of the table for a stacked numpy input; return ``(N, M)``.
 
     ``numpy.memmap`` is accepted (it is an array on disk with the semantics of
@@ -182,7 +191,7 @@ def check_numpy_structure(x: object) -> tuple[int, int]:
     if not isinstance(x, np.ndarray):
         raise not_an_array(x).error()
     _raise(_numpy_metadata_problem(x))
-    _raise(_stacked_shape_problem(x.shape))
+    _raise(_stacked_shape_problem(x.shape, divisible=divisible))
     return int(x.shape[0]), int(x.shape[1])
 
 
@@ -214,9 +223,9 @@ def numpy_finite(x: npt.NDArray[Any]) -> None:
         raise _non_finite(len(bad), [int(v) for v in bad[0]]).error()
 
 
-def check_numpy(x: object) -> tuple[int, int]:
+def check_numpy(x: object, *, divisible: bool = True) -> tuple[int, int]:
     """Every row of the table for a stacked numpy input; return ``(N, M)``."""
-    n, m = check_numpy_structure(x)
+    n, m = check_numpy_structure(x, divisible=divisible)
     assert isinstance(x, np.ndarray)
     numpy_finite(x)
     return n, m
@@ -377,3 +386,61 @@ def _array_finite_problem(array: npt.NDArray[Any]) -> BadInput | None:
 def check_ring_size(n: int, m: int) -> None:
     """The table's rows for ``N`` workers of ``M`` rows, without any data (``ring-ref trace``)."""
     _raise(_rows_problem(n, m, (n, m)))
+
+
+# --- the schedule family (clause schedule-bad-input) ----------------------------------------------
+
+
+_CHOOSE_SCHEDULE = (
+    f"choose a preset ({', '.join(repr(name) for name in PRESETS)}) or a "
+    "ring_ref.schedule.RingSchedule(direction, offset, layout)"
+)
+
+
+def _fields_problem(schedule: RingSchedule) -> BadInput | None:
+    direction, offset, layout = schedule
+    if isinstance(direction, bool) or direction not in (1, -1):
+        return BadInput(
+            ValueError,
+            f"schedule direction must be +1 (worker i sends to i + 1) or -1 (to i - 1); got {direction!r}.",
+        )
+    if isinstance(offset, bool) or not isinstance(offset, int):
+        return BadInput(TypeError, f"schedule offset must be an int (any, taken mod N); got {offset!r}.")
+    if layout not in LAYOUTS:
+        return BadInput(
+            ValueError, f"unknown schedule layout {layout!r}; choose one of {', '.join(LAYOUTS)}."
+        )
+    return None
+
+
+def _schedule_problem(schedule: object) -> BadInput | None:
+    if isinstance(schedule, str):
+        return (
+            None
+            if schedule in PRESETS
+            else BadInput(ValueError, f"unknown schedule {schedule!r}; {_CHOOSE_SCHEDULE}.")
+        )
+    if not isinstance(schedule, RingSchedule):
+        return BadInput(
+            TypeError,
+            f"schedule must be a preset name or a RingSchedule; got {type(schedule).__name__}; "
+            f"{_CHOOSE_SCHEDULE}.",
+        )
+    return _fields_problem(schedule)
+
+
+def schedule_of(schedule: object) -> RingSchedule:
+    """The ring a ``schedule=`` argument names: a preset name or a valid :class:`RingSchedule`.
+
+    >>> schedule_of("gloo")
+    RingSchedule(direction=-1, offset=-1, layout='gloo')
+    >>> schedule_of("ring")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: unknown schedule 'ring'; choose a preset ('spec', 'openmpi-ring', 'gloo') or a ...
+    """
+    _raise(_schedule_problem(schedule))
+    if isinstance(schedule, str):
+        return PRESETS[schedule]
+    assert isinstance(schedule, RingSchedule)
+    return SPEC if schedule == SPEC else schedule

@@ -26,7 +26,9 @@ from ring_ref import invariants
 from ring_ref.invariants import Provenance, State
 from ring_ref.schedule import (
     REDUCE_SCATTER,
+    SPEC,
     Phase,
+    RingSchedule,
     ag_recv_chunk,
     all_rounds,
     left,
@@ -86,18 +88,26 @@ def fold(incoming: Provenance, own: Provenance) -> Provenance:
     return incoming + own
 
 
-def exchange(state: State[T], recv_chunk: Callable[[int], int], update: Combine[T]) -> State[T]:
+def exchange(
+    state: State[T],
+    recv_chunk: Callable[[int], int],
+    update: Combine[T],
+    *,
+    schedule: RingSchedule = SPEC,
+) -> State[T]:
     """One simultaneous round: worker ``i`` receives slot ``recv_chunk(i)`` from its left neighbour.
 
     The new slot is ``update(incoming, own)``; every other slot is kept.  All
-    reads are from ``state``, the buffers at the start of the round.
+    reads are from ``state``, the buffers at the start of the round.  The left
+    neighbour is ``schedule``'s (``i - d``; the spec's ``i - 1`` by default).
     """
     n = len(state)
+    sender = left if schedule is SPEC else schedule.left
     new_rows = []
     for i, row in enumerate(state):
         c = recv_chunk(i)
         # Slice concatenation: measurably faster than star-unpacking for long rows.
-        new_rows.append(row[:c] + (update(state[left(i, n)][c], row[c]),) + row[c + 1 :])  # noqa: RUF005
+        new_rows.append(row[:c] + (update(state[sender(i, n)][c], row[c]),) + row[c + 1 :])  # noqa: RUF005
     return tuple(new_rows)
 
 
@@ -105,37 +115,46 @@ def _take_incoming(incoming: T, _own: T) -> T:
     return incoming
 
 
-def reduce_scatter_round(state: State[T], r: int, combine: Combine[T]) -> State[T]:
+def reduce_scatter_round(
+    state: State[T], r: int, combine: Combine[T], *, schedule: RingSchedule = SPEC
+) -> State[T]:
     """Reduce-scatter round ``r``: worker ``i`` adds what its left neighbour sends.
 
     Clauses ``rs-send-chunk`` and ``rs-add``: the left neighbour sends chunk
     ``(i - 1 - r) mod n``; worker ``i`` stores ``combine(incoming, own)`` in that
-    slot and keeps every other slot.
+    slot and keeps every other slot.  Another ``schedule`` sends its own chunks
+    (clause ``schedule-family``).
     """
     n = len(state)
-    return exchange(state, lambda i: rs_recv_chunk(i, r, n), combine)
+    recv = rs_recv_chunk if schedule is SPEC else schedule.rs_recv_chunk
+    return exchange(state, lambda i: recv(i, r, n), combine, schedule=schedule)
 
 
-def all_gather_round(state: State[T], r: int) -> State[T]:
+def all_gather_round(state: State[T], r: int, *, schedule: RingSchedule = SPEC) -> State[T]:
     """All-gather round ``r``: worker ``i`` replaces a slot with what its left neighbour sends.
 
     Clauses ``ag-send-chunk`` and ``ag-copy-not-add``.
     """
     n = len(state)
-    return exchange(state, lambda i: ag_recv_chunk(i, r, n), _take_incoming)
+    recv = ag_recv_chunk if schedule is SPEC else schedule.ag_recv_chunk
+    return exchange(state, lambda i: recv(i, r, n), _take_incoming, schedule=schedule)
 
 
-def step(state: State[T], phase: Phase, r: int, combine: Combine[T]) -> State[T]:
+def step(
+    state: State[T], phase: Phase, r: int, combine: Combine[T], *, schedule: RingSchedule = SPEC
+) -> State[T]:
     """Round ``r`` of ``phase``."""
     if phase == REDUCE_SCATTER:
-        return reduce_scatter_round(state, r, combine)
-    return all_gather_round(state, r)
+        return reduce_scatter_round(state, r, combine, schedule=schedule)
+    return all_gather_round(state, r, schedule=schedule)
 
 
 def run_ring(
     state: State[T],
     combine: Combine[T],
     observe: Observer[T] | None = None,
+    *,
+    schedule: RingSchedule = SPEC,
 ) -> State[T]:
     """Run both phases on ``state`` and return every worker's final buffer.
 
@@ -145,18 +164,20 @@ def run_ring(
     :func:`ring_ref.invariants.check_round`, which is exact given the previous
     round was.  A violation raises
     :class:`ring_ref.invariants.InvariantViolation`.  With one worker no round
-    runs (clause ``n1-no-rounds``).
+    runs (clause ``n1-no-rounds``).  ``schedule`` picks the ring of the family
+    (clause ``schedule-family``; the spec's by default); its closed forms are
+    the ones checked.
     """
     n = len(state)
     provenance = provenance_state(n)
-    invariants.check(provenance, REDUCE_SCATTER, -1)
+    invariants.check(provenance, REDUCE_SCATTER, -1, schedule=schedule)
     phase: Phase = REDUCE_SCATTER
     r = -1
     for phase, r in all_rounds(n):
-        state = step(state, phase, r, combine)
-        before, provenance = provenance, step(provenance, phase, r, fold)
-        invariants.check_round(before, provenance, phase, r)
+        state = step(state, phase, r, combine, schedule=schedule)
+        before, provenance = provenance, step(provenance, phase, r, fold, schedule=schedule)
+        invariants.check_round(before, provenance, phase, r, schedule=schedule)
         if observe is not None:
             observe(phase, r, state, provenance)
-    invariants.check(provenance, phase, r)
+    invariants.check(provenance, phase, r, schedule=schedule)
     return state

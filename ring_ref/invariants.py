@@ -17,6 +17,15 @@ Closed forms (``spec/ring_all_reduce.md``), with ``d = (i - c) mod n``:
 * ``inv-finished-chunks``: the set of chunks worker ``i`` has finished is exactly
   the set those closed forms mark complete.
 
+Every predicate takes the schedule as a keyword, ``schedule=SPEC`` by default
+(clause ``schedule-invariants``): for a ring of direction ``d`` and offset ``k``
+let ``t = ((i - c - k) d) mod n`` be worker ``i``'s position along chunk ``c``'s
+fold.  After reduce-scatter round ``r`` slot ``c`` of worker ``i`` holds the
+first ``t + 1`` workers of the fold ``c + k, c + k + d, ...`` when
+``t <= r + 1`` and only ``(i,)`` otherwise; after all-gather round ``r`` it holds
+the whole fold when ``(t + 1) mod n <= r + 1``.  For the spec's ring
+(``d = 1, k = 0``) these are the closed forms above.
+
 From one round to the next the closed form changes in exactly one slot per
 worker (:func:`changed_slot`), so :func:`check_round` can confirm a round in
 ``O(n)`` closed-form evaluations and ``O(n^2)`` C-level tuple comparisons, given
@@ -38,7 +47,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import NamedTuple, TypeVar
 
-from ring_ref.schedule import ALL_GATHER, REDUCE_SCATTER, Phase, rounds_per_phase
+from ring_ref.schedule import ALL_GATHER, REDUCE_SCATTER, SPEC, Phase, RingSchedule, rounds_per_phase
 
 __all__ = [
     "InvariantViolation",
@@ -89,9 +98,21 @@ def _doubled_ring(n: int) -> Provenance:
     return tuple(range(n)) * 2
 
 
-def arc(start: int, length: int, n: int) -> Provenance:
-    """Workers ``start, start+1, ...`` (mod ``n``), ``length`` of them (``0 <= length <= n``)."""
-    return _doubled_ring(n)[start % n : start % n + length]
+@lru_cache(maxsize=64)
+def _doubled_reversed_ring(n: int) -> Provenance:
+    return tuple(range(n - 1, -1, -1)) * 2
+
+
+def arc(start: int, length: int, n: int, direction: int = 1) -> Provenance:
+    """Workers ``start, start + d, ...`` (mod ``n``), ``length`` of them (``0 <= length <= n``).
+
+    >>> arc(1, 3, 4, -1)
+    (1, 0, 3)
+    """
+    if direction == 1:
+        return _doubled_ring(n)[start % n : start % n + length]
+    first = n - 1 - start % n
+    return _doubled_reversed_ring(n)[first : first + length]
 
 
 def is_complete(p: Provenance, n: int) -> bool:
@@ -108,29 +129,39 @@ def _all_workers(n: int) -> frozenset[int]:
     return frozenset(range(n))
 
 
-def rs_expected(n: int, r: int, i: int, c: int) -> Provenance:
-    """Closed form of slot ``c`` of worker ``i`` after reduce-scatter round ``r``."""
-    d = (i - c) % n
-    return arc(c, d + 1, n) if d <= r + 1 else (i,)
+def rs_expected(n: int, r: int, i: int, c: int, *, schedule: RingSchedule = SPEC) -> Provenance:
+    """Closed form of slot ``c`` of worker ``i`` after reduce-scatter round ``r``.
+
+    >>> from ring_ref.schedule import GLOO
+    >>> rs_expected(4, 1, 1, 0, schedule=GLOO)
+    (3, 2, 1)
+    """
+    if schedule is SPEC:
+        d = (i - c) % n
+        return arc(c, d + 1, n) if d <= r + 1 else (i,)
+    t = schedule.position(i, c, n)
+    return arc(c + schedule.offset, t + 1, n, schedule.direction) if t <= r + 1 else (i,)
 
 
-def ag_expected(n: int, r: int, i: int, c: int) -> Provenance:
+def ag_expected(n: int, r: int, i: int, c: int, *, schedule: RingSchedule = SPEC) -> Provenance:
     """Closed form of slot ``c`` of worker ``i`` after all-gather round ``r``."""
-    if (i + 1 - c) % n <= r + 1:
-        return arc(c, n, n)
-    return rs_expected(n, rounds_per_phase(n) - 1, i, c)
+    if (schedule.position(i, c, n) + 1) % n <= r + 1:
+        return arc(c + schedule.offset, n, n, schedule.direction)
+    return rs_expected(n, rounds_per_phase(n) - 1, i, c, schedule=schedule)
 
 
-def expected_state(phase: Phase, r: int, n: int) -> State[Provenance]:
+def expected_state(phase: Phase, r: int, n: int, *, schedule: RingSchedule = SPEC) -> State[Provenance]:
     """The whole provenance state after round ``r`` of ``phase`` (reduce-scatter ``r = -1``: start)."""
     slot = rs_expected if phase == REDUCE_SCATTER else ag_expected
-    return tuple(tuple(slot(n, r, i, c) for c in range(n)) for i in range(n))
+    return tuple(tuple(slot(n, r, i, c, schedule=schedule) for c in range(n)) for i in range(n))
 
 
-def first_violation(state: State[Provenance], phase: Phase, r: int) -> Violation | None:
+def first_violation(
+    state: State[Provenance], phase: Phase, r: int, *, schedule: RingSchedule = SPEC
+) -> Violation | None:
     """The first ``(worker, slot)`` whose provenance breaks the closed form, or ``None``."""
     n = len(state)
-    expected = expected_state(phase, r, n)
+    expected = expected_state(phase, r, n, schedule=schedule)
     if state == expected:
         return None
     if len(state) != n or any(len(row) != n for row in state):
@@ -142,14 +173,14 @@ def first_violation(state: State[Provenance], phase: Phase, r: int) -> Violation
     raise AssertionError("unreachable: states differ but no slot does")
 
 
-def holds_rs_invariant(state: State[Provenance], r: int) -> bool:
+def holds_rs_invariant(state: State[Provenance], r: int, *, schedule: RingSchedule = SPEC) -> bool:
     """``inv-rs-provenance``: ``state`` is exactly the closed form after reduce-scatter round ``r``."""
-    return first_violation(state, REDUCE_SCATTER, r) is None
+    return first_violation(state, REDUCE_SCATTER, r, schedule=schedule) is None
 
 
-def holds_ag_invariant(state: State[Provenance], r: int) -> bool:
+def holds_ag_invariant(state: State[Provenance], r: int, *, schedule: RingSchedule = SPEC) -> bool:
     """``inv-ag-provenance``: ``state`` is exactly the closed form after all-gather round ``r``."""
-    return first_violation(state, ALL_GATHER, r) is None
+    return first_violation(state, ALL_GATHER, r, schedule=schedule) is None
 
 
 def finished_chunks(state: State[Provenance]) -> tuple[frozenset[int], ...]:
@@ -162,39 +193,48 @@ def finished_chunks(state: State[Provenance]) -> tuple[frozenset[int], ...]:
     return tuple(frozenset(c for c, p in enumerate(row) if is_complete(p, n)) for row in state)
 
 
-def expected_finished(phase: Phase, r: int, n: int) -> tuple[frozenset[int], ...]:
+def expected_finished(
+    phase: Phase, r: int, n: int, *, schedule: RingSchedule = SPEC
+) -> tuple[frozenset[int], ...]:
     """``inv-finished-chunks`` in closed form.
 
     After reduce-scatter round ``r`` worker ``i`` has finished chunk ``(i + 1) mod n``
     once ``r = n - 2`` and nothing before; after all-gather round ``r`` it has
     finished every ``c`` with ``(i + 1 - c) mod n <= r + 1``.  With ``n = 1`` the
-    single chunk is finished from the start (``r = -1 = n - 2``).
+    single chunk is finished from the start (``r = -1 = n - 2``).  For another
+    schedule ``(i + 1 - c)`` reads ``t + 1``, with ``t`` worker ``i``'s position along
+    chunk ``c``'s fold.
     """
     reach = r + 1 if phase == ALL_GATHER else (0 if r == n - 2 else -1)
-    return tuple(frozenset(c for c in range(n) if (i + 1 - c) % n <= reach) for i in range(n))
+    return tuple(
+        frozenset(c for c in range(n) if (schedule.position(i, c, n) + 1) % n <= reach) for i in range(n)
+    )
 
 
-def holds_finished_chunks(state: State[Provenance], phase: Phase, r: int) -> bool:
+def holds_finished_chunks(
+    state: State[Provenance], phase: Phase, r: int, *, schedule: RingSchedule = SPEC
+) -> bool:
     """``inv-finished-chunks``: workers have finished exactly the chunks the closed form says."""
-    return finished_chunks(state) == expected_finished(phase, r, len(state))
+    return finished_chunks(state) == expected_finished(phase, r, len(state), schedule=schedule)
 
 
-def check(state: State[Provenance], phase: Phase, r: int) -> None:
+def check(state: State[Provenance], phase: Phase, r: int, *, schedule: RingSchedule = SPEC) -> None:
     """Raise :class:`InvariantViolation` naming the first broken slot, if any."""
-    violation = first_violation(state, phase, r)
+    violation = first_violation(state, phase, r, schedule=schedule)
+    who = "the spec" if schedule == SPEC else f"the schedule ({schedule.describe()})"
     if violation is not None:
         raise InvariantViolation(
             f"after {phase} round {r}: worker {violation.worker} slot {violation.slot} holds "
-            f"contributions {violation.actual}, the spec requires {violation.expected}"
+            f"contributions {violation.actual}, {who} requires {violation.expected}"
         )
-    if not holds_finished_chunks(state, phase, r):
+    if not holds_finished_chunks(state, phase, r, schedule=schedule):
         raise InvariantViolation(
             f"after {phase} round {r}: finished chunks {finished_chunks(state)} differ from "
-            f"{expected_finished(phase, r, len(state))}"
+            f"{expected_finished(phase, r, len(state), schedule=schedule)}"
         )
 
 
-def changed_slot(phase: Phase, r: int, i: int, n: int) -> int:
+def changed_slot(phase: Phase, r: int, i: int, n: int, *, schedule: RingSchedule = SPEC) -> int:
     """The one slot of worker ``i`` whose closed form changes in round ``r`` of ``phase``.
 
     Reduce-scatter: the slot with ``(i - c) mod n = r + 1``; all-gather: the slot
@@ -202,13 +242,25 @@ def changed_slot(phase: Phase, r: int, i: int, n: int) -> int:
     to worker ``i``; ``tests/cover/test_invariants.py`` and the CrossHair contract
     ``changed_slot_is_the_only_change`` check this against the closed forms.)
 
+    For another schedule it is the slot :meth:`~ring_ref.schedule.RingSchedule.recv_chunk`
+    delivers.
+
     >>> [changed_slot("reduce-scatter", 0, i, 4) for i in range(4)]
     [3, 0, 1, 2]
     """
+    if schedule is not SPEC:
+        return schedule.recv_chunk(phase, i, r, n)
     return (i - r - 1) % n if phase == REDUCE_SCATTER else (i - r) % n
 
 
-def check_round(before: State[Provenance], after: State[Provenance], phase: Phase, r: int) -> None:
+def check_round(
+    before: State[Provenance],
+    after: State[Provenance],
+    phase: Phase,
+    r: int,
+    *,
+    schedule: RingSchedule = SPEC,
+) -> None:
     """Raise :class:`InvariantViolation` unless ``after`` is the closed form after round ``r``.
 
     ``before`` must be the confirmed closed form of the previous round (for
@@ -220,12 +272,12 @@ def check_round(before: State[Provenance], after: State[Provenance], phase: Phas
     n = len(after)
     expected = rs_expected if phase == REDUCE_SCATTER else ag_expected
     for i, (row, old) in enumerate(zip(after, before, strict=True)):
-        c = changed_slot(phase, r, i, n)
+        c = changed_slot(phase, r, i, n, schedule=schedule)
         if (
             len(row) != n
             or row[:c] != old[:c]
             or row[c + 1 :] != old[c + 1 :]
-            or row[c] != expected(n, r, i, c)
+            or row[c] != expected(n, r, i, c, schedule=schedule)
         ):
-            check(after, phase, r)
+            check(after, phase, r, schedule=schedule)
             return

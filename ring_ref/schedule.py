@@ -21,9 +21,16 @@ from typing import Final, Literal, NamedTuple
 
 __all__ = [
     "ALL_GATHER",
+    "GLOO",
+    "LAYOUTS",
+    "OPENMPI_RING",
     "PHASES",
+    "PRESETS",
     "REDUCE_SCATTER",
+    "SPEC",
+    "Layout",
     "Phase",
+    "RingSchedule",
     "Send",
     "ag_recv_chunk",
     "ag_send_chunk",
@@ -142,3 +149,115 @@ def elements_sent_per_worker(n: int, s: int) -> int:
     2
     """
     return 2 * rounds_per_phase(n) * (s // n)
+
+
+# --- The ring schedule family (clauses schedule-family, schedule-presets) ----------------------------
+
+Layout = Literal["even", "blocks", "gloo"]
+"""How a worker's elements are cut into the ``n`` chunks (:func:`ring_ref._chunks.chunk_bounds`)."""
+
+LAYOUTS: Final[tuple[Layout, Layout, Layout]] = ("even", "blocks", "gloo")
+
+
+class RingSchedule(NamedTuple):
+    """One ring of the family: direction ``d``, offset ``k`` and chunk layout (``schedule-family``).
+
+    Worker ``i`` sends to worker ``i + d``; the fold of chunk ``c`` starts at
+    worker ``c + k`` and visits ``c + k, c + k + d, c + k + 2d, ...`` (mod ``n``).
+    The spec's ring is ``RingSchedule(1, 0, "even")`` (:data:`SPEC`), whose
+    methods agree with the module-level functions above on every input.  The
+    entry points (``ring_all_reduce(x, schedule=...)``) check a schedule with
+    :func:`ring_ref._validate.schedule_of`; the methods assume ``d`` is ``+1`` or ``-1``.
+
+    >>> GLOO.fold_order(0, 4)
+    (3, 2, 1, 0)
+    >>> [GLOO.rs_send_chunk(i, 0, 4) for i in range(4)], [GLOO.owned_chunk(i, 4) for i in range(4)]
+    ([1, 2, 3, 0], [0, 1, 2, 3])
+    """
+
+    direction: int = 1
+    offset: int = 0
+    layout: Layout = "even"
+
+    def right(self, i: int, n: int) -> int:
+        """The worker that ``i`` sends to: ``i + d``."""
+        return (i + self.direction) % n
+
+    def left(self, i: int, n: int) -> int:
+        """The worker that ``i`` receives from: ``i - d``."""
+        return (i - self.direction) % n
+
+    def fold_start(self, c: int, n: int) -> int:
+        """The worker whose chunk ``c`` starts the fold: ``c + k``."""
+        return (c + self.offset) % n
+
+    def fold_order(self, c: int, n: int) -> tuple[int, ...]:
+        """The workers whose chunks ``c`` are added, in order (``schedule-fold-order``)."""
+        return tuple((c + self.offset + j * self.direction) % n for j in range(n))
+
+    def position(self, i: int, c: int, n: int) -> int:
+        """How many steps along chunk ``c``'s fold worker ``i`` stands: ``((i - c - k) d) mod n``."""
+        return ((i - c - self.offset) * self.direction) % n
+
+    def rs_send_chunk(self, i: int, r: int, n: int) -> int:
+        """The chunk worker ``i`` sends in reduce-scatter round ``r``: ``i - k - r d``."""
+        return (i - self.offset - r * self.direction) % n
+
+    def rs_recv_chunk(self, i: int, r: int, n: int) -> int:
+        """The chunk worker ``i`` receives (and adds into) in reduce-scatter round ``r``."""
+        return self.rs_send_chunk(self.left(i, n), r, n)
+
+    def owned_chunk(self, i: int, n: int) -> int:
+        """The chunk worker ``i`` holds complete after reduce-scatter: ``i - k - (n - 1) d``."""
+        return (i - self.offset - (n - 1) * self.direction) % n
+
+    def ag_send_chunk(self, i: int, r: int, n: int) -> int:
+        """The chunk worker ``i`` sends in all-gather round ``r``: the one owned by ``i - r d``."""
+        return self.owned_chunk((i - r * self.direction) % n, n)
+
+    def ag_recv_chunk(self, i: int, r: int, n: int) -> int:
+        """The chunk worker ``i`` receives (and copies into) in all-gather round ``r``."""
+        return self.ag_send_chunk(self.left(i, n), r, n)
+
+    def send_chunk(self, phase: Phase, i: int, r: int, n: int) -> int:
+        """The chunk worker ``i`` sends in round ``r`` of ``phase``."""
+        if phase == REDUCE_SCATTER:
+            return self.rs_send_chunk(i, r, n)
+        return self.ag_send_chunk(i, r, n)
+
+    def recv_chunk(self, phase: Phase, i: int, r: int, n: int) -> int:
+        """The chunk worker ``i`` receives in round ``r`` of ``phase``."""
+        return self.send_chunk(phase, self.left(i, n), r, n)
+
+    def sends(self, phase: Phase, r: int, n: int) -> tuple[Send, ...]:
+        """All ``n`` transfers of round ``r`` of ``phase``, ordered by sender."""
+        return tuple(Send(phase, r, i, self.right(i, n), self.send_chunk(phase, i, r, n)) for i in range(n))
+
+    def normalized(self, n: int) -> RingSchedule:
+        """The same ring for ``n`` workers with the offset in ``0 .. n - 1``.
+
+        >>> GLOO.normalized(4)
+        RingSchedule(direction=-1, offset=3, layout='gloo')
+        """
+        return self._replace(offset=self.offset % n)
+
+    def describe(self) -> str:
+        """``direction -1, offset -1, layout gloo``.
+
+        >>> SPEC.describe()
+        'direction +1, offset 0, layout even'
+        """
+        return f"direction {self.direction:+d}, offset {self.offset}, layout {self.layout}"
+
+
+SPEC: Final = RingSchedule(1, 0, "even")
+"""The spec's ring (the default): ``d = +1``, ``k = 0``, ``M / N`` rows per chunk."""
+
+OPENMPI_RING: Final = RingSchedule(1, 0, "blocks")
+"""OpenMPI's ring allreduce (``coll_tuned_allreduce_algorithm`` 4): the spec's fold on OpenMPI's blocks."""
+
+GLOO: Final = RingSchedule(-1, -1, "gloo")
+"""gloo's ring allreduce (``torch.distributed`` on the gloo backend): the ring run the other way."""
+
+PRESETS: Final[dict[str, RingSchedule]] = {"spec": SPEC, "openmpi-ring": OPENMPI_RING, "gloo": GLOO}
+"""The named schedules, in the order ``reveal`` reports matches."""

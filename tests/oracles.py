@@ -123,3 +123,48 @@ def ring_fold_op(x: torch.Tensor, op: str) -> torch.Tensor:
             acc = torch.tensor(chosen, dtype=torch.float64).to(x.dtype).reshape(rows[0].shape)
         pieces.append(acc)
     return torch.cat(pieces)
+
+
+def schedule_fold(
+    x: torch.Tensor, direction: int, offset: int, bounds: list[tuple[int, int]]
+) -> torch.Tensor:
+    """Clause ``schedule-fold-order`` typed in from the spec, for any ring of the family.
+
+    Each worker's elements in row-major order are cut at ``bounds`` (one
+    ``(start, stop)`` per chunk); chunk ``c`` is the left fold over workers
+    ``c + k, c + k + d, ...`` (mod ``N``), each addition in the input dtype.
+    """
+    n = x.shape[0]
+    flat = x.reshape(n, -1)
+    pieces = []
+    for c, (lo, hi) in enumerate(bounds):
+        order = [(c + offset + j * direction) % n for j in range(n)]
+        acc = flat[order[0], lo:hi].clone()
+        for w in order[1:]:
+            acc = acc + flat[w, lo:hi]
+        pieces.append(acc)
+    return torch.cat(pieces).reshape(x.shape[1:])
+
+
+def blocks_bounds(n: int, s: int) -> list[tuple[int, int]]:
+    """OpenMPI's blocks: the first ``s mod n`` chunks hold one element more."""
+    sizes = [s // n + (1 if c < s % n else 0) for c in range(n)]
+    starts = [sum(sizes[:c]) for c in range(n)]
+    return [(start, start + size) for start, size in zip(starts, sizes, strict=True)]
+
+
+def gloo_bounds(n: int, s: int, itemsize: int) -> list[tuple[int, int]]:
+    """gloo's ring chunks, computed in bytes as ``gloo/allreduce.cc`` does (``kMaxSegmentSize`` = 1 MiB)."""
+    total = s * itemsize
+    max_segment = itemsize * max(1, (1 << 20) // itemsize)
+    segments = max((total + max_segment - 1) // max_segment, 2 * n)
+    segments += (-segments) % n
+    per_rank = segments // n
+    segment_bytes = (total + segments - 1) // segments
+    segment_bytes += (-segment_bytes) % itemsize
+    ranges = []
+    for c in range(n):
+        lo = min(c * per_rank * segment_bytes, total)
+        hi = min((c + 1) * per_rank * segment_bytes, total)
+        ranges.append((lo // itemsize, hi // itemsize))
+    return ranges

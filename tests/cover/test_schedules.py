@@ -1,0 +1,273 @@
+"""The ring schedule family (spec section 10): sends, fold order, layouts, presets, invariants, bad input.
+
+Expected values come from the spec's own code blocks, from ``tests/oracles.py``
+(which imports nothing from ``ring_ref``) or are written out by hand here.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from ring_ref import Engine, ring_all_reduce, schedule
+from ring_ref._chunks import chunk_bounds
+from ring_ref.core import fold, provenance_state, run_ring, step
+from ring_ref.invariants import InvariantViolation, check_round, expected_state
+from ring_ref.schedule import (
+    ALL_GATHER,
+    GLOO,
+    OPENMPI_RING,
+    PRESETS,
+    REDUCE_SCATTER,
+    SPEC,
+    Layout,
+    RingSchedule,
+    all_rounds,
+)
+from tests.oracles import blocks_bounds, gloo_bounds, same_bits, schedule_fold
+from tests.paths import SPEC as SPEC_PATH
+
+
+def _spec_code() -> dict[str, Any]:
+    namespace: dict[str, Any] = {}
+    for block in re.findall(r"```python\n(.*?)```", SPEC_PATH.read_text(encoding="utf-8"), re.DOTALL):
+        exec(compile(block, str(SPEC_PATH), "exec"), namespace)
+    return namespace
+
+
+SPEC_PY = _spec_code()
+RINGS = [RingSchedule(d, k, "even") for d in (1, -1) for k in (-1, 0, 1, 2, 5)]
+
+
+@pytest.mark.clause("schedule-family")
+@pytest.mark.parametrize("n", range(1, 13))
+def test_spec_preset_is_the_spec_functions(n: int) -> None:
+    for i in range(n):
+        assert SPEC.right(i, n) == schedule.right(i, n)
+        assert SPEC.left(i, n) == schedule.left(i, n)
+        assert SPEC.owned_chunk(i, n) == schedule.owned_chunk(i, n)
+        for r in range(n - 1):
+            assert SPEC.rs_send_chunk(i, r, n) == schedule.rs_send_chunk(i, r, n)
+            assert SPEC.ag_send_chunk(i, r, n) == schedule.ag_send_chunk(i, r, n)
+            assert SPEC.rs_recv_chunk(i, r, n) == schedule.rs_recv_chunk(i, r, n)
+            assert SPEC.ag_recv_chunk(i, r, n) == schedule.ag_recv_chunk(i, r, n)
+        for phase in (REDUCE_SCATTER, ALL_GATHER):
+            for r in range(n - 1):
+                assert SPEC.sends(phase, r, n) == schedule.sends(phase, r, n)
+
+
+@pytest.mark.clause("schedule-family")
+@pytest.mark.parametrize("n", range(1, 10))
+def test_family_sends_match_spec_code(n: int) -> None:
+    for ring in RINGS:
+        d, k = ring.direction, ring.offset
+        for i in range(n):
+            assert ring.right(i, n) == (i + d) % n
+            assert ring.owned_chunk(i, n) == SPEC_PY["family_owned_chunk"](i, n, d, k)
+            for r in range(n - 1):
+                assert ring.rs_send_chunk(i, r, n) == SPEC_PY["family_rs_send_chunk"](i, r, n, d, k)
+                assert ring.ag_send_chunk(i, r, n) == SPEC_PY["family_ag_send_chunk"](i, r, n, d, k)
+
+
+@pytest.mark.clause("schedule-presets", "schedule-fold-order")
+def test_presets_are_the_named_rings() -> None:
+    assert list(PRESETS) == ["spec", "openmpi-ring", "gloo"]
+    assert PRESETS["spec"] == RingSchedule(1, 0, "even")
+    assert PRESETS["openmpi-ring"] == RingSchedule(1, 0, "blocks")
+    assert PRESETS["gloo"] == RingSchedule(-1, -1, "gloo")
+    # gloo, N = 4, written out: rank i sends to i - 1; chunk c folds c-1, c-2, c-3, c.
+    assert [GLOO.right(i, 4) for i in range(4)] == [3, 0, 1, 2]
+    assert [GLOO.fold_order(c, 4) for c in range(4)] == [
+        (3, 2, 1, 0),
+        (0, 3, 2, 1),
+        (1, 0, 3, 2),
+        (2, 1, 0, 3),
+    ]
+    assert [GLOO.owned_chunk(i, 4) for i in range(4)] == [0, 1, 2, 3]
+    assert [OPENMPI_RING.fold_order(c, 3) for c in range(3)] == [(0, 1, 2), (1, 2, 0), (2, 0, 1)]
+
+
+@pytest.mark.clause("schedule-layouts")
+def test_layouts_written_out_by_hand() -> None:
+    assert chunk_bounds("even", 3, 6) == [(0, 2), (2, 4), (4, 6)]
+    assert chunk_bounds("blocks", 3, 7) == [(0, 3), (3, 5), (5, 7)]
+    assert chunk_bounds("blocks", 4, 2) == [(0, 1), (1, 2), (2, 2), (2, 2)]
+    assert chunk_bounds("gloo", 2, 5, itemsize=4) == [(0, 4), (4, 5)]
+    assert chunk_bounds("gloo", 4, 4, itemsize=2) == [(0, 2), (2, 4), (4, 4), (4, 4)]
+    assert chunk_bounds("gloo", 3, 7, itemsize=8) == [(0, 4), (4, 7), (7, 7)]
+    # Past gloo's 1 MiB segments: 3,000,001 float32 = 12 MB -> 12 segments of 250,001 elements,
+    # 4 segments per rank; float64 -> 24 segments of 125,001, 8 per rank.
+    assert chunk_bounds("gloo", 3, 3_000_001, itemsize=4)[0] == (0, 1_000_004)
+    assert chunk_bounds("gloo", 3, 3_000_001, itemsize=8)[0] == (0, 1_000_008)
+
+
+@pytest.mark.clause("schedule-layouts")
+@pytest.mark.parametrize("n", range(1, 9))
+def test_layouts_match_spec_code_and_gloo_formula(n: int) -> None:
+    for s in [*range(1, 3 * n + 3), 1_000_003, 2_621_447]:
+        for itemsize in (2, 4, 8):
+            cases: tuple[tuple[Layout, list[tuple[int, int]]], ...] = (
+                ("blocks", blocks_bounds(n, s)),
+                ("gloo", gloo_bounds(n, s, itemsize)),
+            )
+            for layout, oracle in cases:
+                got = chunk_bounds(layout, n, s, itemsize=itemsize)
+                assert got == oracle, (layout, n, s, itemsize)
+                sizes = SPEC_PY["family_chunk_sizes"](layout, n, s, itemsize)
+                assert [hi - lo for lo, hi in got] == sizes
+        if s % n == 0:
+            assert [hi - lo for lo, hi in chunk_bounds("even", n, s)] == SPEC_PY["family_chunk_sizes"](
+                "even", n, s, 4
+            )
+
+
+def _bounds(ring: RingSchedule, n: int, s: int, itemsize: int) -> list[tuple[int, int]]:
+    if ring.layout == "blocks":
+        return blocks_bounds(n, s)
+    if ring.layout == "gloo":
+        return gloo_bounds(n, s, itemsize)
+    return [(c * s // n, (c + 1) * s // n) for c in range(n)]
+
+
+@pytest.mark.clause("schedule-fold-order", "schedule-layouts", "schedule-presets")
+@pytest.mark.parametrize("engine", ["reference", "fast"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_every_ring_is_its_fold_bit_for_bit(engine: Engine, dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(7)
+    rings = [
+        *PRESETS.values(),
+        *(RingSchedule(d, k, lay) for d in (1, -1) for k in (0, 2, -3) for lay in ("even", "blocks", "gloo")),
+    ]
+    for n in (1, 2, 3, 5, 8):
+        for m, trailing in ((n, ()), (2 * n, (3,)), (2 * n + 1, ()), (3, (2, 2))):
+            x = (torch.randn(n, m, *trailing, generator=gen, dtype=torch.float64) * 1e3).to(dtype)
+            for ring in rings:
+                if ring.layout == "even" and m % n:
+                    continue
+                want = schedule_fold(
+                    x, ring.direction, ring.offset, _bounds(ring, n, x[0].numel(), x.element_size())
+                )
+                got = ring_all_reduce(x, engine, schedule=ring)
+                assert same_bits(got, want), (ring, n, m, trailing)
+                if dtype != torch.bfloat16 and engine == "reference":
+                    array = ring_all_reduce(x.numpy(), schedule=ring)
+                    assert array.dtype == x.numpy().dtype
+                    assert same_bits(torch.from_numpy(array), want), (ring, n, m)
+    named = ring_all_reduce(x, engine, schedule="gloo")
+    assert same_bits(named, ring_all_reduce(x, engine, schedule=GLOO))
+
+
+@pytest.mark.clause("schedule-fold-order")
+def test_schedules_keep_the_input_gradients_and_storage() -> None:
+    base = torch.randn(3, 10, dtype=torch.float64)
+    x = base.t().contiguous().t()[:, :7].requires_grad_()  # non-contiguous rows
+    before = x.detach().clone()
+    got = ring_all_reduce(x, schedule="gloo")
+    got.sum().backward()  # type: ignore[no-untyped-call]
+    assert x.grad is not None and torch.equal(x.grad, torch.ones_like(x))
+    assert torch.equal(x.detach(), before)
+    assert got.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+    one = torch.randn(1, 5)
+    alone = ring_all_reduce(one, schedule="openmpi-ring")
+    assert (
+        torch.equal(alone, one[0]) and alone.untyped_storage().data_ptr() != one.untyped_storage().data_ptr()
+    )
+
+
+@pytest.mark.clause("schedule-fold-order", "schedule-invariants")
+@pytest.mark.parametrize("n", range(1, 9))
+def test_final_provenance_is_the_fold_order(n: int) -> None:
+    for ring in RINGS:
+        final = run_ring(provenance_state(n), fold, schedule=ring)
+        for i in range(n):
+            assert final[i] == tuple(
+                SPEC_PY["family_fold_order"](c, n, ring.direction, ring.offset) for c in range(n)
+            )
+
+
+@pytest.mark.clause("schedule-invariants")
+@pytest.mark.parametrize("n", range(1, 10))
+def test_closed_forms_match_spec_code(n: int) -> None:
+    for ring in RINGS:
+        d, k = ring.direction, ring.offset
+        for r in range(-1, n - 1):
+            want = tuple(
+                tuple(SPEC_PY["family_rs_slot"](n, r, i, c, d, k) for c in range(n)) for i in range(n)
+            )
+            assert expected_state(REDUCE_SCATTER, r, n, schedule=ring) == want
+        for r in range(n - 1):
+            want = tuple(
+                tuple(SPEC_PY["family_ag_slot"](n, r, i, c, d, k) for c in range(n)) for i in range(n)
+            )
+            assert expected_state(ALL_GATHER, r, n, schedule=ring) == want
+
+
+@pytest.mark.clause("schedule-invariants")
+@pytest.mark.parametrize("n", range(2, 9))
+def test_each_round_changes_exactly_the_received_slot(n: int) -> None:
+    for ring in RINGS:
+        state = provenance_state(n)
+        for phase, r in all_rounds(n):
+            after = step(state, phase, r, fold, schedule=ring)
+            for i in range(n):
+                changed = [c for c in range(n) if after[i][c] != state[i][c]]
+                assert changed == [ring.recv_chunk(phase, i, r, n)]
+            state = after
+
+
+@pytest.mark.clause("schedule-invariants")
+def test_a_wrong_schedule_is_caught_by_the_invariants() -> None:
+    """Rounds run with one ring and checked against another: the closed forms refuse the first round."""
+    n = 4
+    before = provenance_state(n)
+    after = step(before, REDUCE_SCATTER, 0, fold, schedule=SPEC)
+    with pytest.raises(InvariantViolation, match=r"the schedule \(direction -1, offset -1, layout gloo\)"):
+        check_round(before, after, REDUCE_SCATTER, 0, schedule=GLOO)
+    check_round(
+        before, step(before, REDUCE_SCATTER, 0, fold, schedule=GLOO), REDUCE_SCATTER, 0, schedule=GLOO
+    )
+
+
+@pytest.mark.clause("schedule-bad-input")
+@pytest.mark.parametrize(
+    ("bad", "kind", "words"),
+    [
+        ("ring", ValueError, "unknown schedule 'ring'"),
+        ("GLOO", ValueError, "unknown schedule 'GLOO'"),
+        ((1, 0, "even"), TypeError, "schedule must be a preset name or a RingSchedule"),
+        (None, TypeError, "schedule must be a preset name or a RingSchedule"),
+        (RingSchedule(2, 0, "even"), ValueError, "schedule direction must be +1"),
+        (RingSchedule(0, 0, "even"), ValueError, "schedule direction must be +1"),
+        (RingSchedule(True, 0, "even"), ValueError, "schedule direction must be +1"),
+        (RingSchedule(1, 0.5, "even"), TypeError, "schedule offset must be an int"),  # type: ignore[arg-type]
+        (RingSchedule(1, 0, "rows"), ValueError, "unknown schedule layout 'rows'"),  # type: ignore[arg-type]
+    ],
+)
+@pytest.mark.parametrize("engine", ["reference", "fast"])
+def test_bad_schedules_are_refused_by_name(
+    bad: object, kind: type[Exception], words: str, engine: Engine
+) -> None:
+    x = torch.randn(2, 4)
+    before = x.clone()
+    with pytest.raises(kind, match=re.escape(words)):
+        ring_all_reduce(x, engine, schedule=bad)  # type: ignore[call-overload]
+    with pytest.raises(kind, match=re.escape(words)):
+        ring_all_reduce(x.numpy(), engine, schedule=bad)  # type: ignore[call-overload]
+    assert torch.equal(x, before)
+
+
+@pytest.mark.clause("schedule-bad-input", "schedule-layouts")
+@pytest.mark.parametrize("engine", ["reference", "fast"])
+def test_any_m_is_accepted_by_blocks_and_gloo_only(engine: Engine) -> None:
+    x = torch.arange(15.0).reshape(3, 5)
+    column_sums = [15.0, 18.0, 21.0, 24.0, 27.0]
+    for name in ("openmpi-ring", "gloo"):
+        assert ring_all_reduce(x, engine, schedule=name).tolist() == column_sums
+        assert ring_all_reduce(np.asarray(x), engine, schedule=name).tolist() == column_sums
+    for ring in ("spec", RingSchedule(-1, 1, "even")):
+        with pytest.raises(ValueError, match=re.escape("M = 5 is not divisible by N = 3")):
+            ring_all_reduce(x, engine, schedule=ring)
