@@ -245,7 +245,8 @@ def openmpi_ring_fold(x: Array) -> Array:
 def test_openmpi_ring_algorithm_on_any_size_is_the_fold_of_its_element_blocks(
     jobs: Jobs, world4: MpiRing
 ) -> None:
-    """For ``count`` not divisible by N (and ``count >= N``) OpenMPI's ring folds uneven element blocks."""
+    """For ``count`` not divisible by N (and ``count >= N``) OpenMPI's ring folds uneven element blocks:
+    the independent fold above, and ``ring_all_reduce(x, schedule="openmpi-ring")``."""
     rng = np.random.default_rng(5)
     xs = []
     for n in (3, 4):
@@ -256,6 +257,8 @@ def test_openmpi_ring_algorithm_on_any_size_is_the_fold_of_its_element_blocks(
     per_rank = jobs.run(world4, allreduce_rows, xs)
     for k, x in enumerate(xs):
         expected = openmpi_ring_fold(x)
+        preset = ring_all_reduce(x, schedule="openmpi-ring")
+        assert same_bits(torch.from_numpy(preset), torch.from_numpy(expected))
         _assert_every_rank_has(per_rank, k, expected, f"MPI_Allreduce ring, {x.dtype} {x.shape}")
     assert sum(not np.array_equal(x.sum(axis=0), openmpi_ring_fold(x)) for x in xs) > len(xs) // 2
 
