@@ -29,6 +29,7 @@ from ring_ref import ring_all_reduce
 from ring_ref._mpi_launch import MpiRing, RankFailed, RanksTimedOut, mpirun_path
 from ring_ref.mpi import _check_everywhere, _Waiter, openmpi_allreduce_mca, ring_allreduce_
 from ring_ref.targets import mpi_allreduce
+from tests import planted_mpi
 from tests.oracles import ring_fold, same_bits
 
 Array = npt.NDArray[Any]
@@ -153,6 +154,24 @@ def allreduce_rows(comm: Any, xs: list[Array]) -> list[Array | None]:
     return results
 
 
+def planted_rows(comm: Any, payload: tuple[str, list[Array]]) -> list[Array | None]:
+    """On each rank: the planted per-rank target ``name`` on ``x[rank]`` among the first N ranks."""
+    from mpi4py import MPI
+
+    name, xs = payload
+    target = getattr(planted_mpi, name)
+    results: list[Array | None] = []
+    for x in xs:
+        sub = _sub(comm, x.shape[0])
+        if sub == MPI.COMM_NULL:
+            results.append(None)
+            continue
+        mine = x[comm.Get_rank()].copy()
+        target(sub, mine)
+        results.append(mine)
+    return results
+
+
 def _bit_cases() -> list[tuple[Array, str]]:
     cases: list[tuple[Array, str]] = []
     for n in (1, 2, 3, 4):
@@ -261,6 +280,17 @@ def test_openmpi_ring_algorithm_on_any_size_is_the_fold_of_its_element_blocks(
         assert same_bits(torch.from_numpy(preset), torch.from_numpy(expected))
         _assert_every_rank_has(per_rank, k, expected, f"MPI_Allreduce ring, {x.dtype} {x.shape}")
     assert sum(not np.array_equal(x.sum(axis=0), openmpi_ring_fold(x)) for x in xs) > len(xs) // 2
+
+
+def test_the_planted_bugs_base_ring_is_the_spec_and_each_bug_changes_it(jobs: Jobs, world4: MpiRing) -> None:
+    """``tests/planted_mpi.py``: its plain ring gives the spec's bits; each planted bug changes them."""
+    xs = [stacked(n, 2, (), dtype, seed=50 + n) for n in (2, 3, 4) for dtype in DTYPES]
+    per_rank = jobs.run(world4, planted_rows, ("plain_ring", xs))
+    for k, x in enumerate(xs):
+        _assert_every_rank_has(per_rank, k, ring_all_reduce(x), f"plain_ring, {x.dtype} {x.shape}")
+    for name in ("gather_adds", "chunk_off_by_one"):
+        per_rank = jobs.run(world4, planted_rows, (name, xs))
+        assert all(not np.array_equal(per_rank[0][k], ring_all_reduce(x)) for k, x in enumerate(xs)), name
 
 
 BAD_CASES: dict[str, tuple[type[Exception], str]] = {

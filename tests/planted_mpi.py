@@ -1,0 +1,85 @@
+"""Per-rank ``mpi4py`` ring all-reduces with one planted bug each, as homework gets them wrong.
+
+Each is a per-rank target ``fn(comm, array)`` (``ring-ref difftest --ranks mpi``):
+it reduces this rank's own ``numpy`` array in place and returns ``None``.
+They share one plain ring, written here from the textbook description (not
+from ``ring_ref``), and each changes one line of it.  ``EXPECTED`` maps each
+to the diagnosis code the tester must give it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+Array = npt.NDArray[Any]
+
+
+def _ring(
+    comm: Any, array: Array, *, blocking_sends: bool = False, gather_adds: bool = False, shift: int = 0
+) -> None:
+    """Reduce-scatter then all-gather over ``comm``; chunk ``c`` folds ranks ``c, c+1, ...``.
+
+    ``blocking_sends``: every rank sends with a synchronous ``Ssend`` before it
+    receives (no rank ever receives first: a deadlock).  ``gather_adds``: the
+    all-gather adds what it receives instead of copying it.  ``shift``: the
+    all-gather stores what it receives ``shift`` chunks too far.
+    """
+    n, rank = comm.Get_size(), comm.Get_rank()
+    if n == 1:
+        return
+    flat = array.reshape(-1)
+    size = flat.size // n
+    chunks = [flat[c * size : (c + 1) * size] for c in range(n)]
+    right, left = (rank + 1) % n, (rank - 1) % n
+    incoming = np.empty_like(chunks[0])
+    for step in range(n - 1):  # reduce-scatter
+        send, recv = (rank - step) % n, (rank - step - 1) % n
+        _exchange(comm, chunks[send], incoming, right, left, blocking=blocking_sends)
+        chunks[recv] += incoming
+    for step in range(n - 1):  # all-gather
+        send, recv = (rank + 1 - step) % n, (rank - step) % n
+        _exchange(comm, chunks[send], incoming, right, left, blocking=blocking_sends)
+        if gather_adds:
+            chunks[recv] += incoming
+        else:
+            chunks[(recv + shift) % n][...] = incoming
+
+
+def _exchange(comm: Any, out: Array, into: Array, right: int, left: int, *, blocking: bool) -> None:
+    """Send ``out`` right, receive ``into`` from the left, as bytes (MPI has no float16 type)."""
+    if blocking:
+        comm.Ssend(out.view(np.uint8), dest=right)
+        comm.Recv(into.view(np.uint8), source=left)
+    else:
+        comm.Sendrecv(out.view(np.uint8), dest=right, recvbuf=into.view(np.uint8), source=left)
+
+
+def plain_ring(comm: Any, array: Array) -> None:
+    """The ring without a bug: the spec's fold, bit for bit."""
+    _ring(comm, array)
+
+
+def send_send_deadlock(comm: Any, array: Array) -> None:
+    """Every rank sends first with a blocking synchronous send: nobody receives (``timed-out``)."""
+    _ring(comm, array, blocking_sends=True)
+
+
+def gather_adds(comm: Any, array: Array) -> None:
+    """The all-gather adds instead of copying (``double-counted``)."""
+    _ring(comm, array, gather_adds=True)
+
+
+def chunk_off_by_one(comm: Any, array: Array) -> None:
+    """The all-gather stores each chunk one slot too far; one slot keeps a partial sum (``out-of-bound``)."""
+    _ring(comm, array, shift=1)
+
+
+EXPECTED: dict[str, str] = {
+    "send_send_deadlock": "timed-out",
+    "gather_adds": "double-counted",
+    "chunk_off_by_one": "out-of-bound",
+}
+"""Each planted bug's name (``tests.planted_mpi:NAME``) and the code it must get."""
