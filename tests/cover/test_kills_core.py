@@ -57,10 +57,10 @@ def test_run_ring_reports_a_faulty_round_at_that_round(
 ) -> None:
     real_step = core.step
 
-    def step_with_one_bad_round(state: State[Any], ph: Phase, r: int, combine: Any) -> State[Any]:
+    def step_with_one_bad_round(state: State[Any], ph: Phase, r: int, combine: Any, **kw: Any) -> State[Any]:
         if (ph, r) == (phase, bad_round):
             return fault(state, r, combine)  # type: ignore[no-any-return]
-        return real_step(state, ph, r, combine)
+        return real_step(state, ph, r, combine, **kw)
 
     monkeypatch.setattr(core, "step", step_with_one_bad_round)
     seen: list[tuple[Phase, int]] = []
