@@ -74,15 +74,31 @@ MODULES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
             "tests/cover/test_kills_invariants.py",
         ),
     ),
-    "adapters": (
-        ("ring_ref/_torch_adapter.py", "ring_ref/_numpy_adapter.py", "ring_ref/_validate.py"),
+    "validate": (
+        ("ring_ref/_validate.py",),
         (
             "ring_ref/_validate.py",
             "tests/cover/test_bad_input.py",
             "tests/cover/test_kills_adapters.py",
-            "tests/cover/test_properties.py",
+            "tests/cover/test_kills_validate.py",
         ),
     ),
+    "adapters": (
+        ("ring_ref/_torch_adapter.py", "ring_ref/_numpy_adapter.py"),
+        (
+            "ring_ref/_torch_adapter.py",
+            "ring_ref/_numpy_adapter.py",
+            "tests/cover/test_properties.py",
+            "tests/cover/test_ops.py",
+        ),
+    ),
+    "ops": (
+        ("ring_ref/_ops.py",),
+        ("ring_ref/_ops.py", "tests/cover/test_ops.py", "tests/cover/test_kills_ops.py"),
+    ),
+    "chunks": (("ring_ref/_chunks.py",), ("ring_ref/_chunks.py", "tests/cover/test_kills_chunks.py")),
+    "dtypes": (("ring_ref/_dtypes.py",), ("ring_ref/_dtypes.py", "tests/cover/test_kills_dtypes.py")),
+    "cost": (("ring_ref/_cost.py",), ("ring_ref/_cost.py", "tests/cover/test_kills_cost.py")),
     "fast": (("ring_ref/_fast.py",), ("ring_ref/_fast.py", "tests/cover/test_fast.py")),
     "difftest": (("ring_ref/difftest/*",), ("tests/cover/difftest",)),
 }
@@ -138,8 +154,9 @@ def mutated_line(source: str, func: str, k: str) -> str:
     orig, mutant = defs.get(f"{leaf}__mutmut_orig"), defs.get(f"{leaf}__mutmut_{k}")
     if orig is None or mutant is None:
         return "?"
-    a = (ast.get_source_segment(source, orig) or "").splitlines()[1:]
-    b = (ast.get_source_segment(source, mutant) or "").splitlines()[1:]
+    # The whole definition, signature included (a mutated default), with the two names made equal.
+    a = (ast.get_source_segment(source, orig) or "").replace(orig.name, leaf, 1).splitlines()
+    b = (ast.get_source_segment(source, mutant) or "").replace(mutant.name, leaf, 1).splitlines()
     for tag, _i1, _i2, j1, j2 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
         if tag != "equal":
             return b[j1].strip() if j1 < j2 else "(line deleted)"

@@ -35,7 +35,9 @@ def test_mutated_line_finds_the_changed_line_of_a_mutant() -> None:
         "def x_f__mutmut_orig(a):\n    b = a + 1\n    return b\n"
         "def x_f__mutmut_3(a):\n    b = a - 1\n    return b\n"
         "def x_f__mutmut_4(a):\n    b = a + 1\n"
+        "def x_f__mutmut_5(a=2):\n    b = a + 1\n    return b\n"
     )
     assert mutation.mutated_line(source, "x_f", "3") == "b = a - 1"
     assert mutation.mutated_line(source, "x_f", "4") == "(line deleted)"
+    assert mutation.mutated_line(source, "x_f", "5") == "def x_f(a=2):"
     assert mutation.mutated_line(source, "x_f", "9") == "?"
