@@ -15,7 +15,8 @@ never forwarded in the round it arrived (``simultaneous-rounds``).
 :func:`ring_hook` plugs the same ring into ``DistributedDataParallel``
 (``model.register_comm_hook(None, ring_hook)``).
 
-**Speed.**  On gloo each chunk travels in segments (:data:`SEGMENT_BYTES`):
+**Speed.**  On gloo each chunk travels in segments (at least
+:data:`SEGMENT_BYTES`, at most :data:`MAX_SEGMENTS` per chunk):
 as soon as segment ``s`` of the chunk received in one round has been added
 into its slot, segment ``s`` of the next round's chunk (the same slot: every
 round forwards the chunk it has just completed) is sent, while the remaining
@@ -67,10 +68,12 @@ from ring_ref import schedule
 from ring_ref._chunks import chunk_views
 from ring_ref._validate import rank_tensor_problem
 
-__all__ = ["SEGMENT_BYTES", "RingHookState", "ring_all_reduce_", "ring_hook"]
+__all__ = ["MAX_SEGMENTS", "SEGMENT_BYTES", "RingHookState", "ring_all_reduce_", "ring_hook"]
 
 SEGMENT_BYTES: Final = 1 << 20
-"""Size of the pieces a chunk travels in on gloo; a chunk no larger than this goes whole."""
+"""Smallest piece a chunk travels in on gloo; a chunk no larger than this goes whole."""
+MAX_SEGMENTS: Final = 4
+"""Most pieces per chunk: each send and receive costs a wake-up, dear on a busy machine."""
 
 _PIPELINED_BACKENDS: Final = frozenset({"gloo"})
 _EXACT_DIMS: Final = 8
@@ -263,13 +266,16 @@ def _ring_pipelined(
     Every step forwards the chunk the previous step completed (``send_chunk(t +
     1) == recv_chunk(t)``, from the closed forms), so segment ``s`` of step
     ``t + 1`` is sent as soon as segment ``s`` of step ``t`` has arrived and
-    been added.  Receives are posted two steps ahead: reduce-scatter into the
-    two halves of ``staging`` alternately, all-gather straight into the slot
-    once every send reading that slot segment has completed.
+    been added.  Receives are posted ahead (two steps; one when ``n == 2``):
+    reduce-scatter into the two halves of ``staging`` alternately, all-gather
+    straight into the slot once every send reading that slot segment has
+    completed.  (With ``n >= 3`` those sends are at least two steps old by
+    then; with ``n == 2`` the all-gather slot is the one sent in the step just
+    before, so its receive is posted only once that segment has arrived.)
     """
     n = len(chunks)
     k = chunks[0].numel()
-    segment = max(1, SEGMENT_BYTES // chunks[0].element_size())
+    segment = max(SEGMENT_BYTES // chunks[0].element_size(), -(-k // MAX_SEGMENTS), 1)
     bounds = [(a, min(a + segment, k)) for a in range(0, k, segment)]
     steps = schedule.all_rounds(n)
     right, left = schedule.right(rank, n), schedule.left(rank, n)
@@ -298,7 +304,8 @@ def _ring_pipelined(
         work = group.send([chunks[sent[t]][a:b]], right, tag(t, s))
         sending[sent[t], s].append((t, work))
 
-    for t in range(min(2, len(steps))):
+    ahead = 2 if n >= 3 else 1
+    for t in range(min(ahead, len(steps))):
         for s in range(len(bounds)):
             post_recv(t, s)
             if t == 0:
@@ -311,8 +318,8 @@ def _ring_pipelined(
                 torch.add(halves[t % 2][a:b], slot, out=slot)  # incoming + own, as rs-add states
             if t + 1 < len(steps):
                 post_send(t + 1, s)
-            if t + 2 < len(steps):
-                post_recv(t + 2, s)
+            if t + ahead < len(steps):
+                post_recv(t + ahead, s)
     for works in sending.values():
         for step, work in works:
             waiter.round(work, *steps[step])

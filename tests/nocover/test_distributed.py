@@ -159,13 +159,15 @@ def test_every_rank_matches_the_simulation_bit_for_bit(rings: Rings, n: int) -> 
 
 
 def reduce_rows_with(
-    rank: int, world_size: int, payload: tuple[int, bool, list[tuple[torch.Tensor, bool]]]
+    rank: int, world_size: int, payload: tuple[int, int, bool, list[tuple[torch.Tensor, bool]]]
 ) -> list[torch.Tensor]:
-    """:func:`reduce_rows` with chunks sent in ``segment_bytes`` pieces, or one batched send per round."""
-    segment_bytes, pipelined, cases = payload
+    """:func:`reduce_rows` with chunks in pieces of ``segment_bytes`` (at most ``max_segments``), or
+    one batched send per round."""
+    segment_bytes, max_segments, pipelined, cases = payload
     backends = frozenset({"gloo"}) if pipelined else frozenset()
     with (
         mock.patch.object(distributed, "SEGMENT_BYTES", segment_bytes),
+        mock.patch.object(distributed, "MAX_SEGMENTS", max_segments),
         mock.patch.object(distributed, "_PIPELINED_BACKENDS", backends),
     ):
         return reduce_rows(rank, world_size, cases)
@@ -173,19 +175,20 @@ def reduce_rows_with(
 
 @pytest.mark.clause("fold-order", "chunk-layout", "simultaneous-rounds")
 @pytest.mark.parametrize(
-    ("n", "segment_bytes", "pipelined"),
-    [(3, 8, True), (4, 6, True), (3, 8, False)],
-    ids=["n3-segments-of-8-bytes", "n4-segments-of-6-bytes", "n3-one-send-per-round"],
+    ("n", "segment_bytes", "max_segments", "pipelined"),
+    [(2, 8, 4, True), (3, 8, 1 << 30, True), (4, 6, 1 << 30, True), (3, 8, 1 << 30, False)],
+    ids=["n2-4-segments", "n3-segments-of-8-bytes", "n4-segments-of-6-bytes", "n3-one-send-per-round"],
 )
 def test_segmented_and_per_round_sends_give_the_simulations_bits(
-    rings: Rings, n: int, segment_bytes: int, pipelined: bool
+    rings: Rings, n: int, segment_bytes: int, max_segments: int, pipelined: bool
 ) -> None:
     """Chunks of 15 elements in segments of 1-4 elements (a short last one), and the unsegmented path."""
     cases = []
     for d, dtype in enumerate(DTYPES):
         x = stacked(n, 5, (3,), dtype, seed=7 * n + d)
         cases += [(x, False), (x, True)]
-    per_rank = rings(n).run(reduce_rows_with, (segment_bytes, pipelined, cases), timeout_s=CALL_TIMEOUT_S)
+    payload = (segment_bytes, max_segments, pipelined, cases)
+    per_rank = rings(n).run(reduce_rows_with, payload, timeout_s=CALL_TIMEOUT_S)
     for k, (x, _) in enumerate(cases):
         expected = ring_fold(x)
         assert same_bits(ring_all_reduce(x), expected)
