@@ -325,12 +325,15 @@ def _finite_problem(tensor: torch.Tensor) -> BadInput | None:
     return None
 
 
-def rank_array_problem(array: object, n: int, *, finite: bool = True) -> BadInput | None:
+def rank_array_problem(
+    array: object, n: int, *, finite: bool = True, divisible: bool = True
+) -> BadInput | None:
     """The table's verdict on one rank's ``(M, ...)`` numpy array in a group of ``n`` ranks, or ``None``.
 
     The numpy sibling of :func:`rank_tensor_problem` (``ring_ref.mpi``): the
     simulated ring's messages for the same problems, plus those of an in-place
-    call (a read-only array, elements that share memory).
+    call (a read-only array, elements that share memory).  ``divisible=False``
+    (a layout other than ``even``) accepts any positive ``M``.
 
     >>> rank_array_problem(np.zeros(6), 3) is None
     True
@@ -343,7 +346,7 @@ def rank_array_problem(array: object, n: int, *, finite: bool = True) -> BadInpu
     checks: tuple[Callable[[], BadInput | None], ...] = (
         lambda: _numpy_metadata_problem(array),
         lambda: None if shape else _ZERO_DIM_ARRAY,
-        lambda: _rows_problem(n, shape[0], shape),
+        lambda: _rows_problem(n, shape[0], shape, divisible=divisible),
         lambda: None if array.flags.writeable else _READ_ONLY,
         lambda: _array_overlap_problem(array),
         lambda: _array_finite_problem(array) if finite else None,

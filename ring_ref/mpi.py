@@ -15,6 +15,12 @@ reduced as well as float32 and float64; the additions are ``numpy.add`` in the
 array's dtype.  A C-contiguous array is reduced in place; any other layout in
 a contiguous copy written back at the end.
 
+``schedule=`` runs another ring of the family (:mod:`ring_ref.schedule`:
+direction, offset, chunk layout; clause ``schedule-family``), as
+``ring_all_reduce(x, schedule=...)`` does: ``"openmpi-ring"`` gives the bits of
+OpenMPI's own ring ``MPI_Allreduce`` for any ``M`` (its blocks of elements),
+float16 included, and ``"gloo"`` those of gloo's.
+
 **Bad input** is rejected with the same exception on *every* rank before any
 chunk is sent: each rank checks its own array (the spec's bad-input table,
 :mod:`ring_ref._validate`) and condenses kind, dtype, shape and verdict into a
@@ -53,8 +59,9 @@ import numpy as np
 import numpy.typing as npt
 
 from ring_ref import schedule
-from ring_ref._chunks import chunk_views
-from ring_ref._validate import rank_array_problem
+from ring_ref._chunks import layout_views
+from ring_ref._validate import BadInput, rank_array_problem, schedule_of
+from ring_ref.schedule import RingSchedule
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -77,7 +84,7 @@ _TAG: Final = 0x5249
 """The tag of every ring message; MPI keeps messages between two ranks in order, so one tag suffices."""
 _EXACT_DIMS: Final = 8
 _HASH_MODULUS: Final = (1 << 61) - 1
-_SIGNATURE_LENGTH: Final = 4 + _EXACT_DIMS + 1
+_SIGNATURE_LENGTH: Final = 5 + _EXACT_DIMS + 1
 _POLL_MAX_S: Final = 1e-3
 _ABANDONED: Final[list[object]] = []
 """Requests (and so their buffers) of rounds abandoned after a timeout: kept alive for MPI to finish."""
@@ -92,13 +99,36 @@ class _Description:
     problem: tuple[str, str] | None  # (exception kind, message)
 
 
-def _describe(array: object, n: int) -> _Description:
-    bad = rank_array_problem(array, n)
+def _ring_of(name: object) -> tuple[RingSchedule | None, BadInput | None]:
+    """The ring a ``schedule=`` argument names, or the table's verdict on it."""
+    try:
+        return schedule_of(name), None
+    except (TypeError, ValueError) as exc:
+        return None, BadInput(type(exc), str(exc))
+
+
+def _problem(array: object, n: int, name: object, *, finite: bool = True) -> BadInput | None:
+    ring, bad = _ring_of(name)
+    if ring is None:
+        return bad
+    return rank_array_problem(array, n, finite=finite, divisible=ring.layout == "even")
+
+
+def _schedule_key(name: object, n: int) -> str:
+    """The same text on every rank for the same ring (offsets taken mod ``n``)."""
+    ring, _ = _ring_of(name)
+    return "invalid" if ring is None else ring.normalized(n).describe()
+
+
+def _describe(array: object, n: int, name: object = "spec") -> _Description:
+    bad = _problem(array, n, name)
     problem = None if bad is None else (bad.kind.__name__, bad.message.rstrip("."))
+    key = _schedule_key(name, n)
     if not isinstance(array, np.ndarray):
-        name = type(array).__name__
-        return _Description(name, (name,), problem)
-    return _Description(f"shape {array.shape} {array.dtype}", (array.shape, array.dtype.str), problem)
+        kind = type(array).__name__
+        return _Description(f"{kind}, schedule {key}", (kind, key), problem)
+    summary = f"shape {array.shape} {array.dtype}, schedule {key}"
+    return _Description(summary, (array.shape, array.dtype.str, key), problem)
 
 
 def _verdict(descriptions: Sequence[_Description]) -> Exception | None:
@@ -109,7 +139,7 @@ def _verdict(descriptions: Sequence[_Description]) -> Exception | None:
     >>> print(_verdict([_describe(np.zeros(6), 3), _describe([0.0], 3)]))  # doctest: +ELLIPSIS
     ring_allreduce_ rejected the input on every rank: rank 1: expects a numpy.ndarray ...; got list.
     >>> print(_verdict([_describe(np.zeros(6), 3), _describe(np.zeros(3), 3)]))  # doctest: +ELLIPSIS
-    ring_allreduce_ rejected ...: the ranks passed different arrays (rank 0: shape (6,) float64; ...
+    ring_allreduce_ rejected ...: the ranks passed different arrays (rank 0: shape (6,) float64, schedule ...
     """
     prefix = "ring_allreduce_ rejected the input on every rank"
     failures = [(r, d.problem) for r, d in enumerate(descriptions) if d.problem is not None]
@@ -121,13 +151,16 @@ def _verdict(descriptions: Sequence[_Description]) -> Exception | None:
         listing = "; ".join(f"rank {r}: {d.summary}" for r, d in enumerate(descriptions))
         return ValueError(
             f"{prefix}: the ranks passed different arrays ({listing}). Every rank must pass the same "
-            "shape and dtype."
+            "shape and dtype, and the same schedule."
         )
     return None
 
 
-def _signature(array: object, n: int) -> tuple[list[int], bool]:
+def _signature(array: object, n: int, name: object = "spec") -> tuple[list[int], bool]:
     """This rank's fixed-size signature and whether its array is clean, at the cost of one sum.
+
+    The signature covers the kind, dtype, shape (the first :data:`_EXACT_DIMS`
+    dimensions exactly, a hash of the rest) and the schedule.
 
     >>> a, ok = _signature(np.zeros((6, 2)), 3)
     >>> ok, a == _signature(np.ones((6, 2)), 3)[0], a == _signature(np.zeros(6), 3)[0]
@@ -135,19 +168,20 @@ def _signature(array: object, n: int) -> tuple[list[int], bool]:
     >>> _signature(np.array([1.0, np.nan, 0.0]), 3)[1]
     False
     """
+    key = zlib.crc32(_schedule_key(name, n).encode())
     if not isinstance(array, np.ndarray):
-        return [0, zlib.crc32(type(array).__name__.encode()), *[0] * (_SIGNATURE_LENGTH - 2)], False
+        return [0, zlib.crc32(type(array).__name__.encode()), key, *[0] * (_SIGNATURE_LENGTH - 3)], False
     shape = tuple(array.shape)
     rest = 0
     for d in shape[_EXACT_DIMS:]:
         rest = (rest * 1_000_003 + d + 1) % _HASH_MODULUS
     exact = [*shape[:_EXACT_DIMS], *([-1] * (_EXACT_DIMS - len(shape)))]
-    signature = [1, zlib.crc32(array.dtype.str.encode()), len(shape), array.size, *exact, rest]
-    if rank_array_problem(array, n, finite=False) is not None:
+    signature = [1, zlib.crc32(array.dtype.str.encode()), key, len(shape), array.size, *exact, rest]
+    if _problem(array, n, name, finite=False) is not None:
         return signature, False
     with np.errstate(over="ignore", invalid="ignore"):
         total_finite = bool(np.isfinite(np.add.reduce(array, axis=None)))
-    return signature, total_finite or rank_array_problem(array, n) is None
+    return signature, total_finite or _problem(array, n, name) is None
 
 
 class _Waiter:
@@ -179,18 +213,18 @@ class _Waiter:
             raise RuntimeError(f"ring_allreduce_: rank {self.rank} of {self.n}{where} failed: {exc}") from exc
 
 
-def _check_everywhere(comm: MPI.Comm, array: object, n: int, waiter: _Waiter) -> None:
+def _check_everywhere(comm: MPI.Comm, array: object, n: int, waiter: _Waiter, name: object = "spec") -> None:
     """Raise the same bad-input error on every rank, or return on every rank; one small all-reduce."""
     from mpi4py import MPI
 
-    signature, clean = _signature(array, n)
+    signature, clean = _signature(array, n, name)
     flags = np.array([*signature, *(-v for v in signature), 0 if clean else 1], dtype=np.int64)
     where = ": checking every rank's array before the ring"
     waiter.wait([comm.Iallreduce(MPI.IN_PLACE, flags, op=MPI.MAX)], where)
     k = len(signature)
     if flags[2 * k] == 0 and np.array_equal(flags[:k], -flags[k : 2 * k]):
         return
-    error = _verdict(comm.allgather(_describe(array, n)))
+    error = _verdict(comm.allgather(_describe(array, n, name)))
     if error is not None:
         raise error
 
@@ -201,14 +235,17 @@ def _bytes(chunk: npt.NDArray[Any]) -> list[Any]:
     return [chunk.view(np.uint8), MPI.BYTE]
 
 
-def _ring(comm: MPI.Comm, chunks: tuple[npt.NDArray[Any], ...], rank: int, waiter: _Waiter) -> None:
+def _ring(
+    comm: MPI.Comm, chunks: tuple[npt.NDArray[Any], ...], rank: int, ring: RingSchedule, waiter: _Waiter
+) -> None:
     """The schedule's rounds on flat contiguous ``chunks``: per round one receive and one send."""
     n = len(chunks)
-    right, left = schedule.right(rank, n), schedule.left(rank, n)
-    incoming = np.empty_like(chunks[0])
+    right, left = ring.right(rank, n), ring.left(rank, n)
+    staging = np.empty(max(len(c) for c in chunks), dtype=chunks[0].dtype)
     for phase, r in schedule.all_rounds(n):
-        out, inc = schedule.send_chunk(phase, rank, r, n), schedule.send_chunk(phase, left, r, n)
+        out, inc = ring.send_chunk(phase, rank, r, n), ring.recv_chunk(phase, rank, r, n)
         slot = chunks[inc]
+        incoming = staging[: len(slot)]
         into = incoming if phase == schedule.REDUCE_SCATTER else slot
         requests = [
             comm.Irecv(_bytes(into), source=left, tag=_TAG),
@@ -224,7 +261,11 @@ def _ring(comm: MPI.Comm, chunks: tuple[npt.NDArray[Any], ...], rank: int, waite
 
 
 def ring_allreduce_(
-    comm: MPI.Comm, array: npt.NDArray[Any], *, timeout: float | None = None
+    comm: MPI.Comm,
+    array: npt.NDArray[Any],
+    *,
+    timeout: float | None = None,
+    schedule: str | RingSchedule = "spec",
 ) -> npt.NDArray[Any]:
     """Sum ``array`` across the ranks of ``comm`` in place with the spec's ring; return ``array``.
 
@@ -235,16 +276,21 @@ def ring_allreduce_(
     ``ring_ref.ring_all_reduce(numpy.stack(inputs in rank order))``.  Bad input
     raises the same ``TypeError``/``ValueError`` on every rank and leaves every
     array unchanged.  ``timeout`` (seconds) bounds each wait for a peer; see
-    the module docstring for what a failure leaves behind.
+    the module docstring for what a failure leaves behind.  ``schedule`` (a
+    preset name or a :class:`ring_ref.schedule.RingSchedule`, the same on every
+    rank) picks another ring of the family, with the bits of
+    ``ring_all_reduce(stacked, schedule=schedule)``; a layout other than
+    ``even`` accepts any ``M``.
     """
     rank, n = comm.Get_rank(), comm.Get_size()
     waiter = _Waiter(rank, n, timeout)
-    _check_everywhere(comm, array, n, waiter)
+    _check_everywhere(comm, array, n, waiter, schedule)
+    ring = schedule_of(schedule)
     if n == 1:
         return array
     work = array if array.flags.c_contiguous else np.ascontiguousarray(array)
-    chunks = tuple(chunk.reshape(-1) for chunk in chunk_views(work, n))
-    _ring(comm, chunks, rank, waiter)
+    chunks = layout_views(work.reshape(-1), ring.layout, n, itemsize=work.itemsize)
+    _ring(comm, chunks, rank, ring, waiter)
     if work is not array:
         array[...] = work
     return array

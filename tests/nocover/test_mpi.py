@@ -28,6 +28,7 @@ import torch
 from ring_ref import ring_all_reduce
 from ring_ref._mpi_launch import MpiRing, RankFailed, RanksTimedOut, mpirun_path
 from ring_ref.mpi import _check_everywhere, _Waiter, openmpi_allreduce_mca, ring_allreduce_
+from ring_ref.schedule import RingSchedule
 from ring_ref.targets import mpi_allreduce
 from tests import planted_mpi
 from tests.oracles import ring_fold, same_bits
@@ -120,11 +121,16 @@ def _layout(row: Array, layout: str) -> Array:
 
 def reduce_rows(comm: Any, cases: list[tuple[Array, str]]) -> list[Array | None]:
     """On each rank: ring_allreduce_ of ``x[rank]`` among the first N ranks; identity and strides kept."""
+    return reduce_rows_with(comm, [(x, layout, "spec") for x, layout in cases])
+
+
+def reduce_rows_with(comm: Any, cases: list[tuple[Array, str, str | RingSchedule]]) -> list[Array | None]:
+    """:func:`reduce_rows` with a ``schedule=`` per case."""
     from mpi4py import MPI
 
     subs: dict[int, Any] = {}
     results: list[Array | None] = []
-    for x, layout in cases:
+    for x, layout, schedule in cases:
         n = x.shape[0]
         sub = subs[n] if n in subs else subs.setdefault(n, _sub(comm, n))
         if sub == MPI.COMM_NULL:
@@ -132,7 +138,7 @@ def reduce_rows(comm: Any, cases: list[tuple[Array, str]]) -> list[Array | None]
             continue
         mine = _layout(x[comm.Get_rank()], layout)
         strides = mine.strides
-        assert ring_allreduce_(sub, mine) is mine
+        assert ring_allreduce_(sub, mine, schedule=schedule) is mine
         assert mine.strides == strides
         results.append(mine)
     return results
@@ -236,6 +242,32 @@ def test_openmpi_ring_algorithm_sums_the_specs_fold(jobs: Jobs, world4: MpiRing)
     assert any(not np.array_equal(x.sum(axis=0), ring_all_reduce(x)) for x in xs if x.shape[0] >= 3)
 
 
+SCHEDULES: tuple[str | RingSchedule, ...] = ("openmpi-ring", "gloo", RingSchedule(-1, 2, "even"))
+
+
+@pytest.mark.clause("schedule-family")
+def test_ring_allreduce_runs_every_ring_of_the_family_with_the_simulations_bits(
+    jobs: Jobs, world4: MpiRing
+) -> None:
+    """``schedule=``: presets and a hand-made ring, every dtype, N = 1 .. 4, sizes not divisible by N."""
+    cases: list[tuple[Array, str, str | RingSchedule]] = []
+    for n in (1, 2, 3, 4):
+        for d, dtype in enumerate(DTYPES):
+            for schedule in SCHEDULES:
+                even = isinstance(schedule, RingSchedule) and schedule.layout == "even"
+                for t, shape in enumerate(((2 * n,), (n, 3)) if even else ((n + 1,), (3 * n + 2, 2), (1,))):
+                    rng = np.random.default_rng(7 * n + 3 * d + t)
+                    full = (n, *shape)
+                    x = (rng.standard_normal(full) * 10.0 ** rng.integers(-3, 4, full)).astype(dtype)
+                    cases.append((x, "f" if len(shape) > 1 else "c", schedule))
+    per_rank = jobs.run(world4, reduce_rows_with, cases)
+    for k, (x, layout, schedule) in enumerate(cases):
+        expected = ring_all_reduce(x, schedule=schedule)
+        _assert_every_rank_has(
+            per_rank, k, expected, f"case {k} ({x.dtype}, {x.shape}, {layout}, {schedule})"
+        )
+
+
 def openmpi_ring_fold(x: Array) -> Array:
     """OpenMPI's ring allreduce, written from its block layout (independent of ``ring_ref``).
 
@@ -274,11 +306,13 @@ def test_openmpi_ring_algorithm_on_any_size_is_the_fold_of_its_element_blocks(
                 full = (n, *shape)
                 xs.append((rng.standard_normal(full) * 10.0 ** rng.integers(-4, 5, full)).astype(dtype))
     per_rank = jobs.run(world4, allreduce_rows, xs)
+    ours = jobs.run(world4, reduce_rows_with, [(x, "c", "openmpi-ring") for x in xs])
     for k, x in enumerate(xs):
         expected = openmpi_ring_fold(x)
         preset = ring_all_reduce(x, schedule="openmpi-ring")
         assert same_bits(torch.from_numpy(preset), torch.from_numpy(expected))
         _assert_every_rank_has(per_rank, k, expected, f"MPI_Allreduce ring, {x.dtype} {x.shape}")
+        _assert_every_rank_has(ours, k, expected, f"ring_allreduce_ openmpi-ring, {x.dtype} {x.shape}")
     assert sum(not np.array_equal(x.sum(axis=0), openmpi_ring_fold(x)) for x in xs) > len(xs) // 2
 
 
@@ -299,8 +333,14 @@ BAD_CASES: dict[str, tuple[type[Exception], str]] = {
     "nan-on-rank-0": (ValueError, "rank 0: inputs must be finite: 1 element(s)"),
     "int-dtype": (TypeError, "unsupported dtype int32"),
     "read-only-on-rank-1": (ValueError, "rank 1: the sum is written in place, but the array is read-only"),
-    "different-shapes": (ValueError, "the ranks passed different arrays (rank 0: shape (4,) float32; rank 1"),
+    "different-shapes": (
+        ValueError,
+        "different arrays (rank 0: shape (4,) float32, schedule direction +1, offset 0, layout even; "
+        "rank 1: shape (6,) float32",
+    ),
     "different-dtypes": (ValueError, "the ranks passed different arrays"),
+    "unknown-schedule-on-rank-0": (ValueError, "rank 0: unknown schedule 'ring'; choose a preset"),
+    "different-schedules": (ValueError, "schedule direction +1, offset 0, layout even; rank 1: shape (4,)"),
 }
 
 
@@ -323,6 +363,14 @@ def _bad_argument(name: str, rank: int) -> object:
     return base
 
 
+def _bad_schedule(name: str, rank: int) -> str:
+    if name == "unknown-schedule-on-rank-0" and rank == 0:
+        return "ring"
+    if name == "different-schedules" and rank == 1:
+        return "gloo"
+    return "spec"
+
+
 def reject_everywhere(comm: Any, names: list[str]) -> list[tuple[str, str, bool]]:
     """On the first 2 ranks: each bad argument's (exception type, message, argument unchanged)."""
     from mpi4py import MPI
@@ -335,7 +383,7 @@ def reject_everywhere(comm: Any, names: list[str]) -> list[tuple[str, str, bool]
         argument = _bad_argument(name, comm.Get_rank())
         before = np.array(argument, copy=True) if not isinstance(argument, list) else None
         try:
-            ring_allreduce_(sub, argument)  # type: ignore[arg-type]
+            ring_allreduce_(sub, argument, schedule=_bad_schedule(name, comm.Get_rank()))  # type: ignore[arg-type]
         except (TypeError, ValueError) as exc:
             unchanged = before is None or np.array_equal(before, np.asarray(argument), equal_nan=True)
             out.append((type(exc).__name__, str(exc), unchanged))
