@@ -48,6 +48,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import hmac
+import io
 import os
 import pickle
 import re
@@ -70,7 +71,15 @@ from typing import Any, Final, TypeVar
 from ring_ref import _netns
 from ring_ref._mpi_rank import CONTROL_ENV, STOP, TOKEN_ENV, stack_path
 
-__all__ = ["FAILURE_GRACE_S", "MpiRing", "MpiUnavailable", "RankFailed", "RanksTimedOut", "mpirun_path"]
+__all__ = [
+    "FAILURE_GRACE_S",
+    "MpiRing",
+    "MpiUnavailable",
+    "RankFailed",
+    "RanksTimedOut",
+    "mpirun_path",
+    "plain_loads",
+]
 
 _P = TypeVar("_P")
 _R = TypeVar("_R")
@@ -326,10 +335,15 @@ class MpiRing:
         self._conns = [by_rank[r][0] for r in range(self.world_size)]
         self._pids = [by_rank[r][1] for r in range(self.world_size)]
 
-    def run(self, fn: Callable[[Any, _P], _R], payload: _P, *, timeout_s: float = 60.0) -> list[_R]:
+    def run(
+        self, fn: Callable[[Any, _P], _R], payload: _P, *, timeout_s: float = 60.0, trusted: bool = True
+    ) -> list[_R]:
         """Call ``fn(comm, payload)`` on every rank; return the results in rank order.
 
         Raises :class:`RanksTimedOut` or :class:`RankFailed` (see the module docstring).
+        ``trusted=False`` accepts only plain data back (``None``, bools, numbers,
+        strings, bytes, and lists, tuples and dicts of them): a rank running code
+        under test cannot make the parent build any other object.
         """
         try:
             task = pickle.dumps((fn, payload))
@@ -340,7 +354,18 @@ class MpiRing:
         self.start()
         for conn in self._conns:
             conn.send_bytes(task)
-        return [pickle.loads(blob) for blob in self._collect(f"running {_name(fn)}", timeout_s)]
+        blobs = self._collect(f"running {_name(fn)}", timeout_s)
+        if trusted:
+            return [pickle.loads(blob) for blob in blobs]
+        results, refused = [], {}
+        for rank, blob in enumerate(blobs):
+            try:
+                results.append(plain_loads(blob))
+            except pickle.UnpicklingError as exc:
+                refused[rank] = f"its result was refused: {exc}"
+        if refused:
+            raise RankFailed(self.world_size, tracebacks=refused, killed=False)
+        return results
 
     def _collect(self, what: str, timeout_s: float) -> list[Any]:
         """One reply per rank, or the failure, killing the job unless every rank answered."""
@@ -363,8 +388,8 @@ class MpiRing:
             for rank in waiting:
                 if self._conns[rank] in ready:
                     try:
-                        kind, value = self._conns[rank].recv()
-                    except (EOFError, OSError):
+                        kind, value = plain_loads(self._conns[rank].recv_bytes())
+                    except (EOFError, OSError, pickle.UnpicklingError, ValueError, TypeError):
                         gone.add(rank)
                     else:
                         (replies if kind == "ok" else errors)[rank] = value
@@ -454,6 +479,26 @@ class MpiRing:
             self._dir = None
 
 
+class _PlainUnpickler(pickle.Unpickler):
+    """Builds only what pickle encodes without naming a class: plain data."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"a rank sent {module}.{name}; only plain data is accepted")
+
+
+def plain_loads(data: bytes) -> Any:
+    """``pickle.loads`` for plain data only (see :meth:`MpiRing.run`'s ``trusted``).
+
+    >>> plain_loads(pickle.dumps(("ok", b"bits", [1, 2.5, None], {"k": True})))
+    ('ok', b'bits', [1, 2.5, None], {'k': True})
+    >>> plain_loads(pickle.dumps(ValueError("x")))
+    Traceback (most recent call last):
+    ...
+    _pickle.UnpicklingError: a rank sent builtins.ValueError; only plain data is accepted
+    """
+    return _PlainUnpickler(io.BytesIO(data)).load()
+
+
 def _alive(pid: int) -> bool:
     """Whether process ``pid`` still runs (a zombie, dead but not yet reaped by its new parent, does not)."""
     try:
@@ -478,8 +523,8 @@ def _hello(conn: Connection, token: bytes, deadline: float) -> tuple[int, int] |
             return None
         if not conn.poll(max(0.0, deadline - time.monotonic())):
             return None
-        kind, rank, pid = conn.recv()
-    except (EOFError, OSError, ValueError, pickle.UnpicklingError):
+        kind, rank, pid = plain_loads(conn.recv_bytes(4096))
+    except (EOFError, OSError, ValueError, TypeError, pickle.UnpicklingError):
         return None
     return (int(rank), int(pid)) if kind == "hello" else None
 

@@ -8,8 +8,9 @@ in ``RING_REF_MPI_CONTROL``), proves itself with the token in
 A task is a pickle of ``(fn, payload)``; ``fn`` (a module-level function,
 pickled by name) is called as ``fn(comm, payload)`` where ``comm`` is a fresh
 duplicate of ``COMM_WORLD``, so that messages a failed task left behind can
-never match a later task's receives.  The reply is ``("ok", pickled result)``
-or ``("error", formatted traceback)``.
+never match a later task's receives.  The reply is a pickle of
+``("ok", pickled result)`` or ``("error", formatted traceback)``: plain data,
+which the parent reads without building any other object.
 
 ``faulthandler`` writes the Python stack of every thread to
 ``<control dir>/stack-<rank>.txt`` on ``SIGUSR1``: the parent takes it from a
@@ -60,7 +61,7 @@ def _serve(conn: Connection) -> None:
             comm.Free()
         except BaseException:
             reply = ("error", traceback.format_exc())
-        conn.send(reply)
+        conn.send_bytes(pickle.dumps(reply))
 
 
 def main() -> None:
@@ -75,7 +76,7 @@ def main() -> None:
         sock.connect(control)
         with Connection(sock.detach()) as conn:
             conn.send_bytes(bytes.fromhex(token))
-            conn.send(("hello", rank, os.getpid()))
+            conn.send_bytes(pickle.dumps(("hello", rank, os.getpid())))
             sys.path[:] = conn.recv()
             with contextlib.suppress(EOFError, OSError):  # the parent went away: just leave
                 _serve(conn)

@@ -423,6 +423,19 @@ def test_bad_input_messages_are_the_simulations(jobs: Jobs, world4: MpiRing) -> 
         assert tail in message, (tail, message)
 
 
+def plain_or_not(comm: Any, _: None) -> object:
+    """Rank 1 returns a numpy array (which an untrusting parent must refuse), the others plain data."""
+    return np.zeros(2) if comm.Get_rank() == 1 else ("bits", b"\x00\x01", [1, 2.5])
+
+
+def test_an_untrusting_caller_accepts_only_plain_data(jobs: Jobs, world4: MpiRing) -> None:
+    assert jobs.run(world4, plain_or_not, None)[0] == ("bits", b"\x00\x01", [1, 2.5])
+    with pytest.raises(RankFailed) as info:
+        world4.run(plain_or_not, None, timeout_s=CALL_TIMEOUT_S, trusted=False)
+    assert info.value.ranks == [1] and not info.value.killed
+    assert "numpy" in info.value.tracebacks[1] and "only plain data is accepted" in info.value.tracebacks[1]
+
+
 def peer_never_calls(comm: Any, timeout_s: float) -> str:
     """Rank 0 calls ring_allreduce_ with a timeout; rank 1 never does. Rank 0's error, or ``"returned"``."""
     if comm.Get_rank() == 1:
