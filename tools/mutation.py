@@ -54,6 +54,7 @@ MODULES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
             "tests/cover/test_spec_clauses.py",
             "tests/cover/test_invariants.py",
             "tests/cover/test_kills_schedule.py",
+            "tests/cover/test_schedules.py",
         ),
     ),
     "core": (
@@ -63,6 +64,7 @@ MODULES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
             "tests/cover/test_invariants.py",
             "tests/cover/test_stateful.py",
             "tests/cover/test_kills_core.py",
+            "tests/cover/test_schedules.py",
         ),
     ),
     "invariants": (
@@ -72,6 +74,7 @@ MODULES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
             "tests/cover/test_invariants.py",
             "tests/cover/test_spec_clauses.py",
             "tests/cover/test_kills_invariants.py",
+            "tests/cover/test_schedules.py",
         ),
     ),
     "validate": (
@@ -81,6 +84,7 @@ MODULES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
             "tests/cover/test_bad_input.py",
             "tests/cover/test_kills_adapters.py",
             "tests/cover/test_kills_validate.py",
+            "tests/cover/test_schedules.py",
         ),
     ),
     "adapters": (
@@ -90,13 +94,17 @@ MODULES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
             "ring_ref/_numpy_adapter.py",
             "tests/cover/test_properties.py",
             "tests/cover/test_ops.py",
+            "tests/cover/test_schedules.py",
         ),
     ),
     "ops": (
         ("ring_ref/_ops.py",),
         ("ring_ref/_ops.py", "tests/cover/test_ops.py", "tests/cover/test_kills_ops.py"),
     ),
-    "chunks": (("ring_ref/_chunks.py",), ("ring_ref/_chunks.py", "tests/cover/test_kills_chunks.py")),
+    "chunks": (
+        ("ring_ref/_chunks.py",),
+        ("ring_ref/_chunks.py", "tests/cover/test_kills_chunks.py", "tests/cover/test_schedules.py"),
+    ),
     "dtypes": (("ring_ref/_dtypes.py",), ("ring_ref/_dtypes.py", "tests/cover/test_kills_dtypes.py")),
     "cost": (("ring_ref/_cost.py",), ("ring_ref/_cost.py", "tests/cover/test_kills_cost.py")),
     "fast": (("ring_ref/_fast.py",), ("ring_ref/_fast.py", "tests/cover/test_fast.py")),
@@ -112,11 +120,18 @@ class Equivalent(NamedTuple):
     reason: str
 
 
+_CELL: Final = re.compile(r"(?<!\\)\|")
+
+
 def read_equivalents(path: Path = EQUIVALENT) -> list[Equivalent]:
-    """The table rows ``| module.function | `mutated line` | reason |`` (header rows skipped)."""
+    """The table rows ``| module.function | `mutated line` | reason |`` (header rows skipped).
+
+    A ``|`` inside a cell is written ``\\|``, as Markdown tables need.
+    """
     rows = []
     for raw in path.read_text(encoding="utf-8").splitlines():
-        cells = [cell.strip() for cell in raw.strip().strip("|").split("|")] if raw.startswith("|") else []
+        inner = raw.strip().removeprefix("|").removesuffix("|")
+        cells = [c.strip().replace("\\|", "|") for c in _CELL.split(inner)] if raw.startswith("|") else []
         if len(cells) == 3 and cells[0].strip("`").startswith("ring_ref."):
             rows.append(Equivalent(cells[0].strip("`"), cells[1].strip("`"), cells[2]))
     return rows
@@ -150,13 +165,15 @@ def _parsed(source: str) -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
 def mutated_line(source: str, func: str, k: str) -> str:
     """The first line of mutant ``k`` of ``func`` that differs from the original, stripped."""
     defs = _parsed(source)
-    leaf = func.rsplit("ǁ", maxsplit=1)[-1]
-    orig, mutant = defs.get(f"{leaf}__mutmut_orig"), defs.get(f"{leaf}__mutmut_{k}")
+    leaf = func.rsplit("ǁ", maxsplit=1)[-1]  # a method's mangled name is xǁClassǁmethod
+    orig = defs.get(f"{func}__mutmut_orig") or defs.get(f"{leaf}__mutmut_orig")
+    mutant = defs.get(f"{func}__mutmut_{k}") or defs.get(f"{leaf}__mutmut_{k}")
     if orig is None or mutant is None:
         return "?"
-    # The whole definition, signature included (a mutated default), with the two names made equal.
-    a = (ast.get_source_segment(source, orig) or "").replace(orig.name, leaf, 1).splitlines()
-    b = (ast.get_source_segment(source, mutant) or "").replace(mutant.name, leaf, 1).splitlines()
+    # The whole definition, signature included (a mutated default), both under the function's own name.
+    name = leaf.removeprefix("x_")
+    a = (ast.get_source_segment(source, orig) or "").replace(orig.name, name, 1).splitlines()
+    b = (ast.get_source_segment(source, mutant) or "").replace(mutant.name, name, 1).splitlines()
     for tag, _i1, _i2, j1, j2 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
         if tag != "equal":
             return b[j1].strip() if j1 < j2 else "(line deleted)"

@@ -131,6 +131,7 @@ def test_dtype_names_are_the_spec_names() -> None:
         assert dtype_name(dtype) == name
         if name != "bfloat16":
             assert dtype_name(np.dtype(name)) == name
+            assert dtype_name(np.dtype(name).newbyteorder(">")) == name  # by name, not by its str (">f4")
 
 
 _STRUCT = {"float16": "<e", "float32": "<f", "float64": "<d"}

@@ -39,5 +39,11 @@ def test_mutated_line_finds_the_changed_line_of_a_mutant() -> None:
     )
     assert mutation.mutated_line(source, "x_f", "3") == "b = a - 1"
     assert mutation.mutated_line(source, "x_f", "4") == "(line deleted)"
-    assert mutation.mutated_line(source, "x_f", "5") == "def x_f(a=2):"
+    assert mutation.mutated_line(source, "x_f", "5") == "def f(a=2):"
+    method = (
+        "class C:\n"
+        "    def xǁCǁg__mutmut_orig(self):\n        return 1\n"
+        "    def xǁCǁg__mutmut_1(self):\n        return 2\n"
+    )
+    assert mutation.mutated_line(method, "xǁCǁg", "1") == "return 2"
     assert mutation.mutated_line(source, "x_f", "9") == "?"
