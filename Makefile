@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 CROSSHAIR_TIMEOUT ?= 4
 
-.PHONY: install install-check system-tools demo verify lint typecheck test contracts soak gpu-check clean vectors-check model-check bench bench-dist prove mutation
+.PHONY: install install-check system-tools demo verify lint typecheck test contracts soak gpu-check clean vectors-check model-check bench bench-dist bench-difftest prove mutation
 
 install: $(STAMP)
 
@@ -97,6 +97,11 @@ bench: $(BENCH_STAMP)
 BENCH_DIST_OUT = $(if $(UPDATE),bench/results,build/bench-dist)
 bench-dist: $(BENCH_STAMP)
 	$(BIN)/python bench/bench_dist.py --out $(BENCH_DIST_OUT)
+
+# The differential tester with the target isolated in a worker process vs in-process, side by side
+# (--examples 200 on ring_ref:ring_all_reduce, Python API and command line; about two minutes).
+bench-difftest: $(STAMP)
+	$(BIN)/python bench/bench_difftest.py
 
 # What a user gets from a plain `pip install .` (no dev extra), in a fresh virtualenv outside the
 # source tree: the CLI and the differential tester must run on runtime dependencies alone. CI runs it.

@@ -16,8 +16,9 @@ import torch
 from ring_ref import __version__, _svg, _vectors, ring_all_reduce
 from ring_ref._trace import check_size, render_table, trace, trace_json
 from ring_ref.core import initial_state, run_ring
-from ring_ref.difftest import DTYPES, MODES, TargetError, difftest, load_target
+from ring_ref.difftest import DTYPES, MODES, TargetError, difftest
 from ring_ref.difftest._search import option_problem
+from ring_ref.difftest._vocabulary import DEFAULT_TIMEOUT_S
 from ring_ref.invariants import Provenance, State
 from ring_ref.schedule import Phase
 
@@ -98,6 +99,17 @@ def _difftest_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"dtypes to generate, space- or comma-separated (default: {' '.join(DTYPES)})",
     )
     parser.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT_S,
+        help=f"seconds one call may take before the target is stopped (default {DEFAULT_TIMEOUT_S:g})",
+    )
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="call the target in the tester's own process (no isolation, no time limit; for debugging)",
+    )
+    parser.add_argument(
         "--json", action="store_true", help="print one JSON object instead of the text report"
     )
 
@@ -105,32 +117,36 @@ def _difftest_arguments(parser: argparse.ArgumentParser) -> None:
 def _difftest_command(args: argparse.Namespace) -> int:
     """Run ``ring-ref difftest``: 0 pass, 1 fail, 2 usage error (reason on stderr).
 
-    With ``--json`` whatever the target prints goes to stderr, so that stdout
-    holds the one JSON object.
+    The target runs in a worker process that captures its output, so stdout
+    holds only the report; with ``--in-process`` whatever the target prints
+    through ``sys.stdout`` goes to stderr under ``--json``.
     """
     names = [d for item in args.dtypes for d in item.split(",") if d]
     unknown = [d for d in names if d not in DTYPES]
-    problem = option_problem(examples=args.examples, seed=args.seed, max_workers=args.max_workers)
+    problem = option_problem(
+        examples=args.examples, seed=args.seed, max_workers=args.max_workers, timeout=args.timeout
+    )
     if unknown or not names:
         problem = f"unknown dtype(s) {unknown or names}; choose from {', '.join(DTYPES)}"
+    if problem:
+        print(f"ring-ref difftest: error: {problem}", file=sys.stderr)
+        return 2
+    modes = MODES if args.mode == "all" else tuple(m for m in MODES if m == args.mode)
     with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
         try:
-            if problem:
-                raise TargetError(problem)
-            fn = load_target(args.target)
+            report = difftest(
+                args.target,
+                modes=modes,
+                examples=args.examples,
+                seed=args.seed,
+                max_workers=args.max_workers,
+                dtypes=[DTYPES[d] for d in dict.fromkeys(names)],
+                timeout=args.timeout,
+                isolate=not args.in_process,
+            )
         except TargetError as exc:
             print(f"ring-ref difftest: error: {exc}", file=sys.stderr)
             return 2
-        modes = MODES if args.mode == "all" else tuple(m for m in MODES if m == args.mode)
-        report = difftest(
-            fn,
-            modes=modes,
-            examples=args.examples,
-            seed=args.seed,
-            max_workers=args.max_workers,
-            dtypes=[DTYPES[d] for d in dict.fromkeys(names)],
-            target=args.target,
-        )
     print(report.to_json_text() if args.json else report.render())
     return 0 if report.verdict == "pass" else 1
 

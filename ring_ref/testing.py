@@ -29,6 +29,7 @@ from ring_ref._tracecheck import (
     first_mismatch,
 )
 from ring_ref.difftest import DTYPES, MODES, Mode, Report, Target, difftest
+from ring_ref.difftest._vocabulary import DEFAULT_TIMEOUT_S
 
 __all__ = [
     "Mismatch",
@@ -42,13 +43,15 @@ __all__ = [
 
 
 def assert_matches_reference(
-    fn: Target,
+    fn: Target | str,
     mode: Mode | str = "all",
     *,
     examples: int = 100,
     seed: int | None = None,
     max_workers: int = 16,
     dtypes: Sequence[torch.dtype] = tuple(DTYPES.values()),
+    timeout: float = DEFAULT_TIMEOUT_S,
+    isolate: bool | None = None,
 ) -> Report:
     """Check ``fn`` against the reference; raise ``AssertionError`` with the diagnosis on failure.
 
@@ -56,6 +59,11 @@ def assert_matches_reference(
     error message is the full report: the verdict per mode, the diagnosis codes
     with their explanation, the counterexample and the seed to replay it.
     Returns the passing :class:`ring_ref.difftest.Report`.
+
+    A module-level function (or a ``"module:function"`` string) runs isolated
+    in a worker process, each call limited to ``timeout`` seconds; a lambda or
+    local function runs in this process (see :func:`ring_ref.difftest.difftest`
+    for ``isolate``).
     """
     if mode == "all":
         modes: tuple[Mode, ...] = MODES
@@ -63,7 +71,16 @@ def assert_matches_reference(
         modes = (next(m for m in MODES if m == mode),)
     else:
         raise ValueError(f"mode must be one of {[*MODES, 'all']}; got {mode!r}")
-    report = difftest(fn, modes=modes, examples=examples, seed=seed, max_workers=max_workers, dtypes=dtypes)
+    report = difftest(
+        fn,
+        modes=modes,
+        examples=examples,
+        seed=seed,
+        max_workers=max_workers,
+        dtypes=dtypes,
+        timeout=timeout,
+        isolate=isolate,
+    )
     if report.verdict != "pass":
         raise AssertionError(report.render())
     return report

@@ -1,12 +1,16 @@
-"""Shared test configuration: Hypothesis profiles.
+"""Shared test configuration: Hypothesis profiles, and no process left behind.
 
 ``default`` keeps ``make verify`` quick; ``soak`` (``make soak``) runs many more
 examples.  Select with ``HYPOTHESIS_PROFILE``.
 """
 
 import os
+from collections.abc import Iterator
 
+import pytest
 from hypothesis import HealthCheck, settings
+
+from tests.leftovers import become_subreaper, left_behind
 
 settings.register_profile(
     "default",
@@ -21,3 +25,13 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_process_left_behind() -> Iterator[None]:
+    """Fail the session if a test left a process running (see ``tests/leftovers.py``)."""
+    become_subreaper()
+    yield
+    left = left_behind()
+    if left:
+        pytest.fail("processes left behind by the tests:\n" + "\n".join(left), pytrace=False)

@@ -8,6 +8,14 @@ reference's own round functions.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import itertools
+import os
+import subprocess
+import sys
+import threading
+import time
 from collections.abc import Callable
 
 import torch
@@ -111,9 +119,18 @@ def rejects_non_contiguous(x: torch.Tensor) -> torch.Tensor:
     return ring_all_reduce(x)
 
 
+def fast_engine(x: torch.Tensor) -> torch.Tensor:
+    """Correct: the reference's fast engine (the same bits), called from the target's own process."""
+    return ring_all_reduce(x, engine="fast")
+
+
 Impl = Callable[[torch.Tensor], torch.Tensor]
 
-CORRECT: dict[str, Impl] = {"reference": ring_all_reduce, "in_place_ring": in_place_ring}
+CORRECT: dict[str, Impl] = {
+    "reference": ring_all_reduce,
+    "in_place_ring": in_place_ring,
+    "fast_engine": fast_engine,
+}
 
 EXPECTED: dict[Impl, set[str]] = {
     mean_instead_of_sum: {"mean-not-sum"},
@@ -134,3 +151,109 @@ EXPECTED: dict[Impl, set[str]] = {
 def run_all(fn: Impl, examples: int = 15, seed: int = 20260101) -> Report:
     """The tester in every mode with a fixed seed, as the planted-implementation tests run it."""
     return difftest(fn, examples=examples, seed=seed)
+
+
+# Misbehaving targets: what isolation must survive (tests/nocover/test_difftest_isolation.py).
+# Each is importable by name, so the tester runs it in a worker process.
+
+
+def exits_with_sys_exit(x: torch.Tensor) -> torch.Tensor:
+    """Calls ``sys.exit(0)``: a ``SystemExit`` on every call (``raised``)."""
+    sys.exit(0)
+
+
+def exits_with_os_exit(x: torch.Tensor) -> torch.Tensor:
+    """Ends its process with ``os._exit(0)`` (``crashed``, exit status 0)."""
+    os._exit(0)
+
+
+def sleeps_forever(x: torch.Tensor) -> torch.Tensor:
+    """Never returns (``timed-out``)."""
+    while True:
+        time.sleep(3600)
+
+
+def segfaults(x: torch.Tensor) -> torch.Tensor:
+    """Reads address 0 (``crashed``, SIGSEGV)."""
+    ctypes.string_at(0)
+    return ring_all_reduce(x)
+
+
+def raises_keyboard_interrupt(x: torch.Tensor) -> torch.Tensor:
+    """Raises ``KeyboardInterrupt`` itself (``raised``)."""
+    raise KeyboardInterrupt
+
+
+_CALLS = itertools.count()
+
+
+def wrong_every_other_call(x: torch.Tensor) -> torch.Tensor:
+    """Right on even calls, off by one on odd ones (``nondeterministic``)."""
+    result = ring_all_reduce(x)
+    return result + 1 if next(_CALLS) % 2 else result
+
+
+def patches_the_tester(x: torch.Tensor) -> torch.Tensor:
+    """Makes every check in its own process say "pass", then returns twice the sum (``double-counted``)."""
+    import ring_ref
+    from ring_ref.difftest import _call, _diagnosis, _oracles, _search
+
+    # setattr: mypy refuses to assign a lambda over an overloaded function.
+    setattr(ring_ref, "ring_all_reduce", lambda t: 2 * t.sum(0))  # noqa: B010
+    setattr(torch, "equal", lambda *args, **kwargs: True)  # noqa: B010
+    _oracles.check_values = lambda *args, **kwargs: (None, 0)
+    _search.passes = lambda *args, **kwargs: (True, 0)
+    _diagnosis.diagnose = lambda *args, **kwargs: None
+    _call.input_problem = lambda *args, **kwargs: ""
+    return 2 * x.sum(0)
+
+
+def writes_over_the_tester_pipes(x: torch.Tensor) -> torch.Tensor:
+    """Writes a fake "pass" into every file descriptor above 2 (``crashed``: a garbled reply)."""
+    for fd in range(3, 256):
+        with contextlib.suppress(OSError):
+            os.write(fd, b'{"kind": "answer", "verdict": "pass"}')
+    return 2 * x.sum(0)
+
+
+def chatty_correct(x: torch.Tensor) -> torch.Tensor:
+    """Correct, but writes to file descriptors 1 and 2 directly and through ``print``."""
+    os.write(1, b"{ not json, on fd 1\n")
+    os.write(2, b"on fd 2\n")
+    print("printed", flush=False)
+    return ring_all_reduce(x)
+
+
+def leaves_a_thread_and_a_child(x: torch.Tensor) -> torch.Tensor:
+    """Correct, but starts a non-daemon thread and a child process that never end.
+
+    The child's process ID is appended to the file named by ``RING_REF_TEST_PIDFILE``, if set.
+    """
+    threading.Thread(target=time.sleep, args=(3600,), daemon=False).start()
+    child = subprocess.Popen(["sleep", "3600"])
+    pidfile = os.environ.get("RING_REF_TEST_PIDFILE")
+    if pidfile:
+        with open(pidfile, "a", encoding="utf-8") as f:
+            f.write(f"{child.pid}\n")
+    return ring_all_reduce(x)
+
+
+def crashes_with_three_workers(x: torch.Tensor) -> torch.Tensor:
+    """Correct except that it ends its process (status 3) when ``N = 3`` (``crashed``, then restarted)."""
+    if x.shape[0] == 3:
+        os._exit(3)
+    return ring_all_reduce(x)
+
+
+MISBEHAVING: dict[Impl, str] = {
+    exits_with_sys_exit: "raised",
+    exits_with_os_exit: "crashed",
+    sleeps_forever: "timed-out",
+    segfaults: "crashed",
+    raises_keyboard_interrupt: "raised",
+    wrong_every_other_call: "nondeterministic",
+    patches_the_tester: "double-counted",
+    writes_over_the_tester_pipes: "crashed",
+    crashes_with_three_workers: "crashed",
+}
+"""Each misbehaving target and the one code each mode must report for it (run isolated)."""

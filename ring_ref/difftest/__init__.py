@@ -26,16 +26,23 @@ Three oracles, one per mode, none of which reuses the code under test:
     is where ``(1 + gamma_{N-2}) * sum |x_i|`` (``N >= 2``) reaches the dtype's
     overflow threshold; such elements are counted in the report.
 
-A failing case is shrunk by Hypothesis, then by zeroing values, and
-diagnosed: structural codes first, then for wrong values one-hot probes (only
-worker ``j`` holds ones) that count each worker's contributions per element.
+A failing case is shrunk by Hypothesis, then by zeroing values, replayed
+twice (different bits: ``nondeterministic``) and diagnosed: structural codes
+first, then for wrong values one-hot probes (only worker ``j`` holds ones)
+that count each worker's contributions per element.
+
+A target that can be imported by name runs isolated, in a worker process that
+imports it there; only raw bits come back, and every check is made here, so
+nothing the target does to its own process changes the verdict.  Each call
+has a time limit (``timed-out``); a worker that dies is ``crashed``.
 
 One job per private module: ``_vocabulary`` (modes, codes, dtype names),
 ``_inputs`` (cases, layouts, probes), ``_oracles`` (the three oracles),
-``_call`` (calling a target), ``_diagnosis`` (codes and explanations),
-``_report`` (text and JSON), ``_search`` (Hypothesis, shrinking and
-:func:`difftest`), ``_targets`` (loading ``TARGET`` by name).  The command
-line lives in :mod:`ring_ref._cli`.
+``_call`` (calling a target and reading its raw answer), ``_worker`` (the
+worker process), ``_launch`` (in-process or isolated), ``_diagnosis`` (codes
+and explanations), ``_report`` (text and JSON), ``_search`` (Hypothesis,
+shrinking and :func:`difftest`), ``_targets`` (loading ``TARGET`` by name).
+The command line lives in :mod:`ring_ref._cli`.
 
 >>> import torch
 >>> report = difftest(lambda x: torch.sum(x, 0), modes=("order-free",), examples=5, seed=1)

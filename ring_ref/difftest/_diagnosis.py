@@ -1,9 +1,10 @@
 """Diagnosis: name what went wrong with codes from :data:`~ring_ref.difftest.CODES`.
 
-Structural codes come first (exceptions, shape, dtype, device, mutation,
-aliasing); for wrong values, one-hot probes (only worker ``j`` holds ones)
-count each worker's contributions per element, which tells double counting
-and lost workers from a mean and from a correct sum in another order.
+Structural codes come first (no answer: ``timed-out``, ``crashed``; then
+exceptions, shape, dtype, device, mutation, aliasing); for wrong values,
+one-hot probes (only worker ``j`` holds ones) count each worker's
+contributions per element, which tells double counting and lost workers from
+a mean and from a correct sum in another order.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from fractions import Fraction
 
 import torch
 
-from ring_ref._dtypes import format_of
-from ring_ref.difftest._call import Outcome, call_target, well_formed
+from ring_ref._dtypes import bits, format_of
+from ring_ref.difftest._call import Outcome, TensorView, aliases, input_problem, well_formed
 from ring_ref.difftest._inputs import Case, order_free_values, probe_cases
+from ring_ref.difftest._launch import InProcess, Launcher
 from ring_ref.difftest._oracles import (
     ValueMismatch,
     as_float_list,
@@ -30,41 +32,52 @@ from ring_ref.difftest._oracles import (
 )
 from ring_ref.difftest._vocabulary import Mode, Target
 
-__all__ = ["Finding", "count_contributions", "diagnose", "structural"]
+__all__ = ["Finding", "as_launcher", "count_contributions", "diagnose", "difference", "structural"]
 
 
 @dataclass
 class Finding:
-    """Diagnosis codes for one counterexample, with a human explanation."""
+    """Diagnosis codes for one counterexample, with a human explanation (and a stack, if one was taken)."""
 
     codes: list[str]
     explanation: str
     mismatch: ValueMismatch | None = None
+    stack: str = ""
+
+
+def as_launcher(fn: Target | Launcher) -> Launcher:
+    """``fn`` itself when it is a launcher, else ``fn`` called in-process."""
+    return fn if isinstance(fn, Launcher) else InProcess(fn)
 
 
 def structural(outcome: Outcome) -> list[tuple[str, str]]:
-    """Codes that need no oracle: exceptions, shape, dtype, device, mutation, aliasing."""
-    case, result = outcome.case, outcome.result
-    if outcome.error is not None:
-        err = outcome.error
-        return [("raised", f"raised {type(err).__name__}: {err} (on a valid input)")]
+    """Codes that need no oracle: no answer, exceptions, shape, dtype, device, mutation, aliasing."""
+    case, answer = outcome.case, outcome.answer
+    if outcome.failure is not None:
+        return [(outcome.failure.code, outcome.failure.text)]
+    if answer is None:
+        return [("crashed", "no answer came back")]
+    if answer.raised:
+        return [("raised", f"raised {answer.raised} (on a valid input)")]
     found: list[tuple[str, str]] = []
     want_shape = (case.m, *case.trailing)
-    if not isinstance(result, torch.Tensor):
+    result = answer.result
+    if result is None:
         found.append(
-            ("wrong-shape", f"returned {type(result).__name__}, not a torch.Tensor of shape {want_shape}")
+            ("wrong-shape", f"returned {answer.type_name}, not a torch.Tensor of shape {want_shape}")
         )
     else:
-        if tuple(result.shape) != want_shape:
-            hint = " (a stack of N copies?)" if tuple(result.shape) == (case.n, *want_shape) else ""
-            found.append(("wrong-shape", f"result shape {tuple(result.shape)}, expected {want_shape}{hint}"))
-        if result.dtype != case.dtype:
+        if result.shape != want_shape:
+            hint = " (a stack of N copies?)" if result.shape == (case.n, *want_shape) else ""
+            found.append(("wrong-shape", f"result shape {result.shape}, expected {want_shape}{hint}"))
+        if result.dtype != str(case.dtype):
             found.append(("dtype-changed", f"result dtype {result.dtype}, input dtype {case.dtype}"))
-        if result.device != torch.device("cpu"):
+        if result.device != "cpu":
             found.append(("device-changed", f"result on {result.device}, input on cpu"))
-    if outcome.input_modified:
-        found.append(("input-modified", outcome.input_modified))
-    if outcome.aliases_input:
+    problem = input_problem(answer, case)
+    if problem:
+        found.append(("input-modified", problem))
+    if aliases(answer):
         found.append(("aliases-input", "the result shares storage with the input (a view of it?)"))
     return found
 
@@ -83,16 +96,18 @@ def _is_mean(case: Case, actual: list[float]) -> bool:
     )
 
 
-def count_contributions(fn: Target, probes: Sequence[Case]) -> list[list[float]] | None:
+def count_contributions(fn: Target | Launcher, probes: Sequence[Case]) -> list[list[float]] | None:
     """``counts[j][e]`` = the target's element ``e`` on ``probes[j]`` (only worker ``j`` holds ones).
 
     A correct all-reduce gives 1 everywhere; ``k`` means worker ``j``'s
     contribution to element ``e`` was counted ``k`` times.  ``None`` when a
-    probe call does not return a well-formed result.
+    probe call does not return a well-formed result (the remaining probes are
+    not run, so a target that hangs costs at most one more time limit).
     """
+    launcher = as_launcher(fn)
     counts = []
     for probe in probes:
-        result = well_formed(call_target(fn, probe))
+        result = well_formed(launcher.call(probe))
         if result is None:
             return None
         counts.append(as_float_list(result))
@@ -149,14 +164,20 @@ def _describe(m: ValueMismatch) -> str:
     )
 
 
-def diagnose(fn: Target, outcome: Outcome, mode: Mode) -> Finding | None:
-    """Every applicable code for one call's outcome under ``mode`` (``None``: it passes)."""
+def diagnose(fn: Target | Launcher, outcome: Outcome, mode: Mode) -> Finding | None:
+    """Every applicable code for one call's outcome under ``mode`` (``None``: it passes).
+
+    ``fn`` runs the diagnosis probes: a target (called in-process) or the
+    launcher that produced ``outcome``.
+    """
+    if outcome.failure is not None:
+        return Finding([outcome.failure.code], outcome.failure.text, stack=outcome.failure.stack)
     found = structural(outcome)
     result = well_formed(outcome)
     mismatch = check_values(mode, outcome.case, result)[0] if result is not None else None
     findings = [Finding([code], text) for code, text in found]
     if result is not None and mismatch is not None:
-        findings.append(_classify_values(fn, outcome.case, result, mode, mismatch))
+        findings.append(_classify_values(as_launcher(fn), outcome.case, result, mode, mismatch))
     if not findings:
         return None
     codes = [c for f in findings for c in f.codes]
@@ -167,7 +188,7 @@ def diagnose(fn: Target, outcome: Outcome, mode: Mode) -> Finding | None:
     )
 
 
-def _classify_values(fn: Target, case: Case, result: torch.Tensor, mode: Mode, m: ValueMismatch) -> Finding:
+def _classify_values(fn: Launcher, case: Case, result: torch.Tensor, mode: Mode, m: ValueMismatch) -> Finding:
     """Name a value mismatch: double-counted, mean-not-sum, not-ring-order or out-of-bound.
 
     The one-hot probes come first: whole-number contribution counts other
@@ -196,7 +217,7 @@ def _classify_values(fn: Target, case: Case, result: torch.Tensor, mode: Mode, m
     if mode == "exact" and counted_once and within_bound:
         rng = random.Random(len(case.values))
         probe = replace(case, values=order_free_values(case.dtype, case.n, len(case.values), rng))
-        probe_result = well_formed(call_target(fn, probe))
+        probe_result = well_formed(fn.call(probe))
         if probe_result is not None and check_values("order-free", probe, probe_result)[0] is None:
             return Finding(
                 ["not-ring-order"],
@@ -209,3 +230,32 @@ def _classify_values(fn: Target, case: Case, result: torch.Tensor, mode: Mode, m
     return Finding(
         ["out-of-bound"], f"{_describe(m)}. Wrong values, not explained by a more specific code", m
     )
+
+
+def _view_difference(what: str, a: TensorView | None, b: TensorView | None) -> str:
+    if a is None or b is None:
+        return "" if a is b else f"{what}: a tensor once, not the other time"
+    if (a.shape, a.dtype, a.device) != (b.shape, b.dtype, b.device):
+        once, other = f"{a.shape} {a.dtype} on {a.device}", f"{b.shape} {b.dtype} on {b.device}"
+        return f"{what}: {once} the first time, {other} the second"
+    va, vb = a.values, b.values
+    if va is None or vb is None or torch.equal(bits(va), bits(vb)):
+        return ""
+    where = tuple(int(v) for v in (bits(va) != bits(vb)).nonzero()[0])
+    return f"{what} element {where} was {va[where].item()!r} the first time, {vb[where].item()!r} the second"
+
+
+def difference(first: Outcome, second: Outcome) -> str:
+    """How two answers to the same case differ (``""``: the same bits, or the same exception)."""
+    a, b = first.answer, second.answer
+    if a is None or b is None:
+        return ""
+    if a.raised != b.raised:
+        return f"the first call {_ending(a.raised)}, the second {_ending(b.raised)}"
+    return _view_difference("result", a.result, b.result) or _view_difference(
+        "the input after the call,", a.argument, b.argument
+    )
+
+
+def _ending(raised: str) -> str:
+    return f"raised {raised}" if raised else "returned"

@@ -25,6 +25,7 @@ class ModeResult:
     overflow_skipped: int = 0
     finding: Finding | None = None
     counterexample: Case | None = None
+    output: str = ""
 
     def to_json(self, seed: int) -> dict[str, Any]:
         """This mode's part of the JSON report."""
@@ -45,6 +46,10 @@ class ModeResult:
                     "expected": _json_float(m.expected),
                     "actual": _json_float(m.actual),
                 }
+            if self.finding.stack:
+                cex["stack"] = self.finding.stack
+            if self.output:
+                cex["output"] = self.output
             out["counterexample"] = cex
         return out
 
@@ -61,6 +66,10 @@ class Report:
     seed: int
     replay: str
     modes: dict[str, ModeResult] = field(default_factory=dict)
+    isolated: bool = False
+    timeout_s: float | None = None
+    output_bytes: int = 0
+    output: str = ""
 
     @property
     def verdict(self) -> str:
@@ -106,12 +115,21 @@ class Report:
             "replay": self.replay,
             "diagnoses": self.diagnoses,
             "summary": self.summary(),
+            "isolated": self.isolated,
+            "timeout_s": self.timeout_s,
+            "output": {"bytes": self.output_bytes, "text": self.output},
             "modes": {name: r.to_json(self.seed) for name, r in self.modes.items()},
         }
 
     def render(self) -> str:
         """The human-readable report."""
         lines = [self.summary()]
+        if self.isolated:
+            lines.append(
+                f"  (isolated: the target ran in a worker process, at most {self.timeout_s:g} s per call)"
+            )
+        else:
+            lines.append("  (not isolated: the target ran in the tester's own process, with no time limit)")
         for name, r in self.modes.items():
             skip = f", {r.overflow_skipped} overflowing element(s) accepted" if r.overflow_skipped else ""
             lines.append(f"  {name}: {r.verdict.upper()} ({r.examples} inputs tried{skip})")
@@ -124,6 +142,16 @@ class Report:
                     f"{c.layout} layout"
                 )
                 lines.append(f"    input = {_abbrev(json.dumps(c.to_json()['input']))}")
+                if r.finding.stack:
+                    lines.append("    the target's Python stack (every thread, most recent call first):")
+                    lines.extend(_indented(r.finding.stack))
+                if r.output:
+                    lines.append("    the target's output on this input:")
+                    lines.extend(_indented(r.output))
+        if self.output_bytes:
+            lines.append(
+                f"The target wrote {self.output_bytes} byte(s) to stdout/stderr in all (text in --json)."
+            )
         if self.verdict == "fail":
             lines.append(f"Replay: {self.replay}")
         return "\n".join(lines)
@@ -131,6 +159,15 @@ class Report:
     def to_json_text(self) -> str:
         """The JSON report as one line of strict JSON."""
         return json.dumps(self.to_json(), allow_nan=False)
+
+
+def _indented(text: str, max_lines: int = 24) -> list[str]:
+    """``text`` as report lines, indented, at most ``max_lines`` of them (the first ones)."""
+    lines = text.rstrip("\n").splitlines()
+    shown = [f"      {line}" for line in lines[:max_lines]]
+    if len(lines) > max_lines:
+        shown.append(f"      ... ({len(lines) - max_lines} more line(s) in --json)")
+    return shown
 
 
 def _abbrev(text: str, limit: int = 400) -> str:

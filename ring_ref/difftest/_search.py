@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
@@ -12,15 +13,16 @@ from hypothesis import HealthCheck, Verbosity, example, given, settings
 from hypothesis import seed as hypothesis_seed
 
 from ring_ref._dtypes import TORCH_DTYPES, dtype_name
-from ring_ref.difftest._call import call_target, well_formed
-from ring_ref.difftest._diagnosis import Finding, diagnose, structural
+from ring_ref.difftest._call import Outcome, well_formed
+from ring_ref.difftest._diagnosis import Finding, as_launcher, diagnose, difference, structural
 from ring_ref.difftest._inputs import Case, cases, one_worker_cases
+from ring_ref.difftest._launch import InProcess, Isolated, Launcher
 from ring_ref.difftest._oracles import check_values
 from ring_ref.difftest._report import ModeResult, Report
-from ring_ref.difftest._targets import importable_name
-from ring_ref.difftest._vocabulary import DTYPES, MODES, Mode, Target
+from ring_ref.difftest._targets import importable_name, load_target
+from ring_ref.difftest._vocabulary import DEFAULT_TIMEOUT_S, DTYPES, MODES, Mode, Target
 
-__all__ = ["difftest", "option_problem", "run_mode", "zero_out"]
+__all__ = ["difftest", "option_problem", "passes", "run_mode", "zero_out"]
 
 
 class _Failed(Exception):
@@ -31,8 +33,29 @@ class _Failed(Exception):
         self.case = case
 
 
+class _NoAnswer(BaseException):
+    """Raised when a call timed out or crashed: it ends the mode at once, without shrinking.
+
+    Not an ``Exception``, so Hypothesis lets it through instead of replaying
+    the case (each replay could cost the whole time limit).
+    """
+
+    def __init__(self, outcome: Outcome) -> None:
+        super().__init__(outcome.case)
+        self.outcome = outcome
+
+
+def passes(outcome: Outcome, mode: Mode) -> tuple[bool, int]:
+    """Whether one call's outcome passes ``mode``'s checks, and how many overflowing elements it skipped."""
+    result = well_formed(outcome)
+    if result is None or structural(outcome):
+        return False, 0
+    mismatch, skipped = check_values(mode, outcome.case, result)
+    return mismatch is None, skipped
+
+
 def run_mode(
-    fn: Target,
+    fn: Target | Launcher,
     mode: Mode,
     *,
     examples: int,
@@ -40,20 +63,25 @@ def run_mode(
     max_workers: int,
     dtypes: Sequence[torch.dtype],
 ) -> ModeResult:
-    """Run one oracle on ``examples`` generated inputs (plus the ``N = 1`` ones); shrink a failure."""
+    """Run one oracle on ``examples`` generated inputs (plus the ``N = 1`` ones); shrink a failure.
+
+    A call that times out or crashes ends the mode at once and is reported as
+    found.  A failing case, once shrunk, is replayed twice: different answers
+    are ``nondeterministic``; equal ones are diagnosed.
+    """
+    launcher = as_launcher(fn)
     calls = 0
     overflow = 0
 
     def check(case: Case) -> None:
         nonlocal calls, overflow
         calls += 1
-        outcome = call_target(fn, case)
-        result = well_formed(outcome)
-        if result is None or structural(outcome):
-            raise _Failed(case)
-        mismatch, skipped = check_values(mode, case, result)
+        outcome = launcher.call(case)
+        if outcome.failure is not None:
+            raise _NoAnswer(outcome)
+        ok, skipped = passes(outcome, mode)
         overflow += skipped
-        if mismatch is not None:
+        if not ok:
             raise _Failed(case)
 
     test = given(cases(mode, dtypes, max_workers))(check)
@@ -68,17 +96,6 @@ def run_mode(
         suppress_health_check=list(HealthCheck),
     )(test)
     test = hypothesis_seed(seed)(test)
-    try:
-        test()
-    except _Failed as failed:
-        case = failed.case
-    except BaseExceptionGroup as group:
-        found = _first_failed(group)
-        if found is None:
-            raise
-        case = found.case
-    else:
-        return ModeResult(mode, "pass", calls, overflow)
 
     def fails(candidate: Case) -> bool:
         try:
@@ -87,11 +104,39 @@ def run_mode(
             return True
         return False
 
-    case = zero_out(case, fails)
-    finding = diagnose(fn, call_target(fn, case), mode)
+    try:
+        try:
+            test()
+        except _Failed as failed:
+            case = failed.case
+        except BaseExceptionGroup as group:
+            found = _first_failed(group)
+            if found is None:
+                raise
+            case = found.case
+        else:
+            return ModeResult(mode, "pass", calls, overflow)
+        case = zero_out(case, fails)
+        first, second = launcher.call(case), launcher.call(case)
+        for outcome in (first, second):
+            if outcome.failure is not None:
+                raise _NoAnswer(outcome)
+    except _NoAnswer as stopped:
+        got = stopped.outcome
+        return ModeResult(mode, "fail", calls, overflow, diagnose(launcher, got, mode), got.case, got.output)
+    changed = difference(first, second)
+    finding = (
+        Finding(["nondeterministic"], f"The same input, called twice, gave different answers: {changed}")
+        if changed
+        else diagnose(launcher, first, mode)
+    )
     if finding is None:
-        finding = Finding(["out-of-bound"], "the target failed during the search but not on replay (flaky?)")
-    return ModeResult(mode, "fail", calls, overflow, finding, case)
+        finding = Finding(
+            ["nondeterministic"],
+            "This input failed during the search but passed both times it was replayed: the target's "
+            "answer depends on more than its input (earlier calls, time, randomness)",
+        )
+    return ModeResult(mode, "fail", calls, overflow, finding, case, first.output)
 
 
 ZERO_OUT_BUDGET: Final = 64
@@ -129,7 +174,7 @@ def _first_failed(group: BaseExceptionGroup[BaseException]) -> _Failed | None:
 
 
 def difftest(
-    fn: Target,
+    fn: Target | str,
     *,
     modes: Iterable[Mode] = MODES,
     examples: int = 100,
@@ -137,14 +182,25 @@ def difftest(
     max_workers: int = 16,
     dtypes: Sequence[torch.dtype] = tuple(DTYPES.values()),
     target: str | None = None,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    isolate: bool | None = None,
 ) -> Report:
     """Check ``fn`` against the reference in each of ``modes``; return the :class:`Report`.
 
-    ``seed`` fixes Hypothesis' search (a random one is chosen and reported when
-    ``None``); rerunning with the same seed and options replays the search.
+    ``fn`` is a function or a ``TARGET`` string (``package.module:function`` or
+    ``path/to/file.py:function``).  ``seed`` fixes Hypothesis' search (a random
+    one is chosen and reported when ``None``); rerunning with the same seed
+    and options replays the search.
+
+    Isolation: a target that can be imported by name (a string, or a
+    module-level function) runs in a worker process, and each call gets at most
+    ``timeout`` seconds; a lambda or local function runs in this process
+    (``report.isolated`` is false).  ``isolate=False`` forces the latter;
+    ``isolate=True`` refuses a function that cannot be isolated.  Raises
+    :class:`~ring_ref.difftest.TargetError` when the target cannot be loaded.
     """
     modes = tuple(modes)
-    problem = option_problem(examples=examples, seed=seed, max_workers=max_workers)
+    problem = option_problem(examples=examples, seed=seed, max_workers=max_workers, timeout=timeout)
     if problem:
         raise ValueError(problem)
     if not dtypes or any(d not in TORCH_DTYPES for d in dtypes):
@@ -153,12 +209,14 @@ def difftest(
         raise ValueError(f"modes must be a non-empty subset of {list(MODES)}; got {list(modes)}")
     if seed is None:
         seed = random.SystemRandom().randrange(2**32)
-    name = target or importable_name(fn)
+    launcher, name = _launcher(fn, isolate, timeout)
     mode_arg = modes[0] if len(modes) == 1 else "all"
     if name is not None:
+        options = "" if timeout == DEFAULT_TIMEOUT_S else f" --timeout {timeout:g}"
+        options += "" if launcher.isolated else " --in-process"
         replay = (
             f"ring-ref difftest {name} --mode {mode_arg} --examples {examples} --seed {seed} "
-            f"--max-workers {max_workers} --dtypes {' '.join(dtype_name(d) for d in dtypes)}"
+            f"--max-workers {max_workers} --dtypes {' '.join(dtype_name(d) for d in dtypes)}{options}"
         )
     else:
         name = str(getattr(fn, "__qualname__", repr(fn)))
@@ -166,31 +224,52 @@ def difftest(
             f"ring_ref.difftest.difftest({name}, modes={modes!r}, examples={examples}, seed={seed}, "
             f"max_workers={max_workers}, dtypes=[{', '.join(f'torch.{dtype_name(d)}' for d in dtypes)}])"
         )
-    report = Report(name, seed, replay)
-    for mode in modes:
-        report.modes[mode] = run_mode(
-            fn, mode, examples=examples, seed=seed, max_workers=max_workers, dtypes=dtypes
-        )
+    report = Report(target or name, seed, replay, isolated=launcher.isolated)
+    report.timeout_s = timeout if launcher.isolated else None
+    try:
+        launcher.start()
+        for mode in modes:
+            report.modes[mode] = run_mode(
+                launcher, mode, examples=examples, seed=seed, max_workers=max_workers, dtypes=dtypes
+            )
+    finally:
+        launcher.close()
+    report.output_bytes, report.output = launcher.output.bytes, launcher.output.text
     return report
 
 
-def option_problem(*, examples: int, seed: int | None, max_workers: int) -> str:
+def _launcher(fn: Target | str, isolate: bool | None, timeout: float) -> tuple[Launcher, str | None]:
+    """The launcher for ``fn`` and its importable name (``None`` for a lambda or local function)."""
+    if isinstance(fn, str):
+        return (InProcess(load_target(fn)) if isolate is False else Isolated(fn, timeout)), fn
+    name = importable_name(fn)
+    if isolate is False:
+        return InProcess(fn), name
+    if name is None:
+        if isolate:
+            raise ValueError(
+                f"{getattr(fn, '__qualname__', fn)!r} cannot be isolated: the worker imports the target by "
+                "name, and a lambda or local function has none; define it at module level, or pass "
+                "isolate=False to run it in this process"
+            )
+        return InProcess(fn), None
+    return Isolated(name, timeout), name
+
+
+def option_problem(
+    *, examples: int, seed: int | None, max_workers: int, timeout: float = DEFAULT_TIMEOUT_S
+) -> str:
     """Why these :func:`difftest` options are invalid, or ``""``.
 
     >>> option_problem(examples=0, seed=None, max_workers=4)
     'examples (--examples) must be at least 1; got 0'
-    >>> option_problem(examples=5, seed=1.5, max_workers=4)  # type: ignore[arg-type]
-    'seed (--seed) must be a non-negative integer; got 1.5'
     """
-    for name, value in (("examples", examples), ("seed", seed), ("max_workers", max_workers)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            flag = name.replace("_", "-")
-            kind = "a non-negative integer" if name == "seed" else "an integer"
-            return f"{name} (--{flag}) must be {kind}; got {value!r}"
     if examples < 1:
         return f"examples (--examples) must be at least 1; got {examples}"
     if seed is not None and seed < 0:
         return f"seed (--seed) must be a non-negative integer; got {seed}"
     if not 1 <= max_workers <= 64:
         return f"max_workers (--max-workers) must be between 1 and 64; got {max_workers}"
+    if not (math.isfinite(timeout) and timeout > 0):
+        return f"timeout (--timeout) must be a positive number of seconds; got {timeout:g}"
     return ""

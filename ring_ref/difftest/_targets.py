@@ -25,6 +25,9 @@ def importable_name(fn: Target) -> str | None:
         return None
     if not qualname.isidentifier() or module.startswith(_FILE_MODULE_PREFIX):
         return None
+    loaded = sys.modules.get(module)
+    if loaded is not None and getattr(loaded, qualname, None) is not fn:
+        return None  # the name now means something else (rebound, or a decorator's inner function)
     return f"{module}:{qualname}"
 
 

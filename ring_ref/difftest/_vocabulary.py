@@ -9,7 +9,7 @@ import torch
 
 from ring_ref._dtypes import FORMATS
 
-__all__ = ["CODES", "DTYPES", "MODES", "Mode", "Target"]
+__all__ = ["CODES", "DEFAULT_TIMEOUT_S", "DTYPES", "MODES", "Mode", "Target"]
 
 Mode = Literal["exact", "order-free", "bound"]
 MODES: Final[tuple[Mode, ...]] = ("exact", "order-free", "bound")
@@ -21,6 +21,9 @@ CODES: Final = (
     "input-modified",
     "aliases-input",
     "raised",
+    "timed-out",
+    "crashed",
+    "nondeterministic",
     "mean-not-sum",
     "double-counted",
     "not-ring-order",
@@ -30,6 +33,9 @@ CODES: Final = (
 
 DTYPES: Final[dict[str, torch.dtype]] = {name: fmt.torch_dtype for name, fmt in FORMATS.items()}
 """The dtypes the tester generates, by name."""
+
+DEFAULT_TIMEOUT_S: Final = 60.0
+"""The default time limit, in seconds, for one call of an isolated target (``--timeout``)."""
 
 Target = Callable[[torch.Tensor], object]
 """A stacked target: ``fn(worker_tensors)`` with the signature of :func:`ring_ref.ring_all_reduce`."""

@@ -117,18 +117,29 @@ def test_cli_bad_options_exit_2(extra: list[str], reason: str, capsys: pytest.Ca
     assert "ring-ref difftest: error:" in captured.err and reason in captured.err and captured.out == ""
 
 
-@pytest.mark.clause("difftest-report")
+@pytest.mark.clause("difftest-report", "difftest-isolation")
 def test_json_stdout_stays_one_object_when_the_target_prints(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     path = tmp_path / "chatty.py"
     path.write_text(
-        "import torch\nprint('loading chatty')\n\n"
-        "def f(x):\n    print('called')\n    return torch.sum(x, 0)\n",
+        "import os\nimport torch\nprint('loading chatty')\n\n"
+        "def f(x):\n    print('called')\n    os.write(1, b'{ raw bytes on fd 1\\n')\n"
+        "    os.write(2, b'raw bytes on fd 2\\n')\n    return torch.sum(x, 0)\n",
         encoding="utf-8",
     )
     args = ["difftest", f"{path}:f", "--mode", "order-free", "--examples", "3", "--seed", "1", "--json"]
     assert main(args) == 0
-    captured = capsys.readouterr()
-    jsonschema.validate(json.loads(captured.out), SCHEMA)
-    assert "loading chatty" in captured.err and "called" in captured.err
+    captured = capfd.readouterr()  # file-descriptor level: nothing of the target's reaches fd 1 or 2
+    doc = json.loads(captured.out)
+    jsonschema.validate(doc, SCHEMA)
+    assert doc["isolated"] is True and captured.err == ""
+    text = doc["output"]["text"]
+    assert text.startswith("loading chatty\n")
+    assert "called\n" in text and "{ raw bytes on fd 1\n" in text and "raw bytes on fd 2\n" in text
+    calls = doc["modes"]["order-free"]["examples"]
+    assert doc["output"]["bytes"] == len("loading chatty\n") + calls * len(
+        "called\n{ raw bytes on fd 1\nraw bytes on fd 2\n"
+    )
+    assert main([*args[:-1]]) == 0
+    assert "The target wrote" in capfd.readouterr().out
