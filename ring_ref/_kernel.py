@@ -82,12 +82,21 @@ than it saves."""
 
 Array = npt.NDArray[Any]
 
+_njit: Any = numba.njit
+"""``numba.njit``, called with options its type stubs do not list (``no_cpython_wrapper``)."""
+
 _u: Any = numba.uint64
 """Numba's unsigned 64-bit integer: indices of this type are never wrapped around as negative ones."""
 
 
-OPTIONS: Final[dict[str, Any]] = {"nogil": True, "boundscheck": False, "fastmath": False}
-"""Numba's options for the kernel: releases the GIL, no bounds checks, IEEE arithmetic as written."""
+OPTIONS: Final[dict[str, Any]] = {
+    "nogil": True,
+    "boundscheck": False,
+    "fastmath": False,
+    "error_model": "numpy",
+}
+"""Numba's options for the kernel: releases the GIL, no bounds checks, IEEE arithmetic as written, and
+no exception paths for integer division (no divisor is ever zero)."""
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -95,7 +104,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def _helper(function: F) -> F:
     """A function the kernel calls, compiled with it (Numba's decorator, with its type stated)."""
-    compiled: F = numba.njit(**OPTIONS)(function)
+    compiled: F = _njit(no_cpython_wrapper=True, no_cfunc_wrapper=True, **OPTIONS)(function)
     return compiled
 
 
@@ -167,16 +176,6 @@ def _chunks(  # noqa: PLR0917 - compiled helpers take positional arguments only
             out[i] = out[i] + x[w, i]
 
 
-@_helper
-def _finite(out: Array, a: Any, b: Any) -> bool:
-    """Whether ``out[a .. b - 1]`` are all finite (``v - v`` is NaN exactly for NaN and infinities)."""
-    bad = False
-    for i in range(a, b):
-        value = out[i]
-        bad |= (value - value) != 0
-    return not bad
-
-
 def _fold_tiles(  # noqa: PLR0917 - a compiled kernel takes positional arguments only
     x: Array, out: Array, cycle: Array, entries: Array, k: Any, chunks: Any, cols: Any, t0: Any, t1: Any
 ) -> bool:
@@ -196,7 +195,7 @@ def _fold_tiles(  # noqa: PLR0917 - a compiled kernel takes positional arguments
     chunks = _u(chunks)
     cols = _u(cols)
     col_tiles = (k + cols - one) // cols
-    finite = True
+    bad = False
     for t in range(_u(t0), _u(t1)):
         c0 = (t // col_tiles) * chunks
         c1 = min(n, c0 + chunks)
@@ -210,8 +209,10 @@ def _fold_tiles(  # noqa: PLR0917 - a compiled kernel takes positional arguments
                 _one_chunk(x, out, cycle, p_lo, lo * k + e0, lo * k + ee)
             elif lo < hi:
                 _chunks(x, out, cycle, lo, hi, p_lo, k, e0, ee)
-        finite &= _finite(out, c0 * k + e0, (c1 - one) * k + ee)
-    return finite
+        for i in range(c0 * k + e0, (c1 - one) * k + ee):
+            value = out[i]
+            bad |= (value - value) != 0  # NaN exactly when value is NaN or infinite
+    return not bad
 
 
 def signature(dtype: str, contiguous: bool) -> Any:
@@ -236,10 +237,10 @@ def compile_kernel(dtype: str, contiguous: bool, *, cache: bool = True) -> Any:
     sig = signature(dtype, contiguous)
     if cache:
         try:
-            return numba.njit(sig, cache=True, **OPTIONS)(_fold_tiles)
+            return _njit(sig, cache=True, **OPTIONS)(_fold_tiles)
         except RuntimeError:  # no writable cache location
             pass
-    return numba.njit(sig, **OPTIONS)(_fold_tiles)
+    return _njit(sig, **OPTIONS)(_fold_tiles)
 
 
 _kernels: dict[tuple[str, bool], Any] = {}

@@ -1,0 +1,90 @@
+"""Where the fast engine's compiled kernel is kept when the package directory is read-only.
+
+An installed package often lives in a read-only directory.  Numba then keeps
+the machine code in the per-user cache (``~/.cache/numba``); where that is not
+writable either, the kernel is compiled in memory (:func:`ring_ref._kernel.compile_kernel`).
+Each case runs fresh interpreters in a private mount namespace (``unshare -m``,
+as root, as CI runs) with a copy of ``ring_ref`` bind-mounted read-only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.paths import ROOT
+
+pytestmark = pytest.mark.clause("fold-order")
+
+PROBE = """
+import json
+import numpy as np
+from ring_ref import _kernel
+x = np.arange(32.0, dtype=np.float32).reshape(4, 8)
+x.setflags(write=False)
+out = np.empty(8, np.float32)
+cycle = np.arange(4, dtype=np.uint64)
+entries = np.array([[0, 4, 0]], dtype=np.uint64)
+finite = _kernel.fold(x, out, cycle, entries, chunk_size=2, threads=1)
+stats = _kernel.kernel("float32", True).stats
+print(json.dumps({
+    "finite": finite,
+    "out": out.tolist(),
+    "cache_path": stats.cache_path,
+    "hits": sum(stats.cache_hits.values()),
+    "misses": sum(stats.cache_misses.values()),
+}))
+"""
+
+EXPECTED = [48.0, 52.0, 56.0, 60.0, 64.0, 68.0, 72.0, 76.0]
+"""Column sums of ``arange(32).reshape(4, 8)``: every addition exact, so any order gives these."""
+
+
+def run_read_only(tmp_path: Path, runs: int, *, home_read_only: bool) -> list[dict[str, Any]]:
+    """``runs`` fresh interpreters running :data:`PROBE` against a read-only copy of the package."""
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        pytest.fail("this test needs root and unshare(1) for a read-only bind mount (CI runs as root)")
+    package, home = tmp_path / "site", tmp_path / "home"
+    shutil.copytree(ROOT / "ring_ref", package / "ring_ref", ignore=shutil.ignore_patterns("__pycache__"))
+    home.mkdir()
+    mounts = f"mount --bind -o ro {package} {package}"
+    if home_read_only:
+        mounts += f" && mount --bind -o ro {home} {home}"
+    (tmp_path / "probe.py").write_text(PROBE)
+    probes = " && ".join([f"{sys.executable} probe.py"] * runs)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_")}
+    env.update(HOME=str(home), PYTHONPATH=str(package))
+    done = subprocess.run(
+        ["unshare", "-m", "sh", "-c", f"{mounts} && cd {tmp_path} && {probes}"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def test_kernel_is_cached_per_user_when_the_package_directory_is_read_only(tmp_path: Path) -> None:
+    first, second = run_read_only(tmp_path, 2, home_read_only=False)
+    for probe in (first, second):
+        assert probe["finite"] and probe["out"] == EXPECTED
+        assert probe["cache_path"].startswith(str(tmp_path / "home" / ".cache" / "numba"))
+    assert (first["misses"], first["hits"]) == (1, 0)  # compiled and saved
+    assert (second["misses"], second["hits"]) == (0, 1)  # loaded from disk
+    assert not (tmp_path / "site" / "ring_ref" / "__pycache__").exists()
+
+
+def test_kernel_compiles_in_memory_when_nothing_is_writable(tmp_path: Path) -> None:
+    (probe,) = run_read_only(tmp_path, 1, home_read_only=True)
+    assert probe["finite"] and probe["out"] == EXPECTED
+    assert probe["cache_path"] is None  # compiled without a cache
+    assert list((tmp_path / "home").iterdir()) == []
