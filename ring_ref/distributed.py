@@ -22,10 +22,15 @@ into its slot, segment ``s`` of the next round's chunk (the same slot: every
 round forwards the chunk it has just completed) is sent, while the remaining
 segments are still arriving.  The additions that make each element are exactly
 the schedule's, in the same order, so the bits do not depend on the segment
-size.  Contiguous tensors are reduced in place (all-gather receives straight
-into the slot); a non-contiguous one is reduced in a contiguous copy that is
-written back at the end.  Other backends (NCCL) run one
-``batch_isend_irecv`` per round, unsegmented.
+size.  A gloo send waits until its receiver has posted the receive, so every
+reduce-scatter receive is posted before the first send, each into its own
+chunk of a reused staging buffer (``(N - 1) / N`` of the tensor, kept per
+thread between calls).  Chunks up to :data:`STAGE_ALL_BYTES` stage the
+all-gather steps too and copy them into their slots; larger ones receive
+all-gather straight into the slot.  Contiguous tensors are reduced in place;
+a non-contiguous one is reduced in a contiguous copy that is written back at
+the end.  Other backends (NCCL) run one ``batch_isend_irecv`` per round,
+unsegmented.
 
 **Bad input** is rejected with the same exception on *every* rank, before any
 chunk is sent.  Each rank checks its own tensor (the spec's bad-input table,
@@ -68,12 +73,22 @@ from ring_ref import schedule
 from ring_ref._chunks import chunk_views
 from ring_ref._validate import rank_tensor_problem
 
-__all__ = ["MAX_SEGMENTS", "SEGMENT_BYTES", "RingHookState", "ring_all_reduce_", "ring_hook"]
+__all__ = [
+    "MAX_SEGMENTS",
+    "SEGMENT_BYTES",
+    "STAGE_ALL_BYTES",
+    "RingHookState",
+    "ring_all_reduce_",
+    "ring_hook",
+]
 
 SEGMENT_BYTES: Final = 1 << 20
 """Smallest piece a chunk travels in on gloo; a chunk no larger than this goes whole."""
 MAX_SEGMENTS: Final = 4
 """Most pieces per chunk: each send and receive costs a wake-up, dear on a busy machine."""
+STAGE_ALL_BYTES: Final = 1 << 20
+"""Chunks up to this size receive every step into staging (all-gather copies out of it); larger
+chunks stage reduce-scatter only, and all-gather receives straight into the slot."""
 
 _PIPELINED_BACKENDS: Final = frozenset({"gloo"})
 _EXACT_DIMS: Final = 8
@@ -253,6 +268,12 @@ class _Scratch(threading.local):
 _SCRATCH: Final = _Scratch()
 
 
+def _staged_steps(n: int, chunk_bytes: int) -> int:
+    """Steps that receive into staging, a chunk each: all of them for small chunks, else reduce-scatter's."""
+    steps = len(schedule.all_rounds(n))
+    return steps if chunk_bytes <= STAGE_ALL_BYTES else schedule.rounds_per_phase(n)
+
+
 def _ring_pipelined(
     chunks: tuple[torch.Tensor, ...],
     staging: torch.Tensor,
@@ -266,12 +287,15 @@ def _ring_pipelined(
     Every step forwards the chunk the previous step completed (``send_chunk(t +
     1) == recv_chunk(t)``, from the closed forms), so segment ``s`` of step
     ``t + 1`` is sent as soon as segment ``s`` of step ``t`` has arrived and
-    been added.  Receives are posted ahead (two steps; one when ``n == 2``):
-    reduce-scatter into the two halves of ``staging`` alternately, all-gather
-    straight into the slot once every send reading that slot segment has
-    completed.  (With ``n >= 3`` those sends are at least two steps old by
-    then; with ``n == 2`` the all-gather slot is the one sent in the step just
-    before, so its receive is posted only once that segment has arrived.)
+    been added.
+
+    A gloo send goes out only once the receiver has posted its receive, so
+    receives are posted as early as their buffers allow: every reduce-scatter
+    step has its own chunk of ``staging``, and all of them are posted before
+    the first send.  All-gather steps of small chunks are staged too (then
+    copied into the slot); for large chunks all-gather receives straight into
+    the slot, posted once the reduce-scatter send that read that slot segment
+    (``n - 1`` steps earlier) has completed.
     """
     n = len(chunks)
     k = chunks[0].numel()
@@ -281,7 +305,8 @@ def _ring_pipelined(
     right, left = schedule.right(rank, n), schedule.left(rank, n)
     sent = [schedule.send_chunk(phase, rank, r, n) for phase, r in steps]
     received = [schedule.send_chunk(phase, left, r, n) for phase, r in steps]
-    halves = (staging[:k], staging[k : 2 * k])
+    staged = _staged_steps(n, k * chunks[0].element_size())
+    buffers = [staging[t * k : (t + 1) * k] for t in range(staged)]
     # Sends not yet waited on, by the slot segment they read (a gloo work must be waited on once only).
     sending: dict[tuple[int, int], list[tuple[int, dist.Work]]] = defaultdict(list)
     receiving: dict[tuple[int, int], dist.Work] = {}
@@ -289,13 +314,17 @@ def _ring_pipelined(
     def tag(t: int, s: int) -> int:
         return t * len(bounds) + s
 
+    def settle(c: int, s: int) -> None:
+        """Wait for every send that reads slot ``c``'s segment ``s`` (before it is overwritten)."""
+        for step, work in sending.pop((c, s), []):
+            waiter.round(work, *steps[step])
+
     def post_recv(t: int, s: int) -> None:
         a, b = bounds[s]
-        if steps[t][0] == schedule.REDUCE_SCATTER:
-            into = halves[t % 2][a:b]
+        if t < staged:
+            into = buffers[t][a:b]
         else:
-            for step, work in sending.pop((received[t], s), []):
-                waiter.round(work, *steps[step])
+            settle(received[t], s)
             into = chunks[received[t]][a:b]
         receiving[t, s] = group.recv([into], left, tag(t, s))
 
@@ -304,22 +333,24 @@ def _ring_pipelined(
         work = group.send([chunks[sent[t]][a:b]], right, tag(t, s))
         sending[sent[t], s].append((t, work))
 
-    ahead = 2 if n >= 3 else 1
-    for t in range(min(ahead, len(steps))):
+    for t in range(staged):
         for s in range(len(bounds)):
             post_recv(t, s)
-            if t == 0:
-                post_send(0, s)
+    for s in range(len(bounds)):
+        post_send(0, s)
     for t, (phase, r) in enumerate(steps):
         for s, (a, b) in enumerate(bounds):
             waiter.round(receiving.pop((t, s)), phase, r)
+            slot = chunks[received[t]][a:b]
             if phase == schedule.REDUCE_SCATTER:
-                slot = chunks[received[t]][a:b]
-                torch.add(halves[t % 2][a:b], slot, out=slot)  # incoming + own, as rs-add states
+                torch.add(buffers[t][a:b], slot, out=slot)  # incoming + own, as rs-add states
+            elif t < staged:
+                settle(received[t], s)
+                slot.copy_(buffers[t][a:b])
             if t + 1 < len(steps):
                 post_send(t + 1, s)
-            if t + ahead < len(steps):
-                post_recv(t + ahead, s)
+            if phase == schedule.REDUCE_SCATTER and staged <= t + n - 1 < len(steps):
+                post_recv(t + n - 1, s)  # the all-gather step that overwrites the slot just sent
     for works in sending.values():
         for step, work in works:
             waiter.round(work, *steps[step])
@@ -397,7 +428,9 @@ def ring_all_reduce_(
     work = data if data.is_contiguous() else data.contiguous()
     chunks = tuple(chunk.view(-1) for chunk in chunk_views(work, n))
     pipelined = backend in _PIPELINED_BACKENDS
-    staging = _SCRATCH.get("staging", 2 * chunks[0].numel() if pipelined else chunks[0].numel(), work)
+    k = chunks[0].numel()
+    staged = _staged_steps(n, k * work.element_size()) if pipelined else 1
+    staging = _SCRATCH.get("staging", staged * k, work)
     try:
         (_ring_pipelined if pipelined else _ring_rounds)(chunks, staging, rank, group, waiter)
     except BaseException:

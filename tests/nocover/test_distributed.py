@@ -9,6 +9,7 @@ input in place; the parent compares every rank's bits with the simulation
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime
 import importlib
@@ -159,36 +160,53 @@ def test_every_rank_matches_the_simulation_bit_for_bit(rings: Rings, n: int) -> 
 
 
 def reduce_rows_with(
-    rank: int, world_size: int, payload: tuple[int, int, bool, list[tuple[torch.Tensor, bool]]]
+    rank: int, world_size: int, payload: tuple[dict[str, object], list[tuple[torch.Tensor, bool]]]
 ) -> list[torch.Tensor]:
-    """:func:`reduce_rows` with chunks in pieces of ``segment_bytes`` (at most ``max_segments``), or
-    one batched send per round."""
-    segment_bytes, max_segments, pipelined, cases = payload
-    backends = frozenset({"gloo"}) if pipelined else frozenset()
-    with (
-        mock.patch.object(distributed, "SEGMENT_BYTES", segment_bytes),
-        mock.patch.object(distributed, "MAX_SEGMENTS", max_segments),
-        mock.patch.object(distributed, "_PIPELINED_BACKENDS", backends),
-    ):
+    """:func:`reduce_rows` with some of ``ring_ref.distributed``'s tuning constants replaced."""
+    settings, cases = payload
+    with contextlib.ExitStack() as stack:
+        for name, value in settings.items():
+            stack.enter_context(mock.patch.object(distributed, name, value))
         return reduce_rows(rank, world_size, cases)
+
+
+SMALL_SEGMENTS: dict[str, object] = {"SEGMENT_BYTES": 8, "MAX_SEGMENTS": 1 << 30}
+UNSTAGED: dict[str, object] = {"STAGE_ALL_BYTES": 0}  # all-gather receives straight into the slot
+PER_ROUND: dict[str, object] = {
+    "_PIPELINED_BACKENDS": frozenset()
+}  # one batch_isend_irecv per round (as for NCCL)
 
 
 @pytest.mark.clause("fold-order", "chunk-layout", "simultaneous-rounds")
 @pytest.mark.parametrize(
-    ("n", "segment_bytes", "max_segments", "pipelined"),
-    [(2, 8, 4, True), (3, 8, 1 << 30, True), (4, 6, 1 << 30, True), (3, 8, 1 << 30, False)],
-    ids=["n2-4-segments", "n3-segments-of-8-bytes", "n4-segments-of-6-bytes", "n3-one-send-per-round"],
+    ("n", "settings"),
+    [
+        (2, {"SEGMENT_BYTES": 8}),
+        (2, {"SEGMENT_BYTES": 8} | UNSTAGED),
+        (3, SMALL_SEGMENTS | UNSTAGED),
+        (4, SMALL_SEGMENTS | {"SEGMENT_BYTES": 6}),
+        (4, SMALL_SEGMENTS | UNSTAGED),
+        (3, PER_ROUND),
+    ],
+    ids=[
+        "n2-4-segments-staged",
+        "n2-4-segments-into-the-slot",
+        "n3-segments-of-8-bytes-into-the-slot",
+        "n4-segments-of-6-bytes-staged",
+        "n4-segments-of-8-bytes-into-the-slot",
+        "n3-one-send-per-round",
+    ],
 )
 def test_segmented_and_per_round_sends_give_the_simulations_bits(
-    rings: Rings, n: int, segment_bytes: int, max_segments: int, pipelined: bool
+    rings: Rings, n: int, settings: dict[str, object]
 ) -> None:
-    """Chunks of 15 elements in segments of 1-4 elements (a short last one), and the unsegmented path."""
+    """Chunks of 15 elements in segments of 1-4 elements (a short last one), received into staging
+    or straight into the slot, and the unsegmented per-round path."""
     cases = []
     for d, dtype in enumerate(DTYPES):
         x = stacked(n, 5, (3,), dtype, seed=7 * n + d)
         cases += [(x, False), (x, True)]
-    payload = (segment_bytes, max_segments, pipelined, cases)
-    per_rank = rings(n).run(reduce_rows_with, payload, timeout_s=CALL_TIMEOUT_S)
+    per_rank = rings(n).run(reduce_rows_with, (settings, cases), timeout_s=CALL_TIMEOUT_S)
     for k, (x, _) in enumerate(cases):
         expected = ring_fold(x)
         assert same_bits(ring_all_reduce(x), expected)
