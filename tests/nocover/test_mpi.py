@@ -26,7 +26,9 @@ import pytest
 import torch
 
 from ring_ref import ring_all_reduce
-from ring_ref._mpi_launch import MpiRing, RankFailed, RanksTimedOut, mpirun_path
+from ring_ref._mpi_launch import MpiRing, RankFailed, mpirun_path
+from ring_ref._mpi_target import MpiTarget
+from ring_ref.difftest._targets import TargetError
 from ring_ref.mpi import _check_everywhere, _Waiter, openmpi_allreduce_mca, ring_allreduce_
 from ring_ref.schedule import RingSchedule
 from ring_ref.targets import mpi_allreduce
@@ -480,24 +482,44 @@ def test_a_peer_that_never_calls_gives_an_error_not_a_hang(jobs: Jobs, world2: M
     assert not world2.running and world2.pids == []
 
 
-def recv_recv_deadlock(comm: Any, _: None) -> None:
-    """Both ranks receive first with blocking calls: the classic deadlock."""
-    buf = np.zeros(4)
-    comm.Recv(buf, source=1 - comm.Get_rank())
-    comm.Send(buf, dest=1 - comm.Get_rank())
+def test_a_per_rank_target_is_called_on_every_rank_by_name(world4: MpiRing) -> None:
+    """``MpiTarget``: each rank's result (returned array, else the argument after the call) comes back."""
+    x = stacked(4, 2, (), np.float32, seed=9)
+    expected = ring_all_reduce(x)
+    for name, returned, right in [
+        ("ring_ref.mpi:ring_allreduce_", "argument", True),
+        ("ring_ref.targets:mpi_allreduce", "none", True),  # the job runs OpenMPI's ring algorithm
+        ("tests.planted_mpi:plain_ring", "none", True),
+        ("tests.planted_mpi:gather_adds", "none", False),
+        ("tests.planted_mpi:chunk_off_by_one", "none", False),
+    ]:
+        call = MpiTarget(name, CALL_TIMEOUT_S, rings={4: world4}).call(list(x))
+        assert call.failure is None and call.answers is not None, name
+        for rank, answer in enumerate(call.answers):
+            got = answer.result_array()
+            assert answer.rank == rank and answer.returned == returned and not answer.raised, (name, answer)
+            assert got is not None and np.array_equal(got, expected) == right, (name, rank, got)
+            if returned == "none":
+                assert np.array_equal(answer.argument_array(), got)
+    with pytest.raises(TargetError, match="no attribute 'nothing_here'"):
+        MpiTarget("tests.planted_mpi:nothing_here", CALL_TIMEOUT_S, rings={4: world4}).call(list(x))
+    assert world4.running
 
 
-def test_a_deadlock_times_out_naming_each_rank_and_its_stack(jobs: Jobs, world2: MpiRing) -> None:
+def test_a_deadlock_times_out_naming_each_rank_and_its_stack(world2: MpiRing) -> None:
+    """The planted send-send deadlock (a per-rank target): both ranks named with stacks, nothing left."""
     world2.start()  # a new job after the close() above
     pids = world2.pids
     start = time.monotonic()
-    with pytest.raises(RanksTimedOut) as info:
-        jobs.run(world2, recv_recv_deadlock, None, timeout_s=3.0)
+    call = MpiTarget("tests.planted_mpi:send_send_deadlock", 3.0, rings={2: world2}).call(
+        list(np.ones((2, 4)))
+    )
     assert time.monotonic() - start < 20
-    assert info.value.pending == [0, 1]
+    assert call.answers is None and call.failure is not None
+    assert call.failure.code == "timed-out" and call.failure.ranks == [0, 1]
+    assert "rank(s) [0, 1] did not finish" in call.failure.text
     for rank in (0, 1):
-        assert "in recv_recv_deadlock" in info.value.stacks[rank], info.value.stacks
-    assert "rank(s) [0, 1] did not finish" in str(info.value)
+        assert "in send_send_deadlock" in call.failure.stacks[rank], call.failure.stacks
     assert not world2.running
     assert all(_gone(p) for p in pids), "the timed-out job (mpirun and every rank) must be gone"
 
