@@ -28,6 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ring_ref._mpi_launch import MpiRing, RankFailed, RanksTimedOut
+from ring_ref.difftest._targets import TargetError, load_target
 
 __all__ = ["MpiTarget", "RankAnswer", "RanksCall", "RanksFailure", "observe"]
 
@@ -96,8 +97,6 @@ def _plain(array: npt.NDArray[Any]) -> tuple[str, tuple[int, ...], bytes]:
 
 def observe(comm: Any, payload: tuple[str, str, tuple[int, ...], list[bytes]]) -> dict[str, Any]:
     """On one rank: call the target on this rank's input and describe what it did, as plain data."""
-    from ring_ref.difftest._targets import TargetError, load_target
-
     name, dtype, shape, inputs = payload
     rank = comm.Get_rank()
     try:
@@ -184,8 +183,6 @@ class MpiTarget:
 
         :class:`ring_ref.difftest._targets.TargetError` if the ranks cannot load it.
         """
-        from ring_ref.difftest._targets import TargetError
-
         n = len(inputs)
         ring = self._rings.get(n) or self._rings.setdefault(n, MpiRing(n, mca=self.mca))
         first = np.asarray(inputs[0])
