@@ -233,6 +233,7 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
         for name, label in (("all_reduce", "dist.all_reduce (gloo)"), ("ring", "ring_all_reduce_")):
             ax.plot(sizes, [row[f"{name}_busbw_GBps"] for row in res["collective"]], marker="o", label=label)
         ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
         ax.set_xlabel("bytes per rank (float32)")
         ax.set_ylabel("bus bandwidth (GB/s)")
         ax.set_title(f"N = {res['n']} gloo processes on 127.0.0.1")
