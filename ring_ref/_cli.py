@@ -13,10 +13,10 @@ from pathlib import Path
 
 import torch
 
-from ring_ref import __version__, _svg, _vectors, ring_all_reduce
+from ring_ref import __version__, _reveal, _svg, _vectors, ring_all_reduce
 from ring_ref._trace import check_size, render_table, trace, trace_json
 from ring_ref.core import initial_state, run_ring
-from ring_ref.difftest import DTYPES, MODES, TargetError, difftest
+from ring_ref.difftest import DTYPES, MODES, TargetError, difftest, load_target
 from ring_ref.difftest._search import option_problem
 from ring_ref.difftest._vocabulary import DEFAULT_TIMEOUT_S
 from ring_ref.invariants import Provenance, State
@@ -151,10 +151,52 @@ def _difftest_command(args: argparse.Namespace) -> int:
     return 0 if report.verdict == "pass" else 1
 
 
+def _reveal_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``ring-ref reveal`` options (spec section 11)."""
+    parser.add_argument(
+        "target", metavar="TARGET", help="package.module:function or path/to/file.py:function"
+    )
+    parser.add_argument("-n", type=int, required=True, help="number of workers N")
+    parser.add_argument("-m", type=int, required=True, help="elements per worker M (any M >= 1)")
+    parser.add_argument(
+        "--dtype",
+        choices=tuple(_reveal.LIMITS),
+        default="float32",
+        help="float32 (N <= 24, the default) or float64 (N <= 53)",
+    )
+    parser.add_argument(
+        "--checks", type=int, default=_reveal.CHECKS, help="random-input bitwise checks (default 4)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the checking inputs (default 0)")
+    parser.add_argument("--svg", metavar="FILE", help="also draw the distinct trees into FILE")
+    parser.add_argument("--json", action="store_true", help="print one JSON object (spec/reveal.schema.json)")
+
+
+def _reveal_command(args: argparse.Namespace) -> int:
+    """Run ``ring-ref reveal``: 0 when it ran, 2 on a usage error or a misbehaving target."""
+    with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
+        try:
+            if args.checks < 0:
+                raise _reveal.RevealError(f"--checks must be 0 or more; got {args.checks}")
+            _reveal.check_size(args.n, args.m, args.dtype)
+            fn = load_target(args.target)
+            found = _reveal.reveal(
+                fn, args.n, args.m, args.dtype, checks=args.checks, seed=args.seed, name=args.target
+            )
+            if args.svg:
+                Path(args.svg).write_text(_reveal.render_svg(found), encoding="utf-8")
+        except (TargetError, _reveal.RevealError, OSError) as exc:
+            print(f"ring-ref reveal: error: {exc}", file=sys.stderr)
+            return 2
+    print(json.dumps(found.to_json()) if args.json else found.summary())
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with one sub-command per tool."""
     parser = argparse.ArgumentParser(
-        prog="ring-ref", description="Reference ring all-reduce: demo, traces, vectors, differential testing."
+        prog="ring-ref",
+        description="Reference ring all-reduce: demo, traces, vectors, differential testing, reveal.",
     )
     parser.add_argument("--version", action="version", version=f"ring-ref {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -173,6 +215,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _difftest_arguments(dt)
     dt.set_defaults(func=_difftest_command)
+    rv = commands.add_parser(
+        "reveal", help="name the summation order of every result element of an all-reduce, from its outputs"
+    )
+    _reveal_arguments(rv)
+    rv.set_defaults(func=_reveal_command)
     return parser
 
 

@@ -1,5 +1,6 @@
 """gloo's order, shown on the real engine: ``torch.distributed.all_reduce`` over gloo processes.
 
+``ring-ref reveal`` on it must fit the ``gloo`` preset, and
 ``ring_all_reduce(x, schedule="gloo")`` must give gloo's bits on random inputs
 of every dtype, ``M`` divisible by ``N`` or not, with trailing dimensions.  The
 ranks run in :class:`ring_ref._procs.ProcessRing`; rank ``i`` contributes
@@ -14,6 +15,7 @@ import torch.distributed as dist
 
 from ring_ref import ring_all_reduce
 from ring_ref._procs import ProcessRing
+from ring_ref._reveal import reveal
 from tests.oracles import same_bits
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -60,3 +62,38 @@ def test_gloo_preset_equals_torch_distributed_gloo(n: int) -> None:
 @pytest.mark.parametrize("n", range(2, 9))
 def test_soak_gloo_preset_equals_gloo_for_every_n_up_to_eight(n: int) -> None:
     _check(n)
+
+
+def _reveal_gloo(n: int) -> None:
+    with ProcessRing(n) as ring:
+
+        def gloo(x: torch.Tensor) -> torch.Tensor:
+            return ring.run(_rank_all_reduce, x, timeout_s=60)[0]
+
+        for m in (n, 2 * n + 3):
+            for dtype in ("float32", "float64"):
+                found = reveal(gloo, n, m, dtype)
+                assert "gloo" in found.matches, found.summary()
+                assert found.classification == "ring", found.summary()
+                if n >= 3:  # for N = 2 every ring is the same one
+                    assert found.ring is not None and found.ring.direction == -1, found.summary()
+                    assert (found.ring.offset, found.ring.layout) == (n - 1, "gloo"), found.summary()
+                assert found.probe_calls <= n + 4
+
+
+@pytest.mark.clause("reveal-report", "schedule-presets")
+def test_reveal_on_gloo_fits_the_gloo_preset() -> None:
+    # N = 3, M = 4 written out: gloo cuts 4 elements into 6 segments of 1, 2 per rank: chunks 2, 2, 0;
+    # chunk 0 folds workers 2, 1, 0 and chunk 1 folds 0, 2, 1.
+    with ProcessRing(3) as ring:
+        found = reveal(lambda x: ring.run(_rank_all_reduce, x, timeout_s=60)[0], 3, 4)
+    assert found.to_json()["trees"] == [[[1, 2], 0], [[1, 2], 0], [[0, 2], 1], [[0, 2], 1]]
+    assert found.matches == ["gloo"]
+    _reveal_gloo(4)
+
+
+@pytest.mark.soak
+@pytest.mark.clause("reveal-report")
+@pytest.mark.parametrize("n", range(2, 9))
+def test_soak_reveal_on_gloo_fits_the_gloo_preset_for_every_n_up_to_eight(n: int) -> None:
+    _reveal_gloo(n)
