@@ -278,12 +278,16 @@ def rank_tensor_problem(tensor: object, n: int, backend: str, *, finite: bool = 
     True
     >>> rank_tensor_problem(torch.zeros(5), 2, "gloo").message
     'M = 5 is not divisible by N = 2, so the 2 chunks cannot be equal. Pad M to a multiple of 2 (e.g. 6).'
+    >>> rank_tensor_problem(torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]), 2, "gloo").kind
+    <class 'TypeError'>
     """
     if not isinstance(tensor, torch.Tensor):
         return BadInput(TypeError, f"expects a torch.Tensor of shape (M, ...); got {type(tensor).__name__}.")
+    problem = _torch_metadata_problem(tensor)  # first: a nested tensor has no shape to read
+    if problem is not None:
+        return problem
     shape = tuple(tensor.shape)
     checks: tuple[Callable[[], BadInput | None], ...] = (
-        lambda: _torch_metadata_problem(tensor),
         lambda: None if shape else _ZERO_DIM,
         lambda: _rows_problem(n, shape[0], shape),
         lambda: _overlap_problem(tensor),
