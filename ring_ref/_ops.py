@@ -30,7 +30,16 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-__all__ = ["OPS", "Op", "finish_numpy", "finish_torch", "numpy_combine", "op_name", "torch_combine"]
+__all__ = [
+    "OPS",
+    "Op",
+    "finish_numpy",
+    "finish_torch",
+    "numpy_combine",
+    "op_name",
+    "torch_combine",
+    "torch_combine_into",
+]
 
 Op = Literal["sum", "prod", "max", "min", "avg"]
 OPS: Final[tuple[Op, ...]] = ("sum", "prod", "max", "min", "avg")
@@ -80,6 +89,36 @@ _TORCH: Final[dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]] =
 def torch_combine(op: Op) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """``combine(incoming, own)`` for tensors."""
     return _TORCH[op]
+
+
+def _torch_add_into(incoming: torch.Tensor, own: torch.Tensor) -> None:
+    torch.add(incoming, own, out=own)
+
+
+def _torch_mul_into(incoming: torch.Tensor, own: torch.Tensor) -> None:
+    torch.mul(incoming, own, out=own)
+
+
+def _torch_max_into(incoming: torch.Tensor, own: torch.Tensor) -> None:
+    torch.where(own > incoming, own, incoming, out=own)
+
+
+def _torch_min_into(incoming: torch.Tensor, own: torch.Tensor) -> None:
+    torch.where(own < incoming, own, incoming, out=own)
+
+
+_TORCH_INTO: Final[dict[str, Callable[[torch.Tensor, torch.Tensor], None]]] = {
+    "sum": _torch_add_into,
+    "avg": _torch_add_into,
+    "prod": _torch_mul_into,
+    "max": _torch_max_into,
+    "min": _torch_min_into,
+}
+
+
+def torch_combine_into(op: Op) -> Callable[[torch.Tensor, torch.Tensor], None]:
+    """``combine_into(incoming, own)``: :func:`torch_combine`'s result, same bits, stored in ``own``."""
+    return _TORCH_INTO[op]
 
 
 def _numpy_add(incoming: Array, own: Array) -> Array:

@@ -62,6 +62,7 @@ import datetime
 import threading
 import zlib
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -71,7 +72,8 @@ from torch._C._distributed_c10d import GradBucket  # dist.GradBucket, which the 
 
 from ring_ref import schedule
 from ring_ref._chunks import chunk_views
-from ring_ref._validate import rank_tensor_problem
+from ring_ref._ops import Op, finish_torch, op_name, torch_combine_into
+from ring_ref._validate import BadInput, rank_tensor_problem
 
 __all__ = [
     "MAX_SEGMENTS",
@@ -94,7 +96,7 @@ _PIPELINED_BACKENDS: Final = frozenset({"gloo"})
 _EXACT_DIMS: Final = 8
 """Signature entries that hold the leading dimensions exactly; further ones are folded into a hash."""
 _HASH_MODULUS: Final = (1 << 61) - 1
-_SIGNATURE_LENGTH: Final = 6 + _EXACT_DIMS + 1
+_SIGNATURE_LENGTH: Final = 6 + _EXACT_DIMS + 2
 
 
 @dataclass(frozen=True)
@@ -106,16 +108,25 @@ class _Description:
     problem: tuple[str, str] | None  # (exception kind, message)
 
 
-def _describe(tensor: object, n: int, backend: str) -> _Description:
-    """Check one rank's argument on its own; the verdict is applied on every rank after the exchange."""
-    bad = rank_tensor_problem(tensor, n, backend)
+def _op_problem(op: object) -> tuple[Op | None, BadInput | None]:
+    """The op by its name, or the table's error for one that is not an op."""
+    try:
+        return op_name(op), None
+    except ValueError as exc:
+        return None, BadInput(ValueError, str(exc))
+
+
+def _describe(tensor: object, n: int, backend: str, op: object = "sum") -> _Description:
+    """Check one rank's arguments on their own; the verdict is applied on every rank after the exchange."""
+    reduce_op, op_bad = _op_problem(op)
+    bad = rank_tensor_problem(tensor, n, backend) or op_bad
     problem = None if bad is None else (bad.kind.__name__, bad.message.rstrip("."))
     if not isinstance(tensor, torch.Tensor):
         name = type(tensor).__name__
         return _Description(name, (name,), problem)
     shape = tuple(tensor.shape)
-    summary = f"shape {shape} {tensor.dtype} on {tensor.device.type}"
-    return _Description(summary, (shape, str(tensor.dtype), tensor.device.type), problem)
+    summary = f"shape {shape} {tensor.dtype} on {tensor.device.type}, op {reduce_op or op!r}"
+    return _Description(summary, (shape, str(tensor.dtype), tensor.device.type, reduce_op), problem)
 
 
 def _verdict(descriptions: list[_Description]) -> Exception | None:
@@ -136,8 +147,8 @@ def _verdict(descriptions: list[_Description]) -> Exception | None:
     if len({d.signature for d in descriptions}) > 1:
         listing = "; ".join(f"rank {r}: {d.summary}" for r, d in enumerate(descriptions))
         return ValueError(
-            f"{prefix}: the ranks passed different tensors ({listing}). Every rank must pass the "
-            "same shape, dtype and device type."
+            f"{prefix}: the ranks passed different tensors or ops ({listing}). Every rank must pass "
+            "the same shape, dtype and device type, and the same op."
         )
     return None
 
@@ -147,7 +158,7 @@ def _code(text: str) -> int:
     return zlib.crc32(text.encode())
 
 
-def _signature(tensor: object, n: int, backend: str) -> tuple[list[int], bool]:
+def _signature(tensor: object, n: int, backend: str, op: object = "sum") -> tuple[list[int], bool]:
     """This rank's fixed-size signature and whether its tensor is clean, at the cost of one sum.
 
     Equal signatures mean equal kind, dtype, device type, layout and shape
@@ -160,7 +171,8 @@ def _signature(tensor: object, n: int, backend: str) -> tuple[list[int], bool]:
     >>> _signature(torch.tensor([1.0, float("nan"), 0.0]), 3, "gloo")[1]
     False
     """
-    if not isinstance(tensor, torch.Tensor) or tensor.is_nested:
+    reduce_op, op_bad = _op_problem(op)
+    if not isinstance(tensor, torch.Tensor) or tensor.is_nested or op_bad is not None:
         return [0, _code(type(tensor).__name__), *[0] * (_SIGNATURE_LENGTH - 2)], False
     shape = tuple(tensor.shape)
     rest = 0
@@ -176,6 +188,7 @@ def _signature(tensor: object, n: int, backend: str) -> tuple[list[int], bool]:
         tensor.numel(),
         *exact,
         rest,
+        _code(str(reduce_op)),
     ]
     clean = rank_tensor_problem(tensor, n, backend, finite=False) is None and (
         bool(torch.isfinite(tensor.detach().sum())) or rank_tensor_problem(tensor, n, backend) is None
@@ -217,10 +230,10 @@ class _Waiter:
 
 
 def _check_everywhere(
-    tensor: object, n: int, group: dist.ProcessGroup, backend: str, waiter: _Waiter
+    tensor: object, n: int, group: dist.ProcessGroup, backend: str, waiter: _Waiter, *, op: object = "sum"
 ) -> None:
     """Raise the same bad-input error on every rank, or return on every rank; one small all-reduce."""
-    signature, clean = _signature(tensor, n, backend)
+    signature, clean = _signature(tensor, n, backend, op)
     flags = torch.tensor(
         [*signature, *(-v for v in signature), 0 if clean else 1],
         dtype=torch.int64,
@@ -234,7 +247,7 @@ def _check_everywhere(
         return
     descriptions: list[_Description | None] = [None] * n
     try:
-        dist.all_gather_object(descriptions, _describe(tensor, n, backend), group=group)
+        dist.all_gather_object(descriptions, _describe(tensor, n, backend, op), group=group)
     except RuntimeError as exc:
         raise RuntimeError(
             f"ring_all_reduce_: rank {waiter.rank} of {n}: exchanging tensor descriptions before the "
@@ -280,6 +293,8 @@ def _ring_pipelined(
     rank: int,
     group: dist.ProcessGroup,
     waiter: _Waiter,
+    *,
+    combine_into: Callable[[torch.Tensor, torch.Tensor], None],
 ) -> None:
     """The schedule's rounds on flat contiguous ``chunks``, each chunk sent in segments, pipelined.
 
@@ -343,7 +358,7 @@ def _ring_pipelined(
             waiter.round(receiving.pop((t, s)), phase, r)
             slot = chunks[received[t]][a:b]
             if phase == schedule.REDUCE_SCATTER:
-                torch.add(buffers[t][a:b], slot, out=slot)  # incoming + own, as rs-add states
+                combine_into(buffers[t][a:b], slot)  # incoming + own (or the op's), as rs-add states
             elif t < staged:
                 settle(received[t], s)
                 slot.copy_(buffers[t][a:b])
@@ -362,6 +377,8 @@ def _ring_rounds(
     rank: int,
     group: dist.ProcessGroup,
     waiter: _Waiter,
+    *,
+    combine_into: Callable[[torch.Tensor, torch.Tensor], None],
 ) -> None:
     """The schedule's rounds, one ``batch_isend_irecv`` each (backends that need grouped sends: NCCL)."""
     n = len(chunks)
@@ -378,16 +395,23 @@ def _ring_rounds(
         for work in dist.batch_isend_irecv(ops):
             waiter.round(work, phase, r)
         if phase == schedule.REDUCE_SCATTER:
-            torch.add(incoming, slot, out=slot)
+            combine_into(incoming, slot)
 
 
 def ring_all_reduce_(
     tensor: torch.Tensor,
     group: dist.ProcessGroup | None = None,
     *,
+    op: object = "sum",
     timeout: datetime.timedelta | None = None,
 ) -> torch.Tensor:
     """Sum ``tensor`` across the ranks of ``group`` in place with the spec's ring; return ``tensor``.
+
+    ``op`` (default ``"sum"``) is any op of ``ring_ref.ring_all_reduce``, by name
+    or as a ``torch.distributed.ReduceOp`` (``PRODUCT``, ``MAX``, ``MIN``,
+    ``AVG``): the same ring, each rank ending with
+    ``ring_all_reduce(torch.stack(inputs), op=op)``'s bits; every rank must pass
+    the same op, or all raise.
 
     Every rank of ``group`` (default: the world) must call it with a tensor of
     the same shape ``(M, ...)``, dtype and device type, ``M`` divisible by the
@@ -421,7 +445,8 @@ def ring_all_reduce_(
         )
     backend = str(dist.get_backend(group))
     waiter = _Waiter(rank, n, timeout)
-    _check_everywhere(tensor, n, group, backend, waiter)
+    _check_everywhere(tensor, n, group, backend, waiter, op=op)
+    reduce_op = op_name(op)
     if n == 1:
         return tensor
     data = tensor.detach()
@@ -432,12 +457,15 @@ def ring_all_reduce_(
     staged = _staged_steps(n, k * work.element_size()) if pipelined else 1
     staging = _SCRATCH.get("staging", staged * k, work)
     try:
-        (_ring_pipelined if pipelined else _ring_rounds)(chunks, staging, rank, group, waiter)
+        ring = _ring_pipelined if pipelined else _ring_rounds
+        ring(chunks, staging, rank, group, waiter, combine_into=torch_combine_into(reduce_op))
     except BaseException:
         _SCRATCH.forget("staging", work)
         raise
     if work is not data:
         data.copy_(work)
+    if reduce_op == "avg":
+        data.copy_(finish_torch(reduce_op, data, n))
     return tensor
 
 
