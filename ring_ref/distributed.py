@@ -125,7 +125,9 @@ def _describe(tensor: object, n: int, backend: str, op: object = "sum") -> _Desc
         name = type(tensor).__name__
         return _Description(name, (name,), problem)
     shape = tuple(tensor.shape)
-    summary = f"shape {shape} {tensor.dtype} on {tensor.device.type}, op {reduce_op or op!r}"
+    summary = f"shape {shape} {tensor.dtype} on {tensor.device.type}"
+    if reduce_op != "sum":
+        summary += f", op {reduce_op or op!r}"
     return _Description(summary, (shape, str(tensor.dtype), tensor.device.type, reduce_op), problem)
 
 
