@@ -13,12 +13,12 @@ from pathlib import Path
 
 import torch
 
-from ring_ref import __version__, _reveal, _svg, _vectors, ring_all_reduce
+from ring_ref import __version__, _orders, _reveal, _svg, _vectors, ring_all_reduce
 from ring_ref._trace import check_size, render_table, trace, trace_json
 from ring_ref.core import initial_state, run_ring
 from ring_ref.difftest import DTYPES, MODES, TargetError, difftest, load_target
 from ring_ref.difftest._search import option_problem
-from ring_ref.difftest._vocabulary import DEFAULT_TIMEOUT_S
+from ring_ref.difftest._vocabulary import DEFAULT_TIMEOUT_S, MAX_RANKS, RANKS
 from ring_ref.invariants import Provenance, State
 from ring_ref.schedule import Phase
 
@@ -87,11 +87,23 @@ def _difftest_arguments(parser: argparse.ArgumentParser) -> None:
         "target", metavar="TARGET", help="package.module:function or path/to/file.py:function"
     )
     parser.add_argument(
+        "--ranks",
+        choices=RANKS,
+        default=None,
+        help="TARGET is per rank: call TARGET(tensor) on every rank of a process group of N processes "
+        "(gloo: torch.distributed on 127.0.0.1)",
+    )
+    parser.add_argument(
         "--mode", choices=[*MODES, "all"], default="all", help="oracle(s) to run (default all)"
     )
     parser.add_argument("--examples", type=int, default=100, help="generated inputs per mode (default 100)")
     parser.add_argument("--seed", type=int, default=None, help="replay seed (default: random, printed)")
-    parser.add_argument("--max-workers", type=int, default=16, help="largest N generated (default 16)")
+    parser.add_argument(
+        "--max-workers",
+        type=int,
+        default=None,
+        help=f"largest N generated (default 16; {MAX_RANKS} with --ranks)",
+    )
     parser.add_argument(
         "--dtypes",
         nargs="+",
@@ -112,6 +124,12 @@ def _difftest_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--json", action="store_true", help="print one JSON object instead of the text report"
     )
+    parser.add_argument(
+        "--schedule",
+        metavar="NAME",
+        help="check exact against this ring: a preset (spec, openmpi-ring, gloo), DIRECTION,OFFSET,LAYOUT, "
+        "or auto (reveal the target's order first)",
+    )
 
 
 def _difftest_command(args: argparse.Namespace) -> int:
@@ -123,9 +141,13 @@ def _difftest_command(args: argparse.Namespace) -> int:
     """
     names = [d for item in args.dtypes for d in item.split(",") if d]
     unknown = [d for d in names if d not in DTYPES]
+    if args.max_workers is None:
+        args.max_workers = MAX_RANKS if args.ranks else 16
     problem = option_problem(
         examples=args.examples, seed=args.seed, max_workers=args.max_workers, timeout=args.timeout
     )
+    if args.ranks and args.in_process:
+        problem = "--in-process cannot be combined with --ranks (the ranks are processes of their own)"
     if unknown or not names:
         problem = f"unknown dtype(s) {unknown or names}; choose from {', '.join(DTYPES)}"
     if problem:
@@ -134,19 +156,32 @@ def _difftest_command(args: argparse.Namespace) -> int:
     modes = MODES if args.mode == "all" else tuple(m for m in MODES if m == args.mode)
     with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
         try:
-            report = difftest(
-                args.target,
-                modes=modes,
-                examples=args.examples,
-                seed=args.seed,
-                max_workers=args.max_workers,
-                dtypes=[DTYPES[d] for d in dict.fromkeys(names)],
-                timeout=args.timeout,
-                isolate=not args.in_process,
-            )
+            exact, note = _orders.command_line_order(args.schedule, None, args.target, args.max_workers)
+        except (TargetError, _reveal.RevealError) as exc:
+            print(f"ring-ref difftest: error: {exc}", file=sys.stderr)
+            return 2
+        except _orders.OrderError as exc:
+            print(f"ring-ref difftest: {exc}", file=sys.stderr)
+            return 1 if args.schedule == "auto" else 2
+        if note:
+            print(f"ring-ref difftest: --schedule auto: {note}", file=sys.stderr)
+        try:
+            with _orders.checking_against(exact):
+                report = difftest(
+                    args.target,
+                    modes=modes,
+                    examples=args.examples,
+                    seed=args.seed,
+                    max_workers=args.max_workers,
+                    dtypes=[DTYPES[d] for d in dict.fromkeys(names)],
+                    timeout=args.timeout,
+                    isolate=not args.in_process,
+                    ranks=args.ranks,
+                )
         except TargetError as exc:
             print(f"ring-ref difftest: error: {exc}", file=sys.stderr)
             return 2
+    report.replay = _orders.mark_replay(report.replay, exact)
     print(report.to_json_text() if args.json else report.render())
     return 0 if report.verdict == "pass" else 1
 

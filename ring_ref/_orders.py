@@ -1,0 +1,274 @@
+"""Exact checks against any order: a schedule of the family, a saved ``reveal --json``, or one revealed now.
+
+``ring-ref difftest`` checks ``exact`` against the spec's ring by default.
+This module builds the other references it can check against (clause
+``difftest-exact-orders``), each an :class:`~ring_ref.difftest._oracles.ExactOrder`:
+
+* :func:`schedule_order`: ``--schedule NAME`` -- the bits of
+  ``ring_all_reduce(x, schedule=NAME)``;
+* :func:`file_order`: ``--order FILE`` -- the trees a ``reveal --json`` saved,
+  evaluated on each input; the search then draws inputs of exactly the file's
+  ``N``, ``M`` and dtype, so a team can record its library's order once and
+  catch a changed order after an upgrade;
+* :func:`auto_order`: ``--schedule auto`` -- reveal first, then check against
+  the ring that fits (a preset by name when one matches), or say which
+  elements are not ring folds.
+
+:func:`explain_element` names the revealed order of one element, for the
+``not-ring-order`` explanation.
+
+>>> order = schedule_order("gloo")
+>>> order.name, order.option
+("the gloo schedule's order", '--schedule gloo')
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Final
+
+import torch
+from hypothesis import strategies as st
+
+from ring_ref import ring_all_reduce
+from ring_ref._dtypes import FORMATS
+from ring_ref._reveal import (
+    REVEAL_FORMAT,
+    REVEAL_VERSION,
+    Revealed,
+    RevealError,
+    Tree,
+    evaluate,
+    format_tree,
+    reveal,
+    tree_from_json,
+)
+from ring_ref._validate import schedule_of
+from ring_ref.difftest._inputs import LAYOUTS, Case
+from ring_ref.difftest._oracles import EXACT_ORDER, ExactOrder
+from ring_ref.schedule import PRESETS, RingSchedule
+
+__all__ = [
+    "OrderError",
+    "auto_order",
+    "checking_against",
+    "command_line_order",
+    "explain_element",
+    "file_order",
+    "mark_replay",
+    "parse_schedule",
+    "read_order",
+    "schedule_order",
+]
+
+AUTO_M_EXTRA: Final = 1
+"""``--schedule auto`` reveals on ``M = 2 N + 1`` elements: not a multiple of ``N``, so layouts differ."""
+
+
+class OrderError(ValueError):
+    """An order that cannot be used: an unknown schedule, an unreadable or invalid order file."""
+
+
+def schedule_order(schedule: str | RingSchedule) -> ExactOrder:
+    """``exact`` against ``ring_all_reduce(x, schedule=schedule)``."""
+    try:
+        ring = schedule_of(schedule)
+    except (TypeError, ValueError) as exc:
+        raise OrderError(str(exc)) from exc
+    name = next((key for key, preset in PRESETS.items() if preset == ring), None)
+    if name is not None:
+        label, option = f"the {name} schedule's order", f"--schedule {name}"
+    else:
+        label = f"the order of the ring with {ring.describe()}"
+        option = f"--schedule {ring.direction},{ring.offset},{ring.layout}"
+    return ExactOrder(label, lambda case: ring_all_reduce(case.tensor(), "fast", schedule=ring), option)
+
+
+def _load(path: Path) -> dict[str, Any]:
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise OrderError(f"cannot read the order file {str(path)!r}: {exc}") from exc
+    if (
+        not isinstance(doc, dict)
+        or doc.get("format") != REVEAL_FORMAT
+        or doc.get("version") != REVEAL_VERSION
+    ):
+        raise OrderError(
+            f"{str(path)!r} is not a `ring-ref reveal --json` file (format {REVEAL_FORMAT!r}, "
+            f"version {REVEAL_VERSION})"
+        )
+    return doc
+
+
+def read_order(path: Path) -> tuple[int, int, str, list[Tree]]:
+    """``(n, m, dtype, trees)`` of a saved reveal; every element must have a tree."""
+    doc = _load(path)
+    n, m, dtype, trees = doc.get("n"), doc.get("m"), doc.get("dtype"), doc.get("trees")
+    if not (isinstance(n, int) and isinstance(m, int) and n >= 1 and m >= 1 and dtype in FORMATS):
+        raise OrderError(f"{str(path)!r}: n, m and dtype must be positive integers and a dtype name")
+    if not isinstance(trees, list) or len(trees) != m:
+        raise OrderError(f"{str(path)!r}: trees must list one tree per element (m = {m})")
+    missing = [e for e, t in enumerate(trees) if t is None]
+    if missing:
+        raise OrderError(
+            f"{str(path)!r}: element(s) {missing[:8]} have no tree (reveal found none), so exact has no "
+            "order to check them against; reveal again once every element has one"
+        )
+    try:
+        parsed = [tree_from_json(t, n) for t in trees]
+    except ValueError as exc:
+        raise OrderError(f"{str(path)!r}: {exc}") from exc
+    return n, m, dtype, parsed
+
+
+def _evaluate_trees(trees: list[Tree], x: torch.Tensor) -> torch.Tensor:
+    out = torch.empty(x.shape[1:], dtype=x.dtype)
+    distinct: dict[Tree, list[int]] = {}
+    for e, tree in enumerate(trees):
+        distinct.setdefault(tree, []).append(e)
+    for tree, elements in distinct.items():
+        cols = torch.tensor(elements)
+        out[cols] = evaluate(tree, x[:, cols])
+    return out
+
+
+@st.composite
+def _cases_of(draw: st.DrawFn, n: int, m: int, dtype: torch.dtype) -> Case:
+    """Inputs of exactly ``(n, m)`` in ``dtype``: random finite values over 2^16 of magnitude, any layout."""
+    rng = random.Random(draw(st.integers(0, 2**32 - 1)))
+    raw = [rng.choice((-1.0, 1.0)) * (1 + rng.random()) * 2.0 ** rng.randint(-8, 8) for _ in range(n * m)]
+    element = st.floats(-1e4, 1e4, allow_nan=False, width=32 if dtype != torch.float64 else 64)
+    for index, value in draw(st.lists(st.tuples(st.integers(0, n * m - 1), element), max_size=4)):
+        raw[index] = value
+    values = torch.tensor(raw, dtype=torch.float64).to(dtype).to(torch.float64).tolist()
+    return Case(n, m, (), dtype, draw(st.sampled_from(LAYOUTS)), tuple(values))
+
+
+def file_order(path: str | Path) -> ExactOrder:
+    """``exact`` against the trees of a saved ``ring-ref reveal --json``, on inputs of its ``N``, ``M``
+    and dtype."""
+    n, m, dtype_name, trees = read_order(Path(path))
+    dtype = FORMATS[dtype_name].torch_dtype
+
+    def expected(case: Case) -> torch.Tensor:
+        if (case.n, case.m, case.trailing, case.dtype) != (n, m, (), dtype):
+            raise AssertionError(f"--order {path} covers (N, M) = ({n}, {m}) {dtype_name} inputs only")
+        return _evaluate_trees(trees, case.tensor())
+
+    return ExactOrder(
+        f"the order saved in {path} (N = {n}, M = {m}, {dtype_name})",
+        expected,
+        f"--order {path}",
+        _cases_of(n, m, dtype),
+    )
+
+
+def auto_order(
+    target: Callable[[torch.Tensor], object], max_workers: int
+) -> tuple[ExactOrder | None, Revealed]:
+    """Reveal ``target`` at ``N = min(max_workers, 8)``, ``M = 2N + 1``; the fitted ring's order, if any.
+
+    A preset that matches is used by name (it is defined for every ``N``).
+    Another fitted ring keeps its direction and layout, with the offset taken
+    as the one of ``k`` and ``k - N`` nearer to zero (gloo's ``-1`` reads ``N - 1``
+    at any one ``N``); ``exact`` then tells whether that holds at the other ``N``.
+    """
+    n = max(1, min(max_workers, 8))
+    found = reveal(target, n, 2 * n + AUTO_M_EXTRA, "float32", name="the target")
+    if found.matches:
+        return schedule_order(found.matches[0]), found
+    if found.ring is None:
+        return None, found
+    k = found.ring.offset
+    return schedule_order(found.ring._replace(offset=k - n if k > n // 2 else k)), found
+
+
+def explain_element(call: Callable[[torch.Tensor], torch.Tensor], case: Case, flat: int) -> str:
+    """``element (i, ...) is summed as fold 2,1,0`` -- the revealed order of one element of ``case``'s shape.
+
+    Reveals on ``(N, S)`` inputs, ``S`` the elements per worker, in float32 (or
+    float64 for a float64 case); an empty string when the sizes are beyond
+    reveal's limits or the target misbehaves on the probes.
+    """
+    dtype = "float64" if case.dtype == torch.float64 else "float32"
+    per_worker = len(case.values) // case.n
+    try:
+        found = reveal(lambda x: call(x.reshape(case.shape)).reshape(-1), case.n, per_worker, dtype, checks=2)
+    except (RevealError, RuntimeError, ValueError):
+        return ""
+    tree = found.trees[flat]
+    if tree is None:
+        return f"no tree of {dtype} additions explains that element ({found.reasons[flat]})"
+    return f"the target sums that element as {format_tree(tree)} (revealed in {found.calls} calls)"
+
+
+def parse_schedule(text: str) -> str | RingSchedule:
+    """A ``--schedule`` value: a preset name, or ``DIRECTION,OFFSET,LAYOUT`` such as ``-1,-1,gloo``.
+
+    >>> parse_schedule("gloo"), parse_schedule("-1,2,blocks")
+    ('gloo', RingSchedule(direction=-1, offset=2, layout='blocks'))
+    """
+    parts = text.split(",")
+    if len(parts) != 3:
+        return text
+    try:
+        direction, offset = int(parts[0]), int(parts[1])
+    except ValueError as exc:
+        raise OrderError(
+            f"--schedule {text!r}: DIRECTION,OFFSET,LAYOUT needs two integers and a layout"
+        ) from exc
+    return RingSchedule(direction, offset, parts[2])  # type: ignore[arg-type]  # schedule_of checks it
+
+
+@contextlib.contextmanager
+def checking_against(order: ExactOrder | None) -> Iterator[None]:
+    """Within the block, ``exact`` checks against ``order`` (the spec's ring when ``None``)."""
+    if order is None:
+        yield
+        return
+    token = EXACT_ORDER.set(order)
+    try:
+        yield
+    finally:
+        EXACT_ORDER.reset(token)
+
+
+def command_line_order(
+    schedule: str | None, order_file: str | None, target: str, max_workers: int
+) -> tuple[ExactOrder | None, str]:
+    """The order of ``difftest --schedule`` / ``--order``, and a line saying what was revealed (``auto``).
+
+    Raises :class:`OrderError` for an unusable option and when ``auto``
+    finds no ring (its message says which elements are not ring folds).
+    """
+    if order_file is not None:
+        return file_order(order_file), ""
+    if schedule is None:
+        return None, ""
+    if schedule != "auto":
+        return schedule_order(parse_schedule(schedule)), ""
+    from ring_ref.difftest import load_target
+
+    fitted, found = auto_order(load_target(target), max_workers)
+    if fitted is None:
+        odd = [e for e, t in enumerate(found.trees) if t is None or found.ring is None]
+        raise OrderError(
+            f"--schedule auto: the target's order is not one ring's fold (N = {found.n}, M = {found.m}; "
+            f"elements {odd[:12]}{' ...' if len(odd) > 12 else ''} do not fit any ring):\n{found.summary()}"
+        )
+    return (
+        fitted,
+        f"revealed at N = {found.n}, M = {found.m} in {found.calls} calls; exact checks {fitted.name}",
+    )
+
+
+def mark_replay(replay: str, order: ExactOrder | None) -> str:
+    """``replay`` with the option that names ``order`` (difftest builds the line without it)."""
+    if order is None or not order.option or order.option in replay:
+        return replay
+    return f"{replay} {order.option}"
