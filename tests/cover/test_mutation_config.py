@@ -38,7 +38,9 @@ def test_mutated_line_finds_the_changed_line_of_a_mutant() -> None:
         "def x_f__mutmut_5(a=2):\n    b = a + 1\n    return b\n"
     )
     assert mutation.mutated_line(source, "x_f", "3") == "b = a - 1"
-    assert mutation.mutated_line(source, "x_f", "4") == "(line deleted)"
+    assert mutation.changed_lines(source, "x_f", "3") == ("b = a + 1", "b = a - 1")
+    assert mutation.changed_lines(source, "x_f", "4") == ("return b", "(deleted) return b")
+    assert mutation.mutated_line(source, "x_f", "4") == "(deleted) return b"
     assert mutation.mutated_line(source, "x_f", "5") == "def f(a=2):"
     method = (
         "class C:\n"
