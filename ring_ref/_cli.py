@@ -15,12 +15,13 @@ import torch
 
 from ring_ref import __version__, _orders, _reveal, _svg, _vectors, ring_all_reduce
 from ring_ref._trace import check_size, render_table, trace, trace_json
+from ring_ref._validate import schedule_of
 from ring_ref.core import initial_state, run_ring
 from ring_ref.difftest import DTYPES, MODES, TargetError, difftest, load_target
 from ring_ref.difftest._search import option_problem
 from ring_ref.difftest._vocabulary import DEFAULT_TIMEOUT_S, MAX_RANKS, RANKS
 from ring_ref.invariants import Provenance, State
-from ring_ref.schedule import Phase
+from ring_ref.schedule import SPEC, Phase
 
 
 def _demo(_args: argparse.Namespace) -> int:
@@ -53,16 +54,19 @@ def _demo(_args: argparse.Namespace) -> int:
 def _trace_command(args: argparse.Namespace) -> int:
     m = args.n if args.m is None else args.m
     try:
-        check_size(args.n, m, args.format)
-    except ValueError as err:
+        ring = schedule_of(_orders.parse_schedule(args.schedule))
+        check_size(args.n, m, args.format, ring)
+    except (ValueError, TypeError) as err:
         print(f"ring-ref trace: {err}", file=sys.stderr)
         return 2
-    records = trace(args.n)
+    records = trace(args.n, ring)
     if args.format == "json":
-        print(json.dumps(trace_json(records, m), indent=1))
+        print(json.dumps(trace_json(records, m, ring), indent=1))
     elif args.format == "svg":
         print(_svg.render_svg(records), end="")
     else:
+        if ring != SPEC:
+            print(f"ring: {ring.normalized(args.n).describe()} (spec section 10)\n")
         print(render_table(records))
     return 0
 
@@ -239,8 +243,14 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=_demo)
     tr = commands.add_parser("trace", help="every round of both phases: sends, add/copy, slot provenance")
     tr.add_argument("-n", type=int, required=True, help="number of workers N (>= 1)")
-    tr.add_argument("-m", type=int, help="rows per worker M, a multiple of N (default N)")
+    tr.add_argument("-m", type=int, help="rows per worker M, a multiple of N for the even layout (default N)")
     tr.add_argument("--format", choices=("table", "json", "svg"), default="table", help="output format")
+    tr.add_argument(
+        "--schedule",
+        default="spec",
+        metavar="NAME",
+        help="the ring: a preset (spec, the default; openmpi-ring; gloo) or =DIRECTION,OFFSET,LAYOUT",
+    )
     tr.set_defaults(func=_trace_command)
     vec = commands.add_parser("vectors", help="write the conformance vector files (spec/vectors/)")
     vec.add_argument("--out", required=True, help="directory to write into (created if needed)")

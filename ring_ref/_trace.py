@@ -19,10 +19,11 @@ from __future__ import annotations
 
 from typing import Any, Final, Literal, NamedTuple
 
+from ring_ref._chunks import chunk_bounds
 from ring_ref._validate import check_ring_size
 from ring_ref.core import fold, provenance_state, run_ring
 from ring_ref.invariants import Provenance, State, finished_chunks, is_complete
-from ring_ref.schedule import REDUCE_SCATTER, Phase, Send, rounds_per_phase, sends
+from ring_ref.schedule import REDUCE_SCATTER, SPEC, Phase, RingSchedule, Send, rounds_per_phase, sends
 
 TRACE_FORMAT = "ring-ref-trace"
 TRACE_VERSION = 1
@@ -39,15 +40,16 @@ class RoundRecord(NamedTuple):
     provenance: State[Provenance]
 
 
-def trace(n: int) -> tuple[RoundRecord, ...]:
-    """Run the reference core for ``n`` workers and record every round."""
+def trace(n: int, schedule: RingSchedule = SPEC) -> tuple[RoundRecord, ...]:
+    """Run the reference core for ``n`` workers and record every round (of ``schedule``'s ring)."""
     start = provenance_state(n)
     records = [RoundRecord("start", -1, (), start)]
+    send_list = sends if schedule is SPEC else schedule.sends
 
     def observe(phase: Phase, r: int, _state: State[Provenance], prov: State[Provenance]) -> None:
-        records.append(RoundRecord(phase, r, sends(phase, r, n), prov))
+        records.append(RoundRecord(phase, r, send_list(phase, r, n), prov))
 
-    run_ring(start, fold, observe)
+    run_ring(start, fold, observe, schedule=schedule)
     return tuple(records)
 
 
@@ -103,9 +105,12 @@ wide; at ``N = 64`` the SVG would be 112 MB.
 """
 
 
-def check_size(n: int, m: int, fmt: str) -> None:
-    """Raise ``ValueError`` for a ring the trace cannot hold (``bad-input``) or show readably in ``fmt``."""
-    check_ring_size(n, m)
+def check_size(n: int, m: int, fmt: str, schedule: RingSchedule = SPEC) -> None:
+    """Raise ``ValueError`` for a ring the trace cannot hold (``bad-input``) or show readably in ``fmt``.
+
+    ``M`` must be a multiple of ``N`` only for the ``even`` layout (clause ``schedule-layouts``).
+    """
+    check_ring_size(n, m, divisible=schedule.layout == "even")
     limit = MAX_WORKERS[fmt]
     if n > limit:
         larger = [f"--format {f} (N <= {k})" for f, k in MAX_WORKERS.items() if k > limit]
@@ -115,14 +120,18 @@ def check_size(n: int, m: int, fmt: str) -> None:
         )
 
 
-def trace_json(records: tuple[RoundRecord, ...], m: int) -> dict[str, Any]:
+def trace_json(records: tuple[RoundRecord, ...], m: int, schedule: RingSchedule = SPEC) -> dict[str, Any]:
     """The JSON trace (schema ``spec/trace.schema.json``) of ``records`` for ``M = m`` one-element rows.
 
-    ``S = m`` elements per worker, so each send moves one chunk of ``S / N`` elements.
+    ``S = m`` elements per worker, so each send moves one chunk of ``S / N`` elements.  For another
+    ``schedule`` (clause ``schedule-family``) the document also names the ring and, for a layout
+    other than ``even``, each chunk's size (``gloo`` cut as for 4-byte elements); ``chunkElements``
+    and ``elementsPerWorkerPerRound`` are then the largest chunk.
     """
     n = len(records[0].provenance)
-    check_ring_size(n, m)
-    chunk = m // n
+    check_ring_size(n, m, divisible=schedule.layout == "even")
+    sizes = [hi - lo for lo, hi in chunk_bounds(schedule.layout, n, m, itemsize=4)]
+    chunk = max(sizes)
     rounds = []
     for rec in records:
         finished = finished_chunks(rec.provenance)
@@ -136,7 +145,7 @@ def trace_json(records: tuple[RoundRecord, ...], m: int) -> dict[str, Any]:
                         "dst": s.dst,
                         "chunk": s.chunk,
                         "op": operation(s.phase),
-                        "elements": chunk,
+                        "elements": sizes[s.chunk],
                     }
                     for s in rec.sends
                 ],
@@ -153,7 +162,13 @@ def trace_json(records: tuple[RoundRecord, ...], m: int) -> dict[str, Any]:
     sent = [0] * n
     for rec in records:
         for s in rec.sends:
-            sent[s.src] += chunk
+            sent[s.src] += sizes[s.chunk]
+    extra: dict[str, Any] = {}
+    if schedule != SPEC:
+        ring = schedule.normalized(n)
+        extra["schedule"] = {"direction": ring.direction, "offset": ring.offset, "layout": ring.layout}
+    if schedule.layout != "even":
+        extra["chunkSizes"] = sizes
     return {
         "format": TRACE_FORMAT,
         "version": TRACE_VERSION,
@@ -161,6 +176,7 @@ def trace_json(records: tuple[RoundRecord, ...], m: int) -> dict[str, Any]:
         "m": m,
         "elementsPerWorker": m,
         "chunkElements": chunk,
+        **extra,
         "rounds": rounds,
         "traffic": {
             "rounds": sum(1 for rec in records if rec.phase != "start"),

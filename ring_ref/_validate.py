@@ -390,9 +390,9 @@ def _array_finite_problem(array: npt.NDArray[Any]) -> BadInput | None:
 # --- sizes alone (traces) -----------------------------------------------------------------------
 
 
-def check_ring_size(n: int, m: int) -> None:
+def check_ring_size(n: int, m: int, *, divisible: bool = True) -> None:
     """The table's rows for ``N`` workers of ``M`` rows, without any data (``ring-ref trace``)."""
-    _raise(_rows_problem(n, m, (n, m)))
+    _raise(_rows_problem(n, m, (n, m), divisible=divisible))
 
 
 # --- the schedule family (clause schedule-bad-input) ----------------------------------------------

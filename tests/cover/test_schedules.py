@@ -271,3 +271,40 @@ def test_any_m_is_accepted_by_blocks_and_gloo_only(engine: Engine) -> None:
     for ring in ("spec", RingSchedule(-1, 1, "even")):
         with pytest.raises(ValueError, match=re.escape("M = 5 is not divisible by N = 3")):
             ring_all_reduce(x, engine, schedule=ring)
+
+
+@pytest.mark.clause("schedule-family", "schedule-layouts", "traffic")
+def test_traces_cover_the_family(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    import jsonschema  # type: ignore[import-untyped]
+
+    from ring_ref._cli import main
+    from ring_ref._trace import trace, trace_json
+    from tests.paths import ROOT
+
+    schema = json.loads((ROOT / "spec" / "trace.schema.json").read_text(encoding="utf-8"))
+    doc = trace_json(trace(3, GLOO), 4, GLOO)
+    jsonschema.validate(doc, schema)
+    assert doc["schedule"] == {"direction": -1, "offset": 2, "layout": "gloo"}
+    # gloo cuts 4 elements over 3 ranks into 6 segments of 1, two per rank: chunks of 2, 2, 0.
+    assert doc["chunkSizes"] == [2, 2, 0]
+    first = doc["rounds"][1]["sends"]
+    assert [(s["src"], s["dst"], s["chunk"], s["elements"]) for s in first] == [
+        (0, 2, 1, 2),
+        (1, 0, 2, 0),
+        (2, 1, 0, 2),
+    ]
+    # Worker 0 sends chunks 1, 2 (reduce-scatter) and 0, 1 (all-gather): 2 + 0 + 2 + 2 elements, and so on.
+    assert doc["traffic"]["elementsSentByWorker"] == [6, 4, 6]
+    last = doc["rounds"][-1]["workers"][0]["slots"]
+    assert [s["contributions"] for s in last] == [[2, 1, 0], [0, 2, 1], [1, 0, 2]]
+    assert "schedule" not in trace_json(trace(3), 3) and "chunkSizes" not in trace_json(trace(3), 3)
+    assert main(["trace", "-n", "4", "--schedule=-1,1,even"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("ring: direction -1, offset 1, layout even")
+    assert "reduce-scatter round 0 (receiver adds into the slot): 0->3 chunk 3, 1->0 chunk 0" in out
+    assert main(["trace", "-n", "3", "-m", "4"]) == 2
+    assert "M = 4 is not divisible by N = 3" in capsys.readouterr().err
+    assert main(["trace", "-n", "3", "--schedule", "ring"]) == 2
+    assert "unknown schedule 'ring'" in capsys.readouterr().err
