@@ -66,6 +66,10 @@ def test_gloo_chunks_of_large_buffers_are_gloos_byte_segments(n: int, s: int, it
         assert chunk_bounds("gloo", n, s) == bounds
 
 
+SIZE_MATTERS = 3 * 2**18 + 1
+"""Elements of a buffer that gloo cuts differently for 8-byte and 4-byte elements (N = 2)."""
+
+
 def _owners(bounds: list[tuple[int, int]]) -> list[int]:
     return [c for c, (lo, hi) in enumerate(bounds) for _ in range(lo, hi)]
 
@@ -75,13 +79,15 @@ def test_each_element_is_in_the_chunk_its_layout_gives_it() -> None:
     assert chunk_of_elements("blocks", 3, 7) == _owners(blocks_bounds(3, 7))
     assert chunk_of_elements("gloo", 3, 7) == _owners(gloo_bounds(3, 7, 4))
     assert chunk_of_elements("even", 3, 6) == [0, 0, 1, 1, 2, 2]
-    assert chunk_of_elements("gloo", 2, 2**19 + 3, itemsize=8) == _owners(gloo_bounds(2, 2**19 + 3, 8))
+    s = SIZE_MATTERS
+    assert gloo_bounds(2, s, 8) != gloo_bounds(2, s, 4)
+    assert chunk_of_elements("gloo", 2, s, itemsize=8) == _owners(gloo_bounds(2, s, 8))
     assert chunk_of_elements("gloo", 2, 2**20) == _owners(gloo_bounds(2, 2**20, 4))
 
 
 @pytest.mark.clause("schedule-layouts")
 def test_layout_views_of_a_large_float64_buffer_use_its_element_size() -> None:
-    n, s = 2, 2**19 + 3
+    n, s = 2, SIZE_MATTERS
     flat = torch.arange(s, dtype=torch.float64)
     views = layout_views(flat, "gloo", n, itemsize=flat.element_size())
     assert [(int(v[0]), int(v[-1]) + 1) for v in views] == gloo_bounds(n, s, 8)
