@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from ring_ref import __version__, _orders, _reveal, _svg, _vectors, ring_all_reduce
+from ring_ref import __version__, _orders, _preset_vectors, _reveal, _svg, _vectors, ring_all_reduce
 from ring_ref._trace import check_size, render_table, trace, trace_json
 from ring_ref._validate import schedule_of
 from ring_ref.core import initial_state, run_ring
@@ -76,7 +76,7 @@ def _vectors_command(args: argparse.Namespace) -> int:
         print("ring-ref vectors: --out must name a directory; got an empty path", file=sys.stderr)
         return 2
     try:
-        written = _vectors.write(Path(args.out))
+        written = (_preset_vectors if args.presets else _vectors).write(Path(args.out))
     except OSError as err:
         print(f"ring-ref vectors: {err}", file=sys.stderr)
         return 2
@@ -254,6 +254,11 @@ def build_parser() -> argparse.ArgumentParser:
     tr.set_defaults(func=_trace_command)
     vec = commands.add_parser("vectors", help="write the conformance vector files (spec/vectors/)")
     vec.add_argument("--out", required=True, help="directory to write into (created if needed)")
+    vec.add_argument(
+        "--presets",
+        action="store_true",
+        help="write the schedule presets' vectors (ring_all_reduce_presets_v1) instead of the v1 files",
+    )
     vec.set_defaults(func=_vectors_command)
     dt = commands.add_parser(
         "difftest", help="check an all-reduce implementation against the reference and diagnose its bug"

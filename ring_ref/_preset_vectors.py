@@ -1,0 +1,218 @@
+"""Conformance vectors for the schedule presets (spec section 10), a file apart from the v1 vectors.
+
+``ring_all_reduce_presets_v1.json`` (schema ``ring_all_reduce_presets_schema_v1.json``)
+holds, for each preset (``spec``, ``openmpi-ring``, ``gloo``) and dtype, inputs
+on which the preset's bits differ from every other preset whose order differs
+there, with ``M`` divisible by ``N`` and not, empty chunks (gloo) and trailing
+dimensions.  Each vector names its
+schedule and each chunk's size, and gives the input and the expected result
+as bit patterns (the format of ``spec/vectors/README.md``).  Expected values
+come from ``ring_all_reduce(x, schedule=preset)``; ``tests/cover/test_preset_vectors.py``
+cross-checks them against an independent fold.  ``ring-ref vectors --presets --out DIR``
+writes them (the v1 files come from ``ring-ref vectors --out DIR``, unchanged).
+
+>>> doc = build()
+>>> doc["numberOfTests"] == sum(len(g["tests"]) for g in doc["testGroups"])
+True
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any, Final
+
+import torch
+
+from ring_ref import ring_all_reduce
+from ring_ref._chunks import chunk_bounds
+from ring_ref._dtypes import FORMATS, bits, dtype_name, to_hex
+from ring_ref._reveal import ring_trees
+from ring_ref._vectors import dumps
+from ring_ref.schedule import PRESETS
+
+__all__ = ["JSON_NAME", "SCHEMA_NAME", "VERSION", "build", "contents", "schema", "write"]
+
+VERSION: Final = 1
+JSON_NAME: Final = f"ring_all_reduce_presets_v{VERSION}.json"
+SCHEMA_NAME: Final = f"ring_all_reduce_presets_schema_v{VERSION}.json"
+SEED: Final = 1013
+
+SHAPES: Final[tuple[tuple[int, int, tuple[int, ...], str], ...]] = (
+    (2, 3, (), "N = 2, M odd"),
+    (3, 6, (), "M divisible by N"),
+    (3, 7, (), "M not divisible by N"),
+    (4, 4, (), "M = N: gloo leaves the last two chunks empty"),
+    (5, 12, (), "prime N, M not divisible by N"),
+    (3, 5, (2,), "trailing dimension: chunks cut the flattened elements"),
+)
+
+NOTES: Final[dict[str, str]] = {
+    "schedule": "{direction, offset, layout}: the ring of spec section 10 (offset as the preset defines it).",
+    "chunkSizes": "elements of each worker in each chunk, row-major over (m, *trailingShape).",
+    "input": "shape (n, m, *trailingShape), IEEE bit patterns as fixed-width lowercase hex, row-major.",
+    "expected": "shape (m, *trailingShape): ring_all_reduce(input, schedule=<the group's preset>).",
+}
+
+
+def _values(rng: random.Random, count: int) -> list[float]:
+    """Both signs, full significands, 2^-6 .. 2^6: additions round, so orders differ in the bits."""
+    return [rng.choice((-1.0, 1.0)) * (1.0 + rng.random()) * 2.0 ** rng.randint(-6, 6) for _ in range(count)]
+
+
+def _telling(rng: random.Random, preset: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """Random values on which ``preset``'s result differs from every preset with another order here.
+
+    (Presets can coincide: OpenMPI's blocks are the spec's chunks when ``N`` divides ``M``, and for
+    ``N <= 2`` every ring is the same.)
+    """
+    count = 1
+    for d in shape:
+        count *= d
+    name, n = dtype_name(dtype), shape[0]
+    mine_trees = ring_trees(PRESETS[preset], n, count // n, name)
+    others = [
+        p
+        for p, ring in PRESETS.items()
+        if (trees := ring_trees(ring, n, count // n, name)) is not None and trees != mine_trees
+    ]
+    for _ in range(64):
+        x = torch.tensor(_values(rng, count), dtype=torch.float64).to(dtype).reshape(shape)
+        mine = bits(ring_all_reduce(x, schedule=preset))
+        if all(not torch.equal(mine, bits(ring_all_reduce(x, schedule=p))) for p in others):
+            return x
+    raise AssertionError(f"no telling values for {preset} {shape} {dtype} in 64 draws")
+
+
+def build() -> dict[str, Any]:
+    """The preset vector file as a JSON-ready object."""
+    groups = []
+    tc_id = 0
+    for preset, ring in PRESETS.items():
+        for name, fmt in FORMATS.items():
+            rng = random.Random(f"{SEED}:{preset}:{name}")
+            tests = []
+            for n, m, trailing, comment in SHAPES:
+                if ring.layout == "even" and m % n:
+                    continue
+                x = _telling(rng, preset, (n, m, *trailing), fmt.torch_dtype)
+                s = x[0].numel()
+                tc_id += 1
+                tests.append(
+                    {
+                        "tcId": tc_id,
+                        "comment": comment,
+                        "n": n,
+                        "m": m,
+                        "trailingShape": list(trailing),
+                        "chunkSizes": [
+                            hi - lo for lo, hi in chunk_bounds(ring.layout, n, s, itemsize=fmt.bits // 8)
+                        ],
+                        "input": to_hex(x),
+                        "expected": to_hex(ring_all_reduce(x, schedule=preset)),
+                    }
+                )
+            groups.append(
+                {
+                    "preset": preset,
+                    "schedule": {"direction": ring.direction, "offset": ring.offset, "layout": ring.layout},
+                    "dtype": name,
+                    "bits": fmt.bits,
+                    "tests": tests,
+                }
+            )
+    return {
+        "algorithm": "RING-ALL-REDUCE-PRESETS",
+        "schema": SCHEMA_NAME,
+        "generatorVersion": str(VERSION),
+        "numberOfTests": tc_id,
+        "header": [
+            f"Conformance vectors v{VERSION} for the ring schedule presets of spec/ring_all_reduce.md "
+            "section 10 (spec, openmpi-ring, gloo).",
+            "Generated by `ring-ref vectors --out DIR`; do not edit. See spec/vectors/README.md.",
+        ],
+        "notes": dict(NOTES),
+        "testGroups": groups,
+    }
+
+
+def schema() -> dict[str, Any]:
+    """The JSON schema (draft 2020-12) of :func:`build`'s output."""
+
+    def strict(properties: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "type": "object",
+            "additionalProperties": False,
+            "required": list(properties),
+            "properties": properties,
+        }
+
+    count = {"type": "integer", "minimum": 1}
+    hex_list = {
+        "type": "array",
+        "minItems": 1,
+        "items": {"type": "string", "pattern": "^([0-9a-f]{4}){1,4}$"},
+    }
+    test = strict(
+        {
+            "tcId": count,
+            "comment": {"type": "string", "minLength": 1},
+            "n": count,
+            "m": count,
+            "trailingShape": {"type": "array", "items": count},
+            "chunkSizes": {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}},
+            "input": hex_list,
+            "expected": hex_list,
+        }
+    )
+    group = strict(
+        {
+            "preset": {"enum": list(PRESETS)},
+            "schedule": strict(
+                {
+                    "direction": {"enum": [1, -1]},
+                    "offset": {"type": "integer"},
+                    "layout": {"enum": ["even", "blocks", "gloo"]},
+                }
+            ),
+            "dtype": {"enum": list(FORMATS)},
+            "bits": {"enum": [16, 32, 64]},
+            "tests": {"type": "array", "items": test},
+        }
+    )
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": SCHEMA_NAME,
+        "title": f"ring all-reduce preset conformance vectors v{VERSION}",
+        **strict(
+            {
+                "algorithm": {"const": "RING-ALL-REDUCE-PRESETS"},
+                "schema": {"const": SCHEMA_NAME},
+                "generatorVersion": {"type": "string"},
+                "numberOfTests": count,
+                "header": {"type": "array", "items": {"type": "string"}},
+                "notes": {"type": "object", "additionalProperties": {"type": "string"}},
+                "testGroups": {"type": "array", "items": group},
+            }
+        ),
+    }
+
+
+def contents() -> dict[str, str]:
+    """File name -> text of the two preset files."""
+    return {JSON_NAME: dumps(build()) + "\n", SCHEMA_NAME: dumps(schema()) + "\n"}
+
+
+def write(out_dir: Path) -> list[Path]:
+    """Write the two preset files into ``out_dir`` (created if needed); return their paths."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise NotADirectoryError(
+            f"{out_dir} is a file, not a directory: pass a directory (created if missing)"
+        )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, text in contents().items():
+        path = out_dir / name
+        path.write_text(text, encoding="utf-8", newline="\n")
+        paths.append(path)
+    return paths
