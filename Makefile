@@ -24,6 +24,12 @@ demo: $(STAMP)
 	@$(BIN)/ring-ref difftest examples/buggy_allreduce.py:ring_all_reduce --examples 50 --seed 7; \
 	  status=$$?; if [ $$status -eq 1 ]; then echo "As expected, the planted bug was found and diagnosed."; \
 	  else echo "difftest exited $$status; expected 1 (bug found)"; exit 1; fi
+	@echo
+	@echo "The same for a per-rank all-reduce on real gloo process groups (examples/buggy_rank_allreduce.py):"
+	@$(BIN)/ring-ref difftest --ranks gloo examples/buggy_rank_allreduce.py:ring_all_reduce --examples 20 \
+	  --max-workers 4 --seed 7; \
+	  status=$$?; if [ $$status -eq 1 ]; then echo "As expected, the planted bug was found and diagnosed."; \
+	  else echo "difftest exited $$status; expected 1 (bug found)"; exit 1; fi
 
 verify: lint typecheck test contracts prove vectors-check model-check
 

@@ -9,6 +9,12 @@ reused for every later call, so a difftest run pays the spawn cost once per
 
     ring-ref difftest ring_ref.targets:gloo_all_reduce --max-workers 4 --examples 20
 
+It checks rank 0's result only (and raises if another rank's differs).  To
+check every rank of a real group, with deadlocks and dead ranks diagnosed,
+test the per-rank function itself::
+
+    ring-ref difftest --ranks gloo torch.distributed:all_reduce --max-workers 4
+
 ``mpi_allreduce`` is a per-rank target: ``comm.Allreduce(MPI.IN_PLACE, array,
 op=MPI.SUM)`` on each rank's own ``numpy`` array, MPI's own all-reduce.  Which
 algorithm OpenMPI runs is chosen when ``mpirun`` starts, by the ``--mca``

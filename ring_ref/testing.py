@@ -29,7 +29,7 @@ from ring_ref._tracecheck import (
     first_mismatch,
 )
 from ring_ref.difftest import DTYPES, MODES, Mode, Report, Target, difftest
-from ring_ref.difftest._vocabulary import DEFAULT_TIMEOUT_S
+from ring_ref.difftest._vocabulary import DEFAULT_TIMEOUT_S, Ranks
 
 __all__ = [
     "Mismatch",
@@ -48,10 +48,11 @@ def assert_matches_reference(
     *,
     examples: int = 100,
     seed: int | None = None,
-    max_workers: int = 16,
+    max_workers: int | None = None,
     dtypes: Sequence[torch.dtype] = tuple(DTYPES.values()),
     timeout: float = DEFAULT_TIMEOUT_S,
     isolate: bool | None = None,
+    ranks: Ranks | None = None,
 ) -> Report:
     """Check ``fn`` against the reference; raise ``AssertionError`` with the diagnosis on failure.
 
@@ -63,7 +64,9 @@ def assert_matches_reference(
     A module-level function (or a ``"module:function"`` string) runs isolated
     in a worker process, each call limited to ``timeout`` seconds; a lambda or
     local function runs in this process (see :func:`ring_ref.difftest.difftest`
-    for ``isolate``).
+    for ``isolate``).  ``ranks="gloo"``: ``fn`` is a per-rank target, called on
+    every rank of a gloo group with that rank's tensor (``torch.distributed.all_reduce``
+    style); every rank's result is checked.
     """
     if mode == "all":
         modes: tuple[Mode, ...] = MODES
@@ -80,6 +83,7 @@ def assert_matches_reference(
         dtypes=dtypes,
         timeout=timeout,
         isolate=isolate,
+        ranks=ranks,
     )
     if report.verdict != "pass":
         raise AssertionError(report.render())

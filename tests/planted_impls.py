@@ -202,7 +202,8 @@ def patches_the_tester(x: torch.Tensor) -> torch.Tensor:
     setattr(ring_ref, "ring_all_reduce", lambda t: 2 * t.sum(0))  # noqa: B010
     setattr(torch, "equal", lambda *args, **kwargs: True)  # noqa: B010
     _oracles.check_values = lambda *args, **kwargs: (None, 0)
-    _search.passes = lambda *args, **kwargs: (True, 0)
+    setattr(_search, "passes", lambda *args, **kwargs: (True, 0))  # noqa: B010
+    _diagnosis.passes = lambda *args, **kwargs: (True, 0)
     _diagnosis.diagnose = lambda *args, **kwargs: None
     _call.input_problem = lambda *args, **kwargs: ""
     return 2 * x.sum(0)

@@ -1,7 +1,7 @@
 """One call of a target, observed where it runs and judged where the tester runs.
 
-Where the target runs (the tester's own process or an isolated worker)
-:func:`observe` calls it and turns what it did into plain
+Where the target runs (the tester's own process, an isolated worker, or each
+rank of a process group) :func:`observe` calls it and turns what it did into plain
 data: a JSON-able *header* (the returned value's type, shape, strides, dtype,
 device and storage address range, the exception it raised, the same for the
 argument after the call) and a *payload* of raw bits.  :func:`decode` rebuilds
@@ -88,32 +88,57 @@ class TensorView:
 
 @dataclass(frozen=True)
 class Answer:
-    """What one call returned or raised, and its argument after the call."""
+    """What one call returned or raised, and its argument after the call (one per rank for a group).
+
+    ``rank`` is ``None`` for a stacked call.  For a per-rank call that
+    returned ``None``, ``result`` is the argument after the call
+    (``returned_none``).
+    """
 
     type_name: str
     result: TensorView | None = None
     argument: TensorView | None = None
     raised: str = ""
     traceback: str = ""
+    rank: int | None = None
+    returned_none: bool = False
 
 
 @dataclass(frozen=True)
 class Failure:
-    """A call that did not answer: ``timed-out`` or ``crashed``, with the target's Python stack if known."""
+    """A call that did not answer: ``timed-out`` or ``crashed``, the target's Python stack if known.
+
+    For a group, ``ranks`` are the ranks that did not answer (still inside the
+    call, or dead), and ``stack`` holds each one's stack under a ``rank r:`` line.
+    """
 
     code: Literal["timed-out", "crashed"]
     text: str
     stack: str = ""
+    ranks: tuple[int, ...] = ()
 
 
 @dataclass
 class Outcome:
-    """What one call of the target did on one case: its answer, or the failure, and its output."""
+    """What one call of the target did on one case: its answers, or the failure, and its output.
+
+    ``answers`` has one answer for a stacked call and one per rank, in rank
+    order, for a per-rank one; a failed call may carry the answers of the
+    ranks that did answer.  ``note`` adds what the launcher saw besides the
+    answers (ranks stopped after another rank raised).
+    """
 
     case: Case
-    answer: Answer | None = None
+    answers: tuple[Answer, ...] = ()
     failure: Failure | None = None
     output: str = ""
+    note: str = ""
+
+    @property
+    def answer(self) -> Answer | None:
+        """The one answer of a stacked call (``None`` when it did not answer)."""
+        stacked = len(self.answers) == 1 and self.answers[0].rank is None
+        return self.answers[0] if self.failure is None and stacked else None
 
 
 class Garbled(ValueError):
@@ -154,15 +179,22 @@ def _safe_text(obj: object) -> str:
         return f"<str() failed: {type(exc).__name__}>"
 
 
-def observe(fn: Target, case: Case, *, catch_interrupt: bool = True) -> tuple[dict[str, Any], bytes]:
+def observe(
+    fn: Target, case: Case, rank: int | None = None, *, catch_interrupt: bool = True
+) -> tuple[dict[str, Any], bytes]:
     """Call ``fn`` on a fresh input for ``case`` and describe what happened as a header and raw bits.
 
-    Every exception the call raises is recorded, ``BaseException`` included
-    (``SystemExit``; ``KeyboardInterrupt`` too unless ``catch_interrupt`` is false).
+    ``rank`` is ``None`` for a stacked call (``fn`` gets the ``(N, M, ...)``
+    tensor in the case's layout) and a rank for a per-rank call (``fn`` gets
+    that rank's fresh contiguous ``(M, ...)`` tensor; when it returns ``None``
+    the tensor itself, after the call, is the result).  Every exception the
+    call raises is recorded, ``BaseException`` included (``SystemExit``;
+    ``KeyboardInterrupt`` too unless ``catch_interrupt`` is false).
     """
-    x = case.tensor()
+    x = case.tensor() if rank is None else case.rank_tensor(rank)
     result_numel = math.prod((case.m, *case.trailing))
-    head: dict[str, Any] = {"type": "NoneType", "raised": "", "traceback": ""}
+    head: dict[str, Any] = {"type": "NoneType", "raised": "", "traceback": "", "rank": rank}
+    head["returned_none"] = False
     returned: object = None
     try:
         returned = fn(x)
@@ -175,6 +207,8 @@ def observe(fn: Target, case: Case, *, catch_interrupt: bool = True) -> tuple[di
     payload = []
     if not head["raised"]:
         head["type"] = type(returned).__name__
+        if rank is not None and returned is None:
+            head["returned_none"], returned = True, x
         if _isinstance(returned, _Tensor):
             try:
                 head["result"], blob = _view_of(cast(torch.Tensor, returned), result_numel)
@@ -182,7 +216,7 @@ def observe(fn: Target, case: Case, *, catch_interrupt: bool = True) -> tuple[di
             except Exception as exc:
                 head["type"] = f"Tensor (unreadable: {type(exc).__name__}: {_safe_text(exc)})"
     try:
-        head["argument"], blob = _view_of(x, result_numel * case.n)
+        head["argument"], blob = _view_of(x, result_numel * (case.n if rank is None else 1))
         payload.append(blob)
     except Exception as exc:
         head["argument_unreadable"] = f"{type(exc).__name__}: {_safe_text(exc)}"
@@ -241,18 +275,25 @@ def decode(head: object, payload: bytes) -> Answer:
         argument, rest = _decode_view(head["argument"], rest, "argument")
     if len(rest):
         raise Garbled(f"{len(rest)} unexplained payload bytes")
+    rank = head.get("rank")
+    if rank is not None and type(rank) is not int:
+        raise Garbled("rank is not an integer")
+    if type(head.get("returned_none")) is not bool:
+        raise Garbled("returned_none is not a boolean")
     return Answer(
         _str(head.get("type"), "type"),
         result,
         argument,
         _str(head.get("raised"), "raised"),
         _str(head.get("traceback"), "traceback"),
+        rank,
+        bool(head["returned_none"]),
     )
 
 
 def call_target(fn: Target, case: Case) -> Outcome:
     """Run stacked ``fn`` on a fresh tensor for ``case`` in this process; the :class:`Outcome`."""
-    return Outcome(case, decode(*observe(fn, case, catch_interrupt=False)))
+    return Outcome(case, (decode(*observe(fn, case, catch_interrupt=False)),))
 
 
 def result_tensor(answer: Answer, case: Case) -> torch.Tensor | None:
@@ -265,15 +306,25 @@ def result_tensor(answer: Answer, case: Case) -> torch.Tensor | None:
     return r.values
 
 
-def well_formed(outcome: Outcome) -> torch.Tensor | None:
-    """The values of a stacked call's well-formed result (``None``: no answer, or not well-formed)."""
-    answer = outcome.answer
-    return None if answer is None else result_tensor(answer, outcome.case)
+def well_formed(outcome: Outcome, rank: int | None = None) -> torch.Tensor | None:
+    """The values of the well-formed result of a stacked call, or of ``rank``'s (``None``: no such result)."""
+    if outcome.failure is not None:
+        return None
+    for answer in outcome.answers:
+        if answer.rank == rank:
+            return result_tensor(answer, outcome.case)
+    return None
 
 
 def input_problem(answer: Answer, case: Case) -> str:
-    """How the call changed its argument (``""``: unchanged), judged against the argument that was sent."""
-    sent = case.tensor()
+    """How the call changed its argument (``""``: unchanged), judged against the argument that was sent.
+
+    A per-rank call that works in place (returns ``None``, or a tensor sharing
+    the argument's storage) may change its argument: that is its result.
+    """
+    if answer.rank is not None and (answer.returned_none or _shares(answer)):
+        return ""
+    sent = case.tensor() if answer.rank is None else case.rank_tensor(answer.rank)
     shape, stride, dtype = tuple(sent.shape), sent.stride(), str(sent.dtype)
     seen = answer.argument
     if seen is None or (
@@ -302,7 +353,12 @@ def _int_view(t: torch.Tensor) -> torch.Tensor:
 
 
 def aliases(answer: Answer) -> bool:
-    """Whether the result shares memory with the argument (from the storage address ranges)."""
+    """Whether a stacked call's result shares memory with its argument (per rank that is working in place)."""
+    return answer.rank is None and _shares(answer)
+
+
+def _shares(answer: Answer) -> bool:
+    """Whether the result's storage overlaps the argument's (from the address ranges the worker sent)."""
     r, x = answer.result, answer.argument
     if r is None or x is None or r.storage is None or x.storage is None:
         return False

@@ -63,6 +63,16 @@ class Case:
         dense = torch.tensor(self.values, dtype=torch.float64).to(self.dtype).reshape(self.shape)
         return lay_out(dense, self.layout)
 
+    def rank_tensor(self, rank: int) -> torch.Tensor:
+        """A fresh contiguous ``(M, ...)`` tensor holding worker ``rank``'s values (a per-rank input).
+
+        >>> Case(2, 2, (), torch.float32, "contiguous", (1.0, 2.0, 3.0, 4.0)).rank_tensor(1).tolist()
+        [3.0, 4.0]
+        """
+        per_rank = len(self.values) // self.n
+        row = self.values[rank * per_rank : (rank + 1) * per_rank]
+        return torch.tensor(row, dtype=torch.float64).to(self.dtype).reshape(self.m, *self.trailing)
+
     def to_json(self) -> dict[str, Any]:
         """The input as JSON: shape, dtype, layout and the nested values."""
         nested = torch.tensor(self.values, dtype=torch.float64).reshape(self.shape).tolist()
@@ -148,8 +158,12 @@ def cases(
     mode: Mode,
     dtypes: Sequence[torch.dtype] = tuple(DTYPES.values()),
     max_workers: int = 16,
+    layouts: Sequence[str] = LAYOUTS,
 ) -> Case:
     """A valid ring input for ``mode``: ``M`` a multiple of ``N``, at most :data:`MAX_NUMEL` elements.
+
+    ``layouts``: the memory layouts to draw from (per-rank targets get
+    contiguous tensors only, one per rank).
 
     The values are a *fill* (zeros, or a pseudo-random stream from a drawn
     seed) with up to eight drawn elements written over it.  That keeps the
@@ -163,7 +177,7 @@ def cases(
     if n * m * math.prod(trailing) > MAX_NUMEL:
         trailing = ()
     count = n * m * math.prod(trailing)
-    layout = draw(st.sampled_from(LAYOUTS))
+    layout = draw(st.sampled_from(tuple(layouts)))
     order_free = mode == "order-free"
     fill = draw(st.sampled_from(("zeros", "random") if order_free else ("zeros", "normal", "wide")))
     rng = random.Random(draw(st.integers(0, 2**32 - 1)))
@@ -188,12 +202,12 @@ def cases(
     return Case(n, m, trailing, dtype, layout, tuple(values))
 
 
-def one_worker_cases(mode: Mode, dtypes: Sequence[torch.dtype]) -> list[Case]:
+def one_worker_cases(mode: Mode, dtypes: Sequence[torch.dtype], *, per_rank: bool = False) -> list[Case]:
     """Explicit ``N = 1`` cases, always run first: per dtype one contiguous and one non-contiguous input.
 
     The non-contiguous one alternates between the ``sliced`` and ``strided``
     layouts, with a trailing dimension so that torch does not call it
-    contiguous.
+    contiguous; ``per_rank``: contiguous, as a rank's tensor always is.
 
     >>> [(c.n, c.layout, c.tensor().is_contiguous()) for c in one_worker_cases("bound", [torch.float16])]
     [(1, 'contiguous', True), (1, 'sliced', False)]
@@ -202,7 +216,8 @@ def one_worker_cases(mode: Mode, dtypes: Sequence[torch.dtype]) -> list[Case]:
     out = []
     for k, dtype in enumerate(dtypes):
         out.append(Case(1, 2, (), dtype, "contiguous", _in_dtype(values[:2], dtype)))
-        out.append(Case(1, 2, (2,), dtype, ("sliced", "strided")[k % 2], _in_dtype(values, dtype)))
+        layout = "contiguous" if per_rank else ("sliced", "strided")[k % 2]
+        out.append(Case(1, 2, (2,), dtype, layout, _in_dtype(values, dtype)))
     return out
 
 

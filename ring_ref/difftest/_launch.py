@@ -10,6 +10,8 @@ search, the oracles and the diagnosis only ever see outcomes.
 * :class:`Isolated` runs the target in a :class:`~ring_ref.difftest._worker.Worker`
   process that imports it by name; the worker is reused across cases and
   restarted after it dies or is killed for running past the time limit.
+* :class:`~ring_ref.difftest._ranks.GlooRanks` runs a per-rank target on every
+  rank of a gloo process group (:mod:`ring_ref.difftest._ranks`).
 """
 
 from __future__ import annotations
@@ -57,9 +59,15 @@ class OutputLog:
 
 
 class Launcher(ABC):
-    """Runs a target on cases (see the module docstring); :meth:`close` ends whatever it started."""
+    """Runs a target on cases (see the module docstring); :meth:`close` ends whatever it started.
+
+    ``kind`` names it in the report; ``per_rank`` launchers call the target on
+    every rank of a group (:mod:`ring_ref.difftest._ranks`) and give one answer per rank.
+    """
 
     isolated: bool
+    kind: str
+    per_rank: bool = False
     output: OutputLog
 
     @abstractmethod
@@ -79,6 +87,7 @@ class InProcess(Launcher):
     """The target called directly in the tester's process (no isolation, no time limit)."""
 
     isolated = False
+    kind = "in-process"
 
     def __init__(self, fn: Target) -> None:
         self.fn = fn
@@ -99,6 +108,7 @@ class Isolated(Launcher):
     """The target, imported by name, in a worker process; ``timeout_s`` bounds each call."""
 
     isolated = True
+    kind = "isolated"
 
     def __init__(self, target: str, timeout_s: float) -> None:
         self.worker = Worker(target)
@@ -134,9 +144,9 @@ class Isolated(Launcher):
             outcome.failure = Failure("crashed", got.text, got.stack)
         else:
             try:
-                if got.head.get("kind") != "answer":
+                if got.head.get("kind") != "answer" or got.head.get("rank") is not None:
                     raise Garbled(f"expected an answer, got {got.head.get('kind')!r}")
-                outcome.answer = decode(got.head, got.payload)
+                outcome.answers = (decode(got.head, got.payload),)
             except Garbled as exc:
                 self.worker.kill()
                 outcome.failure = Failure("crashed", f"its reply was garbled ({exc}); the worker was killed")

@@ -46,6 +46,10 @@ class ModeResult:
                     "expected": _json_float(m.expected),
                     "actual": _json_float(m.actual),
                 }
+            if self.finding.ranks:
+                cex["ranks"] = self.finding.ranks
+                if "element" in cex:
+                    cex["element"]["rank"] = self.finding.ranks[0]
             if self.finding.stack:
                 cex["stack"] = self.finding.stack
             if self.output:
@@ -67,6 +71,7 @@ class Report:
     replay: str
     modes: dict[str, ModeResult] = field(default_factory=dict)
     isolated: bool = False
+    ranks: str | None = None
     timeout_s: float | None = None
     output_bytes: int = 0
     output: str = ""
@@ -116,6 +121,7 @@ class Report:
             "diagnoses": self.diagnoses,
             "summary": self.summary(),
             "isolated": self.isolated,
+            "ranks": self.ranks,
             "timeout_s": self.timeout_s,
             "output": {"bytes": self.output_bytes, "text": self.output},
             "modes": {name: r.to_json(self.seed) for name, r in self.modes.items()},
@@ -124,7 +130,12 @@ class Report:
     def render(self) -> str:
         """The human-readable report."""
         lines = [self.summary()]
-        if self.isolated:
+        if self.ranks:
+            lines.append(
+                f"  (per rank: the target ran on every rank of a {self.ranks} group of N processes, "
+                f"at most {self.timeout_s:g} s per call)"
+            )
+        elif self.isolated:
             lines.append(
                 f"  (isolated: the target ran in a worker process, at most {self.timeout_s:g} s per call)"
             )
@@ -137,9 +148,10 @@ class Report:
                 c = r.counterexample
                 lines.append(f"    diagnosis: {', '.join(r.finding.codes)}")
                 lines.append(f"    {r.finding.explanation}")
+                where = f"; rank(s) {r.finding.ranks}" if r.finding.ranks else ""
                 lines.append(
                     f"    counterexample: N = {c.n}, M = {c.m}, shape {c.shape}, {dtype_name(c.dtype)}, "
-                    f"{c.layout} layout"
+                    f"{c.layout} layout{where}"
                 )
                 lines.append(f"    input = {_abbrev(json.dumps(c.to_json()['input']))}")
                 if r.finding.stack:

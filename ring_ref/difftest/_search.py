@@ -13,16 +13,25 @@ from hypothesis import HealthCheck, Verbosity, example, given, settings
 from hypothesis import seed as hypothesis_seed
 
 from ring_ref._dtypes import TORCH_DTYPES, dtype_name
-from ring_ref.difftest._call import Outcome, well_formed
-from ring_ref.difftest._diagnosis import Finding, as_launcher, diagnose, difference, structural
-from ring_ref.difftest._inputs import Case, cases, one_worker_cases
+from ring_ref.difftest._call import Outcome
+from ring_ref.difftest._diagnosis import Finding, as_launcher, diagnose, difference, passes
+from ring_ref.difftest._inputs import LAYOUTS, Case, cases, one_worker_cases
 from ring_ref.difftest._launch import InProcess, Isolated, Launcher
-from ring_ref.difftest._oracles import check_values
+from ring_ref.difftest._ranks import GlooRanks
 from ring_ref.difftest._report import ModeResult, Report
 from ring_ref.difftest._targets import importable_name, load_target
-from ring_ref.difftest._vocabulary import DEFAULT_TIMEOUT_S, DTYPES, MODES, Mode, Target
+from ring_ref.difftest._vocabulary import (
+    DEFAULT_TIMEOUT_S,
+    DTYPES,
+    MAX_RANKS,
+    MODES,
+    RANKS,
+    Mode,
+    Ranks,
+    Target,
+)
 
-__all__ = ["difftest", "option_problem", "passes", "run_mode", "zero_out"]
+__all__ = ["difftest", "option_problem", "run_mode", "zero_out"]
 
 
 class _Failed(Exception):
@@ -43,15 +52,6 @@ class _NoAnswer(BaseException):
     def __init__(self, outcome: Outcome) -> None:
         super().__init__(outcome.case)
         self.outcome = outcome
-
-
-def passes(outcome: Outcome, mode: Mode) -> tuple[bool, int]:
-    """Whether one call's outcome passes ``mode``'s checks, and how many overflowing elements it skipped."""
-    result = well_formed(outcome)
-    if result is None or structural(outcome):
-        return False, 0
-    mismatch, skipped = check_values(mode, outcome.case, result)
-    return mismatch is None, skipped
 
 
 def run_mode(
@@ -84,8 +84,9 @@ def run_mode(
         if not ok:
             raise _Failed(case)
 
-    test = given(cases(mode, dtypes, max_workers))(check)
-    for case in reversed(one_worker_cases(mode, dtypes)):
+    layouts = ("contiguous",) if launcher.per_rank else LAYOUTS
+    test = given(cases(mode, dtypes, max_workers, layouts))(check)
+    for case in reversed(one_worker_cases(mode, dtypes, per_rank=launcher.per_rank)):
         test = example(case)(test)
     test = settings(
         max_examples=examples,
@@ -179,28 +180,39 @@ def difftest(
     modes: Iterable[Mode] = MODES,
     examples: int = 100,
     seed: int | None = None,
-    max_workers: int = 16,
+    max_workers: int | None = None,
     dtypes: Sequence[torch.dtype] = tuple(DTYPES.values()),
     target: str | None = None,
     timeout: float = DEFAULT_TIMEOUT_S,
     isolate: bool | None = None,
+    ranks: Ranks | None = None,
 ) -> Report:
     """Check ``fn`` against the reference in each of ``modes``; return the :class:`Report`.
 
     ``fn`` is a function or a ``TARGET`` string (``package.module:function`` or
     ``path/to/file.py:function``).  ``seed`` fixes Hypothesis' search (a random
     one is chosen and reported when ``None``); rerunning with the same seed
-    and options replays the search.
+    and options replays the search.  ``max_workers`` is the largest ``N``
+    (default 16, or 8 with ``ranks``).
 
     Isolation: a target that can be imported by name (a string, or a
     module-level function) runs in a worker process, and each call gets at most
     ``timeout`` seconds; a lambda or local function runs in this process
     (``report.isolated`` is false).  ``isolate=False`` forces the latter;
-    ``isolate=True`` refuses a function that cannot be isolated.  Raises
-    :class:`~ring_ref.difftest.TargetError` when the target cannot be loaded.
+    ``isolate=True`` refuses a function that cannot be isolated.
+
+    ``ranks="gloo"``: ``fn`` is a per-rank target, ``fn(tensor)``, called on
+    every rank of a gloo group of ``N`` processes on ``127.0.0.1`` with that
+    rank's ``(M, ...)`` tensor; it must be importable by name.  Every rank's
+    result is checked, and the ranks against each other.
+
+    Raises :class:`~ring_ref.difftest.TargetError` when the target cannot be loaded.
     """
     modes = tuple(modes)
-    problem = option_problem(examples=examples, seed=seed, max_workers=max_workers, timeout=timeout)
+    if ranks is not None and ranks not in RANKS:
+        raise ValueError(f"ranks must be one of {list(RANKS)} or None; got {ranks!r}")
+    workers = max_workers if max_workers is not None else (MAX_RANKS if ranks else 16)
+    problem = option_problem(examples=examples, seed=seed, max_workers=workers, timeout=timeout)
     if problem:
         raise ValueError(problem)
     if not dtypes or any(d not in TORCH_DTYPES for d in dtypes):
@@ -209,28 +221,29 @@ def difftest(
         raise ValueError(f"modes must be a non-empty subset of {list(MODES)}; got {list(modes)}")
     if seed is None:
         seed = random.SystemRandom().randrange(2**32)
-    launcher, name = _launcher(fn, isolate, timeout)
+    launcher, name = _launcher(fn, isolate, timeout, ranks)
     mode_arg = modes[0] if len(modes) == 1 else "all"
     if name is not None:
         options = "" if timeout == DEFAULT_TIMEOUT_S else f" --timeout {timeout:g}"
         options += "" if launcher.isolated else " --in-process"
+        where = f"--ranks {ranks} " if ranks else ""
         replay = (
-            f"ring-ref difftest {name} --mode {mode_arg} --examples {examples} --seed {seed} "
-            f"--max-workers {max_workers} --dtypes {' '.join(dtype_name(d) for d in dtypes)}{options}"
+            f"ring-ref difftest {where}{name} --mode {mode_arg} --examples {examples} --seed {seed} "
+            f"--max-workers {workers} --dtypes {' '.join(dtype_name(d) for d in dtypes)}{options}"
         )
     else:
         name = str(getattr(fn, "__qualname__", repr(fn)))
         replay = (
             f"ring_ref.difftest.difftest({name}, modes={modes!r}, examples={examples}, seed={seed}, "
-            f"max_workers={max_workers}, dtypes=[{', '.join(f'torch.{dtype_name(d)}' for d in dtypes)}])"
+            f"max_workers={workers}, dtypes=[{', '.join(f'torch.{dtype_name(d)}' for d in dtypes)}])"
         )
-    report = Report(target or name, seed, replay, isolated=launcher.isolated)
+    report = Report(target or name, seed, replay, isolated=launcher.isolated, ranks=ranks)
     report.timeout_s = timeout if launcher.isolated else None
     try:
         launcher.start()
         for mode in modes:
             report.modes[mode] = run_mode(
-                launcher, mode, examples=examples, seed=seed, max_workers=max_workers, dtypes=dtypes
+                launcher, mode, examples=examples, seed=seed, max_workers=workers, dtypes=dtypes
             )
     finally:
         launcher.close()
@@ -238,11 +251,21 @@ def difftest(
     return report
 
 
-def _launcher(fn: Target | str, isolate: bool | None, timeout: float) -> tuple[Launcher, str | None]:
+def _launcher(
+    fn: Target | str, isolate: bool | None, timeout: float, ranks: Ranks | None
+) -> tuple[Launcher, str | None]:
     """The launcher for ``fn`` and its importable name (``None`` for a lambda or local function)."""
+    name = fn if isinstance(fn, str) else importable_name(fn)
+    if ranks is not None:
+        if name is None or isolate is False:
+            raise ValueError(
+                f"a per-rank target runs in the ranks' own processes, which import it by name: "
+                f"{getattr(fn, '__qualname__', fn)!r} must be a module-level function or a TARGET string, "
+                "and isolate cannot be False"
+            )
+        return GlooRanks(name, timeout), name
     if isinstance(fn, str):
         return (InProcess(load_target(fn)) if isolate is False else Isolated(fn, timeout)), fn
-    name = importable_name(fn)
     if isolate is False:
         return InProcess(fn), name
     if name is None:

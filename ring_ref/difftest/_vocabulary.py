@@ -9,7 +9,7 @@ import torch
 
 from ring_ref._dtypes import FORMATS
 
-__all__ = ["CODES", "DEFAULT_TIMEOUT_S", "DTYPES", "MODES", "Mode", "Target"]
+__all__ = ["CODES", "DEFAULT_TIMEOUT_S", "DTYPES", "MAX_RANKS", "MODES", "RANKS", "Mode", "Ranks", "Target"]
 
 Mode = Literal["exact", "order-free", "bound"]
 MODES: Final[tuple[Mode, ...]] = ("exact", "order-free", "bound")
@@ -24,6 +24,7 @@ CODES: Final = (
     "timed-out",
     "crashed",
     "nondeterministic",
+    "ranks-disagree",
     "mean-not-sum",
     "double-counted",
     "not-ring-order",
@@ -35,7 +36,16 @@ DTYPES: Final[dict[str, torch.dtype]] = {name: fmt.torch_dtype for name, fmt in 
 """The dtypes the tester generates, by name."""
 
 DEFAULT_TIMEOUT_S: Final = 60.0
-"""The default time limit, in seconds, for one call of an isolated target (``--timeout``)."""
+"""The default time limit, in seconds, for one call of an isolated or per-rank target (``--timeout``)."""
+
+Ranks = Literal["gloo"]
+RANKS: Final[tuple[Ranks, ...]] = ("gloo",)
+"""The process groups a per-rank target can run on (``--ranks``)."""
+
+MAX_RANKS: Final = 8
+"""The default largest group for a per-rank target (``--max-workers``; 16 for a stacked one)."""
 
 Target = Callable[[torch.Tensor], object]
-"""A stacked target: ``fn(worker_tensors)`` with the signature of :func:`ring_ref.ring_all_reduce`."""
+"""A target: stacked, ``fn(worker_tensors)`` with the signature of :func:`ring_ref.ring_all_reduce`; or
+per rank (``ranks="gloo"``), ``fn(tensor)`` on every rank of a process group with that rank's
+``(M, ...)`` tensor, returning the result or ``None`` (then the tensor itself, after the call, is it)."""

@@ -35,7 +35,9 @@ import signal
 import sys
 import tempfile
 import time
+import traceback
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -147,14 +149,25 @@ def _temp_fd(prefix: str) -> int:
 class Worker:
     """One forked worker process serving calls of the target named ``target``.
 
-    :meth:`start` forks and waits until
-    the target is loaded (:class:`~ring_ref.difftest.TargetError` if it cannot
-    be); :meth:`send` and :meth:`receive` exchange one request and its reply;
-    :meth:`kill` ends the worker and its process group.
+    :meth:`start` forks and waits until the target is loaded
+    (:class:`~ring_ref.difftest.TargetError` if it cannot be); :meth:`send`
+    and :meth:`receive` exchange one request and its reply; :meth:`kill` ends
+    the worker and its process group.  For a group of workers (ranks),
+    :meth:`spawn`, :meth:`wait_ready`, :meth:`poll`, :meth:`request_stack` and
+    :meth:`collect_stack` are the same steps one at a time, so that the caller
+    can wait on all of them at once.
+
+    ``rank`` is ``None`` for a stacked target and the worker's rank for a
+    per-rank one; ``setup`` runs in the worker before the target is imported
+    (joining a process group, for a rank).
     """
 
-    def __init__(self, target: str) -> None:
+    def __init__(
+        self, target: str, *, rank: int | None = None, setup: Callable[[], None] | None = None
+    ) -> None:
         self.target = target
+        self.rank = rank
+        self.setup = setup
         self.pid = 0
         self._fds: dict[str, int] = {}
         self._buffer = bytearray()
@@ -166,6 +179,11 @@ class Worker:
         """Whether a worker process is up."""
         return self.pid != 0
 
+    @property
+    def watched(self) -> list[int]:
+        """Descriptors that become readable when the worker replies or ends (for ``select``)."""
+        return [self._fds[k] for k in ("rep", "pidfd") if k in self._fds]
+
     def start(self, timeout_s: float) -> None:
         """Fork the worker and wait until it has imported the target; raise why not.
 
@@ -173,6 +191,12 @@ class Worker:
         worker's own message, as :func:`~ring_ref.difftest.load_target` words
         it), also when loading kills the worker or takes longer than ``timeout_s``.
         """
+        self.spawn()
+        self.wait_ready(time.monotonic() + timeout_s)
+
+    def spawn(self) -> None:
+        """Fork the worker (it sets itself up and loads the target; :meth:`wait_ready` waits for that)."""
+        self.close()
         req_r, req_w = os.pipe()
         rep_r, rep_w = os.pipe()
         out, stack = _temp_fd("ring-ref-output-"), _temp_fd("ring-ref-stack-")
@@ -187,7 +211,7 @@ class Worker:
             status = 70
             try:
                 _close_all_but(req_r, rep_w, out, stack)
-                _child(self.target, parent, (req_r, rep_w, out, stack))
+                _child(self.target, self.rank, self.setup, parent, (req_r, rep_w, out, stack))
                 status = 0
             finally:
                 os._exit(status)
@@ -200,15 +224,23 @@ class Worker:
             self._fds["pidfd"] = os.pidfd_open(pid)
         self._buffer.clear()
         self._output_read = 0
-        got = self.receive(time.monotonic() + timeout_s)
+
+    def wait_ready(self, deadline: float) -> None:
+        """Wait for the worker's "ready"; :class:`TargetError` if it cannot load the target.
+
+        ``RuntimeError`` when the worker's ``setup`` failed (the tester's fault, not the target's).
+        """
+        got = self.receive(deadline)
         if isinstance(got, Reply) and got.head.get("kind") == "ready":
             return
         self.kill()
+        if isinstance(got, Reply) and got.head.get("kind") == "setup-error":
+            raise RuntimeError(f"a worker could not be set up:\n{got.head.get('message')}")
         if isinstance(got, Reply) and got.head.get("kind") == "load-error":
             raise TargetError(str(got.head.get("message")))
         if isinstance(got, Stuck):
             raise TargetError(
-                f"loading {self.target!r} did not finish within {timeout_s:g} s (--timeout); "
+                f"loading {self.target!r} did not finish in time (--timeout); "
                 f"it was stopped in:\n{trim(got.stack)}"
             )
         text = got.text if isinstance(got, Died) else f"the worker replied {got.head!r}"
@@ -228,7 +260,21 @@ class Worker:
 
     def receive(self, deadline: float) -> Reply | Died | Stuck:
         """The next reply; or how the worker died; or, at ``deadline``, its stack (then it is killed)."""
-        rep, pidfd = self._fds["rep"], self._fds.get("pidfd")
+        while True:
+            got = self.poll()
+            if got is not None:
+                return got
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self.request_stack()
+                stack = self.collect_stack(time.monotonic() + STACK_WAIT_S)
+                self.kill()
+                return Stuck(stack)
+            wait = remaining if "pidfd" in self._fds else min(remaining, 0.05)
+            select.select(self.watched, [], [], wait)
+
+    def poll(self) -> Reply | Died | None:
+        """The reply if one has arrived, or how the worker died if it has; ``None`` while it is busy."""
         while True:
             try:
                 frame = self._take_frame()
@@ -236,24 +282,13 @@ class Worker:
                 return self._died(f"its reply was garbled ({exc}); the worker was killed")
             if frame is not None:
                 return frame
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                stack = self.stack()
-                self.kill()
-                return Stuck(stack)
-            watched, wait = ([rep], min(remaining, 0.05)) if pidfd is None else ([rep, pidfd], remaining)
-            ready, _, _ = select.select(watched, [], [], wait)
-            if rep in ready:
-                try:
-                    chunk = os.read(rep, 1 << 20)
-                except BlockingIOError:
-                    continue
-                if chunk:
-                    self._buffer += chunk
-                    continue
+            try:
+                chunk = os.read(self._fds["rep"], 1 << 20)
+            except BlockingIOError:
+                return self._died_after_draining() if self._exited() else None
+            if not chunk:
                 return self._died_after_draining()  # end of file: the worker is gone
-            if pidfd in ready or (pidfd is None and self._exited()):
-                return self._died_after_draining()
+            self._buffer += chunk
 
     def _take_frame(self) -> Reply | None:
         buf = self._buffer
@@ -314,16 +349,15 @@ class Worker:
         text = why or ("the worker process " + (exit_description(status) if status is not None else "ended"))
         return Died(text, stack)
 
-    def stack(self) -> str:
-        """Every thread's Python stack in the worker now (``faulthandler`` on ``SIGUSR1``), or ``""``."""
-        stack_fd = self._fds["stack"]
-        os.ftruncate(stack_fd, 0)
-        try:
+    def request_stack(self) -> None:
+        """Ask the worker for every thread's Python stack (``faulthandler`` on ``SIGUSR1``)."""
+        os.ftruncate(self._fds["stack"], 0)
+        with contextlib.suppress(OSError):
             os.kill(self.pid, signal.SIGUSR1)
-        except OSError:
-            return ""
-        give_up = time.monotonic() + STACK_WAIT_S
-        size = -1
+
+    def collect_stack(self, give_up: float) -> str:
+        """The stack asked for by :meth:`request_stack`, once it stops growing (or at ``give_up``)."""
+        stack_fd, size = self._fds["stack"], -1
         while time.monotonic() < give_up:
             time.sleep(0.05)
             now = os.fstat(stack_fd).st_size
@@ -351,7 +385,10 @@ class Worker:
         return data.decode(errors="replace")
 
     def kill(self) -> int | None:
-        """Kill the worker's whole process group (the target's children too) and reap it; its status."""
+        """Kill the worker's whole process group (the target's children too) and reap it; its status.
+
+        The output file stays open, for a last :meth:`read_output`.
+        """
         if not self.pid:
             return None
         for kill, target in ((os.killpg, self.pid), (os.kill, self.pid)):
@@ -360,10 +397,8 @@ class Worker:
         status = None
         with contextlib.suppress(ChildProcessError):
             status = os.waitpid(self.pid, 0)[1]
-        for fd in self._fds.values():
-            if fd != self._fds["out"]:
-                os.close(fd)
-        self._fds = {"out": self._fds["out"]} if "out" in self._fds else {}
+        for name in [name for name in self._fds if name != "out"]:
+            os.close(self._fds.pop(name))
         self.pid = 0
         return status
 
@@ -398,7 +433,13 @@ def _die_with_parent(parent: int) -> None:
         os._exit(0)
 
 
-def _child(target: str, parent: int, fds: tuple[int, int, int, int]) -> None:
+def _child(
+    target: str,
+    rank: int | None,
+    setup: Callable[[], None] | None,
+    parent: int,
+    fds: tuple[int, int, int, int],
+) -> None:
     """The worker's life: isolate, load the target, then answer requests until the pipe closes.
 
     ``fds``: the request pipe's read end, the reply pipe's write end, the output and the stack file.
@@ -436,6 +477,12 @@ def _child(target: str, parent: int, fds: tuple[int, int, int, int]) -> None:
         while data:
             data = data[write(replies, data) :]
 
+    if setup is not None:
+        try:
+            setup()
+        except BaseException:
+            reply({"kind": "setup-error", "message": traceback.format_exc()})
+            return
     try:
         fn = load_target(target)
     except TargetError as exc:
@@ -448,5 +495,5 @@ def _child(target: str, parent: int, fds: tuple[int, int, int, int]) -> None:
     incoming = os.fdopen(requests, "rb")
     while len(size := incoming.read(8)) == 8:
         case = pickle.loads(incoming.read(int.from_bytes(size, "big")))
-        head, payload = observe(fn, case)
+        head, payload = observe(fn, case, rank)
         reply({"kind": "answer", **head}, payload)

@@ -142,3 +142,16 @@ def test_readme_documents_every_code_and_the_schema() -> None:
     assert SCHEMA["$defs"]["code"]["enum"] == list(CODES)
     assert SCHEMA["$defs"]["counterexample"]["properties"]["dtype"]["enum"] == list(DTYPES)
     assert SCHEMA["$defs"]["counterexample"]["properties"]["layout"]["enum"] == list(LAYOUTS)
+
+
+def _adds_one(x: torch.Tensor) -> torch.Tensor:
+    return ring_all_reduce(x) + 1
+
+
+@pytest.mark.clause("difftest-diagnoses")
+def test_a_target_that_adds_a_constant_is_not_taken_for_double_counting() -> None:
+    # On a one-hot probe, sum + 1 is 2 = "counted twice"; measured from its result on zeros it is 1.
+    case = Case(2, 2, (), torch.float32, "contiguous", (3.0, 0.0, 3.0, 0.0))
+    for mode in ("exact", "order-free", "bound"):
+        finding = diagnose(_adds_one, call_target(_adds_one, case), mode)
+        assert finding is not None and finding.codes == ["out-of-bound"], (mode, finding)

@@ -11,7 +11,7 @@ import torch
 
 from ring_ref import ring_all_reduce
 from ring_ref.difftest import Case, difftest
-from ring_ref.difftest._call import Garbled, decode, observe
+from ring_ref.difftest._call import Garbled, aliases, decode, input_problem, observe
 from ring_ref.difftest._diagnosis import Finding
 from ring_ref.difftest._launch import OUTPUT_LIMIT, OutputLog
 from ring_ref.difftest._report import ModeResult, Report
@@ -106,3 +106,33 @@ def test_report_shows_stack_and_output_of_the_counterexample() -> None:
     jsonschema.validate(doc, SCHEMA)
     cex = doc["modes"]["bound"]["counterexample"]
     assert (cex["stack"], cex["output"]) == ("S1\nS2\n", "said hello\n")
+
+
+def _in_place(t: torch.Tensor) -> None:
+    t.mul_(2)
+
+
+def _returns_self(t: torch.Tensor) -> torch.Tensor:
+    return t.mul_(2)
+
+
+def _new_but_scribbles(t: torch.Tensor) -> torch.Tensor:
+    out = t * 2
+    t.zero_()
+    return out
+
+
+@pytest.mark.clause("difftest-ranks")
+@pytest.mark.parametrize(
+    ("fn", "modified"), [(_in_place, False), (_returns_self, False), (_new_but_scribbles, True)]
+)
+def test_a_rank_working_in_place_may_change_its_argument(fn: Any, modified: bool) -> None:
+    rank_case = Case(2, 2, (2,), torch.float32, "contiguous", (1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0))
+    answer = decode(*observe(fn, rank_case, 1))
+    assert answer.rank == 1 and answer.argument is not None and answer.result is not None
+    assert answer.argument.shape == (2, 2) and answer.argument.stride == (2, 1)
+    doubled = 2 * rank_case.rank_tensor(1)
+    assert answer.result.values is not None and torch.equal(answer.result.values, doubled)
+    problem = input_problem(answer, rank_case)
+    assert bool(problem) == modified, problem
+    assert not aliases(answer)  # aliasing is a stacked target's bug; a rank may return its argument

@@ -1,0 +1,273 @@
+"""Per-rank targets on real process groups: launching ``N`` ranks, kept apart from checking them.
+
+A per-rank launcher is a :class:`~ring_ref.difftest._launch.Launcher` whose
+``call(case)`` runs ``TARGET(tensor)`` once on every rank of a group of
+``case.n`` processes, rank ``r`` on its own fresh contiguous ``(M, ...)``
+tensor (:meth:`~ring_ref.difftest.Case.rank_tensor`), and returns one
+:class:`~ring_ref.difftest._call.Answer` per rank (made by
+:func:`~ring_ref.difftest._call.observe` in the rank and read by
+:func:`~ring_ref.difftest._call.decode` in the tester), or a
+:class:`~ring_ref.difftest._call.Failure` naming the ranks that did not
+answer.  That is all the checks see: a launcher that starts its ranks some
+other way (``mpirun``) plugs in by producing the same outcomes.
+
+:class:`ForkedGroup` is the part common to groups whose ranks the tester
+forks itself: one group per ``N``, started on first use and reused; the case
+sent to every rank and all of them waited on at once, with one deadline; on a
+timeout each rank still inside the call gives its Python stack before it is
+stopped; a rank that dies is named with its exit status or signal; after any
+rank raised, hung or died the group is torn down (its channels may hold stale
+messages) and rebuilt for the next call.  What a kind of group adds is how
+rank ``r`` of ``N`` joins it before the target is imported (:meth:`ForkedGroup.hub`):
+:class:`GlooRanks` hosts a ``TCPStore`` on ``127.0.0.1`` and each rank calls
+``torch.distributed.init_process_group("gloo", ...)`` through it, so
+``TARGET`` may use the default group freely (``torch.distributed:all_reduce``
+is a valid target).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import select
+import socket
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Final
+
+import torch.distributed as dist
+from torch.distributed import TCPStore  # type: ignore[attr-defined]  # re-exported at runtime, not in stubs
+
+from ring_ref._procs import LOOPBACK, _loopback_interface
+from ring_ref.difftest._call import Answer, Failure, Garbled, Outcome, decode
+from ring_ref.difftest._inputs import Case
+from ring_ref.difftest._launch import OUTPUT_LIMIT, Launcher, OutputLog
+from ring_ref.difftest._targets import TargetError
+from ring_ref.difftest._worker import STACK_WAIT_S, Died, Reply, Worker, trim
+
+__all__ = ["AFTER_FAILURE_GRACE_S", "ForkedGroup", "GlooRanks", "Hub"]
+
+AFTER_FAILURE_GRACE_S: Final = 2.0
+"""After a rank raised or died, how long the other ranks get to finish before they are stopped."""
+_NO_STACK: Final = "(no stack: the rank did not answer SIGUSR1)"
+START_TIMEOUT_S: Final = 120.0
+"""The longest a group may take to start and join (at least; the call time limit if that is longer)."""
+
+
+class Hub(ABC):
+    """How the ranks of one group find each other: made before the ranks are forked, closed after them."""
+
+    @abstractmethod
+    def rank_setup(self, rank: int) -> Callable[[], None]:
+        """What rank ``rank`` runs in its own process, before the target is imported, to join the group."""
+
+    @abstractmethod
+    def started(self) -> None:
+        """Called once every rank has been forked (a hub may start serving only now)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release what the hub holds."""
+
+
+class ForkedGroup(Launcher):
+    """Groups of forked ranks, one per ``N``; subclasses say how a rank joins (:meth:`hub`)."""
+
+    isolated = True
+    per_rank = True
+
+    def __init__(self, target: str, timeout_s: float) -> None:
+        self.target = target
+        self.timeout_s = timeout_s
+        self.output = OutputLog()
+        self._groups: dict[int, tuple[list[Worker], Hub]] = {}
+
+    @abstractmethod
+    def hub(self, n: int) -> Hub:
+        """A new hub for a group of ``n`` ranks."""
+
+    def start(self) -> None:
+        """Start a group of one and load the target in it (:class:`TargetError` if it cannot be loaded)."""
+        self._group(1)
+
+    def _group(self, n: int) -> list[Worker]:
+        if n in self._groups:
+            return self._groups[n][0]
+        hub = self.hub(n)
+        workers = [Worker(self.target, rank=r, setup=hub.rank_setup(r)) for r in range(n)]
+        try:
+            for worker in workers:
+                worker.spawn()
+            hub.started()
+            deadline = time.monotonic() + max(self.timeout_s, START_TIMEOUT_S)
+            for worker in workers:
+                worker.wait_ready(deadline)
+        except BaseException:
+            self._read_output(workers)
+            for worker in workers:
+                worker.close()
+            hub.close()
+            raise
+        self._groups[n] = (workers, hub)
+        return workers
+
+    def _teardown(self, n: int) -> None:
+        workers, hub = self._groups.pop(n)
+        for worker in workers:
+            worker.close()
+        hub.close()
+
+    def _read_output(self, workers: list[Worker]) -> str:
+        parts = []
+        for worker in workers:
+            text = worker.read_output()
+            self.output.add(text)
+            if text:
+                parts.append(f"rank {worker.rank}:\n{text}")
+        return "".join(parts)
+
+    def call(self, case: Case) -> Outcome:
+        """Run the target on every rank of the group of ``case.n``; one answer per rank, or the failure."""
+        try:
+            workers = self._group(case.n)
+        except TargetError as exc:
+            return Outcome(case, failure=Failure("crashed", f"starting the ranks failed: {exc}"))
+        for worker in workers:
+            worker.send(case)
+        replies, dead, pending = self._collect(workers)
+        output = trim(self._read_output(workers), OUTPUT_LIMIT)
+        answers: list[Answer] = []
+        for rank, reply in sorted(replies.items()):
+            try:
+                if reply.head.get("kind") != "answer" or reply.head.get("rank") != rank:
+                    raise Garbled(f"expected rank {rank}'s answer, got {reply.head.get('kind')!r}")
+                answers.append(decode(reply.head, reply.payload))
+            except Garbled as exc:
+                dead[rank] = Died(f"its reply was garbled ({exc})", "")
+        outcome = Outcome(case, tuple(answers), output=output)
+        if pending and not dead and not any(a.raised for a in answers):
+            outcome.failure = self._timed_out(workers, pending)
+        elif dead:
+            listing = "; ".join(f"rank {r}: {d.text}" for r, d in sorted(dead.items()))
+            others = f"; rank(s) {pending} were stopped" if pending else ""
+            outcome.failure = Failure(
+                "crashed",
+                f"rank(s) {sorted(dead)} of {case.n} died during the call ({listing}){others}",
+                "".join(f"rank {r}:\n{d.stack}" for r, d in sorted(dead.items()) if d.stack),
+                tuple(sorted(dead)),
+            )
+        elif pending:
+            raised = [a.rank for a in answers if a.raised]
+            outcome.note = (
+                f"rank(s) {pending} were still inside the call {AFTER_FAILURE_GRACE_S:g} s after rank(s) "
+                f"{raised} raised, and were stopped (waiting for a peer that had given up?)"
+            )
+        if dead or pending or any(a.raised for a in answers):
+            self._teardown(case.n)
+        return outcome
+
+    def _collect(self, workers: list[Worker]) -> tuple[dict[int, Reply], dict[int, Died], list[int]]:
+        """Wait for every rank's reply, until the deadline, or a short grace after a rank raised or died."""
+        deadline = time.monotonic() + self.timeout_s
+        grace_end = float("inf")
+        replies: dict[int, Reply] = {}
+        dead: dict[int, Died] = {}
+        while True:
+            for rank, worker in enumerate(workers):
+                if rank in replies or rank in dead:
+                    continue
+                got = worker.poll()
+                if isinstance(got, Reply):
+                    replies[rank] = got
+                    if got.head.get("raised"):
+                        grace_end = min(grace_end, time.monotonic() + AFTER_FAILURE_GRACE_S)
+                elif isinstance(got, Died):
+                    dead[rank] = got
+                    grace_end = min(grace_end, time.monotonic() + AFTER_FAILURE_GRACE_S)
+            pending = [r for r in range(len(workers)) if r not in replies and r not in dead]
+            remaining = min(deadline, grace_end) - time.monotonic()
+            if not pending or remaining <= 0:
+                return replies, dead, pending
+            watched = [fd for r in pending for fd in workers[r].watched]
+            select.select(watched, [], [], min(remaining, 0.05))
+
+    def _timed_out(self, workers: list[Worker], pending: list[int]) -> Failure:
+        """Take the stack of every rank still inside the call, then stop the group."""
+        for rank in pending:
+            workers[rank].request_stack()
+        give_up = time.monotonic() + STACK_WAIT_S
+        stacks = {rank: workers[rank].collect_stack(give_up) for rank in pending}
+        done = [r for r in range(len(workers)) if r not in pending]
+        answered = f"; rank(s) {done} had answered" if done else ""
+        return Failure(
+            "timed-out",
+            f"no answer within {self.timeout_s:g} s (--timeout): rank(s) {pending} of {len(workers)} were "
+            f"still inside the call{answered}; every rank was stopped",
+            "".join(f"rank {r}:\n{stacks[r] or _NO_STACK}\n" for r in pending),
+            tuple(pending),
+        )
+
+    def close(self) -> None:
+        """Stop every group."""
+        for n in list(self._groups):
+            self._teardown(n)
+
+
+class _GlooHub(Hub):
+    """A ``TCPStore`` on ``127.0.0.1`` (a free port) through which ``n`` ranks join one gloo group."""
+
+    def __init__(self, n: int, group_timeout_s: float) -> None:
+        self.n = n
+        self.timeout = datetime.timedelta(seconds=group_timeout_s)
+        self.listener: socket.socket | None = socket.create_server((LOOPBACK, 0))
+        self.port = self.listener.getsockname()[1]
+        self.store: TCPStore | None = None
+
+    def rank_setup(self, rank: int) -> Callable[[], None]:
+        """Join the gloo group as ``rank`` (gloo's own sockets on the loopback interface only)."""
+        port, n, timeout = self.port, self.n, self.timeout
+
+        def join() -> None:
+            os.environ["GLOO_SOCKET_IFNAME"] = _loopback_interface()
+            store = TCPStore(LOOPBACK, port, is_master=False, timeout=timeout)
+            dist.init_process_group("gloo", store=store, rank=rank, world_size=n, timeout=timeout)
+
+        return join
+
+    def started(self) -> None:
+        """Serve the store on the listening socket (bound to loopback before the ranks were forked)."""
+        assert self.listener is not None
+        self.store = TCPStore(
+            LOOPBACK,
+            self.port,
+            is_master=True,
+            timeout=self.timeout,
+            wait_for_workers=False,
+            master_listen_fd=self.listener.fileno(),
+        )
+        self.listener.detach()  # the store owns the socket now
+        self.listener = None
+
+    def close(self) -> None:
+        """Stop serving the store."""
+        if self.listener is not None:
+            with contextlib.suppress(OSError):
+                self.listener.close()
+        self.listener = self.store = None
+
+
+class GlooRanks(ForkedGroup):
+    """``TARGET(tensor)`` on every rank of a ``torch.distributed`` gloo group of forked processes.
+
+    Each collective inside the group may wait up to twice the call time limit
+    plus 30 s (``init_process_group(timeout=...)``), so the tester's own limit
+    always comes first and a deadlock is ``timed-out``, with the stacks.
+    """
+
+    kind = "gloo"
+
+    def hub(self, n: int) -> Hub:
+        """A store for ``n`` ranks."""
+        return _GlooHub(n, 2 * self.timeout_s + 30)

@@ -1,0 +1,112 @@
+"""Per-rank targets on real gloo groups: every rank checked, deadlocks and dead ranks named."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema  # type: ignore[import-untyped]
+import pytest
+import torch
+
+from ring_ref._cli import main
+from ring_ref.difftest import difftest
+from ring_ref.testing import assert_matches_reference
+from tests import planted_rank_impls
+from tests.paths import ROOT
+from tests.planted_rank_impls import RankImpl
+
+SCHEMA = json.loads((ROOT / "spec" / "difftest_report.schema.json").read_text(encoding="utf-8"))
+
+
+@pytest.mark.clause("difftest-ranks", "difftest-oracles")
+def test_torch_distributed_all_reduce_passes_order_free_and_bound() -> None:
+    report = difftest(
+        "torch.distributed:all_reduce", ranks="gloo", modes=("order-free", "bound"), examples=8, seed=4
+    )
+    assert report.verdict == "pass" and report.ranks == "gloo" and report.isolated, report.render()
+    assert all(r.examples >= 8 for r in report.modes.values())
+
+
+@pytest.mark.clause("difftest-ranks", "fold-order")
+@pytest.mark.parametrize(
+    "target", ["ring_ref.distributed:ring_all_reduce_", "tests.planted_rank_impls:returns_a_new_tensor"]
+)
+def test_ring_all_reduce_underscore_passes_every_mode(target: str) -> None:
+    report = assert_matches_reference(target, ranks="gloo", examples=10, seed=2, max_workers=4)
+    assert set(report.modes) == {"exact", "order-free", "bound"}
+
+
+@pytest.mark.clause("difftest-ranks", "difftest-diagnoses")
+@pytest.mark.parametrize("bug", list(planted_rank_impls.EXPECTED), ids=lambda f: f.__name__)
+def test_planted_per_rank_bug_gets_its_code(bug: RankImpl) -> None:
+    code = planted_rank_impls.EXPECTED[bug]
+    report = difftest(
+        bug, ranks="gloo", modes=("order-free", "bound"), examples=20, seed=1, max_workers=3, timeout=2
+    )
+    assert report.diagnoses == [code], report.render()
+    for mode, result in report.modes.items():
+        finding, cex = result.finding, result.counterexample
+        assert finding is not None and cex is not None and finding.codes == [code], (mode, report.render())
+        assert cex.layout == "contiguous"
+        if code == "timed-out":
+            # Both neighbours block in recv: every rank is named, with its stack there.
+            assert finding.ranks == list(range(cex.n)) and cex.n >= 2
+            assert f"rank(s) {finding.ranks} of {cex.n} were still inside the call" in finding.explanation
+            for rank in finding.ranks:
+                assert f"rank {rank}:\n" in finding.stack
+            assert finding.stack.count("in receives_first") == cex.n
+        if code == "crashed":
+            assert (
+                finding.ranks == [1]
+                and "rank 1: the worker process exited with status 3" in finding.explanation
+            )
+        if code == "ranks-disagree":
+            last = cex.n - 1
+            assert finding.ranks == [last] and f"rank {last} has " in finding.explanation
+            m = finding.mismatch
+            assert m is not None and m.actual == m.expected + 1  # the constant the last rank adds
+        if code == "double-counted":
+            assert "counted more than once" in finding.explanation
+        if code == "input-modified":
+            assert "the input was modified" in finding.explanation
+
+
+@pytest.mark.clause("difftest-ranks", "difftest-report")
+def test_cli_ranks_gloo_json_names_the_ranks(capfd: pytest.CaptureFixture[str]) -> None:
+    args = ["difftest", "--ranks", "gloo", "tests.planted_rank_impls:constant_on_last_rank"]
+    args += ["--mode", "order-free", "--examples", "10", "--seed", "3", "--max-workers", "3", "--json"]
+    assert main(args) == 1
+    doc = json.loads(capfd.readouterr().out)
+    jsonschema.validate(doc, SCHEMA)
+    assert doc["ranks"] == "gloo" and doc["diagnoses"] == ["ranks-disagree"]
+    cex = doc["modes"]["order-free"]["counterexample"]
+    assert cex["ranks"] == [cex["n"] - 1] and cex["element"]["rank"] == cex["n"] - 1
+    assert doc["replay"].startswith(
+        "ring-ref difftest --ranks gloo tests.planted_rank_impls:constant_on_last_rank"
+    )
+    passing = ["difftest", "--ranks", "gloo", "torch.distributed:all_reduce", "--mode", "bound"]
+    assert main([*passing, "--examples", "3", "--max-workers", "2"]) == 0
+    assert "PASS" in capfd.readouterr().out
+
+
+def test_a_lambda_cannot_be_a_per_rank_target() -> None:
+    with pytest.raises(ValueError, match="must be a module-level function or a TARGET string"):
+        difftest(lambda t: None, ranks="gloo")
+    with pytest.raises(ValueError, match="ranks must be one of"):
+        difftest("torch.distributed:all_reduce", ranks="nccl")  # type: ignore[arg-type]
+    assert torch.distributed.is_available()
+
+
+@pytest.mark.clause("difftest-ranks")
+def test_the_buggy_per_rank_example_is_diagnosed_and_its_fix_passes(tmp_path: Path) -> None:
+    example = ROOT / "examples" / "buggy_rank_allreduce.py"
+    report = difftest(f"{example}:ring_all_reduce", ranks="gloo", examples=10, seed=7, max_workers=3)
+    assert report.diagnoses == ["ranks-disagree"], report.render()
+    source = example.read_text(encoding="utf-8")
+    bug = "    if rank == 0:  # BUG: every rank should copy the result back\n        tensor.copy_(work)"
+    assert bug in source
+    fixed = tmp_path / "fixed_rank_allreduce.py"
+    fixed.write_text(source.replace(bug, "    tensor.copy_(work)"), encoding="utf-8")
+    again = difftest(f"{fixed}:ring_all_reduce", ranks="gloo", examples=10, seed=7, max_workers=3)
+    assert again.verdict == "pass", again.render()

@@ -1,0 +1,117 @@
+"""Per-rank all-reduce targets for ``--ranks gloo``: planted bugs, as per-rank code gets them wrong.
+
+Each is ``fn(tensor)``, called on every rank of a gloo group with that rank's
+own ``(M, ...)`` tensor, reducing it in place (returning ``None``) like
+``torch.distributed.all_reduce``.  The buggy ones share one plain ring written
+here from the textbook description (not from ``ring_ref``), with
+non-blocking point-to-point sends, and each changes one thing.  ``EXPECTED``
+maps each to the one code the tester must give it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["EXPECTED"]
+
+
+def _exchange(send: torch.Tensor, recv: torch.Tensor, right: int, left: int) -> None:
+    """Send ``send`` to the right neighbour while receiving ``recv`` from the left one."""
+    for request in (dist.isend(send.contiguous(), right), dist.irecv(recv, left)):
+        assert request is not None  # None only for a rank outside the group
+        request.wait()
+
+
+def _ring(tensor: torch.Tensor, *, gather_adds: bool = False) -> None:
+    """Reduce-scatter, then all-gather, over the default group, on ``tensor``'s row chunks."""
+    n, rank = dist.get_world_size(), dist.get_rank()
+    if n == 1:
+        return
+    chunks = list(tensor.chunk(n))
+    right, left = (rank + 1) % n, (rank - 1) % n
+    for step in range(n - 1):  # reduce-scatter: add what the left neighbour sends
+        send, recv = (rank - step) % n, (rank - step - 1) % n
+        incoming = torch.empty_like(chunks[recv])
+        _exchange(chunks[send], incoming, right, left)
+        chunks[recv] += incoming
+    for step in range(n - 1):  # all-gather: copy the finished chunk
+        send, recv = (rank + 1 - step) % n, (rank - step) % n
+        incoming = torch.empty_like(chunks[recv])
+        _exchange(chunks[send], incoming, right, left)
+        if gather_adds:
+            chunks[recv] += incoming  # BUG: should copy
+        else:
+            chunks[recv].copy_(incoming)
+
+
+def plain_ring(tensor: torch.Tensor) -> None:
+    """Correct: the textbook ring, in place."""
+    _ring(tensor)
+
+
+def returns_a_new_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """Correct: leaves its argument alone and returns the reduced copy."""
+    out = tensor.clone()
+    _ring(out)
+    return out
+
+
+def constant_on_last_rank(tensor: torch.Tensor) -> None:
+    """Bug: the last rank adds 1 to its result, so the ranks end with different bits."""
+    _ring(tensor)
+    if dist.get_world_size() > 1 and dist.get_rank() == dist.get_world_size() - 1:
+        tensor += 1
+
+
+def receives_first(tensor: torch.Tensor) -> None:
+    """Bug: every rank receives from its left neighbour before sending, with blocking calls: deadlock."""
+    n, rank = dist.get_world_size(), dist.get_rank()
+    if n == 1:
+        return
+    incoming = torch.empty_like(tensor)
+    dist.recv(incoming, (rank - 1) % n)
+    dist.send(tensor, (rank + 1) % n)
+    tensor += incoming
+
+
+def exits_mid_call(tensor: torch.Tensor) -> None:
+    """Bug: rank 1 ends its process in the middle of the all-reduce."""
+    if dist.get_rank() == 1:
+        os._exit(3)
+    _ring(tensor)
+
+
+def gather_adds(tensor: torch.Tensor) -> None:
+    """Bug: the all-gather adds the received chunk instead of copying it."""
+    _ring(tensor, gather_adds=True)
+
+
+def averages(tensor: torch.Tensor) -> None:
+    """Bug: divides by the group size at the end (a mean, as for gradients, not the sum)."""
+    _ring(tensor)
+    tensor /= dist.get_world_size()
+
+
+def scribbles_on_its_argument(tensor: torch.Tensor) -> torch.Tensor:
+    """Bug: returns a new tensor, and leaves its argument zeroed (a per-rank ``input-modified``)."""
+    out = tensor.clone()
+    _ring(out)
+    tensor.zero_()
+    return out
+
+
+RankImpl = Callable[[torch.Tensor], object]
+
+EXPECTED: dict[RankImpl, str] = {
+    constant_on_last_rank: "ranks-disagree",
+    receives_first: "timed-out",
+    exits_mid_call: "crashed",
+    gather_adds: "double-counted",
+    averages: "mean-not-sum",
+    scribbles_on_its_argument: "input-modified",
+}
+"""Each planted per-rank bug and the one code its failing modes must report."""
