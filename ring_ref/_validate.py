@@ -406,7 +406,7 @@ _CHOOSE_SCHEDULE = (
 
 def _fields_problem(schedule: RingSchedule) -> BadInput | None:
     direction, offset, layout = schedule
-    if isinstance(direction, bool) or direction not in (1, -1):
+    if isinstance(direction, bool) or not isinstance(direction, int) or direction not in (1, -1):
         return BadInput(
             ValueError,
             f"schedule direction must be +1 (worker i sends to i + 1) or -1 (to i - 1); got {direction!r}.",
