@@ -30,6 +30,7 @@ from ring_ref._validate import (
     rank_tensor_problem,
     torch_finite,
 )
+from ring_ref.schedule import RingSchedule
 
 pytestmark = pytest.mark.clause("bad-input", "input-shape", "supported-dtypes", "input-finite")
 
@@ -231,3 +232,49 @@ def test_one_rank_tensor_refusals_carry_the_tables_exception_types() -> None:
         "inputs must be finite: 1 element(s) are NaN or infinite, the first at index (3,). "
         "Clean or mask them before the all-reduce.",
     )
+
+
+def test_the_even_layout_is_the_default_and_only_it_needs_m_divisible_by_n() -> None:
+    words = "M = 5 is not divisible by N = 2"
+    assert words in _message(lambda: check_torch(torch.ones(2, 5)), ValueError)
+    assert words in _message(lambda: check_numpy(np.ones((2, 5))), ValueError)
+    assert check_torch(torch.ones(2, 5), divisible=False) == (2, 5)
+    assert check_numpy(np.ones((2, 5)), divisible=False) == (2, 5)
+    indivisible = rank_array_problem(np.zeros(5), 2)
+    assert indivisible is not None and words in indivisible.message
+    assert rank_array_problem(np.zeros(5), 2, divisible=False) is None
+
+
+# --- schedule= (clause schedule-bad-input) ------------------------------------------------------
+
+CHOOSE = (
+    "choose a preset ('spec', 'openmpi-ring', 'gloo') or a "
+    "ring_ref.schedule.RingSchedule(direction, offset, layout)."
+)
+
+
+@pytest.mark.clause("schedule-bad-input")
+def test_schedule_refusals_word_for_word() -> None:
+    x = torch.ones(2, 4)
+    assert _message(lambda: ring_all_reduce(x, schedule=3), TypeError) == (  # type: ignore[call-overload]
+        f"schedule must be a preset name or a RingSchedule; got int; {CHOOSE}"
+    )
+    assert _message(lambda: ring_all_reduce(x, schedule="ring"), ValueError) == (
+        f"unknown schedule 'ring'; {CHOOSE}"
+    )
+    rows = RingSchedule(1, 0, "rows")  # type: ignore[arg-type]
+    assert _message(lambda: ring_all_reduce(x, schedule=rows), ValueError) == (
+        "unknown schedule layout 'rows'; choose one of even, blocks, gloo."
+    )
+
+
+@pytest.mark.clause("schedule-bad-input")
+@pytest.mark.parametrize("direction", [1.0, -1.0, 2, 0])
+def test_a_direction_that_is_not_the_int_plus_or_minus_1_is_refused_before_the_ring_runs(
+    direction: object,
+) -> None:
+    for layout in ("even", "blocks"):
+        schedule = RingSchedule(direction, 1, layout)  # type: ignore[arg-type]
+        assert _message(lambda: ring_all_reduce(torch.ones(2, 4), schedule=schedule), ValueError) == (  # noqa: B023
+            f"schedule direction must be +1 (worker i sends to i + 1) or -1 (to i - 1); got {direction!r}."
+        )
