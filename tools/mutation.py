@@ -176,9 +176,16 @@ def _functions(tree: ast.Module) -> dict[str, ast.FunctionDef | ast.AsyncFunctio
     return out
 
 
+_DEF_NAME: Final = re.compile(r"[^\s(]+__mutmut_(?:orig|\d+)")
+
+
 @lru_cache(maxsize=8)
-def _parsed(source: str) -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
-    return _functions(ast.parse(source))
+def _parsed(source: str) -> dict[str, list[str]]:
+    """Each function's lines, by name (parsed once per mutated file: it holds every mutant)."""
+    lines = source.splitlines()
+    return {
+        name: lines[node.lineno - 1 : node.end_lineno] for name, node in _functions(ast.parse(source)).items()
+    }
 
 
 def mutated_line(source: str, func: str, k: str) -> str:
@@ -200,8 +207,8 @@ def changed_lines(source: str, func: str, k: str) -> tuple[str, str]:
         return "?", "?"
     # The whole definition, signature included (a mutated default), both under the function's own name.
     name = leaf.removeprefix("x_")
-    a = (ast.get_source_segment(source, orig) or "").replace(orig.name, name, 1).splitlines()
-    b = (ast.get_source_segment(source, mutant) or "").replace(mutant.name, name, 1).splitlines()
+    a = [_DEF_NAME.sub(name, orig[0], count=1), *orig[1:]]
+    b = [_DEF_NAME.sub(name, mutant[0], count=1), *mutant[1:]]
     for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
         if tag != "equal":
             was = a[i1].strip() if i1 < i2 else "(no line)"
