@@ -19,6 +19,11 @@
  *   CAP             slots per link (default 1)
  *   ALTERNATE       odd workers receive before they send (default: every
  *                   worker sends first)
+ *   DIR, OFF        the ring of the schedule family (spec section 10):
+ *                   worker w sends to w + DIR (DIR = 1 or -1, default 1)
+ *                   and chunk c's fold starts at worker c + OFF (default
+ *                   0, |OFF| < N); the defaults are the spec's ring.  The
+ *                   chunk layout does not change which chunk moves when.
  * Planted faults (each one must make SPIN report an error):
  *   FAULT_AG_ADD    all-gather adds the incoming slot instead of copying it
  *   FAULT_FORWARD   worker 0 receives first and forwards the slot it has just
@@ -50,14 +55,24 @@
 #define RS 0
 #define AG 1
 
-#define RIGHT(w) (((w) + 1) % N)
-#define LEFT(w) (((w) + N - 1) % N)
-/* rs-send-chunk: (w - r) mod N; ag-send-chunk: (w + 1 - r) mod N */
-#define RS_SEND(w, r) (((w) + N - (r)) % N)
-#define AG_SEND(w, r) (((w) + 1 + N - (r)) % N)
+#ifndef DIR
+#define DIR 1
+#endif
+#ifndef OFF
+#define OFF 0
+#endif
+/* a multiple of N that keeps every sum below non-negative before % N */
+#define WRAP (4 * N * N)
+
+#define RIGHT(w) (((w) + N + (DIR)) % N)
+#define LEFT(w) (((w) + N - (DIR)) % N)
+/* rs-send-chunk: (w - r) mod N; ag-send-chunk: (w + 1 - r) mod N; for the family
+   (schedule-family): w - OFF - r DIR, and the chunk owned by w - r DIR */
+#define RS_SEND(w, r) (((w) + WRAP - (OFF) - (r) * (DIR)) % N)
+/* rs-owned-chunk: w + 1; for the family w - OFF - (N - 1) DIR */
+#define OWNED(w) (((w) + WRAP - (OFF) - (N - 1) * (DIR)) % N)
+#define AG_SEND(w, r) OWNED(((w) + WRAP - (r) * (DIR)) % N)
 #define SEND_CHUNK(ph, w, r) ((ph) == RS -> RS_SEND(w, r) : AG_SEND(w, r))
-/* rs-owned-chunk */
-#define OWNED(w) RIGHT(w)
 
 chan link[N] = [CAP] of { byte, SLOT };  /* chunk index, provenance bits */
 

@@ -76,6 +76,10 @@ class Config:
     n: int
     cap: int = 1
     flags: tuple[str, ...] = ()
+    direction: int = 1
+    """The ring's direction (``schedule-family``): worker ``w`` sends to ``w + direction``."""
+    offset: int = 0
+    """Chunk ``c``'s fold starts at worker ``c + offset`` (``|offset| < n``)."""
 
     def __post_init__(self) -> None:
         if not MIN_N <= self.n <= MAX_N:
@@ -87,17 +91,30 @@ class Config:
         unknown = sorted(set(self.flags) - FLAGS)
         if unknown:
             raise ValueError(f"unknown model flags {unknown}; the model defines {sorted(FLAGS)}")
+        if self.direction not in (1, -1) or not -self.n < self.offset < self.n:
+            raise ValueError(
+                f"direction {self.direction}, offset {self.offset}: the model takes direction 1 or -1 "
+                f"and an offset with |offset| < N = {self.n}"
+            )
 
     def defines(self) -> list[str]:
         """The ``-D`` options that select this instance, for ``spin``."""
-        return [f"-DN={self.n}", f"-DCAP={self.cap}", *(f"-D{flag}" for flag in self.flags)]
+        ring = (
+            []
+            if (self.direction, self.offset) == (1, 0)
+            else [f"-DDIR={self.direction}", f"-DOFF={self.offset}"]
+        )
+        return [f"-DN={self.n}", f"-DCAP={self.cap}", *(f"-D{flag}" for flag in self.flags), *ring]
 
     def describe(self) -> str:
         """A short human-readable name, e.g. ``1-slot links, send first``."""
         links = "rendezvous links" if self.cap == 0 else f"{self.cap}-slot links"
         order = "odd workers receive first" if "ALTERNATE" in self.flags else "send first"
         faults = [flag for flag in self.flags if flag != "ALTERNATE"]
-        return ", ".join([links, order, *faults])
+        ring = (
+            [] if (self.direction, self.offset) == (1, 0) else [f"ring d={self.direction:+d} k={self.offset}"]
+        )
+        return ", ".join([links, order, *faults, *ring])
 
 
 @dataclass(frozen=True)
