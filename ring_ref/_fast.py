@@ -6,14 +6,18 @@ bitwise identical (clause ``fold-order``); only the bookkeeping differs:
 
 * **A plan, compiled from the schedule.**  :func:`plan` evaluates every send of
   :mod:`ring_ref.schedule` once per ``N`` (cached) -- the schedule's closed
-  forms are called on numpy index arrays, one round at a time -- and records,
-  for each reduce-scatter round, which worker's original chunk ``c`` is added
-  to the running partial sum of chunk ``c``.  It checks, round by round, the
-  facts the engine relies on: each chunk's partial sum travels as one value
-  from worker to worker, every addition adds a contribution the partial does
-  not yet hold, and all-gather only forwards completed chunks and delivers
-  every one of them to worker 0.  A schedule that broke these raises
-  :class:`ring_ref.invariants.InvariantViolation` instead of running.
+  forms are called on numpy index arrays, a block of rounds at a time -- and
+  records, for each reduce-scatter round, which worker's original chunk ``c``
+  is added to the running partial sum of chunk ``c``, and the same as one
+  :class:`Cycle` of workers that every chunk's fold follows from its own first
+  worker.  It checks the facts the engine relies on: each chunk's partial sum
+  travels as one value from worker to worker, every addition adds a
+  contribution the partial does not yet hold, and all-gather only forwards
+  completed chunks and delivers every one of them to worker 0 -- in bulk, with
+  closed forms per chunk, for a schedule of the ring's shape, and send by send
+  otherwise.  A schedule that broke these raises
+  :class:`ring_ref.invariants.InvariantViolation`, naming the first bad send,
+  instead of running.
 * **One running partial per chunk.**  Worker ``i``'s slot ``c`` is only ever
   read as the sender's partial sum, so the engine keeps one result-sized
   buffer and never materialises the other ``N^2 - N`` slots.
@@ -27,8 +31,8 @@ bitwise identical (clause ``fold-order``); only the bookkeeping differs:
   layout whose ``(M, ...)`` part is one stride apart per element (contiguous,
   sliced, transposed, expanded workers, negative numpy strides).
 * **Everything else: a few batched array operations per round.**  float16,
-  bfloat16, other devices (CUDA) and layouts the kernel cannot address run the
-  same plan as ``torch.add`` (or ``numpy.add``) calls: a round's additions over
+  bfloat16, other devices (CUDA), layouts the kernel cannot address and
+  unaligned data run the same plan as ``torch.add`` (or ``numpy.add``) calls: a round's additions over
   a run of consecutive chunks are one call on a strided *view* of the input
   (the own operands ``x[c + off, c]`` lie on one diagonal of the ``(worker,
   chunk)`` grid), tile by tile on the CPU so the partial sums stay in cache.
@@ -44,8 +48,10 @@ rarely, a finite one whose sum overflows -- pays for the exact input scan
 ``±inf``, which is the correctly rounded result (clause ``input-finite``).
 
 Autograd is supported, and so are ``torch.func`` transforms (``grad``,
-``vmap``, ``jvp``, ``jacrev``): the computation is a
-:class:`torch.autograd.Function` whose backward passes the output gradient to
+``vmap``, ``jvp``, ``jacrev``, ``jacfwd``, ``hessian``): for a tensor that
+records a graph, carries a tangent or is a ``torch.func`` wrapper, the
+computation runs inside a :class:`torch.autograd.Function` (elsewhere it
+skips the Function's per-call cost) whose backward passes the output gradient to
 every worker unchanged -- what the reference's chain of additions gives, bit
 for bit -- whose forward-mode derivative is the same ring over the tangents,
 and whose ``vmap`` rule treats the batch as one more trailing dimension.  The
@@ -582,13 +588,13 @@ def _torch_forward(x: torch.Tensor) -> tuple[torch.Tensor, bool]:
     k = m // n
     trailing = tuple(x.shape[2:])
     x = x.detach()
-    result = torch.empty((m, *trailing), dtype=x.dtype, device=x.device)
+    result = x.new_empty((m, *trailing))
     if n == 1:
         result.copy_(x[0])
         return result, _torch_all_finite(result)
-    inner = element_stride(x.shape, x.stride())
+    inner = 1 if x.is_contiguous() else element_stride(x.shape, x.stride())
     if x.is_cpu and x.dtype in KERNEL_DTYPES and inner is not None:
-        flat = x.as_strided((n, x[0].numel()), (x.stride(0), inner)).numpy()
+        flat = x.as_strided((n, m * math.prod(trailing)), (x.stride(0), inner)).numpy()
         flat.flags.writeable = False
         if flat.flags.aligned:
             return result, _fold(flat, result.numpy().reshape(-1), plan(n).cycle)

@@ -52,6 +52,7 @@ True
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections.abc import Callable
@@ -266,6 +267,16 @@ def tile_shape(n: int, k: int, itemsize: int, tiles: int = 1) -> tuple[int, int]
     return 1, max(1, min(TILE_BYTES // itemsize, -(-k * n // tiles)))
 
 
+@functools.lru_cache(maxsize=256)
+def _split(n: int, k: int, itemsize: int, threads: int, budget: int) -> tuple[int, int, tuple[int, ...]]:
+    """``(chunks, cols)`` per tile and the tile ranges of at most ``threads`` threads (``budget``:
+    :data:`TILE_BYTES`, a key of the cache)."""
+    chunks, cols = tile_shape(n, k, itemsize, threads)
+    count = -(-n // chunks) * -(-k // cols)
+    threads = min(threads, count)
+    return chunks, cols, tuple(count * i // threads for i in range(threads + 1))
+
+
 _pool_lock = threading.Lock()
 _pool: tuple[int, ThreadPoolExecutor] | None = None
 
@@ -289,16 +300,14 @@ def fold(x: Array, out: Array, cycle: Array, entries: Array, *, chunk_size: int,
     """
     n, k = cycle.shape[0], chunk_size
     threads = max(1, min(threads, x.nbytes // MIN_BYTES_PER_THREAD))
-    chunks, cols = tile_shape(n, k, out.itemsize, threads)
-    count = -(-n // chunks) * -(-k // cols)
-    threads = min(threads, count)
-    bounds = [count * i // threads for i in range(threads + 1)]
-
+    chunks, cols, bounds = _split(n, k, out.itemsize, threads, TILE_BYTES)
     compiled = kernel(x.dtype.name, bool(x.flags.c_contiguous))
+    if len(bounds) == 2:
+        return bool(compiled(x, out, cycle, entries, k, chunks, cols, 0, bounds[1]))
 
     def part(t0: int, t1: int) -> bool:
         return bool(compiled(x, out, cycle, entries, k, chunks, cols, t0, t1))
 
-    others = [_executor().submit(part, bounds[i], bounds[i + 1]) for i in range(1, threads)]
+    others = [_executor().submit(part, bounds[i], bounds[i + 1]) for i in range(1, len(bounds) - 1)]
     finite = part(bounds[0], bounds[1])
     return all([f.result() for f in others]) and finite
