@@ -34,12 +34,16 @@ that count each worker's contributions per element.
 A target that can be imported by name runs isolated, in a worker process that
 imports it there; only raw bits come back, and every check is made here, so
 nothing the target does to its own process changes the verdict.  Each call
-has a time limit (``timed-out``); a worker that dies is ``crashed``.
+has a time limit (``timed-out``); a worker that dies is ``crashed``.  With
+``ranks="gloo"`` the target is per rank, ``fn(tensor)``, called on every rank
+of a real gloo group; every rank is checked, and the ranks against each other
+(``ranks-disagree``).
 
 One job per private module: ``_vocabulary`` (modes, codes, dtype names),
 ``_inputs`` (cases, layouts, probes), ``_oracles`` (the three oracles),
 ``_call`` (calling a target and reading its raw answer), ``_worker`` (the
-worker process), ``_launch`` (in-process or isolated), ``_diagnosis`` (codes
+worker process), ``_launch`` (in-process or isolated), ``_ranks`` (process
+groups for per-rank targets), ``_diagnosis`` (codes
 and explanations), ``_report`` (text and JSON), ``_search`` (Hypothesis,
 shrinking and :func:`difftest`), ``_targets`` (loading ``TARGET`` by name).
 The command line lives in :mod:`ring_ref._cli`.

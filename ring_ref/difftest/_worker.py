@@ -3,9 +3,12 @@
 The tester (the *parent*) forks the worker from its own process, so it
 starts in milliseconds with ``torch`` already imported; the worker then
 imports the target itself, by name, and serves calls until it is killed.
-The parent never imports the target.
+The parent never imports the target.  A rank of a process group
+(:mod:`ring_ref.difftest._ranks`) is such a worker too, with its rank and a
+``setup`` that joins the group before the target is imported.
 
-Inside the worker (:func:`_child`): a session of its own (so that killing
+Inside the worker (:func:`_child`): every inherited descriptor closed but its
+own pipes and files, a session of its own (so that killing
 its process group also kills the target's child processes), killed when the
 parent dies (``PR_SET_PDEATHSIG``), file descriptors 1 and 2 pointed at a
 capture file the parent reads, standard input at ``/dev/null``, one
