@@ -110,3 +110,12 @@ def test_the_buggy_per_rank_example_is_diagnosed_and_its_fix_passes(tmp_path: Pa
     fixed.write_text(source.replace(bug, "    tensor.copy_(work)"), encoding="utf-8")
     again = difftest(f"{fixed}:ring_all_reduce", ranks="gloo", examples=10, seed=7, max_workers=3)
     assert again.verdict == "pass", again.render()
+
+
+@pytest.mark.soak
+@pytest.mark.clause("difftest-ranks")
+@pytest.mark.parametrize("target", ["ring_ref.distributed:ring_all_reduce_", "torch.distributed:all_reduce"])
+def test_soak_per_rank_targets_up_to_eight_ranks(target: str) -> None:
+    modes = ("exact", "order-free", "bound") if "ring_ref" in target else ("order-free", "bound")
+    report = difftest(target, ranks="gloo", modes=modes, examples=150, max_workers=8)
+    assert report.verdict == "pass", report.render()
