@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ring_ref._cli import main
-from ring_ref.difftest import difftest
+from ring_ref.difftest import Mode, difftest
 from ring_ref.testing import assert_matches_reference
 from tests import planted_rank_impls
 from tests.paths import ROOT
@@ -116,6 +116,8 @@ def test_the_buggy_per_rank_example_is_diagnosed_and_its_fix_passes(tmp_path: Pa
 @pytest.mark.clause("difftest-ranks")
 @pytest.mark.parametrize("target", ["ring_ref.distributed:ring_all_reduce_", "torch.distributed:all_reduce"])
 def test_soak_per_rank_targets_up_to_eight_ranks(target: str) -> None:
-    modes = ("exact", "order-free", "bound") if "ring_ref" in target else ("order-free", "bound")
+    modes: tuple[Mode, ...] = (
+        ("exact", "order-free", "bound") if "ring_ref" in target else ("order-free", "bound")
+    )
     report = difftest(target, ranks="gloo", modes=modes, examples=150, max_workers=8)
     assert report.verdict == "pass", report.render()
