@@ -47,10 +47,10 @@ def test_every_op_on_every_rank_equals_the_simulation(ring: ProcessRing) -> None
     gen = torch.Generator().manual_seed(17)
     cases: list[tuple[torch.Tensor, object]] = []
     for dtype in DTYPES:
-        for op in OPS:
+        for name in OPS:
             x = (torch.randn(N, 2 * N, 2, generator=gen) * 3).to(dtype)
             x[0, 0, 0], x[1, 0, 0] = -0.0, 0.0  # the signed-zero rule of max and min
-            cases.append((x, op))
+            cases.append((x, name))
     cases.append((cases[0][0], dist.ReduceOp.PRODUCT))
     per_rank = ring.run(reduce_with_ops, cases, timeout_s=120)
     for k, (x, op) in enumerate(cases):
@@ -62,8 +62,10 @@ def test_every_op_on_every_rank_equals_the_simulation(ring: ProcessRing) -> None
 
 @pytest.mark.clause("op-choice", "bad-input")
 def test_an_unknown_or_differing_op_is_refused_on_every_rank(ring: ProcessRing) -> None:
-    unknown = ring.run(reject, ["sum", "mean", "sum"], timeout_s=120)
+    unknown_ops: list[object] = ["sum", "mean", "sum"]
+    unknown = ring.run(reject, unknown_ops, timeout_s=120)
     assert len(set(unknown)) == 1 and "rank 1: unknown reduction op 'mean'" in unknown[0], unknown
-    differing = ring.run(reject, ["sum", "max", "sum"], timeout_s=120)
+    differing_ops: list[object] = ["sum", "max", "sum"]
+    differing = ring.run(reject, differing_ops, timeout_s=120)
     assert len(set(differing)) == 1 and "the same op" in differing[0], differing
     assert "op 'max'" in differing[0]
