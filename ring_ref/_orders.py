@@ -27,6 +27,8 @@ from __future__ import annotations
 import contextlib
 import json
 import random
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Final
@@ -42,6 +44,7 @@ from ring_ref._reveal import (
     Revealed,
     RevealError,
     Tree,
+    chain_order,
     evaluate,
     format_tree,
     reveal,
@@ -55,6 +58,7 @@ from ring_ref.schedule import PRESETS, RingSchedule
 __all__ = [
     "OrderError",
     "auto_order",
+    "auto_order_isolated",
     "checking_against",
     "command_line_order",
     "explain_element",
@@ -178,14 +182,57 @@ def auto_order(
     as the one of ``k`` and ``k - N`` nearer to zero (gloo's ``-1`` reads ``N - 1``
     at any one ``N``); ``exact`` then tells whether that holds at the other ``N``.
     """
-    n = max(1, min(max_workers, 8))
+    n = _auto_n(max_workers)
     found = reveal(target, n, 2 * n + AUTO_M_EXTRA, "float32", name="the target")
-    if found.matches:
-        return schedule_order(found.matches[0]), found
-    if found.ring is None:
-        return None, found
-    k = found.ring.offset
-    return schedule_order(found.ring._replace(offset=k - n if k > n // 2 else k)), found
+    return _fitted(found.ring, found.matches, n), found
+
+
+def _auto_n(max_workers: int) -> int:
+    return max(1, min(max_workers, 8))
+
+
+def _fitted(ring: RingSchedule | None, matches: list[str], n: int) -> ExactOrder | None:
+    if matches:
+        return schedule_order(matches[0])
+    if ring is None:
+        return None
+    k = ring.offset
+    return schedule_order(ring._replace(offset=k - n if k > n // 2 else k))
+
+
+def auto_order_isolated(target: str, max_workers: int, timeout: float = 600.0) -> tuple[ExactOrder, str]:
+    """:func:`auto_order` for a ``TARGET`` name, revealed by ``ring-ref reveal --json`` in its own process.
+
+    So nothing the target leaves behind (process groups, threads, module state) is in the tester's
+    process when difftest forks its workers.  Returns the order and a line saying what was revealed;
+    raises :class:`OrderError` when no ring fits, naming the elements that are not one ring's fold.
+    """
+    n = _auto_n(max_workers)
+    m = 2 * n + AUTO_M_EXTRA
+    argv = [sys.executable, "-m", "ring_ref", "reveal", target, "-n", str(n), "-m", str(m), "--json"]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise OrderError(f"--schedule auto: revealing {target} took more than {timeout:g} s") from exc
+    if done.returncode != 0:
+        raise OrderError(f"--schedule auto: {done.stderr.strip() or 'ring-ref reveal failed'}")
+    doc = json.loads(done.stdout)
+    ring = None if doc["ring"] is None else RingSchedule(**doc["ring"])
+    fitted = _fitted(ring, list(doc["matches"]), n)
+    if fitted is None:
+        trees = [None if t is None else tree_from_json(t, n) for t in doc["trees"]]
+        lines = [f"  element {e}: {'no tree' if t is None else format_tree(t)}" for e, t in enumerate(trees)]
+        odd = [e for e, t in enumerate(trees) if t is None or chain_order(t) is None]
+        what = (
+            f"elements {odd} are not folds at all"
+            if odd
+            else "every element is a fold, but of no one ring (another start or direction per chunk)"
+        )
+        raise OrderError(
+            f"--schedule auto: the target's order is not one ring's fold at N = {n}, M = {m}: {what}\n"
+            + "\n".join(lines)
+        )
+    return fitted, f"revealed at N = {n}, M = {m} in {doc['calls']} calls; exact checks {fitted.name}"
 
 
 def explain_element(call: Callable[[torch.Tensor], torch.Tensor], case: Case, flat: int) -> str:
@@ -252,19 +299,7 @@ def command_line_order(
         return None, ""
     if schedule != "auto":
         return schedule_order(parse_schedule(schedule)), ""
-    from ring_ref.difftest import load_target
-
-    fitted, found = auto_order(load_target(target), max_workers)
-    if fitted is None:
-        odd = [e for e, t in enumerate(found.trees) if t is None or found.ring is None]
-        raise OrderError(
-            f"--schedule auto: the target's order is not one ring's fold (N = {found.n}, M = {found.m}; "
-            f"elements {odd[:12]}{' ...' if len(odd) > 12 else ''} do not fit any ring):\n{found.summary()}"
-        )
-    return (
-        fitted,
-        f"revealed at N = {found.n}, M = {found.m} in {found.calls} calls; exact checks {fitted.name}",
-    )
+    return auto_order_isolated(target, max_workers)
 
 
 def mark_replay(replay: str, order: ExactOrder | None) -> str:
