@@ -95,6 +95,8 @@ MODULES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
             "tests/cover/test_properties.py",
             "tests/cover/test_ops.py",
             "tests/cover/test_schedules.py",
+            "tests/cover/test_bad_input.py",
+            "tests/cover/test_kills_adapters.py",
         ),
     ),
     "ops": (
@@ -108,6 +110,7 @@ MODULES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
     "dtypes": (("ring_ref/_dtypes.py",), ("ring_ref/_dtypes.py", "tests/cover/test_kills_dtypes.py")),
     "cost": (("ring_ref/_cost.py",), ("ring_ref/_cost.py", "tests/cover/test_kills_cost.py")),
     "fast": (("ring_ref/_fast.py",), ("ring_ref/_fast.py", "tests/cover/test_fast.py")),
+    "kernel": (("ring_ref/_kernel.py",), ("ring_ref/_kernel.py", "tests/cover/test_fast.py")),
     # difftest, one module at a time (the package's modules whose code is settled; see the README)
     "difftest.oracles": (
         ("ring_ref/difftest/_oracles.py",),
@@ -128,6 +131,13 @@ MODULES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
         ("ring_ref/difftest/_report.py", "tests/cover/difftest/test_report.py"),
     ),
 }
+
+ENV: Final[dict[str, dict[str, str]]] = {
+    # Numba compiles _kernel's functions from their source, which mutmut replaces by a trampoline
+    # it cannot compile: the kernel's mutants run interpreted (same operations, same order).
+    "kernel": {"NUMBA_DISABLE_JIT": "1"},
+}
+"""Extra environment for a module's run."""
 
 
 class Equivalent(NamedTuple):
@@ -278,7 +288,13 @@ def run_module(name: str, equivalents: Sequence[Equivalent]) -> ModuleScore:
         mutmut = [str(Path(sys.executable).parent / "mutmut")]
         # mutmut forks every mutant's run from a process that has already run the tests: a thread
         # pool started before the fork (torch's OpenMP pool) deadlocks the child, so one thread.
-        env = {**os.environ, "HYPOTHESIS_PROFILE": "default", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        env = {
+            **os.environ,
+            "HYPOTHESIS_PROFILE": "default",
+            "OMP_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1",
+            **ENV.get(name, {}),
+        }
         run = subprocess.run(
             [*mutmut, "run", "--max-children", str(MAX_CHILDREN)],
             cwd=work,

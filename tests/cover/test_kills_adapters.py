@@ -16,7 +16,9 @@ import pytest
 import torch
 
 from ring_ref import ring_all_reduce
+from ring_ref._torch_adapter import chunk_state
 from ring_ref._validate import check_ring_size, rank_tensor_problem
+from ring_ref.schedule import RingSchedule
 
 pytestmark = pytest.mark.clause("bad-input", "input-finite", "supported-dtypes", "input-shape")
 
@@ -127,3 +129,18 @@ def test_ring_size_alone_is_checked_like_a_stacked_input() -> None:
         check_ring_size(2, 5)
     with pytest.raises(ValueError, match=re.escape("N = 0 workers (shape (0, 4))")):
         check_ring_size(0, 4)
+
+
+@pytest.mark.clause("chunk-layout", "schedule-layouts")
+def test_the_torch_adapters_chunks_are_row_block_views_for_the_even_layout_only() -> None:
+    """``even``: chunk ``c`` of worker ``i`` views rows ``c M/N .. (c+1) M/N - 1``, trailing axes whole."""
+    x = torch.arange(3 * 6 * 2, dtype=torch.float32).reshape(3, 6, 2)[:, :, :1]  # not contiguous
+    state = chunk_state(x)
+    for i in range(3):
+        for c in range(3):
+            chunk = state[i][c]
+            assert chunk.shape == (2, 1)
+            assert torch.equal(chunk, x[i, 2 * c : 2 * c + 2])
+            assert chunk.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+    flat = chunk_state(x.contiguous(), RingSchedule(1, 0, "blocks"))
+    assert [tuple(chunk.shape) for chunk in flat[0]] == [(2,), (2,), (2,)]
