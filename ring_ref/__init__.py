@@ -107,7 +107,10 @@ def ring_all_reduce(
             return _numpy_adapter.ring_all_reduce(worker_tensors, reduce_op, ring)
         raise not_an_array(worker_tensors).error()
     if engine == "fast" and reduce_op != "sum":
-        raise NotImplementedError("TEMPORARY: the fast engine's ops land with the fused kernel")
+        raise ValueError(
+            f"engine='fast' computes op='sum' only; op={reduce_op!r} runs on engine='reference' "
+            "(the default), which gives the spec's bits for every op."
+        )
     if isinstance(worker_tensors, torch.Tensor):
         if engine == "fast":
             return _fast.ring_all_reduce_torch(worker_tensors)
