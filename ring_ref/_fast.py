@@ -174,7 +174,7 @@ def _evaluate(
         with np.errstate(all="raise"):
             got = np.asarray(call(*(grid.get(id(a), a) for a in args)))
         if got.dtype.kind in "iu":
-            table = np.broadcast_to(got, shape).astype(np.int64)
+            table = np.broadcast_to(got, shape).astype(np.int64, copy=False)
     except (TypeError, ValueError, ArithmeticError):
         table = None
     probes = {(j, i) for j in (0, len(rounds) // 2, len(rounds) - 1) for i in (0, n // 3, n // 2, n - 1)}
@@ -204,8 +204,10 @@ def _out_of_range(values: npt.NDArray[np.int64], n: int, what: str) -> Invariant
 
 def _inverse(table: npt.NDArray[np.int64], n: int) -> npt.NDArray[np.int64] | None:
     """Row by row, the inverse permutation of ``table`` (values ``0 .. n-1``); ``None`` if a row is none."""
+    rows = table.shape[0]
     inverse = np.full(table.shape, -1, dtype=np.int64)
-    np.put_along_axis(inverse, table, np.broadcast_to(np.arange(n, dtype=np.int64), table.shape), axis=-1)
+    at = (table + np.arange(0, rows * n, n, dtype=np.int64)[:, None]).ravel()
+    inverse.ravel()[at] = np.tile(np.arange(n, dtype=np.int64), rows)
     return None if (inverse < 0).any() else inverse
 
 
@@ -226,15 +228,19 @@ def _group_rows(own: npt.NDArray[np.int64], incoming: npt.NDArray[np.int64]) -> 
     change[:, 0] = change[:, n] = True
     change[:, 1:n] = (own[:, 1:] != own[:, :-1]) | (incoming[:, 1:] != incoming[:, :-1])
     at_row, at_chunk = np.nonzero(change)
-    firsts = np.searchsorted(at_row, np.arange(rows + 1))
+    firsts = np.searchsorted(at_row, np.arange(rows + 1)).tolist()
+    starts = at_chunk < n  # every bound but a row's end starts a run
+    owns = own[at_row[starts], at_chunk[starts]].tolist()
+    incomings = [None if v == _NONE else v for v in incoming[at_row[starts], at_chunk[starts]].tolist()]
     bounds = at_chunk.tolist()
     result = []
     for j in range(rows):
-        b = bounds[firsts[j] : firsts[j + 1]]
+        first, last = firsts[j], firsts[j + 1]
+        runs = range(first - j, last - j - 1)  # this row's runs among owns and incomings
         result.append(
             tuple(
-                Add(lo, hi, int(own[j, lo]), None if incoming[j, lo] == _NONE else int(incoming[j, lo]))
-                for lo, hi in itertools.pairwise(b)
+                Add(lo, hi, owns[q], incomings[q])
+                for q, (lo, hi) in zip(runs, itertools.pairwise(bounds[first:last]), strict=True)
             )
         )
     return result
