@@ -31,6 +31,8 @@ from ring_ref.difftest._call import (
 from ring_ref.difftest._inputs import Case, order_free_values, probe_cases
 from ring_ref.difftest._launch import InProcess, Launcher
 from ring_ref.difftest._oracles import (
+    EXACT_ORDER,
+    SPEC_ORDER,
     ValueMismatch,
     as_float_list,
     check_bound,
@@ -364,12 +366,38 @@ def _classify_values(
                 f"{_describe(m)}. A correct sum in a different summation order: every contribution is "
                 "counted once, the result is within the forward-error bound of the exact sum and exact on "
                 "order-free inputs, but not bitwise the ring's fold order (clause fold-order); only "
-                "--mode exact requires that order",
+                f"--mode exact requires that order{_revealed_order(fn, case, m, rank)}",
                 m,
             )
     return Finding(
         ["out-of-bound"], f"{_describe(m)}. Wrong values, not explained by a more specific code", m
     )
+
+
+def _revealed_order(fn: Launcher, case: Case, m: ValueMismatch, rank: int | None) -> str:
+    """``; ... the target sums that element as fold 2,1,0``: reveal on the counterexample's shape.
+
+    Clause ``difftest-exact-orders``; the probes are float32 (float64 for a
+    float64 case) of the counterexample's shape.  Empty when reveal cannot run.
+    """
+    from ring_ref._orders import explain_element
+    from ring_ref.schedule import SPEC
+
+    def call(x: torch.Tensor) -> torch.Tensor:
+        values = tuple(x.to(torch.float64).reshape(-1).tolist())
+        got = well_formed(fn.call(replace(case, dtype=x.dtype, layout="contiguous", values=values)), rank)
+        if got is None:
+            raise RuntimeError("the target gave no well-formed answer to a probe")
+        return got
+
+    found = explain_element(call, case, flat_of(case, m.index))
+    if not found:
+        return ""
+    spec = ""
+    if EXACT_ORDER.get() is SPEC_ORDER:
+        spec = f", where the spec's ring folds {','.join(map(str, SPEC.fold_order(m.chunk, case.n)))}"
+    precision = "float64" if case.dtype == torch.float64 else "float32"
+    return f"; revealed on {precision} inputs of that shape (ring-ref reveal), {found}{spec}"
 
 
 def _view_difference(what: str, a: TensorView | None, b: TensorView | None) -> str:

@@ -128,3 +128,25 @@ def test_command_line_schedule_and_auto(targets: Path, capsys: pytest.CaptureFix
     assert "not one ring's fold" in err and "((0+1)+(2+3))" in err
     assert main(["difftest", f"{targets}:gloo_order", *common, "--schedule", "ring"]) == 2
     assert "unknown schedule 'ring'" in capsys.readouterr().err
+
+
+@pytest.mark.clause("difftest-exact-orders", "difftest-diagnoses")
+def test_not_ring_order_names_the_revealed_order_of_the_element() -> None:
+    report = difftest(_gloo_written_out, modes=("exact",), examples=15, seed=3, max_workers=5)
+    result = report.modes["exact"]
+    finding, case = result.finding, result.counterexample
+    assert finding is not None and case is not None and finding.mismatch is not None
+    assert finding.codes == ["not-ring-order"]
+    # The element's chunk under gloo's layout of float32 probes (float64 for a float64 case), by hand:
+    # gloo folds chunk c as c-1, c-2, ..., c; the first two commute, printed smaller first.
+    per_worker = len(case.values) // case.n
+    flat = 0
+    for size, i in zip((case.m, *case.trailing), finding.mismatch.index, strict=True):
+        flat = flat * size + i
+    itemsize = 8 if case.dtype == torch.float64 else 4
+    chunk = next(c for c, (lo, hi) in enumerate(gloo_bounds(case.n, per_worker, itemsize)) if lo <= flat < hi)
+    order = [(chunk - 1 - j) % case.n for j in range(case.n)]
+    printed = ",".join(map(str, [*sorted(order[:2]), *order[2:]]))
+    assert f"the target sums that element as fold {printed}" in finding.explanation, finding.explanation
+    spec_order = ",".join(str((finding.mismatch.chunk + j) % case.n) for j in range(case.n))
+    assert f"where the spec's ring folds {spec_order}" in finding.explanation
