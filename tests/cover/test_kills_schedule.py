@@ -1,4 +1,4 @@
-"""The schedule's round listing (``sends``) for both phases, against the spec's formulas."""
+"""The schedule's round listing (``sends``) and each chunk's fold start, against the spec's formulas."""
 
 from __future__ import annotations
 
