@@ -290,6 +290,15 @@ def _executor() -> ThreadPoolExecutor:
         return _pool[1]
 
 
+def _after_fork_in_child() -> None:
+    """A child forked while another thread held the pool's lock must not wait for it forever."""
+    global _pool_lock  # noqa: PLW0603 - replaced in the child only
+    _pool_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def fold(x: Array, out: Array, cycle: Array, entries: Array, *, chunk_size: int, threads: int) -> bool:
     """Write the ring's result into ``out``, chunk after chunk; return whether all of it is finite.
 

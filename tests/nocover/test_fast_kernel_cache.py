@@ -1,4 +1,4 @@
-"""Where the fast engine's compiled kernel is kept when the package directory is read-only.
+"""The fast engine's compiled kernel across processes: its disk cache, and forked children.
 
 An installed package often lives in a read-only directory.  Numba then keeps
 the machine code in the per-user cache (``~/.cache/numba``); where that is not
@@ -88,3 +88,26 @@ def test_kernel_compiles_in_memory_when_nothing_is_writable(tmp_path: Path) -> N
     assert probe["finite"] and probe["out"] == EXPECTED
     assert probe["cache_path"] is None  # compiled without a cache
     assert list((tmp_path / "home").iterdir()) == []
+
+
+def test_a_forked_child_runs_the_kernel_on_threads_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The parent's worker threads are not in a forked child; the child starts its own and gets the bits."""
+    import numpy as np
+    import torch
+
+    from ring_ref import _kernel, ring_all_reduce
+
+    before = torch.get_num_threads()
+    monkeypatch.setattr(_kernel, "MIN_BYTES_PER_THREAD", 1)
+    try:
+        torch.set_num_threads(2)
+        x = torch.randn(8, 2**14, dtype=torch.float64)
+        want = ring_all_reduce(x, engine="fast")  # starts the parent's pool
+        pid = os.fork()
+        if pid == 0:  # the child
+            got = ring_all_reduce(x, engine="fast")
+            os._exit(0 if bool(np.array_equal(got.numpy(), want.numpy())) else 3)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        torch.set_num_threads(before)
+    assert os.waitstatus_to_exitcode(status) == 0
