@@ -94,8 +94,17 @@ def _difftest_arguments(parser: argparse.ArgumentParser) -> None:
         "--ranks",
         choices=RANKS,
         default=None,
-        help="TARGET is per rank: call TARGET(tensor) on every rank of a process group of N processes "
-        "(gloo: torch.distributed on 127.0.0.1)",
+        help="TARGET is per rank: call it on every rank of a process group of N processes "
+        "(gloo: TARGET(tensor), torch.distributed on 127.0.0.1; mpi: TARGET(comm, array), an mpi4py "
+        "communicator and a numpy array, ranks started by mpirun; float16/float32/float64 only)",
+    )
+    parser.add_argument(
+        "--mca",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="with --ranks mpi: pass --mca KEY VALUE to mpirun (repeatable), e.g. "
+        "coll_tuned_use_dynamic_rules=1 --mca coll_tuned_allreduce_algorithm=4 (OpenMPI's ring)",
     )
     parser.add_argument(
         "--mode", choices=[*MODES, "all"], default="all", help="oracle(s) to run (default all)"
@@ -111,8 +120,9 @@ def _difftest_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dtypes",
         nargs="+",
-        default=list(DTYPES),
-        help=f"dtypes to generate, space- or comma-separated (default: {' '.join(DTYPES)})",
+        default=None,
+        help=f"dtypes to generate, space- or comma-separated (default: {' '.join(DTYPES)}; "
+        "without bfloat16 for --ranks mpi)",
     )
     parser.add_argument(
         "--timeout",
@@ -143,8 +153,9 @@ def _difftest_command(args: argparse.Namespace) -> int:
     holds only the report; with ``--in-process`` whatever the target prints
     through ``sys.stdout`` goes to stderr under ``--json``.
     """
-    names = [d for item in args.dtypes for d in item.split(",") if d]
+    names = [d for item in args.dtypes or [] for d in item.split(",") if d]
     unknown = [d for d in names if d not in DTYPES]
+    mca = dict(item.partition("=")[::2] for item in args.mca)
     if args.max_workers is None:
         args.max_workers = MAX_RANKS if args.ranks else 16
     problem = option_problem(
@@ -152,7 +163,15 @@ def _difftest_command(args: argparse.Namespace) -> int:
     )
     if args.ranks and args.in_process:
         problem = "--in-process cannot be combined with --ranks (the ranks are processes of their own)"
-    if unknown or not names:
+    if args.mca and args.ranks != "mpi":
+        problem = "--mca options are passed to mpirun: they need --ranks mpi"
+    if any(not item.partition("=")[0] or "=" not in item for item in args.mca):
+        problem = f"--mca takes KEY=VALUE; got {args.mca}"
+    if args.ranks == "mpi" and "bfloat16" in names:
+        problem = (
+            "--ranks mpi hands each rank a numpy array, and numpy has no bfloat16: drop it from --dtypes"
+        )
+    if unknown or (args.dtypes is not None and not names):
         problem = f"unknown dtype(s) {unknown or names}; choose from {', '.join(DTYPES)}"
     if problem:
         print(f"ring-ref difftest: error: {problem}", file=sys.stderr)
@@ -177,10 +196,11 @@ def _difftest_command(args: argparse.Namespace) -> int:
                     examples=args.examples,
                     seed=args.seed,
                     max_workers=args.max_workers,
-                    dtypes=[DTYPES[d] for d in dict.fromkeys(names)],
+                    dtypes=[DTYPES[d] for d in dict.fromkeys(names)] if names else None,
                     timeout=args.timeout,
                     isolate=not args.in_process,
                     ranks=args.ranks,
+                    mca=mca,
                 )
         except TargetError as exc:
             print(f"ring-ref difftest: error: {exc}", file=sys.stderr)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Final
 
@@ -17,6 +17,7 @@ from ring_ref.difftest._call import Outcome
 from ring_ref.difftest._diagnosis import Finding, as_launcher, diagnose, difference, passes
 from ring_ref.difftest._inputs import LAYOUTS, Case, cases, one_worker_cases
 from ring_ref.difftest._launch import InProcess, Isolated, Launcher
+from ring_ref.difftest._mpi_ranks import MPI_DTYPES, MpiRanks
 from ring_ref.difftest._ranks import GlooRanks
 from ring_ref.difftest._report import ModeResult, Report
 from ring_ref.difftest._targets import importable_name, load_target
@@ -181,11 +182,12 @@ def difftest(
     examples: int = 100,
     seed: int | None = None,
     max_workers: int | None = None,
-    dtypes: Sequence[torch.dtype] = tuple(DTYPES.values()),
+    dtypes: Sequence[torch.dtype] | None = None,
     target: str | None = None,
     timeout: float = DEFAULT_TIMEOUT_S,
     isolate: bool | None = None,
     ranks: Ranks | None = None,
+    mca: Mapping[str, str] | None = None,
 ) -> Report:
     """Check ``fn`` against the reference in each of ``modes``; return the :class:`Report`.
 
@@ -206,6 +208,16 @@ def difftest(
     rank's ``(M, ...)`` tensor; it must be importable by name.  Every rank's
     result is checked, and the ranks against each other.
 
+    ``ranks="mpi"``: ``fn(comm, array)`` on every rank of an ``mpirun`` job of
+    ``N`` ranks, ``comm`` an ``mpi4py`` communicator of the ``N`` ranks and
+    ``array`` that rank's own ``numpy`` input; ``mca`` adds ``--mca KEY VALUE``
+    options to ``mpirun`` (e.g. ``{"coll_tuned_use_dynamic_rules": "1",
+    "coll_tuned_allreduce_algorithm": "4"}``).  ``numpy`` has no bfloat16, so
+    the dtypes are float16, float32 and float64 (the default drops bfloat16;
+    asking for it is refused).
+
+    ``dtypes`` defaults to every dtype the launcher takes.
+
     Raises :class:`~ring_ref.difftest.TargetError` when the target cannot be loaded.
     """
     modes = tuple(modes)
@@ -215,17 +227,28 @@ def difftest(
     problem = option_problem(examples=examples, seed=seed, max_workers=workers, timeout=timeout)
     if problem:
         raise ValueError(problem)
+    allowed = MPI_DTYPES if ranks == "mpi" else tuple(DTYPES.values())
+    if dtypes is None:
+        dtypes = allowed
     if not dtypes or any(d not in TORCH_DTYPES for d in dtypes):
         raise ValueError(f"dtypes must be a non-empty subset of {list(DTYPES)}; got {list(dtypes)}")
+    if any(d not in allowed for d in dtypes):
+        raise ValueError(
+            f"--ranks mpi hands each rank a numpy array, and numpy has no bfloat16: choose dtypes from "
+            f"{[dtype_name(d) for d in allowed]}; got {[dtype_name(d) for d in dtypes]}"
+        )
+    if mca and ranks != "mpi":
+        raise ValueError(f"mca (--mca) options are for ranks='mpi' (mpirun) only; got ranks={ranks!r}")
     if not modes or any(m not in MODES for m in modes):
         raise ValueError(f"modes must be a non-empty subset of {list(MODES)}; got {list(modes)}")
     if seed is None:
         seed = random.SystemRandom().randrange(2**32)
-    launcher, name = _launcher(fn, isolate, timeout, ranks)
+    launcher, name = _launcher(fn, isolate, timeout, ranks, mca)
     mode_arg = modes[0] if len(modes) == 1 else "all"
     if name is not None:
         options = "" if timeout == DEFAULT_TIMEOUT_S else f" --timeout {timeout:g}"
         options += "" if launcher.isolated else " --in-process"
+        options += "".join(f" --mca {key}={value}" for key, value in (mca or {}).items())
         where = f"--ranks {ranks} " if ranks else ""
         replay = (
             f"ring-ref difftest {where}{name} --mode {mode_arg} --examples {examples} --seed {seed} "
@@ -252,7 +275,11 @@ def difftest(
 
 
 def _launcher(
-    fn: Target | str, isolate: bool | None, timeout: float, ranks: Ranks | None
+    fn: Target | str,
+    isolate: bool | None,
+    timeout: float,
+    ranks: Ranks | None,
+    mca: Mapping[str, str] | None = None,
 ) -> tuple[Launcher, str | None]:
     """The launcher for ``fn`` and its importable name (``None`` for a lambda or local function)."""
     name = fn if isinstance(fn, str) else importable_name(fn)
@@ -263,6 +290,8 @@ def _launcher(
                 f"{getattr(fn, '__qualname__', fn)!r} must be a module-level function or a TARGET string, "
                 "and isolate cannot be False"
             )
+        if ranks == "mpi":
+            return MpiRanks(name, timeout, mca), name
         return GlooRanks(name, timeout), name
     if isinstance(fn, str):
         return (InProcess(load_target(fn)) if isolate is False else Isolated(fn, timeout)), fn

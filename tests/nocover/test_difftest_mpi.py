@@ -1,0 +1,151 @@
+"""``difftest --ranks mpi``: per-rank ``mpi4py`` targets checked on every rank of real OpenMPI jobs.
+
+To keep ``make verify`` short, the fast tests share two jobs (``N = 1`` and
+``N = 2``, each started once: every rank imports torch) through
+``MpiRanks(rings=...)``; the deadlock test runs last, as it kills the ``N = 2``
+job.  Every process the jobs started must be gone when the module ends.
+Requires OpenMPI and mpi4py (``make test`` installs them); without them these
+tests fail, they are not skipped.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from ring_ref._cli import main
+from ring_ref._mpi_launch import MpiRing, mpirun_path
+from ring_ref.difftest import Mode, difftest
+from ring_ref.difftest._mpi_ranks import MPI_DTYPES, MpiRanks
+from ring_ref.difftest._report import ModeResult
+from ring_ref.difftest._search import run_mode
+from ring_ref.difftest._vocabulary import MODES
+from ring_ref.mpi import openmpi_allreduce_mca
+from tests import planted_mpi
+
+pytestmark = pytest.mark.clause("difftest-ranks")
+
+_DTYPES = MPI_DTYPES
+
+
+def _gone(pid: int) -> bool:
+    """The process has exited (a zombie waiting for its reaper counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return state in ("Z", "X")
+
+
+class Jobs:
+    """Jobs of 1 and 2 ranks shared by the launchers of this module; on close, all their processes gone."""
+
+    def __init__(self) -> None:
+        mpirun_path()  # fail (not skip) with what to install when OpenMPI or mpi4py is missing
+        self.rings = {n: MpiRing(n) for n in (1, 2)}
+        self.pids: set[int] = set()
+
+    def run(
+        self, target: str, mode: Mode, *, examples: int, seed: int, timeout_s: float = 60.0
+    ) -> ModeResult:
+        """One mode of the tester on ``target`` over these jobs (``N`` up to 2; the jobs stay open)."""
+        launcher = MpiRanks(target, timeout_s, rings=self.rings)
+        try:
+            return run_mode(launcher, mode, examples=examples, seed=seed, max_workers=2, dtypes=_DTYPES)
+        finally:
+            for ring in self.rings.values():
+                self.pids.update(ring.pids)
+
+    def close(self) -> None:
+        for ring in self.rings.values():
+            self.pids.update(ring.pids)
+            ring.close()
+        deadline = time.monotonic() + 10
+        while (left := [p for p in self.pids if not _gone(p)]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not left, f"processes left behind: {left}"
+
+
+@pytest.fixture(scope="module")
+def jobs() -> Iterator[Jobs]:
+    pool = Jobs()
+    yield pool
+    pool.close()
+
+
+@pytest.mark.clause("difftest-oracles", "fold-order")
+def test_ring_allreduce_underscore_passes_every_mode(jobs: Jobs) -> None:
+    for mode in MODES:
+        result = jobs.run("ring_ref.mpi:ring_allreduce_", mode, examples=4, seed=3)
+        assert result.verdict == "pass", (mode, result.finding)
+        assert result.examples >= 4
+
+
+@pytest.mark.clause("difftest-diagnoses")
+@pytest.mark.parametrize(("bug", "mode"), [("gather_adds", "order-free"), ("chunk_off_by_one", "bound")])
+def test_planted_mpi_bug_gets_its_code(jobs: Jobs, bug: str, mode: Mode) -> None:
+    result = jobs.run(f"tests.planted_mpi:{bug}", mode, examples=10, seed=1)
+    finding, cex = result.finding, result.counterexample
+    assert result.verdict == "fail" and finding is not None and cex is not None
+    assert finding.codes == [planted_mpi.EXPECTED[bug]], finding.explanation
+    assert cex.n == 2 and finding.ranks, finding.explanation
+    if bug == "gather_adds":
+        assert "counted more than once" in finding.explanation
+
+
+@pytest.mark.clause("difftest-diagnoses")
+def test_send_send_deadlock_is_timed_out_with_every_ranks_stack(jobs: Jobs) -> None:
+    result = jobs.run("tests.planted_mpi:send_send_deadlock", "order-free", examples=5, seed=1, timeout_s=3)
+    finding, cex = result.finding, result.counterexample
+    assert finding is not None and cex is not None and finding.codes == ["timed-out"], finding
+    assert cex.n == 2 and finding.ranks == [0, 1], finding.explanation
+    for rank in (0, 1):
+        assert f"rank {rank}:\n" in finding.stack
+    assert finding.stack.count("in _exchange") == 2, finding.stack
+
+
+def test_cli_refuses_mca_without_mpi_bad_mca_and_bfloat16(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["difftest", "ring_ref.mpi:ring_allreduce_", "--examples", "1"]
+    assert main([*base, "--ranks", "gloo", "--mca", "btl=self"]) == 2
+    assert "--mca options are passed to mpirun: they need --ranks mpi" in capsys.readouterr().err
+    assert main([*base, "--ranks", "mpi", "--mca", "btl"]) == 2
+    assert "--mca takes KEY=VALUE" in capsys.readouterr().err
+    assert main([*base, "--ranks", "mpi", "--dtypes", "bfloat16"]) == 2
+    assert "numpy has no bfloat16" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="numpy has no bfloat16"):
+        difftest("ring_ref.mpi:ring_allreduce_", ranks="mpi", dtypes=[torch.bfloat16])
+
+
+@pytest.mark.soak
+@pytest.mark.clause("difftest-oracles")
+def test_soak_openmpi_default_allreduce_passes_order_free_and_bound() -> None:
+    report = difftest(
+        "ring_ref.targets:mpi_allreduce",
+        ranks="mpi",
+        modes=("order-free", "bound"),
+        dtypes=_DTYPES[1:],
+        examples=60,
+        seed=5,
+        max_workers=4,
+    )
+    assert report.verdict == "pass" and report.ranks == "mpi", report.render()
+
+
+@pytest.mark.soak
+@pytest.mark.clause("difftest-oracles", "fold-order")
+def test_soak_openmpi_ring_algorithm_passes_exact() -> None:
+    report = difftest(
+        "ring_ref.targets:mpi_allreduce",
+        ranks="mpi",
+        mca=openmpi_allreduce_mca("ring"),
+        dtypes=_DTYPES[1:],
+        examples=60,
+        seed=6,
+        max_workers=4,
+    )
+    assert report.verdict == "pass", report.render()
+    assert "--mca coll_tuned_allreduce_algorithm=4" in report.replay
