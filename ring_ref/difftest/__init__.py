@@ -37,13 +37,16 @@ nothing the target does to its own process changes the verdict.  Each call
 has a time limit (``timed-out``); a worker that dies is ``crashed``.  With
 ``ranks="gloo"`` the target is per rank, ``fn(tensor)``, called on every rank
 of a real gloo group; every rank is checked, and the ranks against each other
-(``ranks-disagree``).
+(``ranks-disagree``).  With ``ranks="mpi"`` it is ``fn(comm, array)`` on every
+rank of an ``mpirun`` job (``mpi4py`` communicator, ``numpy`` array; float16,
+float32 and float64), with the same checks.
 
 One job per private module: ``_vocabulary`` (modes, codes, dtype names),
 ``_inputs`` (cases, layouts, probes), ``_oracles`` (the three oracles),
 ``_call`` (calling a target and reading its raw answer), ``_worker`` (the
 worker process), ``_launch`` (in-process or isolated), ``_ranks`` (process
-groups for per-rank targets), ``_diagnosis`` (codes
+groups for per-rank targets), ``_mpi`` and ``_mpi_ranks`` (per-rank targets on
+MPI jobs), ``_diagnosis`` (codes
 and explanations), ``_report`` (text and JSON), ``_search`` (Hypothesis,
 shrinking and :func:`difftest`), ``_targets`` (loading ``TARGET`` by name).
 The command line lives in :mod:`ring_ref._cli`.

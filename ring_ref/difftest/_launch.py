@@ -11,7 +11,8 @@ search, the oracles and the diagnosis only ever see outcomes.
   process that imports it by name; the worker is reused across cases and
   restarted after it dies or is killed for running past the time limit.
 * :class:`~ring_ref.difftest._ranks.GlooRanks` runs a per-rank target on every
-  rank of a gloo process group (:mod:`ring_ref.difftest._ranks`).
+  rank of a gloo process group (:mod:`ring_ref.difftest._ranks`), and
+  :class:`~ring_ref.difftest._mpi_ranks.MpiRanks` on every rank of an MPI job.
 """
 
 from __future__ import annotations
