@@ -21,7 +21,7 @@ from ring_ref._ops import OPS, Op, op_name
 from ring_ref._validate import not_an_array, schedule_of
 from ring_ref._version import __version__
 from ring_ref.invariants import InvariantViolation
-from ring_ref.schedule import PRESETS, SPEC, RingSchedule
+from ring_ref.schedule import PRESETS, RingSchedule
 
 __all__ = [
     "ENGINES",
@@ -90,8 +90,7 @@ def ring_all_reduce(
     name from :data:`PRESETS` (``"spec"``, the default, ``"openmpi-ring"``,
     ``"gloo"``) or a :class:`RingSchedule` (direction, offset, chunk layout).
     With the layouts ``blocks`` and ``gloo`` ``M`` need not be divisible by ``N``.
-    The fast engine runs the spec's ring itself; another schedule on
-    ``engine="fast"`` runs on the reference core, which gives the same bits.
+    Both engines run every ring of the family, with the same bits.
     """
     if engine not in ENGINES:
         raise ValueError(
@@ -100,12 +99,6 @@ def ring_all_reduce(
         )
     reduce_op = op_name(op)
     ring = schedule_of(schedule)
-    if ring != SPEC:
-        if isinstance(worker_tensors, torch.Tensor):
-            return _torch_adapter.ring_all_reduce(worker_tensors, reduce_op, ring)
-        if isinstance(worker_tensors, np.ndarray):
-            return _numpy_adapter.ring_all_reduce(worker_tensors, reduce_op, ring)
-        raise not_an_array(worker_tensors).error()
     if engine == "fast" and reduce_op != "sum":
         raise ValueError(
             f"engine='fast' computes op='sum' only; op={reduce_op!r} runs on engine='reference' "
@@ -113,10 +106,10 @@ def ring_all_reduce(
         )
     if isinstance(worker_tensors, torch.Tensor):
         if engine == "fast":
-            return _fast.ring_all_reduce_torch(worker_tensors)
-        return _torch_adapter.ring_all_reduce(worker_tensors, reduce_op)
+            return _fast.ring_all_reduce_torch(worker_tensors, ring)
+        return _torch_adapter.ring_all_reduce(worker_tensors, reduce_op, ring)
     if isinstance(worker_tensors, np.ndarray):
         if engine == "fast":
-            return _fast.ring_all_reduce_numpy(worker_tensors)
-        return _numpy_adapter.ring_all_reduce(worker_tensors, reduce_op)
+            return _fast.ring_all_reduce_numpy(worker_tensors, ring)
+        return _numpy_adapter.ring_all_reduce(worker_tensors, reduce_op, ring)
     raise not_an_array(worker_tensors).error()

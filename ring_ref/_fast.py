@@ -71,7 +71,7 @@ import math
 from collections.abc import Callable, Sequence
 from functools import lru_cache
 from types import ModuleType
-from typing import Any, Final, NamedTuple, TypeVar
+from typing import Any, Final, NamedTuple, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -80,7 +80,9 @@ from torch._C._functorch import is_functorch_wrapped_tensor
 from torch.autograd import forward_ad
 
 from ring_ref import _validate, schedule
+from ring_ref._chunks import chunk_bounds
 from ring_ref.invariants import InvariantViolation
+from ring_ref.schedule import SPEC, RingSchedule
 
 TILE_BYTES = 2 << 20
 """Bytes of partial sums per CPU tile on the batched path with torch operations (see ``make bench``)."""
@@ -95,6 +97,14 @@ _NONE: Final = np.iinfo(np.int64).min
 """``incoming`` of a chunk that already holds a partial sum, in the plan's index arrays."""
 
 Array = npt.NDArray[Any]
+
+
+class Sends(Protocol):
+    """Where the plan reads the sends: :mod:`ring_ref.schedule` itself, or a :class:`RingSchedule`."""
+
+    def right(self, i: Any, n: int) -> Any: ...
+
+    def send_chunk(self, phase: schedule.Phase, i: Any, r: Any, n: int) -> Any: ...
 
 
 class Add(NamedTuple):
@@ -246,7 +256,9 @@ def _group_rows(own: npt.NDArray[np.int64], incoming: npt.NDArray[np.int64]) -> 
     return result
 
 
-def _reduce_scatter_in_bulk(n: int) -> tuple[Rounds, npt.NDArray[np.int64], Cycle] | None:
+def _reduce_scatter_in_bulk(
+    n: int, ring: Sends = schedule
+) -> tuple[Rounds, npt.NDArray[np.int64], Cycle] | None:
     """The reduce-scatter plan when the schedule has the ring's usual shape, checked in bulk; else ``None``.
 
     The shape: ``right`` visits all ``n`` workers in one cycle, there are
@@ -262,7 +274,7 @@ def _reduce_scatter_in_bulk(n: int) -> tuple[Rounds, npt.NDArray[np.int64], Cycl
     if n == 1:
         entries = np.array([[0, 1, 0]], dtype=np.uint64)
         return ((), np.zeros(1, dtype=np.int64), Cycle(entries[0, 2:], entries)) if count == 0 else None
-    dst = _evaluate(schedule.right, _WORKERS, n, n=n)[0]
+    dst = _evaluate(ring.right, _WORKERS, n, n=n)[0]
     if count != n - 1 or not _in_range(dst, n) or not _is_one_cycle(dst, n):
         return None
     chunks = np.arange(n, dtype=np.int64)
@@ -270,7 +282,7 @@ def _reduce_scatter_in_bulk(n: int) -> tuple[Rounds, npt.NDArray[np.int64], Cycl
     holder: npt.NDArray[np.int64] | None = None  # who holds each chunk's partial sum
     first = chunks  # each chunk's first worker
     for block in _blocks(count, n):
-        sent = _evaluate(schedule.send_chunk, schedule.REDUCE_SCATTER, _WORKERS, _ROUND, n, n=n, rounds=block)
+        sent = _evaluate(ring.send_chunk, schedule.REDUCE_SCATTER, _WORKERS, _ROUND, n, n=n, rounds=block)
         sender = _inverse(sent, n) if _in_range(sent, n) else None
         if sender is None:
             return None
@@ -304,8 +316,10 @@ def _cycle(dst: npt.NDArray[np.int64], first: npt.NDArray[np.int64]) -> Cycle:
     return Cycle(order.astype(np.uint64), np.array(entries, dtype=np.uint64))
 
 
-def _rs_fault(r: int, src: int, c: int, n: int, problem: str) -> InvariantViolation:
-    dst = schedule.right(src, n)
+def _rs_fault(
+    r: int, src: int, c: int, n: int, problem: str, *, ring: Sends = schedule
+) -> InvariantViolation:
+    dst = ring.right(src, n)
     return InvariantViolation(
         f"reduce-scatter round {r}: worker {src} sends chunk {c} to worker {dst}, {problem}"
     )
@@ -320,7 +334,7 @@ def _repeats(chunk: npt.NDArray[np.int64], n: int) -> npt.NDArray[np.bool_]:
     return repeated
 
 
-def _reduce_scatter_walk(n: int) -> tuple[Rounds, npt.NDArray[np.int64]]:
+def _reduce_scatter_walk(n: int, ring: Sends = schedule) -> tuple[Rounds, npt.NDArray[np.int64]]:
     """The reduce-scatter plan for any schedule, or the first fault, by simulating every send.
 
     Round by round, all senders of a round at once, it tracks the worker
@@ -329,7 +343,7 @@ def _reduce_scatter_walk(n: int) -> tuple[Rounds, npt.NDArray[np.int64]]:
     it happens, as a sequential walk over the sends would find it.
     """
     workers = np.arange(n, dtype=np.int64)
-    dst = _evaluate(schedule.right, _WORKERS, n, n=n)[0]
+    dst = _evaluate(ring.right, _WORKERS, n, n=n)[0]
     fault = _out_of_range(dst, n, "right(i)")
     if fault:
         raise fault
@@ -337,9 +351,7 @@ def _reduce_scatter_walk(n: int) -> tuple[Rounds, npt.NDArray[np.int64]]:
     folded = np.zeros((n, n), dtype=bool)  # folded[c, w]: chunk c's partial holds worker w's contribution
     rounds: list[tuple[Add, ...]] = []
     for block in _blocks(schedule.rounds_per_phase(n), n):
-        table = _evaluate(
-            schedule.send_chunk, schedule.REDUCE_SCATTER, _WORKERS, _ROUND, n, n=n, rounds=block
-        )
+        table = _evaluate(ring.send_chunk, schedule.REDUCE_SCATTER, _WORKERS, _ROUND, n, n=n, rounds=block)
         for r, chunk in zip(block, table, strict=True):
             fault = _out_of_range(chunk, n, f"reduce-scatter round {r}: the chunk sent")
             if fault:
@@ -358,7 +370,7 @@ def _reduce_scatter_walk(n: int) -> tuple[Rounds, npt.NDArray[np.int64]]:
                     problem = f"but its partial sum is at worker {int(at[src])}"
                 else:
                     problem = "whose partial sum already holds the receiver's contribution"
-                raise _rs_fault(r, src, int(chunk[src]), n, problem)
+                raise _rs_fault(r, src, int(chunk[src]), n, problem, ring=ring)
             folded[chunk[fresh], workers[fresh]] = True
             folded[chunk, dst] = True
             holder[chunk] = dst
@@ -375,7 +387,7 @@ def _reduce_scatter_walk(n: int) -> tuple[Rounds, npt.NDArray[np.int64]]:
     return tuple(rounds), np.where(holder < 0, 0, holder)
 
 
-def _all_gather_in_bulk(n: int, owners: npt.NDArray[np.int64]) -> bool:
+def _all_gather_in_bulk(n: int, owners: npt.NDArray[np.int64], ring: Sends = schedule) -> bool:
     """Whether all-gather has the ring's usual shape, checked in bulk (else :func:`_all_gather_walk` decides).
 
     The shape: each worker owns one completed chunk, ``right`` is a permutation,
@@ -386,7 +398,7 @@ def _all_gather_in_bulk(n: int, owners: npt.NDArray[np.int64]) -> bool:
     count = schedule.rounds_per_phase(n)
     if n == 1:
         return count == 0
-    dst = _evaluate(schedule.right, _WORKERS, n, n=n)[0]
+    dst = _evaluate(ring.right, _WORKERS, n, n=n)[0]
     owned = _inverse(owners[None], n)
     left = _inverse(dst[None], n) if _in_range(dst, n) else None
     if owned is None or left is None:
@@ -394,7 +406,7 @@ def _all_gather_in_bulk(n: int, owners: npt.NDArray[np.int64]) -> bool:
     last = owned[0]  # last[i]: the chunk worker i holds newest, completed
     at_0 = [owned[0, 0]]
     for block in _blocks(count, n):
-        sent = _evaluate(schedule.send_chunk, schedule.ALL_GATHER, _WORKERS, _ROUND, n, n=n, rounds=block)
+        sent = _evaluate(ring.send_chunk, schedule.ALL_GATHER, _WORKERS, _ROUND, n, n=n, rounds=block)
         if (sent[0] != last).any() or (sent[1:] != sent[:-1][:, left[0]]).any():
             return False
         last = sent[-1][left[0]]
@@ -402,14 +414,14 @@ def _all_gather_in_bulk(n: int, owners: npt.NDArray[np.int64]) -> bool:
     return len(set(at_0)) == n
 
 
-def _all_gather_walk(n: int, owners: npt.NDArray[np.int64]) -> None:
+def _all_gather_walk(n: int, owners: npt.NDArray[np.int64], ring: Sends = schedule) -> None:
     """Simulate every all-gather send: only completed chunks move, and worker 0 ends with all of them."""
     workers = np.arange(n, dtype=np.int64)
-    dst = _evaluate(schedule.right, _WORKERS, n, n=n)[0]
+    dst = _evaluate(ring.right, _WORKERS, n, n=n)[0]
     complete = np.zeros((n, n), dtype=bool)  # complete[w, c]: worker w holds completed chunk c
     complete[owners, workers] = True
     for block in _blocks(schedule.rounds_per_phase(n), n):
-        table = _evaluate(schedule.send_chunk, schedule.ALL_GATHER, _WORKERS, _ROUND, n, n=n, rounds=block)
+        table = _evaluate(ring.send_chunk, schedule.ALL_GATHER, _WORKERS, _ROUND, n, n=n, rounds=block)
         for r, chunk in zip(block, table, strict=True):
             fault = _out_of_range(chunk, n, f"all-gather round {r}: the chunk sent")
             if fault:
@@ -427,8 +439,12 @@ def _all_gather_walk(n: int, owners: npt.NDArray[np.int64]) -> None:
 
 
 @lru_cache(maxsize=16)
-def plan(n: int) -> Plan:
+def plan(n: int, ring: RingSchedule = SPEC) -> Plan:
     """The reduce-scatter additions of the ring for ``n`` workers, checked against the whole schedule.
+
+    ``ring`` is a ring of the schedule family (its direction and offset; the
+    layout does not change the plan): the spec's, from the functions of
+    :mod:`ring_ref.schedule` themselves, by default.
 
     A schedule of the ring's usual shape is checked in bulk, with closed forms
     per chunk (:func:`_reduce_scatter_in_bulk`, :func:`_all_gather_in_bulk`);
@@ -442,13 +458,16 @@ def plan(n: int) -> Plan:
     >>> [len(adds) for adds in plan(4).rounds]
     [2, 2, 2]
     """
-    bulk = _reduce_scatter_in_bulk(n)
+    sends: Sends = schedule if (ring.direction, ring.offset % n) == (1, 0) else ring
+    bulk = _reduce_scatter_in_bulk(n, sends)
     if bulk is None:
-        _reduce_scatter_walk(n)  # raises, naming the first fault: every schedule it accepts is ring-shaped
+        _reduce_scatter_walk(
+            n, sends
+        )  # raises, naming the first fault: every schedule it accepts is ring-shaped
         raise InvariantViolation(f"the reduce-scatter schedule for N = {n} does not move chunks in one cycle")
     rounds, owners, cycle = bulk
-    if not _all_gather_in_bulk(n, owners):
-        _all_gather_walk(n, owners)
+    if not _all_gather_in_bulk(n, owners, sends):
+        _all_gather_walk(n, owners, sends)
     return Plan(rounds, cycle)
 
 
@@ -584,12 +603,35 @@ def _fold(x2d: Array, out: Array, cycle: Cycle) -> bool:
     )
 
 
-def _torch_forward(x: torch.Tensor) -> tuple[torch.Tensor, bool]:
+def _uneven_torch(x: torch.Tensor, ring: RingSchedule) -> tuple[torch.Tensor, bool]:
+    """Unequal chunks (layouts ``blocks``, ``gloo``) run as even ones: each padded to the longest.
+
+    Worker ``i``'s elements (row-major) are cut at the layout's bounds and chunk
+    ``c`` is copied to columns ``c K .. c K + size - 1`` of an ``(N, N K)`` buffer,
+    ``K`` the longest chunk, zeros elsewhere; the even path folds every column
+    of chunk ``c`` in chunk ``c``'s order, so each real element gets exactly its
+    own chunk's additions, and the padding is dropped.
+    """
+    n = x.shape[0]
+    flat = x.detach().reshape(n, -1)
+    bounds = chunk_bounds(ring.layout, n, flat.shape[1], itemsize=x.element_size())
+    k = max(1, *(hi - lo for lo, hi in bounds))
+    padded = flat.new_zeros((n, n * k))
+    for c, (lo, hi) in enumerate(bounds):
+        padded[:, c * k : c * k + hi - lo] = flat[:, lo:hi]
+    out, finite = _torch_forward(padded, ring._replace(layout="even"))
+    pieces = [out[c * k : c * k + hi - lo] for c, (lo, hi) in enumerate(bounds)]
+    return torch.cat(pieces).reshape(x.shape[1:]), finite
+
+
+def _torch_forward(x: torch.Tensor, ring: RingSchedule = SPEC) -> tuple[torch.Tensor, bool]:
     """The result for a tensor that passed ``check_torch_structure``, and whether all of it is finite.
 
     The result is a tensor of its own, never a view (autograd allows in-place
     operations on it).
     """
+    if ring.layout != "even":
+        return _uneven_torch(x, ring)
     n, m = x.shape[0], x.shape[1]
     k = m // n
     trailing = tuple(x.shape[2:])
@@ -603,7 +645,7 @@ def _torch_forward(x: torch.Tensor) -> tuple[torch.Tensor, bool]:
         flat = x.as_strided((n, m * math.prod(trailing)), (x.stride(0), inner)).numpy()
         flat.flags.writeable = False
         if flat.flags.aligned:
-            return result, _fold(flat, result.numpy().reshape(-1), plan(n).cycle)
+            return result, _fold(flat, result.numpy().reshape(-1), plan(n, ring).cycle)
     s_worker, s_row, *s_trailing = x.stride()
     base = x.storage_offset()
 
@@ -619,22 +661,24 @@ def _torch_forward(x: torch.Tensor) -> tuple[torch.Tensor, bool]:
 
     tile = _tile(n, k, math.prod(trailing) * x.element_size(), TILE_BYTES if x.is_cpu else None)
     acc = result.view(n, k, *trailing)
-    finite = _run(plan(n).rounds, acc, diagonal=diagonal, add=add, all_finite=_torch_all_finite, tile=tile)
+    finite = _run(
+        plan(n, ring).rounds, acc, diagonal=diagonal, add=add, all_finite=_torch_all_finite, tile=tile
+    )
     return result, finite
 
 
 class _RingSum(torch.autograd.Function):
     """Autograd for the fast engine: every worker's gradient is the output gradient, unchanged.
 
-    ``apply(x, check)``: ``check`` says whether a result that is not all finite
-    needs the input scan (``bad-input``); tangents are not inputs and are not
-    checked.
+    ``apply(x, check, ring)``: ``check`` says whether a result that is not all
+    finite needs the input scan (``bad-input``); tangents are not inputs and
+    are not checked; ``ring`` is the ring of the schedule family to run.
     """
 
     @staticmethod
     def forward(*args: Any, **kwargs: Any) -> Any:
-        x, check = args
-        result, finite = _torch_forward(x)
+        x, check, ring = args
+        result, finite = _torch_forward(x, ring)
         if check and not finite:
             _validate.torch_finite(x)
         return result
@@ -642,28 +686,29 @@ class _RingSum(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx: Any, inputs: Any, output: Any) -> None:
         ctx.workers = inputs[0].shape[0]
+        ctx.ring = inputs[2]
 
     @staticmethod
     def backward(ctx: Any, *grad_outputs: Any) -> Any:
         (grad,) = grad_outputs
-        return grad.unsqueeze(0).expand(ctx.workers, *grad.shape), None
+        return grad.unsqueeze(0).expand(ctx.workers, *grad.shape), None, None
 
     @staticmethod
     def jvp(ctx: Any, *grad_inputs: Any) -> Any:
         # The same ring over the tangents; through apply, so a torch.func tangent is unwrapped first.
-        tangent, _ = grad_inputs
-        return _ring_sum(tangent, False)
+        tangent = grad_inputs[0]
+        return _ring_sum(tangent, False, ctx.ring)
 
     @staticmethod
     def vmap(info: Any, in_dims: Any, *args: Any) -> Any:
         # Elements are reduced independently: the batch is one more trailing dimension.
-        x, check = args
+        x, check, ring = args
         if in_dims[0] is None:
-            return _ring_sum(x, check), None
-        return _ring_sum(x.movedim(in_dims[0], -1), check), -1
+            return _ring_sum(x, check, ring), None
+        return _ring_sum(x.movedim(in_dims[0], -1), check, ring), -1
 
 
-_ring_sum: Callable[[torch.Tensor, bool], torch.Tensor] = _RingSum.apply
+_ring_sum: Callable[[torch.Tensor, bool, RingSchedule], torch.Tensor] = _RingSum.apply
 """``_RingSum.apply`` with its type stated (torch leaves it untyped)."""
 
 
@@ -681,29 +726,48 @@ def _differentiable(x: torch.Tensor) -> bool:
     )
 
 
-def ring_all_reduce_torch(x: torch.Tensor) -> torch.Tensor:
-    """The fast engine on a ``torch.Tensor`` of shape ``(N, M, ...)``; returns ``(M, ...)``."""
-    _validate.check_torch_structure(x)
+def ring_all_reduce_torch(x: torch.Tensor, ring: RingSchedule = SPEC) -> torch.Tensor:
+    """The fast engine on a ``torch.Tensor`` of shape ``(N, M, ...)``; returns ``(M, ...)``.
+
+    ``ring``: a ring of the schedule family (clause ``schedule-fold-order``), the spec's by default.
+    """
+    _validate.check_torch_structure(x, divisible=ring.layout == "even")
     if _differentiable(x):
-        return _ring_sum(x, True)  # checks finiteness inside, on the unwrapped input
-    result, finite = _torch_forward(x)
+        return _ring_sum(x, True, ring)  # checks finiteness inside, on the unwrapped input
+    result, finite = _torch_forward(x, ring)
     if not finite:
         _validate.torch_finite(x)
     return result
 
 
-def ring_all_reduce_numpy(x: npt.NDArray[Any]) -> npt.NDArray[Any]:
+def ring_all_reduce_numpy(x: npt.NDArray[Any], ring: RingSchedule = SPEC) -> npt.NDArray[Any]:
     """The fast engine on a ``numpy.ndarray`` of shape ``(N, M, ...)``; returns ``(M, ...)``."""
-    _validate.check_numpy_structure(x)
+    _validate.check_numpy_structure(x, divisible=ring.layout == "even")
     x = _validate.plain_array(x)
-    result, finite = _numpy_forward(x)
+    result, finite = _numpy_forward(x, ring)
     if not finite:
         _validate.numpy_finite(x)
     return result
 
 
-def _numpy_forward(x: npt.NDArray[Any]) -> tuple[npt.NDArray[Any], bool]:
+def _uneven_numpy(x: npt.NDArray[Any], ring: RingSchedule) -> tuple[npt.NDArray[Any], bool]:
+    """:func:`_uneven_torch` for numpy arrays."""
+    n = x.shape[0]
+    flat = x.reshape(n, -1)
+    bounds = chunk_bounds(ring.layout, n, flat.shape[1], itemsize=x.itemsize)
+    k = max(1, *(hi - lo for lo, hi in bounds))
+    padded = np.zeros((n, n * k), dtype=x.dtype)
+    for c, (lo, hi) in enumerate(bounds):
+        padded[:, c * k : c * k + hi - lo] = flat[:, lo:hi]
+    out, finite = _numpy_forward(padded, ring._replace(layout="even"))
+    pieces = [out[c * k : c * k + hi - lo] for c, (lo, hi) in enumerate(bounds)]
+    return np.concatenate(pieces).reshape(x.shape[1:]), finite
+
+
+def _numpy_forward(x: npt.NDArray[Any], ring: RingSchedule = SPEC) -> tuple[npt.NDArray[Any], bool]:
     """The result for an array that passed ``check_numpy_structure``, and whether all of it is finite."""
+    if ring.layout != "even":
+        return _uneven_numpy(x, ring)
     n, m = x.shape[0], x.shape[1]
     k = m // n
     trailing = x.shape[2:]
@@ -717,7 +781,7 @@ def _numpy_forward(x: npt.NDArray[Any]) -> tuple[npt.NDArray[Any], bool]:
         flat = np.lib.stride_tricks.as_strided(
             x, (n, x[0].size), (x.strides[0], inner * x.itemsize), writeable=False
         )
-        return result, _fold(flat, result.reshape(-1), plan(n).cycle)
+        return result, _fold(flat, result.reshape(-1), plan(n, ring).cycle)
     s_worker, s_row, *s_trailing = x.strides
 
     def diagonal(offset: int, start: int, stop: int) -> npt.NDArray[Any]:
@@ -737,6 +801,6 @@ def _numpy_forward(x: npt.NDArray[Any]) -> tuple[npt.NDArray[Any], bool]:
     # invalid operation (inf - inf) only happens on non-finite input, which is rejected below.
     with np.errstate(over="ignore", invalid="ignore"):
         finite = _run(
-            plan(n).rounds, acc, diagonal=diagonal, add=add, all_finite=_numpy_all_finite, tile=tile
+            plan(n, ring).rounds, acc, diagonal=diagonal, add=add, all_finite=_numpy_all_finite, tile=tile
         )
     return result, finite
