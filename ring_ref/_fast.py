@@ -461,9 +461,8 @@ def plan(n: int, ring: RingSchedule = SPEC) -> Plan:
     sends: Sends = schedule if (ring.direction, ring.offset % n) == (1, 0) else ring
     bulk = _reduce_scatter_in_bulk(n, sends)
     if bulk is None:
-        _reduce_scatter_walk(
-            n, sends
-        )  # raises, naming the first fault: every schedule it accepts is ring-shaped
+        # raises, naming the first fault: every schedule the walk accepts is ring-shaped
+        _reduce_scatter_walk(n, sends)
         raise InvariantViolation(f"the reduce-scatter schedule for N = {n} does not move chunks in one cycle")
     rounds, owners, cycle = bulk
     if not _all_gather_in_bulk(n, owners, sends):
