@@ -22,7 +22,8 @@ from ring_ref.invariants import (
     check_round,
     first_violation,
 )
-from ring_ref.schedule import ALL_GATHER, REDUCE_SCATTER, Phase, all_rounds
+from ring_ref.schedule import ALL_GATHER, GLOO, REDUCE_SCATTER, Phase, RingSchedule, all_rounds
+from tests.oracles import spec_slot
 
 pytestmark = pytest.mark.clause("inv-rs-provenance", "inv-ag-provenance", "inv-finished-chunks")
 
@@ -223,3 +224,69 @@ def test_check_refuses_an_all_gather_round_before_the_first(n: int) -> None:
         f"after all-gather round -2: finished chunks {finished} differ from "
         f"{tuple(frozenset() for _ in range(n))}"
     )
+
+
+# --- the schedule family (clause schedule-invariants) --------------------------------------------
+
+FAMILY = [GLOO, RingSchedule(-1, 0, "even"), RingSchedule(1, 2, "even")]
+"""Rings whose closed forms differ from the spec's (openmpi-ring has the spec's, on other chunks)."""
+
+
+def _family_rounds(
+    ring: RingSchedule, n: int
+) -> list[tuple[Phase, int, State[Provenance], State[Provenance]]]:
+    """``(phase, r, before, after)`` for every round of ``ring``, stepped by the core."""
+    state, out = provenance_state(n), []
+    for phase, r in all_rounds(n):
+        after = step(state, phase, r, fold, schedule=ring)
+        out.append((phase, r, state, after))
+        state = after
+    return out
+
+
+@pytest.mark.clause("schedule-invariants")
+@pytest.mark.parametrize("ring", FAMILY, ids=str)
+@pytest.mark.parametrize("n", [3, 4, 5])
+def test_the_predicates_hold_for_the_ring_they_are_given_and_not_for_the_spec(
+    ring: RingSchedule, n: int
+) -> None:
+    spec_agrees = []
+    for phase, r, before, after in _family_rounds(ring, n):
+        holds = invariants.holds_rs_invariant if phase == REDUCE_SCATTER else invariants.holds_ag_invariant
+        assert holds(after, r, schedule=ring), (phase, r)
+        assert invariants.holds_finished_chunks(after, phase, r, schedule=ring), (phase, r)
+        check(after, phase, r, schedule=ring)
+        check_round(before, after, phase, r, schedule=ring)
+        spec_agrees.append(holds(after, r) and invariants.holds_finished_chunks(after, phase, r))
+    assert not all(spec_agrees)  # the spec's closed forms tell this ring apart
+
+
+@pytest.mark.clause("schedule-invariants")
+@pytest.mark.parametrize("ring", FAMILY, ids=str)
+@pytest.mark.parametrize("n", [3, 4, 5])
+def test_a_round_that_delivers_nothing_is_refused_for_every_ring(ring: RingSchedule, n: int) -> None:
+    for phase, r, before, _after in _family_rounds(ring, n):
+        with pytest.raises(InvariantViolation, match=rf"^after {phase} round {r}: "):
+            check_round(before, before, phase, r, schedule=ring)
+
+
+@pytest.mark.clause("schedule-invariants")
+@pytest.mark.parametrize("ring", FAMILY, ids=str)
+@pytest.mark.parametrize("n", [3, 4, 5])
+def test_a_round_that_delivers_the_specs_values_into_the_rings_slots_is_refused(
+    ring: RingSchedule, n: int
+) -> None:
+    """Each worker's slot gets what the spec's ring would hold there (``tests/oracles.spec_slot``)."""
+    refused = 0
+    for phase, r, before, after in _family_rounds(ring, n):
+        rows = _rows(before)
+        for i in range(n):
+            (c,) = [c for c in range(n) if after[i][c] != before[i][c]]  # the slot the ring delivers
+            rows[i][c] = tuple(spec_slot(phase, r, i, c, n))
+        faulty = _frozen(rows)
+        if faulty == after:
+            continue  # here the spec's values are the ring's
+        with pytest.raises(InvariantViolation, match=rf"^after {phase} round {r}: "):
+            check_round(before, faulty, phase, r, schedule=ring)
+        refused += 1
+    assert refused > 0
