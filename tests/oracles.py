@@ -105,9 +105,10 @@ def ring_fold_op(x: torch.Tensor, op: str) -> torch.Tensor:
         total = ring_fold(x)
         if op == "sum":
             return total
-        # Fraction(-0.0) is 0: the sign of a zero sum is carried over by hand (-0.0 / N is -0.0).
+        # Fraction(-0.0) is 0: the sign of a zero sum is carried over by hand (-0.0 / N is -0.0);
+        # an overflowed sum stays infinite.
         sums = total.to(torch.float64).reshape(-1).tolist()
-        exact = [math.copysign(float(Fraction(v) / n), v) for v in sums]
+        exact = [math.copysign(float(Fraction(v) / n), v) if math.isfinite(v) else v for v in sums]
         return torch.tensor(exact, dtype=torch.float64).to(x.dtype).reshape(total.shape)
     pieces = []
     for c in range(n):
