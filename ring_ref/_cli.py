@@ -138,11 +138,17 @@ def _difftest_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--json", action="store_true", help="print one JSON object instead of the text report"
     )
-    parser.add_argument(
+    order = parser.add_mutually_exclusive_group()
+    order.add_argument(
         "--schedule",
         metavar="NAME",
-        help="check exact against this ring: a preset (spec, openmpi-ring, gloo), DIRECTION,OFFSET,LAYOUT, "
+        help="check exact against this ring: a preset (spec, openmpi-ring, gloo), =DIRECTION,OFFSET,LAYOUT, "
         "or auto (reveal the target's order first)",
+    )
+    order.add_argument(
+        "--order",
+        metavar="FILE",
+        help="check exact against the trees of a saved `ring-ref reveal --json` (inputs of its N, M, dtype)",
     )
 
 
@@ -179,7 +185,7 @@ def _difftest_command(args: argparse.Namespace) -> int:
     modes = MODES if args.mode == "all" else tuple(m for m in MODES if m == args.mode)
     with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
         try:
-            exact, note = _orders.command_line_order(args.schedule, None, args.target, args.max_workers)
+            exact, note = _orders.command_line_order(args.schedule, args.order, args.target, args.max_workers)
         except (TargetError, _reveal.RevealError) as exc:
             print(f"ring-ref difftest: error: {exc}", file=sys.stderr)
             return 2

@@ -150,3 +150,53 @@ def test_not_ring_order_names_the_revealed_order_of_the_element() -> None:
     assert f"the target sums that element as fold {printed}" in finding.explanation, finding.explanation
     spec_order = ",".join(str((finding.mismatch.chunk + j) % case.n) for j in range(case.n))
     assert f"where the spec's ring folds {spec_order}" in finding.explanation
+
+
+@pytest.mark.clause("difftest-exact-orders")
+def test_order_file_records_an_order_and_catches_a_changed_one(
+    targets: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    saved = tmp_path / "gloo_order.json"
+    assert main(["reveal", f"{targets}:gloo_order", "-n", "4", "-m", "9", "--json"]) == 0
+    saved.write_text(capsys.readouterr().out, encoding="utf-8")
+    common = ["--mode", "exact", "--examples", "25", "--seed", "4", "--in-process", "--order", str(saved)]
+    assert main(["difftest", f"{targets}:gloo_order", *common, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["verdict"] == "pass" and doc["replay"].endswith(f"--order {saved}")
+    # A changed order (the spec's ring on OpenMPI's blocks) is caught, on inputs of the file's N, M and dtype.
+    openmpi = textwrap.dedent(
+        """
+        from ring_ref import ring_all_reduce
+
+        def upgraded(x):
+            return ring_all_reduce(x, schedule="openmpi-ring")
+        """
+    )
+    (tmp_path / "upgraded.py").write_text(openmpi, encoding="utf-8")
+    assert main(["difftest", f"{tmp_path / 'upgraded.py'}:upgraded", *common, "--json"]) == 1
+    failed = json.loads(capsys.readouterr().out)["modes"]["exact"]
+    assert failed["diagnoses"] == ["not-ring-order"]
+    assert f"not bitwise equal to the order saved in {saved} (N = 4, M = 9, float32)" in failed["explanation"]
+    cex = failed["counterexample"]
+    assert (cex["n"], cex["m"], cex["dtype"], cex["shape"]) == (4, 9, "float32", [4, 9])
+
+
+@pytest.mark.clause("difftest-exact-orders")
+def test_order_files_that_cannot_serve_are_refused(
+    targets: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.json"
+    base = {"format": "ring-ref-reveal", "version": 1, "n": 3, "m": 2, "dtype": "float32"}
+    cases: list[tuple[object, str]] = [
+        ({**base, "trees": [[[0, 1], 2], None]}, "have no tree"),
+        ({**base, "trees": [[[0, 1], 1], [[0, 1], 2]]}, "exactly once"),
+        ({**base, "trees": [[[0, 1], 2]]}, "one tree per element"),
+        ({**base, "format": "ring-ref-trace", "trees": []}, "is not a `ring-ref reveal --json` file"),
+        ("not json", "cannot read the order file"),
+    ]
+    for doc, words in cases:
+        bad.write_text(doc if isinstance(doc, str) else json.dumps(doc), encoding="utf-8")
+        assert main(["difftest", f"{targets}:gloo_order", "--mode", "exact", "--order", str(bad)]) == 2
+        assert words in capsys.readouterr().err, words
+    with pytest.raises(SystemExit):
+        main(["difftest", f"{targets}:gloo_order", "--order", str(bad), "--schedule", "gloo"])
