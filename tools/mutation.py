@@ -110,7 +110,6 @@ MODULES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
     "dtypes": (("ring_ref/_dtypes.py",), ("ring_ref/_dtypes.py", "tests/cover/test_kills_dtypes.py")),
     "cost": (("ring_ref/_cost.py",), ("ring_ref/_cost.py", "tests/cover/test_kills_cost.py")),
     "fast": (("ring_ref/_fast.py",), ("ring_ref/_fast.py", "tests/cover/test_fast.py")),
-    "kernel": (("ring_ref/_kernel.py",), ("ring_ref/_kernel.py", "tests/cover/test_fast.py")),
     # difftest, one module at a time (the package's modules whose code is settled; see the README)
     "difftest.oracles": (
         ("ring_ref/difftest/_oracles.py",),
@@ -131,13 +130,6 @@ MODULES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
         ("ring_ref/difftest/_report.py", "tests/cover/difftest/test_report.py"),
     ),
 }
-
-ENV: Final[dict[str, dict[str, str]]] = {
-    # Numba compiles _kernel's functions from their source, which mutmut replaces by a trampoline
-    # it cannot compile: the kernel's mutants run interpreted (same operations, same order).
-    "kernel": {"NUMBA_DISABLE_JIT": "1"},
-}
-"""Extra environment for a module's run."""
 
 
 class Equivalent(NamedTuple):
@@ -286,7 +278,8 @@ def run_module(name: str, equivalents: Sequence[Equivalent], sample: str = "") -
                 f"also_copy = {_toml_list([d for d in EXTRA_DIRS if (work / d).exists()])}\n"
                 f"only_mutate = {_toml_list(files)}\n"
                 f"pytest_add_cli_args_test_selection = {_toml_list(tests)}\n"
-                'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q", "-p", "no:randomly"]\n'
+                'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q", "-p", "no:randomly", '
+                '"-m", "not soak and not gpu"]\n'
                 "use_git_change_detection = false\n"
             )
         mutmut = [str(Path(sys.executable).parent / "mutmut")]
@@ -297,7 +290,6 @@ def run_module(name: str, equivalents: Sequence[Equivalent], sample: str = "") -
             "HYPOTHESIS_PROFILE": "default",
             "OMP_NUM_THREADS": "1",
             "MKL_NUM_THREADS": "1",
-            **ENV.get(name, {}),
         }
         run = subprocess.run(
             [
