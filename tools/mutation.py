@@ -19,6 +19,9 @@ Usage::
 
     python tools/mutation.py                    # every module
     python tools/mutation.py core invariants    # some of them
+    python tools/mutation.py --sample 0 fast    # the mutants numbered *0: a tenth
+
+Each run is single-threaded and deselects the ``soak`` and ``gpu`` tests.
 """
 
 from __future__ import annotations
