@@ -185,7 +185,9 @@ def _difftest_command(args: argparse.Namespace) -> int:
     modes = MODES if args.mode == "all" else tuple(m for m in MODES if m == args.mode)
     with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
         try:
-            exact, note = _orders.command_line_order(args.schedule, args.order, args.target, args.max_workers)
+            exact, note = _orders.command_line_order(
+                args.schedule, args.order, args.target, args.max_workers, args.ranks
+            )
         except (TargetError, _reveal.RevealError) as exc:
             print(f"ring-ref difftest: error: {exc}", file=sys.stderr)
             return 2
@@ -235,6 +237,18 @@ def _reveal_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the checking inputs (default 0)")
     parser.add_argument("--svg", metavar="FILE", help="also draw the distinct trees into FILE")
     parser.add_argument("--json", action="store_true", help="print one JSON object (spec/reveal.schema.json)")
+    parser.add_argument(
+        "--ranks",
+        choices=RANKS,
+        help="TARGET is per rank: TARGET(tensor) on every rank of a gloo group (or TARGET(comm, array) in an "
+        "MPI job) of N processes; every rank must end with the same bits",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT_S,
+        help=f"with --ranks: seconds one call may take (default {DEFAULT_TIMEOUT_S:g})",
+    )
 
 
 def _reveal_command(args: argparse.Namespace) -> int:
@@ -244,10 +258,17 @@ def _reveal_command(args: argparse.Namespace) -> int:
             if args.checks < 0:
                 raise _reveal.RevealError(f"--checks must be 0 or more; got {args.checks}")
             _reveal.check_size(args.n, args.m, args.dtype)
-            fn = load_target(args.target)
-            found = _reveal.reveal(
-                fn, args.n, args.m, args.dtype, checks=args.checks, seed=args.seed, name=args.target
-            )
+            launcher = _orders.rank_launcher(args.ranks, args.target, args.timeout) if args.ranks else None
+            fn = load_target(args.target) if launcher is None else _orders.per_rank_target(launcher)
+            try:
+                if launcher is not None:
+                    launcher.start()
+                found = _reveal.reveal(
+                    fn, args.n, args.m, args.dtype, checks=args.checks, seed=args.seed, name=args.target
+                )
+            finally:
+                if launcher is not None:
+                    launcher.close()
             if args.svg:
                 Path(args.svg).write_text(_reveal.render_svg(found), encoding="utf-8")
         except (TargetError, _reveal.RevealError, OSError) as exc:

@@ -31,13 +31,13 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import torch
 from hypothesis import strategies as st
 
 from ring_ref import ring_all_reduce
-from ring_ref._dtypes import FORMATS
+from ring_ref._dtypes import FORMATS, bits
 from ring_ref._reveal import (
     REVEAL_FORMAT,
     REVEAL_VERSION,
@@ -51,7 +51,9 @@ from ring_ref._reveal import (
     tree_from_json,
 )
 from ring_ref._validate import schedule_of
+from ring_ref.difftest._call import well_formed
 from ring_ref.difftest._inputs import LAYOUTS, Case
+from ring_ref.difftest._launch import Launcher
 from ring_ref.difftest._oracles import EXACT_ORDER, ExactOrder
 from ring_ref.schedule import PRESETS, RingSchedule
 
@@ -65,6 +67,8 @@ __all__ = [
     "file_order",
     "mark_replay",
     "parse_schedule",
+    "per_rank_target",
+    "rank_launcher",
     "read_order",
     "schedule_order",
 ]
@@ -200,7 +204,9 @@ def _fitted(ring: RingSchedule | None, matches: list[str], n: int) -> ExactOrder
     return schedule_order(ring._replace(offset=k - n if k > n // 2 else k))
 
 
-def auto_order_isolated(target: str, max_workers: int, timeout: float = 600.0) -> tuple[ExactOrder, str]:
+def auto_order_isolated(
+    target: str, max_workers: int, timeout: float = 600.0, ranks: str | None = None
+) -> tuple[ExactOrder, str]:
     """:func:`auto_order` for a ``TARGET`` name, revealed by ``ring-ref reveal --json`` in its own process.
 
     So nothing the target leaves behind (process groups, threads, module state) is in the tester's
@@ -210,6 +216,8 @@ def auto_order_isolated(target: str, max_workers: int, timeout: float = 600.0) -
     n = _auto_n(max_workers)
     m = 2 * n + AUTO_M_EXTRA
     argv = [sys.executable, "-m", "ring_ref", "reveal", target, "-n", str(n), "-m", str(m), "--json"]
+    if ranks is not None:
+        argv += ["--ranks", ranks]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired as exc:
@@ -286,7 +294,7 @@ def checking_against(order: ExactOrder | None) -> Iterator[None]:
 
 
 def command_line_order(
-    schedule: str | None, order_file: str | None, target: str, max_workers: int
+    schedule: str | None, order_file: str | None, target: str, max_workers: int, ranks: str | None = None
 ) -> tuple[ExactOrder | None, str]:
     """The order of ``difftest --schedule`` / ``--order``, and a line saying what was revealed (``auto``).
 
@@ -299,7 +307,7 @@ def command_line_order(
         return None, ""
     if schedule != "auto":
         return schedule_order(parse_schedule(schedule)), ""
-    return auto_order_isolated(target, max_workers)
+    return auto_order_isolated(target, max_workers, ranks=ranks)
 
 
 def mark_replay(replay: str, order: ExactOrder | None) -> str:
@@ -307,3 +315,41 @@ def mark_replay(replay: str, order: ExactOrder | None) -> str:
     if order is None or not order.option or order.option in replay:
         return replay
     return f"{replay} {order.option}"
+
+
+def per_rank_target(launcher: Launcher) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A stacked target for :func:`ring_ref._reveal.reveal` over a per-rank launcher (``--ranks``).
+
+    Rank ``i`` gets ``x[i]``; every rank must end with the same bits (one
+    all-reduce), and rank 0's result is the answer.  A rank that fails, hangs
+    or disagrees raises :class:`ring_ref._reveal.RevealError` naming it.
+    """
+
+    def call(x: torch.Tensor) -> torch.Tensor:
+        values = tuple(x.to(torch.float64).reshape(-1).tolist())
+        case = Case(int(x.shape[0]), int(x.shape[1]), tuple(x.shape[2:]), x.dtype, "contiguous", values)
+        outcome = launcher.call(case)
+        if outcome.failure is not None:
+            raise RevealError(f"the target {outcome.failure.code}: {outcome.failure.text}")
+        results = [well_formed(outcome, rank) for rank in range(case.n)]
+        missing = [rank for rank, got in enumerate(results) if got is None]
+        if missing:
+            raise RevealError(f"rank(s) {missing} gave no well-formed ({case.m},) {x.dtype} result")
+        first = cast(torch.Tensor, results[0])
+        for rank, other in enumerate(results[1:], start=1):
+            if not torch.equal(bits(cast(torch.Tensor, other)), bits(first)):
+                raise RevealError(f"rank {rank} ended with other bits than rank 0: not one all-reduce")
+        return first
+
+    return call
+
+
+def rank_launcher(ranks: str, target: str, timeout: float) -> Launcher:
+    """The difftest launcher that runs ``TARGET`` on every rank of a gloo group or an MPI job."""
+    if ranks == "mpi":
+        from ring_ref.difftest._mpi_ranks import MpiRanks
+
+        return MpiRanks(target, timeout)
+    from ring_ref.difftest._ranks import GlooRanks
+
+    return GlooRanks(target, timeout)

@@ -97,3 +97,27 @@ def test_reveal_on_gloo_fits_the_gloo_preset() -> None:
 @pytest.mark.parametrize("n", range(2, 9))
 def test_soak_reveal_on_gloo_fits_the_gloo_preset_for_every_n_up_to_eight(n: int) -> None:
     _reveal_gloo(n)
+
+
+@pytest.mark.clause("reveal-report", "difftest-exact-orders")
+def test_per_rank_reveal_and_auto_on_torch_distributed_all_reduce(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--ranks gloo``: ``torch.distributed.all_reduce(tensor)`` on every rank, as a user calls it."""
+    import json
+
+    from ring_ref._cli import main
+
+    assert (
+        main(["reveal", "--ranks", "gloo", "torch.distributed:all_reduce", "-n", "3", "-m", "4", "--json"])
+        == 0
+    )
+    doc = json.loads(capsys.readouterr().out)
+    # as in test_reveal_on_gloo_fits_the_gloo_preset: chunks of 2, 2, 0 folding 2,1,0 and 0,2,1
+    assert doc["trees"] == [[[1, 2], 0], [[1, 2], 0], [[0, 2], 1], [[0, 2], 1]]
+    assert doc["matches"] == ["gloo"]
+    common = ["--mode", "exact", "--examples", "8", "--seed", "2", "--max-workers", "3"]
+    assert (
+        main(["difftest", "--ranks", "gloo", "torch.distributed:all_reduce", *common, "--schedule", "auto"])
+        == 0
+    )
+    captured = capsys.readouterr()
+    assert "exact checks the gloo schedule's order" in captured.err and "exact: PASS" in captured.out
