@@ -31,6 +31,8 @@ import ctypes
 import faulthandler
 import fcntl
 import json
+import multiprocessing.forkserver
+import multiprocessing.resource_tracker
 import os
 import pickle
 import select
@@ -214,6 +216,7 @@ class Worker:
             status = 70
             try:
                 _close_all_but(req_r, rep_w, out, stack)
+                _forget_inherited_helpers()
                 _child(self.target, self.rank, self.setup, parent, (req_r, rep_w, out, stack))
                 status = 0
             finally:
@@ -425,6 +428,25 @@ def _close_all_but(*keep: int) -> None:
             os.closerange(low, fd)
             low = fd + 1
     os.closerange(low, os.sysconf("SC_OPEN_MAX"))
+
+
+def _forget_inherited_helpers() -> None:
+    """Forget the tester's multiprocessing forkserver and resource tracker, whose descriptors are closed.
+
+    Without this, a target that starts processes itself (a process group, a
+    pool) would talk to the tester's helpers through closed descriptors and
+    fail with ``EBADF``; this way it starts helpers of its own.
+    """
+    inherited = (
+        (
+            multiprocessing.forkserver._forkserver,
+            ("_forkserver_address", "_forkserver_alive_fd", "_forkserver_pid"),
+        ),
+        (multiprocessing.resource_tracker._resource_tracker, ("_fd", "_pid")),
+    )
+    for helper, names in inherited:  # private state (CPython 3.11+), not in the stubs
+        for name in names:
+            setattr(helper, name, None)
 
 
 def _die_with_parent(parent: int) -> None:
