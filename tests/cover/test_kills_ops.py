@@ -17,6 +17,8 @@ import torch
 import torch.distributed as dist
 
 from ring_ref import ring_all_reduce
+from ring_ref._ops import torch_combine_into
+from tests.oracles import same_bits
 
 X = [[1.0, -2.0], [3.0, 4.0]]
 WANT = {"sum": [4.0, 2.0], "prod": [3.0, -8.0], "max": [3.0, 4.0], "min": [1.0, -2.0], "avg": [2.0, 1.0]}
@@ -77,3 +79,33 @@ def test_overflow_and_underflow_give_the_rounded_result_even_when_numpy_is_told_
         got = ring_all_reduce(array, op=op)
     assert got.dtype == array.dtype and got.tolist() == [want, want]
     assert ring_all_reduce(torch.from_numpy(array), op=op).tolist() == [want, want]
+
+
+def _spec_combine(op: str, incoming: float, own: float) -> float:
+    """What the receiver stores (clauses ``op-*``); the values below make sums and products exact."""
+    if op in ("sum", "avg"):
+        return incoming + own
+    if op == "prod":
+        return incoming * own
+    keep_own = own > incoming if op == "max" else own < incoming
+    return own if keep_own else incoming
+
+
+@pytest.mark.clause("op-prod", "op-max", "op-min", "rs-add")
+@pytest.mark.parametrize("op", list(WANT))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_the_in_place_combine_stores_what_the_receiver_stores_in_own(op: str, dtype: torch.dtype) -> None:
+    """``torch_combine_into`` (the distributed ring's receive): the spec's rule's bits, stored in ``own``."""
+    incoming_values = [1.0, -0.0, 0.0, 3.0, -2.5, 0.5, -0.0, 7.0]
+    own_values = [2.0, 0.0, -0.0, 3.0, 1.5, -4.0, -0.0, -7.0]
+    incoming = torch.tensor(incoming_values, dtype=dtype)
+    own = torch.tensor(own_values, dtype=dtype)
+    incoming_before = incoming.clone()
+    want = torch.tensor(
+        [_spec_combine(op, a, b) for a, b in zip(incoming_values, own_values, strict=True)], dtype=dtype
+    )
+    storage = own.untyped_storage().data_ptr()
+    torch_combine_into(op)(incoming, own)  # type: ignore[arg-type]
+    assert own.untyped_storage().data_ptr() == storage
+    assert same_bits(own, want), (op, own, want)
+    assert same_bits(incoming, incoming_before)

@@ -238,6 +238,10 @@ def test_the_even_layout_is_the_default_and_only_it_needs_m_divisible_by_n() -> 
     words = "M = 5 is not divisible by N = 2"
     assert words in _message(lambda: check_torch(torch.ones(2, 5)), ValueError)
     assert words in _message(lambda: check_numpy(np.ones((2, 5))), ValueError)
+    assert words in _message(lambda: check_torch_structure(torch.ones(2, 5)), ValueError)
+    assert words in _message(lambda: check_numpy_structure(np.ones((2, 5))), ValueError)
+    assert check_torch_structure(torch.ones(2, 5), divisible=False) == (2, 5)
+    assert check_numpy_structure(np.ones((2, 5)), divisible=False) == (2, 5)
     assert check_torch(torch.ones(2, 5), divisible=False) == (2, 5)
     assert check_numpy(np.ones((2, 5)), divisible=False) == (2, 5)
     indivisible = rank_array_problem(np.zeros(5), 2)
