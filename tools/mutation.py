@@ -45,8 +45,8 @@ ROOT: Final = Path(__file__).resolve().parent.parent
 EQUIVALENT: Final = ROOT / "tests" / "mutation" / "equivalent.md"
 TARGET: Final = 0.95
 MAX_CHILDREN: Final = 2
-EXTRA_DIRS: Final = ("spec", "tools", "examples", "docs")
-"""Copied next to the mutated package as well: tests read the spec and use tools/."""
+EXTRA_DIRS: Final = ("spec", "tools", "examples", "docs", "bench", "README.md", "Makefile", "constraints.txt")
+"""Copied next to the mutated package as well: tests read the spec and the README and use tools/."""
 
 MODULES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
     # name: (files mutated, tests run: fast tests/cover modules and the modules' doctests)
