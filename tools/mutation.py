@@ -48,6 +48,11 @@ MAX_CHILDREN: Final = 2
 EXTRA_DIRS: Final = ("spec", "tools", "examples", "docs", "bench", "README.md", "Makefile", "constraints.txt")
 """Copied next to the mutated package as well: tests read the spec and the README and use tools/."""
 
+DIFFTEST_TESTS: Final = tuple(
+    f"tests/cover/difftest/test_{name}.py" for name in ("oracles", "inputs", "report", "diagnosis", "search")
+)
+"""The in-process difftest tests: each module is checked end to end through the others too."""
+
 MODULES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
     # name: (files mutated, tests run: fast tests/cover modules and the modules' doctests)
     "schedule": (
@@ -113,25 +118,12 @@ MODULES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
     "dtypes": (("ring_ref/_dtypes.py",), ("ring_ref/_dtypes.py", "tests/cover/test_kills_dtypes.py")),
     "cost": (("ring_ref/_cost.py",), ("ring_ref/_cost.py", "tests/cover/test_kills_cost.py")),
     "fast": (("ring_ref/_fast.py",), ("ring_ref/_fast.py", "tests/cover/test_fast.py")),
-    # difftest, one module at a time (the package's modules whose code is settled; see the README)
-    "difftest.oracles": (
-        ("ring_ref/difftest/_oracles.py",),
-        (
-            "ring_ref/difftest/_oracles.py",
-            "tests/cover/difftest/test_oracles.py",
-        ),
-    ),
-    "difftest.inputs": (
-        ("ring_ref/difftest/_inputs.py",),
-        (
-            "ring_ref/difftest/_inputs.py",
-            "tests/cover/difftest/test_inputs.py",
-        ),
-    ),
-    "difftest.report": (
-        ("ring_ref/difftest/_report.py",),
-        ("ring_ref/difftest/_report.py", "tests/cover/difftest/test_report.py"),
-    ),
+    # difftest, one module at a time (the package's modules whose code had settled; see the README)
+    **{
+        f"difftest.{name}": ((path,), (path, *DIFFTEST_TESTS))
+        for name in ("oracles", "inputs", "report")
+        for path in (f"ring_ref/difftest/_{name}.py",)
+    },
 }
 
 
