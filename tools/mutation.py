@@ -49,7 +49,8 @@ EXTRA_DIRS: Final = ("spec", "tools", "examples", "docs", "bench", "README.md", 
 """Copied next to the mutated package as well: tests read the spec and the README and use tools/."""
 
 DIFFTEST_TESTS: Final = tuple(
-    f"tests/cover/difftest/test_{name}.py" for name in ("oracles", "inputs", "report", "diagnosis", "search")
+    f"tests/cover/difftest/test_{name}.py"
+    for name in ("oracles", "inputs", "report", "diagnosis", "search", "kills_oracles")
 )
 """The in-process difftest tests: each module is checked end to end through the others too."""
 
