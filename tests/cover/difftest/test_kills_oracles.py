@@ -19,6 +19,7 @@ from ring_ref.difftest import Case
 from ring_ref.difftest._oracles import (
     ValueMismatch,
     check_bound,
+    check_values,
     exact_oracle,
     flat_of,
     locate,
@@ -107,3 +108,14 @@ def test_bound_counts_each_element_it_lets_overflow() -> None:
     case = Case(2, 3, (), torch.float16, "contiguous", (65504.0, 65504.0, 1.0, 65504.0, 65504.0, 1.0))
     checked = check_bound(case, [float("inf"), float("inf"), 2.0])
     assert (checked.mismatch, checked.overflow_skipped) == (None, 2)
+
+
+def test_check_values_runs_the_modes_own_oracle_and_counts_no_overflow_for_bitwise_modes() -> None:
+    """``1 + (-1)`` is exactly 0; ``2**-30`` there is within the bound (gamma_1 * 2) but not the same bits."""
+    cancelling = Case(2, 2, (), torch.float32, "contiguous", (1.0, 2.0, -1.0, 2.0))
+    right, close = torch.tensor([0.0, 4.0]), torch.tensor([2.0**-30, 4.0])
+    for mode in ("exact", "order-free"):
+        assert check_values(mode, cancelling, right) == (None, 0)
+        mismatch, skipped = check_values(mode, cancelling, close)
+        assert mismatch is not None and mismatch.index == (0,) and skipped == 0, mode
+    assert check_values("bound", cancelling, close) == (None, 0)
