@@ -18,6 +18,7 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
+import torch
 
 from ring_ref import ring_all_reduce
 from ring_ref.difftest import TargetError, load_target
@@ -193,10 +194,23 @@ def test_only_a_name_that_loads_the_same_function_is_given() -> None:
     rebound = _decorated(module_level)
     rebound.__qualname__ = "module_level"
     assert importable_name(rebound) is None  # the name means another function now
-    main = _decorated(module_level)
-    main.__module__, main.__qualname__ = "__main__", "module_level"
-    assert importable_name(main) is None  # a worker cannot import the tester's __main__
     assert importable_name(print) == "builtins:print"
+
+
+def test_a_function_of_the_testers_main_module_has_no_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    def in_main(x: Any) -> Any:
+        return x
+
+    in_main.__module__, in_main.__qualname__ = "__main__", "in_main"
+    monkeypatch.setattr(sys.modules["__main__"], "in_main", in_main, raising=False)
+    assert importable_name(in_main) is None  # a worker's __main__ is not the tester's script
+
+
+def test_callables_without_a_module_or_a_qualified_name_have_no_name() -> None:
+    assert importable_name(functools.partial(ring_all_reduce)) is None  # no __qualname__
+    assert importable_name(torch.nn.Identity()) is None  # an instance: no __qualname__
+    assert not hasattr(torch.Tensor.add, "__module__")
+    assert importable_name(cast(Target, torch.Tensor.add)) is None  # a C method descriptor: no __module__
 
 
 def test_an_object_without_a_module_or_a_name_has_no_name() -> None:
