@@ -94,8 +94,8 @@ def exit_description(status: int) -> str:
         number = os.WTERMSIG(status)
         try:
             name = signal.Signals(number).name
-        except ValueError:
-            name = f"signal {number}"
+        except ValueError:  # a real-time signal other than SIGRTMIN and SIGRTMAX
+            name = str(number)
         return f"was killed by signal {name} ({signal.strsignal(number)})"
     return f"exited with status {os.WEXITSTATUS(status)}"
 

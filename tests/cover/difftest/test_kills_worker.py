@@ -1,0 +1,566 @@
+"""The isolated worker process, where mutation testing found it unchecked.
+
+Each test forks a :class:`Worker` from pytest's own process (milliseconds:
+torch is already imported) on a target defined here and loaded by name, and
+checks what the README's *Isolation* paragraph promises: the raw bits come
+back and the parent reads them, any ``BaseException`` is an answer, output
+is captured at the file-descriptor level and kept off the tester's own
+streams, a call past its deadline is ``timed-out`` with the target's stack, a
+dead worker is ``crashed`` with how it ended, a garbled reply is refused,
+loading errors are the worker's words, and the target's threads, children and
+descriptors never outlive the worker or reach into the tester.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import multiprocessing
+import multiprocessing.forkserver
+import multiprocessing.resource_tracker
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from ring_ref import ring_all_reduce
+from ring_ref.difftest import Case, TargetError
+from ring_ref.difftest._call import decode
+from ring_ref.difftest._worker import Died, Reply, Stuck, Worker, exit_description
+
+pytestmark = pytest.mark.clause("difftest-isolation")
+
+CASE = Case(
+    n=2, m=2, trailing=(2,), dtype=torch.float32, layout="strided", values=tuple(float(v) for v in range(8))
+)
+WAIT_S = 30.0  # a generous deadline for calls that should answer at once
+HERE = __name__
+
+
+# Targets, loaded by name in the worker.
+
+
+def adds(x: torch.Tensor) -> torch.Tensor:
+    """Correct."""
+    return ring_all_reduce(x)
+
+
+def interrupts(x: torch.Tensor) -> torch.Tensor:
+    """Raises ``KeyboardInterrupt``: an answer like any other exception."""
+    raise KeyboardInterrupt("from the target")
+
+
+def talks(x: torch.Tensor) -> torch.Tensor:
+    """Writes through every layer, none of it flushed or ending a line: fd 1, fd 2, print, C stdio."""
+    os.write(1, b"<fd 1>")
+    os.write(2, b"<fd 2>")
+    print("<print>", end="")
+    print("<stderr>", end="", file=sys.stderr)
+    ctypes.CDLL(None).printf(b"<printf>")
+    return ring_all_reduce(x)
+
+
+def reads_stdin(x: torch.Tensor) -> torch.Tensor:
+    """Reads standard input, which must be at its end at once."""
+    print(repr(sys.stdin.read()), repr(os.read(0, 16)), end="")
+    return ring_all_reduce(x)
+
+
+def writes_a_lot(x: torch.Tensor) -> torch.Tensor:
+    """Writes 1.5 MiB on the first call, one short line on later ones."""
+    os.write(1, b"x" * (3 << 19) if not os.environ.get("RING_REF_WROTE") else b"short\n")
+    os.environ["RING_REF_WROTE"] = "1"
+    return ring_all_reduce(x)
+
+
+def sleeps(x: torch.Tensor) -> torch.Tensor:
+    """Never answers (in a helper, so that its frame shows in the stack)."""
+    _nap_in_the_target()
+    return x
+
+
+def _nap_in_the_target() -> None:
+    while True:
+        time.sleep(60)
+
+
+def exits_5(x: torch.Tensor) -> torch.Tensor:
+    """Ends the worker with status 5."""
+    os._exit(5)
+
+
+def segfaults_here(x: torch.Tensor) -> torch.Tensor:
+    """Reads address 0."""
+    ctypes.string_at(0)
+    return x
+
+
+def kills_itself(x: torch.Tensor) -> torch.Tensor:
+    """SIGKILL to its own process."""
+    os.kill(os.getpid(), signal.SIGKILL)
+    return x
+
+
+def _write_everywhere(data: bytes) -> None:
+    for fd in range(3, 256):
+        with contextlib.suppress(OSError):
+            os.write(fd, data)
+
+
+def _frame(head: bytes, payload: bytes = b"") -> bytes:
+    return len(head).to_bytes(8, "big") + len(payload).to_bytes(8, "big") + head + payload
+
+
+def writes_a_huge_length(x: torch.Tensor) -> torch.Tensor:
+    """A frame header claiming more than any reply can be."""
+    _write_everywhere(b"\xff" * 16)
+    return x
+
+
+def writes_a_non_json_header(x: torch.Tensor) -> torch.Tensor:
+    """A frame whose header is not JSON."""
+    _write_everywhere(_frame(b"{ not json"))
+    return x
+
+
+def writes_a_json_list(x: torch.Tensor) -> torch.Tensor:
+    """A frame whose header is JSON but not an object."""
+    _write_everywhere(_frame(b"[1, 2]"))
+    return x
+
+
+def exits_soon_after(x: torch.Tensor) -> torch.Tensor:
+    """Answers, but leaves a thread that ends the worker (status 9) a moment later."""
+    threading.Timer(0.05, os._exit, (9,)).start()
+    return ring_all_reduce(x)
+
+
+def exits_leaving_a_child_on_the_pipe(x: torch.Tensor) -> torch.Tensor:
+    """Forks a child that keeps every descriptor open (the reply pipe too), then ends with status 6."""
+    if os.fork() == 0:
+        time.sleep(300)
+        os._exit(0)
+    os._exit(6)
+
+
+def closes_the_reply_pipe(x: torch.Tensor) -> torch.Tensor:
+    """Closes every descriptor above 2, then keeps the worker alive."""
+    os.closerange(3, 256)
+    time.sleep(300)
+    return x
+
+
+def leaves_a_child(x: torch.Tensor) -> torch.Tensor:
+    """Starts a child process and a non-daemon thread that never end; prints the child's pid."""
+    threading.Thread(target=time.sleep, args=(300,), daemon=False).start()
+    print(subprocess.Popen(["sleep", "300"]).pid, end="")
+    return ring_all_reduce(x)
+
+
+def starts_multiprocessing_helpers(x: torch.Tensor) -> torch.Tensor:
+    """Starts a forkserver (and with it a resource tracker) of its own, as a process-group target does."""
+    multiprocessing.set_forkserver_preload([])
+    multiprocessing.forkserver.ensure_running()
+    return ring_all_reduce(x)
+
+
+# Helpers of the tests.
+
+
+@contextlib.contextmanager
+def started(
+    target: str, *, rank: int | None = None, setup: Callable[[], None] | None = None
+) -> Iterator[Worker]:
+    worker = Worker(target if ":" in target else f"{HERE}:{target}", rank=rank, setup=setup)
+    try:
+        worker.start(WAIT_S)
+        yield worker
+    finally:
+        worker.close()
+
+
+def call(worker: Worker, timeout_s: float = WAIT_S) -> Reply | Died | Stuck:
+    assert worker.send(CASE)
+    return worker.receive(time.monotonic() + timeout_s)
+
+
+def _gone(pid: int, within_s: float = 10.0) -> bool:
+    """Whether process ``pid`` ends (or is a zombie, then reaped if ours) within ``within_s``."""
+    give_up = time.monotonic() + within_s
+    while True:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return True
+        if stat[stat.rindex(")") + 2] == "Z":
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+            return True
+        if time.monotonic() >= give_up:
+            return False
+        time.sleep(0.01)
+
+
+def _kill_group(pid: int) -> None:
+    for kill in (os.killpg, os.kill):
+        with contextlib.suppress(OSError):
+            kill(pid, signal.SIGKILL)
+    _gone(pid)
+
+
+# The tests.
+
+
+def test_the_answer_is_the_targets_raw_bits_and_the_worker_serves_again() -> None:
+    expected = ring_all_reduce(CASE.tensor())
+    with started("ring_ref:ring_all_reduce") as worker:
+        pid = worker.pid
+        assert worker.running and pid != os.getpid()
+        for _ in range(2):
+            got = call(worker)
+            assert isinstance(got, Reply) and got.head["kind"] == "answer", got
+            answer = decode(got.head, got.payload)
+            assert answer.result is not None and answer.result.values is not None
+            assert torch.equal(answer.result.values, expected)
+            assert answer.argument is not None and answer.argument.stride == CASE.tensor().stride()
+        assert worker.pid == pid  # one worker for every call
+    assert not worker.running and not Path(f"/proc/{pid}").exists()
+
+
+def test_any_base_exception_is_an_answer_and_the_worker_lives_on() -> None:
+    with started("interrupts") as worker:
+        for _ in range(2):
+            got = call(worker)
+            assert isinstance(got, Reply), got
+            assert decode(got.head, got.payload).raised == "KeyboardInterrupt: from the target"
+        assert worker.running
+
+
+def test_output_is_captured_at_the_descriptor_level_and_kept_off_the_testers(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    with started("talks") as worker:
+        assert worker.read_output() == ""
+        assert isinstance(call(worker), Reply)
+        first = worker.read_output()
+        for piece in ("<fd 1>", "<fd 2>", "<print>", "<stderr>", "<printf>"):
+            assert first.count(piece) == 1, first
+        assert isinstance(call(worker), Reply)
+        assert worker.read_output() == first  # the second call's output, and only that
+        assert worker.read_output() == ""
+        assert worker.output_bytes == 2 * len(first.encode())
+    assert capfd.readouterr() == ("", "")  # nothing reached the tester's own descriptors 1 and 2
+    assert worker.read_output() == ""  # closed: no output left to read
+
+
+def test_standard_input_is_at_its_end() -> None:
+    """Not the tester's standard input, which here holds data."""
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"the tester's input")
+    os.close(write_end)
+    saved = os.dup(0)
+    try:
+        os.dup2(read_end, 0)
+        with started("reads_stdin") as worker:
+            os.dup2(saved, 0)
+            assert isinstance(call(worker, timeout_s=10.0), Reply)
+            assert worker.read_output() == "'' b''"
+    finally:
+        os.dup2(saved, 0)
+        os.close(saved)
+        os.close(read_end)
+
+
+def test_a_chatty_target_does_not_fill_the_disk() -> None:
+    with started("writes_a_lot") as worker:
+        assert isinstance(call(worker), Reply)
+        assert worker.read_output() == "x" * (3 << 19)  # all of it, once
+        assert isinstance(call(worker), Reply)
+        assert worker.read_output() == "short\n"
+        assert os.stat(f"/proc/{worker.pid}/fd/1").st_size < 1 << 20  # the capture file was emptied
+        assert worker.output_bytes == (3 << 19) + len("short\n")
+
+
+def test_a_call_past_its_deadline_is_stuck_with_the_targets_stack() -> None:
+    with started("sleeps") as worker:
+        pid = worker.pid
+        started_at = time.monotonic()
+        got = call(worker, timeout_s=0.3)
+        assert time.monotonic() - started_at >= 0.3
+        assert isinstance(got, Stuck), got
+        assert "in _nap_in_the_target" in got.stack and "in sleeps" in got.stack, got.stack
+        assert __file__ in got.stack
+        assert f"ring_ref{os.sep}difftest{os.sep}" not in got.stack  # the tester's own frames are cut
+        assert not worker.running
+        assert _gone(pid, within_s=0.0)  # killed and reaped before the answer
+
+
+@pytest.mark.parametrize(
+    ("target", "words", "frame"),
+    [
+        ("exits_5", "the worker process exited with status 5", ""),
+        (
+            "segfaults_here",
+            "the worker process was killed by signal SIGSEGV (Segmentation fault)",
+            "in segfaults_here",
+        ),
+        ("kills_itself", "the worker process was killed by signal SIGKILL (Killed)", ""),
+    ],
+)
+def test_a_dead_worker_says_how_it_ended(target: str, words: str, frame: str) -> None:
+    with started(target) as worker:
+        got = call(worker)
+        assert isinstance(got, Died), got
+        assert got.text == words
+        assert frame in got.stack
+        assert not worker.running
+
+
+def test_exit_description_names_unknown_signals_by_number() -> None:
+    assert exit_description(0) == "exited with status 0"
+    assert exit_description(signal.SIGTERM) == "was killed by signal SIGTERM (Terminated)"
+    realtime = signal.SIGRTMIN + 2
+    assert exit_description(realtime) == f"was killed by signal {realtime} ({signal.strsignal(realtime)})"
+
+
+@pytest.mark.parametrize(
+    ("target", "words"),
+    [
+        ("writes_a_huge_length", f"a frame of {2**64 - 1} + {2**64 - 1} bytes"),
+        ("writes_a_non_json_header", "the header is not JSON"),
+        ("writes_a_json_list", "the header is not a JSON object"),
+    ],
+)
+def test_a_garbled_reply_kills_the_worker(target: str, words: str) -> None:
+    with started(target) as worker:
+        pid = worker.pid
+        got = call(worker)
+        assert isinstance(got, Died), got
+        assert got.text.startswith(f"its reply was garbled ({words}") and got.text.endswith(
+            "the worker was killed"
+        )
+        assert not worker.running and _gone(pid, within_s=0.0)
+
+
+def test_a_worker_that_died_between_calls_refuses_the_next_one() -> None:
+    with started("exits_soon_after") as worker:
+        assert isinstance(call(worker), Reply)
+        assert _wait_until(lambda: Path(f"/proc/{worker.pid}/stat").read_text().split(") ")[1][0] == "Z")
+        assert not worker.send(CASE)  # nobody reads the request pipe
+        got = worker.receive(time.monotonic() + WAIT_S)
+        assert isinstance(got, Died) and got.text == "the worker process exited with status 9", got
+
+
+def _wait_until(condition: Callable[[], bool], within_s: float = 10.0) -> bool:
+    give_up = time.monotonic() + within_s
+    while not condition():
+        if time.monotonic() > give_up:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_a_dead_worker_is_noticed_while_its_child_holds_the_pipe() -> None:
+    with started("exits_leaving_a_child_on_the_pipe") as worker:
+        started_at = time.monotonic()
+        got = call(worker)
+        assert isinstance(got, Died) and got.text == "the worker process exited with status 6", got
+        assert time.monotonic() - started_at < WAIT_S / 2  # not at the deadline
+
+
+def test_a_target_that_closes_the_reply_pipe_is_reported() -> None:
+    with started("closes_the_reply_pipe") as worker:
+        pid = worker.pid
+        got = call(worker)
+        assert isinstance(got, Died), got
+        assert (
+            got.text == "the worker closed its reply pipe (the target closed a descriptor it does not own?)"
+        )
+        assert not worker.running and _gone(pid, within_s=0.0)
+
+
+def test_the_targets_children_end_with_the_worker() -> None:
+    with started("leaves_a_child") as worker:
+        assert os.getpgid(worker.pid) == worker.pid != os.getpgid(0)  # a process group of its own
+        assert isinstance(call(worker), Reply)
+        child = int(worker.read_output())
+        try:
+            assert Path(f"/proc/{child}").exists()
+            worker.kill()
+            assert _gone(child)
+        finally:
+            _kill_group(child)
+
+
+def test_the_worker_holds_no_descriptor_of_the_tester() -> None:
+    read_end, write_end = os.pipe()
+    try:
+        with started("adds") as worker:
+            os.close(write_end)
+            write_end = -1
+            # Nobody else holds the write end, so the read end is at its end at once.
+            assert select.select([read_end], [], [], 10.0)[0] == [read_end]
+            assert os.read(read_end, 1) == b""
+            assert isinstance(call(worker), Reply)
+    finally:
+        os.close(read_end)
+        if write_end >= 0:
+            os.close(write_end)
+
+
+def test_the_worker_dies_with_the_tester() -> None:
+    """A worker busy in the target when the tester dies is killed by the kernel (it has no reader left)."""
+    read_end, write_end = os.pipe()
+    middle = os.fork()
+    if middle == 0:  # pragma: no cover - the tester that dies
+        status = 1
+        try:
+            os.close(read_end)
+            worker = Worker(f"{HERE}:sleeps")
+            worker.start(WAIT_S)
+            worker.send(CASE)
+            os.write(write_end, str(worker.pid).encode())
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write_end)
+    pid = int(os.read(read_end, 64) or b"0")
+    os.close(read_end)
+    try:
+        assert os.waitpid(middle, 0)[1] == 0
+        assert pid and _gone(pid)
+    finally:
+        _kill_group(pid)
+
+
+def test_a_target_can_start_multiprocessing_helpers_of_its_own() -> None:
+    """Even when the tester has a forkserver and a resource tracker, whose descriptors the worker lacks."""
+    read_end, write_end = os.pipe()
+    middle = os.fork()
+    if middle == 0:  # pragma: no cover - a tester with helpers of its own
+        status = 1
+        try:
+            os.close(read_end)
+            multiprocessing.set_forkserver_preload([])
+            multiprocessing.forkserver.ensure_running()
+            with started("starts_multiprocessing_helpers") as worker:
+                got = call(worker)
+                raised = decode(got.head, got.payload).raised if isinstance(got, Reply) else repr(got)
+            helpers = [
+                multiprocessing.forkserver._forkserver._forkserver_pid,  # type: ignore[attr-defined]
+                multiprocessing.resource_tracker._resource_tracker._pid,  # type: ignore[attr-defined]
+            ]
+            os.write(write_end, json.dumps({"raised": raised, "helpers": helpers}).encode())
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as f:
+        report = json.loads(f.read() or b"{}")
+    assert os.waitpid(middle, 0)[1] == 0
+    for helper in report.get("helpers", []):
+        assert _gone(helper)  # they end with the tester that started them
+    assert report["raised"] == ""
+
+
+@pytest.mark.parametrize(
+    ("source", "words"),
+    [
+        ("raise RuntimeError('boom')\n", "importing '{target}' failed: RuntimeError: boom"),
+        ("raise KeyboardInterrupt\n", "importing '{target}:f' failed: KeyboardInterrupt: "),
+        (
+            "import os\nos._exit(3)\n",
+            "loading '{target}:f' ended the worker process: the worker process exited with status 3",
+        ),
+    ],
+    ids=["raises", "interrupts", "exits"],
+)
+def test_a_target_that_cannot_be_loaded_says_why(source: str, words: str, tmp_path: Path) -> None:
+    target = tmp_path / "bad_target.py"
+    target.write_text(source, encoding="utf-8")
+    worker = Worker(f"{target}:f")
+    with pytest.raises(TargetError) as caught:
+        worker.start(WAIT_S)
+    assert str(caught.value) == words.format(target=target)
+    assert not worker.running
+    worker.close()
+
+
+def test_a_target_that_is_not_there_says_so_in_load_targets_words() -> None:
+    worker = Worker(f"{HERE}:no_such_function")
+    with pytest.raises(TargetError) as caught:
+        worker.start(WAIT_S)
+    assert str(caught.value) == f"{HERE!r} has no attribute 'no_such_function'"
+    worker.close()
+
+
+def test_a_target_that_loads_too_slowly_is_stopped_with_its_stack(tmp_path: Path) -> None:
+    target = tmp_path / "slow_target.py"
+    target.write_text(
+        "import time\n\ndef f(x):\n    return x\n\nwhile True:\n    time.sleep(60)\n", encoding="utf-8"
+    )
+    worker = Worker(f"{target}:f")
+    with pytest.raises(TargetError) as caught:
+        worker.start(0.3)
+    message = str(caught.value)
+    assert message.startswith(
+        f"loading '{target}:f' did not finish in time (--timeout); it was stopped in:\n"
+    )
+    assert f'File "{target}", line 7 in <module>' in message
+    assert not worker.running
+    worker.close()
+
+
+def test_a_false_ready_is_refused(tmp_path: Path) -> None:
+    target = tmp_path / "false_ready.py"
+    head = json.dumps({"kind": "hello"}).encode()
+    target.write_text(
+        "import contextlib, os\n"
+        "for fd in range(3, 256):\n"
+        "    with contextlib.suppress(OSError):\n"
+        f"        os.write(fd, {_frame(head)!r})\n"
+        "def f(x):\n    return x\n",
+        encoding="utf-8",
+    )
+    worker = Worker(f"{target}:f")
+    with pytest.raises(TargetError) as caught:
+        worker.start(WAIT_S)
+    assert (
+        str(caught.value)
+        == f"loading '{target}:f' ended the worker process: the worker replied {{'kind': 'hello'}}"
+    )
+    worker.close()
+
+
+def test_setup_runs_before_the_target_is_loaded(tmp_path: Path) -> None:
+    flag = tmp_path / "set-up"
+    target = tmp_path / "needs_setup.py"
+    target.write_text(
+        f"import pathlib\nassert pathlib.Path({str(flag)!r}).exists()\ndef f(x):\n    return x\n"
+    )
+    with started(f"{target}:f", setup=flag.touch, rank=1) as worker:
+        assert worker.rank == 1
+        got = call(worker)
+        assert isinstance(got, Reply) and got.head["rank"] == 1
+
+
+def test_a_setup_that_fails_is_the_testers_error() -> None:
+    def fails() -> None:
+        raise OSError("no group")
+
+    worker = Worker(f"{HERE}:adds", setup=fails)
+    with pytest.raises(RuntimeError) as caught:
+        worker.start(WAIT_S)
+    text = str(caught.value)
+    assert text.startswith("a worker could not be set up:\nTraceback") and "OSError: no group" in text
+    assert not worker.running
+    worker.close()
