@@ -5,8 +5,12 @@ clockwise), each as a row of ``N`` chunk slots.  A slot's fill shows how many
 workers' contributions it holds (pale: only its own, dark: all ``N``); a
 finished chunk also gets a thick outline and a tick.  Arrows are the round's
 sends, labelled with the chunk and ``+`` (reduce-scatter adds) or ``=``
-(all-gather copies).  The first panel is the start state; the remaining
-reduce-scatter panels fill the top row and the all-gather panels the bottom one.
+(all-gather copies); for another op (clause ``op-trace``) the reduce-scatter
+arrows carry its sign instead: ``\u00d7`` (``prod``), ``\u2191`` (``max``: the
+larger is kept) or ``\u2193`` (``min``).  The first panel is the start state;
+the remaining reduce-scatter panels fill the top row and the all-gather panels
+the bottom one; ``avg``'s ``divide`` step is one more panel at the end of the
+bottom row, every slot marked ``\u00f7N``.
 
 Every panel is a ``<g class="panel">`` with ``data-phase`` and ``data-round``;
 every slot a ``<rect class="slot">`` with ``data-worker``, ``data-chunk`` and
@@ -16,6 +20,8 @@ every slot a ``<rect class="slot">`` with ``data-worker``, ``data-chunk`` and
 >>> svg = render_svg(trace(2))
 >>> svg.startswith("<svg") and svg.count('class="panel"')
 3
+>>> render_svg(trace(2, op="avg")).count('data-phase="divide"')
+1
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from __future__ import annotations
 import math
 import xml.etree.ElementTree as ET
 
-from ring_ref._trace import RoundRecord
+from ring_ref._trace import DIVIDE, RoundRecord, operation
 from ring_ref.invariants import is_complete
 from ring_ref.schedule import REDUCE_SCATTER
 
@@ -32,6 +38,14 @@ SLOT = 16
 PAD = 14
 TITLE_H = 22
 _RAMP = ((255, 255, 204), (161, 218, 180), (65, 182, 196), (44, 127, 184), (37, 52, 148))
+_SIGN = {"sum": "+", "avg": "+", "prod": "\u00d7", "max": "\u2191", "min": "\u2193"}
+_MEANING = {
+    "sum": "adds",
+    "avg": "adds",
+    "prod": "multiplies",
+    "max": "keeps the larger (own only if own > incoming)",
+    "min": "keeps the smaller (own only if own < incoming)",
+}
 
 
 def slot_colour(count: int, n: int) -> str:
@@ -97,8 +111,10 @@ def _panel(parent: ET.Element, rec: RoundRecord, x0: float, y0: float, size: flo
     )
     if rec.phase == "start":
         title = "start"
+    elif rec.phase == DIVIDE:
+        title = f"divide by N = {n} (avg)"
     else:
-        title = f"{rec.phase} round {rec.round} ({'add' if rec.phase == REDUCE_SCATTER else 'copy'})"
+        title = f"{rec.phase} round {rec.round} ({operation(rec.phase, rec.op)})"
     _add(panel, "text", title, x=_fmt(x0 + size / 2), y=_fmt(y0 + 16), class_="title")
     cx, cy, radius = x0 + size / 2, y0 + TITLE_H + size / 2, _radius(n)
     _add(panel, "circle", cx=_fmt(cx), cy=_fmt(cy), r=_fmt(radius), class_="ring")
@@ -122,7 +138,7 @@ def _panel(parent: ET.Element, rec: RoundRecord, x0: float, y0: float, size: flo
             data_chunk=str(s.chunk),
             marker_end="url(#arrow)",
         )
-        op = "+" if s.phase == REDUCE_SCATTER else "="
+        op = _SIGN[rec.op] if s.phase == REDUCE_SCATTER else "="
         lx, ly = (sx + 2 * qx + ex) / 4, (sy + 2 * qy + ey) / 4
         _add(panel, "text", f"{op}c{s.chunk}", x=_fmt(lx - dy * 9), y=_fmt(ly + dx * 9 + 4), class_="label")
     for i, row in enumerate(rec.provenance):
@@ -144,7 +160,7 @@ def _panel(parent: ET.Element, rec: RoundRecord, x0: float, y0: float, size: flo
                 data_chunk=str(c),
                 data_count=str(len(p)),
             )
-            mark = "\u2713" if done else str(len(p))
+            mark = f"\u00f7{n}" if rec.phase == DIVIDE else "\u2713" if done else str(len(p))
             _add(
                 panel,
                 "text",
@@ -170,16 +186,18 @@ text { font-family: sans-serif; text-anchor: middle; }
 """
 
 
-def _legend(parent: ET.Element, n: int, x0: float, y0: float) -> None:
+def _legend(parent: ET.Element, n: int, op: str, x0: float, y0: float) -> None:
     legend = _add(parent, "g", class_="legend-box")
     lines = [
         f"w0..w{n - 1}: workers; each sends to the next, clockwise",
         f"its slots, left to right: chunks 0..{n - 1}",
         "slot fill and number: contributions held",
         "\u2713 + orange outline: finished chunk",
-        "arrow +cK: send chunk K, receiver adds",
+        f"arrow {_SIGN[op]}cK: send chunk K, receiver {_MEANING[op]}",
         "arrow =cK: send chunk K, receiver copies",
     ]
+    if op == "avg":
+        lines.append(f"\u00f7{n}: after all-gather, every slot divided by N once")
     for k, line in enumerate(lines):
         _add(legend, "text", line, x=_fmt(x0), y=_fmt(y0 + 14 * k), class_="legend")
     for count in range(1, n + 1):
@@ -208,11 +226,12 @@ def _legend(parent: ET.Element, n: int, x0: float, y0: float) -> None:
 def render_svg(records: tuple[RoundRecord, ...]) -> str:
     """The SVG document (ASCII, non-ASCII text as character references) for a trace.
 
-    The start panel comes first, then one panel per round.
+    The start panel comes first, then one panel per round (and for ``avg`` the ``divide`` step).
     """
     n = len(records[0].provenance)
+    op = records[0].op
     size = 2 * _radius(n) + n * SLOT + 48
-    columns = n
+    columns = n + 1 if op == "avg" else n
     rows = 2 if n > 1 else 1
     width = columns * (size + PAD) + PAD
     height = rows * (size + TITLE_H + PAD) + PAD
@@ -225,7 +244,8 @@ def render_svg(records: tuple[RoundRecord, ...]) -> str:
             "viewBox": f"0 0 {_fmt(width)} {_fmt(height)}",
         },
     )
-    _add(root, "title", f"Ring all-reduce, N = {n}: every round of reduce-scatter and all-gather")
+    about = "" if op == "sum" else f", op {op}"
+    _add(root, "title", f"Ring all-reduce, N = {n}{about}: every round of reduce-scatter and all-gather")
     defs = _add(root, "defs")
     _add(defs, "style", _STYLE)
     marker = _add(
@@ -244,11 +264,13 @@ def render_svg(records: tuple[RoundRecord, ...]) -> str:
     for rec in records:
         if rec.phase == "start":
             column, row = 0, 0
+        elif rec.phase == DIVIDE:
+            column, row = n, rows - 1
         else:
             column, row = rec.round + 1, 0 if rec.phase == REDUCE_SCATTER else 1
         _panel(root, rec, PAD + column * (size + PAD), PAD + row * (size + TITLE_H + PAD), size)
     if n > 1:
-        _legend(root, n, PAD + 8, PAD + size + TITLE_H + PAD + 24)
+        _legend(root, n, op, PAD + 8, PAD + size + TITLE_H + PAD + 24)
     ET.indent(root, space=" ")
     text = ET.tostring(root, encoding="unicode")
     return text.encode("ascii", "xmlcharrefreplace").decode("ascii") + "\n"  # pure ASCII output

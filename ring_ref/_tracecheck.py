@@ -19,7 +19,15 @@ The checker copies ``buffers`` at once, so an implementation may keep updating
 the same tensor in place.  With ``N = 1`` no round runs and ``on_round`` must
 not be called.  Reports are compared in order with the reference's rounds
 (:func:`ring_ref.schedule.all_rounds`), each slot bit for bit; the first
-difference is named as ``(phase, round, worker, slot)``:
+difference is named as ``(phase, round, worker, slot)``.
+
+Every op of spec section 9 (``op="sum"`` by default, ``"prod"``, ``"max"``,
+``"min"``, ``"avg"``) reports the same rounds; the buffers hold the op's
+partial results (clause ``op-trace``).  For ``avg`` they hold the ring's
+*sums*, and the one division by ``N`` is checked in the result: an
+implementation that divides before or during the rounds differs at the first
+round it does so.
+
 
 >>> import torch
 >>> from ring_ref import ring_all_reduce
@@ -37,6 +45,7 @@ from typing import NamedTuple
 import torch
 
 from ring_ref._dtypes import bits
+from ring_ref._ops import Op, finish_torch, op_name, torch_combine
 from ring_ref._torch_adapter import chunk_state
 from ring_ref._validate import check_torch
 from ring_ref.core import run_ring
@@ -88,14 +97,22 @@ class Report(NamedTuple):
     buffers: torch.Tensor
 
 
-def reference_rounds(worker_tensors: torch.Tensor) -> tuple[tuple[Report, ...], torch.Tensor]:
-    """The reference's buffers after every round, and its result, for a valid input.
+def reference_rounds(
+    worker_tensors: torch.Tensor, op: str = "sum"
+) -> tuple[tuple[Report, ...], torch.Tensor]:
+    """The reference's buffers after every round, and its result, for a valid input and ``op``.
+
+    For ``avg`` the rounds hold sums and only the result is divided by ``N``.
 
     >>> import torch
     >>> rounds, result = reference_rounds(torch.tensor([[1.0, 2.0], [3.0, 4.0]]))
     >>> [(r.phase, r.round, r.buffers.tolist()) for r in rounds]
     [('reduce-scatter', 0, [[1.0, 6.0], [4.0, 4.0]]), ('all-gather', 0, [[4.0, 6.0], [4.0, 6.0]])]
+    >>> rounds, result = reference_rounds(torch.tensor([[1.0, 2.0], [3.0, 4.0]]), "max")
+    >>> rounds[0].buffers.tolist(), result.tolist()
+    ([[1.0, 4.0], [3.0, 4.0]], [3.0, 4.0])
     """
+    the_op = op_name(op)
     check_torch(worker_tensors)
     x = worker_tensors.detach()
     rounds: list[Report] = []
@@ -103,8 +120,8 @@ def reference_rounds(worker_tensors: torch.Tensor) -> tuple[tuple[Report, ...], 
     def observe(phase: Phase, r: int, state: State[torch.Tensor], _prov: State[Provenance]) -> None:
         rounds.append(Report(phase, r, torch.stack([torch.cat(row) for row in state])))
 
-    final = run_ring(chunk_state(x), torch.add, observe)
-    return tuple(rounds), torch.cat(final[0])
+    final = run_ring(chunk_state(x), torch_combine(the_op), observe)
+    return tuple(rounds), finish_torch(the_op, torch.cat(final[0]), len(final))
 
 
 def record_rounds(
@@ -168,7 +185,7 @@ def _round_mismatch(rep: Report, ref: Report, k: int, n: int) -> Mismatch | None
     return _first_slot(rep.phase, rep.round, rep.buffers.to(ref.buffers.device), ref.buffers, n)
 
 
-def _result_mismatch(result: torch.Tensor, want: torch.Tensor, n: int) -> Mismatch | None:
+def _result_mismatch(result: torch.Tensor, want: torch.Tensor, n: int, op: Op) -> Mismatch | None:
     if result.shape != want.shape or result.dtype != want.dtype:
         return Mismatch(
             "result",
@@ -178,17 +195,24 @@ def _result_mismatch(result: torch.Tensor, want: torch.Tensor, n: int) -> Mismat
             f"result is {tuple(result.shape)} {result.dtype}, expected {tuple(want.shape)} {want.dtype}",
         )
     slot = _first_slot("result", -1, result.to(want.device)[None], want[None], n)
-    return None if slot is None else slot._replace(worker=None)
+    if slot is None:
+        return None
+    if op == "avg":
+        slot = slot._replace(reason=f"{slot.reason} (the ring's sum divided by N = {n} once, clause op-avg)")
+    return slot._replace(worker=None)
 
 
-def first_mismatch(fn: TracedImplementation, worker_tensors: torch.Tensor) -> Mismatch | None:
-    """Run ``fn`` and the reference on ``worker_tensors``; the first difference, or ``None``.
+def first_mismatch(
+    fn: TracedImplementation, worker_tensors: torch.Tensor, op: str = "sum"
+) -> Mismatch | None:
+    """Run ``fn`` and the reference (for ``op``) on ``worker_tensors``; the first difference, or ``None``.
 
     Checked in order: each report's ``(phase, round)`` against the reference's
     next round (an extra or out-of-order round is named as reported), its shape
     and dtype, then every slot bit for bit; then missing rounds; then the result.
     """
-    expected, want_result = reference_rounds(worker_tensors)
+    the_op = op_name(op)
+    expected, want_result = reference_rounds(worker_tensors, the_op)
     reports, result = record_rounds(fn, worker_tensors)
     n = worker_tensors.shape[0]
     for k, rep in enumerate(reports):
@@ -213,11 +237,14 @@ def first_mismatch(fn: TracedImplementation, worker_tensors: torch.Tensor) -> Mi
             f"not reported (the implementation reported {len(reports)} of the reference's "
             f"{len(expected)} rounds)",
         )
-    return _result_mismatch(result, want_result, n)
+    return _result_mismatch(result, want_result, n, the_op)
 
 
-def check_trace(fn: TracedImplementation, worker_tensors: torch.Tensor) -> None:
-    """Raise :class:`TraceMismatch` naming the first ``(phase, round, worker, slot)`` that differs."""
-    mismatch = first_mismatch(fn, worker_tensors)
+def check_trace(fn: TracedImplementation, worker_tensors: torch.Tensor, op: str = "sum") -> None:
+    """Raise :class:`TraceMismatch` naming the first ``(phase, round, worker, slot)`` that differs.
+
+    ``op`` is the reduction op both run (spec section 9; ``"sum"`` by default).
+    """
+    mismatch = first_mismatch(fn, worker_tensors, op)
     if mismatch is not None:
         raise TraceMismatch(mismatch)
