@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from ring_ref import __version__, _orders, _preset_vectors, _reveal, _svg, _vectors, ring_all_reduce
+from ring_ref._ops import OPS
 from ring_ref._trace import check_size, render_table, trace, trace_json
 from ring_ref._validate import schedule_of
 from ring_ref.core import initial_state, run_ring
@@ -59,7 +60,7 @@ def _trace_command(args: argparse.Namespace) -> int:
     except (ValueError, TypeError) as err:
         print(f"ring-ref trace: {err}", file=sys.stderr)
         return 2
-    records = trace(args.n, ring)
+    records = trace(args.n, ring, args.op)
     if args.format == "json":
         print(json.dumps(trace_json(records, m, ring), indent=1))
     elif args.format == "svg":
@@ -297,6 +298,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="spec",
         metavar="NAME",
         help="the ring: a preset (spec, the default; openmpi-ring; gloo) or =DIRECTION,OFFSET,LAYOUT",
+    )
+    tr.add_argument(
+        "--op",
+        choices=OPS,
+        default="sum",
+        help="reduction op (spec section 9): what reduce-scatter receivers store; avg ends dividing by N",
     )
     tr.set_defaults(func=_trace_command)
     vec = commands.add_parser("vectors", help="write the conformance vector files (spec/vectors/)")
