@@ -271,8 +271,71 @@ def _copy_tree(dest: Path) -> None:
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
 
 
+_PLUGIN: Final = "ring_ref_mutation_plugin"
+_PLUGIN_SOURCE: Final = '''"""Loaded into mutmut's pytest runs (PYTEST_PLUGINS) by tools/mutation.py."""
+
+import ctypes
+
+
+def pytest_unconfigure(config):
+    """Stop being a child subreaper (the session fixture of tests/conftest.py made this process one).
+
+    mutmut runs the tests in its own process before it forks one process per
+    mutant, and reaps those with os.wait(): as a subreaper it would also be
+    given, and choke on, the orphans a mutant's killed test run leaves (workers
+    of the isolated tester).
+    """
+    ctypes.CDLL(None).prctl(36, 0)  # PR_SET_CHILD_SUBREAPER
+'''
+"""A pytest plugin for mutmut's runs (see its docstring)."""
+
+
 def _toml_list(items: Sequence[str]) -> str:
     return "[" + ", ".join(f'"{item}"' for item in items) + "]"
+
+
+def _configure(work: Path, files: Sequence[str], tests: Sequence[str]) -> dict[str, str]:
+    """Configure mutmut in ``work`` for these files and tests; the environment to run it in."""
+    with (work / "pyproject.toml").open("a", encoding="utf-8") as f:
+        f.write(
+            "\n[tool.mutmut]\n"
+            'source_paths = ["ring_ref"]\n'
+            f"also_copy = {_toml_list([d for d in EXTRA_DIRS if (work / d).exists()])}\n"
+            f"only_mutate = {_toml_list(files)}\n"
+            f"pytest_add_cli_args_test_selection = {_toml_list(tests)}\n"
+            'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q", "-p", "no:randomly", '
+            '"-m", "not soak and not gpu"]\n'
+            "use_git_change_detection = false\n"
+        )
+    plugin = work / ".mutation-plugin"
+    plugin.mkdir()
+    (plugin / f"{_PLUGIN}.py").write_text(_PLUGIN_SOURCE, encoding="utf-8")
+    # mutmut forks every mutant's run from a process that has already run the tests: a thread
+    # pool started before the fork (torch's OpenMP pool) deadlocks the child, so one thread.
+    return {
+        **os.environ,
+        "HYPOTHESIS_PROFILE": "default",
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(plugin), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        "PYTEST_PLUGINS": _PLUGIN,
+    }
+
+
+def _give_forked_their_tests(work: Path, name: str, listing: str) -> list[str]:
+    """Record the tests of :data:`FORKED`'s functions in mutmut's statistics; their untested mutants."""
+    forker, forked = FORKED[name]
+    stats_path = work / "mutants" / "mutmut-stats.json"
+    stats = json.loads(stats_path.read_text(encoding="utf-8"))
+    tests_of = stats["tests_by_mangled_function_name"]
+    for key in forked:
+        tests_of[key] = sorted(set(tests_of.get(key, ())) | set(tests_of.get(forker, ())))
+    stats_path.write_text(json.dumps(stats), encoding="utf-8")
+    return [
+        mutant
+        for mutant, _, status in (raw.strip().rpartition(": ") for raw in listing.splitlines())
+        if status == "no tests" and mutant.rpartition("__mutmut_")[0] in forked
+    ]
 
 
 def run_module(
@@ -289,27 +352,8 @@ def run_module(
     with tempfile.TemporaryDirectory(prefix=f"ring-ref-mutation-{name}-") as tmp:
         work = Path(tmp)
         _copy_tree(work)
-        tests = tuple(t for t in tests if (work / t).exists())
-        with (work / "pyproject.toml").open("a", encoding="utf-8") as f:
-            f.write(
-                "\n[tool.mutmut]\n"
-                'source_paths = ["ring_ref"]\n'
-                f"also_copy = {_toml_list([d for d in EXTRA_DIRS if (work / d).exists()])}\n"
-                f"only_mutate = {_toml_list(files)}\n"
-                f"pytest_add_cli_args_test_selection = {_toml_list(tests)}\n"
-                'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q", "-p", "no:randomly", '
-                '"-m", "not soak and not gpu"]\n'
-                "use_git_change_detection = false\n"
-            )
+        env = _configure(work, files, tuple(t for t in tests if (work / t).exists()))
         mutmut = [str(Path(sys.executable).parent / "mutmut")]
-        # mutmut forks every mutant's run from a process that has already run the tests: a thread
-        # pool started before the fork (torch's OpenMP pool) deadlocks the child, so one thread.
-        env = {
-            **os.environ,
-            "HYPOTHESIS_PROFILE": "default",
-            "OMP_NUM_THREADS": "1",
-            "MKL_NUM_THREADS": "1",
-        }
 
         def mutmut_run(*names: str) -> None:
             run = subprocess.run(
@@ -337,22 +381,10 @@ def run_module(
 
         mutmut_run(*([f"*__mutmut_*[{sample}]"] if sample else []))
         listing = results()
-        if name in FORKED:
-            forker, forked = FORKED[name]
-            stats_path = work / "mutants" / "mutmut-stats.json"
-            stats = json.loads(stats_path.read_text(encoding="utf-8"))
-            tests_of = stats["tests_by_mangled_function_name"]
-            for key in forked:
-                tests_of[key] = sorted(set(tests_of.get(key, ())) | set(tests_of.get(forker, ())))
-            stats_path.write_text(json.dumps(stats), encoding="utf-8")
-            untested = [
-                mutant
-                for mutant, _, status in (raw.strip().rpartition(": ") for raw in listing.splitlines())
-                if status == "no tests" and mutant.rpartition("__mutmut_")[0] in forked
-            ]
-            if untested:
-                mutmut_run(*untested)
-                listing = results()
+        untested = _give_forked_their_tests(work, name, listing) if name in FORKED else []
+        if untested:
+            mutmut_run(*untested)
+            listing = results()
         score = ModuleScore(name, 0.0)
         sources: dict[str, str] = {}
         for raw in listing.splitlines():
