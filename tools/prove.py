@@ -1,37 +1,42 @@
-"""An SMT proof, for every ring size, of the schedule and its invariants (``make prove``).
+"""An SMT proof, for every ring size and every ring of the family, of the schedule and its invariants.
 
-The schedule, the closed-form invariants and one round of the core's update are
-restated here as *linear integer arithmetic* over symbolic ``n >= 2``, a round
-``r``, a worker ``i`` and a chunk slot ``c``, with no bound on ``n``; Z3 proves
-each obligation by showing its negation unsatisfiable (spec clause
-``proof-all-n``).  Two devices keep every query decidable:
+``make prove`` runs this.  The schedule family (``ring_ref.schedule.RingSchedule``:
+direction ``d = ±1``, offset ``k``), the closed-form invariants and one round of
+the core's update are restated here as *linear integer arithmetic* over
+symbolic ``n >= 2``, an offset ``0 <= k < n``, a direction ``d`` in ``{+1, -1}``,
+a round ``r``, a worker ``i`` and a chunk slot ``c``, with no bound on ``n``; Z3
+proves each obligation by showing its negation unsatisfiable (spec clause
+``proof-all-n``).  The spec's ring is the member ``d = +1, k = 0``.  Three devices
+keep every query decidable:
 
+* ``d * x`` is written ``ite(d = 1, x, -x)``, so no product of two unknowns occurs.
 * ``x mod n`` is only taken of operands known to lie in ``[lo*n, hi*n)`` for
   small constants ``lo, hi``, and is encoded as the case split
   ``ite(x < (lo+1) n, x - lo n, ite(...))``.  Each such range claim is recorded
   and proved alongside the obligation that uses it.
-* Every slot of every state the closed forms describe holds an *arc*: the
-  contributions ``s, s+1, ..., s+l-1 (mod n)``.  A slot is therefore a pair
+* Every slot of every state the closed forms describe holds a *d-arc*: the
+  contributions ``s, s+d, ..., s+(l-1)d (mod n)``.  A slot is therefore a pair
   ``(start, length)`` plus a flag ``arc`` that says whether the value really is
-  that arc.  The reduce-scatter update concatenates the incoming value with the
-  receiver's own; the concatenation of two arcs is the arc ``(s1, l1 + l2)``
-  exactly when the second starts where the first ends, ``s2 = (s1 + l1) mod n``
-  (contiguity); otherwise it is no arc at all.  Equality with an expected arc is
-  then equality of the pairs, which is exact: no over-approximation, so every
-  counterexample is a real one.
+  that d-arc.  The reduce-scatter update concatenates the incoming value with
+  the receiver's own; the concatenation of two d-arcs is the d-arc
+  ``(s1, l1 + l2)`` exactly when the second starts where the first ends,
+  ``s2 = (s1 + d l1) mod n`` (contiguity); otherwise it is no d-arc at all (a
+  prefix and a suffix of a d-arc are d-arcs).  Equality with an expected d-arc
+  is then equality of the pairs, which is exact: no over-approximation, so
+  every counterexample is a real one.
 
 The same functions build Z3 terms (:class:`Z3Ops`) and evaluate numpy arrays
 (:class:`NumpyOps`): ``tests/cover/test_proof.py`` evaluates every encoded
-closed form on all inputs for every ``n <= 64`` and compares it with
-``ring_ref.schedule`` and ``ring_ref.invariants``, which ties this restatement
-to the code.  This module imports nothing from ``ring_ref``.
+closed form against ``ring_ref.schedule`` and ``ring_ref.invariants``, which
+ties this restatement to the code.  This module imports nothing from
+``ring_ref``.
 
 The core is modelled in two flavours: *buffered* (every send reads the state at
 the start of the round, which is what ``ring_ref.core.exchange`` does) and
 *in-place* (workers update one buffer in the order ``0 .. n-1``, so a sender may
-already have written this round); both are proved.  :data:`FAULTS` plants the
-four schedule faults of the stateful tests; the prover must refute each with a
-concrete counterexample ``(n, r, i, c)``.
+already have written this round); both are proved.  :data:`FAULTS` plants
+schedule faults (the four of the stateful tests, and three of the family); the
+prover must refute each with a concrete counterexample ``(n, k, d, r, i, c)``.
 
 Usage::
 
@@ -91,6 +96,10 @@ class Ops:
             result = self.ite(x < (k + 1) * n, x - k * n, result)
         return result
 
+    def times(self, d: Term, x: Term) -> Term:
+        """``d * x`` for a direction ``d`` in ``{+1, -1}``, without multiplying two unknowns."""
+        return self.ite(d == 1, x, -x)
+
 
 class Z3Ops(Ops):
     """Builds Z3 terms; claims become extra proof goals."""
@@ -135,12 +144,20 @@ class NumpyOps(Ops):
             raise AssertionError(f"encoding claim violated: {what}")
 
 
+class Ring(NamedTuple):
+    """One ring of the family for ``n`` workers: direction ``d`` (``±1``) and offset ``k`` (``0 .. n-1``)."""
+
+    n: Term
+    d: Term
+    k: Term
+
+
 class Value(NamedTuple):
-    """A slot's provenance: ``arc`` says it is the arc of ``length`` workers from ``start``.
+    """A slot's provenance: ``arc`` says it is the d-arc of ``length`` workers from ``start``.
 
     ``start`` is its first contribution and ``length`` its number of
     contributions in every case; when ``arc`` is false the value is some other
-    sequence (never equal to an arc).
+    sequence (never equal to a d-arc).
     """
 
     start: Term
@@ -149,7 +166,7 @@ class Value(NamedTuple):
 
 
 def arc_value(o: Ops, start: Term, length: Term) -> Value:
-    """The arc ``start, start+1, ... (mod n)`` of ``length`` workers; ``start`` in ``0..n-1``."""
+    """The d-arc ``start, start+d, ... (mod n)`` of ``length`` workers; ``start`` in ``0..n-1``."""
     return Value(start, length, o.true)
 
 
@@ -159,108 +176,136 @@ def select(o: Ops, cond: Term, a: Value, b: Value) -> Value:
 
 
 def same(o: Ops, v: Value, w: Value) -> Term:
-    """``v == w`` as sequences, exact whenever ``w`` is an arc (the expected side always is)."""
+    """``v == w`` as sequences, exact whenever ``w`` is a d-arc (the expected side always is)."""
     return o.and_(v.arc, w.arc, v.start == w.start, v.length == w.length)
 
 
-def concat(o: Ops, n: Term, v: Value, w: Value) -> Value:
-    """``v + w`` (tuple concatenation, ``core.fold``): an arc iff both are and ``w`` starts where ``v`` ends.
+def concat(o: Ops, g: Ring, v: Value, w: Value) -> Value:
+    """``v + w`` (``core.fold``): a d-arc iff both are and ``w`` starts where ``v`` ends.
 
-    Lengths in the modelled states stay below ``2n``, so ``start + length < 3n``.
+    Lengths in the modelled states stay at most ``2n``, so ``start + d length`` lies in ``[-2n, 3n)``.
     """
-    contiguous = w.start == o.mod(v.start + v.length, n, 0, 3)
+    contiguous = w.start == o.mod(v.start + o.times(g.d, v.length), g.n, -2, 3)
     return Value(v.start, v.length + w.length, o.and_(v.arc, w.arc, contiguous))
 
 
 def is_complete(o: Ops, n: Term, v: Value) -> Term:
-    """``invariants.is_complete`` of an arc: every worker exactly once iff its length is ``n``."""
+    """``invariants.is_complete`` of a d-arc: every worker exactly once iff its length is ``n``."""
     return o.and_(v.arc, v.length == n)
 
 
 class Symbols(NamedTuple):
-    """The ring size, round, worker and slot: symbolic (Z3) or arrays (numpy)."""
+    """The ring size, offset, direction, round, worker and slot: symbolic (Z3) or arrays (numpy)."""
 
     n: Term
+    k: Term
+    d: Term
     r: Term
     i: Term
     c: Term
 
-
-# --- The schedule (ring_ref/schedule.py) -------------------------------------------------------------
-
-
-def right(o: Ops, i: Term, n: Term) -> Term:
-    """``(i + 1) mod n``."""
-    return o.mod(i + 1, n, 0, 2)
+    @property
+    def ring(self) -> Ring:
+        """The ring ``(n, d, k)``."""
+        return Ring(self.n, self.d, self.k)
 
 
-def left(o: Ops, i: Term, n: Term) -> Term:
-    """``(i - 1) mod n``."""
-    return o.mod(i - 1, n, -1, 1)
+# --- The schedule (ring_ref/schedule.py, RingSchedule) ---------------------------------------------------
 
 
-def owned_chunk(o: Ops, i: Term, n: Term) -> Term:
-    """``(i + 1) mod n``: the chunk worker ``i`` holds complete after reduce-scatter."""
-    return o.mod(i + 1, n, 0, 2)
+def right(o: Ops, g: Ring, i: Term) -> Term:
+    """``(i + d) mod n``: the worker ``i`` sends to."""
+    return o.mod(i + g.d, g.n, -1, 2)
 
 
-def rs_send_chunk(o: Ops, i: Term, r: Term, n: Term) -> Term:
-    """``(i - r) mod n`` for ``0 <= r <= n - 1``."""
-    return o.mod(i - r, n, -1, 1)
+def left(o: Ops, g: Ring, i: Term) -> Term:
+    """``(i - d) mod n``: the worker ``i`` receives from."""
+    return o.mod(i - g.d, g.n, -1, 2)
 
 
-def ag_send_chunk(o: Ops, i: Term, r: Term, n: Term) -> Term:
-    """``(i + 1 - r) mod n`` for ``0 <= r <= n - 1``."""
-    return o.mod(i + 1 - r, n, -1, 2)
+def fold_start(o: Ops, g: Ring, c: Term) -> Term:
+    """``(c + k) mod n``: the worker whose chunk ``c`` starts the fold."""
+    return o.mod(c + g.k, g.n, 0, 2)
 
 
-def changed_slot(o: Ops, phase: Phase, r: Term, i: Term, n: Term) -> Term:
-    """``invariants.changed_slot``: ``(i - r - 1) mod n`` (reduce-scatter), ``(i - r) mod n`` (all-gather)."""
-    return o.mod(i - r - 1, n, -1, 1) if phase == RS else o.mod(i - r, n, -1, 1)
+def position(o: Ops, g: Ring, i: Term, c: Term) -> Term:
+    """``((i - c - k) d) mod n``: how many steps along chunk ``c``'s fold worker ``i`` stands."""
+    return o.mod(o.times(g.d, i - c - g.k), g.n, -2, 2)
+
+
+def owned_chunk(o: Ops, g: Ring, i: Term) -> Term:
+    """``(i - k - (n - 1) d) mod n``: the chunk worker ``i`` holds complete after reduce-scatter."""
+    return o.mod(i - g.k - o.times(g.d, g.n - 1), g.n, -2, 2)
+
+
+def rs_send_chunk(o: Ops, g: Ring, i: Term, r: Term) -> Term:
+    """``(i - k - r d) mod n`` for ``0 <= r <= n - 1``."""
+    return o.mod(i - g.k - o.times(g.d, r), g.n, -2, 2)
+
+
+def ag_send_chunk(o: Ops, g: Ring, i: Term, r: Term) -> Term:
+    """The chunk owned by worker ``(i - r d) mod n``, for ``0 <= r <= n - 1``."""
+    return owned_chunk(o, g, o.mod(i - o.times(g.d, r), g.n, -1, 2))
+
+
+def rs_recv_chunk(o: Ops, g: Ring, i: Term, r: Term) -> Term:
+    """The core writes the slot its left neighbour sends: ``rs_send_chunk(left(i))``."""
+    return rs_send_chunk(o, g, left(o, g, i), r)
+
+
+def ag_recv_chunk(o: Ops, g: Ring, i: Term, r: Term) -> Term:
+    """``ag_send_chunk(left(i))``."""
+    return ag_send_chunk(o, g, left(o, g, i), r)
+
+
+def changed_slot(o: Ops, phase: Phase, g: Ring, r: Term, i: Term) -> Term:
+    """``invariants.changed_slot`` as the slot whose position is ``r + 1`` (RS) or ``r`` (AG).
+
+    ``(i - k - (r + 1) d) mod n`` and ``(i - k - r d) mod n``: for the spec's ring
+    ``(i - r - 1) mod n`` and ``(i - r) mod n``.
+    """
+    return o.mod(i - g.k - o.times(g.d, r + 1 if phase == RS else r), g.n, -2, 2)
 
 
 # --- The closed forms (ring_ref/invariants.py) ---------------------------------------------------------
 
 
-def rs_expected(o: Ops, n: Term, r: Term, i: Term, c: Term) -> Value:
-    """``inv-rs-provenance``: the arc ``c .. i`` when ``d = (i - c) mod n <= r + 1``, else ``(i,)``."""
-    d = o.mod(i - c, n, -1, 1)
-    inside = d <= r + 1
-    return arc_value(o, o.ite(inside, c, i), o.ite(inside, d + 1, 1))
+def rs_expected(o: Ops, g: Ring, r: Term, i: Term, c: Term) -> Value:
+    """``inv-rs-provenance``: the first ``t + 1`` workers of the fold if ``t <= r + 1``, else ``(i,)``."""
+    t = position(o, g, i, c)
+    inside = t <= r + 1
+    return arc_value(o, o.ite(inside, fold_start(o, g, c), i), o.ite(inside, t + 1, 1))
 
 
-def ag_expected(o: Ops, n: Term, r: Term, i: Term, c: Term) -> Value:
-    """``inv-ag-provenance``: chunk ``c`` complete when ``(i + 1 - c) mod n <= r + 1``, else the RS result."""
-    complete = o.mod(i + 1 - c, n, -1, 2) <= r + 1
-    return select(o, complete, arc_value(o, c, n), rs_expected(o, n, n - 2, i, c))
+def ag_expected(o: Ops, g: Ring, r: Term, i: Term, c: Term) -> Value:
+    """``inv-ag-provenance``: chunk ``c``'s whole fold when ``(t + 1) mod n <= r + 1``, else the RS result."""
+    complete = o.mod(position(o, g, i, c) + 1, g.n, 0, 2) <= r + 1
+    return select(o, complete, arc_value(o, fold_start(o, g, c), g.n), rs_expected(o, g, g.n - 2, i, c))
 
 
 def expected(o: Ops, phase: Phase, s: Symbols) -> Value:
     """The closed form of slot ``c`` of worker ``i`` after round ``r`` of ``phase``."""
-    return rs_expected(o, *s) if phase == RS else ag_expected(o, *s)
+    slot = rs_expected if phase == RS else ag_expected
+    return slot(o, s.ring, s.r, s.i, s.c)
 
 
 def expected_finished(o: Ops, phase: Phase, s: Symbols) -> Term:
     """``inv-finished-chunks``: whether worker ``i`` has finished chunk ``c`` after round ``r``."""
-    n, r, i, c = s
+    n, r = s.n, s.r
     reach = r + 1 if phase == AG else o.ite(r == n - 2, 0, -1)
-    return o.mod(i + 1 - c, n, -1, 2) <= reach
+    return o.mod(position(o, s.ring, s.i, s.c) + 1, n, 0, 2) <= reach
 
 
 # --- The core's round (ring_ref/core.py) and planted faults --------------------------------------------
 
-SlotFn = Callable[[Ops, Term, Term, Term], Term]
-"""``(ops, i, r, n) -> chunk``: a send index, or the slot a receiver writes."""
+SlotFn = Callable[[Ops, Ring, Term, Term], Term]
+"""``(ops, ring, i, r) -> chunk``: a send index, or the slot a receiver writes."""
 
+WorkerFn = Callable[[Ops, Ring, Term], Term]
+"""``(ops, ring, i) -> worker``: whom ``i`` sends to or receives from."""
 
-def rs_recv_chunk(o: Ops, i: Term, r: Term, n: Term) -> Term:
-    """The core writes the slot its left neighbour sends: ``rs_send_chunk(left(i))``."""
-    return rs_send_chunk(o, left(o, i, n), r, n)
-
-
-def ag_recv_chunk(o: Ops, i: Term, r: Term, n: Term) -> Term:
-    """``ag_send_chunk(left(i))``."""
-    return ag_send_chunk(o, left(o, i, n), r, n)
+OwnedFn = Callable[[Ops, Ring, Term], Term]
+"""``(ops, ring, i) -> chunk``: the chunk worker ``i`` is taken to own after reduce-scatter."""
 
 
 @dataclass(frozen=True)
@@ -270,6 +315,9 @@ class Model:
     name: str
     send: dict[str, SlotFn]
     write: dict[str, SlotFn]
+    source: dict[str, WorkerFn] = field(default_factory=lambda: {RS: left, AG: left})
+    dest: dict[str, WorkerFn] = field(default_factory=lambda: {RS: right, AG: right})
+    owned: OwnedFn = owned_chunk
     ag_adds: bool = False
     extra_rounds: int = 0
     in_place: bool = False
@@ -291,18 +339,54 @@ IN_PLACE: Final = replace(
 )
 
 
-def _wrong_rs_send(o: Ops, i: Term, r: Term, n: Term) -> Term:
-    return o.mod(i - r + 1, n, -1, 2)
+def _wrong_rs_send(o: Ops, g: Ring, i: Term, r: Term) -> Term:
+    return o.mod(i - g.k - o.times(g.d, r) + 1, g.n, -2, 2)
 
 
-def _forwarded_rs_write(o: Ops, i: Term, r: Term, n: Term) -> Term:
-    # tests/faults.forwarding_reduce_scatter: worker i >= 1 stores what i-1 received this round.
-    return o.ite(i == 0, rs_recv_chunk(o, i, r, n), rs_recv_chunk(o, left(o, i, n), r, n))
+def _forwarded_rs_write(o: Ops, g: Ring, i: Term, r: Term) -> Term:
+    # tests/faults.forwarding_reduce_scatter: a worker whose sender was updated earlier in the
+    # order 0 .. n-1 stores the slot that sender received this round.
+    sender = left(o, g, i)
+    return o.ite(sender < i, rs_recv_chunk(o, g, sender, r), rs_recv_chunk(o, g, i, r))
 
 
-def _forwarded_rs_send(o: Ops, i: Term, r: Term, n: Term) -> Term:
+def _forwarded_rs_send(o: Ops, g: Ring, i: Term, r: Term) -> Term:
     # What the right neighbour reads from worker i in that fault.
-    return _forwarded_rs_write(o, right(o, i, n), r, n)
+    return _forwarded_rs_write(o, g, right(o, g, i), r)
+
+
+def _shifted_ag_send(o: Ops, g: Ring, i: Term, r: Term) -> Term:
+    return ag_send_chunk(o, g._replace(k=g.k + 1), i, r)
+
+
+def _flipped(g: Ring) -> Ring:
+    return g._replace(d=-g.d)
+
+
+def _flipped_ag_send(o: Ops, g: Ring, i: Term, r: Term) -> Term:
+    return ag_send_chunk(o, _flipped(g), i, r)
+
+
+def _off_by_one_owned(o: Ops, g: Ring, i: Term) -> Term:
+    # For d = -1 the owned chunk taken as (i - k) mod n instead of (i - k - 1) mod n.
+    return o.ite(g.d == 1, owned_chunk(o, g, i), o.mod(i - g.k, g.n, -1, 1))
+
+
+def _off_by_one_ag_send(o: Ops, g: Ring, i: Term, r: Term) -> Term:
+    return _off_by_one_owned(o, g, o.mod(i - o.times(g.d, r), g.n, -1, 2))
+
+
+def _follows(send: SlotFn, source: WorkerFn = left) -> SlotFn:
+    """The slot a receiver writes when it writes what its ``source`` sends."""
+    return lambda o, g, i, r: send(o, g, source(o, g, i), r)
+
+
+def _flipped_left(o: Ops, g: Ring, i: Term) -> Term:
+    return left(o, _flipped(g), i)
+
+
+def _flipped_right(o: Ops, g: Ring, i: Term) -> Term:
+    return right(o, _flipped(g), i)
 
 
 FAULTS: Final[dict[str, Model]] = {
@@ -310,8 +394,8 @@ FAULTS: Final[dict[str, Model]] = {
         CORE,
         name="wrong-send-index",
         send={RS: _wrong_rs_send, AG: ag_send_chunk},
-        write={RS: lambda o, i, r, n: _wrong_rs_send(o, left(o, i, n), r, n), AG: ag_recv_chunk},
-        description="reduce-scatter sends chunk (i - r + 1) mod n; receivers follow the sends",
+        write={RS: _follows(_wrong_rs_send), AG: ag_recv_chunk},
+        description="reduce-scatter sends chunk (i - k - r d + 1) mod n; receivers follow the sends",
     ),
     "adding-all-gather": replace(
         CORE, name="adding-all-gather", ag_adds=True, description="all-gather adds instead of copying"
@@ -324,38 +408,65 @@ FAULTS: Final[dict[str, Model]] = {
         write={RS: _forwarded_rs_write, AG: ag_recv_chunk},
         description="in-place reduce-scatter in which a worker forwards the chunk it has just received",
     ),
+    "ag-offset": replace(
+        CORE,
+        name="ag-offset",
+        send={RS: rs_send_chunk, AG: _shifted_ag_send},
+        write={RS: rs_recv_chunk, AG: _follows(_shifted_ag_send)},
+        description="all-gather runs the ring of offset k + 1, reduce-scatter that of offset k",
+    ),
+    "ag-flipped": replace(
+        CORE,
+        name="ag-flipped",
+        send={RS: rs_send_chunk, AG: _flipped_ag_send},
+        write={RS: rs_recv_chunk, AG: _follows(_flipped_ag_send, _flipped_left)},
+        source={RS: left, AG: _flipped_left},
+        dest={RS: right, AG: _flipped_right},
+        description="all-gather runs in direction -d, reduce-scatter in direction d",
+    ),
+    "owned-off-by-one": replace(
+        CORE,
+        name="owned-off-by-one",
+        send={RS: rs_send_chunk, AG: _off_by_one_ag_send},
+        write={RS: rs_recv_chunk, AG: _follows(_off_by_one_ag_send)},
+        owned=_off_by_one_owned,
+        description="for d = -1 the completed chunk is taken as (i - k) mod n, one off",
+    ),
 }
 
 
 def round_value(o: Ops, model: Model, phase: Phase, s: Symbols) -> Value:
     """Slot ``c`` of worker ``i`` after the model's round ``r`` of ``phase``, from the closed form before it.
 
-    Buffered: ``new[i][W(i)] = combine(old[left(i)][W(i)], old[i][W(i)])``, other
-    slots kept (``core.exchange``).  In place (order ``0 .. n-1``): worker
-    ``i >= 1`` reads its left neighbour's buffer after that neighbour's own
-    update, so it sees the new value when both wrote the same slot; the encoding
-    unfolds that one step and claims (proves) that no longer chain occurs.
+    Buffered: ``new[i][W(i)] = combine(old[src(i)][W(i)], old[i][W(i)])``, other
+    slots kept (``core.exchange``).  In place (order ``0 .. n-1``): a worker whose
+    sender comes earlier in that order reads the sender's buffer after the
+    sender's own update, so it sees the new value when both wrote the same slot;
+    the encoding unfolds that one step and claims (proves) that no longer chain
+    occurs.
     """
+    g, r, i, c = s.ring, s.r, s.i, s.c
 
-    n, r, i, c = s
-
-    def before(j: Term, k: Term) -> Value:
-        return expected(o, phase, Symbols(n, r - 1, j, k))
+    def before(j: Term, slot: Term) -> Value:
+        return expected(o, phase, s._replace(r=r - 1, i=j, c=slot))
 
     def combine(incoming: Value, own: Value) -> Value:
-        return concat(o, n, incoming, own) if phase == RS or model.ag_adds else incoming
+        return concat(o, g, incoming, own) if phase == RS or model.ag_adds else incoming
 
     def written(j: Term) -> Term:
-        return model.write[phase](o, j, r, n)
+        return model.write[phase](o, g, j, r)
 
-    sender = left(o, i, n)
+    def source(j: Term) -> Term:
+        return model.source[phase](o, g, j)
+
+    sender = source(i)
     slot = written(i)
     incoming = before(sender, slot)
     if model.in_place:
-        forwarded = o.and_(i >= 1, written(sender) == slot)
-        grand = left(o, sender, n)
+        forwarded = o.and_(sender < i, written(sender) == slot)
+        grand = source(sender)
         o.claim(
-            o.not_(o.and_(forwarded, sender >= 1, written(grand) == written(sender))),
+            o.not_(o.and_(forwarded, grand < sender, written(grand) == written(sender))),
             "in-place chains are at most one hop long",
         )
         updated = combine(before(grand, written(sender)), before(sender, written(sender)))
@@ -366,20 +477,33 @@ def round_value(o: Ops, model: Model, phase: Phase, s: Symbols) -> Value:
 
 # --- Obligations ---------------------------------------------------------------------------------------
 
+Build = Callable[[Ops, Model, Symbols], tuple[Term, Term]]
+
 
 @dataclass(frozen=True)
 class Obligation:
-    """One proof goal: ``hyps(...) -> goal(...)`` for all ``n, r, i, c``."""
+    """One proof goal: ``hyps(...) -> goal(...)`` for all ``n, k, d, r, i, c``."""
 
     name: str
     property: str
-    build: Callable[[Ops, Model, Symbols], tuple[Term, Term]]
+    build: Build
     r_range: Literal["none", "initial", "rounds", "rounds-or-initial", "last"] = "rounds"
 
 
-def _domain(o: Ops, model: Model, s: Symbols, r_range: str, min_n: int = 2) -> Term:
-    n, r, i, c = s
-    base = o.and_(n >= min_n, i >= 0, i < n, c >= 0, c < n)
+def domain(
+    o: Ops,
+    model: Model,
+    s: Symbols,
+    r_range: str,
+    *,
+    min_n: int = 2,
+    directions: Sequence[int] = (1, -1),
+    min_k: int = 0,
+) -> Term:
+    """``n >= min_n``, ``min_k <= k < n``, ``d`` in ``directions``, ``0 <= i, c < n``, and the rounds."""
+    n, k, d, r, i, c = s
+    ring = o.and_(k >= min_k, k < n, o.or_(*(d == x for x in directions)))
+    base = o.and_(n >= min_n, ring, i >= 0, i < n, c >= 0, c < n)
     ranges = {
         "none": r == 0,
         "initial": r == -1,
@@ -390,42 +514,42 @@ def _domain(o: Ops, model: Model, s: Symbols, r_range: str, min_n: int = 2) -> T
     return o.and_(base, ranges[r_range])
 
 
-def _send_is_receive(phase: Phase) -> Callable[[Ops, Model, Symbols], tuple[Term, Term]]:
+def _send_is_receive(phase: Phase) -> Build:
     def build(o: Ops, m: Model, s: Symbols) -> tuple[Term, Term]:
-        n, r, i, c = s
-        dst = right(o, i, s.n)
-        sent = m.send[phase](o, i, r, n)
-        return c == sent, o.and_(left(o, dst, n) == i, m.write[phase](o, dst, r, n) == sent)
+        g, r, i, c = s.ring, s.r, s.i, s.c
+        dst = m.dest[phase](o, g, i)
+        sent = m.send[phase](o, g, i, r)
+        return c == sent, o.and_(m.source[phase](o, g, dst) == i, m.write[phase](o, g, dst, r) == sent)
 
     return build
 
 
-def _write_not_read(phase: Phase) -> Callable[[Ops, Model, Symbols], tuple[Term, Term]]:
+def _write_not_read(phase: Phase) -> Build:
     def build(o: Ops, m: Model, s: Symbols) -> tuple[Term, Term]:
-        n, r, i, c = s
-        return c == m.write[phase](o, i, r, n), m.send[phase](o, i, r, n) != c
+        g, r, i, c = s.ring, s.r, s.i, s.c
+        return c == m.write[phase](o, g, i, r), m.send[phase](o, g, i, r) != c
 
     return build
 
 
-def _step(phase: Phase) -> Callable[[Ops, Model, Symbols], tuple[Term, Term]]:
+def _step(phase: Phase) -> Build:
     def build(o: Ops, m: Model, s: Symbols) -> tuple[Term, Term]:
         return o.true, same(o, round_value(o, m, phase, s), expected(o, phase, s))
 
     return build
 
 
-def _changed_slot(phase: Phase) -> Callable[[Ops, Model, Symbols], tuple[Term, Term]]:
+def _changed_slot(phase: Phase) -> Build:
     def build(o: Ops, m: Model, s: Symbols) -> tuple[Term, Term]:
-        n, r, i, c = s
-        slot = changed_slot(o, phase, r, i, n)
+        g, r, i, c = s.ring, s.r, s.i, s.c
+        slot = changed_slot(o, phase, g, r, i)
         changes = o.not_(same(o, expected(o, phase, s._replace(r=r - 1)), expected(o, phase, s)))
-        return o.true, o.and_(m.write[phase](o, i, r, n) == slot, changes == (c == slot))
+        return o.true, o.and_(m.write[phase](o, g, i, r) == slot, changes == (c == slot))
 
     return build
 
 
-def _finished(phase: Phase) -> Callable[[Ops, Model, Symbols], tuple[Term, Term]]:
+def _finished(phase: Phase) -> Build:
     def build(o: Ops, m: Model, s: Symbols) -> tuple[Term, Term]:
         complete = is_complete(o, s.n, expected(o, phase, s))
         return o.true, complete == expected_finished(o, phase, s)
@@ -434,26 +558,25 @@ def _finished(phase: Phase) -> Callable[[Ops, Model, Symbols], tuple[Term, Term]
 
 
 def _rs_initial(o: Ops, m: Model, s: Symbols) -> tuple[Term, Term]:
-    n, r, i, c = s
-    return o.true, same(o, rs_expected(o, n, r, i, c), arc_value(o, i, 1))
+    return o.true, same(o, rs_expected(o, s.ring, s.r, s.i, s.c), arc_value(o, s.i, 1))
 
 
 def _ag_initial(o: Ops, m: Model, s: Symbols) -> tuple[Term, Term]:
-    n, r, i, c = s
-    end_of_rs = rs_expected(o, n, m.rounds(n) - 1, i, c)
-    return o.true, same(o, ag_expected(o, n, r, i, c), end_of_rs)
+    g, r, i, c = s.ring, s.r, s.i, s.c
+    end_of_rs = rs_expected(o, g, m.rounds(g.n) - 1, i, c)
+    return o.true, same(o, ag_expected(o, g, r, i, c), end_of_rs)
 
 
 def _rs_final(o: Ops, m: Model, s: Symbols) -> tuple[Term, Term]:
-    n, r, i, c = s
-    owned = owned_chunk(o, i, n)
-    slot = rs_expected(o, n, r, i, c)
-    return c == owned, o.and_(is_complete(o, n, slot), same(o, slot, arc_value(o, owned, n)))
+    g, r, i, c = s.ring, s.r, s.i, s.c
+    slot = rs_expected(o, g, r, i, c)
+    whole_fold = arc_value(o, fold_start(o, g, c), g.n)
+    return c == m.owned(o, g, i), o.and_(is_complete(o, g.n, slot), same(o, slot, whole_fold))
 
 
 def _ag_final(o: Ops, m: Model, s: Symbols) -> tuple[Term, Term]:
-    n, r, i, c = s
-    return o.true, same(o, ag_expected(o, n, r, i, c), arc_value(o, c, n))
+    g, r, i, c = s.ring, s.r, s.i, s.c
+    return o.true, same(o, ag_expected(o, g, r, i, c), arc_value(o, fold_start(o, g, c), g.n))
 
 
 OBLIGATIONS: Final[tuple[Obligation, ...]] = (
@@ -477,9 +600,11 @@ OBLIGATIONS: Final[tuple[Obligation, ...]] = (
 
 
 class Counterexample(NamedTuple):
-    """A concrete ring size, round, worker and slot at which an obligation fails."""
+    """A concrete ring size, offset, direction, round, worker and slot at which an obligation fails."""
 
     n: int
+    k: int
+    d: int
     r: int
     i: int
     c: int
@@ -502,27 +627,43 @@ class Result:
         return self.counterexample is None and not self.detail
 
 
-def _smallest(assertions: Sequence[Term], s: Symbols) -> list[int]:
-    """The lexicographically smallest ``(n, r, i, c)`` satisfying ``assertions`` (small enough to run)."""
+def _smallest(assertions: Sequence[Term], s: Symbols) -> Counterexample:
+    """The smallest ``(n, k, d, r, i, c)`` satisfying ``assertions``, lexicographically, ``d = +1`` first."""
     opt = z3.Optimize()
     opt.add(*assertions)
     for v in s:
-        opt.minimize(v)
+        if v is s.d:
+            opt.maximize(v)
+        else:
+            opt.minimize(v)
     if opt.check() != z3.sat:
         raise AssertionError("a satisfiable query has no minimal model")
     m = opt.model()
-    return [m.eval(v, model_completion=True).as_long() for v in s]
+    n, k, d, r, i, c = (m.eval(v, model_completion=True).as_long() for v in s)
+    return Counterexample(n, k, d, r, i, c)
 
 
-def prove_one(model: Model, obligation: Obligation, min_n: int = 2, timeout_ms: int = 60_000) -> Result:
-    """Prove ``obligation`` for ``model`` for every ``n >= min_n``, or return the smallest counterexample."""
+def prove_one(
+    model: Model,
+    obligation: Obligation,
+    *,
+    min_n: int = 2,
+    directions: Sequence[int] = (1, -1),
+    min_k: int = 0,
+    timeout_ms: int = 60_000,
+) -> Result:
+    """Prove ``obligation`` for ``model``, every ``n >= min_n`` and every ring of the family.
+
+    Otherwise return the smallest counterexample.  ``directions`` and ``min_k``
+    narrow the family (by default: both directions, every offset ``0 <= k < n``).
+    """
     start = time.perf_counter()
     o = Z3Ops()
-    s = Symbols(*z3.Ints("n r i c"))
+    s = Symbols(*z3.Ints("n k d r i c"))
     hyps, goal = obligation.build(o, model, s)
     solver = z3.Solver()
     solver.set("timeout", timeout_ms)
-    solver.add(_domain(o, model, s, obligation.r_range, min_n))
+    solver.add(domain(o, model, s, obligation.r_range, min_n=min_n, directions=directions, min_k=min_k))
     # First the encoding's own claims (mod operand ranges, in-place exactness) on the whole
     # domain, hypotheses or not; then the goal under the hypotheses.
     for query, what in ((z3.Not(z3.And(*o.claims)), "encoding claim"), (z3.And(hyps, z3.Not(goal)), "")):
@@ -530,9 +671,8 @@ def prove_one(model: Model, obligation: Obligation, min_n: int = 2, timeout_ms: 
         solver.add(query)
         verdict = solver.check()
         if verdict == z3.sat:
-            values = _smallest(solver.assertions(), s)
-            seconds = time.perf_counter() - start
-            return Result(model.name, obligation.name, seconds, Counterexample(*values), what)
+            cex = _smallest(solver.assertions(), s)
+            return Result(model.name, obligation.name, time.perf_counter() - start, cex, what)
         if verdict != z3.unsat:
             return Result(model.name, obligation.name, time.perf_counter() - start, None, f"z3: {verdict}")
         solver.pop()
@@ -540,9 +680,16 @@ def prove_one(model: Model, obligation: Obligation, min_n: int = 2, timeout_ms: 
     return Result(model.name, obligation.name, time.perf_counter() - start)
 
 
-def prove(model: Model, obligations: Sequence[Obligation] = OBLIGATIONS, min_n: int = 2) -> list[Result]:
-    """Every obligation for ``model``, in order."""
-    return [prove_one(model, ob, min_n) for ob in obligations]
+def prove(
+    model: Model,
+    obligations: Sequence[Obligation] = OBLIGATIONS,
+    *,
+    min_n: int = 2,
+    directions: Sequence[int] = (1, -1),
+    min_k: int = 0,
+) -> list[Result]:
+    """Every obligation for ``model``, in order (``prove_one``'s narrowing applies to each)."""
+    return [prove_one(model, ob, min_n=min_n, directions=directions, min_k=min_k) for ob in obligations]
 
 
 @dataclass
@@ -554,8 +701,10 @@ class Report:
     def lines(self) -> list[str]:
         out = []
         for res in self.results:
-            verdict = "proved" if res.proved else f"FAILED {res.detail} {res.counterexample or ''}".strip()
-            out.append(f"{res.model:10} {res.obligation:22} {res.seconds * 1000:8.1f} ms  {verdict}")
+            cex = res.counterexample
+            where = f"(n, k, d, r, i, c) = ({', '.join(map(str, cex))})" if cex else ""
+            verdict = "proved" if res.proved else f"FAILED {res.detail} {where}".strip()
+            out.append(f"{res.model:16} {res.obligation:22} {res.seconds * 1000:8.1f} ms  {verdict}")
         total = sum(res.seconds for res in self.results)
         out.append(f"{len(self.results)} obligations, total {total:.2f} s")
         return out
@@ -570,7 +719,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     models = [FAULTS[args.fault]] if args.fault else [CORE, IN_PLACE]
     report = Report([res for model in models for res in prove(model)])
     print("\n".join(report.lines()))
-    print(f"wall time {time.perf_counter() - started:.2f} s (n >= 2 unbounded; z3 {z3.get_version_string()})")
+    print(
+        f"wall time {time.perf_counter() - started:.2f} s "
+        f"(n >= 2 unbounded, every offset 0 <= k < n, d = +1 and -1; z3 {z3.get_version_string()})"
+    )
     failed = [res for res in report.results if not res.proved]
     if args.fault:
         return 0 if failed else 1
