@@ -134,18 +134,38 @@ MODULES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
     },
 }
 
-FORKED: Final[dict[str, tuple[str, tuple[str, ...]]]] = {
-    "difftest.worker": (
+
+class Forked(NamedTuple):
+    """Functions that run only in processes the tests fork (mutmut's mangled names), and their tests.
+
+    mutmut learns which tests reach a function in pytest's own process and
+    loses what a forked child runs, so ``functions`` (run only in the worker)
+    are given the tests of ``forker`` (which forks it), and both the tests in
+    ``testers`` (which fork a tester of their own, which forks the worker).
+    """
+
+    forker: str
+    functions: tuple[str, ...]
+    testers: tuple[str, ...]
+
+
+FORKED: Final[dict[str, Forked]] = {
+    "difftest.worker": Forked(
         "ring_ref.difftest._worker.xǁWorkerǁspawn",
         tuple(
             f"ring_ref.difftest._worker.x_{f}"
-            for f in ("_close_all_but", "_forget_inherited_helpers", "_die_with_parent", "_child")
+            for f in ("_frame", "_close_all_but", "_forget_inherited_helpers", "_die_with_parent", "_child")
+        ),
+        tuple(
+            f"tests/cover/difftest/test_kills_worker.py::{test}"
+            for test in (
+                "test_the_worker_dies_with_the_tester",
+                "test_a_target_can_start_multiprocessing_helpers_of_its_own",
+            )
         ),
     ),
 }
-"""Functions that run only in a process forked by the tests, by module: mutmut's statistics of
-which tests reach a function are gathered in pytest's process and lose what a forked child runs,
-so these (mutmut's mangled names) are given the tests of the function that forks them (the first)."""
+"""Per module, see :class:`Forked`."""
 
 
 class Equivalent(NamedTuple):
@@ -323,18 +343,20 @@ def _configure(work: Path, files: Sequence[str], tests: Sequence[str]) -> dict[s
 
 
 def _give_forked_their_tests(work: Path, name: str, listing: str) -> list[str]:
-    """Record the tests of :data:`FORKED`'s functions in mutmut's statistics; their untested mutants."""
-    forker, forked = FORKED[name]
+    """Record the tests of :data:`FORKED`'s functions in mutmut's statistics; their mutants not yet killed."""
+    forked = FORKED[name]
     stats_path = work / "mutants" / "mutmut-stats.json"
     stats = json.loads(stats_path.read_text(encoding="utf-8"))
     tests_of = stats["tests_by_mangled_function_name"]
-    for key in forked:
-        tests_of[key] = sorted(set(tests_of.get(key, ())) | set(tests_of.get(forker, ())))
+    extra = set(tests_of.get(forked.forker, ())) | set(forked.testers)
+    for key in (forked.forker, *forked.functions):
+        tests_of[key] = sorted(set(tests_of.get(key, ())) | extra)
     stats_path.write_text(json.dumps(stats), encoding="utf-8")
     return [
         mutant
         for mutant, _, status in (raw.strip().rpartition(": ") for raw in listing.splitlines())
-        if status == "no tests" and mutant.rpartition("__mutmut_")[0] in forked
+        if status in {"no tests", "survived"}
+        and mutant.rpartition("__mutmut_")[0] in {forked.forker, *forked.functions}
     ]
 
 

@@ -33,7 +33,7 @@ import pytest
 import torch
 
 from ring_ref import ring_all_reduce
-from ring_ref.difftest import Case, TargetError
+from ring_ref.difftest import Case, TargetError, _worker
 from ring_ref.difftest._call import decode
 from ring_ref.difftest._worker import Died, Reply, Stuck, Worker, exit_description
 
@@ -66,6 +66,36 @@ def talks(x: torch.Tensor) -> torch.Tensor:
     print("<print>", end="")
     print("<stderr>", end="", file=sys.stderr)
     ctypes.CDLL(None).printf(b"<printf>")
+    return ring_all_reduce(x)
+
+
+def interleaves(x: torch.Tensor) -> torch.Tensor:
+    """Lines of print and raw writes, alternating, on both descriptors."""
+    print("first")
+    os.write(1, b"second\n")
+    print("third", file=sys.stderr)
+    os.write(2, b"fourth\n")
+    return ring_all_reduce(x)
+
+
+def prints_a_lone_surrogate(x: torch.Tensor) -> torch.Tensor:
+    """Text that is not valid UTF-8, on both streams."""
+    print("out \ud800")
+    print("err \udfff", file=sys.stderr)
+    return ring_all_reduce(x)
+
+
+class _Unflushable:
+    def write(self, text: str) -> int:
+        return len(text)
+
+    def flush(self) -> None:
+        raise OSError("cannot flush")
+
+
+def breaks_stdout(x: torch.Tensor) -> torch.Tensor:
+    """Leaves sys.stdout and sys.stderr as objects whose flush raises."""
+    sys.stdout = sys.stderr = _Unflushable()  # type: ignore[assignment]
     return ring_all_reduce(x)
 
 
@@ -123,6 +153,18 @@ def _frame(head: bytes, payload: bytes = b"") -> bytes:
 def writes_a_huge_length(x: torch.Tensor) -> torch.Tensor:
     """A frame header claiming more than any reply can be."""
     _write_everywhere(b"\xff" * 16)
+    return x
+
+
+def writes_a_huge_header_length(x: torch.Tensor) -> torch.Tensor:
+    """A frame header claiming a header of 1 TiB and no payload."""
+    _write_everywhere((1 << 40).to_bytes(8, "big") + bytes(8))
+    return x
+
+
+def writes_a_huge_payload_length(x: torch.Tensor) -> torch.Tensor:
+    """A frame header claiming an empty header and a payload of 1 TiB."""
+    _write_everywhere(bytes(8) + (1 << 40).to_bytes(8, "big"))
     return x
 
 
@@ -262,6 +304,26 @@ def test_output_is_captured_at_the_descriptor_level_and_kept_off_the_testers(
     assert worker.read_output() == ""  # closed: no output left to read
 
 
+def test_output_keeps_the_order_it_was_written_in() -> None:
+    with started("interleaves") as worker:
+        assert isinstance(call(worker), Reply)
+        assert worker.read_output() == "first\nsecond\nthird\nfourth\n"
+
+
+def test_output_that_is_not_utf8_is_escaped_not_raised() -> None:
+    with started("prints_a_lone_surrogate") as worker:
+        got = call(worker)
+        assert isinstance(got, Reply) and decode(got.head, got.payload).raised == ""
+        assert worker.read_output() == "out \\ud800\nerr \\udfff\n"
+
+
+def test_a_target_that_breaks_its_streams_still_answers() -> None:
+    with started("breaks_stdout") as worker:
+        for _ in range(2):
+            got = call(worker)
+            assert isinstance(got, Reply) and decode(got.head, got.payload).raised == "", got
+
+
 def test_standard_input_is_at_its_end() -> None:
     """Not the tester's standard input, which here holds data."""
     read_end, write_end = os.pipe()
@@ -297,6 +359,7 @@ def test_a_call_past_its_deadline_is_stuck_with_the_targets_stack() -> None:
         got = call(worker, timeout_s=0.3)
         assert time.monotonic() - started_at >= 0.3
         assert isinstance(got, Stuck), got
+        assert got.stack.startswith("Current thread 0x"), got.stack
         assert "in _nap_in_the_target" in got.stack and "in sleeps" in got.stack, got.stack
         assert __file__ in got.stack
         assert f"ring_ref{os.sep}difftest{os.sep}" not in got.stack  # the tester's own frames are cut
@@ -336,6 +399,8 @@ def test_exit_description_names_unknown_signals_by_number() -> None:
     ("target", "words"),
     [
         ("writes_a_huge_length", f"a frame of {2**64 - 1} + {2**64 - 1} bytes"),
+        ("writes_a_huge_header_length", f"a frame of {1 << 40} + 0 bytes"),
+        ("writes_a_huge_payload_length", f"a frame of 0 + {1 << 40} bytes"),
         ("writes_a_non_json_header", "the header is not JSON"),
         ("writes_a_json_list", "the header is not a JSON object"),
     ],
@@ -377,7 +442,30 @@ def test_a_dead_worker_is_noticed_while_its_child_holds_the_pipe() -> None:
         assert time.monotonic() - started_at < WAIT_S / 2  # not at the deadline
 
 
-def test_a_target_that_closes_the_reply_pipe_is_reported() -> None:
+def test_a_worker_reaped_by_someone_else_is_reported_ended() -> None:
+    with started("exits_5") as worker:
+        assert worker.send(CASE)
+        os.waitpid(worker.pid, 0)  # as a SIGCHLD handler of the tester's might
+        got = worker.receive(time.monotonic() + WAIT_S)
+        assert isinstance(got, Died) and got.text == "the worker process ended", got
+        assert not worker.running
+
+
+@pytest.mark.parametrize("target", ["adds", "exits_5", "sleeps"])
+def test_without_pidfd_answers_deaths_and_deadlines_are_seen(
+    target: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a kernel without ``pidfd_open`` the parent polls instead."""
+    monkeypatch.delattr(os, "pidfd_open")
+    with started(target) as worker:
+        started_at = time.monotonic()
+        got = call(worker, timeout_s=0.3 if target == "sleeps" else WAIT_S)
+        assert isinstance(got, {"adds": Reply, "exits_5": Died, "sleeps": Stuck}[target]), got
+        assert time.monotonic() - started_at < WAIT_S / 2
+
+
+def test_a_target_that_closes_the_reply_pipe_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_worker, "EXIT_WAIT_S", 0.2)  # how long the parent waits for it to end, here
     with started("closes_the_reply_pipe") as worker:
         pid = worker.pid
         got = call(worker)
