@@ -13,7 +13,16 @@ from pathlib import Path
 
 import torch
 
-from ring_ref import __version__, _orders, _preset_vectors, _reveal, _svg, _vectors, ring_all_reduce
+from ring_ref import (
+    __version__,
+    _op_vectors,
+    _orders,
+    _preset_vectors,
+    _reveal,
+    _svg,
+    _vectors,
+    ring_all_reduce,
+)
 from ring_ref._ops import OPS
 from ring_ref._trace import check_size, render_table, trace, trace_json
 from ring_ref._validate import schedule_of
@@ -76,8 +85,9 @@ def _vectors_command(args: argparse.Namespace) -> int:
     if not args.out.strip():
         print("ring-ref vectors: --out must name a directory; got an empty path", file=sys.stderr)
         return 2
+    generator = _preset_vectors if args.presets else _op_vectors if args.ops else _vectors
     try:
-        written = (_preset_vectors if args.presets else _vectors).write(Path(args.out))
+        written = generator.write(Path(args.out))
     except OSError as err:
         print(f"ring-ref vectors: {err}", file=sys.stderr)
         return 2
@@ -308,10 +318,16 @@ def build_parser() -> argparse.ArgumentParser:
     tr.set_defaults(func=_trace_command)
     vec = commands.add_parser("vectors", help="write the conformance vector files (spec/vectors/)")
     vec.add_argument("--out", required=True, help="directory to write into (created if needed)")
-    vec.add_argument(
+    which = vec.add_mutually_exclusive_group()
+    which.add_argument(
         "--presets",
         action="store_true",
         help="write the schedule presets' vectors (ring_all_reduce_presets_v1) instead of the v1 files",
+    )
+    which.add_argument(
+        "--ops",
+        action="store_true",
+        help="write the reduction ops' vectors (ring_all_reduce_ops_v1: prod, max, min, avg) instead",
     )
     vec.set_defaults(func=_vectors_command)
     dt = commands.add_parser(
