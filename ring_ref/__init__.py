@@ -99,17 +99,12 @@ def ring_all_reduce(
         )
     reduce_op = op_name(op)
     ring = schedule_of(schedule)
-    if engine == "fast" and reduce_op != "sum":
-        raise ValueError(
-            f"engine='fast' computes op='sum' only; op={reduce_op!r} runs on engine='reference' "
-            "(the default), which gives the spec's bits for every op."
-        )
     if isinstance(worker_tensors, torch.Tensor):
         if engine == "fast":
-            return _fast.ring_all_reduce_torch(worker_tensors, ring)
+            return _fast.ring_all_reduce_torch(worker_tensors, ring, reduce_op)
         return _torch_adapter.ring_all_reduce(worker_tensors, reduce_op, ring)
     if isinstance(worker_tensors, np.ndarray):
         if engine == "fast":
-            return _fast.ring_all_reduce_numpy(worker_tensors, ring)
+            return _fast.ring_all_reduce_numpy(worker_tensors, ring, reduce_op)
         return _numpy_adapter.ring_all_reduce(worker_tensors, reduce_op, ring)
     raise not_an_array(worker_tensors).error()

@@ -2,7 +2,12 @@
 
 It performs exactly the additions the reference core (:mod:`ring_ref.core`)
 performs, with the same operands in the same order and dtype, so its result is
-bitwise identical (clause ``fold-order``); only the bookkeeping differs:
+bitwise identical (clause ``fold-order``); only the bookkeeping differs.  The
+other reductions (clauses ``op-*``) run the same plan with their own combine
+in place of the addition (``incoming * own``; ``own`` if ``own > incoming``
+else ``incoming`` for ``max``, ``<`` for ``min``, as :mod:`ring_ref._ops`
+defines them), and ``avg`` divides the sum once by ``N`` with
+:func:`ring_ref._ops.finish_torch` (``finish_numpy``), as the reference does:
 
 * **A plan, compiled from the schedule.**  :func:`plan` evaluates every send of
   :mod:`ring_ref.schedule` once per ``N`` (cached) -- the schedule's closed
@@ -27,7 +32,8 @@ bitwise identical (clause ``fold-order``); only the bookkeeping differs:
   once, in place.
 * **float32 and float64 on the CPU: one compiled pass** (:mod:`ring_ref._kernel`).
   Every element's fold runs in machine code over cache-sized tiles, the input
-  read once, on up to ``torch.get_num_threads()`` threads.  This covers every
+  read once, on up to ``torch.get_num_threads()`` threads; each op's kernel is
+  compiled on its first use.  This covers every
   layout whose ``(M, ...)`` part is one stride apart per element (contiguous,
   sliced, transposed, expanded workers, negative numpy strides).
 * **Everything else: a few batched array operations per round.**  float16,
@@ -38,17 +44,23 @@ bitwise identical (clause ``fold-order``); only the bookkeeping differs:
   chunk)`` grid), tile by tile on the CPU so the partial sums stay in cache.
 
 Finiteness (clause ``bad-input``) is checked on the result rather than the
-input, for torch and numpy inputs alike: an addition with a NaN or infinite
-operand never yields a finite value, so a finite result proves a finite input.
-The kernel checks each finished tile while it is in cache; the batched path
-checks each tile with one reduction (a sum, or the maximum and minimum for
-float16, bfloat16 and numpy).  Only a result that is not all finite -- or,
-rarely, a finite one whose sum overflows -- pays for the exact input scan
-(:mod:`ring_ref._validate`) that tells bad input from a sum that overflowed to
-``±inf``, which is the correctly rounded result (clause ``input-finite``).
+input where that proves anything, for torch and numpy inputs alike: an
+addition or a multiplication with a NaN or infinite operand never yields a
+finite value, so a finite sum or product proves a finite input.  The kernel
+checks each finished tile while it is in cache; the batched path checks each
+tile with one reduction (a sum, or the maximum and minimum for float16,
+bfloat16 and numpy).  ``max`` and ``min`` drop a NaN (and ``max`` a ``-inf``)
+met as the own operand, so for them the kernel checks every input element as
+it reads it, and the batched path reduces the whole input once.  Only a
+result not proven finite -- or, rarely, a finite one whose sum overflows --
+pays for the exact input scan (:mod:`ring_ref._validate`) that tells bad input
+from a sum or product that overflowed to ``±inf`` (or a product ``inf * 0``),
+which is the correctly rounded result (clause ``input-finite``).
 
-Autograd is supported, and so are ``torch.func`` transforms (``grad``,
-``vmap``, ``jvp``, ``jacrev``, ``jacfwd``, ``hessian``): for a tensor that
+Autograd is supported for ``sum`` and ``avg`` (``prod``, ``max`` and ``min`` on
+a tensor that needs a graph are refused with a ``ValueError`` pointing to the
+reference engine, which differentiates them), and so are ``torch.func``
+transforms (``grad``, ``vmap``, ``jvp``, ``jacrev``, ``jacfwd``, ``hessian``): for a tensor that
 records a graph, carries a tangent or is a ``torch.func`` wrapper, the
 computation runs inside a :class:`torch.autograd.Function` (elsewhere it
 skips the Function's per-call cost) whose backward passes the output gradient to
@@ -60,6 +72,8 @@ result never is a view, so in-place operations on it work.
 >>> import torch
 >>> ring_all_reduce_torch(torch.tensor([[1.0, 2.0], [3.0, 4.0]]))
 tensor([4., 6.])
+>>> ring_all_reduce_torch(torch.tensor([[1.0, 2.0], [3.0, 4.0]]), op="max")
+tensor([3., 4.])
 >>> plan(2).rounds
 ((Add(start=0, stop=1, own=1, incoming=0), Add(start=1, stop=2, own=-1, incoming=0)),)
 """
@@ -81,6 +95,7 @@ from torch.autograd import forward_ad
 
 from ring_ref import _validate, schedule
 from ring_ref._chunks import chunk_bounds
+from ring_ref._ops import Op, finish_numpy, finish_torch
 from ring_ref.invariants import InvariantViolation
 from ring_ref.schedule import SPEC, RingSchedule
 
@@ -133,7 +148,7 @@ class Cycle(NamedTuple):
     Chunk ``c`` entering at position ``p`` is the fold over the workers
     ``order[p], order[p + 1], ..., order[n - 1], order[0], ..., order[p - 1]``.
     ``entries[q] = (start, stop, p)``: the chunks ``start .. stop - 1`` enter at
-    ``p, p + 1, ...``.  Both are unsigned, as :mod:`ring_ref._kernel` reads them.
+    ``p, p + 1, ...``.  Both are int64, as :mod:`ring_ref._kernel` reads them.
     """
 
     order: Array
@@ -272,7 +287,7 @@ def _reduce_scatter_in_bulk(
     """
     count = schedule.rounds_per_phase(n)
     if n == 1:
-        entries = np.array([[0, 1, 0]], dtype=np.uint64)
+        entries = np.array([[0, 1, 0]], dtype=np.int64)
         return ((), np.zeros(1, dtype=np.int64), Cycle(entries[0, 2:], entries)) if count == 0 else None
     dst = _evaluate(ring.right, _WORKERS, n, n=n)[0]
     if count != n - 1 or not _in_range(dst, n) or not _is_one_cycle(dst, n):
@@ -313,7 +328,7 @@ def _cycle(dst: npt.NDArray[np.int64], first: npt.NDArray[np.int64]) -> Cycle:
     shift = enter - np.arange(n)
     bounds = [0, *(np.flatnonzero(shift[1:] != shift[:-1]) + 1).tolist(), n]
     entries = [(lo, hi, int(enter[lo])) for lo, hi in itertools.pairwise(bounds)]
-    return Cycle(order.astype(np.uint64), np.array(entries, dtype=np.uint64))
+    return Cycle(order, np.array(entries, dtype=np.int64))
 
 
 def _rs_fault(
@@ -480,8 +495,8 @@ def _run(
     acc: A,
     *,
     diagonal: Callable[[int, int, int], A],
-    add: Callable[[A, A, A], object],
-    all_finite: Callable[[A], bool],
+    combine: Callable[[A, A, A], object],
+    all_finite: Callable[[A], bool] | None,
     tile: tuple[int, int],
 ) -> bool:
     """Execute ``rounds`` into ``acc`` (``(N, M/N, ...)``) one tile at a time.
@@ -489,9 +504,10 @@ def _run(
     A tile is ``tile = (chunks, rows)``: that many consecutive chunks, that many
     rows of each; every round runs on a tile before the next tile starts.
     ``diagonal(offset, start, stop)`` is the view of ``x[c + offset, c]`` for chunks
-    ``start .. stop - 1``; ``add(a, b, out)`` writes ``a + b`` into ``out``.  Each
-    finished tile is checked with ``all_finite`` while it is still in cache; the
-    return value says whether every element of the result is finite.
+    ``start .. stop - 1``; ``combine(incoming, own, out)`` writes ``incoming ∘ own``
+    into ``out``.  Each finished tile is checked with ``all_finite`` (unless it is
+    ``None``) while it is still in cache; the return value says whether every
+    element of the result is finite (``True`` when nothing was checked).
     """
     n, k = acc.shape[0], acc.shape[1]
     block, tile_rows = tile
@@ -518,8 +534,9 @@ def _run(
                 for out, incoming, own in batch:
                     part = out if whole else out[:, rows]
                     first = part if incoming is None else incoming if whole else incoming[:, rows]
-                    add(first, own if whole else own[:, rows], part)
-            finite = finite and all_finite(acc[c0:c1] if whole else acc[c0:c1, rows])
+                    combine(first, own if whole else own[:, rows], part)
+            if all_finite is not None:
+                finite = finite and all_finite(acc[c0:c1] if whole else acc[c0:c1, rows])
     return finite
 
 
@@ -554,6 +571,68 @@ def _torch_all_finite(block: torch.Tensor) -> bool:
 def _numpy_all_finite(block: npt.NDArray[Any]) -> bool:
     """True when every element of ``block`` is finite: its maximum and minimum are (NaN propagates)."""
     return bool(np.isfinite(block.max())) and bool(np.isfinite(block.min()))
+
+
+def _torch_add(incoming: torch.Tensor, own: torch.Tensor, out: torch.Tensor) -> object:
+    return torch.add(incoming, own, out=out)
+
+
+def _torch_mul(incoming: torch.Tensor, own: torch.Tensor, out: torch.Tensor) -> object:
+    return torch.mul(incoming, own, out=out)
+
+
+def _torch_max(incoming: torch.Tensor, own: torch.Tensor, out: torch.Tensor) -> object:
+    return torch.where(own > incoming, own, incoming, out=out)
+
+
+def _torch_min(incoming: torch.Tensor, own: torch.Tensor, out: torch.Tensor) -> object:
+    return torch.where(own < incoming, own, incoming, out=out)
+
+
+_TORCH_COMBINES: Final[dict[Op, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], object]]] = {
+    "sum": _torch_add,
+    "avg": _torch_add,
+    "prod": _torch_mul,
+    "max": _torch_max,
+    "min": _torch_min,
+}
+"""``combine(incoming, own, out)`` per op: the receiver's rule of :mod:`ring_ref._ops`, into ``out``."""
+
+
+def _numpy_add(incoming: Array, own: Array, out: Array) -> object:
+    return np.add(incoming, own, out=out)
+
+
+def _numpy_mul(incoming: Array, own: Array, out: Array) -> object:
+    return np.multiply(incoming, own, out=out)
+
+
+def _numpy_max(incoming: Array, own: Array, out: Array) -> None:
+    if incoming is not out:
+        np.copyto(out, incoming)
+    np.copyto(out, own, where=own > out)
+
+
+def _numpy_min(incoming: Array, own: Array, out: Array) -> None:
+    if incoming is not out:
+        np.copyto(out, incoming)
+    np.copyto(out, own, where=own < out)
+
+
+_NUMPY_COMBINES: Final[dict[Op, Callable[[Array, Array, Array], object]]] = {
+    "sum": _numpy_add,
+    "avg": _numpy_add,
+    "prod": _numpy_mul,
+    "max": _numpy_max,
+    "min": _numpy_min,
+}
+"""The same for numpy arrays (``numpy.maximum`` and ``numpy.minimum`` break signed-zero ties otherwise)."""
+
+
+def _result_proves_finite(op: Op) -> bool:
+    """Whether a finite result proves a finite input: for a sum or a product (a NaN or infinite operand
+    makes either non-finite), not for ``max`` and ``min``, which may drop a NaN or an infinity."""
+    return op not in ("max", "min")
 
 
 # --- the compiled path ---------------------------------------------------------------------------
@@ -592,24 +671,33 @@ def element_stride(shape: Sequence[int], strides: Sequence[int]) -> int | None:
     return inner
 
 
-def _fold(x2d: Array, out: Array, cycle: Cycle) -> bool:
-    """The compiled fold of ``x2d`` (``(N, M ...)`` flattened to two axes) into ``out`` (flat)."""
+def _fold(x2d: Array, out: Array, cycle: Cycle, op: Op) -> bool:
+    """The compiled fold of ``x2d`` (``(N, M ...)`` flattened to two axes) into ``out`` (flat).
+
+    ``avg`` folds the sum (the caller divides).  Returns whether the input is proven finite.
+    """
     n = x2d.shape[0]
     return bool(
         _kernel().fold(
-            x2d, out, cycle.order, cycle.entries, chunk_size=out.size // n, threads=torch.get_num_threads()
+            x2d,
+            out,
+            cycle.order,
+            cycle.entries,
+            chunk_size=out.size // n,
+            threads=torch.get_num_threads(),
+            op="sum" if op == "avg" else op,
         )
     )
 
 
-def _uneven_torch(x: torch.Tensor, ring: RingSchedule) -> tuple[torch.Tensor, bool]:
+def _uneven_torch(x: torch.Tensor, ring: RingSchedule, op: Op) -> tuple[torch.Tensor, bool]:
     """Unequal chunks (layouts ``blocks``, ``gloo``) run as even ones: each padded to the longest.
 
     Worker ``i``'s elements (row-major) are cut at the layout's bounds and chunk
     ``c`` is copied to columns ``c K .. c K + size - 1`` of an ``(N, N K)`` buffer,
     ``K`` the longest chunk, zeros elsewhere; the even path folds every column
     of chunk ``c`` in chunk ``c``'s order, so each real element gets exactly its
-    own chunk's additions, and the padding is dropped.
+    own chunk's combines, and the padding is dropped.
     """
     n = x.shape[0]
     flat = x.detach().reshape(n, -1)
@@ -618,19 +706,20 @@ def _uneven_torch(x: torch.Tensor, ring: RingSchedule) -> tuple[torch.Tensor, bo
     padded = flat.new_zeros((n, n * k))
     for c, (lo, hi) in enumerate(bounds):
         padded[:, c * k : c * k + hi - lo] = flat[:, lo:hi]
-    out, finite = _torch_forward(padded, ring._replace(layout="even"))
+    out, finite = _torch_forward(padded, ring._replace(layout="even"), op)
     pieces = [out[c * k : c * k + hi - lo] for c, (lo, hi) in enumerate(bounds)]
     return torch.cat(pieces).reshape(x.shape[1:]), finite
 
 
-def _torch_forward(x: torch.Tensor, ring: RingSchedule = SPEC) -> tuple[torch.Tensor, bool]:
-    """The result for a tensor that passed ``check_torch_structure``, and whether all of it is finite.
+def _torch_forward(x: torch.Tensor, ring: RingSchedule = SPEC, op: Op = "sum") -> tuple[torch.Tensor, bool]:
+    """The ring's fold for a tensor that passed ``check_torch_structure``, and whether the input is
+    proven finite (``avg``: the sum, not yet divided).
 
     The result is a tensor of its own, never a view (autograd allows in-place
     operations on it).
     """
     if ring.layout != "even":
-        return _uneven_torch(x, ring)
+        return _uneven_torch(x, ring, op)
     n, m = x.shape[0], x.shape[1]
     k = m // n
     trailing = tuple(x.shape[2:])
@@ -644,7 +733,7 @@ def _torch_forward(x: torch.Tensor, ring: RingSchedule = SPEC) -> tuple[torch.Te
         flat = x.as_strided((n, m * math.prod(trailing)), (x.stride(0), inner)).numpy()
         flat.flags.writeable = False
         if flat.flags.aligned:
-            return result, _fold(flat, result.numpy().reshape(-1), plan(n, ring).cycle)
+            return result, _fold(flat, result.numpy().reshape(-1), plan(n, ring).cycle, op)
     s_worker, s_row, *s_trailing = x.stride()
     base = x.storage_offset()
 
@@ -655,19 +744,22 @@ def _torch_forward(x: torch.Tensor, ring: RingSchedule = SPEC) -> tuple[torch.Te
             base + (start + offset) * s_worker + start * k * s_row,
         )
 
-    def add(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> object:
-        return torch.add(a, b, out=out)
-
     tile = _tile(n, k, math.prod(trailing) * x.element_size(), TILE_BYTES if x.is_cpu else None)
     acc = result.view(n, k, *trailing)
+    on_result = _result_proves_finite(op)
     finite = _run(
-        plan(n, ring).rounds, acc, diagonal=diagonal, add=add, all_finite=_torch_all_finite, tile=tile
+        plan(n, ring).rounds,
+        acc,
+        diagonal=diagonal,
+        combine=_TORCH_COMBINES[op],
+        all_finite=_torch_all_finite if on_result else None,
+        tile=tile,
     )
-    return result, finite
+    return result, finite if on_result else _torch_all_finite(x)
 
 
 class _RingSum(torch.autograd.Function):
-    """Autograd for the fast engine: every worker's gradient is the output gradient, unchanged.
+    """Autograd for the fast engine's sum: every worker's gradient is the output gradient, unchanged.
 
     ``apply(x, check, ring)``: ``check`` says whether a result that is not all
     finite needs the input scan (``bad-input``); tangents are not inputs and
@@ -725,31 +817,52 @@ def _differentiable(x: torch.Tensor) -> bool:
     )
 
 
-def ring_all_reduce_torch(x: torch.Tensor, ring: RingSchedule = SPEC) -> torch.Tensor:
+DIFFERENTIABLE_OPS: Final[tuple[Op, ...]] = ("sum", "avg")
+"""The ops the fast engine differentiates: a sum passes the output gradient to every worker unchanged
+(``avg`` then divides it by ``N``, as the reference does).  ``prod``, ``max`` and ``min`` on a tensor that
+records a graph, carries a tangent or is a ``torch.func`` wrapper are refused (use the reference engine)."""
+
+
+def not_differentiable(op: Op) -> ValueError:
+    """The error for ``op`` on a tensor the fast engine would have to differentiate."""
+    return ValueError(
+        f"engine='fast' differentiates op='sum' and op='avg' only; op={op!r} on a tensor that requires "
+        "grad (or carries a forward-mode tangent, or is a torch.func transform's input) runs on "
+        "engine='reference' (the default), which records the ring's graph for every op; or detach the "
+        "input, or call under torch.no_grad()."
+    )
+
+
+def ring_all_reduce_torch(x: torch.Tensor, ring: RingSchedule = SPEC, op: Op = "sum") -> torch.Tensor:
     """The fast engine on a ``torch.Tensor`` of shape ``(N, M, ...)``; returns ``(M, ...)``.
 
-    ``ring``: a ring of the schedule family (clause ``schedule-fold-order``), the spec's by default.
+    ``ring``: a ring of the schedule family (clause ``schedule-fold-order``), the spec's by default;
+    ``op``: the reduction (clauses ``op-*``), ``sum`` by default.
     """
     _validate.check_torch_structure(x, divisible=ring.layout == "even")
+    n = x.shape[0]
     if _differentiable(x):
-        return _ring_sum(x, True, ring)  # checks finiteness inside, on the unwrapped input
-    result, finite = _torch_forward(x, ring)
+        if op not in DIFFERENTIABLE_OPS:
+            raise not_differentiable(op)
+        # checks finiteness inside, on the unwrapped input
+        return finish_torch(op, _ring_sum(x, True, ring), n)
+    result, finite = _torch_forward(x, ring, op)
     if not finite:
         _validate.torch_finite(x)
-    return result
+    return finish_torch(op, result, n)
 
 
-def ring_all_reduce_numpy(x: npt.NDArray[Any], ring: RingSchedule = SPEC) -> npt.NDArray[Any]:
+def ring_all_reduce_numpy(x: npt.NDArray[Any], ring: RingSchedule = SPEC, op: Op = "sum") -> npt.NDArray[Any]:
     """The fast engine on a ``numpy.ndarray`` of shape ``(N, M, ...)``; returns ``(M, ...)``."""
     _validate.check_numpy_structure(x, divisible=ring.layout == "even")
     x = _validate.plain_array(x)
-    result, finite = _numpy_forward(x, ring)
+    result, finite = _numpy_forward(x, ring, op)
     if not finite:
         _validate.numpy_finite(x)
-    return result
+    return finish_numpy(op, result, x.shape[0])
 
 
-def _uneven_numpy(x: npt.NDArray[Any], ring: RingSchedule) -> tuple[npt.NDArray[Any], bool]:
+def _uneven_numpy(x: npt.NDArray[Any], ring: RingSchedule, op: Op) -> tuple[npt.NDArray[Any], bool]:
     """:func:`_uneven_torch` for numpy arrays."""
     n = x.shape[0]
     flat = x.reshape(n, -1)
@@ -758,15 +871,18 @@ def _uneven_numpy(x: npt.NDArray[Any], ring: RingSchedule) -> tuple[npt.NDArray[
     padded = np.zeros((n, n * k), dtype=x.dtype)
     for c, (lo, hi) in enumerate(bounds):
         padded[:, c * k : c * k + hi - lo] = flat[:, lo:hi]
-    out, finite = _numpy_forward(padded, ring._replace(layout="even"))
+    out, finite = _numpy_forward(padded, ring._replace(layout="even"), op)
     pieces = [out[c * k : c * k + hi - lo] for c, (lo, hi) in enumerate(bounds)]
     return np.concatenate(pieces).reshape(x.shape[1:]), finite
 
 
-def _numpy_forward(x: npt.NDArray[Any], ring: RingSchedule = SPEC) -> tuple[npt.NDArray[Any], bool]:
-    """The result for an array that passed ``check_numpy_structure``, and whether all of it is finite."""
+def _numpy_forward(
+    x: npt.NDArray[Any], ring: RingSchedule = SPEC, op: Op = "sum"
+) -> tuple[npt.NDArray[Any], bool]:
+    """The ring's fold for an array that passed ``check_numpy_structure``, and whether the input is
+    proven finite."""
     if ring.layout != "even":
-        return _uneven_numpy(x, ring)
+        return _uneven_numpy(x, ring, op)
     n, m = x.shape[0], x.shape[1]
     k = m // n
     trailing = x.shape[2:]
@@ -780,7 +896,7 @@ def _numpy_forward(x: npt.NDArray[Any], ring: RingSchedule = SPEC) -> tuple[npt.
         flat = np.lib.stride_tricks.as_strided(
             x, (n, x[0].size), (x.strides[0], inner * x.itemsize), writeable=False
         )
-        return result, _fold(flat, result.reshape(-1), plan(n, ring).cycle)
+        return result, _fold(flat, result.reshape(-1), plan(n, ring).cycle, op)
     s_worker, s_row, *s_trailing = x.strides
 
     def diagonal(offset: int, start: int, stop: int) -> npt.NDArray[Any]:
@@ -791,15 +907,19 @@ def _numpy_forward(x: npt.NDArray[Any], ring: RingSchedule = SPEC) -> tuple[npt.
             writeable=False,
         )
 
-    def add(a: npt.NDArray[Any], b: npt.NDArray[Any], out: npt.NDArray[Any]) -> object:
-        return np.add(a, b, out=out)
-
     tile = _tile(n, k, math.prod(trailing) * x.itemsize, NUMPY_TILE_BYTES)
     acc = result.reshape(n, k, *trailing)
-    # Overflow to +-inf is the correctly rounded sum (clause input-finite), not an error; an
-    # invalid operation (inf - inf) only happens on non-finite input, which is rejected below.
-    with np.errstate(over="ignore", invalid="ignore"):
+    on_result = _result_proves_finite(op)
+    # Overflow to +-inf (and underflow) is the correctly rounded result (clause input-finite), not an
+    # error; an invalid operation (inf - inf, 0 * inf) only happens on non-finite input, which is
+    # rejected below, or on a product that overflowed, whose NaN is the result.
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
         finite = _run(
-            plan(n, ring).rounds, acc, diagonal=diagonal, add=add, all_finite=_numpy_all_finite, tile=tile
+            plan(n, ring).rounds,
+            acc,
+            diagonal=diagonal,
+            combine=_NUMPY_COMBINES[op],
+            all_finite=_numpy_all_finite if on_result else None,
+            tile=tile,
         )
-    return result, finite
+    return result, finite if on_result else _numpy_all_finite(x)

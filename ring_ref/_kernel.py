@@ -1,39 +1,51 @@
 """The fast engine's compiled kernel: every element's fold in one pass over the input.
 
-The ring's result for chunk ``c`` is the fold ``((x[w0] + x[w1]) + x[w2]) + ...``
-along the chunk's worker order, one rounded addition in the input dtype per
+The ring's result for chunk ``c`` is the fold ``((x[w0] ∘ x[w1]) ∘ x[w2]) ∘ ...``
+along the chunk's worker order, one rounded combine (``∘``: ``+``, ``*``, the
+first maximum or the first minimum; clauses ``op-*``) in the input dtype per
 worker.  For the ring's schedule that order is the same cycle of workers for
 every chunk, entered at a chunk's own first worker: ``cycle[p], cycle[p + 1],
 ..., cycle[n - 1], cycle[0], ..., cycle[p - 1]``.  :func:`ring_ref._fast.plan`
 proves that from :mod:`ring_ref.schedule` and hands this module the cycle and
 each chunk's entry position ``p``; nothing here knows the schedule.
 
-* **Exactly the spec's additions.**  Each step is ``partial = partial +
+* **Exactly the spec's combines.**  Each step is ``partial = partial ∘
   x[worker, element]``: the same two operands in the same order, rounded once
   to float32 or float64 (a chunk's first worker's value is copied, then the
-  second worker's added: the spec's first addition).  Numba leaves
-  ``fastmath`` off: no reassociation, no contraction, no wider accumulator
-  (there is no multiplication to fuse anyway).  LLVM vectorises the loop over
-  the *elements* of a row -- independent folds side by side -- never over the
-  workers of one fold; ``tests/cover/test_fast.py`` reads the compiled code
-  to check that.
-* **One pass, rows streamed, partial sums in cache.**  A tile is a block of
+  second worker's combined: the spec's first combine).  ``max`` keeps
+  ``own`` only if ``own > partial`` (``min``: ``<``), so of equal values the
+  first in fold order stays, sign of zero included, as :mod:`ring_ref._ops`
+  defines it.  Numba leaves ``fastmath`` off: no reassociation, no
+  contraction, no wider accumulator.  LLVM vectorises the loop over the
+  *elements* of a row -- independent folds side by side -- never over the
+  workers of one fold; ``tests/cover/test_fast.py`` reads the compiled code to
+  check that.
+* **One pass, rows streamed, partial results in cache.**  A tile is a block of
   consecutive chunks (small chunks) or a block of columns of one chunk (large
-  chunks), at most :data:`TILE_BYTES` of partial sums, which stay in the L1
-  cache while the tile's band of the input streams by row after row.  Walking
-  the rows in cycle order from the tile's first entry position to the end
-  adds, to each chunk already entered, the row's contiguous values (pass 1);
-  walking from the start again up to the last entry completes the chunks that
-  wrap around (pass 2).  Each chunk thus gets its workers in its own order;
-  tiling and row order only choose *which elements* are processed when.
-* **Finiteness for free.**  Each finished tile is checked while still in cache;
-  :func:`fold` returns whether every element of the result is finite.  A
-  non-finite input always makes the result non-finite, so only then does the
-  caller need the exact input scan.
+  chunks), at most :data:`TILE_BYTES` of partial results, which stay in the L1
+  cache while the tile's band of the input streams by row after row.  The
+  order of the rows is a small *program* computed once per shape with numpy
+  (:func:`program`): walking the cycle from the block's first entry position
+  to the end combines each row into the chunks already entered (pass 1), then
+  from the start again up to the last entry position completes the chunks
+  that wrap around (pass 2).  Each chunk thus gets its workers in its own
+  order; tiling and row order only choose *which elements* are processed when.
+* **Finiteness for free.**  A sum or product with a NaN or infinite operand
+  is never finite, so each finished tile of those is checked while still in
+  cache; ``max`` and ``min`` may drop a NaN or infinite operand, so they check
+  every input element as it is read instead.  :func:`fold` returns whether
+  the input is proven finite; only when it is not does the caller need the
+  exact input scan.
+* **One small kernel per (dtype, op, stride), compiled on first use.**  The
+  kernel is a Numba ``cfunc`` on raw pointers with the op and the unit-stride
+  case fixed at compile time, so a call compiles (or loads) only the
+  specialisation it needs: no Python wrapper, no helper functions, about a
+  third of a second to compile.
 * **Cores.**  Tiles are shared among up to ``threads`` Python threads; the
-  kernel releases the GIL.  Numba's own threading layers are not used: its
-  workqueue layer aborts on concurrent calls and GNU OpenMP is not fork-safe,
-  while plain threads are both (a forked child starts a pool of its own).
+  kernel runs through ``ctypes``, which releases the GIL.  Numba's own
+  threading layers are not used: its workqueue layer aborts on concurrent
+  calls and GNU OpenMP is not fork-safe, while plain threads are both (a
+  forked child starts a pool of its own).
 * **Compiled once per machine.**  ``cache=True`` keeps the machine code on disk,
   in ``__pycache__`` beside this file or, where that is read-only, in Numba's
   per-user cache directory (``NUMBA_CACHE_DIR`` overrides both); where neither
@@ -42,216 +54,183 @@ each chunk's entry position ``p``; nothing here knows the schedule.
 >>> import numpy as np
 >>> x = np.array([[1.0, 2.0], [3.0, 4.0]])  # two workers, one element per chunk
 >>> out = np.empty(2)
->>> cycle = np.array([0, 1], dtype=np.uint64)  # worker 0 sends to 1, 1 to 0
->>> entries = np.array([[0, 2, 0]], dtype=np.uint64)  # chunks 0 .. 1 enter at positions 0, 1
+>>> cycle = np.array([0, 1])  # worker 0 sends to 1, 1 to 0
+>>> entries = np.array([[0, 2, 0]])  # chunks 0 .. 1 enter at positions 0, 1
 >>> fold(x, out, cycle, entries, chunk_size=1, threads=1)
 True
 >>> out.tolist()  # chunk 0 = x[0, 0] + x[1, 0], chunk 1 = x[1, 1] + x[0, 1]
 [4.0, 6.0]
+>>> fold(x, out, cycle, entries, chunk_size=1, threads=1, op="max"), out.tolist()
+(True, [3.0, 4.0])
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Final, TypeVar
+from typing import Any, Final, NamedTuple
 
 import numba
 import numpy as np
 import numpy.typing as npt
 
 __all__ = [
+    "KERNEL_OPS",
     "MIN_BYTES_PER_THREAD",
     "OPTIONS",
     "TILE_BYTES",
+    "Compiled",
     "compile_kernel",
     "fold",
     "kernel",
+    "program",
     "signature",
     "tile_shape",
 ]
 
 TILE_BYTES: Final = 16 << 10
-"""Bytes of partial sums per tile: what stays in a 32 KiB L1 data cache beside the streaming input."""
+"""Bytes of partial results per tile: what stays in a 32 KiB L1 data cache beside the streaming input."""
 
 MIN_BYTES_PER_THREAD: Final = 1 << 20
 """Input bytes each thread should have before the work is split: below that, starting threads costs more
 than it saves."""
 
+KERNEL_OPS: Final = ("sum", "prod", "max", "min")
+"""The combines the kernel compiles (``avg`` is the ring's ``sum``, divided by the caller)."""
+
 Array = npt.NDArray[Any]
 
-_njit: Any = numba.njit
-"""``numba.njit``, called with options its type stubs do not list (``no_cpython_wrapper``)."""
-
-_u: Any = numba.uint64
-"""Numba's unsigned 64-bit integer: indices of this type are never wrapped around as negative ones."""
-
-
 OPTIONS: Final[dict[str, Any]] = {
-    "nogil": True,
     "boundscheck": False,
     "fastmath": False,
     "error_model": "numpy",
 }
-"""Numba's options for the kernel: releases the GIL, no bounds checks, IEEE arithmetic as written, and
-no exception paths for integer division (no divisor is ever zero)."""
+"""Numba's options for the kernel: no bounds checks, IEEE arithmetic as written, and no exception paths
+for integer division (there is none)."""
 
 
-F = TypeVar("F", bound=Callable[..., Any])
+def _source(op: str, unit_stride: bool) -> Callable[..., bool]:
+    """The kernel's Python source for ``op``, with ``x``'s element stride ``1`` (``unit_stride``) or any.
 
-
-def _helper(function: F) -> F:
-    """A function the kernel calls, compiled with it (Numba's decorator, with its type stated)."""
-    compiled: F = _njit(no_cpython_wrapper=True, no_cfunc_wrapper=True, **OPTIONS)(function)
-    return compiled
-
-
-@_helper
-def _one_chunk(x: Array, out: Array, cycle: Array, p: Any, a: Any, b: Any) -> None:  # noqa: PLR0917
-    """The whole fold of elements ``a .. b - 1`` of one chunk entering the cycle at ``p``.
-
-    Up to four workers per pass over the elements: ``((s + x1) + x2) + x3) + x4``
-    is four additions in the spec's order, the partial sum ``s`` read and
-    written once.
+    Both are closure constants: Numba folds every branch on them away, and
+    its cache tells the specialisations apart by them.
     """
-    one = _u(1)
-    n = _u(cycle.shape[0])
-    four = _u(4)
-    j = four if n >= four else _u(2)
-    w0 = cycle[p]
-    w1 = cycle[(p + one) % n]
-    if j == four:
-        w2 = cycle[(p + _u(2)) % n]
-        w3 = cycle[(p + _u(3)) % n]
-        for i in range(a, b):
-            out[i] = ((x[w0, i] + x[w1, i]) + x[w2, i]) + x[w3, i]
-    else:
-        for i in range(a, b):
-            out[i] = x[w0, i] + x[w1, i]
-    while j + four <= n:
-        w0 = cycle[(p + j) % n]
-        w1 = cycle[(p + j + one) % n]
-        w2 = cycle[(p + j + _u(2)) % n]
-        w3 = cycle[(p + j + _u(3)) % n]
-        for i in range(a, b):
-            out[i] = (((out[i] + x[w0, i]) + x[w1, i]) + x[w2, i]) + x[w3, i]
-        j += four
-    while j < n:
-        w0 = cycle[(p + j) % n]
-        for i in range(a, b):
-            out[i] = out[i] + x[w0, i]
-        j += one
+    prod, larger, smaller = op == "prod", op == "max", op == "min"
+    check_inputs = larger or smaller
+    unit = unit_stride
+
+    def fold_tiles(  # noqa: PLR0912, PLR0917 - branches on constants fold away; a C function is positional
+        x: Any, s0: Any, s1: Any, out: Any, k: Any, steps: Any, tiles: Any, t0: Any, t1: Any
+    ) -> bool:
+        """Fold tiles ``t0 .. t1 - 1`` of the :func:`program` ``(steps, tiles)`` into ``out``; finite?
+
+        ``x[w s0 + e s1]`` is worker ``w``'s element ``e`` (its chunk ``c``: the
+        elements ``c K .. c K + K - 1``, ``K = k``); ``out`` holds ``N K``
+        results, chunk after chunk.  ``tiles[6 t .. 6 t + 5]`` is tile ``t``'s
+        steps ``lo .. hi - 1``, its columns ``e0 .. ee - 1`` of each chunk and
+        the results it finishes; ``steps[4 s .. 4 s + 3]`` = ``(w, a, b, c)``:
+        combine worker ``w``'s row into the chunks ``a .. b - 1``, then copy it
+        into chunk ``c`` (none if ``c < 0``).
+        """
+        bad = False
+        for t in range(t0, t1):
+            e0 = tiles[6 * t + 2]
+            ee = tiles[6 * t + 3]
+            for s in range(tiles[6 * t], tiles[6 * t + 1]):
+                row = steps[4 * s] * s0
+                a = steps[4 * s + 1]
+                b = steps[4 * s + 2]
+                c = steps[4 * s + 3]
+                if a < b:
+                    for i in range(a * k + e0, (b - 1) * k + ee):
+                        v = x[row + i] if unit else x[row + i * s1]
+                        if prod:
+                            out[i] = out[i] * v
+                        elif larger:
+                            out[i] = v if v > out[i] else out[i]
+                        elif smaller:
+                            out[i] = v if v < out[i] else out[i]
+                        else:
+                            out[i] = out[i] + v
+                        if check_inputs:
+                            bad |= (v - v) != 0  # NaN exactly when v is NaN or infinite
+                if c >= 0:
+                    for i in range(c * k + e0, c * k + ee):
+                        v = x[row + i] if unit else x[row + i * s1]
+                        out[i] = v
+                        if check_inputs:
+                            bad |= (v - v) != 0
+            if not check_inputs:
+                for i in range(tiles[6 * t + 4], tiles[6 * t + 5]):
+                    value = out[i]
+                    bad |= (value - value) != 0
+        return not bad
+
+    return fold_tiles
 
 
-@_helper
-def _chunks(  # noqa: PLR0917 - compiled helpers take positional arguments only
-    x: Array, out: Array, cycle: Array, lo: Any, hi: Any, p_lo: Any, k: Any, e0: Any, ee: Any
-) -> None:
-    """The folds of chunks ``lo .. hi - 1`` (entering at ``p_lo, p_lo + 1, ...``), columns ``e0 .. ee - 1``.
+def signature(dtype: str) -> Any:
+    """The kernel's C signature for ``x`` and ``out`` of ``dtype`` (``"float32"`` or ``"float64"``)."""
+    types: Any = numba.types  # untyped where Numba's partial annotations are seen
+    value = types.CPointer(numba.from_dtype(np.dtype(dtype)))
+    index = types.CPointer(types.int64)
+    i64 = types.int64
+    return types.boolean(value, i64, i64, value, i64, index, index, i64, i64)
 
-    The chunks' elements are ``lo K + e0 .. (hi - 1) K + ee - 1`` of a row:
-    every row the tile reads is one contiguous run, added to the partial sums
-    that need it.
+
+_ARGTYPES: Final = (
+    ctypes.c_void_p,
+    ctypes.c_int64,
+    ctypes.c_int64,
+    ctypes.c_void_p,
+    ctypes.c_int64,
+    ctypes.c_void_p,
+    ctypes.c_void_p,
+    ctypes.c_int64,
+    ctypes.c_int64,
+)
+
+
+def compile_kernel(dtype: str, unit_stride: bool, op: str = "sum", *, cache: bool = True) -> Any:
+    """The kernel for ``dtype``, ``op`` and unit or any element stride: a Numba ``cfunc``.
+
+    With ``cache`` its machine code is kept on disk; where no cache directory
+    is writable, it is compiled in memory, once per process.
     """
-    one = _u(1)
-    n = _u(cycle.shape[0])
-    # Pass 1, positions p_lo .. n-1: chunks entered before p add the row; the one entering copies it.
-    for p in range(p_lo, n):
-        w = cycle[p]
-        entering = lo + p - p_lo
-        upto = min(entering, hi)
-        if upto > lo:
-            for i in range(lo * k + e0, (upto - one) * k + ee):
-                out[i] = out[i] + x[w, i]
-        if entering < hi:
-            for i in range(entering * k + e0, entering * k + ee):
-                out[i] = x[w, i]
-    # Pass 2, positions 0 ..: each chunk adds the rows before its entry position.
-    for p in range(_u(0), p_lo + hi - lo - one):
-        w = cycle[p]
-        since = lo + max(p + one, p_lo) - p_lo
-        for i in range(since * k + e0, (hi - one) * k + ee):
-            out[i] = out[i] + x[w, i]
-
-
-def _fold_tiles(  # noqa: PLR0917 - a compiled kernel takes positional arguments only
-    x: Array, out: Array, cycle: Array, entries: Array, k: Any, chunks: Any, cols: Any, t0: Any, t1: Any
-) -> bool:
-    """Fold tiles ``t0 .. t1 - 1`` of ``out`` (``N K`` results, chunk after chunk); all finite?
-
-    ``x`` is ``(N, N K)``: row ``w`` is worker ``w``'s values, chunk ``c`` its
-    columns ``c K .. c K + K - 1``.  ``cycle[p]`` is the worker at position
-    ``p`` of the ring; ``entries[q] = (start, stop, p)``: the chunks ``start ..
-    stop - 1`` enter the cycle at positions ``p, p + 1, ...`` (all below
-    ``N``).  A tile is ``chunks`` whole chunks, or ``cols`` columns of one
-    chunk.  Every index is unsigned, so Numba emits no negative-index
-    wrap-around and LLVM can vectorise the loops over a row's elements.
-    """
-    one = _u(1)
-    n = _u(cycle.shape[0])
-    k = _u(k)
-    chunks = _u(chunks)
-    cols = _u(cols)
-    col_tiles = (k + cols - one) // cols
-    bad = False
-    for t in range(_u(t0), _u(t1)):
-        c0 = (t // col_tiles) * chunks
-        c1 = min(n, c0 + chunks)
-        e0 = (t % col_tiles) * cols
-        ee = min(k, e0 + cols)
-        for q in range(entries.shape[0]):
-            lo = max(entries[q, 0], c0)
-            hi = min(entries[q, 1], c1)
-            p_lo = entries[q, 2] + lo - entries[q, 0]  # chunk lo + j enters the cycle at p_lo + j
-            if hi - lo == one:
-                _one_chunk(x, out, cycle, p_lo, lo * k + e0, lo * k + ee)
-            elif lo < hi:
-                _chunks(x, out, cycle, lo, hi, p_lo, k, e0, ee)
-        for i in range(c0 * k + e0, (c1 - one) * k + ee):
-            value = out[i]
-            bad |= (value - value) != 0  # NaN exactly when value is NaN or infinite
-    return not bad
-
-
-def signature(dtype: str, contiguous: bool) -> Any:
-    """The kernel's Numba signature for ``x`` of ``dtype`` (``"float32"``/``"float64"``), C-ordered or any.
-
-    Explicit signatures keep the specialisations to four (a transposed input
-    runs the any-strides one instead of compiling its own).
-    """
-    value = numba.from_dtype(np.dtype(dtype))
-    x = numba.types.Array(value, 2, "C" if contiguous else "A", readonly=True)
-    index = numba.types.Array(numba.uint64, 1, "C")
-    entries = numba.types.Array(numba.uint64, 2, "C")
-    out = numba.types.Array(value, 1, "C")
-    return numba.types.boolean(x, out, index, entries, *[numba.int64] * 5)
-
-
-def compile_kernel(dtype: str, contiguous: bool, *, cache: bool = True) -> Any:
-    """:func:`_fold_tiles` compiled for one :func:`signature`, the machine code cached on disk if ``cache``.
-
-    Where no cache directory is writable, it is compiled in memory, once per process.
-    """
-    sig = signature(dtype, contiguous)
+    if op not in KERNEL_OPS:
+        raise ValueError(f"the kernel computes {', '.join(KERNEL_OPS)}, not {op!r}")
+    sig = signature(dtype)
+    source = _source(op, unit_stride)
     if cache:
         try:
-            return _njit(sig, cache=True, **OPTIONS)(_fold_tiles)
+            return numba.cfunc(sig, cache=True, **OPTIONS)(source)
         except RuntimeError:  # no writable cache location
             pass
-    return _njit(sig, **OPTIONS)(_fold_tiles)
+    return numba.cfunc(sig, **OPTIONS)(source)
 
 
-_kernels: dict[tuple[str, bool], Any] = {}
+class Compiled(NamedTuple):
+    """A compiled kernel: Numba's ``cfunc`` (its machine code, cache statistics) and a ``ctypes`` caller."""
+
+    cfunc: Any
+    call: Callable[..., bool]
 
 
-def kernel(dtype: str, contiguous: bool) -> Any:
-    """The compiled kernel for ``x`` of ``dtype``, C-ordered or any, compiled (or loaded) on first use."""
-    key = (dtype, contiguous)
+_kernels: dict[tuple[str, bool, str], Compiled] = {}
+
+
+def kernel(dtype: str, unit_stride: bool, op: str = "sum") -> Compiled:
+    """The kernel for ``x`` of ``dtype``, unit or any element stride, and ``op``, compiled (or loaded)
+    on first use."""
+    key = (dtype, unit_stride, op)
     if key not in _kernels:
-        _kernels[key] = compile_kernel(dtype, contiguous)
+        compiled = compile_kernel(dtype, unit_stride, op)
+        call = ctypes.CFUNCTYPE(ctypes.c_bool, *_ARGTYPES)(compiled.address)
+        _kernels[key] = Compiled(compiled, call)
     return _kernels[key]
 
 
@@ -265,6 +244,82 @@ def tile_shape(n: int, k: int, itemsize: int, tiles: int = 1) -> tuple[int, int]
     if chunks >= 1:
         return chunks, k
     return 1, max(1, min(TILE_BYTES // itemsize, -(-k * n // tiles)))
+
+
+def program(
+    cycle: Array, entries: Array, k: int, chunks: int, cols: int
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """The ``(steps, tiles)`` that :func:`_source`'s kernel runs: every chunk's rows in its fold order.
+
+    Tiles are ``chunks`` whole chunks, or ``cols`` columns of one chunk; the
+    tiles over one block of chunks share its steps.  For a run of chunks
+    ``lo .. hi - 1`` of the block entering the cycle at ``p, p + 1, ...``, the
+    step at position ``p + s`` (pass 1) combines the row of ``cycle[p + s]``
+    into the chunks entered before it and copies it into the one entering
+    there; the step at position ``q < p + hi - lo - 1`` (pass 2) combines the
+    row of ``cycle[q]`` into the chunks entering after ``q``.
+
+    >>> steps, tiles = program(np.array([0, 1, 2]), np.array([[0, 3, 0]]), 1, 3, 1)
+    >>> steps.tolist()  # (worker, combine into chunks a .. b - 1, copy into chunk c)
+    [[0, 0, 0, 0], [1, 0, 1, 1], [2, 0, 2, 2], [0, 1, 3, -1], [1, 2, 3, -1]]
+    >>> tiles.tolist()  # steps 0 .. 4, columns 0 .. 0 of each chunk, results 0 .. 2
+    [[0, 5, 0, 1, 0, 3]]
+    """
+    n = len(cycle)
+    order = cycle.astype(np.int64)
+    pieces: list[npt.NDArray[np.int64]] = []
+    block_starts = [0]
+    total = 0
+    for c0 in range(0, n, chunks):
+        c1 = min(n, c0 + chunks)
+        for start, stop, p in entries.tolist():
+            lo, hi = max(start, c0), min(stop, c1)
+            if lo >= hi:
+                continue
+            p_lo = p + lo - start  # chunk lo + j enters at p_lo + j
+            s = np.arange(n - p_lo)
+            one = np.empty((len(s), 4), dtype=np.int64)
+            one[:, 0] = order[p_lo + s]
+            one[:, 1] = lo
+            one[:, 2] = np.minimum(lo + s, hi)
+            one[:, 3] = np.where(s < hi - lo, lo + s, -1)
+            q = np.arange(p_lo + hi - lo - 1)
+            two = np.empty((len(q), 4), dtype=np.int64)
+            two[:, 0] = order[q]
+            two[:, 1] = lo + np.maximum(q + 1 - p_lo, 0)
+            two[:, 2] = hi
+            two[:, 3] = -1
+            pieces += [one, two]
+            total += len(one) + len(two)
+        block_starts.append(total)
+    steps = np.ascontiguousarray(np.concatenate(pieces))
+    col_tiles = -(-k // cols)
+    t = np.arange(-(-n // chunks) * col_tiles, dtype=np.int64)
+    block = t // col_tiles
+    e0 = (t % col_tiles) * cols
+    ee = np.minimum(k, e0 + cols)
+    c0s = block * chunks
+    c1s = np.minimum(n, c0s + chunks)
+    starts = np.array(block_starts, dtype=np.int64)
+    tiles = np.stack([starts[block], starts[block + 1], e0, ee, c0s * k + e0, (c1s - 1) * k + ee], axis=1)
+    return steps, np.ascontiguousarray(tiles)
+
+
+@functools.lru_cache(maxsize=64)
+def _program(
+    cycle: bytes, entries: bytes, k: int, chunks: int, cols: int
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """:func:`program` of a cycle and entries given as int64 bytes, cached (kept alive while in use)."""
+    steps, tiles = program(
+        np.frombuffer(cycle, dtype=np.int64),
+        np.frombuffer(entries, dtype=np.int64).reshape(-1, 3),
+        k,
+        chunks,
+        cols,
+    )
+    steps.flags.writeable = False
+    tiles.flags.writeable = False
+    return steps, tiles
 
 
 @functools.lru_cache(maxsize=256)
@@ -299,23 +354,33 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def fold(x: Array, out: Array, cycle: Array, entries: Array, *, chunk_size: int, threads: int) -> bool:
-    """Write the ring's result into ``out``, chunk after chunk; return whether all of it is finite.
+def fold(
+    x: Array, out: Array, cycle: Array, entries: Array, *, chunk_size: int, threads: int, op: str = "sum"
+) -> bool:
+    """Write the ring's result for ``op`` into ``out``, chunk after chunk; return whether the input is
+    proven finite (``False``: it may not be, or the result overflowed).
 
     ``x`` is ``(N, N K)`` (float32 or float64, native byte order, aligned, any
-    strides, read-only) with ``K = chunk_size``, ``out`` a contiguous ``(N K,)`` array of the same
-    dtype; ``cycle`` and ``entries`` as :func:`_fold_tiles` reads them.  The
-    tiles are split among at most ``threads`` threads.
+    strides, only read) with ``K = chunk_size``, ``out`` a contiguous
+    ``(N K,)`` array of the same dtype; ``cycle`` holds the workers in ring
+    order and ``entries`` the rows ``(start, stop, p)``: the chunks ``start
+    .. stop - 1`` enter the cycle at positions ``p, p + 1, ...`` (all below
+    ``N``).  The tiles are split among at most ``threads`` threads.
     """
     n, k = cycle.shape[0], chunk_size
     threads = max(1, min(threads, x.nbytes // MIN_BYTES_PER_THREAD))
     chunks, cols, bounds = _split(n, k, out.itemsize, threads, TILE_BYTES)
-    compiled = kernel(x.dtype.name, bool(x.flags.c_contiguous))
+    steps, tiles = _program(
+        cycle.astype(np.int64).tobytes(), entries.astype(np.int64).tobytes(), k, chunks, cols
+    )
+    s0, s1 = (s // x.itemsize for s in x.strides)
+    call = kernel(x.dtype.name, s1 == 1, op).call
+    args = (x.ctypes.data, s0, s1, out.ctypes.data, k, steps.ctypes.data, tiles.ctypes.data)
     if len(bounds) == 2:
-        return bool(compiled(x, out, cycle, entries, k, chunks, cols, 0, bounds[1]))
+        return bool(call(*args, 0, bounds[1]))
 
     def part(t0: int, t1: int) -> bool:
-        return bool(compiled(x, out, cycle, entries, k, chunks, cols, t0, t1))
+        return bool(call(*args, t0, t1))
 
     others = [_executor().submit(part, bounds[i], bounds[i + 1]) for i in range(1, len(bounds) - 1)]
     finite = part(bounds[0], bounds[1])

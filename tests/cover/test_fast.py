@@ -288,24 +288,34 @@ def test_kernel_rounds_where_reassociation_would_not(
         assert bool((bits(other) != bits(want)).all())
 
 
-@pytest.mark.clause("fold-order")
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_kernel_machine_code_adds_in_the_dtype_without_fast_math(dtype: str) -> None:
-    """The compiled kernel's LLVM IR: every ``fadd`` is plain IEEE (no fast-math flags) in the input type.
+COMBINES = {"sum": "fadd", "prod": "fmul", "max": "fcmp ogt", "min": "fcmp olt"}
+"""The instruction of each op's combine: ``max`` keeps ``own`` only if ``own > incoming`` (ordered), ``min``
+only if ``own < incoming``."""
 
-    No flag allows reassociation or contraction, no wider type carries a
-    partial sum, no fused multiply-add exists; the vector ``fadd`` s are the
-    element loops (independent folds side by side).
+
+@pytest.mark.clause("fold-order", "op-prod", "op-max", "op-min")
+@pytest.mark.parametrize("op", list(COMBINES))
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_kernel_machine_code_combines_in_the_dtype_without_fast_math(dtype: str, op: str) -> None:
+    """The compiled kernel's LLVM IR: every floating-point instruction is plain IEEE (no fast-math flags)
+    in the input type.
+
+    No flag allows reassociation, contraction or ignoring signed zeros and
+    NaNs, no wider type carries a partial result, no fused multiply-add and no
+    ``maxnum``/``minnum`` (whose ties are not the spec's) exists; the vector
+    combines are the element loops (independent folds side by side).
     """
-    compiled = _kernel.compile_kernel(dtype, contiguous=True, cache=False)
-    (ir,) = compiled.inspect_llvm().values()
+    ir = _kernel.compile_kernel(dtype, unit_stride=True, op=op, cache=False).inspect_llvm()
     scalar = {"float32": "float", "float64": "double"}[dtype]
-    adds = re.findall(r"= fadd ((?:[a-z]+ )*)(<\d+ x \w+>|float|double|half) ", ir)
-    assert adds
-    assert {flags for flags, _ in adds} == {""}
-    assert {re.sub(r"<\d+ x (\w+)>", r"\1", t) for _, t in adds} == {scalar}
-    assert any(t.startswith("<") for _, t in adds)
-    assert not re.search(r"fmuladd|llvm\.fma|\bfpext\b|\bfptrunc\b", ir)
+    kinds = r"<\d+ x (?:float|double|half|bfloat)>|float|double|half|bfloat"
+    instructions = re.findall(rf"= (fadd|fsub|fmul|fdiv|frem|fcmp) ((?:[a-z]+ )*)({kinds}) ", ir)
+    flags = [words.split()[:-1] if name == "fcmp" else words.split() for name, words, _ in instructions]
+    assert flags and all(f == [] for f in flags)  # (an fcmp's last word is its predicate)
+    assert {re.sub(r"<\d+ x (\w+)>", r"\1", t) for *_, t in instructions} == {scalar}
+    combines = [t for name, words, t in instructions if f"{name} {words}".startswith(COMBINES[op])]
+    assert any(t.startswith("<") for t in combines)
+    assert not re.search(r"fmuladd|llvm\.fma|\bfpext\b|\bfptrunc\b|llvm\.(?:max|min)(?:num|imum)", ir)
+    assert not any(re.search(rf"= {c} ", ir) for o, c in COMBINES.items() if o != op)
 
 
 @pytest.mark.clause("fold-order")
@@ -316,13 +326,15 @@ def test_kernel_compiles_without_a_writable_cache(monkeypatch: pytest.MonkeyPatc
 
     monkeypatch.setattr(config, "CACHE_LOCATOR_CLASSES", "IPythonCacheLocator")  # applies to no file here
     with pytest.raises(RuntimeError, match="no locator available"):
-        numba.njit(_kernel.signature("float64", False), cache=True)(_kernel._fold_tiles)
-    compiled = _kernel.compile_kernel("float64", contiguous=False)
+        numba.cfunc(_kernel.signature("float64"), cache=True)(_kernel._source("sum", unit_stride=False))
+    monkeypatch.setattr(_kernel, "_kernels", {})
     x = half_ulp_ring(4, 3, torch.float64, seed=1)
     out = np.empty(12)
     cycle = _fast.plan(4).cycle
-    assert compiled(x.numpy(), out, cycle.order, cycle.entries, 3, 1, 3, 0, 4)
+    transposed = x.T.contiguous().T.numpy()  # element stride 4: the any-stride kernel
+    assert _kernel.fold(transposed, out, cycle.order, cycle.entries, chunk_size=3, threads=1)
     assert same_bits(torch.from_numpy(out), ring_fold(x))
+    assert list(_kernel._kernels) == [("float64", False, "sum")]
 
 
 @pytest.mark.clause("fold-order", "preserve-dtype-device", "input-unchanged")
