@@ -12,37 +12,49 @@ copying (``ag-copy-not-add``).  A reduce-scatter chunk lands in a separate
 buffer and is added into its slot only once it has fully arrived, so a value is
 never forwarded in the round it arrived (``simultaneous-rounds``).
 
+``schedule=`` runs another ring of the family (:class:`ring_ref.schedule.RingSchedule`:
+direction, offset, chunk layout; clause ``schedule-family``), as
+``ring_all_reduce(x, schedule=...)`` does, with that call's bits: ``"gloo"``
+gives the bits of ``torch.distributed.all_reduce`` on the gloo backend,
+``"openmpi-ring"`` those of OpenMPI's ring.  The layouts ``blocks`` and ``gloo``
+cut the tensor's elements (row-major) and accept any ``M``; gloo's layout may
+leave chunks short or empty (an empty chunk is never sent).
+
 :func:`ring_hook` plugs the same ring into ``DistributedDataParallel``
 (``model.register_comm_hook(None, ring_hook)``).
 
 **Speed.**  On gloo each chunk travels in segments (at least
-:data:`SEGMENT_BYTES`, at most :data:`MAX_SEGMENTS` per chunk):
-as soon as segment ``s`` of the chunk received in one round has been added
-into its slot, segment ``s`` of the next round's chunk (the same slot: every
-round forwards the chunk it has just completed) is sent, while the remaining
-segments are still arriving.  The additions that make each element are exactly
-the schedule's, in the same order, so the bits do not depend on the segment
-size.  A gloo send waits until its receiver has posted the receive, so every
-reduce-scatter receive is posted before the first send, each into its own
-chunk of a reused staging buffer (``(N - 1) / N`` of the tensor, kept per
-thread between calls).  Chunks up to :data:`STAGE_ALL_BYTES` stage the
+:data:`SEGMENT_BYTES`, at most :data:`MAX_SEGMENTS` per chunk; every chunk of a
+call is cut into the same number of segments, sized by the largest chunk): as
+soon as segment ``s`` of the chunk received in one round has been added into
+its slot, segment ``s`` of the next round's chunk (the same slot: every round of
+every ring of the family forwards the chunk it has just completed) is sent,
+while the remaining segments are still arriving.  The additions that make each
+element are exactly the schedule's, in the same order, so the bits do not
+depend on the segment size.  A gloo send waits until its receiver has posted the
+receive, so every reduce-scatter receive is posted before the first send, each
+into its own part of a reused staging buffer (``N - 1`` times the largest chunk,
+kept per thread between calls).  Chunks up to :data:`STAGE_ALL_BYTES` stage the
 all-gather steps too and copy them into their slots; larger ones receive
-all-gather straight into the slot.  Contiguous tensors are reduced in place;
-a non-contiguous one is reduced in a contiguous copy that is written back at
-the end.  Other backends (NCCL) run one ``batch_isend_irecv`` per round,
-unsegmented.
+all-gather straight into the slot.  Contiguous tensors are reduced in place; a
+non-contiguous one is reduced in a contiguous copy that is written back at the
+end.  Other backends (NCCL) run one ``batch_isend_irecv`` per round,
+unsegmented.  The index arithmetic of a call (chunks, segments, what each step
+sends and receives) depends only on ``N``, the rank, the schedule, the size and
+the dtype, and is computed once and reused.
 
 **Bad input** is rejected with the same exception on *every* rank, before any
 chunk is sent.  Each rank checks its own tensor (the spec's bad-input table,
-:mod:`ring_ref._validate`) and condenses its shape, dtype, device type, layout
-and verdict into a fixed-size signature; one small ``all_reduce`` (``MAX`` of
-the signature and of its negation) tells every rank whether all signatures are
-equal and all verdicts clean.  Only when they are not do the ranks exchange
-full descriptions (``all_gather_object``) so that every rank can word the same
-error naming every offending rank.  The finiteness check is a sum of the
-tensor (a NaN or infinity anywhere makes it non-finite); only a non-finite sum
-(bad input, or an overflowing sum of finite values) pays for the element-wise
-scan.
+:mod:`ring_ref._validate`) and condenses its shape, dtype, device type, layout,
+op, schedule and verdict into a fixed-size signature; one small collective
+tells every rank every rank's signature: an ``all_gather``, or, for two gloo
+ranks, one exchange of the two signatures (the same information, at the cost
+of one round trip).  Only when the signatures differ or a verdict is bad do the
+ranks exchange full descriptions (``all_gather_object``) so that every rank can
+word the same error naming every offending rank.  The finiteness check is a sum
+of the tensor (a NaN or infinity anywhere makes it non-finite); only a
+non-finite sum (bad input, or an overflowing sum of finite values) pays for the
+element-wise scan.
 
 **Failures.**  A peer that fails mid-ring or never calls makes the others raise
 ``RuntimeError`` naming the round (or the check before the ring) and the
@@ -59,21 +71,21 @@ and is left unchanged.  Bad input never modifies anything.
 """
 
 import datetime
+import functools
 import threading
 import zlib
-from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, NamedTuple
 
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import GradBucket  # dist.GradBucket, which the stubs do not export
 
-from ring_ref import schedule
-from ring_ref._chunks import chunk_views
+from ring_ref._chunks import chunk_bounds
 from ring_ref._ops import Op, finish_torch, op_name, torch_combine_into
-from ring_ref._validate import BadInput, rank_tensor_problem
+from ring_ref._validate import BadInput, rank_tensor_problem, schedule_of
+from ring_ref.schedule import REDUCE_SCATTER, SPEC, Phase, RingSchedule, all_rounds, rounds_per_phase
 
 __all__ = [
     "MAX_SEGMENTS",
@@ -96,7 +108,9 @@ _PIPELINED_BACKENDS: Final = frozenset({"gloo"})
 _EXACT_DIMS: Final = 8
 """Signature entries that hold the leading dimensions exactly; further ones are folded into a hash."""
 _HASH_MODULUS: Final = (1 << 61) - 1
-_SIGNATURE_LENGTH: Final = 6 + _EXACT_DIMS + 2
+_SIGNATURE_LENGTH: Final = 6 + _EXACT_DIMS + 3
+_CHECK_TAG: Final = 0
+"""The tag of the two-rank signature exchange; the ring's segments use tags from 1 on."""
 
 
 @dataclass(frozen=True)
@@ -116,19 +130,51 @@ def _op_problem(op: object) -> tuple[Op | None, BadInput | None]:
         return None, BadInput(ValueError, str(exc))
 
 
-def _describe(tensor: object, n: int, backend: str, op: object = "sum") -> _Description:
+def _ring_of(name: object) -> tuple[RingSchedule | None, BadInput | None]:
+    """The ring a ``schedule=`` argument names, or the table's verdict on it."""
+    try:
+        return schedule_of(name), None
+    except (TypeError, ValueError) as exc:
+        return None, BadInput(type(exc), str(exc))
+
+
+def _schedule_key(ring: RingSchedule | None, n: int) -> str:
+    """The same text on every rank for the same ring (offsets taken mod ``n``)."""
+    return "invalid" if ring is None else ring.normalized(n).describe()
+
+
+def _problem(
+    tensor: object, n: int, backend: str, ring: RingSchedule, *, finite: bool = True
+) -> BadInput | None:
+    """The table's verdict on one rank's tensor for ``ring``.
+
+    Only the ``even`` layout needs ``M`` divisible by ``N``: for the others the
+    tensor is checked as one rank's tensor on its own (``N = 1``), which differs
+    from the check for ``N`` ranks in that row alone.
+    """
+    return rank_tensor_problem(tensor, n if ring.layout == "even" else 1, backend, finite=finite)
+
+
+def _describe(
+    tensor: object, n: int, backend: str, op: object = "sum", name: object = "spec"
+) -> _Description:
     """Check one rank's arguments on their own; the verdict is applied on every rank after the exchange."""
     reduce_op, op_bad = _op_problem(op)
-    bad = rank_tensor_problem(tensor, n, backend) or op_bad
+    ring, ring_bad = _ring_of(name)
+    bad = ring_bad or (None if ring is None else _problem(tensor, n, backend, ring)) or op_bad
     problem = None if bad is None else (bad.kind.__name__, bad.message.rstrip("."))
+    key = _schedule_key(ring, n)
     if not isinstance(tensor, torch.Tensor):
-        name = type(tensor).__name__
-        return _Description(name, (name,), problem)
+        kind = type(tensor).__name__
+        return _Description(kind, (kind, key), problem)
     shape = tuple(tensor.shape)
     summary = f"shape {shape} {tensor.dtype} on {tensor.device.type}"
     if reduce_op != "sum":
         summary += f", op {reduce_op or op!r}"
-    return _Description(summary, (shape, str(tensor.dtype), tensor.device.type, reduce_op), problem)
+    if key != _schedule_key(SPEC, n):
+        summary += f", schedule {key}"
+    signature = (shape, str(tensor.dtype), tensor.device.type, reduce_op, key)
+    return _Description(summary, signature, problem)
 
 
 def _verdict(descriptions: list[_Description]) -> Exception | None:
@@ -139,6 +185,9 @@ def _verdict(descriptions: list[_Description]) -> Exception | None:
     >>> bad = _verdict([_describe(torch.zeros(6), 3, "gloo"), _describe([0.0], 3, "gloo")])
     >>> print(bad)  # doctest: +ELLIPSIS
     ring_all_reduce_ rejected the input on every rank: rank 1: expects a torch.Tensor ...; got list.
+    >>> print(_verdict([_describe(torch.zeros(6), 3, "gloo", name=s) for s in ("spec", "gloo")]))
+    ... # doctest: +ELLIPSIS
+    ring_all_reduce_ rejected ... (rank 0: ... on cpu; rank 1: ... cpu, schedule direction -1, offset 2, ...
     """
     prefix = "ring_all_reduce_ rejected the input on every rank"
     failures = [(r, d.problem) for r, d in enumerate(descriptions) if d.problem is not None]
@@ -149,33 +198,42 @@ def _verdict(descriptions: list[_Description]) -> Exception | None:
     if len({d.signature for d in descriptions}) > 1:
         listing = "; ".join(f"rank {r}: {d.summary}" for r, d in enumerate(descriptions))
         return ValueError(
-            f"{prefix}: the ranks passed different tensors or ops ({listing}). Every rank must pass "
-            "the same shape, dtype and device type, and the same op."
+            f"{prefix}: the ranks passed different tensors, ops or schedules ({listing}). Every rank "
+            "must pass the same shape, dtype and device type, the same op and the same schedule."
         )
     return None
 
 
+@functools.cache
 def _code(text: str) -> int:
     """A name as a number, the same in every process (``hash`` of a str is salted per process)."""
     return zlib.crc32(text.encode())
 
 
-def _signature(tensor: object, n: int, backend: str, op: object = "sum") -> tuple[list[int], bool]:
-    """This rank's fixed-size signature and whether its tensor is clean, at the cost of one sum.
+def _signature(
+    tensor: object, n: int, backend: str, op: object = "sum", name: object = "spec"
+) -> tuple[list[int], bool]:
+    """This rank's fixed-size signature and whether its arguments are clean, at the cost of one sum.
 
     Equal signatures mean equal kind, dtype, device type, layout and shape
     (exactly for up to :data:`_EXACT_DIMS` dimensions, by a 61-bit hash of
-    the rest beyond).
+    the rest beyond), op and ring (offsets taken mod ``n``).
 
     >>> a, ok = _signature(torch.zeros(6, 2), 3, "gloo")
     >>> ok, a == _signature(torch.ones(6, 2), 3, "gloo")[0], a == _signature(torch.zeros(6), 3, "gloo")[0]
     (True, True, False)
     >>> _signature(torch.tensor([1.0, float("nan"), 0.0]), 3, "gloo")[1]
     False
+    >>> a == _signature(torch.zeros(6, 2), 3, "gloo", name=RingSchedule(1, 3, "even"))[0]
+    True
+    >>> a == _signature(torch.zeros(6, 2), 3, "gloo", name="openmpi-ring")[0]
+    False
     """
     reduce_op, op_bad = _op_problem(op)
-    if not isinstance(tensor, torch.Tensor) or tensor.is_nested or op_bad is not None:
-        return [0, _code(type(tensor).__name__), *[0] * (_SIGNATURE_LENGTH - 2)], False
+    ring, _ = _ring_of(name)
+    key = _code(_schedule_key(ring, n))
+    if not isinstance(tensor, torch.Tensor) or tensor.is_nested or op_bad or ring is None:
+        return [0, _code(type(tensor).__name__), key, *[0] * (_SIGNATURE_LENGTH - 3)], False
     shape = tuple(tensor.shape)
     rest = 0
     for d in shape[_EXACT_DIMS:]:
@@ -191,9 +249,10 @@ def _signature(tensor: object, n: int, backend: str, op: object = "sum") -> tupl
         *exact,
         rest,
         _code(str(reduce_op)),
+        key,
     ]
-    clean = rank_tensor_problem(tensor, n, backend, finite=False) is None and (
-        bool(torch.isfinite(tensor.detach().sum())) or rank_tensor_problem(tensor, n, backend) is None
+    clean = _problem(tensor, n, backend, ring, finite=False) is None and (
+        bool(torch.isfinite(tensor.detach().sum())) or _problem(tensor, n, backend, ring) is None
     )
     return signature, clean
 
@@ -208,8 +267,17 @@ def _control_device(backend: str) -> torch.device:
 class _Waiter:
     """Waits on works with the call's ``timeout``; rewords any failure with the rank and the round."""
 
-    def __init__(self, rank: int, n: int, timeout: datetime.timedelta | None) -> None:
+    def __init__(
+        self, rank: int, n: int, timeout: datetime.timedelta | None, right: int = 0, left: int = 0
+    ) -> None:
         self.rank, self.n, self.timeout = rank, n, timeout
+        self.right, self.left = right, left
+
+    def _failed(self, where: str, exc: RuntimeError) -> RuntimeError:
+        return RuntimeError(
+            f"ring_all_reduce_: rank {self.rank} of {self.n}{where} failed or timed out; a peer "
+            f"probably raised, exited or did not call ring_all_reduce_. Cause: {exc}"
+        )
 
     def wait(self, work: dist.Work, where: str) -> None:
         try:
@@ -218,38 +286,73 @@ class _Waiter:
             else:
                 work.wait(timeout=self.timeout)
         except RuntimeError as exc:
-            raise RuntimeError(
-                f"ring_all_reduce_: rank {self.rank} of {self.n}{where} failed or timed out; a peer "
-                f"probably raised, exited or did not call ring_all_reduce_. Cause: {exc}"
-            ) from exc
+            raise self._failed(where, exc) from exc
 
-    def round(self, work: dist.Work, phase: schedule.Phase, r: int) -> None:
-        right, left = schedule.right(self.rank, self.n), schedule.left(self.rank, self.n)
-        self.wait(
-            work,
-            f", {phase} round {r}: exchanging chunks with rank {right} (send) and rank {left} (receive)",
-        )
+    def round(self, work: dist.Work, phase: Phase, r: int) -> None:
+        """Wait on one of round ``r``'s sends or receives (its description is worded only on failure)."""
+        try:
+            if self.timeout is None:
+                work.wait()
+            else:
+                work.wait(timeout=self.timeout)
+        except RuntimeError as exc:
+            where = (
+                f", {phase} round {r}: exchanging chunks with rank {self.right} (send) and rank "
+                f"{self.left} (receive)"
+            )
+            raise self._failed(where, exc) from exc
+
+
+_CHECKING: Final = ": checking every rank's tensor before the ring"
+
+
+def _gather_signatures(
+    flags: torch.Tensor, group: dist.ProcessGroup, backend: str, waiter: _Waiter
+) -> torch.Tensor:
+    """Every rank's ``flags``, one row per rank in rank order: one small collective.
+
+    Two gloo ranks swap theirs with one send and one receive each (a round trip,
+    where gloo's collectives take several); otherwise one ``all_gather``.
+    """
+    rank, n = waiter.rank, waiter.n
+    rows = flags.new_empty((n, flags.numel()))
+    if n == 2 and backend in _PIPELINED_BACKENDS:
+        peer = 1 - rank
+        rows[rank].copy_(flags)
+        receive = group.recv([rows[peer]], peer, _CHECK_TAG)
+        send = group.send([flags], peer, _CHECK_TAG)
+        waiter.wait(receive, _CHECKING)
+        waiter.wait(send, _CHECKING)
+    else:
+        waiter.wait(dist.all_gather(list(rows.unbind(0)), flags, group=group, async_op=True), _CHECKING)
+    return rows
 
 
 def _check_everywhere(
-    tensor: object, n: int, group: dist.ProcessGroup, backend: str, waiter: _Waiter, *, op: object = "sum"
+    tensor: object,
+    group: dist.ProcessGroup,
+    backend: str,
+    waiter: _Waiter,
+    *,
+    op: object = "sum",
+    name: object = "spec",
 ) -> None:
-    """Raise the same bad-input error on every rank, or return on every rank; one small all-reduce."""
-    signature, clean = _signature(tensor, n, backend, op)
-    flags = torch.tensor(
-        [*signature, *(-v for v in signature), 0 if clean else 1],
-        dtype=torch.int64,
-        device=_control_device(backend),
-    )
-    where = ": checking every rank's tensor before the ring"
-    waiter.wait(dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group, async_op=True), where)
-    k = len(signature)
-    highest, lowest, any_bad = flags[:k], -flags[k : 2 * k], int(flags[2 * k])
-    if any_bad == 0 and bool(torch.equal(highest, lowest)):
+    """Raise the same bad-input error on every rank, or return on every rank; one small collective."""
+    n = waiter.n
+    signature, clean = _signature(tensor, n, backend, op, name)
+    if n > 1:
+        flags = torch.tensor(
+            [*signature, 0 if clean else 1], dtype=torch.int64, device=_control_device(backend)
+        )
+        rows = _gather_signatures(flags, group, backend, waiter)
+        if clean and bool(torch.equal(rows, flags.expand_as(rows))):
+            return
+    elif clean:
         return
     descriptions: list[_Description | None] = [None] * n
+    mine = _describe(tensor, n, backend, op, name)
     try:
-        dist.all_gather_object(descriptions, _describe(tensor, n, backend, op), group=group)
+        dist.all_gather_object(descriptions, mine, group=group)
     except RuntimeError as exc:
         raise RuntimeError(
             f"ring_all_reduce_: rank {waiter.rank} of {n}: exchanging tensor descriptions before the "
@@ -283,121 +386,204 @@ class _Scratch(threading.local):
 _SCRATCH: Final = _Scratch()
 
 
-def _staged_steps(n: int, chunk_bytes: int) -> int:
-    """Steps that receive into staging, a chunk each: all of them for small chunks, else reduce-scatter's."""
-    steps = len(schedule.all_rounds(n))
-    return steps if chunk_bytes <= STAGE_ALL_BYTES else schedule.rounds_per_phase(n)
+class _Plan(NamedTuple):
+    """A call's index arithmetic: which chunk each step sends and receives, its segments, its staging.
+
+    Steps are the ``2 (N - 1)`` ``(phase, round)`` pairs of :func:`ring_ref.schedule.all_rounds`;
+    ranges are element offsets into the flat buffer.
+    """
+
+    right: int
+    left: int
+    steps: tuple[tuple[Phase, int], ...]
+    sent: tuple[int, ...]
+    """The chunk this rank sends at each step (``ring.send_chunk``)."""
+    received: tuple[int, ...]
+    """The chunk this rank receives at each step (``ring.recv_chunk``)."""
+    chunks: tuple[tuple[int, int], ...]
+    """Each chunk's element range (``ring.layout``, :func:`ring_ref._chunks.chunk_bounds`)."""
+    segments: tuple[tuple[tuple[int, int], ...], ...]
+    """Each chunk cut into the same number of segments (the last ones of a short chunk may be empty)."""
+    stride: int
+    """Staging elements per staged step: the largest chunk."""
+    staged: int
+    """Steps ``0 .. staged - 1`` receive into staging; the rest straight into the slot."""
+    upfront: tuple[int, ...]
+    """Unstaged steps whose receives are posted before the first send."""
+    receive_after: tuple[tuple[int, ...], ...]
+    """Per step ``t``: the unstaged steps whose receive of segment ``s`` is posted once segment ``s``
+    of step ``t`` is done (the last earlier step that reads or writes the slot they overwrite)."""
+
+
+@functools.lru_cache(maxsize=64)
+def _plan(
+    ring: RingSchedule,
+    rank: int,
+    n: int,
+    *,
+    numel: int,
+    itemsize: int,
+    segment_bytes: int,
+    max_segments: int,
+    stage_all_bytes: int,
+) -> _Plan:
+    """The plan of one call (cached: it depends on nothing else)."""
+    steps = all_rounds(n)
+    sent = tuple(ring.send_chunk(phase, rank, r, n) for phase, r in steps)
+    received = tuple(ring.recv_chunk(phase, rank, r, n) for phase, r in steps)
+    # The pipeline forwards each segment as soon as it has arrived: every step sends the chunk the
+    # step before it received.  Every ring of the family does (from its closed forms).
+    if sent[1:] != received[:-1]:
+        raise AssertionError(f"{ring.describe()}: a step does not forward the chunk just received")
+    chunks = tuple(chunk_bounds(ring.layout, n, numel, itemsize=itemsize))
+    largest = max(stop - start for start, stop in chunks)
+    segment = max(segment_bytes // itemsize, -(-largest // max_segments), 1)
+    count = max(-(-largest // segment), 1)
+    segments = tuple(
+        tuple((min(start + s * segment, stop), min(start + (s + 1) * segment, stop)) for s in range(count))
+        for start, stop in chunks
+    )
+    rs_steps = rounds_per_phase(n)
+    staged = len(steps) if largest * itemsize <= stage_all_bytes else rs_steps
+    upfront: list[int] = []
+    receive_after: list[list[int]] = [[] for _ in steps]
+    for u in range(staged, len(steps)):
+        touching = [t for t in range(u) if received[u] in (sent[t], received[t])]
+        (receive_after[touching[-1]] if touching else upfront).append(u)
+    return _Plan(
+        ring.right(rank, n),
+        ring.left(rank, n),
+        steps,
+        sent,
+        received,
+        chunks,
+        segments,
+        largest,
+        staged,
+        tuple(upfront),
+        tuple(tuple(us) for us in receive_after),
+    )
 
 
 def _ring_pipelined(
-    chunks: tuple[torch.Tensor, ...],
+    flat: torch.Tensor,
     staging: torch.Tensor,
-    rank: int,
+    plan: _Plan,
     group: dist.ProcessGroup,
     waiter: _Waiter,
     *,
     combine_into: Callable[[torch.Tensor, torch.Tensor], None],
 ) -> None:
-    """The schedule's rounds on flat contiguous ``chunks``, each chunk sent in segments, pipelined.
+    """The schedule's rounds on the flat contiguous buffer ``flat``, each chunk sent in segments, pipelined.
 
-    Step ``t`` is the ``t``-th ``(phase, round)`` of :func:`schedule.all_rounds`.
-    Every step forwards the chunk the previous step completed (``send_chunk(t +
-    1) == recv_chunk(t)``, from the closed forms), so segment ``s`` of step
+    Step ``t`` is the ``t``-th ``(phase, round)`` of :func:`ring_ref.schedule.all_rounds`.
+    Every step forwards the chunk the previous step completed (``sent[t + 1] ==
+    received[t]``, checked when the plan is made), so segment ``s`` of step
     ``t + 1`` is sent as soon as segment ``s`` of step ``t`` has arrived and
     been added.
 
     A gloo send goes out only once the receiver has posted its receive, so
-    receives are posted as early as their buffers allow: every reduce-scatter
-    step has its own chunk of ``staging``, and all of them are posted before
-    the first send.  All-gather steps of small chunks are staged too (then
-    copied into the slot); for large chunks all-gather receives straight into
-    the slot, posted once the reduce-scatter send that read that slot segment
-    (``n - 1`` steps earlier) has completed.
+    receives are posted as early as their buffers allow: every staged step has
+    its own part of ``staging``, and all of them are posted before the first
+    send.  Unstaged (all-gather) steps receive straight into the slot, posted
+    once every send that read that slot segment before has completed.
+    Empty segments (of short or empty chunks) are neither sent nor received.
     """
-    n = len(chunks)
-    k = chunks[0].numel()
-    segment = max(SEGMENT_BYTES // chunks[0].element_size(), -(-k // MAX_SEGMENTS), 1)
-    bounds = [(a, min(a + segment, k)) for a in range(0, k, segment)]
-    steps = schedule.all_rounds(n)
-    right, left = schedule.right(rank, n), schedule.left(rank, n)
-    sent = [schedule.send_chunk(phase, rank, r, n) for phase, r in steps]
-    received = [schedule.send_chunk(phase, left, r, n) for phase, r in steps]
-    staged = _staged_steps(n, k * chunks[0].element_size())
-    buffers = [staging[t * k : (t + 1) * k] for t in range(staged)]
+    segments, received, sent, steps = plan.segments, plan.received, plan.sent, plan.steps
+    count, stride, staged, right, left = len(segments[0]), plan.stride, plan.staged, plan.right, plan.left
     # Sends not yet waited on, by the slot segment they read (a gloo work must be waited on once only).
-    sending: dict[tuple[int, int], list[tuple[int, dist.Work]]] = defaultdict(list)
+    sending: dict[tuple[int, int], list[tuple[int, dist.Work]]] = {}
     receiving: dict[tuple[int, int], dist.Work] = {}
-
-    def tag(t: int, s: int) -> int:
-        return t * len(bounds) + s
 
     def settle(c: int, s: int) -> None:
         """Wait for every send that reads slot ``c``'s segment ``s`` (before it is overwritten)."""
-        for step, work in sending.pop((c, s), []):
+        for step, work in sending.pop((c, s), ()):
             waiter.round(work, *steps[step])
 
+    def incoming(t: int, s: int) -> torch.Tensor:
+        """Step ``t``'s staging for segment ``s``."""
+        c = received[t]
+        a, b = segments[c][s]
+        offset = t * stride - plan.chunks[c][0]
+        return staging[offset + a : offset + b]
+
     def post_recv(t: int, s: int) -> None:
-        a, b = bounds[s]
+        a, b = segments[received[t]][s]
+        if a == b:
+            return
         if t < staged:
-            into = buffers[t][a:b]
+            into = incoming(t, s)
         else:
             settle(received[t], s)
-            into = chunks[received[t]][a:b]
-        receiving[t, s] = group.recv([into], left, tag(t, s))
+            into = flat[a:b]
+        receiving[t, s] = group.recv([into], left, 1 + t * count + s)
 
     def post_send(t: int, s: int) -> None:
-        a, b = bounds[s]
-        work = group.send([chunks[sent[t]][a:b]], right, tag(t, s))
-        sending[sent[t], s].append((t, work))
+        c = sent[t]
+        a, b = segments[c][s]
+        if a < b:
+            sending.setdefault((c, s), []).append((t, group.send([flat[a:b]], right, 1 + t * count + s)))
 
     for t in range(staged):
-        for s in range(len(bounds)):
+        for s in range(count):
             post_recv(t, s)
-    for s in range(len(bounds)):
+    for u in plan.upfront:
+        for s in range(count):
+            post_recv(u, s)
+    for s in range(count):
         post_send(0, s)
-    for t, (phase, r) in enumerate(steps):
-        for s, (a, b) in enumerate(bounds):
-            waiter.round(receiving.pop((t, s)), phase, r)
-            slot = chunks[received[t]][a:b]
-            if phase == schedule.REDUCE_SCATTER:
-                combine_into(buffers[t][a:b], slot)  # incoming + own (or the op's), as rs-add states
-            elif t < staged:
-                settle(received[t], s)
-                slot.copy_(buffers[t][a:b])
-            if t + 1 < len(steps):
+
+    def arrive(t: int, s: int) -> None:
+        """Complete segment ``s`` of step ``t``: wait for it, then add it in or copy it out of staging."""
+        c = received[t]
+        a, b = segments[c][s]
+        if a == b:
+            return
+        waiter.round(receiving.pop((t, s)), *steps[t])
+        if t < staged:
+            settle(c, s)
+            if steps[t][0] == REDUCE_SCATTER:
+                combine_into(incoming(t, s), flat[a:b])  # incoming + own (or the op's): rs-add
+            else:
+                flat[a:b].copy_(incoming(t, s))
+
+    last = len(steps) - 1
+    for t in range(len(steps)):
+        for s in range(count):
+            arrive(t, s)
+            if t < last:
                 post_send(t + 1, s)
-            if phase == schedule.REDUCE_SCATTER and staged <= t + n - 1 < len(steps):
-                post_recv(t + n - 1, s)  # the all-gather step that overwrites the slot just sent
+            for u in plan.receive_after[t]:
+                post_recv(u, s)
     for works in sending.values():
         for step, work in works:
             waiter.round(work, *steps[step])
 
 
 def _ring_rounds(
-    chunks: tuple[torch.Tensor, ...],
+    flat: torch.Tensor,
     staging: torch.Tensor,
-    rank: int,
+    plan: _Plan,
     group: dist.ProcessGroup,
     waiter: _Waiter,
     *,
     combine_into: Callable[[torch.Tensor, torch.Tensor], None],
 ) -> None:
     """The schedule's rounds, one ``batch_isend_irecv`` each (backends that need grouped sends: NCCL)."""
-    n = len(chunks)
-    right, left = schedule.right(rank, n), schedule.left(rank, n)
-    incoming = staging[: chunks[0].numel()]
-    for phase, r in schedule.all_rounds(n):
-        out, inc = schedule.send_chunk(phase, rank, r, n), schedule.send_chunk(phase, left, r, n)
-        slot = chunks[inc]
-        into = incoming if phase == schedule.REDUCE_SCATTER else slot
-        ops = [
-            dist.P2POp(dist.isend, chunks[out], group=group, group_peer=right),
-            dist.P2POp(dist.irecv, into, group=group, group_peer=left),
-        ]
-        for work in dist.batch_isend_irecv(ops):
-            waiter.round(work, phase, r)
-        if phase == schedule.REDUCE_SCATTER:
-            combine_into(incoming, slot)
+    for t, (phase, r) in enumerate(plan.steps):
+        (out_a, out_b), (in_a, in_b) = plan.chunks[plan.sent[t]], plan.chunks[plan.received[t]]
+        slot = flat[in_a:in_b]
+        into = staging[: in_b - in_a] if phase == REDUCE_SCATTER else slot
+        ops = []
+        if out_a < out_b:
+            ops.append(dist.P2POp(dist.isend, flat[out_a:out_b], group=group, group_peer=plan.right))
+        if in_a < in_b:
+            ops.append(dist.P2POp(dist.irecv, into, group=group, group_peer=plan.left))
+        if ops:
+            for work in dist.batch_isend_irecv(ops):
+                waiter.round(work, phase, r)
+        if phase == REDUCE_SCATTER and in_a < in_b:
+            combine_into(into, slot)
 
 
 def ring_all_reduce_(
@@ -405,6 +591,7 @@ def ring_all_reduce_(
     group: dist.ProcessGroup | None = None,
     *,
     op: object = "sum",
+    schedule: str | RingSchedule = "spec",
     timeout: datetime.timedelta | None = None,
 ) -> torch.Tensor:
     """Sum ``tensor`` across the ranks of ``group`` in place with the spec's ring; return ``tensor``.
@@ -424,6 +611,13 @@ def ring_all_reduce_(
     as with ``torch.distributed.all_reduce``.  Bad input raises the same
     ``TypeError``/``ValueError`` on every rank and leaves every tensor unchanged.
     Ranks named in error messages are ranks within ``group``.
+
+    ``schedule`` (a preset name, ``"spec"``, ``"openmpi-ring"`` or ``"gloo"``, or
+    a :class:`ring_ref.schedule.RingSchedule`; the same ring on every rank, or
+    all raise) runs another ring of the family, every rank ending with the bits
+    of ``ring_all_reduce(torch.stack(inputs), schedule=schedule, op=op)``; the
+    layouts ``blocks`` and ``gloo`` accept any ``M``.  ``schedule="gloo"`` gives
+    the bits of ``torch.distributed.all_reduce`` on gloo.
 
     ``timeout`` bounds every wait for a peer (the check before the ring, and
     each send and receive): a peer that never calls, or fails mid-ring, makes
@@ -447,20 +641,28 @@ def ring_all_reduce_(
         )
     backend = str(dist.get_backend(group))
     waiter = _Waiter(rank, n, timeout)
-    _check_everywhere(tensor, n, group, backend, waiter, op=op)
-    reduce_op = op_name(op)
+    _check_everywhere(tensor, group, backend, waiter, op=op, name=schedule)
     if n == 1:
         return tensor
+    reduce_op, ring = op_name(op), schedule_of(schedule).normalized(n)
     data = tensor.detach()
     work = data if data.is_contiguous() else data.contiguous()
-    chunks = tuple(chunk.view(-1) for chunk in chunk_views(work, n))
     pipelined = backend in _PIPELINED_BACKENDS
-    k = chunks[0].numel()
-    staged = _staged_steps(n, k * work.element_size()) if pipelined else 1
-    staging = _SCRATCH.get("staging", staged * k, work)
+    plan = _plan(
+        ring,
+        rank,
+        n,
+        numel=work.numel(),
+        itemsize=work.element_size(),
+        segment_bytes=SEGMENT_BYTES,
+        max_segments=MAX_SEGMENTS,
+        stage_all_bytes=STAGE_ALL_BYTES,
+    )
+    waiter.right, waiter.left = plan.right, plan.left
+    staging = _SCRATCH.get("staging", (plan.staged if pipelined else 1) * plan.stride, work)
     try:
-        ring = _ring_pipelined if pipelined else _ring_rounds
-        ring(chunks, staging, rank, group, waiter, combine_into=torch_combine_into(reduce_op))
+        ring_steps = _ring_pipelined if pipelined else _ring_rounds
+        ring_steps(work.view(-1), staging, plan, group, waiter, combine_into=torch_combine_into(reduce_op))
     except BaseException:
         _SCRATCH.forget("staging", work)
         raise
@@ -473,10 +675,11 @@ def ring_all_reduce_(
 
 @dataclass(frozen=True)
 class RingHookState:
-    """The state :func:`ring_hook` accepts: the group to reduce over and the ring's ``timeout``."""
+    """The state :func:`ring_hook` accepts: the group to reduce over, the ring's ``timeout`` and schedule."""
 
     group: dist.ProcessGroup | None = None
     timeout: datetime.timedelta | None = None
+    schedule: str | RingSchedule = "spec"
 
 
 def ring_hook(
@@ -487,35 +690,42 @@ def ring_hook(
     ``model.register_comm_hook(None, ring_hook)``: each gradient bucket is
     summed with :func:`ring_all_reduce_` over the world (or over
     ``state.group``, or over ``state`` itself if it is a process group) and
-    divided by the group size, as DDP's default all-reduce averages.  A bucket
-    whose length ``L`` is not a multiple of the group size ``n`` is summed as
-    the zero-padded bucket of ``L + (-L) % n`` elements, so the bits of the
-    averaged bucket are exactly ``ring_all_reduce(torch.stack(padded
-    buckets in rank order))[:L] / n``.  (DDP's built-in reduction divides
-    *before* summing; this hook sums first, as the spec's ring does.)  Works
-    with ``gradient_as_bucket_view=True`` and with ``no_sync()`` accumulation.
-    The ring runs when DDP hands over the bucket, and the returned future is
-    already complete.
+    divided by the group size, as DDP's default all-reduce averages.  With the
+    spec's ring (the default), whose chunks are equal, a bucket whose length
+    ``L`` is not a multiple of the group size ``n`` is summed as the
+    zero-padded bucket of ``L + (-L) % n`` elements, so the bits of the
+    averaged bucket are exactly ``ring_all_reduce(torch.stack(padded buckets
+    in rank order))[:L] / n``.  ``RingHookState(schedule=...)`` picks another
+    ring of the family; one whose layout is ``blocks`` or ``gloo`` takes any
+    length, so the bucket is summed as it is, with the bits of
+    ``ring_all_reduce(torch.stack(buckets), schedule=...) / n`` (no padding:
+    it would move the chunk boundaries of ``blocks``, so some elements would
+    fold in another order; gloo's layout needs none).  (DDP's
+    built-in reduction divides *before* summing; this hook sums first, as the
+    spec's ring does.)  Works with ``gradient_as_bucket_view=True`` and with
+    ``no_sync()`` accumulation.  The ring runs when DDP hands over the bucket,
+    and the returned future is already complete.
     """
     if isinstance(state, RingHookState):
-        group, timeout = state.group, state.timeout
+        group, timeout, name = state.group, state.timeout, state.schedule
     else:
-        group, timeout = state, None
+        group, timeout, name = state, None, "spec"
     n = dist.get_world_size(group)
     buffer = bucket.buffer()
     length = buffer.numel()
-    if length % n:
+    ring, _ = _ring_of(name)  # a bad schedule is refused by ring_all_reduce_, on every rank
+    if length % n and ring is not None and ring.layout == "even":
         padded = _SCRATCH.get("hook", length + (-length) % n, buffer)
         padded[:length].copy_(buffer)
         padded[length:].zero_()
         try:
-            ring_all_reduce_(padded, group, timeout=timeout)
+            ring_all_reduce_(padded, group, timeout=timeout, schedule=name)
         except BaseException:
             _SCRATCH.forget("hook", buffer)
             raise
         buffer.copy_(padded[:length])
     else:
-        ring_all_reduce_(buffer, group, timeout=timeout)
+        ring_all_reduce_(buffer, group, timeout=timeout, schedule=name)
     buffer.div_(n)
     future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     future.set_result(buffer)

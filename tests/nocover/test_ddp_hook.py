@@ -6,8 +6,9 @@ hands over: its step, its flat gradient buffer and which parameters it holds.
 The parent then checks two things against oracles that do not use the hook:
 
 * **bitwise**: a single-process replay that zero-pads each recorded bucket to a
-  multiple of the world size, sums the ranks' buckets with
-  ``ring_ref.ring_all_reduce`` (the simulation), divides by the world size,
+  multiple of the world size (the spec's ring; rings of the ``blocks`` and
+  ``gloo`` layouts take the bucket as it is), sums the ranks' buckets with
+  ``ring_ref.ring_all_reduce`` (the simulation, on the hook's ring), divides by the world size,
   unpacks the buckets into gradients and applies the same optimizer ends with
   exactly the parameters every rank holds;
 * **to rounding**: single-process large-batch training (the mean loss over
@@ -30,6 +31,7 @@ from torch.nn.parallel import DistributedDataParallel
 from ring_ref import ring_all_reduce
 from ring_ref._procs import ProcessRing
 from ring_ref.distributed import RingHookState, ring_hook
+from ring_ref.schedule import PRESETS
 from tests.oracles import fold, same_bits
 
 STEPS = 3
@@ -47,6 +49,7 @@ class Config:
     bucket_view: bool
     microbatches: tuple[int, ...]
     state: str  # how the hook gets its group: "none" (the world), "group" or "RingHookState"
+    schedule: str = "spec"  # the ring, given to RingHookState
 
 
 def make_model() -> torch.nn.Module:
@@ -116,7 +119,9 @@ def train_with_hook(
     state: object = {
         "none": None,
         "group": group,
-        "RingHookState": RingHookState(group, timeout=datetime.timedelta(seconds=60)),
+        "RingHookState": RingHookState(
+            group, timeout=datetime.timedelta(seconds=60), schedule=config.schedule
+        ),
     }[config.state]
     ddp.register_comm_hook(state, recording_hook)
     optimizer = make_optimizer(config.optimizer, ddp.parameters())
@@ -154,8 +159,11 @@ def replay(per_rank: list[list[Bucket]], config: Config) -> tuple[list[torch.Ten
         for same in zip(*buckets, strict=True):
             assert len({(b.index, b.params) for b in same}) == 1, "every rank has the same bucket layout"
             length = same[0].buffer.numel()
-            stacked = torch.stack([padded(b.buffer, n) for b in same])
-            total = ring_all_reduce(stacked)
+            if PRESETS[config.schedule].layout == "even":
+                stacked = torch.stack([padded(b.buffer, n) for b in same])
+            else:
+                stacked = torch.stack([b.buffer for b in same])
+            total = ring_all_reduce(stacked, schedule=config.schedule)
             order_sensitive += not same_bits(total, fold(list(stacked)))
             mean = total[:length] / n
             offset = 0
@@ -195,12 +203,22 @@ CONFIGS = [
     Config(2, "adam", bucket_view=False, microbatches=(4,), state="group"),
     Config(3, "sgd", bucket_view=True, microbatches=(1, 3), state="RingHookState"),
     Config(4, "adam", bucket_view=True, microbatches=(3, 1), state="none"),
+    Config(3, "adam", bucket_view=False, microbatches=(4,), state="RingHookState", schedule="gloo"),
+    Config(4, "sgd", bucket_view=True, microbatches=(2, 2), state="RingHookState", schedule="openmpi-ring"),
 ]
 
 
 @pytest.mark.clause("fold-order", "sum-not-mean")
 @pytest.mark.parametrize(
-    "config", CONFIGS, ids=["n2-adam-group", "n3-sgd-view-no_sync-state", "n4-adam-view-no_sync-world"]
+    "config",
+    CONFIGS,
+    ids=[
+        "n2-adam-group",
+        "n3-sgd-view-no_sync-state",
+        "n4-adam-view-no_sync-world",
+        "n3-adam-gloo-schedule-unpadded",
+        "n4-sgd-view-no_sync-openmpi-ring-unpadded",
+    ],
 )
 def test_ddp_with_the_ring_hook_matches_the_simulation_bit_for_bit(ring: ProcessRing, config: Config) -> None:
     n = config.n
@@ -210,8 +228,8 @@ def test_ddp_with_the_ring_hook_matches_the_simulation_bit_for_bit(ring: Process
     lengths = {b.buffer.numel() for b in per_rank[0]}
     assert len({b.index for b in per_rank[0] if b.step == STEPS - 1}) >= 2, "several buckets per step"
     if n > 2:
-        assert any(length % n for length in lengths), "some bucket must need padding"
-        assert any(length % n == 0 for length in lengths), "and some must not"
+        assert any(length % n for length in lengths), "some bucket length must not be a multiple of N"
+        assert any(length % n == 0 for length in lengths), "and some must be"
     expected, order_sensitive = replay(per_rank, config)
     if n > 2:
         assert order_sensitive > 0, "the inputs must make the ring's order visible in the bits"

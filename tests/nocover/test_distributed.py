@@ -214,34 +214,46 @@ def test_segmented_and_per_round_sends_give_the_simulations_bits(
             assert same_bits(per_rank[rank][k], expected), (rank, k, x.dtype)
 
 
-def count_collectives(rank: int, world_size: int, _: None) -> tuple[list[int], int]:
-    """Sizes of the all-reduces and number of object gathers one good call makes."""
-    reduced: list[int] = []
-    gathers = 0
-    real_all_reduce, real_gather = dist.all_reduce, dist.all_gather_object
+def _numel(arg: object) -> int:
+    if isinstance(arg, torch.Tensor):
+        return arg.numel()
+    return sum(_numel(a) for a in arg) if isinstance(arg, list) else 1
 
-    def all_reduce(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        reduced.append(tensor.numel())
-        return real_all_reduce(tensor, *args, **kwargs)
 
-    def all_gather_object(*args: Any, **kwargs: Any) -> Any:
-        nonlocal gathers
-        gathers += 1
-        return real_gather(*args, **kwargs)
+def count_collectives(rank: int, world_size: int, _: None) -> dict[str, list[list[int]]]:
+    """Per ``torch.distributed`` collective called during one good call, the element counts it got."""
+    seen: dict[str, list[list[int]]] = {"all_reduce": [], "all_gather": [], "all_gather_object": []}
 
-    with (
-        mock.patch.object(dist, "all_reduce", all_reduce),
-        mock.patch.object(dist, "all_gather_object", all_gather_object),
-    ):
+    def counting(name: str, real: Callable[..., Any]) -> Callable[..., Any]:
+        def collective(*args: Any, **kwargs: Any) -> Any:
+            seen[name].append([_numel(a) for a in args])
+            return real(*args, **kwargs)
+
+        return collective
+
+    with contextlib.ExitStack() as stack:
+        for name in seen:
+            stack.enter_context(mock.patch.object(dist, name, counting(name, getattr(dist, name))))
         ring_all_reduce_(torch.randn(world_size << 10, 3))
-    return reduced, gathers
+    return seen
 
 
-def test_good_input_is_checked_with_one_small_all_reduce(rings: Rings) -> None:
-    """The check before the ring costs one fixed-size collective; descriptions move only on a mismatch."""
-    for reduced, gathers in rings(3).run(count_collectives, None, timeout_s=CALL_TIMEOUT_S):
-        assert len(reduced) == 1 and reduced[0] <= 64, reduced
-        assert gathers == 0
+@pytest.mark.parametrize("n", [2, 3])
+def test_good_input_is_checked_with_one_small_collective(rings: Rings, n: int) -> None:
+    """The check before the ring costs one fixed-size collective; descriptions move only on a mismatch.
+
+    Three ranks gather their signatures with one ``all_gather`` (``n`` rows of a few tens of
+    integers); two gloo ranks swap theirs with one send and one receive each, so no
+    ``torch.distributed`` collective runs at all.
+    """
+    for seen in rings(n).run(count_collectives, None, timeout_s=CALL_TIMEOUT_S):
+        assert seen["all_reduce"] == [] and seen["all_gather_object"] == [], seen
+        if n == 2:
+            assert seen["all_gather"] == [], seen
+        else:
+            assert len(seen["all_gather"]) == 1, seen
+            rows, mine = seen["all_gather"][0]
+            assert rows == n * mine and mine <= 32, seen
 
 
 @pytest.mark.clause("sum-not-mean")
