@@ -11,7 +11,8 @@ dtype:
   first maximum (minimum) in fold order, sign of zero included.  (``torch.maximum``
   and ``numpy.maximum`` disagree on that sign, so neither is used.)
 * ``avg``: the ring's ``sum``, then one division by ``N``, correctly rounded once
-  to the dtype (as NCCL averages floating-point data).
+  to the dtype.  (NCCL's floating-point average differs: it multiplies every
+  contribution by ``1/N`` rounded to the dtype, then sums.)
 
 >>> import torch
 >>> combine = torch_combine("max")
