@@ -25,11 +25,12 @@ from ring_ref import ring_all_reduce
 from ring_ref.difftest import Case, TargetError
 from ring_ref.difftest._launch import OUTPUT_LIMIT, InProcess, Isolated, OutputLog
 
-pytestmark = pytest.mark.clause("difftest-isolation")
+# A per-test limit too: a hang (under mutation testing, say) fails its test instead of stalling the run.
+pytestmark = [pytest.mark.clause("difftest-isolation"), pytest.mark.timeout(20)]
 
 CASE = Case(n=2, m=2, trailing=(), dtype=torch.float64, layout="contiguous", values=(1.0, 2.0, 3.0, 4.0))
 HERE = __name__
-WAIT_S = 30.0
+WAIT_S = 10.0  # a generous deadline for calls that should answer at once
 
 
 # Targets, loaded by name in the worker.

@@ -37,12 +37,13 @@ from ring_ref.difftest import Case, TargetError, _worker
 from ring_ref.difftest._call import decode
 from ring_ref.difftest._worker import Died, Reply, Stuck, Worker, exit_description
 
-pytestmark = pytest.mark.clause("difftest-isolation")
+# A per-test limit too: a hang (under mutation testing, say) fails its test instead of stalling the run.
+pytestmark = [pytest.mark.clause("difftest-isolation"), pytest.mark.timeout(20)]
 
 CASE = Case(
     n=2, m=2, trailing=(2,), dtype=torch.float32, layout="strided", values=tuple(float(v) for v in range(8))
 )
-WAIT_S = 30.0  # a generous deadline for calls that should answer at once
+WAIT_S = 10.0  # a generous deadline for calls that should answer at once
 HERE = __name__
 
 
