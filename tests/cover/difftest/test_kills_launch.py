@@ -12,6 +12,7 @@ and the run's output counted; it restarts the worker for the next call.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import time
@@ -63,6 +64,12 @@ def sleeps_on_n_2(x: torch.Tensor) -> torch.Tensor:
     while x.shape[0] == 2:
         time.sleep(60)
     return ring_all_reduce(x)
+
+
+def segfaults(x: torch.Tensor) -> torch.Tensor:
+    """Reads address 0."""
+    ctypes.string_at(0)
+    return x
 
 
 def writes_a_lot(x: torch.Tensor) -> torch.Tensor:
@@ -151,6 +158,7 @@ def test_the_output_log_counts_bytes_and_keeps_the_start_and_the_end() -> None:
 def test_in_process_calls_here_and_lets_an_interrupt_stop_the_tester() -> None:
     launcher = InProcess(raises)
     assert (launcher.isolated, launcher.kind, launcher.per_rank) == (False, "in-process", False)
+    assert (launcher.output.bytes, launcher.output.text) == (0, "")  # its target's output is not captured
     launcher.start()
     outcome = launcher.call(CASE)
     assert outcome.answer is not None and outcome.answer.raised == "ValueError: no"
@@ -206,6 +214,14 @@ def test_a_crash_is_reported_and_the_next_call_restarts_the_worker() -> None:
         )
         again = launcher.call(_case(3))
         assert again.failure is None and again.answer is not None
+
+
+def test_a_crash_has_the_targets_stack() -> None:
+    with isolated("segfaults") as launcher:
+        outcome = launcher.call(CASE)
+        assert outcome.failure is not None and outcome.failure.code == "crashed"
+        assert "killed by signal SIGSEGV" in outcome.failure.text
+        assert "in segfaults" in outcome.failure.stack
 
 
 @pytest.mark.parametrize(
