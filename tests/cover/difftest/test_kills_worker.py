@@ -24,10 +24,13 @@ import select
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import FrameType
+from typing import NoReturn
 
 import pytest
 import torch
@@ -35,7 +38,7 @@ import torch
 from ring_ref import ring_all_reduce
 from ring_ref.difftest import Case, TargetError, _worker
 from ring_ref.difftest._call import decode
-from ring_ref.difftest._worker import Died, Reply, Stuck, Worker, exit_description
+from ring_ref.difftest._worker import Died, Reply, Stuck, Worker, exit_description, target_frames, trim
 
 # A per-test limit too: a hang (under mutation testing, say) fails its test instead of stalling the run.
 pytestmark = [pytest.mark.clause("difftest-isolation"), pytest.mark.timeout(20)]
@@ -67,6 +70,7 @@ def talks(x: torch.Tensor) -> torch.Tensor:
     print("<print>", end="")
     print("<stderr>", end="", file=sys.stderr)
     ctypes.CDLL(None).printf(b"<printf>")
+    os.write(1, b"<\xff>")
     return ring_all_reduce(x)
 
 
@@ -96,7 +100,7 @@ class _Unflushable:
 
 def breaks_stdout(x: torch.Tensor) -> torch.Tensor:
     """Leaves sys.stdout and sys.stderr as objects whose flush raises."""
-    sys.stdout = sys.stderr = _Unflushable()  # type: ignore[assignment]
+    sys.stdout = sys.stderr = _Unflushable()
     return ring_all_reduce(x)
 
 
@@ -114,7 +118,8 @@ def writes_a_lot(x: torch.Tensor) -> torch.Tensor:
 
 
 def sleeps(x: torch.Tensor) -> torch.Tensor:
-    """Never answers (in a helper, so that its frame shows in the stack)."""
+    """Never answers (in a helper, so that its frame shows in the stack), nor does its second thread."""
+    threading.Thread(target=_nap_in_a_thread, daemon=True).start()
     _nap_in_the_target()
     return x
 
@@ -122,6 +127,49 @@ def sleeps(x: torch.Tensor) -> torch.Tensor:
 def _nap_in_the_target() -> None:
     while True:
         time.sleep(60)
+
+
+def _nap_in_a_thread() -> None:
+    while True:
+        time.sleep(60)
+
+
+def dumps_itself_then_sleeps(x: torch.Tensor) -> torch.Tensor:
+    """Has the worker write its stack once (SIGUSR1) before it hangs."""
+    os.kill(os.getpid(), signal.SIGUSR1)
+    time.sleep(0.2)
+    _nap_in_the_target()
+    return x
+
+
+def reports_threads(x: torch.Tensor) -> torch.Tensor:
+    """Prints torch's intra-op thread count."""
+    print(torch.get_num_threads(), end="")
+    return ring_all_reduce(x)
+
+
+def patches_the_reply_path(x: torch.Tensor) -> torch.Tensor:
+    """Breaks json.dumps and os.write for everyone in its process, then answers."""
+
+    def broken(*args: object, **kwargs: object) -> NoReturn:
+        raise RuntimeError("patched")
+
+    json.dumps = broken
+    os.write = broken
+    return ring_all_reduce(x)
+
+
+def writes_an_empty_frame(x: torch.Tensor) -> torch.Tensor:
+    """A frame with an empty header (not JSON)."""
+    _write_everywhere(bytes(16))
+    return x
+
+
+def writes_the_largest_frame(x: torch.Tensor) -> torch.Tensor:
+    """A frame exactly as large as the parent accepts (header and payload), then answers."""
+    pad = b" " * (_worker.MAX_HEADER - len(b'{"kind": "big"}'))
+    _write_everywhere(_frame(b'{"kind": "big"}' + pad, b"\0" * _worker.MAX_PAYLOAD))
+    return ring_all_reduce(x)
 
 
 def exits_5(x: torch.Tensor) -> torch.Tensor:
@@ -178,6 +226,16 @@ def writes_a_non_json_header(x: torch.Tensor) -> torch.Tensor:
 def writes_a_json_list(x: torch.Tensor) -> torch.Tensor:
     """A frame whose header is JSON but not an object."""
     _write_everywhere(_frame(b"[1, 2]"))
+    return x
+
+
+def garbles_once_then_talks(x: torch.Tensor) -> torch.Tensor:
+    """Writes half a frame over its reply pipe, unless RING_REF_TEST_QUIET is set; then just talks."""
+    if os.environ.get("RING_REF_TEST_QUIET"):
+        os.write(1, b"<talking>")
+        return ring_all_reduce(x)
+    os.write(1, b"<garbling>")
+    _write_everywhere(b"\xff" * 16)
     return x
 
 
@@ -295,12 +353,12 @@ def test_output_is_captured_at_the_descriptor_level_and_kept_off_the_testers(
         assert worker.read_output() == ""
         assert isinstance(call(worker), Reply)
         first = worker.read_output()
-        for piece in ("<fd 1>", "<fd 2>", "<print>", "<stderr>", "<printf>"):
+        for piece in ("<fd 1>", "<fd 2>", "<print>", "<stderr>", "<printf>", "<\ufffd>"):
             assert first.count(piece) == 1, first
         assert isinstance(call(worker), Reply)
         assert worker.read_output() == first  # the second call's output, and only that
         assert worker.read_output() == ""
-        assert worker.output_bytes == 2 * len(first.encode())
+        assert worker.output_bytes == 2 * len(first.encode()) - 4  # the byte 0xff read as U+FFFD, 3 bytes
     assert capfd.readouterr() == ("", "")  # nothing reached the tester's own descriptors 1 and 2
     assert worker.read_output() == ""  # closed: no output left to read
 
@@ -360,8 +418,9 @@ def test_a_call_past_its_deadline_is_stuck_with_the_targets_stack() -> None:
         got = call(worker, timeout_s=0.3)
         assert time.monotonic() - started_at >= 0.3
         assert isinstance(got, Stuck), got
-        assert got.stack.startswith("Current thread 0x"), got.stack
+        assert got.stack.startswith(("Current thread 0x", "Thread 0x")), got.stack
         assert "in _nap_in_the_target" in got.stack and "in sleeps" in got.stack, got.stack
+        assert "in _nap_in_a_thread" in got.stack  # every thread
         assert __file__ in got.stack
         assert f"ring_ref{os.sep}difftest{os.sep}" not in got.stack  # the tester's own frames are cut
         assert not worker.running
@@ -389,6 +448,60 @@ def test_a_dead_worker_says_how_it_ended(target: str, words: str, frame: str) ->
         assert not worker.running
 
 
+def test_the_stack_is_the_one_at_the_deadline() -> None:
+    with started("dumps_itself_then_sleeps") as worker:
+        got = call(worker, timeout_s=0.6)
+        assert isinstance(got, Stuck), got
+        assert got.stack.count("Current thread 0x") == 1 and "in _nap_in_the_target" in got.stack, got.stack
+
+
+def test_torch_runs_on_one_thread_in_the_worker() -> None:
+    with started("reports_threads") as worker:
+        assert isinstance(call(worker), Reply)
+        assert worker.read_output() == "1"
+
+
+def test_a_target_that_patches_the_reply_path_still_answers() -> None:
+    with started("patches_the_reply_path") as worker:
+        got = call(worker)
+        assert isinstance(got, Reply), got
+        answer = decode(got.head, got.payload)
+        assert answer.result is not None and answer.result.values is not None
+        assert torch.equal(answer.result.values, ring_all_reduce(CASE.tensor()))
+
+
+def test_the_largest_frame_is_accepted_and_the_next_one_read_after_it() -> None:
+    with started("writes_the_largest_frame") as worker:
+        got = call(worker)
+        assert isinstance(got, Reply) and got.head["kind"] == "big", got
+        assert len(got.payload) == _worker.MAX_PAYLOAD
+        answer = worker.receive(time.monotonic() + WAIT_S)
+        assert isinstance(answer, Reply) and answer.head["kind"] == "answer", answer
+
+
+def test_trim_keeps_what_fits_and_halves_the_rest() -> None:
+    assert trim("abcd", 4) == "abcd"
+    assert trim("abcde", 4) == "ab\n... (1 characters left out) ...\nde"
+    assert trim("abcdef", 5) == "ab\n... (2 characters left out) ...\nef"
+    assert trim("x" * 2000) == "x" * 2000 and "(1 characters left out)" in trim("x" * 2001)
+
+
+def test_target_frames_cuts_each_threads_tester_frames_only() -> None:
+    tester = f"{_worker._TESTER_DIR}{os.sep}"
+    dump = [
+        "Thread 0x2 (most recent call first):",
+        '  File "/u/a.py", line 1 in g',
+        f'  File "{tester}_call.py", line 5 in observe',
+        '  File "/u/after.py", line 9 in main',
+        "",
+        "Current thread 0x1 (most recent call first):",
+        f'  File "{_worker._TESTER_DIR}_elsewhere{os.sep}t.py", line 3 in f',
+        f'  File "{tester}_worker.py", line 7 in _child',
+    ]
+    assert target_frames("\n".join(dump)) == "\n".join([*dump[:2], *dump[4:7]]) + "\n"
+    assert target_frames("") == ""
+
+
 def test_exit_description_names_unknown_signals_by_number() -> None:
     assert exit_description(0) == "exited with status 0"
     assert exit_description(signal.SIGTERM) == "was killed by signal SIGTERM (Terminated)"
@@ -403,6 +516,7 @@ def test_exit_description_names_unknown_signals_by_number() -> None:
         ("writes_a_huge_header_length", f"a frame of {1 << 40} + 0 bytes"),
         ("writes_a_huge_payload_length", f"a frame of 0 + {1 << 40} bytes"),
         ("writes_a_non_json_header", "the header is not JSON"),
+        ("writes_an_empty_frame", "the header is not JSON"),
         ("writes_a_json_list", "the header is not a JSON object"),
     ],
 )
@@ -415,6 +529,62 @@ def test_a_garbled_reply_kills_the_worker(target: str, words: str) -> None:
             "the worker was killed"
         )
         assert not worker.running and _gone(pid, within_s=0.0)
+
+
+def test_a_restarted_worker_starts_afresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    worker = Worker(f"{HERE}:garbles_once_then_talks")
+    try:
+        worker.start(WAIT_S)
+        first = worker.pid
+        got = call(worker)
+        assert isinstance(got, Died) and "garbled" in got.text, got  # leaves bytes unread
+        assert worker.read_output() == "<garbling>"
+        monkeypatch.setenv("RING_REF_TEST_QUIET", "1")  # the next worker inherits it
+        worker.start(WAIT_S)
+        again = call(worker)
+        assert isinstance(again, Reply), again
+        assert worker.read_output() == "<talking>"  # the new worker's output, from its start
+        second = worker.pid
+        worker.start(WAIT_S)  # starting again replaces the running worker
+        assert _gone(first, within_s=0.0) and _gone(second, within_s=0.0)
+        assert isinstance(call(worker), Reply)
+    finally:
+        worker.close()
+
+
+def test_a_closed_worker_leaves_no_descriptor_and_no_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    before = sorted(os.listdir("/proc/self/fd"))
+    for target in ("adds", "exits_5"):
+        with started(target) as worker:
+            call(worker)
+            assert not os.listdir(tmp_path)  # its files have no names
+    assert sorted(os.listdir("/proc/self/fd")) == before
+
+
+def test_a_debugger_in_the_tester_does_not_follow_into_the_worker() -> None:
+    tester = os.getpid()
+
+    def tracer(frame: FrameType, event: str, arg: object) -> None:
+        if os.getpid() != tester and frame.f_code.co_name == "adds":
+            os.write(1, b"<traced>")
+
+    with started("adds") as worker:
+        pass
+    sys.settrace(tracer)
+    sys.setprofile(tracer)
+    try:
+        worker.start(WAIT_S)
+    finally:
+        sys.settrace(None)
+        sys.setprofile(None)
+    try:
+        assert isinstance(call(worker), Reply)
+        assert worker.read_output() == ""
+    finally:
+        worker.close()
 
 
 def test_a_worker_that_died_between_calls_refuses_the_next_one() -> None:
