@@ -1,4 +1,4 @@
-"""The spec's ring all-reduce on real processes, over ``torch.distributed`` point-to-point sends.
+"""The spec's ring all-reduce on real processes, over ``torch.distributed`` messages between ring neighbours.
 
 :func:`ring_all_reduce_` is a deterministic drop-in for
 ``torch.distributed.all_reduce(tensor)`` (sum) when debugging numerics: every
@@ -31,30 +31,40 @@ its slot, segment ``s`` of the next round's chunk (the same slot: every round of
 every ring of the family forwards the chunk it has just completed) is sent,
 while the remaining segments are still arriving.  The additions that make each
 element are exactly the schedule's, in the same order, so the bits do not
-depend on the segment size.  A gloo send waits until its receiver has posted the
-receive, so every reduce-scatter receive is posted before the first send, each
-into its own part of a reused staging buffer (``N - 1`` times the largest chunk,
-kept per thread between calls).  Chunks up to :data:`STAGE_ALL_BYTES` stage the
-all-gather steps too and copy them into their slots; larger ones receive
-all-gather straight into the slot.  Contiguous tensors are reduced in place; a
-non-contiguous one is reduced in a contiguous copy that is written back at the
-end.  Other backends (NCCL) run one ``batch_isend_irecv`` per round,
-unsegmented.  The index arithmetic of a call (chunks, segments, what each step
-sends and receives) depends only on ``N``, the rank, the schedule, the size and
-the dtype, and is computed once and reused.
+depend on the segment size, nor on how the segments travel:
+
+* three or more ranks use point-to-point sends.  A gloo send waits until its
+  receiver has posted the receive, so every reduce-scatter receive is posted
+  before the first send, each into its own part of a reused staging buffer
+  (``N - 1`` times the largest chunk, kept per thread between calls).  Chunks
+  up to :data:`STAGE_ALL_BYTES` stage the all-gather steps too and copy them
+  into their slots; larger ones receive all-gather straight into the slot.
+* two ranks (:data:`_EXCHANGE_RANKS`) run each segment of each round as one
+  ``alltoall`` collective, in which each rank sends its piece to the other;
+  gloo runs collectives on its own worker thread, and on a busy machine they
+  took far less variable time than sends and receives driven from Python.
+  Reduce-scatter receives into staging, all-gather straight into the slot.
+
+Contiguous tensors are reduced in place; a non-contiguous one is reduced in a
+contiguous copy that is written back at the end.  Other backends (NCCL) run
+one ``batch_isend_irecv`` per round, unsegmented.  What a call's metadata
+decides (its signature, the table's verdict but finiteness, and the index
+arithmetic of chunks, segments and steps) is computed once and reused for
+later calls with the same shape, strides, dtype, device, group size, rank, op
+and schedule.
 
 **Bad input** is rejected with the same exception on *every* rank, before any
 chunk is sent.  Each rank checks its own tensor (the spec's bad-input table,
 :mod:`ring_ref._validate`) and condenses its shape, dtype, device type, layout,
 op, schedule and verdict into a fixed-size signature; one small collective
-tells every rank every rank's signature: an ``all_gather``, or, for two gloo
-ranks, one exchange of the two signatures (the same information, at the cost
-of one round trip).  Only when the signatures differ or a verdict is bad do the
-ranks exchange full descriptions (``all_gather_object``) so that every rank can
-word the same error naming every offending rank.  The finiteness check is a sum
-of the tensor (a NaN or infinity anywhere makes it non-finite); only a
-non-finite sum (bad input, or an overflowing sum of finite values) pays for the
-element-wise scan.
+tells every rank every rank's signature: an ``allgather``, or, for two gloo
+ranks, one ``alltoall`` of the two signatures (one message each way).  Only
+when the signatures differ or a verdict is bad do the ranks exchange full
+descriptions (``all_gather_object``) so that every rank can word the same
+error naming every offending rank.  The finiteness check is a sum of the
+tensor (a NaN or infinity anywhere makes it non-finite); only a non-finite sum
+(bad input, or an overflowing sum of finite values) pays for the element-wise
+scan.
 
 **Failures.**  A peer that fails mid-ring or never calls makes the others raise
 ``RuntimeError`` naming the round (or the check before the ring) and the
@@ -72,6 +82,7 @@ and is left unchanged.  Bad input never modifies anything.
 
 import datetime
 import functools
+import math
 import threading
 import zlib
 from collections.abc import Callable
@@ -105,6 +116,14 @@ STAGE_ALL_BYTES: Final = 1 << 20
 chunks stage reduce-scatter only, and all-gather receives straight into the slot."""
 
 _PIPELINED_BACKENDS: Final = frozenset({"gloo"})
+_EXCHANGE_RANKS: Final = 2
+"""gloo groups of at most this many ranks run every round (and the check) as ``alltoall`` collectives.
+
+gloo runs a collective on its own worker thread; point-to-point sends and waits run on the
+calling (Python) thread.  Measured on two ranks of a busy 2-core host, the collective's time
+varied far less than the two-message exchange's (a tenth of the exchanges took several ms), so
+two ranks exchange through it.  gloo's ``alltoall`` also sends an empty message to every other
+rank, so from three ranks on the ring's point-to-point sends are cheaper."""
 _EXACT_DIMS: Final = 8
 """Signature entries that hold the leading dimensions exactly; further ones are folded into a hash."""
 _HASH_MODULUS: Final = (1 << 61) - 1
@@ -210,25 +229,11 @@ def _code(text: str) -> int:
     return zlib.crc32(text.encode())
 
 
-def _signature(
+def _metadata(
     tensor: object, n: int, backend: str, op: object = "sum", name: object = "spec"
 ) -> tuple[list[int], bool]:
-    """This rank's fixed-size signature and whether its arguments are clean, at the cost of one sum.
-
-    Equal signatures mean equal kind, dtype, device type, layout and shape
-    (exactly for up to :data:`_EXACT_DIMS` dimensions, by a 61-bit hash of
-    the rest beyond), op and ring (offsets taken mod ``n``).
-
-    >>> a, ok = _signature(torch.zeros(6, 2), 3, "gloo")
-    >>> ok, a == _signature(torch.ones(6, 2), 3, "gloo")[0], a == _signature(torch.zeros(6), 3, "gloo")[0]
-    (True, True, False)
-    >>> _signature(torch.tensor([1.0, float("nan"), 0.0]), 3, "gloo")[1]
-    False
-    >>> a == _signature(torch.zeros(6, 2), 3, "gloo", name=RingSchedule(1, 3, "even"))[0]
-    True
-    >>> a == _signature(torch.zeros(6, 2), 3, "gloo", name="openmpi-ring")[0]
-    False
-    """
+    """This rank's fixed-size signature, and whether its arguments pass every row of the table but
+    finiteness (which reads the values; :func:`_signature` adds it)."""
     reduce_op, op_bad = _op_problem(op)
     ring, _ = _ring_of(name)
     key = _code(_schedule_key(ring, n))
@@ -251,10 +256,92 @@ def _signature(
         _code(str(reduce_op)),
         key,
     ]
-    clean = _problem(tensor, n, backend, ring, finite=False) is None and (
-        bool(torch.isfinite(tensor.detach().sum())) or _problem(tensor, n, backend, ring) is None
-    )
-    return signature, clean
+    return signature, _problem(tensor, n, backend, ring, finite=False) is None
+
+
+def _finite(tensor: torch.Tensor, n: int, backend: str, ring: RingSchedule) -> bool:
+    """Whether every value of a tensor that passed the other rows is finite, at the cost of one sum.
+
+    A NaN or infinity anywhere makes the sum non-finite; only then (or when finite
+    values overflow the sum) are the elements scanned.
+    """
+    return math.isfinite(tensor.detach().sum().item()) or _problem(tensor, n, backend, ring) is None
+
+
+def _signature(
+    tensor: object, n: int, backend: str, op: object = "sum", name: object = "spec"
+) -> tuple[list[int], bool]:
+    """This rank's fixed-size signature and whether its arguments are clean, at the cost of one sum.
+
+    Equal signatures mean equal kind, dtype, device type, layout and shape
+    (exactly for up to :data:`_EXACT_DIMS` dimensions, by a 61-bit hash of
+    the rest beyond), op and ring (offsets taken mod ``n``).
+
+    >>> a, ok = _signature(torch.zeros(6, 2), 3, "gloo")
+    >>> ok, a == _signature(torch.ones(6, 2), 3, "gloo")[0], a == _signature(torch.zeros(6), 3, "gloo")[0]
+    (True, True, False)
+    >>> _signature(torch.tensor([1.0, float("nan"), 0.0]), 3, "gloo")[1]
+    False
+    >>> a == _signature(torch.zeros(6, 2), 3, "gloo", name=RingSchedule(1, 3, "even"))[0]
+    True
+    >>> a == _signature(torch.zeros(6, 2), 3, "gloo", name="openmpi-ring")[0]
+    False
+    """
+    signature, sound = _metadata(tensor, n, backend, op, name)
+    if not sound:
+        return signature, False
+    assert isinstance(tensor, torch.Tensor)
+    return signature, _finite(tensor, n, backend, schedule_of(name))
+
+
+class _Known(NamedTuple):
+    """What the metadata of a call decides, kept for the next call with the same metadata."""
+
+    signature: list[int]
+    sound: bool
+    """Every row of the table but finiteness passes."""
+    flags: torch.Tensor | None
+    """``[*signature, 0]`` on the CPU, the clean rank's contribution to the check (``None`` for NCCL)."""
+
+
+_KNOWN: Final[dict[tuple[object, ...], _Known]] = {}
+_KNOWN_MAX: Final = 256
+_EXACT_FIELDS: Final = (int, int, str)
+
+
+def _known_key(tensor: object, n: int, backend: str, op: object, name: object) -> tuple[object, ...] | None:
+    """The key of a call's metadata, or ``None`` when it cannot be told apart by equality alone.
+
+    Only dense tensors with a ``str`` op and a preset name, or a ``RingSchedule``
+    of exactly ``int``, ``int``, ``str`` fields, qualify (``1.0 == 1`` and
+    ``True == 1``, but the table refuses those fields).
+    """
+    if not isinstance(tensor, torch.Tensor) or tensor.is_nested or tensor.layout != torch.strided:
+        return None
+    if type(op) is not str:
+        return None
+    if type(name) is not str and not (
+        type(name) is RingSchedule and all(type(v) is t for v, t in zip(name, _EXACT_FIELDS, strict=True))
+    ):
+        return None
+    return (tensor.shape, tensor.stride(), tensor.dtype, tensor.device, n, backend, op, name)
+
+
+def _known(tensor: object, n: int, backend: str, op: object, name: object) -> _Known:
+    """:func:`_metadata` of a call, from the cache when the same metadata was seen before."""
+    key = _known_key(tensor, n, backend, op, name)
+    known = None if key is None else _KNOWN.get(key)
+    if known is None:
+        signature, sound = _metadata(tensor, n, backend, op, name)
+        flags = None
+        if backend != "nccl":
+            flags = torch.tensor([*signature, 0], dtype=torch.int64)
+        known = _Known(signature, sound, flags)
+        if key is not None:
+            if len(_KNOWN) >= _KNOWN_MAX:
+                _KNOWN.clear()
+            _KNOWN[key] = known
+    return known
 
 
 def _control_device(backend: str) -> torch.device:
@@ -306,26 +393,47 @@ class _Waiter:
 _CHECKING: Final = ": checking every rank's tensor before the ring"
 
 
+def _all_to_all(  # noqa: PLR0917 (the collective's own arguments)
+    group: dist.ProcessGroup,
+    output: torch.Tensor,
+    tensor: torch.Tensor,
+    output_splits: list[int],
+    input_splits: list[int],
+    timeout: datetime.timedelta | None,
+) -> dist.Work:
+    """``alltoall`` on ``group``: ``input_splits[j]`` elements of ``tensor`` go to rank ``j``,
+    ``output_splits[j]`` elements of ``output`` come from it; gloo gives up after ``timeout``."""
+    return group.alltoall_base(output, tensor, output_splits, input_splits, timeout=timeout)
+
+
+def _all_gather(
+    group: dist.ProcessGroup,
+    outputs: list[torch.Tensor],
+    tensor: torch.Tensor,
+    timeout: datetime.timedelta | None,
+) -> dist.Work:
+    """``allgather`` on ``group`` into ``outputs`` (one per rank); gloo gives up after ``timeout``."""
+    return group.allgather(outputs, tensor, timeout=timeout)
+
+
 def _gather_signatures(
     flags: torch.Tensor, group: dist.ProcessGroup, backend: str, waiter: _Waiter
-) -> torch.Tensor:
-    """Every rank's ``flags``, one row per rank in rank order: one small collective.
+) -> list[list[int]]:
+    """Every rank's ``flags`` (this rank's included), in rank order: one small collective.
 
-    Two gloo ranks swap theirs with one send and one receive each (a round trip,
-    where gloo's collectives take several); otherwise one ``all_gather``.
+    Two gloo ranks swap theirs with one ``alltoall`` (one message each way, where
+    an ``allgather`` or ``allreduce`` takes several); otherwise one ``allgather``.
     """
-    rank, n = waiter.rank, waiter.n
-    rows = flags.new_empty((n, flags.numel()))
-    if n == 2 and backend in _PIPELINED_BACKENDS:
-        peer = 1 - rank
-        rows[rank].copy_(flags)
-        receive = group.recv([rows[peer]], peer, _CHECK_TAG)
-        send = group.send([flags], peer, _CHECK_TAG)
-        waiter.wait(receive, _CHECKING)
-        waiter.wait(send, _CHECKING)
-    else:
-        waiter.wait(dist.all_gather(list(rows.unbind(0)), flags, group=group, async_op=True), _CHECKING)
-    return rows
+    if waiter.n == 2 and backend in _PIPELINED_BACKENDS:
+        theirs = torch.empty_like(flags)
+        splits = [0, flags.numel()] if waiter.rank == 0 else [flags.numel(), 0]
+        waiter.wait(_all_to_all(group, theirs, flags, splits, splits, waiter.timeout), _CHECKING)
+        pair = [flags.tolist(), theirs.tolist()]
+        return pair if waiter.rank == 0 else pair[::-1]
+    rows = flags.new_empty((waiter.n, flags.numel()))
+    waiter.wait(_all_gather(group, list(rows.unbind(0)), flags, waiter.timeout), _CHECKING)
+    everyone: list[list[int]] = rows.tolist()
+    return everyone
 
 
 def _check_everywhere(
@@ -339,13 +447,19 @@ def _check_everywhere(
 ) -> None:
     """Raise the same bad-input error on every rank, or return on every rank; one small collective."""
     n = waiter.n
-    signature, clean = _signature(tensor, n, backend, op, name)
+    known = _known(tensor, n, backend, op, name)
+    clean = known.sound
+    if clean:
+        assert isinstance(tensor, torch.Tensor)
+        clean = _finite(tensor, n, backend, schedule_of(name))
     if n > 1:
-        flags = torch.tensor(
-            [*signature, 0 if clean else 1], dtype=torch.int64, device=_control_device(backend)
-        )
+        flags = known.flags
+        if flags is None or not clean:
+            flags = torch.tensor(
+                [*known.signature, 0 if clean else 1], dtype=torch.int64, device=_control_device(backend)
+            )
         rows = _gather_signatures(flags, group, backend, waiter)
-        if clean and bool(torch.equal(rows, flags.expand_as(rows))):
+        if clean and all(row == rows[waiter.rank] for row in rows):
             return
     elif clean:
         return
@@ -365,22 +479,39 @@ def _check_everywhere(
 
 
 class _Scratch(threading.local):
-    """Per-thread reusable buffers (fresh memory costs page faults on every call)."""
+    """Per-thread reusable buffers (fresh memory costs page faults on every call), and their views."""
 
     def __init__(self) -> None:
         self.buffers: dict[tuple[str, torch.dtype, torch.device], torch.Tensor] = {}
+        self.pieces: dict[
+            tuple[str, torch.dtype, torch.device, tuple[int, ...]], tuple[torch.Tensor, ...]
+        ] = {}
 
     def get(self, purpose: str, numel: int, like: torch.Tensor) -> torch.Tensor:
         key = (purpose, like.dtype, like.device)
         buffer = self.buffers.get(key)
         if buffer is None or buffer.numel() < numel:
+            self.forget(purpose, like)
             buffer = torch.empty(numel, dtype=like.dtype, device=like.device)
             self.buffers[key] = buffer
         return buffer[:numel]
 
+    def split(self, purpose: str, sizes: tuple[int, ...], like: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The buffer's first ``sum(sizes)`` elements cut into consecutive views of ``sizes``."""
+        key = (purpose, like.dtype, like.device, sizes)
+        pieces = self.pieces.get(key)
+        if pieces is None:
+            pieces = tuple(self.get(purpose, sum(sizes), like).split_with_sizes(sizes))
+            if len(self.pieces) >= _KNOWN_MAX:
+                self.pieces.clear()
+            self.pieces[key] = pieces
+        return pieces
+
     def forget(self, purpose: str, like: torch.Tensor) -> None:
         """Never reuse a buffer that a receive posted before a failure may still write into."""
         self.buffers.pop((purpose, like.dtype, like.device), None)
+        for key in [k for k in self.pieces if k[:3] == (purpose, like.dtype, like.device)]:
+            del self.pieces[key]
 
 
 _SCRATCH: Final = _Scratch()
@@ -389,8 +520,9 @@ _SCRATCH: Final = _Scratch()
 class _Plan(NamedTuple):
     """A call's index arithmetic: which chunk each step sends and receives, its segments, its staging.
 
-    Steps are the ``2 (N - 1)`` ``(phase, round)`` pairs of :func:`ring_ref.schedule.all_rounds`;
-    ranges are element offsets into the flat buffer.
+    Steps are the ``2 (N - 1)`` ``(phase, round)`` pairs of :func:`ring_ref.schedule.all_rounds`.
+    Every chunk is cut into the same number ``per_chunk`` of segments, so that segment ``s`` of
+    chunk ``c`` is piece ``c * per_chunk + s`` of the flat buffer cut at :attr:`pieces`.
     """
 
     right: int
@@ -400,14 +532,21 @@ class _Plan(NamedTuple):
     """The chunk this rank sends at each step (``ring.send_chunk``)."""
     received: tuple[int, ...]
     """The chunk this rank receives at each step (``ring.recv_chunk``)."""
-    chunks: tuple[tuple[int, int], ...]
-    """Each chunk's element range (``ring.layout``, :func:`ring_ref._chunks.chunk_bounds`)."""
-    segments: tuple[tuple[tuple[int, int], ...], ...]
-    """Each chunk cut into the same number of segments (the last ones of a short chunk may be empty)."""
-    stride: int
-    """Staging elements per staged step: the largest chunk."""
+    chunks: tuple[int, ...]
+    """Each chunk's number of elements (``ring.layout``, :func:`ring_ref._chunks.chunk_bounds`)."""
+    rs_steps: int
+    """Steps ``0 .. rs_steps - 1`` are reduce-scatter's."""
+    per_chunk: int
+    """Segments per chunk; those of a short chunk may be empty."""
+    pieces: tuple[int, ...]
+    """The sizes of all segments of all chunks, in the order they lie in the buffer."""
+    filled: tuple[tuple[int, ...], ...]
+    """Per chunk, its non-empty segments."""
     staged: int
     """Steps ``0 .. staged - 1`` receive into staging; the rest straight into the slot."""
+    staging: tuple[int, ...]
+    """Staging cut into pieces: per staged step ``t`` the segments of chunk ``received[t]``, then
+    filler up to the largest chunk (piece ``t * (per_chunk + 1) + s``)."""
     upfront: tuple[int, ...]
     """Unstaged steps whose receives are posted before the first send."""
     receive_after: tuple[tuple[int, ...], ...]
@@ -416,11 +555,10 @@ class _Plan(NamedTuple):
 
 
 @functools.lru_cache(maxsize=64)
-def _plan(
+def _plan(  # noqa: PLR0917 (cached by its positional arguments)
     ring: RingSchedule,
     rank: int,
     n: int,
-    *,
     numel: int,
     itemsize: int,
     segment_bytes: int,
@@ -435,47 +573,50 @@ def _plan(
     # step before it received.  Every ring of the family does (from its closed forms).
     if sent[1:] != received[:-1]:
         raise AssertionError(f"{ring.describe()}: a step does not forward the chunk just received")
-    chunks = tuple(chunk_bounds(ring.layout, n, numel, itemsize=itemsize))
-    largest = max(stop - start for start, stop in chunks)
+    chunks = tuple(stop - start for start, stop in chunk_bounds(ring.layout, n, numel, itemsize=itemsize))
+    largest = max(chunks)
     segment = max(segment_bytes // itemsize, -(-largest // max_segments), 1)
     count = max(-(-largest // segment), 1)
-    segments = tuple(
-        tuple((min(start + s * segment, stop), min(start + (s + 1) * segment, stop)) for s in range(count))
-        for start, stop in chunks
-    )
-    rs_steps = rounds_per_phase(n)
-    staged = len(steps) if largest * itemsize <= stage_all_bytes else rs_steps
+    sizes = [[max(0, min(segment, size - s * segment)) for s in range(count)] for size in chunks]
+    staged = len(steps) if largest * itemsize <= stage_all_bytes else rounds_per_phase(n)
     upfront: list[int] = []
     receive_after: list[list[int]] = [[] for _ in steps]
     for u in range(staged, len(steps)):
         touching = [t for t in range(u) if received[u] in (sent[t], received[t])]
         (receive_after[touching[-1]] if touching else upfront).append(u)
     return _Plan(
-        ring.right(rank, n),
-        ring.left(rank, n),
-        steps,
-        sent,
-        received,
-        chunks,
-        segments,
-        largest,
-        staged,
-        tuple(upfront),
-        tuple(tuple(us) for us in receive_after),
+        right=ring.right(rank, n),
+        left=ring.left(rank, n),
+        steps=steps,
+        sent=sent,
+        received=received,
+        chunks=chunks,
+        rs_steps=rounds_per_phase(n),
+        per_chunk=count,
+        pieces=tuple(size for chunk in sizes for size in chunk),
+        filled=tuple(tuple(s for s, size in enumerate(chunk) if size) for chunk in sizes),
+        staged=staged,
+        staging=tuple(
+            size for t in range(staged) for size in (*sizes[received[t]], largest - chunks[received[t]])
+        ),
+        upfront=tuple(upfront),
+        receive_after=tuple(tuple(us) for us in receive_after),
     )
 
 
 def _ring_pipelined(
-    flat: torch.Tensor,
-    staging: torch.Tensor,
+    slots: tuple[torch.Tensor, ...],
+    stages: tuple[torch.Tensor, ...],
     plan: _Plan,
     group: dist.ProcessGroup,
     waiter: _Waiter,
     *,
     combine_into: Callable[[torch.Tensor, torch.Tensor], None],
 ) -> None:
-    """The schedule's rounds on the flat contiguous buffer ``flat``, each chunk sent in segments, pipelined.
+    """The schedule's rounds on the segments ``slots`` of a flat buffer, pipelined.
 
+    ``slots[c * per_chunk + s]`` is segment ``s`` of chunk ``c`` and
+    ``stages[t * (per_chunk + 1) + s]`` its staging at step ``t`` (:class:`_Plan`).
     Step ``t`` is the ``t``-th ``(phase, round)`` of :func:`ring_ref.schedule.all_rounds`.
     Every step forwards the chunk the previous step completed (``sent[t + 1] ==
     received[t]``, checked when the plan is made), so segment ``s`` of step
@@ -484,84 +625,122 @@ def _ring_pipelined(
 
     A gloo send goes out only once the receiver has posted its receive, so
     receives are posted as early as their buffers allow: every staged step has
-    its own part of ``staging``, and all of them are posted before the first
+    its own part of the staging, and all of them are posted before the first
     send.  Unstaged (all-gather) steps receive straight into the slot, posted
     once every send that read that slot segment before has completed.
     Empty segments (of short or empty chunks) are neither sent nor received.
     """
-    segments, received, sent, steps = plan.segments, plan.received, plan.sent, plan.steps
-    count, stride, staged, right, left = len(segments[0]), plan.stride, plan.staged, plan.right, plan.left
-    # Sends not yet waited on, by the slot segment they read (a gloo work must be waited on once only).
-    sending: dict[tuple[int, int], list[tuple[int, dist.Work]]] = {}
-    receiving: dict[tuple[int, int], dist.Work] = {}
+    count, received, steps, filled, staged = (
+        plan.per_chunk,
+        plan.received,
+        plan.steps,
+        plan.filled,
+        plan.staged,
+    )
+    right, left = plan.right, plan.left
+    # Sends not yet waited on, by the slot piece they read (a gloo work must be waited on once only).
+    sending: dict[int, list[tuple[int, dist.Work]]] = {}
+    receiving: dict[int, dist.Work] = {}
 
-    def settle(c: int, s: int) -> None:
-        """Wait for every send that reads slot ``c``'s segment ``s`` (before it is overwritten)."""
-        for step, work in sending.pop((c, s), ()):
+    def settle(piece: int) -> None:
+        """Wait for every send that reads slot piece ``piece`` (before it is overwritten)."""
+        for step, work in sending.pop(piece, ()):
             waiter.round(work, *steps[step])
 
-    def incoming(t: int, s: int) -> torch.Tensor:
-        """Step ``t``'s staging for segment ``s``."""
-        c = received[t]
-        a, b = segments[c][s]
-        offset = t * stride - plan.chunks[c][0]
-        return staging[offset + a : offset + b]
-
     def post_recv(t: int, s: int) -> None:
-        a, b = segments[received[t]][s]
-        if a == b:
-            return
+        piece = received[t] * count + s
         if t < staged:
-            into = incoming(t, s)
+            into = stages[t * (count + 1) + s]
         else:
-            settle(received[t], s)
-            into = flat[a:b]
-        receiving[t, s] = group.recv([into], left, 1 + t * count + s)
+            settle(piece)
+            into = slots[piece]
+        receiving[t * count + s] = group.recv([into], left, 1 + t * count + s)
 
-    def post_send(t: int, s: int) -> None:
-        c = sent[t]
-        a, b = segments[c][s]
-        if a < b:
-            sending.setdefault((c, s), []).append((t, group.send([flat[a:b]], right, 1 + t * count + s)))
+    def post_send(t: int, piece: int, s: int) -> None:
+        sending.setdefault(piece, []).append((t, group.send([slots[piece]], right, 1 + t * count + s)))
 
-    for t in range(staged):
-        for s in range(count):
+    for t in (*range(staged), *plan.upfront):
+        for s in filled[received[t]]:
             post_recv(t, s)
-    for u in plan.upfront:
-        for s in range(count):
-            post_recv(u, s)
-    for s in range(count):
-        post_send(0, s)
+    for s in filled[plan.sent[0]]:
+        post_send(0, plan.sent[0] * count + s, s)
 
-    def arrive(t: int, s: int) -> None:
-        """Complete segment ``s`` of step ``t``: wait for it, then add it in or copy it out of staging."""
-        c = received[t]
-        a, b = segments[c][s]
-        if a == b:
-            return
-        waiter.round(receiving.pop((t, s)), *steps[t])
+    def arrive(t: int, piece: int, s: int) -> None:
+        """Segment ``s`` of step ``t`` has come: add it in, or copy it out of staging."""
+        waiter.round(receiving.pop(t * count + s), *steps[t])
         if t < staged:
-            settle(c, s)
-            if steps[t][0] == REDUCE_SCATTER:
-                combine_into(incoming(t, s), flat[a:b])  # incoming + own (or the op's): rs-add
+            settle(piece)
+            stage = stages[t * (count + 1) + s]
+            if t < plan.rs_steps:
+                combine_into(stage, slots[piece])  # incoming + own (or the op's): rs-add
             else:
-                flat[a:b].copy_(incoming(t, s))
+                slots[piece].copy_(stage)
 
     last = len(steps) - 1
     for t in range(len(steps)):
+        c = received[t]
         for s in range(count):
-            arrive(t, s)
-            if t < last:
-                post_send(t + 1, s)
+            piece = c * count + s
+            if plan.pieces[piece]:
+                arrive(t, piece, s)
+                if t < last:
+                    post_send(t + 1, piece, s)
             for u in plan.receive_after[t]:
-                post_recv(u, s)
+                if plan.pieces[received[u] * count + s]:
+                    post_recv(u, s)
     for works in sending.values():
         for step, work in works:
             waiter.round(work, *steps[step])
 
 
+def _ring_exchanges(
+    slots: tuple[torch.Tensor, ...],
+    stages: tuple[torch.Tensor, ...],
+    plan: _Plan,
+    group: dist.ProcessGroup,
+    waiter: _Waiter,
+    *,
+    combine_into: Callable[[torch.Tensor, torch.Tensor], None],
+) -> None:
+    """The schedule's rounds, each segment of each round one ``alltoall`` collective, pipelined.
+
+    Segment ``s`` of step ``t``: this rank's piece of chunk ``sent[t]`` goes to the
+    right neighbour and the left neighbour's piece of chunk ``received[t]`` comes
+    in (every other rank exchanges nothing with it), into staging for
+    reduce-scatter (added into the slot once it has arrived) and straight into
+    the slot for all-gather.  A collective completes its send and its receive
+    together, so no send is pending when a slot is overwritten.  Segment ``s`` of
+    step ``t + 1`` is started as soon as segment ``s`` of step ``t`` is done
+    (the same slot: :func:`_ring_pipelined`), while the other segments are under way.
+    """
+    count, received, sent, steps, pieces = plan.per_chunk, plan.received, plan.sent, plan.steps, plan.pieces
+    nothing = [0] * len(plan.chunks)
+    works: dict[int, dist.Work] = {}
+
+    def start(t: int, s: int) -> None:
+        out, into = sent[t] * count + s, received[t] * count + s
+        output_splits, input_splits = nothing.copy(), nothing.copy()
+        input_splits[plan.right], output_splits[plan.left] = pieces[out], pieces[into]
+        output = stages[t * (count + 1) + s] if t < plan.rs_steps else slots[into]
+        works[t * count + s] = _all_to_all(
+            group, output, slots[out], output_splits, input_splits, waiter.timeout
+        )
+
+    for s in range(count):
+        start(0, s)
+    last = len(steps) - 1
+    for t, (phase, r) in enumerate(steps):
+        for s in range(count):
+            waiter.round(works.pop(t * count + s), phase, r)
+            if t < plan.rs_steps and pieces[received[t] * count + s]:
+                # incoming + own (or the op's), as rs-add states
+                combine_into(stages[t * (count + 1) + s], slots[received[t] * count + s])
+            if t < last:
+                start(t + 1, s)
+
+
 def _ring_rounds(
-    flat: torch.Tensor,
+    chunks: tuple[torch.Tensor, ...],
     staging: torch.Tensor,
     plan: _Plan,
     group: dist.ProcessGroup,
@@ -571,18 +750,17 @@ def _ring_rounds(
 ) -> None:
     """The schedule's rounds, one ``batch_isend_irecv`` each (backends that need grouped sends: NCCL)."""
     for t, (phase, r) in enumerate(plan.steps):
-        (out_a, out_b), (in_a, in_b) = plan.chunks[plan.sent[t]], plan.chunks[plan.received[t]]
-        slot = flat[in_a:in_b]
-        into = staging[: in_b - in_a] if phase == REDUCE_SCATTER else slot
+        out, slot = chunks[plan.sent[t]], chunks[plan.received[t]]
+        into = staging[: slot.numel()] if phase == REDUCE_SCATTER else slot
         ops = []
-        if out_a < out_b:
-            ops.append(dist.P2POp(dist.isend, flat[out_a:out_b], group=group, group_peer=plan.right))
-        if in_a < in_b:
+        if out.numel():
+            ops.append(dist.P2POp(dist.isend, out, group=group, group_peer=plan.right))
+        if slot.numel():
             ops.append(dist.P2POp(dist.irecv, into, group=group, group_peer=plan.left))
         if ops:
             for work in dist.batch_isend_irecv(ops):
                 waiter.round(work, phase, r)
-        if phase == REDUCE_SCATTER and in_a < in_b:
+        if phase == REDUCE_SCATTER and slot.numel():
             combine_into(into, slot)
 
 
@@ -645,24 +823,30 @@ def ring_all_reduce_(
     if n == 1:
         return tensor
     reduce_op, ring = op_name(op), schedule_of(schedule).normalized(n)
-    data = tensor.detach()
+    data = tensor.detach() if tensor.requires_grad else tensor
     work = data if data.is_contiguous() else data.contiguous()
-    pipelined = backend in _PIPELINED_BACKENDS
+    flat = work if work.dim() == 1 else work.view(-1)
     plan = _plan(
-        ring,
-        rank,
-        n,
-        numel=work.numel(),
-        itemsize=work.element_size(),
-        segment_bytes=SEGMENT_BYTES,
-        max_segments=MAX_SEGMENTS,
-        stage_all_bytes=STAGE_ALL_BYTES,
+        ring, rank, n, work.numel(), work.element_size(), SEGMENT_BYTES, MAX_SEGMENTS, STAGE_ALL_BYTES
     )
     waiter.right, waiter.left = plan.right, plan.left
-    staging = _SCRATCH.get("staging", (plan.staged if pipelined else 1) * plan.stride, work)
+    combine_into = torch_combine_into(reduce_op)
     try:
-        ring_steps = _ring_pipelined if pipelined else _ring_rounds
-        ring_steps(work.view(-1), staging, plan, group, waiter, combine_into=torch_combine_into(reduce_op))
+        if backend in _PIPELINED_BACKENDS:
+            ring_steps = _ring_exchanges if n <= _EXCHANGE_RANKS else _ring_pipelined
+            ring_steps(
+                flat.split_with_sizes(plan.pieces),
+                _SCRATCH.split("staging", plan.staging, work),
+                plan,
+                group,
+                waiter,
+                combine_into=combine_into,
+            )
+        else:
+            staging = _SCRATCH.get("staging", max(plan.chunks), work)
+            _ring_rounds(
+                flat.split_with_sizes(plan.chunks), staging, plan, group, waiter, combine_into=combine_into
+            )
     except BaseException:
         _SCRATCH.forget("staging", work)
         raise

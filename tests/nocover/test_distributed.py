@@ -182,7 +182,7 @@ PER_ROUND: dict[str, object] = {
     ("n", "settings"),
     [
         (2, {"SEGMENT_BYTES": 8}),
-        (2, {"SEGMENT_BYTES": 8} | UNSTAGED),
+        (2, {"SEGMENT_BYTES": 8} | UNSTAGED | {"_EXCHANGE_RANKS": 1}),
         (3, SMALL_SEGMENTS | UNSTAGED),
         (4, SMALL_SEGMENTS | {"SEGMENT_BYTES": 6}),
         (4, SMALL_SEGMENTS | UNSTAGED),
@@ -190,7 +190,7 @@ PER_ROUND: dict[str, object] = {
     ],
     ids=[
         "n2-4-segments-staged",
-        "n2-4-segments-into-the-slot",
+        "n2-4-segments-point-to-point-into-the-slot",
         "n3-segments-of-8-bytes-into-the-slot",
         "n4-segments-of-6-bytes-staged",
         "n4-segments-of-8-bytes-into-the-slot",
@@ -200,8 +200,9 @@ PER_ROUND: dict[str, object] = {
 def test_segmented_and_per_round_sends_give_the_simulations_bits(
     rings: Rings, n: int, settings: dict[str, object]
 ) -> None:
-    """Chunks of 15 elements in segments of 1-4 elements (a short last one), received into staging
-    or straight into the slot, and the unsegmented per-round path."""
+    """Chunks of 15 elements in segments of 1-4 elements (a short last one), on ``alltoall`` rounds
+    (two ranks) and point-to-point sends received into staging or straight into the slot, and the
+    unsegmented per-round path."""
     cases = []
     for d, dtype in enumerate(DTYPES):
         x = stacked(n, 5, (3,), dtype, seed=7 * n + d)
@@ -214,26 +215,37 @@ def test_segmented_and_per_round_sends_give_the_simulations_bits(
             assert same_bits(per_rank[rank][k], expected), (rank, k, x.dtype)
 
 
-def _numel(arg: object) -> int:
-    if isinstance(arg, torch.Tensor):
-        return arg.numel()
-    return sum(_numel(a) for a in arg) if isinstance(arg, list) else 1
+def count_collectives(rank: int, world_size: int, _: None) -> dict[str, list[int]]:
+    """Per collective one good call starts, the element count of this rank's contribution to each.
 
+    ``torch.distributed``'s own collectives are counted, and the two that ``ring_ref.distributed``
+    calls on the group directly (``allgather`` and ``alltoall``, with the call's timeout).
+    """
+    seen: dict[str, list[int]] = {
+        "all_reduce": [],
+        "all_gather_object": [],
+        "_all_gather": [],
+        "_all_to_all": [],
+    }
 
-def count_collectives(rank: int, world_size: int, _: None) -> dict[str, list[list[int]]]:
-    """Per ``torch.distributed`` collective called during one good call, the element counts it got."""
-    seen: dict[str, list[list[int]]] = {"all_reduce": [], "all_gather": [], "all_gather_object": []}
+    def counting(module: Any, name: str, position: int) -> Any:
+        real = getattr(module, name)
 
-    def counting(name: str, real: Callable[..., Any]) -> Callable[..., Any]:
         def collective(*args: Any, **kwargs: Any) -> Any:
-            seen[name].append([_numel(a) for a in args])
+            contribution = args[position]
+            seen[name].append(contribution.numel() if isinstance(contribution, torch.Tensor) else -1)
             return real(*args, **kwargs)
 
-        return collective
+        return mock.patch.object(module, name, collective)
 
     with contextlib.ExitStack() as stack:
-        for name in seen:
-            stack.enter_context(mock.patch.object(dist, name, counting(name, getattr(dist, name))))
+        for module, name, position in [
+            (dist, "all_reduce", 0),
+            (dist, "all_gather_object", 1),
+            (distributed, "_all_gather", 2),
+            (distributed, "_all_to_all", 2),
+        ]:
+            stack.enter_context(counting(module, name, position))
         ring_all_reduce_(torch.randn(world_size << 10, 3))
     return seen
 
@@ -242,18 +254,19 @@ def count_collectives(rank: int, world_size: int, _: None) -> dict[str, list[lis
 def test_good_input_is_checked_with_one_small_collective(rings: Rings, n: int) -> None:
     """The check before the ring costs one fixed-size collective; descriptions move only on a mismatch.
 
-    Three ranks gather their signatures with one ``all_gather`` (``n`` rows of a few tens of
-    integers); two gloo ranks swap theirs with one send and one receive each, so no
-    ``torch.distributed`` collective runs at all.
+    Three ranks gather their signatures with one ``allgather`` of a few tens of integers (and the
+    ring uses point-to-point sends); two gloo ranks swap theirs with one ``alltoall``, followed by
+    the ring's ``2 (N - 1)`` rounds, one ``alltoall`` each, of 3 * 2**10 elements.
     """
     for seen in rings(n).run(count_collectives, None, timeout_s=CALL_TIMEOUT_S):
         assert seen["all_reduce"] == [] and seen["all_gather_object"] == [], seen
         if n == 2:
-            assert seen["all_gather"] == [], seen
+            assert seen["_all_gather"] == [], seen
+            check, *rounds = seen["_all_to_all"]
+            assert check <= 32 and rounds == [3 << 10] * 2, seen
         else:
-            assert len(seen["all_gather"]) == 1, seen
-            rows, mine = seen["all_gather"][0]
-            assert rows == n * mine and mine <= 32, seen
+            assert seen["_all_to_all"] == [], seen
+            assert len(seen["_all_gather"]) == 1 and seen["_all_gather"][0] <= 32, seen
 
 
 @pytest.mark.clause("sum-not-mean")

@@ -134,9 +134,11 @@ def rings() -> Iterator[dict[int, ProcessRing]]:
 SMALL_SEGMENTS: dict[str, object] = {"SEGMENT_BYTES": 8, "MAX_SEGMENTS": 1 << 30}
 UNSTAGED: dict[str, object] = {"STAGE_ALL_BYTES": 0}  # all-gather receives straight into the slot
 PER_ROUND: dict[str, object] = {"_PIPELINED_BACKENDS": frozenset()}  # batch_isend_irecv (as for NCCL)
+POINT_TO_POINT: dict[str, object] = {"_EXCHANGE_RANKS": 1}  # two ranks on point-to-point sends too
+EXCHANGES: dict[str, object] = {"_EXCHANGE_RANKS": 4}  # three ranks on alltoall rounds too
 SETTINGS: dict[int, list[dict[str, object]]] = {
-    2: [{}, SMALL_SEGMENTS],
-    3: [SMALL_SEGMENTS | UNSTAGED, PER_ROUND],
+    2: [{}, SMALL_SEGMENTS, POINT_TO_POINT | SMALL_SEGMENTS],
+    3: [SMALL_SEGMENTS | UNSTAGED, PER_ROUND, EXCHANGES | SMALL_SEGMENTS],
     4: [{}, SMALL_SEGMENTS | UNSTAGED | {"SEGMENT_BYTES": 6}],
 }
 
@@ -144,8 +146,9 @@ SETTINGS: dict[int, list[dict[str, object]]] = {
 @pytest.mark.clause("schedule-family", "schedule-fold-order", "schedule-layouts")
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_every_ring_on_every_rank_equals_the_simulation(rings: dict[int, ProcessRing], n: int) -> None:
-    """Whole chunks, segments of 1 to 4 elements (short chunks cut into empty segments) staged or
-    received into the slot, and the per-round path: the simulation's bits on every rank."""
+    """Whole chunks and segments of 1 to 4 elements (short chunks cut into empty segments), on
+    ``alltoall`` rounds and on point-to-point sends (staged or received into the slot), and the
+    per-round path: the simulation's bits on every rank."""
     cases = cases_for(n)
     expected = []
     order_sensitive = 0
@@ -331,31 +334,6 @@ def test_a_bad_or_differing_schedule_is_refused_identically_on_every_rank(
     assert {per_rank[rank][-1] for rank in range(n)} == {("ok", str([float(n)] * n), True)}
 
 
-def never_call_on_rank_1(rank: int, world_size: int, _: None) -> str:
-    """Rank 1 returns at once; rank 0 calls with a 2 s ``timeout`` (the group's is 120 s)."""
-    if rank == 1:
-        return "did not call"
-    try:
-        ring_all_reduce_(torch.ones(4), timeout=datetime.timedelta(seconds=2))
-    except RuntimeError as exc:
-        return str(exc)
-    return "finished"
-
-
-def test_two_ranks_a_peer_that_never_calls_ends_the_check_within_the_timeout(
-    rings: dict[int, ProcessRing],
-) -> None:
-    """The two-rank exchange of signatures honours ``timeout=`` (this tears the two-rank group down)."""
-    start = time.monotonic()
-    outcome = rings[2].run(never_call_on_rank_1, None, timeout_s=60)
-    assert time.monotonic() - start < CALL_TIMEOUT_S / 4
-    assert outcome[1] == "did not call"
-    assert outcome[0].startswith(
-        "ring_all_reduce_: rank 0 of 2: checking every rank's tensor before the ring failed or timed out; "
-    ), outcome[0]
-    rings[2].close()
-
-
 class Bucket:
     """What ``ring_hook`` reads of DDP's ``GradBucket``: its flat buffer."""
 
@@ -397,3 +375,41 @@ def test_the_hook_pads_for_the_even_layout_only(rings: dict[int, ProcessRing]) -
     for k, name in enumerate(names):
         for rank in range(n):
             assert same_bits(per_rank[rank][k], expected[name]), (name, rank)
+
+
+def fail_on_rank_1(rank: int, world_size: int, at_add: int) -> str:
+    """Rank 1 never calls (``at_add = 0``) or raises at its first addition; rank 0 calls with a 2 s
+    ``timeout`` (the group's is 120 s) and reports how its call ended."""
+    if rank == 1:
+        if at_add == 0:
+            return "did not call"
+        with mock.patch.object(torch, "add", mock.Mock(side_effect=OSError("planted failure"))):
+            try:
+                ring_all_reduce_(torch.ones(4), timeout=datetime.timedelta(seconds=2))
+            except OSError as exc:
+                return f"OSError: {exc}"
+        return "finished"
+    try:
+        ring_all_reduce_(torch.ones(4), timeout=datetime.timedelta(seconds=2))
+    except RuntimeError as exc:
+        return str(exc)
+    return "finished"
+
+
+@pytest.mark.parametrize(
+    ("at_add", "where"),
+    [(0, ": checking every rank's tensor before the ring"), (1, ", all-gather round 0: exchanging chunks")],
+    ids=["never-calls", "raises-mid-ring"],
+)
+def test_two_ranks_a_failing_peer_ends_the_call_within_its_timeout(
+    rings: dict[int, ProcessRing], at_add: int, where: str
+) -> None:
+    """Two ranks check and run the ring on ``alltoall`` collectives: their ``timeout`` still ends the
+    wait for a peer that never calls or fails mid-ring (each case tears the two-rank group down)."""
+    start = time.monotonic()
+    outcome = rings[2].run(fail_on_rank_1, at_add, timeout_s=60)
+    assert time.monotonic() - start < CALL_TIMEOUT_S / 4
+    assert outcome[1] == ("did not call" if at_add == 0 else "OSError: planted failure"), outcome
+    assert outcome[0].startswith(f"ring_all_reduce_: rank 0 of 2{where}"), outcome[0]
+    assert "failed or timed out; a peer probably raised, exited or did not call" in outcome[0]
+    rings[2].close()
