@@ -120,6 +120,13 @@ def _difftest_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--mode", choices=[*MODES, "all"], default="all", help="oracle(s) to run (default all)"
     )
+    parser.add_argument(
+        "--op",
+        choices=OPS,
+        default=None,
+        help="check this reduction: TARGET is called with op= too (the name; a gloo rank gets the "
+        "torch.distributed.ReduceOp) and checked with the op's oracles (default: TARGET(x), a sum)",
+    )
     parser.add_argument("--examples", type=int, default=100, help="generated inputs per mode (default 100)")
     parser.add_argument("--seed", type=int, default=None, help="replay seed (default: random, printed)")
     parser.add_argument(
@@ -190,6 +197,11 @@ def _difftest_command(args: argparse.Namespace) -> int:
         )
     if unknown or (args.dtypes is not None and not names):
         problem = f"unknown dtype(s) {unknown or names}; choose from {', '.join(DTYPES)}"
+    if args.op not in (None, "sum") and (args.schedule or args.order) and args.mode in ("all", "exact"):
+        problem = (
+            f"--op {args.op} checks exact against the spec's ring only; --schedule and --order name "
+            "sum orders (drop them, or use --mode order-free or bound)"
+        )
     if problem:
         print(f"ring-ref difftest: error: {problem}", file=sys.stderr)
         return 2
@@ -220,6 +232,7 @@ def _difftest_command(args: argparse.Namespace) -> int:
                     isolate=not args.in_process,
                     ranks=args.ranks,
                     mca=mca,
+                    op=args.op,
                 )
         except TargetError as exc:
             print(f"ring-ref difftest: error: {exc}", file=sys.stderr)

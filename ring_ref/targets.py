@@ -15,6 +15,13 @@ test the per-rank function itself::
 
     ring-ref difftest --ranks gloo torch.distributed:all_reduce --max-workers 4
 
+Both take the op by name (``difftest --op``): ``gloo_all_reduce(x, op="max")``
+runs ``dist.all_reduce(..., op=ReduceOp.MAX)`` (``prod``: ``PRODUCT``;
+``avg``: ``AVG``, which this torch's gloo computes as its sum divided by
+``N``), and ``mpi_allreduce(comm, array, op="max")`` passes ``MPI.MAX``
+(``MPI.PROD``, ``MPI.MIN``); MPI has no average, so ``op="avg"`` raises
+``ValueError`` there (``difftest`` reports ``raised``).
+
 ``mpi_allreduce`` is a per-rank target: ``comm.Allreduce(MPI.IN_PLACE, array,
 op=MPI.SUM)`` on each rank's own ``numpy`` array, MPI's own all-reduce.  Which
 algorithm OpenMPI runs is chosen when ``mpirun`` starts, by the ``--mca``
@@ -48,23 +55,38 @@ CALL_TIMEOUT_S = 60.0
 _RINGS: dict[int, ProcessRing] = {}
 
 
-def _rank_all_reduce(rank: int, _world_size: int, worker_tensors: torch.Tensor) -> torch.Tensor:
-    """On one rank: all-reduce this rank's tensor in place and return it."""
+_REDUCE_OPS = {"sum": "SUM", "prod": "PRODUCT", "max": "MAX", "min": "MIN", "avg": "AVG"}
+_MPI_OPS = {"sum": "SUM", "prod": "PROD", "max": "MAX", "min": "MIN"}
+
+
+def _rank_all_reduce(rank: int, _world_size: int, payload: tuple[torch.Tensor, str]) -> torch.Tensor:
+    """On one rank: all-reduce this rank's tensor in place with the named ``ReduceOp`` and return it."""
+    worker_tensors, reduce_op = payload
     mine = worker_tensors[rank].clone()
-    dist.all_reduce(mine, op=dist.ReduceOp.SUM)
+    dist.all_reduce(mine, op=getattr(dist.ReduceOp, reduce_op))
     return mine
 
 
-def gloo_all_reduce(worker_tensors: torch.Tensor) -> torch.Tensor:
+def _op_key(op: str, table: dict[str, str], where: str) -> str:
+    if op not in table:
+        raise ValueError(f"{where} has no op {op!r}; choose one of {', '.join(table)}")
+    return table[op]
+
+
+def gloo_all_reduce(worker_tensors: torch.Tensor, op: str = "sum") -> torch.Tensor:
     """``torch.distributed.all_reduce`` over ``N = worker_tensors.shape[0]`` gloo processes; rank 0's result.
 
-    Also checks that every rank ended with the same bits, as an all-reduce must.
+    ``op`` names the reduction (``sum``, ``prod``, ``max``, ``min``, ``avg``: ``ReduceOp.SUM``,
+    ``PRODUCT``, ``MAX``, ``MIN``, ``AVG``).  Also checks that every rank ended with the same bits,
+    as an all-reduce must.
     """
+    reduce_op = _op_key(op, _REDUCE_OPS, "torch.distributed.ReduceOp")
     n = int(worker_tensors.shape[0])
     ring = _RINGS.get(n)
     if ring is None:
         ring = _RINGS[n] = ProcessRing(n, backend="gloo")
-    results = ring.run(_rank_all_reduce, worker_tensors.detach().contiguous(), timeout_s=CALL_TIMEOUT_S)
+    payload = (worker_tensors.detach().contiguous(), reduce_op)
+    results = ring.run(_rank_all_reduce, payload, timeout_s=CALL_TIMEOUT_S)
     for rank, other in enumerate(results[1:], start=1):
         if not torch.equal(other.view(torch.uint8), results[0].view(torch.uint8)):
             raise RuntimeError(f"gloo ranks disagree: rank {rank}'s result differs from rank 0's")
@@ -80,8 +102,12 @@ def close() -> None:
 atexit.register(close)
 
 
-def mpi_allreduce(comm: MPI.Comm, array: npt.NDArray[Any]) -> None:
-    """``comm.Allreduce(MPI.IN_PLACE, array, op=MPI.SUM)``: MPI's all-reduce of this rank's array."""
+def mpi_allreduce(comm: MPI.Comm, array: npt.NDArray[Any], op: str = "sum") -> None:
+    """``comm.Allreduce(MPI.IN_PLACE, array, op=MPI.SUM)``: MPI's all-reduce of this rank's array.
+
+    ``op`` names the reduction: ``sum``, ``prod``, ``max``, ``min`` (``MPI.SUM``, ``MPI.PROD``,
+    ``MPI.MAX``, ``MPI.MIN``); MPI has no average (``avg`` raises ``ValueError``).
+    """
     from mpi4py import MPI
 
-    comm.Allreduce(MPI.IN_PLACE, array, op=MPI.SUM)
+    comm.Allreduce(MPI.IN_PLACE, array, op=getattr(MPI, _op_key(op, _MPI_OPS, "MPI (MPI_Op)")))

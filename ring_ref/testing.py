@@ -29,7 +29,7 @@ from ring_ref._tracecheck import (
     first_mismatch,
 )
 from ring_ref.difftest import DTYPES, MODES, Mode, Report, Target, difftest
-from ring_ref.difftest._vocabulary import DEFAULT_TIMEOUT_S, Ranks
+from ring_ref.difftest._vocabulary import DEFAULT_TIMEOUT_S, OpTarget, Ranks
 
 __all__ = [
     "Mismatch",
@@ -43,7 +43,7 @@ __all__ = [
 
 
 def assert_matches_reference(
-    fn: Target | str,
+    fn: Target | OpTarget | str,
     mode: Mode | str = "all",
     *,
     examples: int = 100,
@@ -53,6 +53,7 @@ def assert_matches_reference(
     timeout: float = DEFAULT_TIMEOUT_S,
     isolate: bool | None = None,
     ranks: Ranks | None = None,
+    op: object = None,
 ) -> Report:
     """Check ``fn`` against the reference; raise ``AssertionError`` with the diagnosis on failure.
 
@@ -66,7 +67,13 @@ def assert_matches_reference(
     local function runs in this process (see :func:`ring_ref.difftest.difftest`
     for ``isolate``).  ``ranks="gloo"``: ``fn`` is a per-rank target, called on
     every rank of a gloo group with that rank's tensor (``torch.distributed.all_reduce``
-    style); every rank's result is checked.
+    style); every rank's result is checked.  ``op`` (``"prod"``, ``"max"``, ``"min"``,
+    ``"avg"``, ``"sum"`` or a ``torch.distributed.ReduceOp``): ``fn`` is also given ``op=``
+    and checked with that op's oracles (see :func:`ring_ref.difftest.difftest`).
+
+    >>> from ring_ref import ring_all_reduce
+    >>> assert_matches_reference(ring_all_reduce, mode="order-free", examples=5, seed=0, op="max").op
+    'max'
     """
     if mode == "all":
         modes: tuple[Mode, ...] = MODES
@@ -84,6 +91,7 @@ def assert_matches_reference(
         timeout=timeout,
         isolate=isolate,
         ranks=ranks,
+        op=op,
     )
     if report.verdict != "pass":
         raise AssertionError(report.render())

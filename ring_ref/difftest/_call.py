@@ -28,7 +28,7 @@ import torch
 
 from ring_ref._dtypes import TORCH_DTYPES
 from ring_ref.difftest._inputs import Case
-from ring_ref.difftest._vocabulary import Target
+from ring_ref.difftest._vocabulary import OpTarget, Target, op_argument
 
 __all__ = [
     "Answer",
@@ -180,14 +180,16 @@ def _safe_text(obj: object) -> str:
 
 
 def observe(
-    fn: Target, case: Case, rank: int | None = None, *, catch_interrupt: bool = True
+    fn: Target | OpTarget, case: Case, rank: int | None = None, *, catch_interrupt: bool = True
 ) -> tuple[dict[str, Any], bytes]:
     """Call ``fn`` on a fresh input for ``case`` and describe what happened as a header and raw bits.
 
     ``rank`` is ``None`` for a stacked call (``fn`` gets the ``(N, M, ...)``
     tensor in the case's layout) and a rank for a per-rank call (``fn`` gets
     that rank's fresh contiguous ``(M, ...)`` tensor; when it returns ``None``
-    the tensor itself, after the call, is the result).  Every exception the
+    the tensor itself, after the call, is the result).  With an op
+    (``case.op``) the call is ``fn(x, op=...)``: the op's name, or for a rank
+    (a gloo group's) its ``torch.distributed.ReduceOp``.  Every exception the
     call raises is recorded, ``BaseException`` included (``SystemExit``;
     ``KeyboardInterrupt`` too unless ``catch_interrupt`` is false).
     """
@@ -197,7 +199,10 @@ def observe(
     head["returned_none"] = False
     returned: object = None
     try:
-        returned = fn(x)
+        if case.op is None:
+            returned = fn(x)
+        else:
+            returned = cast(OpTarget, fn)(x, op=op_argument(case.op, None if rank is None else "gloo"))
     except BaseException as exc:
         if not catch_interrupt and _isinstance(exc, KeyboardInterrupt):
             raise
@@ -291,7 +296,7 @@ def decode(head: object, payload: bytes) -> Answer:
     )
 
 
-def call_target(fn: Target, case: Case) -> Outcome:
+def call_target(fn: Target | OpTarget, case: Case) -> Outcome:
     """Run stacked ``fn`` on a fresh tensor for ``case`` in this process; the :class:`Outcome`."""
     return Outcome(case, (decode(*observe(fn, case, catch_interrupt=False)),))
 

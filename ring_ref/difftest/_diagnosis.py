@@ -2,22 +2,29 @@
 
 Structural codes come first (no answer: ``timed-out``, ``crashed``; then
 exceptions, shape, dtype, device, mutation, aliasing); for wrong values,
-one-hot probes (only worker ``j`` holds ones) count each worker's
+one-hot probes (only worker ``j`` holds a mark) count each worker's
 contributions per element, which tells double counting and lost workers from
-a mean and from a correct sum in another order.
+a mean and from a correct sum in another order.  For the other ops
+(clause ``difftest-ops``) the probes' values are the op's (``prod``: 2 among
+ones; ``min``: -1 among zeros), an *op probe* (workers holding 2, 3, 2, 3, ...,
+where every op gives a different exact value) names the op a target computed
+instead (``sum-not-op``, ``wrong-op``), rows all equal to one value tell an
+average of contributions divided first (``avg-divided-first``), and a result
+wrong only in the sign of zeros is ``signed-zero``.
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Final, cast
 
 import torch
 
+from ring_ref import ring_all_reduce
 from ring_ref._dtypes import bits, format_of
 from ring_ref.difftest._call import (
     Answer,
@@ -35,18 +42,42 @@ from ring_ref.difftest._oracles import (
     SPEC_ORDER,
     ValueMismatch,
     as_float_list,
-    check_bound,
     check_values,
     exact_sums,
     flat_of,
     locate,
+    round_to,
+    zeros_as_the_oracle_wants,
 )
-from ring_ref.difftest._vocabulary import Mode, Target
+from ring_ref.difftest._vocabulary import OPS, Mode, Op, OpTarget, Target
 
-_COUNTING: Final = ("double-counted", "mean-not-sum")
-"""Value codes that the one-hot probes establish for every input, not only the counterexample."""
+_COUNTING: Final = ("double-counted", "mean-not-sum", "sum-not-op", "wrong-op", "avg-divided-first")
+"""Value codes that the probes establish for every input, not only the counterexample."""
 
-__all__ = ["Finding", "as_launcher", "count_contributions", "diagnose", "difference", "passes", "structural"]
+PROBE_VALUES: Final[dict[Op, tuple[float, float]]] = {
+    "sum": (0.0, 1.0),
+    "avg": (0.0, 1.0),
+    "prod": (1.0, 2.0),
+    "max": (0.0, 1.0),
+    "min": (0.0, -1.0),
+}
+"""Per op, the value every worker holds in a counting probe, and the mark worker ``j`` holds instead."""
+
+_WORDS: Final[dict[float, str]] = {0.0: "zeros", 1.0: "ones"}
+
+__all__ = [
+    "PROBE_VALUES",
+    "Finding",
+    "as_launcher",
+    "count_contributions",
+    "diagnose",
+    "difference",
+    "op_probe_rows",
+    "op_probe_values",
+    "passes",
+    "position_probe",
+    "structural",
+]
 
 
 @dataclass
@@ -64,7 +95,7 @@ class Finding:
     """For a group: the ranks that failed (or disagree, or did not answer)."""
 
 
-def as_launcher(fn: Target | Launcher) -> Launcher:
+def as_launcher(fn: Target | OpTarget | Launcher) -> Launcher:
     """``fn`` itself when it is a launcher, else ``fn`` called in-process."""
     return fn if isinstance(fn, Launcher) else InProcess(fn)
 
@@ -95,7 +126,10 @@ def structural(outcome: Outcome) -> list[tuple[str, str]]:
 def _structural_one(answer: Answer, case: Case) -> list[tuple[str, str]]:
     """The structural codes of one answer (one rank's, for a group)."""
     if answer.raised:
-        return [("raised", f"raised {answer.raised} (on a valid input)")]
+        hint = ""
+        if case.op is not None and answer.raised.startswith("TypeError") and "op" in answer.raised:
+            hint = f"; with --op the target is called with op= too (op={case.op!r}): does it take one?"
+        return [("raised", f"raised {answer.raised} (on a valid input){hint}")]
     found: list[tuple[str, str]] = []
     want_shape = (case.m, *case.trailing)
     result = answer.result
@@ -119,23 +153,24 @@ def _structural_one(answer: Answer, case: Case) -> list[tuple[str, str]]:
     return found
 
 
-def passes(outcome: Outcome, mode: Mode) -> tuple[bool, int]:
-    """Whether one call's outcome passes ``mode``'s checks, and how many overflowing elements it skipped.
+def passes(outcome: Outcome, mode: Mode) -> tuple[bool, int, int]:
+    """Whether one call's outcome passes ``mode``'s checks, and how many elements it accepted where an
+    order could overflow (and, for ``prod``, underflow).
 
     For a group: every rank's result passes the oracle and all have the same bits.
     """
     if structural(outcome):
-        return False, 0
+        return False, 0, 0
     results = [result_tensor(a, outcome.case) for a in outcome.answers]
     if any(r is None for r in results):
-        return False, 0
-    skipped = 0
+        return False, 0, 0
+    overflow = underflow = 0
     for result in results:
-        mismatch, skips = check_values(mode, outcome.case, cast(torch.Tensor, result))
+        mismatch, over, under = check_values(mode, outcome.case, cast(torch.Tensor, result))
         if mismatch is not None:
-            return False, 0
-        skipped = max(skipped, skips)
-    return _first_disagreement(outcome.case, cast(list[torch.Tensor], results)) is None, skipped
+            return False, 0, 0
+        overflow, underflow = max(overflow, over), max(underflow, under)
+    return _first_disagreement(outcome.case, cast(list[torch.Tensor], results)) is None, overflow, underflow
 
 
 def _first_disagreement(
@@ -169,33 +204,63 @@ def _is_mean(case: Case, actual: list[float]) -> bool:
     )
 
 
-def count_contributions(
-    fn: Target | Launcher, probes: Sequence[Case], rank: int | None = None
-) -> list[list[float]] | None:
-    """``counts[j][e]`` = the target's element ``e`` on ``probes[j]`` (only worker ``j`` holds ones).
+def _count(op: Op, case: Case, base: float, y: float) -> float:
+    """The contribution count one probe element shows, measured from ``base`` (the all-base result there).
 
-    Each count is measured from the target's result on all zeros (called
-    first): a correct all-reduce gives 0 there and 1 everywhere here; ``k``
-    means worker ``j``'s contribution to element ``e`` was counted ``k``
-    times, and a target that adds a constant is not taken for one that counts
-    twice.  ``None`` when a probe call does not return a well-formed result
-    (the remaining probes are not run, so a target that hangs costs at most
-    one more time limit).  For a per-rank target the probes run on the whole
-    group and ``rank``'s result is read.
+    ``sum``, ``max``: ``y - base``; ``min``: ``base - y``; ``avg``: ``(y - base) N``, taken as the
+    nearest whole number within two roundings (``k / N`` is rounded once); ``prod``: ``log2(y / base)``
+    when that is a whole number.  Anything else is NaN (not a count).
+    """
+    if not (math.isfinite(y) and math.isfinite(base)):
+        return math.nan
+    if op == "min":
+        return base - y
+    if op == "avg":
+        c = (y - base) * case.n
+        k = round(c)
+        return (
+            float(k) if abs(c - k) <= 2 * float(format_of(case.dtype).unit_roundoff) * max(1, abs(k)) else c
+        )
+    if op == "prod":
+        if base <= 0 or y <= 0:
+            return math.nan
+        ratio = Fraction(y) / Fraction(base)
+        whole = ratio.denominator == 1 and ratio.numerator & (ratio.numerator - 1) == 0
+        return float(ratio.numerator.bit_length() - 1) if whole else math.nan
+    return y - base
+
+
+def count_contributions(
+    fn: Target | Launcher, case: Case, rank: int | None = None
+) -> list[list[float]] | None:
+    """``counts[j][e]``: how often the target counts worker ``j``'s contribution to element ``e``.
+
+    Read from probes of ``case``'s shape, dtype, layout and op in which every
+    worker holds the op's base value and worker ``j`` its mark
+    (:data:`PROBE_VALUES`: for ``sum`` ones in worker ``j``, zeros elsewhere).
+    Each count is measured from the target's result on all base values (called
+    first): a correct all-reduce gives 1 everywhere; ``k`` means worker ``j``'s
+    contribution to element ``e`` was counted ``k`` times (for ``max`` and ``min``
+    only 0 or 1 can show), and a target that adds a constant is not taken for
+    one that counts twice.  ``None`` when a probe call does not return a
+    well-formed result (the remaining probes are not run, so a target that
+    hangs costs at most one more time limit).  For a per-rank target the probes
+    run on the whole group and ``rank``'s result is read.
     """
     launcher = as_launcher(fn)
-    if not probes:
-        return []
-    zero = well_formed(launcher.call(replace(probes[0], values=(0.0,) * len(probes[0].values))), rank)
-    if zero is None:
+    op = case.reduction
+    base_value, mark = PROBE_VALUES[op]
+    probes = probe_cases(case, base_value, mark)
+    base_result = well_formed(launcher.call(replace(case, values=(base_value,) * len(case.values))), rank)
+    if base_result is None:
         return None
-    base = as_float_list(zero)
+    base = as_float_list(base_result)
     counts = []
     for probe in probes:
         result = well_formed(launcher.call(probe), rank)
         if result is None:
             return None
-        counts.append([c - b for c, b in zip(as_float_list(result), base, strict=True)])
+        counts.append([_count(op, case, b, c) for c, b in zip(as_float_list(result), base, strict=True)])
     return counts
 
 
@@ -206,7 +271,7 @@ def _count_finding(case: Case, counts: list[list[float]], mismatch: ValueMismatc
     (then the counts are not contribution counts: a mean, a scaling, rounding).
     """
     per_element = [list(col) for col in zip(*counts, strict=True)]
-    if not all(c == round(c) and c >= 0 for col in per_element for c in col):
+    if not all(math.isfinite(c) and c == round(c) and c >= 0 for col in per_element for c in col):
         return None
     off = [e for e, col in enumerate(per_element) if any(c != 1 for c in col)]
     if not off:
@@ -218,7 +283,9 @@ def _count_finding(case: Case, counts: list[list[float]], mismatch: ValueMismatc
     index, chunk = locate(case, e)
     per = per_element[e]
     listing = ", ".join(f"worker {j}: {c:g}" for j, c in enumerate(per))
-    probe = f"with only worker j holding ones (the rest zeros), element {index} (chunk {chunk}) is {listing}"
+    base_value, mark = PROBE_VALUES[case.reduction]
+    holding = f"{_WORDS.get(mark, f'{mark:g}')} (the rest {_WORDS.get(base_value, f'{base_value:g}')})"
+    probe = f"with only worker j holding {holding}, element {index} (chunk {chunk}) is {listing}"
     missing = [j for j, c in enumerate(per) if c == 0]
     lost = f", worker(s) {missing} lost" if missing else ""
     if doubled:
@@ -229,13 +296,14 @@ def _count_finding(case: Case, counts: list[list[float]], mismatch: ValueMismatc
         )
         check = (
             f"; summing the counterexample with these counts gives {float(weighted)!r} there"
-            if e == first_flat
+            if e == first_flat and case.reduction == "sum"
             else ""
         )
+        combining = "multiplying" if case.reduction == "prod" else "adding"
         return Finding(
             ["double-counted"],
-            f"Contributions counted more than once (e.g. all-gather adding instead of copying): {probe}, "
-            f"so worker(s) {twice} counted more than once{lost}{check}",
+            f"Contributions counted more than once (e.g. all-gather {combining} instead of copying): "
+            f"{probe}, so worker(s) {twice} counted more than once{lost}{check}",
             mismatch,
         )
     return Finding(["out-of-bound"], f"Contributions missing: {probe}, so worker(s) {missing} lost", mismatch)
@@ -249,7 +317,7 @@ def _describe(m: ValueMismatch) -> str:
     )
 
 
-def diagnose(fn: Target | Launcher, outcome: Outcome, mode: Mode) -> Finding | None:
+def diagnose(fn: Target | OpTarget | Launcher, outcome: Outcome, mode: Mode) -> Finding | None:
     """Every applicable code for one call's outcome under ``mode`` (``None``: it passes).
 
     ``fn`` runs the diagnosis probes: a target (called in-process) or the
@@ -331,46 +399,265 @@ def _disagree_finding(
 def _classify_values(
     fn: Launcher, case: Case, result: torch.Tensor, mode: Mode, m: ValueMismatch, *, rank: int | None
 ) -> Finding:
-    """Name a value mismatch: double-counted, mean-not-sum, not-ring-order or out-of-bound.
+    """Name a value mismatch: double-counted, mean-not-sum, sum-not-op, wrong-op, avg-divided-first,
+    signed-zero, not-ring-order or out-of-bound.
 
-    The one-hot probes come first: whole-number contribution counts other
-    than 1 are a counting bug whatever the counterexample's values (a lost
-    worker on identical rows also looks like a mean).  ``mean-not-sum`` needs
-    the result out of bound, within rounding of the sum / N, and every probe
-    (where it ran) to give 1 / N as well.
+    For an op other than ``sum`` the op probe comes first (an ``avg`` that does
+    not divide counts every contribution ``N`` times).  Then the counting
+    probes: whole-number contribution counts other than 1 are a counting bug
+    whatever the counterexample's values (a lost worker on identical rows also
+    looks like a mean).  ``mean-not-sum`` needs the result out of bound, within
+    rounding of the sum / N, and every probe (where it ran) to give 1 / N as
+    well; then the op probe for ``sum``.  Then the equal rows (``avg`` divided
+    first), the signs of zeros, and ``not-ring-order`` last.
     """
-    actual = as_float_list(result)
-    within_bound = check_bound(case, actual).mismatch is None
-    probes = probe_cases(case)
-    counts = count_contributions(fn, probes, rank)
-    if counts is not None:
-        counted = _count_finding(case, counts, m)
+    op = case.reduction
+    within_bound = check_values("bound", case, result).mismatch is None
+    found = _other_op(fn, case, result, rank) if op != "sum" else None
+    counts = None
+    if found is None:
+        counts = count_contributions(fn, case, rank)
+        counted = None if counts is None else _count_finding(case, counts, m)
         if counted is not None:
             counted.explanation = f"{_describe(m)}. {counted.explanation}"
             return counted
-    probes_mean = counts is None or all(_is_mean(p, row) for p, row in zip(probes, counts, strict=True))
-    if not within_bound and probes_mean and _is_mean(case, actual):
-        return Finding(
-            ["mean-not-sum"],
-            f"{_describe(m)}. The result is the sum divided by N = {case.n} (the mean), not the sum",
-            m,
-        )
+        if op == "sum":
+            found = _mean_finding(case, result, counts) if not within_bound else None
+            found = found or _other_op(fn, case, result, rank)
+        found = found or _op_finding(fn, case, result, mode, rank)
+    if found is not None:
+        return Finding([found[0]], f"{_describe(m)}. {found[1]}", m)
     counted_once = counts is not None and all(c == 1 for row in counts for c in row)
     if mode == "exact" and counted_once and within_bound:
         rng = random.Random(len(case.values))
-        probe = replace(case, values=order_free_values(case.dtype, case.n, len(case.values), rng))
+        probe = replace(case, values=order_free_values(case.dtype, case.n, len(case.values), rng, op))
         probe_result = well_formed(fn.call(probe), rank)
-        if probe_result is not None and check_values("order-free", probe, probe_result)[0] is None:
+        if probe_result is not None and check_values("order-free", probe, probe_result).mismatch is None:
+            what = "sum in a different summation order" if op == "sum" else f"{op} in a different order"
+            revealed = _revealed_order(fn, case, m, rank) if op == "sum" else ""
             return Finding(
                 ["not-ring-order"],
-                f"{_describe(m)}. A correct sum in a different summation order: every contribution is "
-                "counted once, the result is within the forward-error bound of the exact sum and exact on "
-                "order-free inputs, but not bitwise the ring's fold order (clause fold-order); only "
-                f"--mode exact requires that order{_revealed_order(fn, case, m, rank)}",
+                f"{_describe(m)}. A correct {what}: every contribution is "
+                "counted once, the result is within the forward-error bound of the exact "
+                f"{_EXACT_WORD[op]} and exact on order-free inputs, but not bitwise the ring's fold order "
+                f"(clause fold-order); only --mode exact requires that order{revealed}",
                 m,
             )
     return Finding(
         ["out-of-bound"], f"{_describe(m)}. Wrong values, not explained by a more specific code", m
+    )
+
+
+def _mean_finding(
+    case: Case, result: torch.Tensor, counts: list[list[float]] | None
+) -> tuple[str, str] | None:
+    """``mean-not-sum`` for a ``sum`` out of bound: within rounding of the sum / N, every probe 1 / N."""
+    probes = probe_cases(case)
+    probes_mean = counts is None or all(_is_mean(p, row) for p, row in zip(probes, counts, strict=True))
+    if probes_mean and _is_mean(case, as_float_list(result)):
+        return "mean-not-sum", f"The result is the sum divided by N = {case.n} (the mean), not the sum"
+    return None
+
+
+def _op_finding(
+    fn: Launcher, case: Case, result: torch.Tensor, mode: Mode, rank: int | None
+) -> tuple[str, str] | None:
+    """``(code, explanation)`` from the op's own probes: ``avg`` divided first, the signs of zeros.
+
+    ``signed-zero`` needs the result right once its zeros have the signs the
+    oracle wants, and the target right on the position probe (values that
+    differ from element to element, no zeros), so that a result merely moved
+    to the wrong elements is not taken for one with the wrong zeros.
+    """
+    op = case.reduction
+    divided = _divided_first(fn, case, result, rank) if op == "avg" else ""
+    if divided:
+        return "avg-divided-first", divided
+    if op in ("prod", "max", "min"):
+        fixed = zeros_as_the_oracle_wants(mode, case, result)
+        if fixed is not None and check_values(mode, case, fixed).mismatch is None:
+            probe = position_probe(case)
+            got = well_formed(fn.call(probe), rank)
+            if got is not None and check_values(mode, probe, got).mismatch is None:
+                return "signed-zero", _signed_zero_words(mode, op)
+    return None
+
+
+def position_probe(case: Case) -> Case:
+    """A probe of ``case``'s shape, dtype, layout and op whose result differs from element to element.
+
+    ``max``, ``min``: worker ``j`` holds ``(3 e + j) % 251 + 1`` at element ``e``
+    (whole numbers below 256: exact in every dtype); ``prod``: worker 0 holds
+    ``+-2**(e % 5)``, negative where ``(e // 5)`` is odd, the others ones
+    (every partial product exact).  No zeros, so no sign of zero is in question.
+
+    >>> c = position_probe(Case(2, 2, (), torch.float32, "contiguous", (0.0,) * 4, "prod"))
+    >>> c.values
+    (1.0, 2.0, 1.0, 1.0)
+    """
+    per_worker = len(case.values) // case.n
+    if case.reduction == "prod":
+        values = [
+            (-1.0 if (e // 5) % 2 else 1.0) * 2.0 ** (e % 5) if j == 0 else 1.0
+            for j in range(case.n)
+            for e in range(per_worker)
+        ]
+    else:
+        values = [float((3 * e + j) % 251 + 1) for j in range(case.n) for e in range(per_worker)]
+    return replace(case, values=tuple(values))
+
+
+_EXACT_WORD: Final[dict[str, str]] = {
+    "sum": "sum",
+    "avg": "average",
+    "prod": "product",
+    "max": "maximum",
+    "min": "minimum",
+}
+
+
+def _signed_zero_words(mode: Mode, op: Op) -> str:
+    """The ``signed-zero`` explanation for ``op`` under ``mode``."""
+    if op == "prod":
+        return (
+            "Every element has the right value, but a zero has the wrong sign: the sign of a product is "
+            "the exclusive or of the signs in every order (IEEE 754), zeros included (a product "
+            "computed from magnitudes, or a zero written as +0?)"
+        )
+    if mode == "exact":
+        return (
+            f"Every element has the ring's value, but the sign of a zero differs: where -0 and +0 tie for "
+            f"the {_EXACT_WORD[op]}, the ring keeps the first in its fold order (clause op-{op}), the "
+            "target another (another fold order, or another tie rule such as numpy's second argument "
+            "or IEEE 754-2019's -0 < +0): a correct "
+            f"{op} by value; only --mode exact requires the ring's zeros"
+        )
+    mirror = "min" if op == "max" else "max"
+    return (
+        f"Every element has the {_EXACT_WORD[op]}'s value, but a zero has a sign that no worker holding "
+        f"the {_EXACT_WORD[op]} there has, so no fold order gives it (an op computed as -{mirror}(-x), "
+        "or a zero written as +0?)"
+    )
+
+
+def op_probe_rows(n: int, flipped: bool = False) -> list[float]:
+    """The op probes' worker values: ``2 + j % 2`` (2, 3, 2, ...), or ``flipped``, ``3 - j % 2``."""
+    return [float(3 - j % 2 if flipped else 2 + j % 2) for j in range(n)]
+
+
+def op_probe_values(n: int, dtype: torch.dtype, flipped: bool = False) -> dict[Op, float]:
+    """Each op's exact result on an op probe (:func:`op_probe_rows`), the same in every order.
+
+    For ``N >= 2`` every op gives a different value there (the partial sums
+    are whole numbers below ``2**8``; the product is left out when some
+    partial product would round or overflow).
+
+    >>> op_probe_values(3, torch.float32)
+    {'sum': 7.0, 'prod': 12.0, 'max': 3.0, 'min': 2.0, 'avg': 2.3333332538604736}
+    """
+    fmt = format_of(dtype)
+    xs = [int(x) for x in op_probe_rows(n, flipped)]
+    total = sum(xs)
+    threes, twos = xs.count(3), xs.count(2)
+    values: dict[Op, float] = {"sum": float(total)}
+    if 3**threes < 2**fmt.precision and 2**twos * 3**threes <= fmt.max_finite:
+        values["prod"] = float(2**twos * 3**threes)
+    values.update({"max": float(max(xs)), "min": float(min(xs)), "avg": round_to(fmt, Fraction(total, n))})
+    return values
+
+
+def _op_on_probe(fn: Launcher, case: Case, rank: int | None, flipped: bool) -> Op | None:
+    """The op (not the case's) whose exact value the target gives on every element of an op probe."""
+    values = op_probe_values(case.n, case.dtype, flipped)
+    per_worker = len(case.values) // case.n
+    rows = op_probe_rows(case.n, flipped)
+    got = well_formed(fn.call(replace(case, values=tuple(x for x in rows for _ in range(per_worker)))), rank)
+    if got is None:
+        return None
+    actual = as_float_list(got)
+    asked = case.reduction
+    for other in OPS:
+        if other == asked or other not in values or (asked == "sum" and other == "avg"):
+            continue
+        if all(y == values[other] for y in actual):
+            return other
+    return None
+
+
+def _other_op(fn: Launcher, case: Case, result: torch.Tensor, rank: int | None) -> tuple[str, str] | None:
+    """From the op probes, ``("sum-not-op" | "wrong-op", explanation)`` when the target computed another op.
+
+    Both probes (2, 3, 2, ... and 3, 2, 3, ...) must show the same other op,
+    so that a target which loses a worker is not taken for one computing
+    ``min`` (on 2, 3 it keeps 2) or ``max`` (on 3, 2 it keeps 3), and the
+    counterexample's result must pass that op's bound oracle (``sum + 1`` is
+    the product on both probes for ``N = 2``, and on no other input).
+    """
+    if case.n < 2:
+        return None
+    other = _op_on_probe(fn, case, rank, flipped=False)
+    if other is None or _op_on_probe(fn, case, rank, flipped=True) != other:
+        return None
+    if check_values("bound", replace(case, op=other), result).mismatch is not None:
+        return None
+    asked, values = case.reduction, op_probe_values(case.n, case.dtype)
+    want = values.get(asked)
+    expected = f", where {asked} gives {want!r}" if want is not None else ""
+    return ("sum-not-op" if other == "sum" else "wrong-op"), (
+        f"On the op probes (worker j holds 2 + j % 2: 2, 3, 2, ..., and 3 - j % 2, where every op gives "
+        f"another value) every element is the {_EXACT_WORD[other]} ({values[other]!r} on the first"
+        f"{expected}): the target computed {other} when asked for {asked}"
+    )
+
+
+def _divided_first(fn: Launcher, case: Case, result: torch.Tensor, rank: int | None) -> str:
+    """Why the ``avg`` result is a sum of contributions each divided by ``N`` first (``""``: it is not).
+
+    Either the result is bit for bit the ring's sum of the rounded quotients
+    ``x_i / N``, or of the rounded products ``x_i * fl(1/N)`` (NCCL's
+    floating-point average, clause ``op-avg``), or on rows all equal to a
+    small whole ``v`` (where the average is exactly ``v`` in every order, yet
+    ``N`` copies of ``v / N`` rounded do not sum to ``v``) the target misses
+    ``v`` and stays within the sum's bound of ``N`` copies of ``v / N`` rounded.
+    """
+    n, fmt = case.n, format_of(case.dtype)
+    if n < 2:
+        return ""
+    reciprocal = Fraction(round_to(fmt, Fraction(1, n)))
+    ways: dict[str, Callable[[float], Fraction]] = {
+        f"each divided by N first (x_i / {n} rounded, then summed)": lambda x: Fraction(x) / n,
+        f"each multiplied by 1/N rounded first (x_i * {float(reciprocal)!r} rounded, then summed, "
+        "as NCCL's ncclAvg premultiplies)": lambda x: Fraction(x) * reciprocal,
+    }
+    for words, scale in ways.items():
+        scaled = tuple(round_to(fmt, scale(x), math.copysign(1.0, x) < 0) for x in case.values)
+        if torch.equal(bits(ring_all_reduce(replace(case, values=scaled).tensor())), bits(result)):
+            return (
+                f"The result is bit for bit the ring's sum of the contributions {words}, not the ring's "
+                "sum divided once (clause op-avg)"
+            )
+    for v in range(1, min(2**fmt.precision // n, 63) + 1, 2):
+        q = round_to(fmt, Fraction(v, n))
+        copies = torch.full((1,), q, dtype=torch.float64).to(case.dtype)
+        folded = copies.clone()
+        for _ in range(n - 1):
+            folded = folded + copies
+        if float(folded[0]) != v:
+            break
+    else:
+        return ""
+    got = well_formed(fn.call(replace(case, values=(float(v),) * len(case.values))), rank)
+    if got is None:
+        return ""
+    actual = as_float_list(got)
+    room = fmt.gamma(n - 1) * n * Fraction(q)
+    if all(y == v for y in actual) or any(abs(Fraction(y) - n * Fraction(q)) > room for y in actual):
+        return ""
+    off = next(y for y in actual if y != v)
+    return (
+        f"With every worker holding {v} (the average is exactly {v} in every order) the target gives "
+        f"{off!r}: a sum of {n} contributions each divided first ({v}/{n} rounded is {q!r}), not the "
+        "sum divided once (clause op-avg)"
     )
 
 

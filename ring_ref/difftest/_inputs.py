@@ -1,10 +1,16 @@
 """Inputs: the generated cases, their memory layouts, order-free values and one-hot probes.
 
 A :class:`Case` holds exact values (Python floats already representable in its
-dtype), so it can be rebuilt, shown in a report and replayed.  :func:`cases`
-is the Hypothesis strategy for one mode; :func:`one_worker_cases` are the
-``N = 1`` cases always run first; :func:`probe_cases` are the diagnosis'
-one-hot inputs.
+dtype) and the op asked for, so it can be rebuilt, shown in a report and
+replayed.  :func:`cases` is the Hypothesis strategy for one mode and op;
+:func:`one_worker_cases` are the ``N = 1`` cases always run first;
+:func:`probe_cases` are the diagnosis' one-hot inputs.
+
+What is drawn depends on the op (clause ``difftest-ops``): ``sum`` and ``avg``
+as described in :func:`cases`; ``prod`` powers of two whose every partial
+product is exact (order-free) or values near one whose every partial product
+stays in the normal range (exact, bound); ``max`` and ``min`` many ties,
+zeros of both signs among them.
 """
 
 from __future__ import annotations
@@ -19,19 +25,22 @@ import torch
 from hypothesis import strategies as st
 
 from ring_ref._dtypes import dtype_name, format_of
-from ring_ref.difftest._vocabulary import DTYPES, Mode
+from ring_ref.difftest._vocabulary import DTYPES, Mode, Op
 
 __all__ = [
     "LAYOUTS",
     "MAX_NUMEL",
     "ORDER_FREE_EXPONENTS",
+    "TIES",
     "Case",
     "cases",
     "lay_out",
+    "near_one_log_bound",
     "one_worker_cases",
     "order_free_k_bound",
     "order_free_values",
     "probe_cases",
+    "prod_exponent_bound",
 ]
 
 LAYOUTS: Final = ("contiguous", "transposed", "strided", "sliced")
@@ -48,6 +57,14 @@ class Case:
     dtype: torch.dtype
     layout: str
     values: tuple[float, ...]
+    op: Op | None = None
+    """The op asked for (``--op``); ``None`` when none was given: the target is called without ``op=``
+    and must sum."""
+
+    @property
+    def reduction(self) -> Op:
+        """The op the result is checked for: :attr:`op`, or ``"sum"`` when none was given."""
+        return self.op or "sum"
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -74,7 +91,7 @@ class Case:
         return torch.tensor(row, dtype=torch.float64).to(self.dtype).reshape(self.m, *self.trailing)
 
     def to_json(self) -> dict[str, Any]:
-        """The input as JSON: shape, dtype, layout and the nested values."""
+        """The input as JSON: shape, dtype, layout, op and the nested values."""
         nested = torch.tensor(self.values, dtype=torch.float64).reshape(self.shape).tolist()
         return {
             "n": self.n,
@@ -82,6 +99,7 @@ class Case:
             "shape": list(self.shape),
             "dtype": dtype_name(self.dtype),
             "layout": self.layout,
+            "op": self.reduction,
             "input": nested,
         }
 
@@ -127,16 +145,87 @@ def order_free_k_bound(dtype: torch.dtype, n: int) -> int:
     return (1 << format_of(dtype).precision) // n
 
 
-def order_free_values(dtype: torch.dtype, n: int, count: int, rng: random.Random) -> tuple[float, ...]:
-    """``count`` values ``k * 2**e`` whose every partial sum over ``n`` workers is exact in ``dtype``.
+def prod_exponent_bound(dtype: torch.dtype, n: int) -> int:
+    """The largest ``|k|`` of order-free ``prod`` inputs ``+-2**k``: ``min(emax, p - 1 - emin) // n``.
+
+    Any partial product of ``n`` such values, in any order, is ``+-2**K`` with
+    ``|K| <= n |k|``, between the smallest subnormal ``2**(emin - p + 1)`` and
+    ``2**emax``: exactly representable, so every multiplication is exact (and
+    the sign of a product, zeros included, is the exclusive or of the signs).
+
+    >>> prod_exponent_bound(torch.float16, 2), prod_exponent_bound(torch.float16, 16)
+    (7, 0)
+    """
+    fmt = format_of(dtype)
+    return min(fmt.emax, fmt.precision - 1 - fmt.emin) // n
+
+
+def near_one_log_bound(dtype: torch.dtype, n: int) -> float:
+    """``T``: ``prod`` inputs of magnitude ``2**t``, ``|t| <= T``, keep every partial product normal.
+
+    ``T = (min(emax, -emin) - 1) / n``: a product of at most ``n`` of them lies
+    within ``2**(emin + 1)`` and ``2**(emax - 1)``, a factor of 2 inside the
+    normal range, which absorbs the values' own rounding and the ``N - 2``
+    roundings before the last multiplication (at most ``(1 + u)**n (1 + gamma_{n-2})``,
+    below 1.7 for every dtype up to ``n = 64``), so no order underflows or overflows.
+
+    >>> near_one_log_bound(torch.float16, 2), near_one_log_bound(torch.float32, 16)
+    (6.5, 7.8125)
+    """
+    fmt = format_of(dtype)
+    return (min(fmt.emax, -fmt.emin) - 1) / n
+
+
+TIES: Final = (0.0, -0.0, 1.0, -1.0, 2.0, -2.0)
+"""The values ``max`` and ``min`` inputs are drawn from besides random ones: ties, zeros of both signs."""
+
+
+def _signed(negative: bool, magnitude: float) -> float:
+    return -magnitude if negative else magnitude
+
+
+def _pow2(rng: random.Random, k_max: int) -> float:
+    """``+-2**k`` with ``|k| <= k_max``, or (one time in eight) a zero of either sign."""
+    if rng.random() < 0.125:
+        return rng.choice((0.0, -0.0))
+    return _signed(rng.random() < 0.5, 2.0 ** rng.randint(-k_max, k_max))
+
+
+def order_free_values(
+    dtype: torch.dtype, n: int, count: int, rng: random.Random, op: Op = "sum"
+) -> tuple[float, ...]:
+    """``count`` order-free values for ``op`` over ``n`` workers in ``dtype``.
+
+    ``sum`` and ``avg``: ``k * 2**e`` whose every partial sum is exact;
+    ``prod``: ``+-2**k`` or zeros whose every partial product is exact
+    (:func:`prod_exponent_bound`); ``max``, ``min``: :data:`TIES`.
 
     >>> vals = order_free_values(torch.bfloat16, 16, 4, random.Random(0))
     >>> all(abs(v) * 16 <= 2**8 * 2**4 for v in vals)
     True
+    >>> set(order_free_values(torch.float16, 16, 8, random.Random(0), "prod")) <= {1.0, -1.0, 0.0}
+    True
     """
+    if op == "prod":
+        k_max = prod_exponent_bound(dtype, n)
+        return tuple(_pow2(rng, k_max) for _ in range(count))
+    if op in ("max", "min"):
+        return tuple(rng.choice(TIES) for _ in range(count))
     bound = order_free_k_bound(dtype, n)
     scale = 2.0 ** rng.randint(*ORDER_FREE_EXPONENTS)
     return tuple(rng.randint(-bound, bound) * scale for _ in range(count))
+
+
+def _near_one(dtype: torch.dtype, n: int, count: int, rng: random.Random) -> tuple[float, ...]:
+    """Values ``+-2**t``, ``|t| <= T`` (:func:`near_one_log_bound`), rounded to ``dtype``; a few zeros."""
+    t_max = near_one_log_bound(dtype, n)
+    raw = [
+        rng.choice((0.0, -0.0))
+        if rng.random() < 0.0625
+        else _signed(rng.random() < 0.5, 2.0 ** rng.uniform(-t_max, t_max))
+        for _ in range(count)
+    ]
+    return _in_dtype(raw, dtype)
 
 
 def _random_floats(dtype: torch.dtype, fill: str, count: int, rng: random.Random) -> tuple[float, ...]:
@@ -159,6 +248,8 @@ def cases(
     dtypes: Sequence[torch.dtype] = tuple(DTYPES.values()),
     max_workers: int = 16,
     layouts: Sequence[str] = LAYOUTS,
+    *,
+    op: Op | None = None,
 ) -> Case:
     """A valid ring input for ``mode``: ``M`` a multiple of ``N``, at most :data:`MAX_NUMEL` elements.
 
@@ -169,7 +260,15 @@ def cases(
     seed) with up to eight drawn elements written over it.  That keeps the
     number of Hypothesis choices small whatever the size, so shrinking is
     fast and ends at a readable input: few workers, mostly zeros.
+
+    ``op`` (``None``: none given, a sum) picks the values: ``sum``, ``avg``:
+    order-free ``k * 2**e`` or random ones (moderate, any finite bit pattern,
+    then scaled down by a drawn headroom); ``prod``: order-free ``+-2**k`` and
+    zeros, else values near one (:func:`near_one_log_bound`); ``max``,
+    ``min``: :data:`TIES` and zeros of random sign (order-free), also random
+    ones (exact, bound).  Every case carries ``op``.
     """
+    reduction: Op = op or "sum"
     dtype = draw(st.sampled_from(tuple(dtypes)))
     n = draw(st.integers(1, max_workers))
     m = n * draw(st.integers(1, max(1, min(3, MAX_NUMEL // (n * n)))))
@@ -179,52 +278,102 @@ def cases(
     count = n * m * math.prod(trailing)
     layout = draw(st.sampled_from(tuple(layouts)))
     order_free = mode == "order-free"
-    fill = draw(st.sampled_from(("zeros", "random") if order_free else ("zeros", "normal", "wide")))
-    rng = random.Random(draw(st.integers(0, 2**32 - 1)))
-    element: st.SearchStrategy[float]
+    rng = random.Random()
+    values, element = _draw_fill(
+        draw, reduction, order_free=order_free, dtype=dtype, n=n, count=count, rng=rng
+    )
+    for index, value in draw(st.lists(st.tuples(st.integers(0, count - 1), element), max_size=8)):
+        values[index] = value
+    if not order_free and reduction != "prod":
+        headroom = draw(st.sampled_from((0, n.bit_length() + 1)))
+        values = list(_in_dtype([v * 2.0**-headroom for v in values], dtype))
+    elif not order_free:
+        values = list(_in_dtype(values, dtype))
+    return Case(n, m, trailing, dtype, layout, tuple(values), op)
+
+
+def _draw_fill(
+    draw: st.DrawFn, op: Op, *, order_free: bool, dtype: torch.dtype, n: int, count: int, rng: random.Random
+) -> tuple[list[float], st.SearchStrategy[float]]:
+    """The fill (``count`` values) and the strategy for the elements drawn over it, per op and mode."""
+    fills: tuple[str, ...]
+    if op in ("max", "min"):
+        fills = ("zeros", "ties") if order_free else ("zeros", "ties", "normal", "wide")
+    elif op == "prod":
+        fills = ("zeros", "random")
+    else:
+        fills = ("zeros", "random") if order_free else ("zeros", "normal", "wide")
+    fill = draw(st.sampled_from(fills))
+    rng.seed(draw(st.integers(0, 2**32 - 1)))
+    # Hypothesis draws float16, float32 or float64; bfloat16 values are float32 ones, rounded.
+    width = cast(Literal[16, 32, 64], 16 if dtype == torch.float16 else max(32, format_of(dtype).bits))
+    floats = st.floats(allow_nan=False, allow_infinity=False, width=width)
+    if op in ("max", "min"):
+        zeros = [rng.choice((0.0, -0.0)) for _ in range(count)]
+        if fill == "zeros":
+            values = zeros
+        elif fill == "ties":
+            values = [rng.choice(TIES) for _ in range(count)]
+        else:
+            values = list(_random_floats(dtype, fill, count, rng))
+        return values, (st.sampled_from(TIES) if order_free else st.one_of(st.sampled_from(TIES), floats))
+    if op == "prod":
+        if order_free:
+            k_max = prod_exponent_bound(dtype, n)
+            values = [0.0] * count if fill == "zeros" else [_pow2(rng, k_max) for _ in range(count)]
+            powers = st.tuples(st.booleans(), st.integers(-k_max, k_max)).map(
+                lambda t: _signed(t[0], 2.0 ** t[1])
+            )
+            return values, st.one_of(powers, st.sampled_from((0.0, -0.0)))
+        t_max = near_one_log_bound(dtype, n)
+        values = [0.0] * count if fill == "zeros" else list(_near_one(dtype, n, count, rng))
+        near = st.tuples(st.booleans(), st.floats(-t_max, t_max)).map(lambda t: _signed(t[0], 2.0 ** t[1]))
+        return values, st.one_of(near, st.sampled_from((0.0, -0.0)))
     if order_free:
         bound = order_free_k_bound(dtype, n)
         scale = 2.0 ** draw(st.integers(*ORDER_FREE_EXPONENTS))
         values = (
             [0.0] * count if fill == "zeros" else [rng.randint(-bound, bound) * scale for _ in range(count)]
         )
-        element = st.integers(-bound, bound).map(lambda k: k * scale)
-    else:
-        values = [0.0] * count if fill == "zeros" else list(_random_floats(dtype, fill, count, rng))
-        # Hypothesis draws float16, float32 or float64; bfloat16 values are float32 ones, rounded.
-        width = cast(Literal[16, 32, 64], 16 if dtype == torch.float16 else max(32, format_of(dtype).bits))
-        element = st.floats(allow_nan=False, allow_infinity=False, width=width)
-    for index, value in draw(st.lists(st.tuples(st.integers(0, count - 1), element), max_size=8)):
-        values[index] = value
-    if not order_free:
-        headroom = draw(st.sampled_from((0, n.bit_length() + 1)))
-        values = list(_in_dtype([v * 2.0**-headroom for v in values], dtype))
-    return Case(n, m, trailing, dtype, layout, tuple(values))
+        return values, st.integers(-bound, bound).map(lambda k: k * scale)
+    values = [0.0] * count if fill == "zeros" else list(_random_floats(dtype, fill, count, rng))
+    return values, floats
 
 
-def one_worker_cases(mode: Mode, dtypes: Sequence[torch.dtype], *, per_rank: bool = False) -> list[Case]:
+def one_worker_cases(
+    mode: Mode, dtypes: Sequence[torch.dtype], *, per_rank: bool = False, op: Op | None = None
+) -> list[Case]:
     """Explicit ``N = 1`` cases, always run first: per dtype one contiguous and one non-contiguous input.
 
     The non-contiguous one alternates between the ``sliced`` and ``strided``
     layouts, with a trailing dimension so that torch does not call it
     contiguous; ``per_rank``: contiguous, as a rank's tensor always is.
+    ``prod`` gets powers of two, ``max`` and ``min`` zeros of both signs too.
 
     >>> [(c.n, c.layout, c.tensor().is_contiguous()) for c in one_worker_cases("bound", [torch.float16])]
     [(1, 'contiguous', True), (1, 'sliced', False)]
     """
-    values = (3.0, -1.5, 0.25, 2.0) if mode == "order-free" else (1.5, -3.0e-3, 0.1, 7.0)
+    if op == "prod":
+        values: tuple[float, ...] = (2.0, -0.5, 0.25, -0.0)
+    elif op in ("max", "min"):
+        values = (-0.0, 1.5, 0.0, -3.0)
+    else:
+        values = (3.0, -1.5, 0.25, 2.0) if mode == "order-free" else (1.5, -3.0e-3, 0.1, 7.0)
     out = []
     for k, dtype in enumerate(dtypes):
-        out.append(Case(1, 2, (), dtype, "contiguous", _in_dtype(values[:2], dtype)))
+        out.append(Case(1, 2, (), dtype, "contiguous", _in_dtype(values[:2], dtype), op))
         layout = "contiguous" if per_rank else ("sliced", "strided")[k % 2]
-        out.append(Case(1, 2, (2,), dtype, layout, _in_dtype(values, dtype)))
+        out.append(Case(1, 2, (2,), dtype, layout, _in_dtype(values, dtype), op))
     return out
 
 
-def probe_cases(case: Case) -> list[Case]:
-    """Per worker ``j``, a probe: the case's shape, dtype and layout; ones in worker ``j``, else zeros."""
+def probe_cases(case: Case, base: float = 0.0, mark: float = 1.0) -> list[Case]:
+    """Per worker ``j``, a probe: the case's shape, dtype, layout and op; ``mark`` in worker ``j``, else
+    ``base`` (by default ones in worker ``j``, zeros elsewhere: one-hot)."""
     per_worker = len(case.values) // case.n
     return [
-        replace(case, values=tuple(1.0 if i == j else 0.0 for i in range(case.n) for _ in range(per_worker)))
+        replace(
+            case, values=tuple(mark if i == j else base for i in range(case.n) for _ in range(per_worker))
+        )
         for j in range(case.n)
     ]

@@ -4,7 +4,8 @@
 (started on first use, restarted after a failure) and :meth:`MpiTarget.call`
 runs the target once on every rank: rank ``i`` gets its own fresh, contiguous,
 writeable ``numpy`` array holding ``inputs[i]``, and a duplicate of the job's
-``COMM_WORLD``.  A rank's *result* is the array the target returns, or, when it
+``COMM_WORLD`` (and, when an op is asked for, ``op=`` its name:
+``fn(comm, array, op="max")``).  A rank's *result* is the array the target returns, or, when it
 returns ``None``, the array itself after the call (in place, like
 ``comm.Allreduce(MPI.IN_PLACE, ...)``).
 
@@ -95,9 +96,13 @@ def _plain(array: npt.NDArray[Any]) -> tuple[str, tuple[int, ...], bytes]:
     return array.dtype.name, tuple(int(d) for d in array.shape), np.ascontiguousarray(array).tobytes()
 
 
-def observe(comm: Any, payload: tuple[str, str, tuple[int, ...], list[bytes]]) -> dict[str, Any]:
-    """On one rank: call the target on this rank's input and describe what it did, as plain data."""
-    name, dtype, shape, inputs = payload
+def observe(comm: Any, payload: tuple[str, str, tuple[int, ...], list[bytes], str | None]) -> dict[str, Any]:
+    """On one rank: call the target on this rank's input and describe what it did, as plain data.
+
+    ``payload``: the target's name, the dtype and shape, every rank's input bytes, and the op's
+    name (``None``: call without ``op=``).
+    """
+    name, dtype, shape, inputs, op = payload
     rank = comm.Get_rank()
     try:
         fn = _LOADED[name] if name in _LOADED else _LOADED.setdefault(name, load_target(name))
@@ -106,7 +111,7 @@ def observe(comm: Any, payload: tuple[str, str, tuple[int, ...], list[bytes]]) -
     array = np.frombuffer(inputs[rank], dtype=np.dtype(dtype)).reshape(shape).copy()
     raised, text, returned = "", "", None
     try:
-        returned = fn(comm, array)
+        returned = fn(comm, array) if op is None else fn(comm, array, op=op)
     except BaseException as exc:  # a target's SystemExit or KeyboardInterrupt is its answer too
         raised = f"{type(exc).__name__}: {exc}"
         text = "".join(traceback.format_exception(exc))
@@ -178,8 +183,9 @@ class MpiTarget:
         self.mca = dict(mca or {})
         self._rings: dict[int, MpiRing] = dict(rings or {})
 
-    def call(self, inputs: Sequence[npt.NDArray[Any]]) -> RanksCall:
-        """Run the target once on ``len(inputs)`` ranks, rank ``i`` on ``inputs[i]``.
+    def call(self, inputs: Sequence[npt.NDArray[Any]], op: str | None = None) -> RanksCall:
+        """Run the target once on ``len(inputs)`` ranks, rank ``i`` on ``inputs[i]`` (with ``op=op``
+        unless ``op`` is ``None``).
 
         :class:`ring_ref.difftest._targets.TargetError` if the ranks cannot load it.
         """
@@ -191,6 +197,7 @@ class MpiTarget:
             first.dtype.name,
             tuple(first.shape),
             [np.ascontiguousarray(x).tobytes() for x in inputs],
+            op,
         )
         start = time.monotonic()
         try:

@@ -12,6 +12,7 @@ result shares the argument's memory, the exception), or as a
 :class:`~ring_ref.difftest._call.Failure` (``timed-out`` with each unfinished
 rank's stack, ``crashed`` with the dead rank).
 
+With an op (``case.op``) each rank is called ``TARGET(comm, array, op=NAME)``.
 ``numpy`` has no bfloat16, so this launcher takes float16, float32 and
 float64 cases only (:data:`MPI_DTYPES`); a target that cannot reduce float16
 (``comm.Allreduce``: MPI has no such type) is reported as ``raised``.
@@ -121,7 +122,7 @@ class MpiRanks(Launcher):
             raise ValueError(f"--ranks mpi takes {[str(d) for d in MPI_DTYPES]} only; got {case.dtype}")
         inputs = [case.rank_tensor(r).numpy() for r in range(case.n)]
         try:
-            got = self._mpi.call(inputs)
+            got = self._mpi.call(inputs, case.op)
         except RuntimeError as exc:  # mpirun could not start the ranks (or is missing)
             raise TargetError(f"starting {case.n} MPI rank(s) failed: {exc}") from exc
         if got.failure is not None:

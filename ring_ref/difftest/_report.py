@@ -10,7 +10,7 @@ from typing import Any
 from ring_ref._dtypes import dtype_name
 from ring_ref.difftest._diagnosis import Finding
 from ring_ref.difftest._inputs import Case
-from ring_ref.difftest._vocabulary import CODES, Mode
+from ring_ref.difftest._vocabulary import CODES, Mode, Op
 
 __all__ = ["ModeResult", "Report"]
 
@@ -26,6 +26,8 @@ class ModeResult:
     finding: Finding | None = None
     counterexample: Case | None = None
     output: str = ""
+    underflow_skipped: int = 0
+    """``prod``'s bound: elements accepted where some order could underflow (the bound does not hold)."""
 
     def to_json(self, seed: int) -> dict[str, Any]:
         """This mode's part of the JSON report."""
@@ -33,6 +35,7 @@ class ModeResult:
             "verdict": self.verdict,
             "examples": self.examples,
             "overflow_skipped": self.overflow_skipped,
+            "underflow_skipped": self.underflow_skipped,
         }
         if self.finding is not None and self.counterexample is not None:
             out["diagnoses"] = self.finding.codes
@@ -75,6 +78,8 @@ class Report:
     timeout_s: float | None = None
     output_bytes: int = 0
     output: str = ""
+    op: Op | None = None
+    """The op asked for (``--op``); ``None``: none given, the target summed without ``op=``."""
 
     @property
     def verdict(self) -> str:
@@ -89,27 +94,44 @@ class Report:
 
     @property
     def only_ring_order(self) -> bool:
-        """True when the sole failure is ``exact`` with ``not-ring-order`` while the others pass."""
+        """True when the sole failure is ``exact`` with ``not-ring-order`` while the others pass.
+
+        For ``max`` and ``min``, whose order shows only in the sign of zeros, also ``signed-zero``.
+        """
         failed = {name: r for name, r in self.modes.items() if r.verdict == "fail"}
         others_ran = {"order-free", "bound"} <= set(self.modes)
+        orders = [["not-ring-order"], ["signed-zero"]] if self.op in ("max", "min") else [["not-ring-order"]]
         return (
             others_ran
             and set(failed) == {"exact"}
             and failed["exact"].finding is not None
-            and failed["exact"].finding.codes == ["not-ring-order"]
+            and failed["exact"].finding.codes in orders
         )
 
     def summary(self) -> str:
         """One sentence: the verdict in plain words."""
+        op = f" (op {self.op})" if self.op is not None else ""
         if self.verdict == "pass":
-            return f"PASS: {self.target} matches the reference in every mode run ({', '.join(self.modes)})."
-        if self.only_ring_order:
             return (
-                f"FAIL (exact only): {self.target} computes a correct all-reduce - it passes order-free "
-                "and bound - but sums in a different order than the ring, so it is not bitwise the "
+                f"PASS: {self.target}{op} matches the reference in every mode run ({', '.join(self.modes)})."
+            )
+        if self.only_ring_order:
+            exact = self.modes["exact"].finding
+            if self.op in ("max", "min") and exact is not None and exact.codes == ["signed-zero"]:
+                return (
+                    f"FAIL (exact only): {self.target} computes a correct {self.op} - it passes order-free "
+                    "and bound - but keeps another zero than the ring where -0 and +0 tie (signed-zero), "
+                    "so it is not bitwise the reference. Only an implementation of this exact schedule "
+                    "must pass exact."
+                )
+            what = "all-reduce" if self.op in (None, "sum") else f"{self.op} all-reduce"
+            verb = "sums" if self.op in (None, "sum", "avg") else "combines"
+            return (
+                f"FAIL (exact only): {self.target}{op} computes a correct {what} - it passes order-free "
+                f"and bound - but {verb} in a different order than the ring, so it is not bitwise the "
                 "reference (not-ring-order). Only an implementation of this exact schedule must pass exact."
             )
-        return f"FAIL: {self.target}: {', '.join(self.diagnoses)}."
+        return f"FAIL: {self.target}{op}: {', '.join(self.diagnoses)}."
 
     def to_json(self) -> dict[str, Any]:
         """The JSON report (schema: ``spec/difftest_report.schema.json``)."""
@@ -122,6 +144,7 @@ class Report:
             "summary": self.summary(),
             "isolated": self.isolated,
             "ranks": self.ranks,
+            "op": self.op or "sum",
             "timeout_s": self.timeout_s,
             "output": {"bytes": self.output_bytes, "text": self.output},
             "modes": {name: r.to_json(self.seed) for name, r in self.modes.items()},
@@ -130,6 +153,10 @@ class Report:
     def render(self) -> str:
         """The human-readable report."""
         lines = [self.summary()]
+        if self.op is not None:
+            lines.append(
+                f"  (op {self.op}: the target was called with op= too, and checked with {self.op}'s oracles)"
+            )
         if self.ranks:
             lines.append(
                 f"  (per rank: the target ran on every rank of a {self.ranks} group of N processes, "
@@ -143,6 +170,8 @@ class Report:
             lines.append("  (not isolated: the target ran in the tester's own process, with no time limit)")
         for name, r in self.modes.items():
             skip = f", {r.overflow_skipped} overflowing element(s) accepted" if r.overflow_skipped else ""
+            if r.underflow_skipped:
+                skip += f", {r.underflow_skipped} element(s) that could underflow accepted"
             lines.append(f"  {name}: {r.verdict.upper()} ({r.examples} inputs tried{skip})")
             if r.finding is not None and r.counterexample is not None:
                 c = r.counterexample

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, Verbosity, example, given, settings
 from hypothesis import seed as hypothesis_seed
 
 from ring_ref._dtypes import TORCH_DTYPES, dtype_name
+from ring_ref._ops import op_name
 from ring_ref.difftest._call import Outcome
 from ring_ref.difftest._diagnosis import Finding, as_launcher, diagnose, difference, passes
 from ring_ref.difftest._inputs import LAYOUTS, Case, cases, one_worker_cases
@@ -29,6 +30,8 @@ from ring_ref.difftest._vocabulary import (
     MODES,
     RANKS,
     Mode,
+    Op,
+    OpTarget,
     Ranks,
     Target,
 )
@@ -64,49 +67,41 @@ def run_mode(
     seed: int,
     max_workers: int,
     dtypes: Sequence[torch.dtype],
+    op: Op | None = None,
 ) -> ModeResult:
     """Run one oracle on ``examples`` generated inputs (plus the ``N = 1`` ones); shrink a failure.
 
+    ``op``: the op asked for (every case carries it; ``None``, none given: a sum).
     A call that times out or crashes ends the mode at once and is reported as
     found.  A failing case, once shrunk, is replayed twice: different answers
     are ``nondeterministic``; equal ones are diagnosed.
     """
     launcher = as_launcher(fn)
     calls = 0
-    overflow = 0
+    overflow = underflow = 0
 
     def check(case: Case) -> None:
-        nonlocal calls, overflow
+        nonlocal calls, overflow, underflow
         calls += 1
         outcome = launcher.call(case)
         if outcome.failure is not None:
             raise _NoAnswer(outcome)
-        ok, skipped = passes(outcome, mode)
-        overflow += skipped
+        ok, over, under = passes(outcome, mode)
+        overflow += over
+        underflow += under
         if not ok:
             raise _Failed(case)
 
-    layouts = ("contiguous",) if launcher.per_rank else LAYOUTS
-    order = EXACT_ORDER.get()
-    if mode == "exact" and order.cases is not None:
-        # An order saved for one N, M and dtype (difftest --order) covers only those inputs.
-        drawn = (
-            order.cases.map(lambda c: replace(c, layout="contiguous")) if launcher.per_rank else order.cases
-        )
-        test = given(drawn)(check)
-    else:
-        test = given(cases(mode, dtypes, max_workers, layouts))(check)
-        for case in reversed(one_worker_cases(mode, dtypes, per_rank=launcher.per_rank)):
-            test = example(case)(test)
-    test = settings(
-        max_examples=examples,
-        deadline=None,
-        database=None,
-        verbosity=Verbosity.quiet,
-        report_multiple_bugs=False,
-        suppress_health_check=list(HealthCheck),
-    )(test)
-    test = hypothesis_seed(seed)(test)
+    test = _search_test(
+        check,
+        mode,
+        per_rank=launcher.per_rank,
+        examples=examples,
+        seed=seed,
+        max_workers=max_workers,
+        dtypes=dtypes,
+        op=op,
+    )
 
     def fails(candidate: Case) -> bool:
         try:
@@ -126,7 +121,7 @@ def run_mode(
                 raise
             case = found.case
         else:
-            return ModeResult(mode, "pass", calls, overflow)
+            return ModeResult(mode, "pass", calls, overflow, underflow_skipped=underflow)
         case = zero_out(case, fails)
         first, second = launcher.call(case), launcher.call(case)
         for outcome in (first, second):
@@ -134,7 +129,8 @@ def run_mode(
                 raise _NoAnswer(outcome)
     except _NoAnswer as stopped:
         got = stopped.outcome
-        return ModeResult(mode, "fail", calls, overflow, diagnose(launcher, got, mode), got.case, got.output)
+        finding = diagnose(launcher, got, mode)
+        return ModeResult(mode, "fail", calls, overflow, finding, got.case, got.output, underflow)
     changed = difference(first, second)
     finding = (
         Finding(["nondeterministic"], f"The same input, called twice, gave different answers: {changed}")
@@ -147,7 +143,40 @@ def run_mode(
             "This input failed during the search but passed both times it was replayed: the target's "
             "answer depends on more than its input (earlier calls, time, randomness)",
         )
-    return ModeResult(mode, "fail", calls, overflow, finding, case, first.output)
+    return ModeResult(mode, "fail", calls, overflow, finding, case, first.output, underflow)
+
+
+def _search_test(
+    check: Callable[[Case], None],
+    mode: Mode,
+    *,
+    per_rank: bool,
+    examples: int,
+    seed: int,
+    max_workers: int,
+    dtypes: Sequence[torch.dtype],
+    op: Op | None,
+) -> Callable[[], None]:
+    """The Hypothesis test that runs ``check`` on the mode's cases (the ``N = 1`` ones first)."""
+    layouts = ("contiguous",) if per_rank else LAYOUTS
+    order = EXACT_ORDER.get()
+    if mode == "exact" and order.cases is not None:
+        # An order saved for one N, M and dtype (difftest --order) covers only those inputs.
+        drawn = order.cases.map(lambda c: replace(c, layout="contiguous")) if per_rank else order.cases
+        test = given(drawn)(check)
+    else:
+        test = given(cases(mode, dtypes, max_workers, layouts, op=op))(check)
+        for case in reversed(one_worker_cases(mode, dtypes, per_rank=per_rank, op=op)):
+            test = example(case)(test)
+    test = settings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        verbosity=Verbosity.quiet,
+        report_multiple_bugs=False,
+        suppress_health_check=list(HealthCheck),
+    )(test)
+    return hypothesis_seed(seed)(test)
 
 
 ZERO_OUT_BUDGET: Final = 64
@@ -185,7 +214,7 @@ def _first_failed(group: BaseExceptionGroup[BaseException]) -> _Failed | None:
 
 
 def difftest(
-    fn: Target | str,
+    fn: Target | OpTarget | str,
     *,
     modes: Iterable[Mode] = MODES,
     examples: int = 100,
@@ -197,6 +226,7 @@ def difftest(
     isolate: bool | None = None,
     ranks: Ranks | None = None,
     mca: Mapping[str, str] | None = None,
+    op: object = None,
 ) -> Report:
     """Check ``fn`` against the reference in each of ``modes``; return the :class:`Report`.
 
@@ -227,8 +257,16 @@ def difftest(
 
     ``dtypes`` defaults to every dtype the launcher takes.
 
+    ``op`` (``"sum"``, ``"prod"``, ``"max"``, ``"min"``, ``"avg"``, or a
+    ``torch.distributed.ReduceOp``; clause ``difftest-ops``): the target is
+    called with ``op=`` as well (the name; a gloo rank gets the ``ReduceOp``)
+    and checked with that op's oracles.  ``None`` (the default): the target is
+    called without ``op=`` and must sum.  ``exact`` against another order
+    (``--schedule``, ``--order``) checks ``sum`` only.
+
     Raises :class:`~ring_ref.difftest.TargetError` when the target cannot be loaded.
     """
+    reduce_op: Op | None = None if op is None else op_name(op)
     modes = tuple(modes)
     if ranks is not None and ranks not in RANKS:
         raise ValueError(f"ranks must be one of {list(RANKS)} or None; got {ranks!r}")
@@ -236,46 +274,35 @@ def difftest(
     problem = option_problem(examples=examples, seed=seed, max_workers=workers, timeout=timeout)
     if problem:
         raise ValueError(problem)
-    allowed = MPI_DTYPES if ranks == "mpi" else tuple(DTYPES.values())
-    if dtypes is None:
-        dtypes = allowed
-    if not dtypes or any(d not in TORCH_DTYPES for d in dtypes):
-        raise ValueError(f"dtypes must be a non-empty subset of {list(DTYPES)}; got {list(dtypes)}")
-    if any(d not in allowed for d in dtypes):
-        raise ValueError(
-            f"--ranks mpi hands each rank a numpy array, and numpy has no bfloat16: choose dtypes from "
-            f"{[dtype_name(d) for d in allowed]}; got {[dtype_name(d) for d in dtypes]}"
-        )
+    dtypes = _dtypes_for(ranks, dtypes)
     if mca and ranks != "mpi":
         raise ValueError(f"mca (--mca) options are for ranks='mpi' (mpirun) only; got ranks={ranks!r}")
     if not modes or any(m not in MODES for m in modes):
         raise ValueError(f"modes must be a non-empty subset of {list(MODES)}; got {list(modes)}")
+    order = EXACT_ORDER.get()
+    if reduce_op is not None and "exact" in modes and reduce_op not in order.ops:
+        raise ValueError(
+            f"exact checks {order.name} for {', '.join(order.ops)} only; op {reduce_op!r} is checked "
+            "against the spec's ring (drop --schedule / --order, or run --mode order-free or bound)"
+        )
     if seed is None:
         seed = random.SystemRandom().randrange(2**32)
     launcher, name = _launcher(fn, isolate, timeout, ranks, mca)
-    mode_arg = modes[0] if len(modes) == 1 else "all"
-    if name is not None:
-        options = "" if timeout == DEFAULT_TIMEOUT_S else f" --timeout {timeout:g}"
-        options += "" if launcher.isolated else " --in-process"
-        options += "".join(f" --mca {key}={value}" for key, value in (mca or {}).items())
-        where = f"--ranks {ranks} " if ranks else ""
-        replay = (
-            f"ring-ref difftest {where}{name} --mode {mode_arg} --examples {examples} --seed {seed} "
-            f"--max-workers {workers} --dtypes {' '.join(dtype_name(d) for d in dtypes)}{options}"
-        )
-    else:
+    options = "" if timeout == DEFAULT_TIMEOUT_S else f" --timeout {timeout:g}"
+    options += "" if launcher.isolated else " --in-process"
+    options += "".join(f" --mca {key}={value}" for key, value in (mca or {}).items())
+    if name is None:
         name = str(getattr(fn, "__qualname__", repr(fn)))
-        replay = (
-            f"ring_ref.difftest.difftest({name}, modes={modes!r}, examples={examples}, seed={seed}, "
-            f"max_workers={workers}, dtypes=[{', '.join(f'torch.{dtype_name(d)}' for d in dtypes)}])"
-        )
-    report = Report(target or name, seed, replay, isolated=launcher.isolated, ranks=ranks)
+        replay = _replay(None, name, modes, examples, seed, workers, dtypes, options, reduce_op)
+    else:
+        replay = _replay(ranks, name, modes, examples, seed, workers, dtypes, options, reduce_op, cli=True)
+    report = Report(target or name, seed, replay, isolated=launcher.isolated, ranks=ranks, op=reduce_op)
     report.timeout_s = timeout if launcher.isolated else None
     try:
         launcher.start()
         for mode in modes:
             report.modes[mode] = run_mode(
-                launcher, mode, examples=examples, seed=seed, max_workers=workers, dtypes=dtypes
+                launcher, mode, examples=examples, seed=seed, max_workers=workers, dtypes=dtypes, op=reduce_op
             )
     finally:
         launcher.close()
@@ -283,8 +310,52 @@ def difftest(
     return report
 
 
+def _dtypes_for(ranks: Ranks | None, dtypes: Sequence[torch.dtype] | None) -> Sequence[torch.dtype]:
+    """The dtypes to generate: ``dtypes``, checked, or every one the launcher takes."""
+    allowed = MPI_DTYPES if ranks == "mpi" else tuple(DTYPES.values())
+    if dtypes is None:
+        return allowed
+    if not dtypes or any(d not in TORCH_DTYPES for d in dtypes):
+        raise ValueError(f"dtypes must be a non-empty subset of {list(DTYPES)}; got {list(dtypes)}")
+    if any(d not in allowed for d in dtypes):
+        raise ValueError(
+            f"--ranks mpi hands each rank a numpy array, and numpy has no bfloat16: choose dtypes from "
+            f"{[dtype_name(d) for d in allowed]}; got {[dtype_name(d) for d in dtypes]}"
+        )
+    return dtypes
+
+
+def _replay(  # noqa: PLR0917 - one line made of every option
+    ranks: Ranks | None,
+    name: str,
+    modes: tuple[Mode, ...],
+    examples: int,
+    seed: int,
+    workers: int,
+    dtypes: Sequence[torch.dtype],
+    options: str,
+    op: Op | None,
+    *,
+    cli: bool = False,
+) -> str:
+    """The command line (``cli``) or Python call that replays this run."""
+    if cli:
+        where = f"--ranks {ranks} " if ranks else ""
+        asked = f" --op {op}" if op is not None else ""
+        mode_arg = modes[0] if len(modes) == 1 else "all"
+        return (
+            f"ring-ref difftest {where}{name}{asked} --mode {mode_arg} --examples {examples} --seed {seed} "
+            f"--max-workers {workers} --dtypes {' '.join(dtype_name(d) for d in dtypes)}{options}"
+        )
+    asked = f", op={op!r}" if op is not None else ""
+    return (
+        f"ring_ref.difftest.difftest({name}, modes={modes!r}, examples={examples}, seed={seed}, "
+        f"max_workers={workers}, dtypes=[{', '.join(f'torch.{dtype_name(d)}' for d in dtypes)}]{asked})"
+    )
+
+
 def _launcher(
-    fn: Target | str,
+    fn: Target | OpTarget | str,
     isolate: bool | None,
     timeout: float,
     ranks: Ranks | None,

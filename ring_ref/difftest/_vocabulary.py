@@ -1,4 +1,4 @@
-"""The tester's fixed names: oracle modes, diagnosis codes, dtypes by name, and what a target is."""
+"""The tester's fixed names: oracle modes, diagnosis codes, ops, dtypes by name, and what a target is."""
 
 from __future__ import annotations
 
@@ -8,8 +8,23 @@ from typing import Final, Literal
 import torch
 
 from ring_ref._dtypes import FORMATS
+from ring_ref._ops import OPS, Op
 
-__all__ = ["CODES", "DEFAULT_TIMEOUT_S", "DTYPES", "MAX_RANKS", "MODES", "RANKS", "Mode", "Ranks", "Target"]
+__all__ = [
+    "CODES",
+    "DEFAULT_TIMEOUT_S",
+    "DTYPES",
+    "MAX_RANKS",
+    "MODES",
+    "OPS",
+    "RANKS",
+    "Mode",
+    "Op",
+    "OpTarget",
+    "Ranks",
+    "Target",
+    "op_argument",
+]
 
 Mode = Literal["exact", "order-free", "bound"]
 MODES: Final[tuple[Mode, ...]] = ("exact", "order-free", "bound")
@@ -26,7 +41,11 @@ CODES: Final = (
     "nondeterministic",
     "ranks-disagree",
     "mean-not-sum",
+    "sum-not-op",
+    "wrong-op",
+    "avg-divided-first",
     "double-counted",
+    "signed-zero",
     "not-ring-order",
     "out-of-bound",
 )
@@ -49,4 +68,31 @@ MAX_RANKS: Final = 8
 Target = Callable[[torch.Tensor], object]
 """A target: stacked, ``fn(worker_tensors)`` with the signature of :func:`ring_ref.ring_all_reduce`; or
 per rank (``ranks="gloo"``), ``fn(tensor)`` on every rank of a process group with that rank's
-``(M, ...)`` tensor, returning the result or ``None`` (then the tensor itself, after the call, is it)."""
+``(M, ...)`` tensor, returning the result or ``None`` (then the tensor itself, after the call, is it).
+With an op (``--op``) it is also given ``op=`` (:func:`op_argument`), so it then takes two arguments."""
+
+
+OpTarget = Callable[..., object]
+"""A target given ``op=`` as well (``--op``): ``fn(x, op=...)``, or ``fn(tensor, op=...)`` per rank."""
+
+
+def op_argument(op: Op, ranks: Ranks | None) -> object:
+    """The ``op=`` a target is called with (clause ``difftest-ops``).
+
+    A stacked target and an MPI rank get the op's name, as
+    :func:`ring_ref.ring_all_reduce` takes it; a gloo rank gets the
+    ``torch.distributed.ReduceOp`` (``SUM``, ``PRODUCT``, ``MAX``, ``MIN``, ``AVG``), so that
+    ``torch.distributed.all_reduce`` and :func:`ring_ref.distributed.ring_all_reduce_` are
+    per-rank targets as they are.
+
+    >>> op_argument("max", None), op_argument("prod", "gloo") == torch.distributed.ReduceOp.PRODUCT
+    ('max', True)
+    """
+    if ranks != "gloo":
+        return op
+    from torch.distributed import ReduceOp
+
+    return getattr(ReduceOp, _REDUCE_OP[op])
+
+
+_REDUCE_OP: Final = {"sum": "SUM", "prod": "PRODUCT", "max": "MAX", "min": "MIN", "avg": "AVG"}
