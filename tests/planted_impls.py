@@ -3,7 +3,9 @@
 Each buggy one carries the diagnosis code the tester must give it (``EXPECTED``).
 The buffer-level ones are written here, worker by worker, on a copy of the
 input; they take the schedule from :mod:`ring_ref.schedule`, never from the
-reference's own round functions.
+reference's own round functions.  ``OP_EXPECTED`` holds the targets of the
+other reduction ops (``fn(x, op=...)``, difftest ``--op``), correct and planted,
+with the codes each mode must report.
 """
 
 from __future__ import annotations
@@ -24,13 +26,20 @@ from ring_ref import ring_all_reduce
 from ring_ref.difftest import Report, difftest
 from ring_ref.schedule import all_rounds, right, send_chunk
 
+Combine = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
-def _ring_in_place(buffers: torch.Tensor, *, gather_adds: bool = False) -> None:
+
+def _add(incoming: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
+    return incoming + own
+
+
+def _ring_in_place(buffers: torch.Tensor, *, gather_adds: bool = False, combine: Combine = _add) -> None:
     """Run the ring on ``buffers`` (shape ``(N, M, ...)``) in place, one worker's slot at a time.
 
     Each round first copies every outgoing chunk (so a value received in a
     round is never forwarded in it), then updates the receivers one by one:
-    reduce-scatter adds, all-gather copies (or, planted, adds).
+    reduce-scatter stores ``combine(incoming, own)`` (by default adds),
+    all-gather copies (or, planted, combines).
     """
     n, m = buffers.shape[0], buffers.shape[1]
     k = m // n
@@ -40,7 +49,7 @@ def _ring_in_place(buffers: torch.Tensor, *, gather_adds: bool = False) -> None:
         for (i, c), data in zip(outgoing, staged, strict=True):
             slot = buffers[right(i, n), c * k : (c + 1) * k]
             if phase == "reduce-scatter" or gather_adds:
-                slot.add_(data)
+                slot.copy_(combine(data, slot))
             else:
                 slot.copy_(data)
 
@@ -148,6 +157,143 @@ EXPECTED: dict[Impl, set[str]] = {
 """Each planted bug and the exact set of codes every failing mode must report for it."""
 
 
+# The other reduction ops: targets called as fn(x, op=...) (difftest --op).
+
+
+def _first_max(incoming: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
+    """The spec's max (clause op-max): own only when strictly greater, so ties keep the earlier value."""
+    return torch.where(own > incoming, own, incoming)
+
+
+def _first_min(incoming: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
+    return torch.where(own < incoming, own, incoming)
+
+
+def _last_max(incoming: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
+    """A max that keeps the later value on ties (``numpy.maximum``'s second argument, in effect)."""
+    return torch.where(own >= incoming, own, incoming)
+
+
+def _last_min(incoming: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
+    return torch.where(own <= incoming, own, incoming)
+
+
+def _mul(incoming: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
+    return incoming * own
+
+
+_COMBINES: dict[str, Combine] = {"sum": _add, "avg": _add, "prod": _mul, "max": _first_max, "min": _first_min}
+
+
+def _divide_once(total: torch.Tensor, n: int) -> torch.Tensor:
+    """``total / n`` rounded once to the dtype (through float64: innocuous for 24 bits or fewer)."""
+    return (total.to(torch.float64) / n).to(total.dtype)
+
+
+def op_ring(x: torch.Tensor, op: str) -> torch.Tensor:
+    """Correct for every op: the ring on a copy, receivers storing ``incoming op own``; avg divides once."""
+    buffers = x.clone()
+    _ring_in_place(buffers, combine=_COMBINES[op])
+    result = buffers[0].clone()
+    return _divide_once(result, x.shape[0]) if op == "avg" else result
+
+
+def sums_whatever_the_op(x: torch.Tensor, op: str) -> torch.Tensor:
+    """Bug: ignores ``op`` and sums (for ``avg``: never divides)."""
+    return ring_all_reduce(x)
+
+
+def other_extreme(x: torch.Tensor, op: str) -> torch.Tensor:
+    """Bug: swaps max and min (a wrong entry in an op table)."""
+    return ring_all_reduce(x, op={"max": "min", "min": "max"}.get(op, op))
+
+
+def keeps_the_last_zero(x: torch.Tensor, op: str) -> torch.Tensor:
+    """The ring with a max (min) that keeps the later value on ties: right by value, another zero where
+    -0 and +0 tie (signed-zero, exact only)."""
+    buffers = x.clone()
+    _ring_in_place(buffers, combine=_last_max if op == "max" else _last_min)
+    return buffers[0].clone()
+
+
+def prod_in_torch_order(x: torch.Tensor, op: str) -> torch.Tensor:
+    """A correct product in another order (``torch.prod``): not-ring-order under exact only."""
+    return torch.prod(x, 0)
+
+
+def gather_multiplies(x: torch.Tensor, op: str) -> torch.Tensor:
+    """Bug: all-gather multiplies the received chunk into the slot instead of copying it."""
+    buffers = x.clone()
+    _ring_in_place(buffers, gather_adds=True, combine=_mul)
+    return buffers[0].clone()
+
+
+def unsigned_zero_product(x: torch.Tensor, op: str) -> torch.Tensor:
+    """Bug: a zero product is written as +0 (its sign, the exclusive or of the signs, is lost)."""
+    result = ring_all_reduce(x, op="prod")
+    return torch.where(result == 0, torch.zeros_like(result), result)
+
+
+def divides_first(x: torch.Tensor, op: str) -> torch.Tensor:
+    """Bug (for avg as the spec defines it): each contribution divided by N before the ring sums them,
+    as DDP scales gradients; a different rounding for N not a power of two."""
+    return ring_all_reduce(x / x.shape[0])
+
+
+def premultiplies(x: torch.Tensor, op: str) -> torch.Tensor:
+    """NCCL's floating-point average (clause op-avg): each contribution times 1/N rounded, then the sum."""
+    return ring_all_reduce(x * torch.tensor(1.0 / x.shape[0], dtype=torch.float64).to(x.dtype))
+
+
+def op_chunks_rotated(x: torch.Tensor, op: str) -> torch.Tensor:
+    """Bug: all-gather stores each finished chunk one slot off, for any op."""
+    return torch.roll(ring_all_reduce(x, op=op), shifts=x.shape[1] // x.shape[0], dims=0)
+
+
+def drops_last_worker_op(x: torch.Tensor, op: str) -> torch.Tensor:
+    """Bug: the last worker's contribution is lost, for any op (avg still divides by N)."""
+    if x.shape[0] == 1:
+        return x[0].clone()
+    if op == "avg":
+        return _divide_once(ring_all_reduce(x[:-1]), x.shape[0])
+    return ring_all_reduce(x[:-1], op=op)
+
+
+OpImpl = Callable[..., torch.Tensor]
+PASS: set[str] = set()
+"""The expected codes of a mode that must pass."""
+
+OP_EXPECTED: list[tuple[OpImpl, str, dict[str, set[str]]]] = [
+    *(
+        (op_ring, op, {"exact": PASS, "order-free": PASS, "bound": PASS})
+        for op in ("prod", "max", "min", "avg")
+    ),
+    (sums_whatever_the_op, "max", {mode: {"sum-not-op"} for mode in ("exact", "order-free", "bound")}),
+    (sums_whatever_the_op, "avg", {mode: {"sum-not-op"} for mode in ("exact", "order-free", "bound")}),
+    (other_extreme, "min", {mode: {"wrong-op"} for mode in ("exact", "order-free", "bound")}),
+    (keeps_the_last_zero, "max", {"exact": {"signed-zero"}, "order-free": PASS, "bound": PASS}),
+    (keeps_the_last_zero, "min", {"exact": {"signed-zero"}, "order-free": PASS, "bound": PASS}),
+    (prod_in_torch_order, "prod", {"exact": {"not-ring-order"}, "order-free": PASS, "bound": PASS}),
+    (gather_multiplies, "prod", {mode: {"double-counted"} for mode in ("exact", "order-free", "bound")}),
+    (unsigned_zero_product, "prod", {mode: {"signed-zero"} for mode in ("exact", "order-free", "bound")}),
+    # Each quotient x_i / N rounded, then summed, stays within the average's forward-error bound: only
+    # exact and order-free (where the sum is exact and one rounding is the whole error) tell it apart.
+    *(
+        (fn, "avg", {"exact": {"avg-divided-first"}, "order-free": {"avg-divided-first"}, "bound": PASS})
+        for fn in (divides_first, premultiplies)
+    ),
+    *(
+        (op_chunks_rotated, op, {mode: {"out-of-bound"} for mode in ("exact", "order-free", "bound")})
+        for op in ("prod", "max", "min", "avg")
+    ),
+    *(
+        (drops_last_worker_op, op, {mode: {"out-of-bound"} for mode in ("exact", "order-free", "bound")})
+        for op in ("prod", "max", "min", "avg")
+    ),
+]
+"""Per op target and op, the codes each mode must report (empty: the mode passes)."""
+
+
 def run_all(fn: Impl, examples: int = 15, seed: int = 20260101) -> Report:
     """The tester in every mode with a fixed seed, as the planted-implementation tests run it."""
     return difftest(fn, examples=examples, seed=seed)
@@ -201,9 +347,9 @@ def patches_the_tester(x: torch.Tensor) -> torch.Tensor:
     # setattr: mypy refuses to assign a lambda over an overloaded function.
     setattr(ring_ref, "ring_all_reduce", lambda t: 2 * t.sum(0))  # noqa: B010
     setattr(torch, "equal", lambda *args, **kwargs: True)  # noqa: B010
-    _oracles.check_values = lambda *args, **kwargs: (None, 0)
-    setattr(_search, "passes", lambda *args, **kwargs: (True, 0))  # noqa: B010
-    _diagnosis.passes = lambda *args, **kwargs: (True, 0)
+    _oracles.check_values = lambda *args, **kwargs: _oracles.Checked(None)
+    setattr(_search, "passes", lambda *args, **kwargs: (True, 0, 0))  # noqa: B010
+    _diagnosis.passes = lambda *args, **kwargs: (True, 0, 0)
     _diagnosis.diagnose = lambda *args, **kwargs: None
     _call.input_problem = lambda *args, **kwargs: ""
     return 2 * x.sum(0)

@@ -23,7 +23,7 @@ from ring_ref.difftest import Mode, difftest
 from ring_ref.difftest._mpi_ranks import MPI_DTYPES, MpiRanks
 from ring_ref.difftest._report import ModeResult
 from ring_ref.difftest._search import run_mode
-from ring_ref.difftest._vocabulary import MODES
+from ring_ref.difftest._vocabulary import MODES, Op
 from ring_ref.mpi import openmpi_allreduce_mca
 from tests import planted_mpi
 
@@ -50,12 +50,20 @@ class Jobs:
         self.pids: set[int] = set()
 
     def run(
-        self, target: str, mode: Mode, *, examples: int, seed: int, timeout_s: float = 60.0
+        self,
+        target: str,
+        mode: Mode,
+        *,
+        examples: int,
+        seed: int,
+        timeout_s: float = 60.0,
+        op: Op | None = None,
+        dtypes: tuple[torch.dtype, ...] = _DTYPES,
     ) -> ModeResult:
         """One mode of the tester on ``target`` over these jobs (``N`` up to 2; the jobs stay open)."""
         launcher = MpiRanks(target, timeout_s, rings=self.rings)
         try:
-            return run_mode(launcher, mode, examples=examples, seed=seed, max_workers=2, dtypes=_DTYPES)
+            return run_mode(launcher, mode, examples=examples, seed=seed, max_workers=2, dtypes=dtypes, op=op)
         finally:
             for ring in self.rings.values():
                 self.pids.update(ring.pids)
@@ -95,6 +103,26 @@ def test_planted_mpi_bug_gets_its_code(jobs: Jobs, bug: str, mode: Mode) -> None
     assert cex.n == 2 and finding.ranks, finding.explanation
     if bug == "gather_adds":
         assert "counted more than once" in finding.explanation
+
+
+@pytest.mark.clause("difftest-ops")
+@pytest.mark.parametrize("op", ["prod", "max", "min"])
+def test_mpi_allreduce_passes_order_free_and_bound_per_op(jobs: Jobs, op: Op) -> None:
+    # MPI has no float16 type: MPI_Allreduce refuses it, so float32 and float64 only.
+    for mode in ("order-free", "bound"):
+        result = jobs.run(
+            "ring_ref.targets:mpi_allreduce", mode, examples=6, seed=2, op=op, dtypes=_DTYPES[1:]
+        )
+        assert result.verdict == "pass", (op, mode, result.finding)
+
+
+@pytest.mark.clause("difftest-ops")
+def test_mpi_has_no_average_and_says_so(jobs: Jobs) -> None:
+    result = jobs.run(
+        "ring_ref.targets:mpi_allreduce", "bound", examples=1, seed=0, op="avg", dtypes=_DTYPES[1:]
+    )
+    assert result.finding is not None and result.finding.codes == ["raised"], result.finding
+    assert "MPI (MPI_Op) has no op 'avg'" in result.finding.explanation
 
 
 @pytest.mark.clause("difftest-diagnoses")
