@@ -52,7 +52,7 @@ TARGETS = (
 )
 """Each target holds at one thread and at the default thread count (issue 18)."""
 FIRST_CALL_TARGET_S = 2.0
-"""The fast engine's first call in a fresh process: importing Numba, compiling the kernel and the plan."""
+"""The fast engine's first call in a fresh process: importing llvmlite, compiling the kernel and the plan."""
 
 
 class Case(NamedTuple):
@@ -212,27 +212,28 @@ print(json.dumps({"import_s": imported - start, "first_call_s": done - imported,
 """Seconds to import ``ring_ref`` (and torch) and for the first fast call, float32, in a fresh interpreter.
 
 The call is on ``N = 8, M = 2^16`` contiguous float32: it imports the kernel
-module (and Numba), compiles or loads the kernel, and compiles the plan for
+module (and llvmlite), compiles or loads the kernel, and compiles the plan for
 ``N = 8``.
 """
 
 
 def first_call(threads: int) -> dict[str, dict[str, float]]:
-    """:data:`FIRST_CALL_PROBE` in two fresh interpreters sharing an empty Numba cache: cold, then warm.
+    """:data:`FIRST_CALL_PROBE` in two fresh interpreters sharing an empty kernel cache: cold, then warm.
 
-    ``NUMBA_CACHE_DIR`` points at a new temporary directory, which Numba
-    prefers to every other cache location, so the first run compiles the
-    kernel and the second loads it, as on a machine where it ran before.
+    ``RING_REF_CACHE_DIR`` (:data:`ring_ref._kernel.CACHE_ENV`) points at a new
+    temporary directory, which the kernel prefers to every other cache
+    location, so the first run compiles the kernel and the second loads it,
+    as on a machine where it ran before.
     """
     figures = {}
-    with tempfile.TemporaryDirectory(prefix="ring-ref-numba-") as cache:
+    with tempfile.TemporaryDirectory(prefix="ring-ref-kernels-") as cache:
         for name in ("cold", "warm"):
             out = subprocess.run(
                 [sys.executable, "-c", FIRST_CALL_PROBE, str(threads)],
                 check=True,
                 capture_output=True,
                 text=True,
-                env={**os.environ, "NUMBA_CACHE_DIR": cache},
+                env={**os.environ, "RING_REF_CACHE_DIR": cache},
             )
             figures[name] = json.loads(out.stdout.strip().splitlines()[-1])
     return figures
@@ -297,7 +298,7 @@ def target_lines(
             lines.append(f"target {text}, {where} <= {limit:g}: {ratio:.2f}  {verdict}")
     compile_s = cold["cold"]["first_call_s"]
     lines.append(
-        f"target first fast call in a fresh process, importing Numba and compiling the kernel, <= "
+        f"target first fast call in a fresh process, importing llvmlite and compiling the kernel, <= "
         f"{FIRST_CALL_TARGET_S:g} s: {compile_s:.2f} s ({cold['cold']['first_call_cpu_s']:.2f} s of CPU; "
         f"after {cold['cold']['import_s']:.2f} s to import torch and ring_ref)  "
         f"{'met' if compile_s <= FIRST_CALL_TARGET_S else 'MISSED'}"

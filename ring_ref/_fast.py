@@ -641,7 +641,7 @@ _kernel_module: ModuleType | None = None
 
 
 def _kernel() -> ModuleType:
-    """:mod:`ring_ref._kernel`, imported on first use: importing Numba costs half a second."""
+    """:mod:`ring_ref._kernel`, imported on first use (it imports llvmlite, LLVM itself)."""
     global _kernel_module  # noqa: PLW0603 - a lazily imported module
     if _kernel_module is None:
         from ring_ref import _kernel as module

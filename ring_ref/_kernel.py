@@ -9,24 +9,26 @@ every chunk, entered at a chunk's own first worker: ``cycle[p], cycle[p + 1],
 proves that from :mod:`ring_ref.schedule` and hands this module the cycle and
 each chunk's entry position ``p``; nothing here knows the schedule.
 
-* **Exactly the spec's combines.**  Each step is ``partial = partial ∘
-  x[worker, element]``: the same two operands in the same order, rounded once
-  to float32 or float64 (a chunk's first worker's value is copied, then the
-  second worker's combined: the spec's first combine).  ``max`` keeps
-  ``own`` only if ``own > partial`` (``min``: ``<``), so of equal values the
-  first in fold order stays, sign of zero included, as :mod:`ring_ref._ops`
-  defines it.  Numba leaves ``fastmath`` off: no reassociation, no
-  contraction, no wider accumulator.  LLVM vectorises the loop over the
-  *elements* of a row -- independent folds side by side -- never over the
-  workers of one fold; ``tests/cover/test_fast.py`` reads the compiled code to
-  check that.
+* **Exactly the spec's combines.**  The kernel is a few lines of LLVM IR
+  (:func:`source`), written out here: each step is ``partial = partial ∘
+  x[worker, element]``, one ``fadd`` or ``fmul`` in ``float`` or ``double``,
+  or, for ``max`` (``min``), ``own`` if ``fcmp ogt`` (``olt``) ``own, partial``
+  else ``partial``: of equal values the first in fold order stays, sign of zero
+  included, as :mod:`ring_ref._ops` defines it.  No instruction carries a
+  fast-math flag, so LLVM neither reassociates, contracts nor widens anything.
+  A tile's results start as the op's identity (``-0.0``, ``1.0``, ``-inf``,
+  ``+inf``), and ``identity ∘ v`` is ``v`` bit for bit for every finite ``v``:
+  the chunk's first worker's value, then the spec's combines in its order.
+  LLVM vectorises the loop over the *elements* of a row -- independent folds
+  side by side -- never over the workers of one fold; ``tests/cover/test_fast.py``
+  reads the optimised IR to check that.
 * **One pass, rows streamed, partial results in cache.**  A tile is a block of
   consecutive chunks (small chunks) or a block of columns of one chunk (large
   chunks), at most :data:`TILE_BYTES` of partial results, which stay in the L1
   cache while the tile's band of the input streams by row after row.  The
   order of the rows is a small *program* computed once per shape with numpy
   (:func:`program`): walking the cycle from the block's first entry position
-  to the end combines each row into the chunks already entered (pass 1), then
+  to the end combines each row into the chunks entered so far (pass 1), then
   from the start again up to the last entry position completes the chunks
   that wrap around (pass 2).  Each chunk thus gets its workers in its own
   order; tiling and row order only choose *which elements* are processed when.
@@ -36,20 +38,20 @@ each chunk's entry position ``p``; nothing here knows the schedule.
   every input element as it is read instead.  :func:`fold` returns whether
   the input is proven finite; only when it is not does the caller need the
   exact input scan.
-* **One small kernel per (dtype, op, stride), compiled on first use.**  The
-  kernel is a Numba ``cfunc`` on raw pointers with the op and the unit-stride
-  case fixed at compile time, so a call compiles (or loads) only the
-  specialisation it needs: no Python wrapper, no helper functions, about a
-  third of a second to compile.
+* **One small kernel per (dtype, op, stride), compiled on first use.**  The op
+  and whether the input's elements are one apart are fixed in the IR, so a
+  call compiles (or loads) only the specialisation it needs, with llvmlite
+  (LLVM's optimiser and code generator, no Python-level compiler): about a
+  tenth of a second.
 * **Cores.**  Tiles are shared among up to ``threads`` Python threads; the
-  kernel runs through ``ctypes``, which releases the GIL.  Numba's own
-  threading layers are not used: its workqueue layer aborts on concurrent
-  calls and GNU OpenMP is not fork-safe, while plain threads are both (a
-  forked child starts a pool of its own).
-* **Compiled once per machine.**  ``cache=True`` keeps the machine code on disk,
-  in ``__pycache__`` beside this file or, where that is read-only, in Numba's
-  per-user cache directory (``NUMBA_CACHE_DIR`` overrides both); where neither
-  is writable the kernel is compiled in memory once per process.
+  kernel runs through ``ctypes``, which releases the GIL.  Plain threads are
+  fork-safe (a forked child starts a pool of its own).
+* **Compiled once per machine.**  The object code is kept on disk, keyed by
+  a hash of the IR, the LLVM version and the host CPU and its features: in
+  ``__pycache__`` beside this file or, where that is not writable, in
+  ``$XDG_CACHE_HOME/ring_ref`` (``~/.cache/ring_ref``); :data:`CACHE_ENV`
+  overrides both.  Where no location is writable the kernel is compiled in
+  memory, once per process.
 
 >>> import numpy as np
 >>> x = np.array([[1.0, 2.0], [3.0, 4.0]])  # two workers, one element per chunk
@@ -68,27 +70,32 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import hashlib
 import os
+import tempfile
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, Final, NamedTuple
 
-import numba
+import llvmlite
+import llvmlite.binding as llvm
 import numpy as np
 import numpy.typing as npt
 
 __all__ = [
+    "CACHE_ENV",
     "KERNEL_OPS",
     "MIN_BYTES_PER_THREAD",
-    "OPTIONS",
     "TILE_BYTES",
     "Compiled",
-    "compile_kernel",
+    "cache_dirs",
     "fold",
     "kernel",
+    "optimised_ir",
     "program",
-    "signature",
+    "source",
     "tile_shape",
 ]
 
@@ -102,84 +109,333 @@ than it saves."""
 KERNEL_OPS: Final = ("sum", "prod", "max", "min")
 """The combines the kernel compiles (``avg`` is the ring's ``sum``, divided by the caller)."""
 
+CACHE_ENV: Final = "RING_REF_CACHE_DIR"
+"""The environment variable naming the directory for the compiled kernels, instead of the default ones."""
+
 Array = npt.NDArray[Any]
 
-OPTIONS: Final[dict[str, Any]] = {
-    "boundscheck": False,
-    "fastmath": False,
-    "error_model": "numpy",
-}
-"""Numba's options for the kernel: no bounds checks, IEEE arithmetic as written, and no exception paths
-for integer division (there is none)."""
+# --- the kernel's IR -------------------------------------------------------------------------------
+
+_TYPES: Final = {"float32": "float", "float64": "double"}
+
+_IDENTITY: Final = {"sum": "-0.0", "prod": "1.0", "max": "0xFFF0000000000000", "min": "0x7FF0000000000000"}
+"""``identity ∘ v == v`` for every finite ``v``: ``-0.0 + v``, ``1.0 * v``, the larger of ``-inf`` and
+``v``, the smaller of ``+inf`` and ``v`` (LLVM writes a float constant as the double of the same value)."""
+
+FUSED: Final = 4
+"""Workers one step combines in a pass over its elements when consecutive steps share their chunks (a
+large chunk's every step does): the partial result is read and written once per four combines, and four
+rows of the input stream at once."""
+
+FRESH: Final = -FUSED
+"""The ``count`` of a step of :data:`FUSED` rows that start their chunk's folds: its partial results
+start as the identity instead of being read (the tile needs no filling)."""
+
+STEP_FIELDS: Final = 3 + FUSED
+"""A step of the program: ``(count, a, b, w_0, ..., w_3)``."""
+
+TILE_FIELDS: Final = 8
+"""A tile of the program: ``(steps from, to, columns from, to, results from, to, fill from, to)``."""
 
 
-def _source(op: str, unit_stride: bool) -> Callable[..., bool]:
-    """The kernel's Python source for ``op``, with ``x``'s element stride ``1`` (``unit_stride``) or any.
+def _name(dtype: str, unit_stride: bool, op: str) -> str:
+    return f"ring_ref_fold_{op}_{dtype}_{'unit' if unit_stride else 'strided'}"
 
-    Both are closure constants: Numba folds every branch on them away, and
-    its cache tells the specialisations apart by them.
+
+def _combine(op: str, t: str, result: str, partial: str, value: str) -> list[str]:
+    """IR for ``result = partial ∘ value``: the incoming partial result combined with a worker's own value."""
+    if op in ("sum", "prod"):
+        return [f"{result} = {'fadd' if op == 'sum' else 'fmul'} {t} {partial}, {value}"]
+    keep = f"{result}.keep"  # max: own if own > incoming (ordered: false for NaN), else incoming
+    return [
+        f"{keep} = fcmp {'ogt' if op == 'max' else 'olt'} {t} {value}, {partial}",
+        f"{result} = select i1 {keep}, {t} {value}, {t} {partial}",
+    ]
+
+
+def _loop(op: str, t: str, unit_stride: bool, label: str, workers: int, *, fresh: bool = False) -> list[str]:
+    """The loop ``label``: ``out[i] = (out[i] ∘ x[w_0 s0 + i s1]) ∘ ...`` over ``workers`` rows, ``i = lo ..
+    hi - 1`` (``fresh``: ``identity ∘ x[w_0 ...]``, ``out`` not read); with ``max`` and ``min``, every value
+    read is checked for NaN and infinity too."""
+    check = op in ("max", "min")
+    at = f"%{label}.i" if unit_stride else f"%{label}.xi"
+    lines = [f"{label}:", f"%{label}.i = phi i64 [ %lo, %dispatch ], [ %{label}.next, %{label} ]"]
+    if check:
+        lines.append(f"%{label}.bad0 = phi i1 [ %bad.s, %dispatch ], [ %{label}.bad{workers}, %{label} ]")
+    if not unit_stride:
+        lines.append(f"%{label}.xi = mul nsw i64 %{label}.i, %s1")
+    lines.append(f"%{label}.out = getelementptr inbounds {t}, ptr %out, i64 %{label}.i")
+    if not fresh:
+        lines.append(f"%{label}.r0 = load {t}, ptr %{label}.out")
+    for j in range(workers):
+        value = f"%{label}.v{j}"
+        partial = _IDENTITY[op] if fresh and j == 0 else f"%{label}.r{j}"
+        lines += [
+            f"%{label}.x{j} = getelementptr inbounds {t}, ptr %row{j}, i64 {at}",
+            f"{value} = load {t}, ptr %{label}.x{j}",
+            *_combine(op, t, f"%{label}.r{j + 1}", partial, value),
+        ]
+        if check:  # v - v is NaN exactly when v is NaN or infinite
+            lines += [
+                f"%{label}.d{j} = fsub {t} {value}, {value}",
+                f"%{label}.nf{j} = fcmp une {t} %{label}.d{j}, 0.0",
+                f"%{label}.bad{j + 1} = or i1 %{label}.bad{j}, %{label}.nf{j}",
+            ]
+    lines += [
+        f"store {t} %{label}.r{workers}, ptr %{label}.out",
+        f"%{label}.next = add nsw i64 %{label}.i, 1",
+        f"%{label}.more = icmp slt i64 %{label}.next, %hi",
+        f"br i1 %{label}.more, label %{label}, label %step.end",
+    ]
+    return [lines[0], *("  " + line for line in lines[1:])]
+
+
+def source(dtype: str, unit_stride: bool, op: str = "sum") -> str:
+    """The kernel's LLVM IR for ``x`` and ``out`` of ``dtype``, element stride ``1`` (``unit_stride``) or
+    any, and ``op``: the function ``fold(x, s0, s1, out, k, steps, tiles, t0, t1)``.
+
+    It folds tiles ``t0 .. t1 - 1`` of the :func:`program` ``(steps, tiles)``
+    into ``out`` and returns 1 when the input is proven finite.  ``x[w s0 + e
+    s1]`` is worker ``w``'s element ``e`` (its chunk ``c``: the elements ``c K
+    .. c K + K - 1``, ``K = k``); ``out`` holds ``N K`` results, chunk after
+    chunk.  ``tiles[8 t .. 8 t + 7]`` is tile ``t``'s steps, its columns of
+    each chunk, the results it finishes and those it first fills with the
+    identity.
+
+    >>> print(source("float32", True, "max").splitlines()[1].split("(")[0])
+    define i8 @ring_ref_fold_max_float32_unit
+    >>> for line in source("float32", True, "max").splitlines():
+    ...     if "%single.r1" in line and "=" in line.split("%single.r1")[1][:7]:
+    ...         print(line.strip())
+    %single.r1.keep = fcmp ogt float %single.v0, %single.r0
+    %single.r1 = select i1 %single.r1.keep, float %single.v0, float %single.r0
     """
-    prod, larger, smaller = op == "prod", op == "max", op == "min"
-    check_inputs = larger or smaller
-    unit = unit_stride
+    if op not in KERNEL_OPS:
+        raise ValueError(f"the kernel computes {', '.join(KERNEL_OPS)}, not {op!r}")
+    t = _TYPES[dtype]
+    check = op in ("max", "min")
+    loops = [
+        _loop(op, t, unit_stride, "fresh", FUSED, fresh=True),
+        _loop(op, t, unit_stride, "fused", FUSED),
+        _loop(op, t, unit_stride, "single", 1),
+    ]
+    rows = [
+        line
+        for j in range(FUSED)
+        for line in (
+            f"  %qw{j} = getelementptr inbounds i64, ptr %q, i64 {3 + j}",
+            f"  %w{j} = load i64, ptr %qw{j}",
+            f"  %offset{j} = mul nsw i64 %w{j}, %s0",
+            f"  %row{j} = getelementptr inbounds {t}, ptr %x, i64 %offset{j}",
+        )
+    ]
+    header = f"""\
+; fold tiles t0 .. t1 - 1 of the program (steps, tiles) into out; 1 when the input is proven finite
+define i8 @{_name(dtype, unit_stride, op)}(ptr noalias readonly %x, i64 %s0, i64 %s1,
+    ptr noalias %out, i64 %k, ptr noalias readonly %steps, ptr noalias readonly %tiles, i64 %t0, i64 %t1)
+    nounwind {{
+entry:
+  %none = icmp sge i64 %t0, %t1
+  br i1 %none, label %done, label %tile
 
-    def fold_tiles(  # noqa: PLR0912, PLR0917 - branches on constants fold away; a C function is positional
-        x: Any, s0: Any, s1: Any, out: Any, k: Any, steps: Any, tiles: Any, t0: Any, t1: Any
-    ) -> bool:
-        """Fold tiles ``t0 .. t1 - 1`` of the :func:`program` ``(steps, tiles)`` into ``out``; finite?
+tile:                            ; tile t: steps s.lo .. s.hi - 1, columns e0 .. ee - 1, out[r.lo .. r.hi - 1]
+  %t = phi i64 [ %t0, %entry ], [ %t.next, %tile.end ]
+  %bad.t = phi i1 [ false, %entry ], [ %bad.tile, %tile.end ]
+  %base = mul nsw i64 %t, {TILE_FIELDS}
+  %p0 = getelementptr inbounds i64, ptr %tiles, i64 %base
+  %s.lo = load i64, ptr %p0
+  %p1 = getelementptr inbounds i64, ptr %p0, i64 1
+  %s.hi = load i64, ptr %p1
+  %p2 = getelementptr inbounds i64, ptr %p0, i64 2
+  %e0 = load i64, ptr %p2
+  %p3 = getelementptr inbounds i64, ptr %p0, i64 3
+  %ee = load i64, ptr %p3
+  %p4 = getelementptr inbounds i64, ptr %p0, i64 4
+  %r.lo = load i64, ptr %p4
+  %p5 = getelementptr inbounds i64, ptr %p0, i64 5
+  %r.hi = load i64, ptr %p5
+  %p6 = getelementptr inbounds i64, ptr %p0, i64 6
+  %f.lo = load i64, ptr %p6
+  %p7 = getelementptr inbounds i64, ptr %p0, i64 7
+  %f.hi = load i64, ptr %p7
+  %fill.any = icmp slt i64 %f.lo, %f.hi
+  br i1 %fill.any, label %fill, label %steps.head
 
-        ``x[w s0 + e s1]`` is worker ``w``'s element ``e`` (its chunk ``c``: the
-        elements ``c K .. c K + K - 1``, ``K = k``); ``out`` holds ``N K``
-        results, chunk after chunk.  ``tiles[6 t .. 6 t + 5]`` is tile ``t``'s
-        steps ``lo .. hi - 1``, its columns ``e0 .. ee - 1`` of each chunk and
-        the results it finishes; ``steps[4 s .. 4 s + 3]`` = ``(w, a, b, c)``:
-        combine worker ``w``'s row into the chunks ``a .. b - 1``, then copy it
-        into chunk ``c`` (none if ``c < 0``).
-        """
-        bad = False
-        for t in range(t0, t1):
-            e0 = tiles[6 * t + 2]
-            ee = tiles[6 * t + 3]
-            for s in range(tiles[6 * t], tiles[6 * t + 1]):
-                row = steps[4 * s] * s0
-                a = steps[4 * s + 1]
-                b = steps[4 * s + 2]
-                c = steps[4 * s + 3]
-                if a < b:
-                    for i in range(a * k + e0, (b - 1) * k + ee):
-                        v = x[row + i] if unit else x[row + i * s1]
-                        if prod:
-                            out[i] = out[i] * v
-                        elif larger:
-                            out[i] = v if v > out[i] else out[i]
-                        elif smaller:
-                            out[i] = v if v < out[i] else out[i]
-                        else:
-                            out[i] = out[i] + v
-                        if check_inputs:
-                            bad |= (v - v) != 0  # NaN exactly when v is NaN or infinite
-                if c >= 0:
-                    for i in range(c * k + e0, c * k + ee):
-                        v = x[row + i] if unit else x[row + i * s1]
-                        out[i] = v
-                        if check_inputs:
-                            bad |= (v - v) != 0
-            if not check_inputs:
-                for i in range(tiles[6 * t + 4], tiles[6 * t + 5]):
-                    value = out[i]
-                    bad |= (value - value) != 0
-        return not bad
+fill:                            ; out[f.lo .. f.hi - 1] = the identity, where no step starts from it
+  %f = phi i64 [ %f.lo, %tile ], [ %f.next, %fill ]
+  %fp = getelementptr inbounds {t}, ptr %out, i64 %f
+  store {t} {_IDENTITY[op]}, ptr %fp
+  %f.next = add nsw i64 %f, 1
+  %f.more = icmp slt i64 %f.next, %f.hi
+  br i1 %f.more, label %fill, label %steps.head
 
-    return fold_tiles
+steps.head:
+  %steps.any = icmp slt i64 %s.lo, %s.hi
+  br i1 %steps.any, label %step, label %tile.check
+
+step:                            ; step s = (count, a, b, w_0 .. w_3): count rows into chunks a .. b
+  %s = phi i64 [ %s.lo, %steps.head ], [ %s.next, %step.end ]
+  %bad.s = phi i1 [ %bad.t, %steps.head ], [ %bad.step, %step.end ]
+  %sb = mul nsw i64 %s, {STEP_FIELDS}
+  %q = getelementptr inbounds i64, ptr %steps, i64 %sb
+  %count = load i64, ptr %q
+  %qa = getelementptr inbounds i64, ptr %q, i64 1
+  %a = load i64, ptr %qa
+  %qb = getelementptr inbounds i64, ptr %q, i64 2
+  %b = load i64, ptr %qb
+"""
+    middle = f"""\
+  %ak = mul nsw i64 %a, %k
+  %lo = add nsw i64 %ak, %e0
+  %bk = mul nsw i64 %b, %k
+  %hi = add nsw i64 %bk, %ee
+  %inner.any = icmp slt i64 %lo, %hi
+  br i1 %inner.any, label %dispatch, label %step.end
+
+dispatch:
+  switch i64 %count, label %single [ i64 {FUSED}, label %fused
+                                     i64 {FRESH}, label %fresh ]
+
+"""
+    footer = f"""
+step.end:
+  %bad.step = phi i1 [ %bad.s, %step ], [ {f"%fresh.bad{FUSED}" if check else "%bad.s"}, %fresh ],
+                     [ {f"%fused.bad{FUSED}" if check else "%bad.s"}, %fused ],
+                     [ {"%single.bad1" if check else "%bad.s"}, %single ]
+  %s.next = add nsw i64 %s, 1
+  %s.more = icmp slt i64 %s.next, %s.hi
+  br i1 %s.more, label %step, label %tile.check
+
+tile.check:                      ; a finished tile of a sum or product: any result NaN or infinite?
+  %bad.c0 = phi i1 [ %bad.t, %steps.head ], [ %bad.step, %step.end ]
+  %check.any = icmp slt i64 %r.lo, %r.hi
+  %check.some = and i1 %check.any, {"false" if check else "true"}
+  br i1 %check.some, label %check, label %tile.end
+
+check:
+  %c = phi i64 [ %r.lo, %tile.check ], [ %c.next, %check ]
+  %bad.c = phi i1 [ %bad.c0, %tile.check ], [ %bad.c.next, %check ]
+  %cp = getelementptr inbounds {t}, ptr %out, i64 %c
+  %cv = load {t}, ptr %cp
+  %cd = fsub {t} %cv, %cv
+  %cnf = fcmp une {t} %cd, 0.0
+  %bad.c.next = or i1 %bad.c, %cnf
+  %c.next = add nsw i64 %c, 1
+  %c.more = icmp slt i64 %c.next, %r.hi
+  br i1 %c.more, label %check, label %tile.end
+
+tile.end:
+  %bad.tile = phi i1 [ %bad.c0, %tile.check ], [ %bad.c.next, %check ]
+  %t.next = add nsw i64 %t, 1
+  %t.more = icmp slt i64 %t.next, %t1
+  br i1 %t.more, label %tile, label %done
+
+done:
+  %bad = phi i1 [ false, %entry ], [ %bad.tile, %tile.end ]
+  %ok = xor i1 %bad, true
+  %ret = zext i1 %ok to i8
+  ret i8 %ret
+}}
+"""
+    body = "\n\n".join("\n".join(loop) for loop in loops)
+    return "\n".join([header + "\n".join(rows), middle + body, footer])
 
 
-def signature(dtype: str) -> Any:
-    """The kernel's C signature for ``x`` and ``out`` of ``dtype`` (``"float32"`` or ``"float64"``)."""
-    types: Any = numba.types  # untyped where Numba's partial annotations are seen
-    value = types.CPointer(numba.from_dtype(np.dtype(dtype)))
-    index = types.CPointer(types.int64)
-    i64 = types.int64
-    return types.boolean(value, i64, i64, value, i64, index, index, i64, i64)
+# --- compiling and caching ---------------------------------------------------------------------------
+
+_lock = threading.Lock()
+
+
+class _Machine(NamedTuple):
+    target: Any
+    engine: Any
+    key: str
+
+
+_machine: _Machine | None = None
+
+
+def _host() -> _Machine:
+    """LLVM's target machine for this CPU (all its features) and the engine that holds the kernels."""
+    global _machine  # noqa: PLW0603 - created on first use
+    if _machine is None:
+        llvm.initialize_native_target()
+        llvm.initialize_native_asmprinter()
+        cpu, features = llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
+        target = llvm.Target.from_default_triple().create_target_machine(
+            cpu=cpu, features=features, opt=3, reloc="pic", codemodel="default"
+        )
+        engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), target)
+        key = "\n".join(
+            [llvmlite.__version__, ".".join(map(str, llvm.llvm_version_info)), target.triple, cpu, features]
+        )
+        _machine = _Machine(target, engine, key)
+    return _machine
+
+
+def _optimised(dtype: str, unit_stride: bool, op: str) -> Any:
+    """The kernel's module after LLVM's ``-O3`` pipeline (loop vectoriser included) for this CPU."""
+    machine = _host()
+    module = llvm.parse_assembly(source(dtype, unit_stride, op))
+    module.triple = machine.target.triple
+    module.data_layout = str(machine.target.target_data)
+    module.verify()
+    options = llvm.create_pipeline_tuning_options(speed_level=3)
+    options.loop_vectorization = True
+    options.slp_vectorization = True
+    builder = llvm.create_pass_builder(machine.target, options)
+    builder.getModulePassManager().run(module, builder)
+    return module
+
+
+def optimised_ir(dtype: str, unit_stride: bool, op: str = "sum") -> str:
+    """The LLVM IR that :func:`kernel` turns into machine code (after optimisation), as text."""
+    return str(_optimised(dtype, unit_stride, op))
+
+
+def cache_dirs() -> list[Path]:
+    """Where compiled kernels are looked for and saved, in order: :data:`CACHE_ENV` if set, else
+    ``__pycache__`` beside this file and the per-user cache."""
+    if os.environ.get(CACHE_ENV):
+        return [Path(os.environ[CACHE_ENV])]
+    user = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ring_ref"
+    return [Path(__file__).resolve().parent / "__pycache__", user]
+
+
+_MAGIC: Final = b"ring_ref kernel\n"
+
+
+def _read(path: Path) -> bytes | None:
+    """The object code saved at ``path``, or ``None`` if it is missing or does not match its checksum."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    head, digest, code = data[: len(_MAGIC)], data[len(_MAGIC) : len(_MAGIC) + 32], data[len(_MAGIC) + 32 :]
+    return code if head == _MAGIC and hashlib.sha256(code).digest() == digest else None
+
+
+def _write(directory: Path, name: str, code: bytes) -> Path | None:
+    """Save ``code`` as ``directory / name`` (atomically); the path, or ``None`` if it cannot be written."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=directory, prefix=".tmp-")
+        with os.fdopen(handle, "wb") as file:
+            file.write(_MAGIC + hashlib.sha256(code).digest() + code)
+        os.replace(temporary, directory / name)
+    except OSError:
+        return None
+    return directory / name
+
+
+class Compiled(NamedTuple):
+    """A kernel ready to call: its ``ctypes`` caller, and where its machine code came from."""
+
+    call: Callable[..., int]
+    path: Path | None
+    """The object file it was loaded from or saved to; ``None``: compiled in memory only."""
+    loaded: bool
+    """Whether it was loaded from disk (compiled by an earlier process) rather than compiled now."""
 
 
 _ARGTYPES: Final = (
@@ -194,44 +450,42 @@ _ARGTYPES: Final = (
     ctypes.c_int64,
 )
 
-
-def compile_kernel(dtype: str, unit_stride: bool, op: str = "sum", *, cache: bool = True) -> Any:
-    """The kernel for ``dtype``, ``op`` and unit or any element stride: a Numba ``cfunc``.
-
-    With ``cache`` its machine code is kept on disk; where no cache directory
-    is writable, it is compiled in memory, once per process.
-    """
-    if op not in KERNEL_OPS:
-        raise ValueError(f"the kernel computes {', '.join(KERNEL_OPS)}, not {op!r}")
-    sig = signature(dtype)
-    source = _source(op, unit_stride)
-    if cache:
-        try:
-            return numba.cfunc(sig, cache=True, **OPTIONS)(source)
-        except RuntimeError:  # no writable cache location
-            pass
-    return numba.cfunc(sig, **OPTIONS)(source)
-
-
-class Compiled(NamedTuple):
-    """A compiled kernel: Numba's ``cfunc`` (its machine code, cache statistics) and a ``ctypes`` caller."""
-
-    cfunc: Any
-    call: Callable[..., bool]
-
-
 _kernels: dict[tuple[str, bool, str], Compiled] = {}
 
 
+def _machine_code(dtype: str, unit_stride: bool, op: str) -> tuple[bytes, Path | None, bool]:
+    """The kernel's object code, the file it is kept in (``None``: nowhere) and whether it was loaded.
+
+    The first cache directory holding a sound copy wins; otherwise it is
+    compiled and saved into the first directory that can be written.
+    """
+    machine = _host()
+    digest = hashlib.sha256(f"{machine.key}\n{source(dtype, unit_stride, op)}".encode()).hexdigest()[:24]
+    name = f"_kernel.{_name(dtype, unit_stride, op)}.{digest}.o"
+    for directory in cache_dirs():
+        code = _read(directory / name)
+        if code is not None:
+            return code, directory / name, True
+    code = machine.target.emit_object(_optimised(dtype, unit_stride, op))
+    saved = (_write(directory, name, code) for directory in cache_dirs())
+    return code, next((path for path in saved if path is not None), None), False
+
+
 def kernel(dtype: str, unit_stride: bool, op: str = "sum") -> Compiled:
-    """The kernel for ``x`` of ``dtype``, unit or any element stride, and ``op``, compiled (or loaded)
-    on first use."""
+    """The kernel for ``x`` of ``dtype``, unit or any element stride, and ``op``: loaded from the disk
+    cache, or compiled (and saved) on first use."""
     key = (dtype, unit_stride, op)
-    if key not in _kernels:
-        compiled = compile_kernel(dtype, unit_stride, op)
-        call = ctypes.CFUNCTYPE(ctypes.c_bool, *_ARGTYPES)(compiled.address)
-        _kernels[key] = Compiled(compiled, call)
-    return _kernels[key]
+    with _lock:
+        if key not in _kernels:
+            code, path, loaded = _machine_code(dtype, unit_stride, op)
+            engine = _host().engine
+            engine.add_object_file(llvm.ObjectFileRef.from_data(code))
+            address = engine.get_function_address(_name(dtype, unit_stride, op))
+            _kernels[key] = Compiled(ctypes.CFUNCTYPE(ctypes.c_uint8, *_ARGTYPES)(address), path, loaded)
+        return _kernels[key]
+
+
+# --- the program -------------------------------------------------------------------------------------
 
 
 def tile_shape(n: int, k: int, itemsize: int, tiles: int = 1) -> tuple[int, int]:
@@ -246,63 +500,84 @@ def tile_shape(n: int, k: int, itemsize: int, tiles: int = 1) -> tuple[int, int]
     return 1, max(1, min(TILE_BYTES // itemsize, -(-k * n // tiles)))
 
 
+def _fuse(steps: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """``(worker, a, b)`` steps, in order, as :data:`STEP_FIELDS`-wide records: each run of consecutive
+    steps into the same chunks in groups of :data:`FUSED` (the rest one by one)."""
+    size = len(steps)
+    ab = steps[:, 1:]
+    starts = np.flatnonzero(np.r_[True, (ab[1:] != ab[:-1]).any(axis=1)])
+    lengths = np.diff(np.r_[starts, size])
+    run = np.repeat(np.arange(len(starts)), lengths)
+    position = np.arange(size) - starts[run]
+    grouped = position < (lengths - lengths % FUSED)[run]
+    heads = np.flatnonzero(~grouped | (position % FUSED == 0))
+    count = np.where(grouped[heads], FUSED, 1)
+    rows = np.where(count[:, None] == FUSED, heads[:, None] + np.arange(FUSED), heads[:, None])
+    return np.concatenate([count[:, None], steps[heads, 1:], steps[rows, 0]], axis=1)
+
+
 def program(
     cycle: Array, entries: Array, k: int, chunks: int, cols: int
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """The ``(steps, tiles)`` that :func:`_source`'s kernel runs: every chunk's rows in its fold order.
+    """The ``(steps, tiles)`` the kernel runs: every chunk's rows in its fold order.
 
     Tiles are ``chunks`` whole chunks, or ``cols`` columns of one chunk; the
     tiles over one block of chunks share its steps.  For a run of chunks
     ``lo .. hi - 1`` of the block entering the cycle at ``p, p + 1, ...``, the
-    step at position ``p + s`` (pass 1) combines the row of ``cycle[p + s]``
-    into the chunks entered before it and copies it into the one entering
-    there; the step at position ``q < p + hi - lo - 1`` (pass 2) combines the
-    row of ``cycle[q]`` into the chunks entering after ``q``.
+    row of ``cycle[p + s]`` (pass 1) is combined into the chunks entered up to
+    there, ``lo .. lo + s``; then the row of ``cycle[q]``, ``q < p + hi - lo - 1``
+    (pass 2), into the chunks entering after ``q``.  Consecutive rows into the
+    same chunks make one step of up to :data:`FUSED` rows: ``(count, a, b,
+    w_0, ..., w_3)`` combines the rows ``w_0 .. w_{count - 1}``, in that order,
+    into the chunks ``a .. b``.  A tile's results start as the op's identity:
+    filled by the tile (``tiles[t, 6:8]``), or, in a block of one chunk, by its
+    first step (``count`` = :data:`FRESH`), which does not read them.
 
     >>> steps, tiles = program(np.array([0, 1, 2]), np.array([[0, 3, 0]]), 1, 3, 1)
-    >>> steps.tolist()  # (worker, combine into chunks a .. b - 1, copy into chunk c)
-    [[0, 0, 0, 0], [1, 0, 1, 1], [2, 0, 2, 2], [0, 1, 3, -1], [1, 2, 3, -1]]
-    >>> tiles.tolist()  # steps 0 .. 4, columns 0 .. 0 of each chunk, results 0 .. 2
-    [[0, 5, 0, 1, 0, 3]]
+    >>> steps[:, :4].tolist()  # (count, a, b, w_0): rows 0, 1, 2 of pass 1, then 0, 1 of pass 2
+    [[1, 0, 0, 0], [1, 0, 1, 1], [1, 0, 2, 2], [1, 1, 2, 0], [1, 2, 2, 1]]
+    >>> tiles.tolist()  # steps 0 .. 4, columns 0 .. 0 of each chunk, results 0 .. 2, filled first
+    [[0, 5, 0, 1, 0, 3, 0, 3]]
+    >>> program(np.arange(5), np.array([[0, 5, 0]]), 8, 1, 8)[0][:2].tolist()  # one chunk per block
+    [[-4, 0, 0, 0, 1, 2, 3], [1, 0, 0, 4, 4, 4, 4]]
     """
     n = len(cycle)
     order = cycle.astype(np.int64)
-    pieces: list[npt.NDArray[np.int64]] = []
-    block_starts = [0]
-    total = 0
+    blocks: list[npt.NDArray[np.int64]] = []
+    filled: list[bool] = []  # whether the block's tiles start by filling their results with the identity
     for c0 in range(0, n, chunks):
         c1 = min(n, c0 + chunks)
+        pieces = []
         for start, stop, p in entries.tolist():
             lo, hi = max(start, c0), min(stop, c1)
             if lo >= hi:
                 continue
             p_lo = p + lo - start  # chunk lo + j enters at p_lo + j
             s = np.arange(n - p_lo)
-            one = np.empty((len(s), 4), dtype=np.int64)
-            one[:, 0] = order[p_lo + s]
-            one[:, 1] = lo
-            one[:, 2] = np.minimum(lo + s, hi)
-            one[:, 3] = np.where(s < hi - lo, lo + s, -1)
             q = np.arange(p_lo + hi - lo - 1)
-            two = np.empty((len(q), 4), dtype=np.int64)
-            two[:, 0] = order[q]
-            two[:, 1] = lo + np.maximum(q + 1 - p_lo, 0)
-            two[:, 2] = hi
-            two[:, 3] = -1
-            pieces += [one, two]
-            total += len(one) + len(two)
-        block_starts.append(total)
-    steps = np.ascontiguousarray(np.concatenate(pieces))
+            pieces.append(
+                np.stack([order[p_lo + s], np.full_like(s, lo), np.minimum(lo + s, hi - 1)], axis=1)
+            )
+            pieces.append(
+                np.stack([order[q], lo + np.maximum(q + 1 - p_lo, 0), np.full_like(q, hi - 1)], axis=1)
+            )
+        steps = _fuse(np.concatenate(pieces))
+        fresh = c1 - c0 == 1 and steps[0, 0] == FUSED  # one chunk: its first step starts its fold
+        steps[0, 0] = FRESH if fresh else steps[0, 0]
+        blocks.append(steps)
+        filled.append(not fresh)
     col_tiles = -(-k // cols)
-    t = np.arange(-(-n // chunks) * col_tiles, dtype=np.int64)
+    t = np.arange(len(blocks) * col_tiles, dtype=np.int64)
     block = t // col_tiles
     e0 = (t % col_tiles) * cols
     ee = np.minimum(k, e0 + cols)
     c0s = block * chunks
     c1s = np.minimum(n, c0s + chunks)
-    starts = np.array(block_starts, dtype=np.int64)
-    tiles = np.stack([starts[block], starts[block + 1], e0, ee, c0s * k + e0, (c1s - 1) * k + ee], axis=1)
-    return steps, np.ascontiguousarray(tiles)
+    starts = np.cumsum([0, *map(len, blocks)])
+    r0, r1 = c0s * k + e0, (c1s - 1) * k + ee
+    fill = np.array(filled)[block]
+    tiles = np.stack([starts[block], starts[block + 1], e0, ee, r0, r1, r0 * fill, r1 * fill], axis=1)
+    return np.ascontiguousarray(np.concatenate(blocks), dtype=np.int64), np.ascontiguousarray(tiles)
 
 
 @functools.lru_cache(maxsize=64)
@@ -310,13 +585,8 @@ def _program(
     cycle: bytes, entries: bytes, k: int, chunks: int, cols: int
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """:func:`program` of a cycle and entries given as int64 bytes, cached (kept alive while in use)."""
-    steps, tiles = program(
-        np.frombuffer(cycle, dtype=np.int64),
-        np.frombuffer(entries, dtype=np.int64).reshape(-1, 3),
-        k,
-        chunks,
-        cols,
-    )
+    order = np.frombuffer(cycle, dtype=np.int64)
+    steps, tiles = program(order, np.frombuffer(entries, dtype=np.int64).reshape(-1, 3), k, chunks, cols)
     steps.flags.writeable = False
     tiles.flags.writeable = False
     return steps, tiles
@@ -332,6 +602,8 @@ def _split(n: int, k: int, itemsize: int, threads: int, budget: int) -> tuple[in
     return chunks, cols, tuple(count * i // threads for i in range(threads + 1))
 
 
+# --- running it ----------------------------------------------------------------------------------------
+
 _pool_lock = threading.Lock()
 _pool: tuple[int, ThreadPoolExecutor] | None = None
 
@@ -346,9 +618,10 @@ def _executor() -> ThreadPoolExecutor:
 
 
 def _after_fork_in_child() -> None:
-    """A child forked while another thread held the pool's lock must not wait for it forever."""
-    global _pool_lock  # noqa: PLW0603 - replaced in the child only
+    """A child forked while another thread held a lock must not wait for it forever."""
+    global _pool_lock, _lock  # noqa: PLW0603 - replaced in the child only
     _pool_lock = threading.Lock()
+    _lock = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -362,10 +635,11 @@ def fold(
 
     ``x`` is ``(N, N K)`` (float32 or float64, native byte order, aligned, any
     strides, only read) with ``K = chunk_size``, ``out`` a contiguous
-    ``(N K,)`` array of the same dtype; ``cycle`` holds the workers in ring
-    order and ``entries`` the rows ``(start, stop, p)``: the chunks ``start
-    .. stop - 1`` enter the cycle at positions ``p, p + 1, ...`` (all below
-    ``N``).  The tiles are split among at most ``threads`` threads.
+    ``(N K,)`` array of the same dtype that shares no memory with ``x``;
+    ``cycle`` holds the workers in ring order and ``entries`` the rows
+    ``(start, stop, p)``: the chunks ``start .. stop - 1`` enter the cycle at
+    positions ``p, p + 1, ...`` (all below ``N``).  The tiles are split among
+    at most ``threads`` threads.
     """
     n, k = cycle.shape[0], chunk_size
     threads = max(1, min(threads, x.nbytes // MIN_BYTES_PER_THREAD))

@@ -305,7 +305,7 @@ def test_kernel_machine_code_combines_in_the_dtype_without_fast_math(dtype: str,
     ``maxnum``/``minnum`` (whose ties are not the spec's) exists; the vector
     combines are the element loops (independent folds side by side).
     """
-    ir = _kernel.compile_kernel(dtype, unit_stride=True, op=op, cache=False).inspect_llvm()
+    ir = _kernel.optimised_ir(dtype, unit_stride=True, op=op)
     scalar = {"float32": "float", "float64": "double"}[dtype]
     kinds = r"<\d+ x (?:float|double|half|bfloat)>|float|double|half|bfloat"
     instructions = re.findall(rf"= (fadd|fsub|fmul|fdiv|frem|fcmp) ((?:[a-z]+ )*)({kinds}) ", ir)
@@ -319,14 +319,12 @@ def test_kernel_machine_code_combines_in_the_dtype_without_fast_math(dtype: str,
 
 
 @pytest.mark.clause("fold-order")
-def test_kernel_compiles_without_a_writable_cache(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where Numba finds no cache directory it can write, the kernel is compiled in memory instead."""
-    import numba
-    from numba.core import config
-
-    monkeypatch.setattr(config, "CACHE_LOCATOR_CLASSES", "IPythonCacheLocator")  # applies to no file here
-    with pytest.raises(RuntimeError, match="no locator available"):
-        numba.cfunc(_kernel.signature("float64"), cache=True)(_kernel._source("sum", unit_stride=False))
+def test_kernel_compiles_without_a_writable_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Where no cache directory can be written, the kernel is compiled in memory instead; where one can,
+    it is saved there and a later process (here: a fresh table of kernels) loads it."""
+    blocked = tmp_path / "file"
+    blocked.write_text("")  # a directory cannot be made inside a file
+    monkeypatch.setattr(_kernel, "cache_dirs", lambda: [blocked / "cache"])
     monkeypatch.setattr(_kernel, "_kernels", {})
     x = half_ulp_ring(4, 3, torch.float64, seed=1)
     out = np.empty(12)
@@ -335,6 +333,17 @@ def test_kernel_compiles_without_a_writable_cache(monkeypatch: pytest.MonkeyPatc
     assert _kernel.fold(transposed, out, cycle.order, cycle.entries, chunk_size=3, threads=1)
     assert same_bits(torch.from_numpy(out), ring_fold(x))
     assert list(_kernel._kernels) == [("float64", False, "sum")]
+    assert _kernel._kernels["float64", False, "sum"][1:] == (None, False)  # in memory, compiled now
+    monkeypatch.setattr(_kernel, "cache_dirs", lambda: [tmp_path / "cache"])
+    for loaded in (False, True):
+        monkeypatch.setattr(_kernel, "_kernels", {})
+        compiled = _kernel.kernel("float64", False, "sum")
+        assert compiled.loaded is loaded and compiled.path is not None
+        assert compiled.path.parent == tmp_path / "cache"
+    assert compiled.path is not None
+    compiled.path.write_bytes(compiled.path.read_bytes()[:-1])  # damaged: compiled again, not loaded
+    monkeypatch.setattr(_kernel, "_kernels", {})
+    assert not _kernel.kernel("float64", False, "sum").loaded
 
 
 @pytest.mark.clause("fold-order", "preserve-dtype-device", "input-unchanged")

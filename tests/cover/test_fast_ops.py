@@ -10,6 +10,7 @@ the padded uneven layouts of the schedule family.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -160,6 +161,21 @@ def test_max_and_min_keep_the_first_zero_in_fold_order(x: torch.Tensor, op: str,
     y = VIEWS[view](x)
     got = ring_all_reduce(y, engine="fast", op=op)
     assert same_bits(fold_of(got, view), ring_fold_op(values_of(y, view), op))
+
+
+@pytest.mark.clause("op-prod", "op-avg", "fold-order")
+@pytest.mark.parametrize("op", ["sum", "prod", "avg"])
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_zero_results_have_the_sign_the_fold_gives(op: str, dtype: torch.dtype) -> None:
+    """Every sign pattern of zeros for two and three workers: ``-0 + -0`` is ``-0``, ``-0 + +0`` is ``+0``,
+    ``-0 * +0`` is ``-0``; the first worker's value is where each chunk's fold starts."""
+    for n in (2, 3):
+        patterns = torch.tensor(list(itertools.product([0.0, -0.0], repeat=n)), dtype=torch.float64)
+        x = patterns.T.repeat(1, n).to(dtype)  # every chunk (2**n columns) gets every pattern
+        for view in views_for(dtype):
+            y = VIEWS[view](x)
+            got = ring_all_reduce(y, engine="fast", op=op)
+            assert same_bits(fold_of(got, view), ring_fold_op(values_of(y, view), op)), view
 
 
 @pytest.mark.clause("op-max")

@@ -1,8 +1,8 @@
 """The fast engine's compiled kernel across processes: its disk cache, and forked children.
 
-An installed package often lives in a read-only directory.  Numba then keeps
-the machine code in the per-user cache (``~/.cache/numba``); where that is not
-writable either, the kernel is compiled in memory (:func:`ring_ref._kernel.compile_kernel`).
+An installed package often lives in a read-only directory.  The kernel's
+machine code is then kept in the per-user cache (``~/.cache/ring_ref``); where
+that is not writable either, the kernel is compiled in memory (:func:`ring_ref._kernel.kernel`).
 Each case runs fresh interpreters in a private mount namespace (``unshare -m``,
 as root, as CI runs) with a copy of ``ring_ref`` bind-mounted read-only.
 """
@@ -33,17 +33,13 @@ out = np.empty(8, np.float32)
 cycle = np.arange(4)
 entries = np.array([[0, 4, 0]])
 finite = _kernel.fold(x, out, cycle, entries, chunk_size=2, threads=1)
-hits = _kernel.kernel("float32", True).cfunc.cache_hits
-print(json.dumps({"finite": finite, "out": out.tolist(), "hits": hits}))
+compiled = _kernel.kernel("float32", True)
+path = str(compiled.path)
+print(json.dumps({"finite": finite, "out": out.tolist(), "loaded": compiled.loaded, "path": path}))
 """
 
 EXPECTED = [48.0, 52.0, 56.0, 60.0, 64.0, 68.0, 72.0, 76.0]
 """Column sums of ``arange(32).reshape(4, 8)``: every addition exact, so any order gives these."""
-
-
-def cached_files(directory: Path) -> list[str]:
-    """The names of the kernel's cache files (index and machine code) under ``directory``."""
-    return sorted(p.name for p in directory.rglob("_kernel.*") if p.suffix in (".nbi", ".nbc"))
 
 
 def run_read_only(tmp_path: Path, runs: int, *, home_read_only: bool) -> list[dict[str, Any]]:
@@ -58,7 +54,7 @@ def run_read_only(tmp_path: Path, runs: int, *, home_read_only: bool) -> list[di
         mounts += f" && mount --bind -o ro {home} {home}"
     (tmp_path / "probe.py").write_text(PROBE)
     probes = " && ".join([f"{sys.executable} probe.py"] * runs)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_")}
+    env = {k: v for k, v in os.environ.items() if k not in ("RING_REF_CACHE_DIR", "XDG_CACHE_HOME")}
     env.update(HOME=str(home), PYTHONPATH=str(package))
     done = subprocess.run(
         ["unshare", "-m", "sh", "-c", f"{mounts} && cd {tmp_path} && {probes}"],
@@ -76,16 +72,17 @@ def test_kernel_is_cached_per_user_when_the_package_directory_is_read_only(tmp_p
     first, second = run_read_only(tmp_path, 2, home_read_only=False)
     for probe in (first, second):
         assert probe["finite"] and probe["out"] == EXPECTED
-    assert (first["hits"], second["hits"]) == (0, 1)  # compiled and saved, then loaded from disk
-    saved = cached_files(tmp_path / "home" / ".cache" / "numba")
-    assert [name.rsplit(".", 1)[-1] for name in saved] == ["nbc", "nbi"]  # one kernel, one index
+    assert (first["loaded"], second["loaded"]) == (False, True)  # compiled and saved, then loaded
+    assert first["path"] == second["path"]
+    assert Path(first["path"]).parent == tmp_path / "home" / ".cache" / "ring_ref"
+    assert [p.name for p in Path(first["path"]).parent.iterdir()] == [Path(first["path"]).name]
     assert not (tmp_path / "site" / "ring_ref" / "__pycache__").exists()
 
 
 def test_kernel_compiles_in_memory_when_nothing_is_writable(tmp_path: Path) -> None:
     (probe,) = run_read_only(tmp_path, 1, home_read_only=True)
     assert probe["finite"] and probe["out"] == EXPECTED
-    assert probe["hits"] == 0  # compiled in memory, nothing saved
+    assert (probe["loaded"], probe["path"]) == (False, "None")  # compiled in memory, nothing saved
     assert list((tmp_path / "home").iterdir()) == []
 
 
