@@ -104,7 +104,37 @@ def scribbles_on_its_argument(tensor: torch.Tensor) -> torch.Tensor:
     return out
 
 
-RankImpl = Callable[[torch.Tensor], object]
+def sums_whatever_the_op(tensor: torch.Tensor, op: object) -> None:
+    """Bug (difftest --op): passes SUM to the collective whatever ReduceOp it was given."""
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+
+
+def max_ring_keeping_the_last_zero(tensor: torch.Tensor, op: object) -> None:
+    """The textbook ring with a max that keeps its own value on ties, not the received one: a correct max
+    by value whose zeros differ from the ring's where -0 and +0 tie (signed-zero under exact only)."""
+    _ring_op(tensor, lambda incoming, own: torch.where(own >= incoming, own, incoming))
+
+
+def _ring_op(tensor: torch.Tensor, combine: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+    """The textbook ring with ``chunk = combine(incoming, chunk)`` in reduce-scatter."""
+    n, rank = dist.get_world_size(), dist.get_rank()
+    if n == 1:
+        return
+    chunks = list(tensor.chunk(n))
+    right, left = (rank + 1) % n, (rank - 1) % n
+    for step in range(n - 1):
+        send, recv = (rank - step) % n, (rank - step - 1) % n
+        incoming = torch.empty_like(chunks[recv])
+        _exchange(chunks[send], incoming, right, left)
+        chunks[recv].copy_(combine(incoming, chunks[recv]))
+    for step in range(n - 1):
+        send, recv = (rank + 1 - step) % n, (rank - step) % n
+        incoming = torch.empty_like(chunks[recv])
+        _exchange(chunks[send], incoming, right, left)
+        chunks[recv].copy_(incoming)
+
+
+RankImpl = Callable[..., object]
 
 EXPECTED: dict[RankImpl, str] = {
     constant_on_last_rank: "ranks-disagree",
@@ -115,3 +145,9 @@ EXPECTED: dict[RankImpl, str] = {
     scribbles_on_its_argument: "input-modified",
 }
 """Each planted per-rank bug and the one code its failing modes must report."""
+
+OP_EXPECTED: dict[RankImpl, tuple[str, dict[str, str | None]]] = {
+    sums_whatever_the_op: ("max", {"exact": "sum-not-op", "order-free": "sum-not-op", "bound": "sum-not-op"}),
+    max_ring_keeping_the_last_zero: ("max", {"exact": "signed-zero", "order-free": None, "bound": None}),
+}
+"""Per-rank op targets (``fn(tensor, op=ReduceOp)``): the op asked and each mode's code (``None``: pass)."""

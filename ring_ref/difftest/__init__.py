@@ -26,10 +26,22 @@ Three oracles, one per mode, none of which reuses the code under test:
     is where ``(1 + gamma_{N-2}) * sum |x_i|`` (``N >= 2``) reaches the dtype's
     overflow threshold; such elements are counted in the report.
 
+Other reductions (``op="prod"|"max"|"min"|"avg"``, ``--op``; clause
+``difftest-ops``): the target is called with ``op=`` too (the name; a gloo
+rank gets the ``torch.distributed.ReduceOp``) and each mode has the op's
+oracle: ``exact``, the ring's bits for the op; ``order-free``, exact powers
+of two (``prod``), the inputs holding the extreme bit for bit (``max``,
+``min``) or the exact sum divided once (``avg``); ``bound``,
+``|y - P| <= gamma_{N-1} |P|`` (``prod``, with the elements where an order
+could underflow or overflow accepted and counted), the order-free check
+(``max``, ``min``), the sum's bound plus one rounded division (``avg``).
+
 A failing case is shrunk by Hypothesis, then by zeroing values, replayed
 twice (different bits: ``nondeterministic``) and diagnosed: structural codes
 first, then for wrong values one-hot probes (only worker ``j`` holds ones)
-that count each worker's contributions per element.
+that count each worker's contributions per element; for an op, op probes
+(``sum-not-op``, ``wrong-op``), a two-contribution probe
+(``avg-divided-first``) and a probe without zeros (``signed-zero``).
 
 A target that can be imported by name runs isolated, in a worker process that
 imports it there; only raw bits come back, and every check is made here, so
@@ -55,6 +67,9 @@ The command line lives in :mod:`ring_ref._cli`.
 >>> report = difftest(lambda x: torch.sum(x, 0), modes=("order-free",), examples=5, seed=1)
 >>> report.verdict, report.modes["order-free"].examples >= 5
 ('pass', True)
+>>> difftest(lambda x, op: torch.amax(x, 0), op="max", modes=("bound",), examples=5, seed=1).verdict
+'pass'
+
 """
 
 from __future__ import annotations
@@ -64,16 +79,19 @@ from ring_ref.difftest._inputs import Case
 from ring_ref.difftest._report import ModeResult, Report
 from ring_ref.difftest._search import difftest
 from ring_ref.difftest._targets import TargetError, load_target
-from ring_ref.difftest._vocabulary import CODES, DTYPES, MODES, Mode, Target
+from ring_ref.difftest._vocabulary import CODES, DTYPES, MODES, OPS, Mode, Op, OpTarget, Target
 
 __all__ = [
     "CODES",
     "DTYPES",
     "MODES",
+    "OPS",
     "Case",
     "Finding",
     "Mode",
     "ModeResult",
+    "Op",
+    "OpTarget",
     "Report",
     "Target",
     "TargetError",

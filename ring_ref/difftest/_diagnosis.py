@@ -25,7 +25,7 @@ from typing import Final, cast
 import torch
 
 from ring_ref import ring_all_reduce
-from ring_ref._dtypes import bits, format_of
+from ring_ref._dtypes import FloatFormat, bits, format_of
 from ring_ref.difftest._call import (
     Answer,
     Outcome,
@@ -610,55 +610,79 @@ def _other_op(fn: Launcher, case: Case, result: torch.Tensor, rank: int | None) 
     )
 
 
+def _scaled_first(fmt: FloatFormat, n: int, premultiply: bool) -> tuple[int, int, float, set[float]] | None:
+    """Two small whole contributions ``a <= b`` that tell an average of scaled contributions apart.
+
+    Returns ``(a, b, scaled, right)``: with every other worker holding zero,
+    the sum ``a + b`` is exact and there is one addition whatever the order,
+    so an average divided once gives ``a + b`` over ``N`` rounded, or
+    ``(a + b) * fl(1/N)`` rounded (``right``); dividing each contribution by
+    ``N`` first (``premultiply``: multiplying each by ``fl(1/N)``) gives
+    ``scaled``, outside ``right``.  ``None`` when no pair up to 64 does
+    (``N`` a power of two: scaling is exact).
+    """
+    reciprocal = Fraction(round_to(fmt, Fraction(1, n)))
+
+    def scale(x: int) -> Fraction:
+        return Fraction(round_to(fmt, x * reciprocal if premultiply else Fraction(x, n)))
+
+    for b in range(1, 65):
+        for a in range(1, b + 1):
+            total = Fraction(a + b)
+            right = {round_to(fmt, total / n), round_to(fmt, total * reciprocal)}
+            scaled = round_to(fmt, scale(a) + scale(b))
+            if scaled not in right:
+                return a, b, scaled, right
+    return None
+
+
 def _divided_first(fn: Launcher, case: Case, result: torch.Tensor, rank: int | None) -> str:
-    """Why the ``avg`` result is a sum of contributions each divided by ``N`` first (``""``: it is not).
+    """Why the ``avg`` result is a sum of contributions each scaled by ``1/N`` first (``""``: it is not).
 
     Either the result is bit for bit the ring's sum of the rounded quotients
     ``x_i / N``, or of the rounded products ``x_i * fl(1/N)`` (NCCL's
-    floating-point average, clause ``op-avg``), or on rows all equal to a
-    small whole ``v`` (where the average is exactly ``v`` in every order, yet
-    ``N`` copies of ``v / N`` rounded do not sum to ``v``) the target misses
-    ``v`` and stays within the sum's bound of ``N`` copies of ``v / N`` rounded.
+    floating-point average, clause ``op-avg``); or, in any order, on a probe
+    where only workers 0 and 1 hold contributions ``a`` and ``b``
+    (:func:`_scaled_first`) every element is what scaling them first gives
+    and no average divided once can give.
     """
     n, fmt = case.n, format_of(case.dtype)
     if n < 2:
         return ""
     reciprocal = Fraction(round_to(fmt, Fraction(1, n)))
-    ways: dict[str, Callable[[float], Fraction]] = {
-        f"each divided by N first (x_i / {n} rounded, then summed)": lambda x: Fraction(x) / n,
+    divided_words = f"each divided by N first (x_i / {n} rounded, then summed)"
+    premultiplied_words = (
         f"each multiplied by 1/N rounded first (x_i * {float(reciprocal)!r} rounded, then summed, "
-        "as NCCL's ncclAvg premultiplies)": lambda x: Fraction(x) * reciprocal,
+        "as NCCL's ncclAvg premultiplies)"
+    )
+    ways: dict[str, Callable[[float], Fraction]] = {
+        divided_words: lambda x: Fraction(x) / n,
+        premultiplied_words: lambda x: Fraction(x) * reciprocal,
     }
     for words, scale in ways.items():
-        scaled = tuple(round_to(fmt, scale(x), math.copysign(1.0, x) < 0) for x in case.values)
-        if torch.equal(bits(ring_all_reduce(replace(case, values=scaled).tensor())), bits(result)):
+        contributions = tuple(round_to(fmt, scale(x), math.copysign(1.0, x) < 0) for x in case.values)
+        if torch.equal(bits(ring_all_reduce(replace(case, values=contributions).tensor())), bits(result)):
             return (
                 f"The result is bit for bit the ring's sum of the contributions {words}, not the ring's "
                 "sum divided once (clause op-avg)"
             )
-    for v in range(1, min(2**fmt.precision // n, 63) + 1, 2):
-        q = round_to(fmt, Fraction(v, n))
-        copies = torch.full((1,), q, dtype=torch.float64).to(case.dtype)
-        folded = copies.clone()
-        for _ in range(n - 1):
-            folded = folded + copies
-        if float(folded[0]) != v:
-            break
-    else:
-        return ""
-    got = well_formed(fn.call(replace(case, values=(float(v),) * len(case.values))), rank)
-    if got is None:
-        return ""
-    actual = as_float_list(got)
-    room = fmt.gamma(n - 1) * n * Fraction(q)
-    if all(y == v for y in actual) or any(abs(Fraction(y) - n * Fraction(q)) > room for y in actual):
-        return ""
-    off = next(y for y in actual if y != v)
-    return (
-        f"With every worker holding {v} (the average is exactly {v} in every order) the target gives "
-        f"{off!r}: a sum of {n} contributions each divided first ({v}/{n} rounded is {q!r}), not the "
-        "sum divided once (clause op-avg)"
-    )
+    per_worker = len(case.values) // n
+    for premultiply, words in ((False, divided_words), (True, premultiplied_words)):
+        pair = _scaled_first(fmt, n, premultiply)
+        if pair is None:
+            continue
+        a, b, scaled, right = pair
+        rows = [float(a), float(b)] + [0.0] * (n - 2)
+        probe = replace(case, values=tuple(v for v in rows for _ in range(per_worker)))
+        got = well_formed(fn.call(probe), rank)
+        if got is not None and set(as_float_list(got)) == {scaled}:
+            once = " or ".join(repr(v) for v in sorted(right))
+            return (
+                f"With only workers 0 and 1 holding {a} and {b} (one addition, the same in every order) "
+                f"the target gives {scaled!r} everywhere: the contributions {words}; an average divided "
+                f"once gives {once} (clause op-avg)"
+            )
+    return ""
 
 
 def _revealed_order(fn: Launcher, case: Case, m: ValueMismatch, rank: int | None) -> str:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 
 from ring_ref.difftest import difftest
+from tests import planted_rank_impls
+from tests.planted_rank_impls import RankImpl
 
 pytestmark = pytest.mark.clause("difftest-ops")
 
@@ -60,3 +62,14 @@ def test_stacked_gloo_target_takes_the_op_by_name() -> None:
     finally:
         targets.close()
     assert report.verdict == "pass", report.render()
+
+
+@pytest.mark.clause("difftest-ranks", "difftest-diagnoses")
+@pytest.mark.parametrize("bug", list(planted_rank_impls.OP_EXPECTED), ids=lambda f: f.__name__)
+def test_planted_per_rank_op_bug_gets_its_code(bug: RankImpl) -> None:
+    op, expected = planted_rank_impls.OP_EXPECTED[bug]
+    report = difftest(bug, ranks="gloo", op=op, examples=12, seed=1, max_workers=3, timeout=10)
+    for mode, code in expected.items():
+        result = report.modes[mode]
+        codes = result.finding.codes if result.finding is not None else []
+        assert codes == ([code] if code else []), (mode, report.render())

@@ -413,3 +413,63 @@ def test_cli_refuses_an_op_with_a_sum_order_for_exact(capsys: pytest.CaptureFixt
     assert "PASS" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["difftest", target, "--op", "mean"])
+
+
+def tree_of_quotients(x: torch.Tensor, op: str) -> torch.Tensor:
+    """Each contribution divided by N, then summed pairwise (not the ring's order)."""
+    return _pairwise([x[i] / x.shape[0] for i in range(x.shape[0])], "sum")
+
+
+def tree_of_premultiplied(x: torch.Tensor, op: str) -> torch.Tensor:
+    """Each contribution times 1/N rounded, then summed pairwise."""
+    reciprocal = torch.tensor(1.0 / x.shape[0], dtype=torch.float64).to(x.dtype)
+    return _pairwise([x[i] * reciprocal for i in range(x.shape[0])], "sum")
+
+
+def sum_times_reciprocal(x: torch.Tensor, op: str) -> torch.Tensor:
+    """The ring's sum times 1/N rounded: divided last, but not correctly rounded; not divided first."""
+    return ring_fold_op(x, "sum") * torch.tensor(1.0 / x.shape[0], dtype=torch.float64).to(x.dtype)
+
+
+# N = 3: the pairwise tree adds workers 0 and 1 first, the ring's chunk 2 workers 2 and 0.
+SCALED = (
+    -3.7734375,
+    2.685546875,
+    -0.5380859375,
+    2.09765625,
+    -3.982421875,
+    -0.43701171875,
+    1.7724609375,
+    -2.169921875,
+    3.5625,
+)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64], ids=str)
+def test_contributions_scaled_first_in_any_order_are_named(dtype: torch.dtype) -> None:
+    case = Case(3, 3, (), dtype, "contiguous", tuple(float(torch.tensor(v).to(dtype)) for v in SCALED), "avg")
+    for fn, words in (
+        (tree_of_quotients, "each divided by N first"),
+        (tree_of_premultiplied, "1/N rounded first"),
+    ):
+        outcome = call_target(fn, case)
+        x = case.tensor()
+        assert not same_bits(fn(x, "avg"), ring_fold_op(x, "avg"))  # the case separates them
+        found = diagnose(fn, outcome, "exact")
+        assert found is not None and found.codes == ["avg-divided-first"], found
+        assert words in found.explanation
+
+
+def test_an_average_divided_last_by_a_rounded_reciprocal_is_not_taken_for_one_divided_first() -> None:
+    # In bfloat16 the ring's sum times 1/3 rounded misses the sum divided once in this case's last element.
+    case = Case(
+        3,
+        3,
+        (),
+        torch.bfloat16,
+        "contiguous",
+        tuple(float(torch.tensor(v).bfloat16()) for v in SCALED),
+        "avg",
+    )
+    found = diagnose(sum_times_reciprocal, call_target(sum_times_reciprocal, case), "exact")
+    assert found is not None and found.codes == ["out-of-bound"], found
