@@ -23,6 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ring_ref._cli import main
+from ring_ref._orders import checking_against, schedule_order
 from ring_ref.difftest import DTYPES, MODES, Case, difftest
 from ring_ref.difftest._call import call_target
 from ring_ref.difftest._diagnosis import diagnose, op_probe_values
@@ -397,20 +398,13 @@ def test_cli_refuses_an_op_with_a_sum_order_for_exact(capsys: pytest.CaptureFixt
     target = "tests.planted_impls:op_ring"
     assert main(["difftest", target, "--op", "max", "--schedule", "gloo", "--examples", "2"]) == 2
     assert "--op max checks exact against the spec's ring only" in capsys.readouterr().err
-    free = [
-        "difftest",
-        target,
-        "--op",
-        "max",
-        "--schedule",
-        "gloo",
-        "--mode",
-        "order-free",
-        "--examples",
-        "2",
-    ]
-    assert main(free) == 0
+    assert main(["difftest", target, "--op", "max", "--schedule", "auto", "--mode", "order-free"]) == 2
+    assert "order-free and bound need no order" in capsys.readouterr().err
+    assert main(["difftest", target, "--op", "max", "--mode", "order-free", "--examples", "2"]) == 0
     assert "PASS" in capsys.readouterr().out
+    gloo_order = checking_against(schedule_order("gloo"))
+    with gloo_order, pytest.raises(ValueError, match="exact checks the gloo schedule's order for sum only"):
+        difftest(planted_impls.op_ring, op="max", modes=("exact",), examples=1)
     with pytest.raises(SystemExit):
         main(["difftest", target, "--op", "mean"])
 
