@@ -168,6 +168,10 @@ FORKED: Final[dict[str, Forked]] = {
 """Per module, see :class:`Forked`."""
 
 
+KILLED: Final = frozenset({"killed", "timeout", "caught by type check", "segfault"})
+"""mutmut's statuses of a mutant the tests caught (``segfault``: the test run died by a signal)."""
+
+
 class Equivalent(NamedTuple):
     """A row of ``tests/mutation/equivalent.md``."""
 
@@ -272,7 +276,7 @@ class ModuleScore:
 
     @property
     def killed(self) -> list[Mutant]:
-        return [m for m in self.mutants if m.status in {"killed", "timeout", "caught by type check"}]
+        return [m for m in self.mutants if m.status in KILLED]
 
     @property
     def surviving(self) -> list[Mutant]:
@@ -294,7 +298,19 @@ def _copy_tree(dest: Path) -> None:
 _PLUGIN: Final = "ring_ref_mutation_plugin"
 _PLUGIN_SOURCE: Final = '''"""Loaded into mutmut's pytest runs (PYTEST_PLUGINS) by tools/mutation.py."""
 
+import contextlib
 import ctypes
+import os
+
+
+def pytest_configure(config):
+    """A process group of its own for each run (mutmut forks one per mutant).
+
+    A mutant can signal its own process group (os.killpg(0, ...) once a
+    worker's pid guard is gone): that must end its own run, not mutmut.
+    """
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)
 
 
 def pytest_unconfigure(config):
@@ -424,7 +440,7 @@ def run_module(
             function = _public_function(module, match["func"])
             mutant = Mutant(mutant_name, status, function, line, was)
             score.mutants.append(mutant)
-            alive = status not in {"killed", "timeout", "caught by type check"}
+            alive = status not in KILLED
             if alive and any(e.function == function and e.line == line for e in equivalents):
                 score.equivalent.append(mutant)
     score.seconds = time.perf_counter() - started
