@@ -41,8 +41,8 @@ each chunk's entry position ``p``; nothing here knows the schedule.
 * **One small kernel per (dtype, op, stride), compiled on first use.**  The op
   and whether the input's elements are one apart are fixed in the IR, so a
   call compiles (or loads) only the specialisation it needs, with llvmlite
-  (LLVM's optimiser and code generator, no Python-level compiler): about a
-  tenth of a second.
+  (LLVM's optimiser and code generator, no Python-level compiler): 0.1 to
+  0.2 s each.
 * **Cores.**  Tiles are shared among up to ``threads`` Python threads; the
   kernel runs through ``ctypes``, which releases the GIL.  Plain threads are
   fork-safe (a forked child starts a pool of its own).
@@ -580,16 +580,21 @@ def program(
     return np.ascontiguousarray(np.concatenate(blocks), dtype=np.int64), np.ascontiguousarray(tiles)
 
 
+class _Program(NamedTuple):
+    steps: npt.NDArray[np.int64]
+    tiles: npt.NDArray[np.int64]
+    addresses: tuple[int, int]
+    """Where ``steps`` and ``tiles`` are, for the kernel (valid while this record is referenced)."""
+
+
 @functools.lru_cache(maxsize=64)
-def _program(
-    cycle: bytes, entries: bytes, k: int, chunks: int, cols: int
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """:func:`program` of a cycle and entries given as int64 bytes, cached (kept alive while in use)."""
+def _program(cycle: bytes, entries: bytes, k: int, chunks: int, cols: int) -> _Program:
+    """:func:`program` of a cycle and entries given as int64 bytes, cached."""
     order = np.frombuffer(cycle, dtype=np.int64)
     steps, tiles = program(order, np.frombuffer(entries, dtype=np.int64).reshape(-1, 3), k, chunks, cols)
     steps.flags.writeable = False
     tiles.flags.writeable = False
-    return steps, tiles
+    return _Program(steps, tiles, (steps.ctypes.data, tiles.ctypes.data))
 
 
 @functools.lru_cache(maxsize=256)
@@ -644,12 +649,10 @@ def fold(
     n, k = cycle.shape[0], chunk_size
     threads = max(1, min(threads, x.nbytes // MIN_BYTES_PER_THREAD))
     chunks, cols, bounds = _split(n, k, out.itemsize, threads, TILE_BYTES)
-    steps, tiles = _program(
-        cycle.astype(np.int64).tobytes(), entries.astype(np.int64).tobytes(), k, chunks, cols
-    )
+    run = _program(cycle.astype(np.int64).tobytes(), entries.astype(np.int64).tobytes(), k, chunks, cols)
     s0, s1 = (s // x.itemsize for s in x.strides)
     call = kernel(x.dtype.name, s1 == 1, op).call
-    args = (x.ctypes.data, s0, s1, out.ctypes.data, k, steps.ctypes.data, tiles.ctypes.data)
+    args = (x.ctypes.data, s0, s1, out.ctypes.data, k, *run.addresses)
     if len(bounds) == 2:
         return bool(call(*args, 0, bounds[1]))
 
