@@ -239,6 +239,25 @@ def garbles_once_then_talks(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def scribbles_on_its_files_and_exits(x: torch.Tensor) -> torch.Tensor:
+    """Writes bytes that are not UTF-8 into every open file above descriptor 2 (not its pipes), then ends."""
+    for fd in range(3, 256):
+        with contextlib.suppress(OSError):
+            if not os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:"):
+                os.write(fd, b"\xff\xfe")
+    os._exit(3)
+
+
+def truncates_its_output(x: torch.Tensor) -> torch.Tensor:
+    """Writes on its first call; empties its own output file on later ones."""
+    if os.environ.get("RING_REF_WROTE"):
+        os.ftruncate(1, 0)
+    else:
+        os.write(1, b"abc")
+        os.environ["RING_REF_WROTE"] = "1"
+    return ring_all_reduce(x)
+
+
 def exits_soon_after(x: torch.Tensor) -> torch.Tensor:
     """Answers, but leaves a thread that ends the worker (status 9) a moment later."""
     threading.Timer(0.05, os._exit, (9,)).start()
@@ -585,6 +604,28 @@ def test_a_debugger_in_the_tester_does_not_follow_into_the_worker() -> None:
         assert worker.read_output() == ""
     finally:
         worker.close()
+
+
+def test_a_dead_workers_stack_file_is_read_even_if_it_is_not_text() -> None:
+    with started("scribbles_on_its_files_and_exits") as worker:
+        got = call(worker)
+        assert isinstance(got, Died) and got.text == "the worker process exited with status 3", got
+        assert "\ufffd" in got.stack
+
+
+def test_a_target_that_empties_its_own_output_file_leaves_reading_working() -> None:
+    with started("truncates_its_output") as worker:
+        assert isinstance(call(worker), Reply)
+        assert worker.read_output() == "abc"
+        assert isinstance(call(worker), Reply)
+        assert worker.read_output() == ""
+
+
+def test_a_tester_whose_streams_cannot_flush_still_starts_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "stdout", _Unflushable())
+    monkeypatch.setattr(sys, "stderr", _Unflushable())
+    with started("adds") as worker:
+        assert isinstance(call(worker), Reply)
 
 
 def test_a_worker_that_died_between_calls_refuses_the_next_one() -> None:
