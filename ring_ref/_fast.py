@@ -58,8 +58,9 @@ from a sum or product that overflowed to ``±inf`` (or a product ``inf * 0``),
 which is the correctly rounded result (clause ``input-finite``).
 
 Autograd is supported for ``sum`` and ``avg`` (``prod``, ``max`` and ``min`` on
-a tensor that needs a graph are refused with a ``ValueError`` pointing to the
-reference engine, which differentiates them), and so are ``torch.func``
+a tensor that needs a graph or a tangent are refused with a ``ValueError``
+pointing to the reference engine, which differentiates them; under
+``torch.func.vmap`` alone they run), and so are ``torch.func``
 transforms (``grad``, ``vmap``, ``jvp``, ``jacrev``, ``jacfwd``, ``hessian``): for a tensor that
 records a graph, carries a tangent or is a ``torch.func`` wrapper, the
 computation runs inside a :class:`torch.autograd.Function` (elsewhere it
@@ -820,17 +821,57 @@ def _differentiable(x: torch.Tensor) -> bool:
 DIFFERENTIABLE_OPS: Final[tuple[Op, ...]] = ("sum", "avg")
 """The ops the fast engine differentiates: a sum passes the output gradient to every worker unchanged
 (``avg`` then divides it by ``N``, as the reference does).  ``prod``, ``max`` and ``min`` on a tensor that
-records a graph, carries a tangent or is a ``torch.func`` wrapper are refused (use the reference engine)."""
+records a graph or carries a tangent are refused (use the reference engine); under ``torch.func.vmap``
+alone they run (:class:`_RingOp`)."""
 
 
 def not_differentiable(op: Op) -> ValueError:
     """The error for ``op`` on a tensor the fast engine would have to differentiate."""
     return ValueError(
         f"engine='fast' differentiates op='sum' and op='avg' only; op={op!r} on a tensor that requires "
-        "grad (or carries a forward-mode tangent, or is a torch.func transform's input) runs on "
-        "engine='reference' (the default), which records the ring's graph for every op; or detach the "
-        "input, or call under torch.no_grad()."
+        "grad (or carries a forward-mode tangent, or is the input of torch.func.grad, jvp, jacrev, ...) "
+        "runs on engine='reference' (the default), which records the ring's graph for every op; or "
+        "detach the input, or call under torch.no_grad()."
     )
+
+
+class _RingOp(torch.autograd.Function):
+    """``prod``, ``max`` and ``min`` on a ``torch.func`` wrapper: ``vmap`` works (the batch is one more
+    trailing dimension), derivatives are refused with :func:`not_differentiable`.
+
+    ``apply(x, check, ring, op)`` as :class:`_RingSum`'s, with the op.
+    """
+
+    @staticmethod
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        x, check, ring, op = args
+        result, finite = _torch_forward(x, ring, op)
+        if check and not finite:
+            _validate.torch_finite(x)
+        return result
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: Any, output: Any) -> None:
+        ctx.op = inputs[3]
+
+    @staticmethod
+    def backward(ctx: Any, *grad_outputs: Any) -> Any:
+        raise not_differentiable(ctx.op)
+
+    @staticmethod
+    def jvp(ctx: Any, *grad_inputs: Any) -> Any:
+        raise not_differentiable(ctx.op)
+
+    @staticmethod
+    def vmap(info: Any, in_dims: Any, *args: Any) -> Any:
+        x, check, ring, op = args
+        if in_dims[0] is None:
+            return _ring_op(x, check, ring, op), None
+        return _ring_op(x.movedim(in_dims[0], -1), check, ring, op), -1
+
+
+_ring_op: Callable[[torch.Tensor, bool, RingSchedule, Op], torch.Tensor] = _RingOp.apply
+"""``_RingOp.apply`` with its type stated."""
 
 
 def ring_all_reduce_torch(x: torch.Tensor, ring: RingSchedule = SPEC, op: Op = "sum") -> torch.Tensor:
@@ -841,11 +882,12 @@ def ring_all_reduce_torch(x: torch.Tensor, ring: RingSchedule = SPEC, op: Op = "
     """
     _validate.check_torch_structure(x, divisible=ring.layout == "even")
     n = x.shape[0]
-    if _differentiable(x):
-        if op not in DIFFERENTIABLE_OPS:
+    if _differentiable(x):  # the Functions check finiteness inside, on the unwrapped input
+        if op in DIFFERENTIABLE_OPS:
+            return finish_torch(op, _ring_sum(x, True, ring), n)
+        if (x.requires_grad and torch.is_grad_enabled()) or _unpack_dual(x).tangent is not None:
             raise not_differentiable(op)
-        # checks finiteness inside, on the unwrapped input
-        return finish_torch(op, _ring_sum(x, True, ring), n)
+        return _ring_op(x, True, ring, op)  # a torch.func wrapper: vmap works, derivatives are refused
     result, finite = _torch_forward(x, ring, op)
     if not finite:
         _validate.torch_finite(x)

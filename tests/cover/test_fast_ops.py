@@ -332,9 +332,33 @@ def test_ops_the_fast_engine_does_not_differentiate_are_refused_by_name(op: str)
         dual: torch.Tensor = forward_ad.make_dual(x.detach(), x.detach())  # type: ignore[no-untyped-call]
         with pytest.raises(ValueError, match=message):
             ring_all_reduce(dual, engine="fast", op=op)
-    with pytest.raises(ValueError, match=message):
-        torch.func.grad(lambda t: ring_all_reduce(t, engine="fast", op=op).sum())(x.detach())
+
+    def fold(t: torch.Tensor) -> torch.Tensor:
+        return ring_all_reduce(t, engine="fast", op=op)
+
+    for transform in (
+        torch.func.grad(lambda u: fold(u).sum()),
+        lambda t: torch.func.jvp(fold, (t,), (t,)),
+        torch.func.jacrev(fold),
+        torch.func.jacfwd(fold),
+    ):
+        with pytest.raises(ValueError, match=message):
+            transform(x.detach())
     assert ring_all_reduce(x, op=op).requires_grad  # the reference records the graph
     with torch.no_grad():
         assert same_bits(ring_all_reduce(x, engine="fast", op=op), ring_all_reduce(x, op=op))
     assert same_bits(ring_all_reduce(x.detach(), engine="fast", op=op), ring_fold_op(x.detach(), op))
+
+
+@pytest.mark.clause("op-prod", "op-max", "op-min")
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_every_op_under_vmap_is_the_op_of_each_sample(op: str, dtype: torch.dtype) -> None:
+    """``torch.func.vmap`` (no derivative): each sample's result is the reference's for that sample."""
+    generator = torch.Generator().manual_seed(11)
+    batch = (torch.randn(4, 8, 3, 2, generator=generator, dtype=torch.float64) * 4).to(dtype)
+    batch[::2, :4] = -0.0  # signed-zero ties in every sample
+    batch[1::2, :4] = 0.0
+    got = torch.func.vmap(lambda t: ring_all_reduce(t, engine="fast", op=op), in_dims=3, out_dims=2)(batch)
+    want = torch.stack([ring_all_reduce(batch[..., b], op=op) for b in range(2)], 2)
+    assert same_bits(got, want)
