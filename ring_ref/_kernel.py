@@ -9,7 +9,7 @@ every chunk, entered at a chunk's own first worker: ``cycle[p], cycle[p + 1],
 proves that from :mod:`ring_ref.schedule` and hands this module the cycle and
 each chunk's entry position ``p``; nothing here knows the schedule.
 
-* **Exactly the spec's combines.**  The kernel is a few lines of LLVM IR
+* **Exactly the spec's combines.**  The kernel is a few dozen lines of LLVM IR
   (:func:`source`), written out here: each step is ``partial = partial ∘
   x[worker, element]``, one ``fadd`` or ``fmul`` in ``float`` or ``double``,
   or, for ``max`` (``min``), ``own`` if ``fcmp ogt`` (``olt``) ``own, partial``
@@ -32,6 +32,9 @@ each chunk's entry position ``p``; nothing here knows the schedule.
   from the start again up to the last entry position completes the chunks
   that wrap around (pass 2).  Each chunk thus gets its workers in its own
   order; tiling and row order only choose *which elements* are processed when.
+  Consecutive rows into the same chunks (every row of a large chunk's tile)
+  are combined :data:`FUSED` at a time: the partial results are read and
+  written once per four combines, and four rows of the input stream at once.
 * **Finiteness for free.**  A sum or product with a NaN or infinite operand
   is never finite, so each finished tile of those is checked while still in
   cache; ``max`` and ``min`` may drop a NaN or infinite operand, so they check
