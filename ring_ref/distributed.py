@@ -57,8 +57,10 @@ and schedule.
 chunk is sent.  Each rank checks its own tensor (the spec's bad-input table,
 :mod:`ring_ref._validate`) and condenses its shape, dtype, device type, layout,
 op, schedule and verdict into a fixed-size signature; one small collective
-tells every rank every rank's signature: an ``allgather``, or, for two gloo
-ranks, one ``alltoall`` of the two signatures (one message each way).  Only
+tells every rank every rank's signature: on gloo one ``alltoall`` in which
+every rank sends its signature to every rank (all messages at once, where an
+``allgather`` or ``allreduce`` passes them round in ``N - 1`` or more steps),
+on other backends one ``allgather``; gloo is given the call's ``timeout``.  Only
 when the signatures differ or a verdict is bad do the ranks exchange full
 descriptions (``all_gather_object``) so that every rank can word the same
 error naming every offending rank.  The finiteness check is a sum of the
@@ -84,6 +86,7 @@ import datetime
 import functools
 import math
 import threading
+import weakref
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -117,19 +120,18 @@ chunks stage reduce-scatter only, and all-gather receives straight into the slot
 
 _PIPELINED_BACKENDS: Final = frozenset({"gloo"})
 _EXCHANGE_RANKS: Final = 2
-"""gloo groups of at most this many ranks run every round (and the check) as ``alltoall`` collectives.
+"""gloo groups of at most this many ranks run every round as ``alltoall`` collectives.
 
 gloo runs a collective on its own worker thread; point-to-point sends and waits run on the
 calling (Python) thread.  Measured on two ranks of a busy 2-core host, the collective's time
 varied far less than the two-message exchange's (a tenth of the exchanges took several ms), so
 two ranks exchange through it.  gloo's ``alltoall`` also sends an empty message to every other
-rank, so from three ranks on the ring's point-to-point sends are cheaper."""
+rank, so from three ranks on the ring's point-to-point sends are cheaper.  (The check before the
+ring is one ``alltoall`` for every group size: there every rank does send to every rank.)"""
 _EXACT_DIMS: Final = 8
 """Signature entries that hold the leading dimensions exactly; further ones are folded into a hash."""
 _HASH_MODULUS: Final = (1 << 61) - 1
 _SIGNATURE_LENGTH: Final = 6 + _EXACT_DIMS + 3
-_CHECK_TAG: Final = 0
-"""The tag of the two-rank signature exchange; the ring's segments use tags from 1 on."""
 
 
 @dataclass(frozen=True)
@@ -265,7 +267,8 @@ def _finite(tensor: torch.Tensor, n: int, backend: str, ring: RingSchedule) -> b
     A NaN or infinity anywhere makes the sum non-finite; only then (or when finite
     values overflow the sum) are the elements scanned.
     """
-    return math.isfinite(tensor.detach().sum().item()) or _problem(tensor, n, backend, ring) is None
+    total = (tensor.detach() if tensor.requires_grad else tensor).sum().item()
+    return math.isfinite(total) or _problem(tensor, n, backend, ring) is None
 
 
 def _signature(
@@ -301,7 +304,12 @@ class _Known(NamedTuple):
     sound: bool
     """Every row of the table but finiteness passes."""
     flags: torch.Tensor | None
-    """``[*signature, 0]`` on the CPU, the clean rank's contribution to the check (``None`` for NCCL)."""
+    """The clean rank's contribution to the check (:func:`_flags`; ``None`` for NCCL)."""
+    ring: RingSchedule | None
+    """The ring (offset taken mod ``n``), when ``sound``."""
+    reduce_op: Op | None
+    plan: "_Plan | None"
+    """The ring's steps for this rank, when ``sound`` and ``n > 1``."""
 
 
 _KNOWN: Final[dict[tuple[object, ...], _Known]] = {}
@@ -309,12 +317,15 @@ _KNOWN_MAX: Final = 256
 _EXACT_FIELDS: Final = (int, int, str)
 
 
-def _known_key(tensor: object, n: int, backend: str, op: object, name: object) -> tuple[object, ...] | None:
+def _known_key(
+    tensor: object, rank: int, n: int, backend: str, *, op: object, name: object
+) -> tuple[object, ...] | None:
     """The key of a call's metadata, or ``None`` when it cannot be told apart by equality alone.
 
     Only dense tensors with a ``str`` op and a preset name, or a ``RingSchedule``
     of exactly ``int``, ``int``, ``str`` fields, qualify (``1.0 == 1`` and
-    ``True == 1``, but the table refuses those fields).
+    ``True == 1``, but the table refuses those fields).  The tuning constants are
+    part of the key (the plan depends on them).
     """
     if not isinstance(tensor, torch.Tensor) or tensor.is_nested or tensor.layout != torch.strided:
         return None
@@ -324,24 +335,46 @@ def _known_key(tensor: object, n: int, backend: str, op: object, name: object) -
         type(name) is RingSchedule and all(type(v) is t for v, t in zip(name, _EXACT_FIELDS, strict=True))
     ):
         return None
-    return (tensor.shape, tensor.stride(), tensor.dtype, tensor.device, n, backend, op, name)
+    tuning = (SEGMENT_BYTES, MAX_SEGMENTS, STAGE_ALL_BYTES)
+    return (tensor.shape, tensor.stride(), tensor.dtype, tensor.device, rank, n, backend, op, name, tuning)
 
 
-def _known(tensor: object, n: int, backend: str, op: object, name: object) -> _Known:
-    """:func:`_metadata` of a call, from the cache when the same metadata was seen before."""
-    key = _known_key(tensor, n, backend, op, name)
+def _known(tensor: object, rank: int, n: int, backend: str, *, op: object, name: object) -> _Known:
+    """:func:`_metadata` of a call and the ring it runs, from the cache for metadata seen before."""
+    key = _known_key(tensor, rank, n, backend, op=op, name=name)
     known = None if key is None else _KNOWN.get(key)
     if known is None:
         signature, sound = _metadata(tensor, n, backend, op, name)
-        flags = None
-        if backend != "nccl":
-            flags = torch.tensor([*signature, 0], dtype=torch.int64)
-        known = _Known(signature, sound, flags)
+        flags = None if backend == "nccl" else _flags(signature, True, n, backend)
+        ring = reduce_op = plan = None
+        if sound:
+            assert isinstance(tensor, torch.Tensor)
+            ring, reduce_op = schedule_of(name).normalized(n), op_name(op)
+            if n > 1:
+                plan = _plan(
+                    ring,
+                    rank,
+                    n,
+                    tensor.numel(),
+                    tensor.element_size(),
+                    SEGMENT_BYTES,
+                    MAX_SEGMENTS,
+                    STAGE_ALL_BYTES,
+                )
+        known = _Known(signature, sound, flags, ring, reduce_op, plan)
         if key is not None:
             if len(_KNOWN) >= _KNOWN_MAX:
                 _KNOWN.clear()
             _KNOWN[key] = known
     return known
+
+
+def _flags(signature: list[int], clean: bool, n: int, backend: str) -> torch.Tensor:
+    """This rank's contribution to the check: its signature and verdict, ``N`` times on gloo."""
+    row = [*signature, 0 if clean else 1]
+    if backend in _PIPELINED_BACKENDS:
+        return torch.tensor(row * n, dtype=torch.int64)
+    return torch.tensor(row, dtype=torch.int64, device=_control_device(backend))
 
 
 def _control_device(backend: str) -> torch.device:
@@ -421,18 +454,21 @@ def _gather_signatures(
 ) -> list[list[int]]:
     """Every rank's ``flags`` (this rank's included), in rank order: one small collective.
 
-    Two gloo ranks swap theirs with one ``alltoall`` (one message each way, where
-    an ``allgather`` or ``allreduce`` takes several); otherwise one ``allgather``.
+    On gloo ``flags`` holds this rank's row ``N`` times and one ``alltoall`` sends a
+    copy to every rank: all messages travel at once, where an ``allgather`` (or an
+    ``allreduce``) passes them round the ring in ``N - 1`` or more steps.  On other
+    backends ``flags`` is the row, and one ``allgather`` collects them.
     """
-    if waiter.n == 2 and backend in _PIPELINED_BACKENDS:
-        theirs = torch.empty_like(flags)
-        splits = [0, flags.numel()] if waiter.rank == 0 else [flags.numel(), 0]
-        waiter.wait(_all_to_all(group, theirs, flags, splits, splits, waiter.timeout), _CHECKING)
-        pair = [flags.tolist(), theirs.tolist()]
-        return pair if waiter.rank == 0 else pair[::-1]
-    rows = flags.new_empty((waiter.n, flags.numel()))
-    waiter.wait(_all_gather(group, list(rows.unbind(0)), flags, waiter.timeout), _CHECKING)
-    everyone: list[list[int]] = rows.tolist()
+    n = waiter.n
+    if backend in _PIPELINED_BACKENDS:
+        rows = torch.empty_like(flags)
+        splits = [flags.numel() // n] * n
+        waiter.wait(_all_to_all(group, rows, flags, splits, splits, waiter.timeout), _CHECKING)
+        everyone: list[list[int]] = rows.view(n, -1).tolist()
+        return everyone
+    gathered = flags.new_empty((n, flags.numel()))
+    waiter.wait(_all_gather(group, list(gathered.unbind(0)), flags, waiter.timeout), _CHECKING)
+    everyone = gathered.tolist()
     return everyone
 
 
@@ -444,25 +480,26 @@ def _check_everywhere(
     *,
     op: object = "sum",
     name: object = "spec",
-) -> None:
-    """Raise the same bad-input error on every rank, or return on every rank; one small collective."""
+) -> _Known:
+    """Raise the same bad-input error on every rank, or return on every rank; one small collective.
+
+    Returns what the metadata decided (the ring and this rank's plan among it).
+    """
     n = waiter.n
-    known = _known(tensor, n, backend, op, name)
+    known = _known(tensor, waiter.rank, n, backend, op=op, name=name)
     clean = known.sound
     if clean:
-        assert isinstance(tensor, torch.Tensor)
-        clean = _finite(tensor, n, backend, schedule_of(name))
+        assert isinstance(tensor, torch.Tensor) and known.ring is not None
+        clean = _finite(tensor, n, backend, known.ring)
     if n > 1:
         flags = known.flags
         if flags is None or not clean:
-            flags = torch.tensor(
-                [*known.signature, 0 if clean else 1], dtype=torch.int64, device=_control_device(backend)
-            )
+            flags = _flags(known.signature, clean, n, backend)
         rows = _gather_signatures(flags, group, backend, waiter)
         if clean and all(row == rows[waiter.rank] for row in rows):
-            return
+            return known
     elif clean:
-        return
+        return known
     descriptions: list[_Description | None] = [None] * n
     mine = _describe(tensor, n, backend, op, name)
     try:
@@ -476,6 +513,7 @@ def _check_everywhere(
     error = _verdict([d for d in descriptions if d is not None])
     if error is not None:
         raise error
+    return known
 
 
 class _Scratch(threading.local):
@@ -654,10 +692,10 @@ def _ring_pipelined(
         else:
             settle(piece)
             into = slots[piece]
-        receiving[t * count + s] = group.recv([into], left, 1 + t * count + s)
+        receiving[t * count + s] = group.recv([into], left, t * count + s)
 
     def post_send(t: int, piece: int, s: int) -> None:
-        sending.setdefault(piece, []).append((t, group.send([slots[piece]], right, 1 + t * count + s)))
+        sending.setdefault(piece, []).append((t, group.send([slots[piece]], right, t * count + s)))
 
     for t in (*range(staged), *plan.upfront):
         for s in filled[received[t]]:
@@ -764,6 +802,35 @@ def _ring_rounds(
             combine_into(into, slot)
 
 
+_GROUPS: Final[weakref.WeakKeyDictionary[dist.ProcessGroup, tuple[int, int, str]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _group_of(group: dist.ProcessGroup | None) -> tuple[dist.ProcessGroup, int, int, str]:
+    """The group (default: the world), this process's rank in it, its size and its backend."""
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(
+            "ring_all_reduce_ needs an initialised default process group; call "
+            "torch.distributed.init_process_group(...) first (or launch with torchrun)."
+        )
+    group = group if group is not None else dist.group.WORLD
+    if group is None:
+        raise RuntimeError("ring_all_reduce_: the default process group has been destroyed.")
+    known = _GROUPS.get(group) if isinstance(group, dist.ProcessGroup) else None
+    if known is None:
+        rank, n = dist.get_rank(group), dist.get_world_size(group)
+        if rank < 0:
+            raise ValueError(
+                f"this process (global rank {dist.get_rank()}) is not a member of the given group; "
+                "only the group's ranks may call ring_all_reduce_ with it."
+            )
+        known = rank, n, str(dist.get_backend(group))
+        if isinstance(group, dist.ProcessGroup):
+            _GROUPS[group] = known
+    return (group, *known)
+
+
 def ring_all_reduce_(
     tensor: torch.Tensor,
     group: dist.ProcessGroup | None = None,
@@ -803,32 +870,15 @@ def ring_all_reduce_(
     group's own timeout.  See the module docstring for what the tensor holds
     after such a failure.
     """
-    if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError(
-            "ring_all_reduce_ needs an initialised default process group; call "
-            "torch.distributed.init_process_group(...) first (or launch with torchrun)."
-        )
-    group = group if group is not None else dist.group.WORLD
-    if group is None:
-        raise RuntimeError("ring_all_reduce_: the default process group has been destroyed.")
-    rank, n = dist.get_rank(group), dist.get_world_size(group)
-    if rank < 0:
-        raise ValueError(
-            f"this process (global rank {dist.get_rank()}) is not a member of the given group; "
-            "only the group's ranks may call ring_all_reduce_ with it."
-        )
-    backend = str(dist.get_backend(group))
+    group, rank, n, backend = _group_of(group)
     waiter = _Waiter(rank, n, timeout)
-    _check_everywhere(tensor, group, backend, waiter, op=op, name=schedule)
-    if n == 1:
+    known = _check_everywhere(tensor, group, backend, waiter, op=op, name=schedule)
+    if known.plan is None or known.reduce_op is None:  # one rank: nothing to exchange
         return tensor
-    reduce_op, ring = op_name(op), schedule_of(schedule).normalized(n)
+    plan, reduce_op = known.plan, known.reduce_op
     data = tensor.detach() if tensor.requires_grad else tensor
     work = data if data.is_contiguous() else data.contiguous()
     flat = work if work.dim() == 1 else work.view(-1)
-    plan = _plan(
-        ring, rank, n, work.numel(), work.element_size(), SEGMENT_BYTES, MAX_SEGMENTS, STAGE_ALL_BYTES
-    )
     waiter.right, waiter.left = plan.right, plan.left
     combine_into = torch_combine_into(reduce_op)
     try:
