@@ -168,6 +168,11 @@ FORKED: Final[dict[str, Forked]] = {
 """Per module, see :class:`Forked`."""
 
 
+DO_NOT_MUTATE: Final = (r"^\s*self\.pid = 0$",)
+"""Lines (regular expressions) left unmutated because a mutant of theirs signals processes outside the
+run: with ``self.pid = 1`` a worker's ``kill`` sends SIGKILL to process 1 and its process group (the
+machine's init and its services)."""
+
 KILLED: Final = frozenset({"killed", "timeout", "caught by type check", "segfault"})
 """mutmut's statuses of a mutant the tests caught (``segfault``: the test run died by a signal)."""
 
@@ -342,6 +347,7 @@ def _configure(work: Path, files: Sequence[str], tests: Sequence[str]) -> dict[s
             'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q", "-p", "no:randomly", '
             '"-m", "not soak and not gpu"]\n'
             "use_git_change_detection = false\n"
+            "do_not_mutate_patterns = [" + ", ".join(f"'{p}'" for p in DO_NOT_MUTATE) + "]\n"
         )
     plugin = work / ".mutation-plugin"
     plugin.mkdir()
