@@ -451,25 +451,24 @@ def _all_gather(
 
 def _gather_signatures(
     flags: torch.Tensor, group: dist.ProcessGroup, backend: str, waiter: _Waiter
-) -> list[list[int]]:
-    """Every rank's ``flags`` (this rank's included), in rank order: one small collective.
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every rank's row of ``flags`` in rank order, and this rank's row as often: one small collective.
 
     On gloo ``flags`` holds this rank's row ``N`` times and one ``alltoall`` sends a
     copy to every rank: all messages travel at once, where an ``allgather`` (or an
     ``allreduce``) passes them round the ring in ``N - 1`` or more steps.  On other
-    backends ``flags`` is the row, and one ``allgather`` collects them.
+    backends ``flags`` is the row, and one ``allgather`` collects them.  The two
+    results are equal exactly when every rank's row is this rank's.
     """
     n = waiter.n
     if backend in _PIPELINED_BACKENDS:
         rows = torch.empty_like(flags)
         splits = [flags.numel() // n] * n
         waiter.wait(_all_to_all(group, rows, flags, splits, splits, waiter.timeout), _CHECKING)
-        everyone: list[list[int]] = rows.view(n, -1).tolist()
-        return everyone
+        return rows, flags
     gathered = flags.new_empty((n, flags.numel()))
     waiter.wait(_all_gather(group, list(gathered.unbind(0)), flags, waiter.timeout), _CHECKING)
-    everyone = gathered.tolist()
-    return everyone
+    return gathered.view(-1), flags.repeat(n)
 
 
 def _check_everywhere(
@@ -495,8 +494,8 @@ def _check_everywhere(
         flags = known.flags
         if flags is None or not clean:
             flags = _flags(known.signature, clean, n, backend)
-        rows = _gather_signatures(flags, group, backend, waiter)
-        if clean and all(row == rows[waiter.rank] for row in rows):
+        everyone, own = _gather_signatures(flags, group, backend, waiter)
+        if clean and torch.equal(everyone, own):
             return known
     elif clean:
         return known
@@ -590,6 +589,9 @@ class _Plan(NamedTuple):
     receive_after: tuple[tuple[int, ...], ...]
     """Per step ``t``: the unstaged steps whose receive of segment ``s`` is posted once segment ``s``
     of step ``t`` is done (the last earlier step that reads or writes the slot they overwrite)."""
+    splits: tuple[tuple[list[int], list[int]], ...]
+    """Per step ``t`` and segment ``s`` (index ``t * per_chunk + s``), the elements an ``alltoall``
+    sends to and receives from each rank: the segment to the right neighbour, from the left."""
 
 
 @functools.lru_cache(maxsize=64)
@@ -622,9 +624,10 @@ def _plan(  # noqa: PLR0917 (cached by its positional arguments)
     for u in range(staged, len(steps)):
         touching = [t for t in range(u) if received[u] in (sent[t], received[t])]
         (receive_after[touching[-1]] if touching else upfront).append(u)
+    right, left = ring.right(rank, n), ring.left(rank, n)
     return _Plan(
-        right=ring.right(rank, n),
-        left=ring.left(rank, n),
+        right=right,
+        left=left,
         steps=steps,
         sent=sent,
         received=received,
@@ -639,6 +642,14 @@ def _plan(  # noqa: PLR0917 (cached by its positional arguments)
         ),
         upfront=tuple(upfront),
         receive_after=tuple(tuple(us) for us in receive_after),
+        splits=tuple(
+            (
+                [sizes[sent[t]][s] if j == right else 0 for j in range(n)],
+                [sizes[received[t]][s] if j == left else 0 for j in range(n)],
+            )
+            for t in range(len(steps))
+            for s in range(count)
+        ),
     )
 
 
@@ -752,14 +763,12 @@ def _ring_exchanges(
     (the same slot: :func:`_ring_pipelined`), while the other segments are under way.
     """
     count, received, sent, steps, pieces = plan.per_chunk, plan.received, plan.sent, plan.steps, plan.pieces
-    nothing = [0] * len(plan.chunks)
     works: dict[int, dist.Work] = {}
 
     def start(t: int, s: int) -> None:
         out, into = sent[t] * count + s, received[t] * count + s
-        output_splits, input_splits = nothing.copy(), nothing.copy()
-        input_splits[plan.right], output_splits[plan.left] = pieces[out], pieces[into]
         output = stages[t * (count + 1) + s] if t < plan.rs_steps else slots[into]
+        input_splits, output_splits = plan.splits[t * count + s]
         works[t * count + s] = _all_to_all(
             group, output, slots[out], output_splits, input_splits, waiter.timeout
         )
