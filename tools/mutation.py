@@ -119,7 +119,11 @@ MODULES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
     ),
     "dtypes": (("ring_ref/_dtypes.py",), ("ring_ref/_dtypes.py", "tests/cover/test_kills_dtypes.py")),
     "cost": (("ring_ref/_cost.py",), ("ring_ref/_cost.py", "tests/cover/test_kills_cost.py")),
-    "fast": (("ring_ref/_fast.py",), ("ring_ref/_fast.py", "tests/cover/test_fast.py")),
+    # The fast engine and its compiled kernel: their own kill tests on small inputs (the property tests of
+    # tests/cover/test_fast*.py take minutes per mutant).  The kernel's Python is plain code: mutants of its
+    # IR text are compiled by llvmlite in the test run like the original.
+    "fast": (("ring_ref/_fast.py",), ("ring_ref/_fast.py", "tests/cover/test_kills_fast.py")),
+    "kernel": (("ring_ref/_kernel.py",), ("ring_ref/_kernel.py", "tests/cover/test_kills_kernel.py")),
     # difftest, one module at a time (the package's modules whose code had settled; see the README)
     **{
         f"difftest.{name}": ((path,), (path, *DIFFTEST_TESTS))
