@@ -160,9 +160,16 @@ def patches_the_reply_path(x: torch.Tensor) -> torch.Tensor:
 
 
 def writes_an_empty_frame(x: torch.Tensor) -> torch.Tensor:
-    """A frame with an empty header (not JSON)."""
+    """A frame with an empty header (not JSON), and nothing after it."""
     _write_everywhere(bytes(16))
+    _nap_in_the_target()
     return x
+
+
+def writes_two_frames_at_once(x: torch.Tensor) -> torch.Tensor:
+    """Two small frames in one write (so the parent reads them together), then answers."""
+    _write_everywhere(_frame(b'{"kind": "one"}') + _frame(b'{"kind": "two"}', b"2"))
+    return ring_all_reduce(x)
 
 
 def writes_the_largest_frame(x: torch.Tensor) -> torch.Tensor:
@@ -496,6 +503,16 @@ def test_the_largest_frame_is_accepted_and_the_next_one_read_after_it() -> None:
         assert len(got.payload) == _worker.MAX_PAYLOAD
         answer = worker.receive(time.monotonic() + WAIT_S)
         assert isinstance(answer, Reply) and answer.head["kind"] == "answer", answer
+
+
+def test_frames_read_together_are_taken_one_by_one() -> None:
+    with started("writes_two_frames_at_once") as worker:
+        first = call(worker)
+        assert isinstance(first, Reply) and first.head == {"kind": "one"} and first.payload == b"", first
+        second = worker.receive(time.monotonic() + WAIT_S)
+        assert isinstance(second, Reply) and second.head == {"kind": "two"} and second.payload == b"2", second
+        third = worker.receive(time.monotonic() + WAIT_S)
+        assert isinstance(third, Reply) and third.head["kind"] == "answer", third
 
 
 def test_trim_keeps_what_fits_and_halves_the_rest() -> None:
