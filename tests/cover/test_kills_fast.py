@@ -1,0 +1,603 @@
+"""The fast engine (``ring_ref._fast``) on small inputs: quick per call (``make mutation``'s tests for it).
+
+Bits are compared with the reference engine (every op, dtype, layout, ring and
+path: the compiled kernel and the batched path with tiles of any size),
+finiteness errors with the reference's exact message, the plan's faults with a
+send-by-send walk written here from the spec's rules (the first bad send of
+the first bad round, its wording as the fast engine's docstrings give it), and
+derivatives with the reference's or the documented refusal.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+import torch
+from torch.autograd import forward_ad
+
+from ring_ref import InvariantViolation, _fast, ring_all_reduce, schedule
+from ring_ref.schedule import PRESETS, RingSchedule
+from tests.oracles import bits, same_bits
+
+pytestmark = pytest.mark.clause("engines-same-bits")
+
+OPS = ("sum", "prod", "max", "min", "avg")
+DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+RINGS = [
+    *PRESETS.values(),
+    RingSchedule(-1, 2, "even"),
+    RingSchedule(1, 3, "blocks"),
+    RingSchedule(-1, 1, "gloo"),
+]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_plans() -> Iterator[None]:
+    """Plans are cached per N: every test computes its own (and leaves none patched)."""
+    _fast.plan.cache_clear()
+    yield
+    _fast.plan.cache_clear()
+
+
+def values(
+    n: int, m: int, dtype: torch.dtype, op: str, seed: int, trailing: tuple[int, ...] = ()
+) -> torch.Tensor:
+    """Values whose result depends on the order of the combines (ties of signed zeros for max/min)."""
+    g = torch.Generator().manual_seed(seed)
+    shape = (n, m, *trailing)
+    if op in ("sum", "avg"):
+        x = torch.randn(shape, generator=g, dtype=torch.float64) * 2.0 ** torch.randint(
+            -8, 8, shape, generator=g
+        )
+    elif op == "prod":
+        x = 1 + torch.randn(shape, generator=g, dtype=torch.float64) / 7
+    else:
+        x = torch.tensor([-0.0, 0.0, 1.0, -1.0, 0.5], dtype=torch.float64)[
+            torch.randint(0, 5, shape, generator=g)
+        ]
+    return x.to(dtype)
+
+
+def outcome(x: Any, engine: str, op: str, ring: RingSchedule | str = "spec") -> Any:
+    try:
+        return ring_all_reduce(x, engine=engine, op=op, schedule=ring)  # type: ignore[call-overload]
+    except (ValueError, TypeError, InvariantViolation) as error:
+        return error
+
+
+def as_tensor(y: Any) -> torch.Tensor:
+    return y if isinstance(y, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(y))
+
+
+def assert_same(x: Any, op: str, ring: RingSchedule | str = "spec") -> None:
+    """Both engines give the same bits and result type, or raise the same error with the same message."""
+    want = outcome(x, "reference", op, ring)
+    got = outcome(x, "fast", op, ring)
+    if isinstance(want, Exception):
+        assert type(got) is type(want) and str(got) == str(want), (got, want)
+        return
+    assert not isinstance(got, Exception), got
+    assert type(got) is type(want)
+    assert same_bits(as_tensor(got), as_tensor(want)), (op, ring)
+
+
+def views(x: torch.Tensor) -> dict[str, Any]:
+    """The same values in layouts that take different paths (kernel, batched), torch and numpy."""
+    out: dict[str, Any] = {
+        "contiguous": x,
+        "transposed": x.transpose(0, 1).contiguous().transpose(0, 1),
+        "sliced": torch.cat([x, x], dim=1)[:, : x.shape[1]] if x.dim() == 2 else x,
+        "permuted": torch.stack([x, -x], dim=0).movedim(0, -1)[..., 0],
+        "strided-trailing": torch.stack([x, x], dim=-1)[..., 0],
+    }
+    if x.dtype in (torch.float16, torch.float32, torch.float64):
+        a = x.numpy()
+        out["numpy"] = a
+        out["numpy-reversed"] = np.ascontiguousarray(a[::-1])[::-1]
+        out["numpy-fortran"] = np.asfortranarray(a)
+        raw = np.zeros(a.nbytes + 1, dtype=np.uint8)[1:].view(a.dtype)  # not aligned
+        unaligned = raw.reshape(a.shape)
+        unaligned[...] = a
+        out["numpy-unaligned"] = unaligned
+        swapped = a.astype(a.dtype.newbyteorder(">"))
+        out["numpy-big-endian"] = swapped
+    return out
+
+
+@pytest.mark.clause("op-prod", "op-max", "op-min", "op-avg", "fold-order")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", OPS)
+def test_every_op_dtype_and_layout_equals_the_reference(dtype: torch.dtype, op: str) -> None:
+    for n, k, trailing in [(1, 2, ()), (2, 1, ()), (3, 2, (2,)), (5, 3, ())]:
+        x = values(n, n * k, dtype, op, seed=n)
+        if trailing:
+            x = values(n, n * k, dtype, op, seed=n, trailing=trailing)
+        for name, view in views(x).items():
+            assert_same(view, op), name
+
+
+@pytest.mark.clause("schedule-fold-order", "schedule-layouts")
+@pytest.mark.parametrize("ring", RINGS, ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_every_ring_and_layout_of_chunks_equals_the_reference(ring: RingSchedule, dtype: torch.dtype) -> None:
+    for op in OPS:
+        for n, m in [(1, 3), (2, 4), (3, 7), (4, 4), (5, 11)]:
+            if ring.layout == "even":
+                m = n * (m // n + 1)
+            x = values(n, m, dtype, op, seed=m)
+            assert_same(x, op, ring)
+            if dtype != torch.bfloat16:
+                assert_same(x.numpy(), op, ring)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("budget", [1, 3, 16, 50])
+def test_batched_tiles_of_any_size_give_the_same_bits(
+    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, budget: int
+) -> None:
+    """Tiny tiles on the batched path (float16, bfloat16, layouts the kernel cannot address, numpy)."""
+    monkeypatch.setattr(_fast, "TILE_BYTES", budget)
+    monkeypatch.setattr(_fast, "NUMPY_TILE_BYTES", budget)
+    for op in OPS:
+        for n, k in [(2, 3), (3, 4), (5, 2)]:
+            x = values(n, n * k, dtype, op, seed=k, trailing=(2,))
+            for name, view in views(x).items():
+                if (
+                    name in ("permuted", "strided-trailing", "numpy-unaligned", "numpy-fortran")
+                    or name == "contiguous"
+                ):
+                    assert_same(view, op), name
+
+
+@pytest.mark.clause("bad-input", "input-finite")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", OPS)
+def test_non_finite_input_is_refused_like_the_reference_wherever_it_is(dtype: torch.dtype, op: str) -> None:
+    n, k = 3, 2
+    base = values(n, n * k, dtype, op, seed=4)
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        for w, e in [(0, 0), (1, 3), (2, n * k - 1)]:
+            x = base.clone()
+            x[w, e] = bad
+            for name, view in views(x).items():
+                if name != "numpy-big-endian":
+                    got = outcome(view, "fast", op)
+                    assert isinstance(got, ValueError), (name, bad, w, e)
+                    assert str(got) == str(outcome(view, "reference", op)), name
+
+
+@pytest.mark.clause("input-finite")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", ["sum", "prod", "avg"])
+def test_overflow_is_the_rounded_result_not_an_error(dtype: torch.dtype, op: str) -> None:
+    big = torch.finfo(dtype).max
+    x = torch.full((3, 3), big, dtype=dtype)
+    x[1, 1] = -big  # a finite total, an overflowing partial in some chunks
+    for view in views(x).values():
+        assert_same(view, op)
+    y = torch.full((2, 2), big / 2, dtype=dtype)  # sums exactly to max: finite, on the edge
+    for view in views(y).values():
+        assert_same(view, op)
+
+
+@pytest.mark.clause("input-finite")
+def test_a_finite_sum_whose_check_overflows_is_not_refused() -> None:
+    """The check's own reduction overflows (a false alarm): the exact scan then finds nothing to refuse."""
+    big = torch.finfo(torch.float32).max
+    x = torch.tensor([[big, big], [-big / 2, big]], dtype=torch.float32)
+    for view in views(x).values():
+        assert_same(view, "sum")
+        assert_same(view, "max")
+
+
+# --- the plan ----------------------------------------------------------------------------------------
+
+
+def walk(
+    n: int,
+    right: Callable[[int], int],
+    rs: Callable[[int, int], int],
+    ag: Callable[[int, int], int],
+    rounds: int,
+) -> str | None:
+    """The first fault of a schedule, simulated send by send (each round simultaneous), in the engine's
+    words; ``None`` when reduce-scatter leaves every chunk complete at one worker and all-gather delivers
+    every completed chunk to worker 0 forwarding only completed ones."""
+    dst = [right(i) for i in range(n)]
+    for i, d in enumerate(dst):
+        if not 0 <= d < n:
+            return f"right(i): worker {i} gets {d}, not one of 0 .. {n - 1}"
+    holder: list[int | None] = [None] * n
+    folded: list[set[int]] = [set() for _ in range(n)]
+    for r in range(rounds):
+        sent = [rs(i, r) for i in range(n)]
+        for i, c in enumerate(sent):
+            if not 0 <= c < n:
+                return (
+                    f"reduce-scatter round {r}: the chunk sent: worker {i} gets {c}, not one of 0 .. {n - 1}"
+                )
+        for i, c in enumerate(sent):
+            where = f"reduce-scatter round {r}: worker {i} sends chunk {c} to worker {dst[i]}, "
+            if c in sent[:i]:
+                return where + "but that chunk is already in flight this round"
+            if holder[c] is not None and holder[c] != i:
+                return where + f"but its partial sum is at worker {holder[c]}"
+            if dst[i] in folded[c] or (holder[c] is None and dst[i] == i):
+                return where + "whose partial sum already holds the receiver's contribution"
+        for i, c in enumerate(sent):
+            if holder[c] is None:
+                folded[c].add(i)
+            folded[c].add(dst[i])
+            holder[c] = dst[i]
+    if n > 1:
+        for c in range(n):
+            if holder[c] is None or len(folded[c]) != n:
+                return f"after reduce-scatter chunk {c} is not complete at any worker"
+    complete = {(0 if holder[c] is None else holder[c], c) for c in range(n)}
+    for r in range(rounds):
+        sent = [ag(i, r) for i in range(n)]
+        for i, c in enumerate(sent):
+            if not 0 <= c < n:
+                return f"all-gather round {r}: the chunk sent: worker {i} gets {c}, not one of 0 .. {n - 1}"
+        for i, c in enumerate(sent):
+            if (i, c) not in complete:
+                return f"all-gather round {r}: worker {i} forwards incomplete chunk {c}"
+        complete |= {(dst[i], c) for i, c in enumerate(sent)}
+    missing = [c for c in range(n) if (0, c) not in complete]
+    return f"after all-gather worker 0 lacks completed chunks {missing}" if missing else None
+
+
+def table_function(table: npt.NDArray[np.int64]) -> Callable[..., Any]:
+    """``send_chunk(i, r, n)`` reading a table, for integers and index arrays alike."""
+    return lambda i, r, n: table[r, i]
+
+
+def spec_tables(n: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    count = schedule.rounds_per_phase(n)
+    rs = np.array([[schedule.rs_send_chunk(i, r, n) for i in range(n)] for r in range(count)], dtype=np.int64)
+    ag = np.array([[schedule.ag_send_chunk(i, r, n) for i in range(n)] for r in range(count)], dtype=np.int64)
+    return rs.reshape(count, n), ag.reshape(count, n)
+
+
+def run_patched(
+    monkeypatch: pytest.MonkeyPatch, n: int, rs: Any, ag: Any, right: Any, rounds: int, x: torch.Tensor
+) -> Any:
+    monkeypatch.setattr(schedule, "rs_send_chunk", rs)
+    monkeypatch.setattr(schedule, "ag_send_chunk", ag)
+    monkeypatch.setattr(schedule, "right", right)
+    monkeypatch.setattr(schedule, "rounds_per_phase", lambda _n: rounds)
+    _fast.plan.cache_clear()
+    try:
+        return ring_all_reduce(x, engine="fast")
+    except InvariantViolation as error:
+        return error
+    finally:
+        monkeypatch.undo()
+        _fast.plan.cache_clear()
+
+
+def fold_along(
+    x: torch.Tensor, n: int, rs: npt.NDArray[np.int64], right: Callable[[int], int]
+) -> torch.Tensor:
+    """The result of a sound reduce-scatter: each chunk folded along its sends, from its first sender."""
+    k = x.shape[1] // n
+    pieces = []
+    for c in range(n):
+        r0 = min(r for r in range(rs.shape[0]) if c in rs[r].tolist())
+        i = rs[r0].tolist().index(c)
+        acc = x[i, c * k : (c + 1) * k]
+        for _ in range(rs.shape[0]):
+            i = right(i)
+            acc = acc + x[i, c * k : (c + 1) * k]
+        pieces.append(acc)
+    return torch.cat(pieces)
+
+
+@pytest.mark.clause(
+    "rs-send-chunk", "ag-send-chunk", "rs-add", "ag-copy-not-add", "round-count", "no-shortcut"
+)
+@pytest.mark.parametrize("n", [2, 3, 4, 5])
+@pytest.mark.parametrize("block", [1 << 20, 1])
+def test_a_schedule_with_one_send_changed_is_refused_at_its_first_fault(
+    monkeypatch: pytest.MonkeyPatch, n: int, block: int
+) -> None:
+    monkeypatch.setattr(_fast, "BLOCK_ENTRIES", block)  # 1: one round per block
+    rng = np.random.default_rng(n)
+    x = values(n, 2 * n, torch.float64, "sum", seed=n)
+    rs0, ag0 = spec_tables(n)
+    count = rs0.shape[0]
+    cases = []
+    for r in range(count):
+        for i in range(n):
+            for c in sorted({int(rng.integers(0, n)), -1, n}):
+                for phase in ("rs", "ag"):
+                    rs, ag = rs0.copy(), ag0.copy()
+                    (rs if phase == "rs" else ag)[r, i] = c
+                    cases.append((rs, ag))
+    for rs, ag in cases:
+        want = walk(n, lambda i: (i + 1) % n, lambda i, r: int(rs[r, i]), lambda i, r: int(ag[r, i]), count)
+        with monkeypatch.context() as patch:
+            got = run_patched(patch, n, table_function(rs), table_function(ag), schedule.right, count, x)
+        if want is None:
+            assert not isinstance(got, Exception), got
+            assert same_bits(got, fold_along(x, n, rs, lambda i: (i + 1) % n))
+        else:
+            assert isinstance(got, InvariantViolation) and str(got) == want, (str(got), want)
+
+
+@pytest.mark.clause("ring-topology", "round-count")
+@pytest.mark.parametrize("n", [2, 3, 4, 5])
+def test_a_broken_ring_or_round_count_is_refused_at_its_first_fault(
+    monkeypatch: pytest.MonkeyPatch, n: int
+) -> None:
+    x = values(n, n, torch.float64, "sum", seed=n)
+    rs0, ag0 = spec_tables(n)
+    count = rs0.shape[0]
+    rights: list[Callable[..., Any]] = [
+        lambda i, n: (i + 2) % n,  # two cycles for even n
+        lambda i, n: i,  # to itself
+        lambda i, n: (i + 1) % n + (i == n - 1) * n,  # out of range
+        lambda i, n: -(i + 1) % n * (i != 0),  # worker 0 to itself
+        lambda i, n: 0 * i + 1 % n,  # everybody to 1
+    ]
+    for right in rights:
+        want = walk(
+            n, lambda i: int(right(i, n)), lambda i, r: int(rs0[r, i]), lambda i, r: int(ag0[r, i]), count
+        )
+        with monkeypatch.context() as patch:
+            got = run_patched(patch, n, table_function(rs0), table_function(ag0), right, count, x)
+        if want is None:  # another single cycle of the same shape: the plan follows it
+            assert not isinstance(got, Exception), got
+            assert same_bits(got, fold_along(x, n, rs0, lambda i: int(right(i, n))))
+        else:
+            assert isinstance(got, InvariantViolation) and str(got) == want, (str(got), want)
+    for rounds in (count - 1, count + 1):  # too few, too many
+        rs = np.concatenate([rs0, rs0])[: max(rounds, 0)] if rounds > 0 else rs0[:0]
+        ag = np.concatenate([ag0, ag0])[: max(rounds, 0)] if rounds > 0 else ag0[:0]
+        want = walk(n, lambda i: (i + 1) % n, lambda i, r: int(rs[r, i]), lambda i, r: int(ag[r, i]), rounds)
+        with monkeypatch.context() as patch:
+            got = run_patched(patch, n, table_function(rs), table_function(ag), schedule.right, rounds, x)
+        assert want is not None
+        assert isinstance(got, InvariantViolation), got
+        if n > 2 or rounds > count:
+            assert str(got) == want, (str(got), want)
+
+
+@pytest.mark.clause("ag-copy-not-add")
+@pytest.mark.parametrize("n", [3, 4, 5])
+def test_an_all_gather_of_another_shape_is_checked_send_by_send(
+    monkeypatch: pytest.MonkeyPatch, n: int
+) -> None:
+    """Worker 0 sends its own completed chunk again in a later round: allowed, worker 0 still gets all."""
+    x = values(n, n, torch.float64, "sum", seed=n)
+    rs0, ag0 = spec_tables(n)
+    ag = ag0.copy()
+    ag[1, 0] = schedule.owned_chunk(0, n)
+    assert (
+        walk(n, lambda i: (i + 1) % n, lambda i, r: int(rs0[r, i]), lambda i, r: int(ag[r, i]), n - 1) is None
+        or n > 3
+    )
+    with monkeypatch.context() as patch:
+        got = run_patched(patch, n, table_function(rs0), table_function(ag), schedule.right, n - 1, x)
+    want = walk(n, lambda i: (i + 1) % n, lambda i, r: int(rs0[r, i]), lambda i, r: int(ag[r, i]), n - 1)
+    if want is None:
+        assert same_bits(got, fold_along(x, n, rs0, lambda i: (i + 1) % n))
+    else:
+        assert isinstance(got, InvariantViolation) and str(got) == want
+
+
+@pytest.mark.clause("rs-send-chunk")
+@pytest.mark.parametrize("kind", ["integers-only", "floats", "wrong-on-arrays"])
+def test_schedule_functions_that_do_not_take_arrays_are_called_per_send(
+    monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """A schedule function written for integers only, or giving other values on arrays, still sets the plan."""
+    n = 5
+    x = values(n, 2 * n, torch.float64, "sum", seed=9)
+
+    def shifted(i: Any, r: Any, n: int) -> Any:  # chunk c's fold starts at c + 1
+        if kind == "integers-only":
+            return int((i - r - 1) % n)
+        if kind == "floats":
+            return (i - r - 1) % n + 0.0 * np.asarray(i)
+        return (i - r - 1) % n if isinstance(i, int) else np.zeros_like(i)
+
+    def shifted_ag(i: Any, r: Any, n: int) -> Any:
+        return (i - r) % n
+
+    with monkeypatch.context() as patch:
+        got = run_patched(patch, n, shifted, shifted_ag, schedule.right, n - 1, x)
+    rs = np.array([[(i - r - 1) % n for i in range(n)] for r in range(n - 1)])
+    assert same_bits(got, fold_along(x, n, rs, lambda i: (i + 1) % n))
+
+
+@pytest.mark.clause("no-shortcut", "fold-order")
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 6, 9])
+def test_the_plan_adds_each_chunk_once_per_worker_in_ring_order(n: int) -> None:
+    order: dict[int, list[int]] = {c: [] for c in range(n)}
+    for adds in _fast.plan(n).rounds:
+        for add in adds:
+            for c in range(add.start, add.stop):
+                if add.incoming is not None:
+                    order[c].append(c + add.incoming)
+                order[c].append(c + add.own)
+    assert len(_fast.plan(n).rounds) == max(0, n - 1)
+    for c, workers in order.items():
+        assert workers == ([] if n == 1 else [(c + j) % n for j in range(n)])
+    cycle = _fast.plan(n).cycle
+    assert cycle.order.tolist() == list(range(n)) and cycle.entries.tolist() == [[0, n, 0]]
+
+
+@pytest.mark.clause("schedule-fold-order")
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 7])
+def test_the_cycle_of_every_ring_is_each_chunks_fold_order(n: int) -> None:
+    for direction in (1, -1):
+        for offset in range(-2, n + 1):
+            ring = RingSchedule(direction, offset, "even")
+            cycle = _fast.plan(n, ring).cycle
+            assert cycle.order.dtype == cycle.entries.dtype == np.int64
+            for start, stop, p in cycle.entries.tolist():
+                for j, c in enumerate(range(start, stop)):
+                    got = [int(cycle.order[(p + j + s) % n]) for s in range(n)]
+                    assert tuple(got) == ring.fold_order(c, n), (ring, c)
+            covered = [c for start, stop, _ in cycle.entries.tolist() for c in range(start, stop)]
+            assert covered == list(range(n))
+            shifts = [p - start for start, _, p in cycle.entries.tolist()]
+            assert all(a != b for a, b in itertools.pairwise(shifts))  # runs are maximal
+
+
+def test_element_stride() -> None:
+    assert _fast.element_stride((4, 8, 3), (24, 3, 1)) == 1
+    assert _fast.element_stride((4, 8, 3), (24, 1, 8)) is None
+    assert _fast.element_stride((4, 1, 1), (1, 5, 7)) == 1  # no elements to step over
+    assert _fast.element_stride((4, 8, 1), (1, 4, 9)) == 4  # size-1 dimensions do not count
+    assert _fast.element_stride((4, 8), (8, -2)) == -2
+    assert _fast.element_stride((4, 2, 3), (6, 0, 0)) == 0
+    assert _fast.element_stride((4, 2, 3), (6, 3, -1)) is None
+    assert _fast.element_stride((4, 2, 3, 5), (30, 15, 5, 1)) == 1
+    assert _fast.element_stride((4, 2, 3, 5), (30, 16, 5, 1)) is None
+
+
+# --- derivatives ------------------------------------------------------------------------------------
+
+
+@pytest.mark.clause("autograd")
+@pytest.mark.parametrize("op", ["sum", "avg"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+def test_gradients_and_tangents_equal_the_reference(op: str, dtype: torch.dtype) -> None:
+    n = 3
+    x = values(n, 2 * n, dtype, "sum", seed=2, trailing=(2,))
+    seed = values(2 * n, 1, dtype, "sum", seed=3, trailing=(2,)).reshape(2 * n, 2)
+    grads = []
+    for engine in ("reference", "fast"):
+        leaf = x.clone().requires_grad_(True)
+        y = ring_all_reduce(leaf, engine=engine, op=op)  # type: ignore[call-overload]
+        assert y.requires_grad and y.dtype == dtype and y.shape == (2 * n, 2)
+        y.backward(seed)
+        assert leaf.grad is not None
+        grads.append((y.detach(), leaf.grad))
+    assert same_bits(grads[0][0], grads[1][0]) and same_bits(grads[0][1], grads[1][1])
+    tangent = values(n, 2 * n, dtype, "sum", seed=5, trailing=(2,))
+    results = []
+    for engine in ("reference", "fast"):
+        with forward_ad.dual_level():
+            y = ring_all_reduce(forward_ad.make_dual(x, tangent), engine=engine, op=op)  # type: ignore[call-overload]
+            primal, t = forward_ad.unpack_dual(y)
+            results.append((primal.clone(), t.clone()))
+    assert same_bits(results[0][0], results[1][0]) and same_bits(results[0][1], results[1][1])
+    for engine in ("reference", "fast"):  # a graph that the result's in-place change does not break
+        leaf = x.clone().requires_grad_(True)
+        y = ring_all_reduce(leaf, engine=engine, op=op)  # type: ignore[call-overload]
+        y.mul_(2).sum().backward()
+        grads.append((y.detach(), leaf.grad))
+    assert same_bits(grads[2][1], grads[3][1])
+
+
+@pytest.mark.clause("autograd")
+@pytest.mark.parametrize("op", ["sum", "avg", "prod", "max", "min"])
+def test_torch_func_transforms(op: str) -> None:
+    n = 3
+    x = values(n, n, torch.float64, op, seed=7, trailing=(2,))
+    batch = values(4, n * n, torch.float64, op, seed=8, trailing=(2,)).reshape(4, n, n, 2)
+
+    def fast(t: torch.Tensor) -> torch.Tensor:
+        return ring_all_reduce(t, engine="fast", op=op)  # type: ignore[call-overload]
+
+    def reference(t: torch.Tensor) -> torch.Tensor:
+        return ring_all_reduce(t, engine="reference", op=op)  # type: ignore[call-overload]
+
+    got = torch.func.vmap(fast)(batch)
+    want = torch.stack([reference(b) for b in batch])
+    assert same_bits(got, want)
+    got1 = torch.func.vmap(fast, in_dims=3, out_dims=1)(batch.movedim(0, 3))
+    assert same_bits(got1, want.movedim(0, 1))
+    if op in ("sum", "avg"):
+        assert same_bits(
+            torch.func.grad(lambda t: fast(t).sum())(x), torch.func.grad(lambda t: reference(t).sum())(x)
+        )
+        assert same_bits(torch.func.jacrev(fast)(x), torch.func.jacrev(reference)(x))
+        assert same_bits(torch.func.jacfwd(fast)(x), torch.func.jacfwd(reference)(x))
+        g = torch.func.vmap(torch.func.grad(lambda t: fast(t).sum()))(batch)
+        assert same_bits(g, torch.ones_like(batch) / (n if op == "avg" else 1))
+        return
+    for transform in (
+        lambda: torch.func.grad(lambda t: fast(t).sum())(x),
+        lambda: torch.func.jacrev(fast)(x),
+        lambda: torch.func.jacfwd(fast)(x),
+        lambda: torch.func.jvp(fast, (x,), (x,)),
+        lambda: fast(x.clone().requires_grad_(True)),
+    ):
+        with pytest.raises(
+            ValueError, match=rf"^engine='fast' differentiates op='sum' and op='avg' only; op='{op}' "
+        ):
+            transform()
+    with forward_ad.dual_level():
+        with pytest.raises(ValueError) as info:
+            fast(forward_ad.make_dual(x, x))
+    message = str(info.value)
+    for piece in (
+        "on a tensor that requires grad (or carries a forward-mode tangent, or is the input of",
+        "torch.func.grad, jvp, jacrev, ...) runs on engine='reference' (the default), which records",
+        "the ring's graph for every op; or detach the input, or call under torch.no_grad().",
+    ):
+        assert piece in message
+    with torch.no_grad():
+        assert same_bits(fast(x.clone().requires_grad_(True)), reference(x))
+    assert same_bits(fast(x.clone().requires_grad_(True).detach()), reference(x))
+
+
+@pytest.mark.clause("bad-input", "autograd")
+@pytest.mark.parametrize("op", OPS)
+def test_non_finite_input_is_refused_under_every_transform(op: str) -> None:
+    n = 3
+    x = values(n, n, torch.float64, op, seed=1)
+    x[1, 2] = float("nan")
+    want = outcome(x, "reference", op)
+    assert isinstance(want, ValueError)
+
+    def fast(t: torch.Tensor) -> torch.Tensor:
+        return ring_all_reduce(t, engine="fast", op=op)  # type: ignore[call-overload]
+
+    with pytest.raises(ValueError) as info:
+        torch.func.vmap(fast)(x[None])
+    assert str(info.value) == str(outcome(x[..., None], "reference", op))  # the batch: a trailing dimension
+    if op in ("sum", "avg"):
+        for transform in (
+            lambda: fast(x.clone().requires_grad_(True)),
+            lambda: torch.func.grad(lambda t: fast(t).sum())(x),
+        ):
+            with pytest.raises(ValueError) as info:
+                transform()
+            assert str(info.value) == str(want)
+        with forward_ad.dual_level(), pytest.raises(ValueError) as info:
+            fast(forward_ad.make_dual(x, torch.zeros_like(x)))
+        assert str(info.value) == str(want)
+        tangent = torch.zeros_like(x)
+        tangent[0, 0] = float("inf")  # tangents are not inputs: not checked
+        good = values(n, n, torch.float64, op, seed=1)
+        with forward_ad.dual_level():
+            y = fast(forward_ad.make_dual(good, tangent))
+            assert not torch.isfinite(forward_ad.unpack_dual(y).tangent).all()
+
+
+@pytest.mark.clause("no-aliasing", "input-unchanged")
+@pytest.mark.parametrize("n", [1, 3])
+def test_the_result_is_new_and_the_input_unchanged(n: int) -> None:
+    for dtype in DTYPES:
+        x = values(n, 2 * n, dtype, "sum", seed=1)
+        before = bits(x).clone()
+        for name, view in views(x).items():
+            if name == "numpy-big-endian":
+                continue
+            y = ring_all_reduce(view, engine="fast")  # type: ignore[call-overload]
+            if isinstance(y, torch.Tensor):
+                assert y.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+                assert y._base is None
+            else:
+                assert not np.shares_memory(y, view)
+        assert torch.equal(bits(x), before)
