@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import os
 import signal
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,15 +32,14 @@ DTYPES = (np.float32, np.float64)
 Array = npt.NDArray[Any]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _fresh_kernels() -> Iterator[None]:
-    """No kernel, engine or program left from an earlier module (or an earlier, unmutated run)."""
-    saved = _kernel._kernels, _kernel._machine
-    _kernel._kernels, _kernel._machine = {}, None
+@pytest.fixture(autouse=True)
+def _fresh_kernels(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No kernel, engine or program left from an earlier test (or an earlier, unmutated run): each test
+    loads its kernels from the disk cache or compiles them, and computes its programs and tile shapes."""
+    forget_kernels(monkeypatch)
     _kernel._program.cache_clear()
     _kernel._split.cache_clear()
     yield
-    _kernel._kernels, _kernel._machine = saved
     _kernel._program.cache_clear()
     _kernel._split.cache_clear()
 
@@ -176,6 +176,32 @@ def test_tiles_shared_among_threads_give_the_same_bits_and_finiteness(
         bad = x.copy()
         bad[3, column] = np.nan
         assert not run(bad, cycle, entries, k, op, threads=threads)[1], column
+
+
+def test_each_tile_is_folded_once_by_one_of_at_most_threads_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_kernel, "MIN_BYTES_PER_THREAD", 1)
+    monkeypatch.setattr(_kernel, "TILE_BYTES", 16)
+    calls: list[tuple[int, int]] = []
+    real = _kernel.kernel
+
+    def recording(*args: Any) -> Any:
+        compiled = real(*args)
+
+        def call(*a: Any) -> int:
+            calls.append((a[-2], a[-1]))
+            return compiled.call(*a)
+
+        return compiled._replace(call=call)
+
+    monkeypatch.setattr(_kernel, "kernel", recording)
+    x = values(np.random.default_rng(0), 5, 20, np.float64, "sum")
+    for threads in (1, 2, 3, 4):
+        calls.clear()
+        got, finite = run(x, np.arange(5), np.array([[0, 5, 0]]), 4, "sum", threads=threads)
+        assert finite and same_bits(got, expected(x, np.arange(5), np.array([[0, 5, 0]]), 4, "sum"))
+        tiles = sorted(t for t0, t1 in calls for t in range(t0, t1))
+        assert tiles == list(range(len(tiles))) and len(set(tiles)) == len(tiles)
+        assert len(tiles) >= 5 and len(calls) == threads, calls
 
 
 def test_threads_are_used_only_for_inputs_large_enough(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -321,9 +347,18 @@ def test_the_program_gives_every_chunk_its_workers_in_order(n: int, k: int, chun
         x = values(rng, n, n * k, np.float64, "sum")
         want = expected(x, cycle, entries, k, "sum")
         assert same_bits(run_program(x, steps, tiles, k, "sum"), want)
+        assert_fused(steps)
         # every result covered by exactly one tile's results, in order
         covered = [i for *_, r0, r1, _f0, _f1 in tiles.tolist() for i in range(r0, r1)]
         assert covered == sorted(covered) and set(covered) == set(range(n * k))
+
+
+def assert_fused(steps: Array) -> None:
+    """Each run of consecutive rows into the same chunks comes four rows to a step, the rest one by one."""
+    for _, group in itertools.groupby(steps.tolist(), key=lambda step: (step[1], step[2])):
+        counts = [abs(step[0]) for step in group]
+        rows = sum(counts)
+        assert counts == [4] * (rows // 4) + [1] * (rows % 4), counts
 
 
 def test_rows_into_the_same_chunks_are_fused_four_at_a_time() -> None:
@@ -352,6 +387,8 @@ def test_the_cache_directory_named_by_the_environment_is_used(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     cache = tmp_path / "a" / "b"  # made, parents too
+    (tmp_path / "file").write_text("")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "file"))  # saved beside, not via /tmp
     monkeypatch.setenv(_kernel.CACHE_ENV, str(cache))
     forget_kernels(monkeypatch)
     assert _kernel.cache_dirs() == [cache]
