@@ -10,6 +10,7 @@ derivatives with the reference's or the documented refusal.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -45,7 +46,7 @@ def _fresh_plans() -> Iterator[None]:
 
 
 def values(
-    n: int, m: int, dtype: torch.dtype, op: str, seed: int, trailing: tuple[int, ...] = ()
+    n: int, m: int, dtype: torch.dtype, op: str, *, seed: int, trailing: tuple[int, ...] = ()
 ) -> torch.Tensor:
     """Values whose result depends on the order of the combines (ties of signed zeros for max/min)."""
     g = torch.Generator().manual_seed(seed)
@@ -117,8 +118,8 @@ def test_every_op_dtype_and_layout_equals_the_reference(dtype: torch.dtype, op: 
         x = values(n, n * k, dtype, op, seed=n)
         if trailing:
             x = values(n, n * k, dtype, op, seed=n, trailing=trailing)
-        for name, view in views(x).items():
-            assert_same(view, op), name
+        for view in views(x).values():
+            assert_same(view, op)
 
 
 @pytest.mark.clause("schedule-fold-order", "schedule-layouts")
@@ -126,9 +127,8 @@ def test_every_op_dtype_and_layout_equals_the_reference(dtype: torch.dtype, op: 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_every_ring_and_layout_of_chunks_equals_the_reference(ring: RingSchedule, dtype: torch.dtype) -> None:
     for op in OPS:
-        for n, m in [(1, 3), (2, 4), (3, 7), (4, 4), (5, 11)]:
-            if ring.layout == "even":
-                m = n * (m // n + 1)
+        for n, size in [(1, 3), (2, 4), (3, 7), (4, 4), (5, 11)]:
+            m = n * (size // n + 1) if ring.layout == "even" else size
             x = values(n, m, dtype, op, seed=m)
             assert_same(x, op, ring)
             if dtype != torch.bfloat16:
@@ -151,7 +151,7 @@ def test_batched_tiles_of_any_size_give_the_same_bits(
                     name in ("permuted", "strided-trailing", "numpy-unaligned", "numpy-fortran")
                     or name == "contiguous"
                 ):
-                    assert_same(view, op), name
+                    assert_same(view, op)
 
 
 @pytest.mark.clause("bad-input", "input-finite")
@@ -198,7 +198,7 @@ def test_a_finite_sum_whose_check_overflows_is_not_refused() -> None:
 # --- the plan ----------------------------------------------------------------------------------------
 
 
-def walk(
+def walk(  # noqa: PLR0911, PLR0912 - one rule after another, as the spec orders them
     n: int,
     right: Callable[[int], int],
     rs: Callable[[int, int], int],
@@ -252,6 +252,11 @@ def walk(
     return f"after all-gather worker 0 lacks completed chunks {missing}" if missing else None
 
 
+def at(table: npt.NDArray[np.int64]) -> Callable[[int, int], int]:
+    """``f(i, r)``: the table's entry for sender ``i`` in round ``r``."""
+    return lambda i, r: int(table[r, i])
+
+
 def table_function(table: npt.NDArray[np.int64]) -> Callable[..., Any]:
     """``send_chunk(i, r, n)`` reading a table, for integers and index arrays alike."""
     return lambda i, r, n: table[r, i]
@@ -265,7 +270,7 @@ def spec_tables(n: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
 
 
 def run_patched(
-    monkeypatch: pytest.MonkeyPatch, n: int, rs: Any, ag: Any, right: Any, rounds: int, x: torch.Tensor
+    monkeypatch: pytest.MonkeyPatch, n: int, *, rs: Any, ag: Any, right: Any, rounds: int, x: torch.Tensor
 ) -> Any:
     monkeypatch.setattr(schedule, "rs_send_chunk", rs)
     monkeypatch.setattr(schedule, "ag_send_chunk", ag)
@@ -320,9 +325,17 @@ def test_a_schedule_with_one_send_changed_is_refused_at_its_first_fault(
                     (rs if phase == "rs" else ag)[r, i] = c
                     cases.append((rs, ag))
     for rs, ag in cases:
-        want = walk(n, lambda i: (i + 1) % n, lambda i, r: int(rs[r, i]), lambda i, r: int(ag[r, i]), count)
+        want = walk(n, lambda i: (i + 1) % n, at(rs), at(ag), count)
         with monkeypatch.context() as patch:
-            got = run_patched(patch, n, table_function(rs), table_function(ag), schedule.right, count, x)
+            got = run_patched(
+                patch,
+                n,
+                rs=table_function(rs),
+                ag=table_function(ag),
+                right=schedule.right,
+                rounds=count,
+                x=x,
+            )
         if want is None:
             assert not isinstance(got, Exception), got
             assert same_bits(got, fold_along(x, n, rs, lambda i: (i + 1) % n))
@@ -346,22 +359,31 @@ def test_a_broken_ring_or_round_count_is_refused_at_its_first_fault(
         lambda i, n: 0 * i + 1 % n,  # everybody to 1
     ]
     for right in rights:
-        want = walk(
-            n, lambda i: int(right(i, n)), lambda i, r: int(rs0[r, i]), lambda i, r: int(ag0[r, i]), count
-        )
+        right_of = functools.partial(lambda i, f: int(f(i, n)), f=right)
+        want = walk(n, right_of, at(rs0), at(ag0), count)
         with monkeypatch.context() as patch:
-            got = run_patched(patch, n, table_function(rs0), table_function(ag0), right, count, x)
+            got = run_patched(
+                patch, n, rs=table_function(rs0), ag=table_function(ag0), right=right, rounds=count, x=x
+            )
         if want is None:  # another single cycle of the same shape: the plan follows it
             assert not isinstance(got, Exception), got
-            assert same_bits(got, fold_along(x, n, rs0, lambda i: int(right(i, n))))
+            assert same_bits(got, fold_along(x, n, rs0, right_of))
         else:
             assert isinstance(got, InvariantViolation) and str(got) == want, (str(got), want)
     for rounds in (count - 1, count + 1):  # too few, too many
         rs = np.concatenate([rs0, rs0])[: max(rounds, 0)] if rounds > 0 else rs0[:0]
         ag = np.concatenate([ag0, ag0])[: max(rounds, 0)] if rounds > 0 else ag0[:0]
-        want = walk(n, lambda i: (i + 1) % n, lambda i, r: int(rs[r, i]), lambda i, r: int(ag[r, i]), rounds)
+        want = walk(n, lambda i: (i + 1) % n, at(rs), at(ag), rounds)
         with monkeypatch.context() as patch:
-            got = run_patched(patch, n, table_function(rs), table_function(ag), schedule.right, rounds, x)
+            got = run_patched(
+                patch,
+                n,
+                rs=table_function(rs),
+                ag=table_function(ag),
+                right=schedule.right,
+                rounds=rounds,
+                x=x,
+            )
         assert want is not None
         assert isinstance(got, InvariantViolation), got
         if n > 2 or rounds > count:
@@ -378,13 +400,12 @@ def test_an_all_gather_of_another_shape_is_checked_send_by_send(
     rs0, ag0 = spec_tables(n)
     ag = ag0.copy()
     ag[1, 0] = schedule.owned_chunk(0, n)
-    assert (
-        walk(n, lambda i: (i + 1) % n, lambda i, r: int(rs0[r, i]), lambda i, r: int(ag[r, i]), n - 1) is None
-        or n > 3
-    )
+    assert walk(n, lambda i: (i + 1) % n, at(rs0), at(ag), n - 1) is None or n > 3
     with monkeypatch.context() as patch:
-        got = run_patched(patch, n, table_function(rs0), table_function(ag), schedule.right, n - 1, x)
-    want = walk(n, lambda i: (i + 1) % n, lambda i, r: int(rs0[r, i]), lambda i, r: int(ag[r, i]), n - 1)
+        got = run_patched(
+            patch, n, rs=table_function(rs0), ag=table_function(ag), right=schedule.right, rounds=n - 1, x=x
+        )
+    want = walk(n, lambda i: (i + 1) % n, at(rs0), at(ag), n - 1)
     if want is None:
         assert same_bits(got, fold_along(x, n, rs0, lambda i: (i + 1) % n))
     else:
@@ -396,7 +417,7 @@ def test_an_all_gather_of_another_shape_is_checked_send_by_send(
 def test_schedule_functions_that_do_not_take_arrays_are_called_per_send(
     monkeypatch: pytest.MonkeyPatch, kind: str
 ) -> None:
-    """A schedule function written for integers only, or giving other values on arrays, still sets the plan."""
+    """A schedule function written for integers only, or other values on arrays: the plan still follows it."""
     n = 5
     x = values(n, 2 * n, torch.float64, "sum", seed=9)
 
@@ -411,7 +432,7 @@ def test_schedule_functions_that_do_not_take_arrays_are_called_per_send(
         return (i - r) % n
 
     with monkeypatch.context() as patch:
-        got = run_patched(patch, n, shifted, shifted_ag, schedule.right, n - 1, x)
+        got = run_patched(patch, n, rs=shifted, ag=shifted_ag, right=schedule.right, rounds=n - 1, x=x)
     rs = np.array([[(i - r - 1) % n for i in range(n)] for r in range(n - 1)])
     assert same_bits(got, fold_along(x, n, rs, lambda i: (i + 1) % n))
 
@@ -473,12 +494,12 @@ def test_gradients_and_tangents_equal_the_reference(op: str, dtype: torch.dtype)
     n = 3
     x = values(n, 2 * n, dtype, "sum", seed=2, trailing=(2,))
     seed = values(2 * n, 1, dtype, "sum", seed=3, trailing=(2,)).reshape(2 * n, 2)
-    grads = []
+    grads: list[tuple[Any, Any]] = []
     for engine in ("reference", "fast"):
         leaf = x.clone().requires_grad_(True)
-        y = ring_all_reduce(leaf, engine=engine, op=op)  # type: ignore[call-overload]
+        y = ring_all_reduce(leaf, engine=engine, op=op)
         assert y.requires_grad and y.dtype == dtype and y.shape == (2 * n, 2)
-        y.backward(seed)
+        y.backward(seed)  # type: ignore[no-untyped-call]
         assert leaf.grad is not None
         grads.append((y.detach(), leaf.grad))
     assert same_bits(grads[0][0], grads[1][0]) and same_bits(grads[0][1], grads[1][1])
@@ -486,8 +507,8 @@ def test_gradients_and_tangents_equal_the_reference(op: str, dtype: torch.dtype)
     results = []
     for engine in ("reference", "fast"):
         with forward_ad.dual_level():
-            y = ring_all_reduce(forward_ad.make_dual(x, tangent), engine=engine, op=op)  # type: ignore[call-overload]
-            primal, t = forward_ad.unpack_dual(y)
+            y = ring_all_reduce(forward_ad.make_dual(x, tangent), engine=engine, op=op)  # type: ignore[call-overload, no-untyped-call]
+            primal, t = forward_ad.unpack_dual(y)  # type: ignore[no-untyped-call]
             results.append((primal.clone(), t.clone()))
     assert same_bits(results[0][0], results[1][0]) and same_bits(results[0][1], results[1][1])
     for engine in ("reference", "fast"):  # a graph that the result's in-place change does not break
@@ -506,10 +527,10 @@ def test_torch_func_transforms(op: str) -> None:
     batch = values(4, n * n, torch.float64, op, seed=8, trailing=(2,)).reshape(4, n, n, 2)
 
     def fast(t: torch.Tensor) -> torch.Tensor:
-        return ring_all_reduce(t, engine="fast", op=op)  # type: ignore[call-overload]
+        return ring_all_reduce(t, engine="fast", op=op)
 
     def reference(t: torch.Tensor) -> torch.Tensor:
-        return ring_all_reduce(t, engine="reference", op=op)  # type: ignore[call-overload]
+        return ring_all_reduce(t, engine="reference", op=op)
 
     got = torch.func.vmap(fast)(batch)
     want = torch.stack([reference(b) for b in batch])
@@ -536,9 +557,8 @@ def test_torch_func_transforms(op: str) -> None:
             ValueError, match=rf"^engine='fast' differentiates op='sum' and op='avg' only; op='{op}' "
         ):
             transform()
-    with forward_ad.dual_level():
-        with pytest.raises(ValueError) as info:
-            fast(forward_ad.make_dual(x, x))
+    with forward_ad.dual_level(), pytest.raises(ValueError) as info:
+        fast(forward_ad.make_dual(x, x))  # type: ignore[no-untyped-call]
     message = str(info.value)
     for piece in (
         "on a tensor that requires grad (or carries a forward-mode tangent, or is the input of",
@@ -561,7 +581,7 @@ def test_non_finite_input_is_refused_under_every_transform(op: str) -> None:
     assert isinstance(want, ValueError)
 
     def fast(t: torch.Tensor) -> torch.Tensor:
-        return ring_all_reduce(t, engine="fast", op=op)  # type: ignore[call-overload]
+        return ring_all_reduce(t, engine="fast", op=op)
 
     with pytest.raises(ValueError) as info:
         torch.func.vmap(fast)(x[None])
@@ -575,14 +595,14 @@ def test_non_finite_input_is_refused_under_every_transform(op: str) -> None:
                 transform()
             assert str(info.value) == str(want)
         with forward_ad.dual_level(), pytest.raises(ValueError) as info:
-            fast(forward_ad.make_dual(x, torch.zeros_like(x)))
+            fast(forward_ad.make_dual(x, torch.zeros_like(x)))  # type: ignore[no-untyped-call]
         assert str(info.value) == str(want)
         tangent = torch.zeros_like(x)
         tangent[0, 0] = float("inf")  # tangents are not inputs: not checked
         good = values(n, n, torch.float64, op, seed=1)
         with forward_ad.dual_level():
-            y = fast(forward_ad.make_dual(good, tangent))
-            assert not torch.isfinite(forward_ad.unpack_dual(y).tangent).all()
+            y = fast(forward_ad.make_dual(good, tangent))  # type: ignore[no-untyped-call]
+            assert not torch.isfinite(forward_ad.unpack_dual(y).tangent).all()  # type: ignore[no-untyped-call]
 
 
 @pytest.mark.clause("no-aliasing", "input-unchanged")
@@ -594,7 +614,7 @@ def test_the_result_is_new_and_the_input_unchanged(n: int) -> None:
         for name, view in views(x).items():
             if name == "numpy-big-endian":
                 continue
-            y = ring_all_reduce(view, engine="fast")  # type: ignore[call-overload]
+            y = ring_all_reduce(view, engine="fast")
             if isinstance(y, torch.Tensor):
                 assert y.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
                 assert y._base is None

@@ -15,7 +15,7 @@ import itertools
 import os
 import signal
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -395,6 +395,7 @@ def test_the_cache_directory_named_by_the_environment_is_used(
     assert fold_once()
     compiled = _kernel.kernel("float64", True, "sum")
     assert (compiled.path, compiled.loaded) == (next(cache.iterdir()), False)
+    assert compiled.path is not None
     assert [p.name for p in cache.iterdir()] == [compiled.path.name]  # no temporary file left
     forget_kernels(monkeypatch)
     again = _kernel.kernel("float64", True, "sum")
@@ -416,7 +417,7 @@ def test_the_default_cache_directories(monkeypatch: pytest.MonkeyPatch, tmp_path
     assert _kernel.cache_dirs() == [package / "__pycache__", tmp_path / "home" / ".cache" / "ring_ref"]
 
 
-DAMAGES = [
+DAMAGES: list[Callable[[bytes], bytes]] = [
     lambda data: data[:-1],  # truncated code
     lambda data: data[:10],  # truncated header
     lambda data: b"X" + data[1:],  # not our magic
