@@ -293,6 +293,14 @@ OP_EXPECTED: list[tuple[OpImpl, str, dict[str, set[str]]]] = [
 ]
 """Per op target and op, the codes each mode must report (empty: the mode passes)."""
 
+OP_SOAK: set[tuple[OpImpl, str]] = {
+    (keeps_the_last_zero, "min"),
+    (premultiplies, "avg"),
+    *((op_chunks_rotated, op) for op in ("prod", "min", "avg")),
+    *((drops_last_worker_op, op) for op in ("max", "min", "avg")),
+}
+"""The entries of :data:`OP_EXPECTED` only the soak test runs (the same code and path as another op's)."""
+
 
 def run_all(fn: Impl, examples: int = 15, seed: int = 20260101) -> Report:
     """The tester in every mode with a fixed seed, as the planted-implementation tests run it."""

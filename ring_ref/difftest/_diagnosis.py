@@ -15,6 +15,7 @@ wrong only in the sign of zeros is ``signed-zero``.
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from collections.abc import Callable
@@ -610,7 +611,10 @@ def _other_op(fn: Launcher, case: Case, result: torch.Tensor, rank: int | None) 
     )
 
 
-def _scaled_first(fmt: FloatFormat, n: int, premultiply: bool) -> tuple[int, int, float, set[float]] | None:
+@functools.lru_cache(maxsize=256)
+def _scaled_first(
+    fmt: FloatFormat, n: int, premultiply: bool
+) -> tuple[int, int, float, frozenset[float]] | None:
     """Two small whole contributions ``a <= b`` that tell an average of scaled contributions apart.
 
     Returns ``(a, b, scaled, right)``: with every other worker holding zero,
@@ -621,6 +625,8 @@ def _scaled_first(fmt: FloatFormat, n: int, premultiply: bool) -> tuple[int, int
     ``scaled``, outside ``right``.  ``None`` when no pair up to 64 does
     (``N`` a power of two: scaling is exact).
     """
+    if n & (n - 1) == 0:
+        return None  # dividing whole numbers this small by a power of two is exact
     reciprocal = Fraction(round_to(fmt, Fraction(1, n)))
 
     def scale(x: int) -> Fraction:
@@ -629,7 +635,7 @@ def _scaled_first(fmt: FloatFormat, n: int, premultiply: bool) -> tuple[int, int
     for b in range(1, 65):
         for a in range(1, b + 1):
             total = Fraction(a + b)
-            right = {round_to(fmt, total / n), round_to(fmt, total * reciprocal)}
+            right = frozenset({round_to(fmt, total / n), round_to(fmt, total * reciprocal)})
             scaled = round_to(fmt, scale(a) + scale(b))
             if scaled not in right:
                 return a, b, scaled, right

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from ring_ref._cli import main
 from ring_ref._orders import checking_against, schedule_order
-from ring_ref.difftest import DTYPES, MODES, Case, difftest
+from ring_ref.difftest import DTYPES, MODES, Case, Mode, difftest
 from ring_ref.difftest._call import call_target
 from ring_ref.difftest._diagnosis import diagnose, op_probe_values
 from ring_ref.difftest._inputs import cases, near_one_log_bound
@@ -92,24 +92,54 @@ def results_in_several_orders(x: torch.Tensor, op: str, rnd: random.Random) -> l
 # The planted op targets.
 
 
-@pytest.mark.clause("difftest-diagnoses")
-@pytest.mark.parametrize(
-    ("fn", "op", "expected"),
-    planted_impls.OP_EXPECTED,
-    ids=[f"{fn.__name__}-{op}" for fn, op, _ in planted_impls.OP_EXPECTED],
-)
-def test_planted_op_target_gets_its_codes_in_every_mode(
-    fn: planted_impls.OpImpl, op: str, expected: dict[str, set[str]]
+def _cover_entries() -> list[tuple[planted_impls.OpImpl, str, dict[str, set[str]], tuple[Mode, ...]]]:
+    """The planted op targets of the fast tests, each with the modes run: one mode, taking turns, where
+    every mode must report the same codes, else every mode (the soak test runs each entry in every mode)."""
+    chosen = []
+    entries = [e for e in planted_impls.OP_EXPECTED if (e[0], e[1]) not in planted_impls.OP_SOAK]
+    for i, (fn, op, expected) in enumerate(entries):
+        uniform = bool(expected["exact"]) and all(expected[m] == expected["exact"] for m in MODES)
+        chosen.append((fn, op, expected, (MODES[i % 3],) if uniform else MODES))
+    return chosen
+
+
+def _check_planted(
+    fn: planted_impls.OpImpl, op: str, expected: dict[str, set[str]], modes: tuple[Mode, ...]
 ) -> None:
-    report = difftest(fn, op=op, examples=12, seed=20260101)
+    report = difftest(fn, op=op, modes=modes, examples=12, seed=20260101)
     assert report.op == op and f" --op {op} " in report.replay
-    for mode in MODES:
+    for mode in modes:
         result = report.modes[mode]
         codes = set(result.finding.codes) if result.finding is not None else set()
         assert codes == expected[mode], (mode, report.render())
         assert (result.verdict == "pass") == (not expected[mode])
         if result.counterexample is not None:
             assert result.counterexample.op == op
+
+
+@pytest.mark.clause("difftest-diagnoses")
+@pytest.mark.parametrize(
+    ("fn", "op", "expected", "modes"),
+    _cover_entries(),
+    ids=[f"{fn.__name__}-{op}-{'-'.join(modes)}" for fn, op, _, modes in _cover_entries()],
+)
+def test_planted_op_target_gets_its_codes(
+    fn: planted_impls.OpImpl, op: str, expected: dict[str, set[str]], modes: tuple[Mode, ...]
+) -> None:
+    _check_planted(fn, op, expected, modes)
+
+
+@pytest.mark.soak
+@pytest.mark.clause("difftest-diagnoses")
+@pytest.mark.parametrize(
+    ("fn", "op", "expected"),
+    planted_impls.OP_EXPECTED,
+    ids=[f"{fn.__name__}-{op}" for fn, op, _ in planted_impls.OP_EXPECTED],
+)
+def test_soak_planted_op_target_gets_its_codes_in_every_mode(
+    fn: planted_impls.OpImpl, op: str, expected: dict[str, set[str]]
+) -> None:
+    _check_planted(fn, op, expected, MODES)
 
 
 # The oracles, per op.
@@ -387,8 +417,9 @@ def test_cli_op_reports_json_by_the_schema_and_replays(capsys: pytest.CaptureFix
     cex = doc["modes"]["exact"]["counterexample"]
     assert cex["op"] == "max" and doc["modes"]["bound"]["underflow_skipped"] == 0
     assert " --op max " in doc["replay"]
-    assert main([*shlex.split(doc["replay"])[1:], "--json"]) == 1
-    assert json.loads(capsys.readouterr().out)["modes"] == doc["modes"]
+    # The replay line reproduces the counterexample (each mode runs on its own: exact alone suffices).
+    assert main([*shlex.split(doc["replay"])[1:], "--mode", "exact", "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["modes"] == {"exact": doc["modes"]["exact"]}
     broken = {**doc, "op": "mean"}
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(broken, SCHEMA)
@@ -452,6 +483,18 @@ def test_contributions_scaled_first_in_any_order_are_named(dtype: torch.dtype) -
         found = diagnose(fn, outcome, "exact")
         assert found is not None and found.codes == ["avg-divided-first"], found
         assert words in found.explanation
+
+
+def test_the_ring_of_premultiplied_contributions_is_named_bit_for_bit() -> None:
+    # NCCL's average: x_i * fl(1/3) rounded, summed by the ring; float16 fl(1/3) = 0.333251953125.
+    # On 1 and 5 dividing first gives 2.0, the average; premultiplying gives 1.9990234375.
+    case = Case(3, 3, (), torch.float16, "contiguous", (1.0, 1.0, 1.0, 5.0, 5.0, 5.0, 0.0, 0.0, 0.0), "avg")
+    found = diagnose(planted_impls.premultiplies, call_target(planted_impls.premultiplies, case), "exact")
+    assert found is not None and found.codes == ["avg-divided-first"], found
+    assert "bit for bit the ring's sum of the contributions each multiplied by 1/N rounded first" in (
+        found.explanation
+    )
+    assert "x_i * 0.333251953125 rounded" in found.explanation
 
 
 def test_an_average_divided_last_by_a_rounded_reciprocal_is_not_taken_for_one_divided_first() -> None:
