@@ -259,7 +259,7 @@ def at(table: npt.NDArray[np.int64]) -> Callable[[int, int], int]:
 
 def table_function(table: npt.NDArray[np.int64]) -> Callable[..., Any]:
     """``send_chunk(i, r, n)`` reading a table, for integers and index arrays alike."""
-    return lambda i, r, n: table[r, i]
+    return lambda i, r, n: table[r, i] + 0 * n
 
 
 def spec_tables(n: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
@@ -426,7 +426,10 @@ def test_schedule_functions_that_do_not_take_arrays_are_called_per_send(
             return int((i - r - 1) % n)
         if kind == "floats":
             return (i - r - 1) % n + 0.0 * np.asarray(i)
-        return (i - r - 1) % n if isinstance(i, int) else np.zeros_like(i)
+        if isinstance(i, int):
+            return (i - r - 1) % n
+        wrong = (i - r - 1) % n  # on arrays: wrong at the middle worker only
+        return np.where(i == n // 2, 0, wrong)
 
     def shifted_ag(i: Any, r: Any, n: int) -> Any:
         return (i - r) % n
@@ -621,3 +624,90 @@ def test_the_result_is_new_and_the_input_unchanged(n: int) -> None:
             else:
                 assert not np.shares_memory(y, view)
         assert torch.equal(bits(x), before)
+
+
+@pytest.mark.clause("ring-topology", "rs-add")
+@pytest.mark.parametrize("n", [3, 4, 5])
+def test_random_rings_are_refused_at_their_first_fault(monkeypatch: pytest.MonkeyPatch, n: int) -> None:
+    """``right`` any map of the workers (cycles, fixed points, several onto one), one more round or not."""
+    rng = np.random.default_rng(n)
+    x = values(n, n, torch.float64, "sum", seed=n)
+    rs0, ag0 = spec_tables(n)
+    count = rs0.shape[0]
+    for _ in range(25):
+        table = rng.integers(0, n, n)
+        for rounds in (count, count + 1):
+            rs = np.concatenate([rs0, rs0])[:rounds]
+            ag = np.concatenate([ag0, ag0])[:rounds]
+            want = walk(n, functools.partial(lambda i, t: int(t[i]), t=table), at(rs), at(ag), rounds)
+            with monkeypatch.context() as patch:
+                right = functools.partial(lambda i, n, t: t[i], t=table)
+                got = run_patched(
+                    patch, n, rs=table_function(rs), ag=table_function(ag), right=right, rounds=rounds, x=x
+                )
+            if want is None:
+                assert not isinstance(got, Exception), got
+            else:
+                assert isinstance(got, InvariantViolation) and str(got) == want, (table, str(got), want)
+
+
+def rings_for(n: int) -> list[RingSchedule]:
+    return [RingSchedule(d, o, "even") for d in (1, -1) for o in range(-1, n + 1)]
+
+
+@pytest.mark.clause("rs-send-chunk", "ag-send-chunk")
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 6])
+@pytest.mark.parametrize("block", [1 << 20, 1, 9])
+def test_the_walk_and_the_bulk_check_agree_on_every_ring(
+    monkeypatch: pytest.MonkeyPatch, n: int, block: int
+) -> None:
+    """For a sound ring both give the same additions (plain integers), owners and verdict, in blocks of any
+    size; an all-gather off the ring's usual shape is left to the walk."""
+    monkeypatch.setattr(_fast, "BLOCK_ENTRIES", block)
+    for ring in rings_for(n):
+        bulk = _fast._reduce_scatter_in_bulk(n, ring)
+        assert bulk is not None
+        rounds, owners = _fast._reduce_scatter_walk(n, ring)
+        assert rounds == bulk[0] and owners.tolist() == bulk[1].tolist()
+        for adds in rounds:
+            for add in adds:
+                assert all(type(v) is int for v in (add.start, add.stop, add.own))
+                assert add.incoming is None or type(add.incoming) is int
+        assert _fast._all_gather_in_bulk(n, owners, ring)
+        _fast._all_gather_walk(n, owners, ring)
+    if n >= 3:
+        spec_ag = schedule.ag_send_chunk
+        off = lambda i, r, n: schedule.owned_chunk(0, n) if (i, r) == (0, 1) else spec_ag(i, r, n)  # noqa: E731
+        monkeypatch.setattr(schedule, "ag_send_chunk", np.vectorize(off))
+        owners = _fast._reduce_scatter_walk(n)[1]
+        assert not _fast._all_gather_in_bulk(n, owners)
+
+
+@pytest.mark.clause("autograd", "op-prod", "op-max", "op-min")
+@pytest.mark.parametrize("op", OPS)
+def test_nested_vmap_where_the_input_is_batched_at_one_level_only(op: str) -> None:
+    n = 3
+    a = values(2, n * n, torch.float64, op, seed=1).reshape(2, n, n)
+    b = values(4, n, torch.float64, op, seed=2)
+
+    def run(engine: str) -> torch.Tensor:
+        def inner(t: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+            return ring_all_reduce(t, engine=engine, op=op) + u  # type: ignore[call-overload, no-any-return]
+
+        return torch.func.vmap(lambda t: torch.func.vmap(lambda u: inner(t, u))(b))(a)
+
+    got = run("fast")
+    want = torch.stack([torch.stack([ring_all_reduce(t, op=op) + u for u in b]) for t in a])
+    assert same_bits(got, want)
+
+
+@pytest.mark.clause("engines-same-bits")
+@pytest.mark.parametrize("op", OPS)
+def test_arrays_whose_strides_are_not_whole_elements(op: str) -> None:
+    """A field of a packed record array: float32 values 5 bytes apart."""
+    n = 3
+    x = values(n, 2 * n, torch.float32, op, seed=3).numpy()
+    packed = np.zeros(x.shape, dtype=[("v", "<f4"), ("pad", "u1")])
+    packed["v"] = x
+    assert packed["v"].strides[1] == 5
+    assert_same(packed["v"], op)
