@@ -177,8 +177,10 @@ DO_NOT_MUTATE: Final = (r"^\s*self\.pid = 0$",)
 run: with ``self.pid = 1`` a worker's ``kill`` sends SIGKILL to process 1 and its process group (the
 machine's init and its services)."""
 
-KILLED: Final = frozenset({"killed", "timeout", "caught by type check", "segfault"})
-"""mutmut's statuses of a mutant the tests caught (``segfault``: the test run died by a signal)."""
+KILLED: Final = frozenset({"killed", "timeout", "caught by type check", "segfault", "suspicious"})
+"""mutmut's statuses of a mutant the tests caught (``segfault``: the test run died by SIGSEGV or SIGKILL;
+``suspicious``: any other status a passing run never has, such as SIGABRT when LLVM stops on an assertion
+that a mutant of the kernel's compiler calls trips)."""
 
 
 class Equivalent(NamedTuple):
