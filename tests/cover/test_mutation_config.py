@@ -18,12 +18,25 @@ def test_every_mutated_file_and_every_test_path_exists() -> None:
             assert (ROOT / test).exists(), (name, test)
 
 
+def _resolve(dotted: str) -> object:
+    """``module.function`` or ``module.Class.method``: the longest importable prefix, then attributes."""
+    parts = dotted.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            found: object = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        for name in parts[cut:]:
+            found = getattr(found, name)
+        return found
+    raise AssertionError(f"no importable module in {dotted!r}")
+
+
 def test_every_equivalent_mutant_names_a_function_and_a_line_of_it() -> None:
     rows = mutation.read_equivalents()
     assert rows, "the table parsed to nothing"
     for row in rows:
-        module_name, _, func = row.function.rpartition(".")
-        function = getattr(importlib.import_module(module_name), func)
+        function = _resolve(row.function)
         assert row.reason and row.line, row
         # The line is a mutation of the function: it shares at least one token with its source.
         source = inspect.getsource(function)
