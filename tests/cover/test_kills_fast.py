@@ -25,7 +25,10 @@ from ring_ref import InvariantViolation, _fast, ring_all_reduce, schedule
 from ring_ref.schedule import PRESETS, RingSchedule
 from tests.oracles import bits, same_bits
 
-pytestmark = pytest.mark.clause("engines-same-bits")
+pytestmark = [
+    pytest.mark.clause("engines-same-bits"),
+    pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning"),  # torch's own
+]
 
 OPS = ("sum", "prod", "max", "min", "avg")
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
