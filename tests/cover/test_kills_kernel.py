@@ -518,3 +518,28 @@ def test_a_forked_child_is_not_stopped_by_locks_held_in_the_parent(
 def test_the_pool_is_made_once_per_process() -> None:
     first = _kernel._executor()
     assert _kernel._executor() is first
+
+
+@pytest.mark.parametrize("unit", [True, False])
+def test_a_kernel_whose_ir_changed_is_compiled_again_not_loaded(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, unit: bool
+) -> None:
+    """The cache never serves code made from other IR (a new version of the package, say)."""
+    monkeypatch.setenv(_kernel.CACHE_ENV, str(tmp_path))
+    old = _kernel.kernel("float64", unit, "sum")
+    assert old.path is not None and not old.loaded
+    real = _kernel.source
+
+    def changed(dtype: str, unit_stride: Any, op: str = "sum") -> str:
+        return real(dtype, unit_stride, op) + ("\n; changed\n" if unit_stride is unit else "")
+
+    monkeypatch.setattr(_kernel, "source", changed)
+    forget_kernels(monkeypatch)
+    new = _kernel.kernel("float64", unit, "sum")
+    assert not new.loaded and new.path is not None and new.path != old.path
+    assert fold_once(stride=unit)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_each_stride_has_its_own_optimised_ir(op: str) -> None:
+    assert _kernel.optimised_ir("float32", True, op) != _kernel.optimised_ir("float32", False, op)
