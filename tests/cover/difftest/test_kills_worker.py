@@ -27,6 +27,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
@@ -759,6 +760,16 @@ def test_the_worker_dies_with_the_tester() -> None:
         _kill_group(pid)
 
 
+def _forget_inherited_helpers() -> None:
+    """Forget a forkserver and resource tracker inherited through fork, so that new ones start."""
+    server = multiprocessing.forkserver._forkserver
+    for name in ("_forkserver_pid", "_forkserver_address", "_forkserver_alive_fd"):
+        setattr(server, name, None)
+    tracker = multiprocessing.resource_tracker._resource_tracker
+    for name in ("_pid", "_fd"):
+        setattr(tracker, name, None)
+
+
 def test_a_target_can_start_multiprocessing_helpers_of_its_own() -> None:
     """Even when the tester has a forkserver and a resource tracker, whose descriptors the worker lacks."""
     read_end, write_end = os.pipe()
@@ -767,6 +778,8 @@ def test_a_target_can_start_multiprocessing_helpers_of_its_own() -> None:
         status = 1
         try:
             os.close(read_end)
+            # Helpers the test session started earlier are the session's, not this tester's children.
+            _forget_inherited_helpers()
             multiprocessing.set_forkserver_preload([])
             multiprocessing.forkserver.ensure_running()
             with started("starts_multiprocessing_helpers") as worker:
@@ -778,12 +791,14 @@ def test_a_target_can_start_multiprocessing_helpers_of_its_own() -> None:
             ]
             os.write(write_end, json.dumps({"raised": raised, "helpers": helpers}).encode())
             status = 0
+        except BaseException:
+            os.write(write_end, json.dumps({"error": traceback.format_exc()}).encode())
         finally:
             os._exit(status)
     os.close(write_end)
     with os.fdopen(read_end, "rb") as f:
         report = json.loads(f.read() or b"{}")
-    assert os.waitpid(middle, 0)[1] == 0
+    assert os.waitpid(middle, 0)[1] == 0, report.get("error")
     for helper in report.get("helpers", []):
         assert _gone(helper)  # they end with the tester that started them
     assert report["raised"] == ""
