@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import re
+from typing import Any
 
 from tests.paths import ROOT
 from tools import mutation
@@ -18,7 +19,7 @@ def test_every_mutated_file_and_every_test_path_exists() -> None:
             assert (ROOT / test).exists(), (name, test)
 
 
-def _resolve(dotted: str) -> object:
+def _resolve(dotted: str) -> Any:
     """``module.function`` or ``module.Class.method``: the longest importable prefix, then attributes."""
     parts = dotted.split(".")
     for cut in range(len(parts) - 1, 0, -1):
