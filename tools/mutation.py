@@ -168,6 +168,12 @@ FORKED: Final[dict[str, Forked]] = {
             )
         ),
     ),
+    # The at-fork handler runs only in a child the test forks itself.
+    "kernel": Forked(
+        "ring_ref._kernel.x__after_fork_in_child",
+        (),
+        ("tests/cover/test_kills_kernel.py::test_a_forked_child_is_not_stopped_by_locks_held_in_the_parent",),
+    ),
 }
 """Per module, see :class:`Forked`."""
 

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import llvmlite
 import numpy as np
 import numpy.typing as npt
 import pytest
@@ -246,6 +247,27 @@ def test_any_non_finite_input_is_never_proven_finite(
             assert not run(x, cycle, entries, k, op)[1], (w, e)
 
 
+@pytest.mark.clause("bad-input", "op-max", "op-min")
+@pytest.mark.parametrize("op", ["max", "min"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_a_non_finite_value_deep_in_a_long_fold_is_found(
+    op: str, bad: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nine workers, one chunk per tile: each fold's rows come as a fresh step of four, a fused step of
+    four (read after the fold began) and a single row; max and min must check the values of every kind."""
+    monkeypatch.setattr(_kernel, "TILE_BYTES", 16)
+    n, k = 9, 2
+    cycle, entries = np.array([4, 7, 0, 2, 8, 1, 5, 3, 6]), np.array([[0, 9, 0]])
+    base = values(np.random.default_rng(2), n, n * k, np.float64, op)
+    got, finite = run(base, cycle, entries, k, op)
+    assert finite and same_bits(got, expected(base, cycle, entries, k, op))
+    for w in range(n):
+        for e in range(0, n * k, 5):
+            x = base.copy()
+            x[w, e] = bad
+            assert not run(x, cycle, entries, k, op)[1], (w, e)
+
+
 @pytest.mark.clause("input-finite")
 @pytest.mark.parametrize("op", ["sum", "prod"])
 def test_a_sum_or_product_that_overflows_is_not_proven_finite(op: str) -> None:
@@ -370,6 +392,17 @@ def test_rows_into_the_same_chunks_are_fused_four_at_a_time() -> None:
         per_chunk = [abs(c) for c in steps[steps[:, 1] == 0][:, 0].tolist()]
         assert per_chunk == [4] * (n // 4) + [1] * (n % 4), n
         assert (steps[0, 0] == -4) == (n >= 4)
+
+
+def test_every_block_of_one_chunk_starts_its_fold_with_its_first_step() -> None:
+    """Not only the first: each one-chunk block whose first step has four rows starts the fold there
+    (``count`` = FRESH, identity not read) and its tiles fill nothing first; a shorter one is filled."""
+    for n in (2, 4, 5, 9):
+        for cols in (16, 5):
+            steps, tiles = _kernel.program(np.roll(np.arange(n), 1), np.array([[0, n, 0]]), 16, 1, cols)
+            for s_lo, _s_hi, *_, f_lo, f_hi in tiles.tolist():
+                assert (steps[s_lo, 0] == _kernel.FRESH) == (n >= 4), (n, cols)
+                assert (f_lo < f_hi) == (n < 4), (n, cols)
 
 
 # --- compiling and caching -----------------------------------------------------------------------------
@@ -520,24 +553,98 @@ def test_the_pool_is_made_once_per_process() -> None:
     assert _kernel._executor() is first
 
 
-@pytest.mark.parametrize("unit", [True, False])
+@pytest.mark.parametrize(("unit", "op"), [(True, "sum"), (False, "sum"), (True, "max")])
 def test_a_kernel_whose_ir_changed_is_compiled_again_not_loaded(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, unit: bool
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, unit: bool, op: str
 ) -> None:
-    """The cache never serves code made from other IR (a new version of the package, say)."""
+    """The cache never serves code made from other IR (a new version of the package, say), also when only
+    one op's IR changed."""
     monkeypatch.setenv(_kernel.CACHE_ENV, str(tmp_path))
-    old = _kernel.kernel("float64", unit, "sum")
+    old = _kernel.kernel("float64", unit, op)
     assert old.path is not None and not old.loaded
     real = _kernel.source
 
-    def changed(dtype: str, unit_stride: Any, op: str = "sum") -> str:
-        return real(dtype, unit_stride, op) + ("\n; changed\n" if unit_stride is unit else "")
+    def changed(dtype: str, unit_stride: Any, which: str = "sum") -> str:
+        return real(dtype, unit_stride, which) + (
+            "\n; changed\n" if (unit_stride, which) == (unit, op) else ""
+        )
 
     monkeypatch.setattr(_kernel, "source", changed)
     forget_kernels(monkeypatch)
-    new = _kernel.kernel("float64", unit, "sum")
+    new = _kernel.kernel("float64", unit, op)
     assert not new.loaded and new.path is not None and new.path != old.path
     assert fold_once(stride=unit)
+
+
+def test_code_compiled_by_another_llvmlite_is_compiled_again_not_loaded(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The cache files are keyed by the compiler too: an upgraded llvmlite never loads the old code."""
+    monkeypatch.setenv(_kernel.CACHE_ENV, str(tmp_path))
+    old = _kernel.kernel("float64", True, "sum")
+    assert old.path is not None and not old.loaded
+    monkeypatch.setattr(llvmlite, "__version__", "0.0.0+another")
+    forget_kernels(monkeypatch)
+    new = _kernel.kernel("float64", True, "sum")
+    assert not new.loaded and new.path is not None and new.path != old.path
+    assert sorted(tmp_path.iterdir()) == sorted([old.path, new.path])
+    assert fold_once()
+
+
+@pytest.mark.parametrize(
+    ("op", "dtype", "kind"),
+    [
+        ("sum", np.float32, "transposed"),
+        ("prod", np.float64, "contiguous"),
+        ("max", np.float64, "transposed"),
+        ("min", np.float32, "contiguous"),
+    ],
+)
+def test_a_kernel_compiled_now_computes_its_op(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, op: str, dtype: Any, kind: str
+) -> None:
+    """With an empty cache every op's kernel is compiled in the test (not loaded) and computes that op."""
+    monkeypatch.setenv(_kernel.CACHE_ENV, str(tmp_path))
+    rng = np.random.default_rng(11)
+    x = values(rng, 5, 10, dtype, op)
+    cycle, entries = np.array([3, 0, 4, 1, 2]), np.array([[0, 2, 2], [2, 5, 0]])
+    got, finite = run(layout(x, kind), cycle, entries, 2, op)
+    assert finite and same_bits(got, expected(x, cycle, entries, 2, op))
+    assert not _kernel.kernel(np.dtype(dtype).name, kind == "contiguous", op).loaded
+
+
+def test_without_an_op_every_entry_point_means_sum(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(_kernel.CACHE_ENV, str(tmp_path))
+    assert _kernel.source("float64", False) == _kernel.source("float64", False, "sum")
+    assert _kernel.optimised_ir("float32", True) == _kernel.optimised_ir("float32", True, "sum")
+    assert _kernel.kernel("float64", True) is _kernel.kernel("float64", True, "sum")
+    assert fold_once()
+
+
+def test_a_changed_tile_budget_takes_effect_at_the_next_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tile shapes are cached per budget: a call after the budget changed tiles by the new one."""
+    monkeypatch.setattr(_kernel, "MIN_BYTES_PER_THREAD", 1)
+    calls: list[tuple[int, int]] = []
+    real = _kernel.kernel
+
+    def recording(*args: Any) -> Any:
+        compiled = real(*args)
+
+        def call(*a: Any) -> int:
+            calls.append((a[-2], a[-1]))
+            return compiled.call(*a)
+
+        return compiled._replace(call=call)
+
+    monkeypatch.setattr(_kernel, "kernel", recording)
+    x = values(np.random.default_rng(5), 5, 20, np.float64, "sum")
+    cycle, entries = np.arange(5), np.array([[0, 5, 0]])
+    for budget, tiles in ((16 << 10, 3), (16, 10)):  # whole chunks shared by three threads, then columns
+        monkeypatch.setattr(_kernel, "TILE_BYTES", budget)
+        calls.clear()
+        got, finite = run(x, cycle, entries, 4, "sum", threads=3)
+        assert finite and same_bits(got, expected(x, cycle, entries, 4, "sum"))
+        assert sum(t1 - t0 for t0, t1 in calls) == tiles and len(calls) == 3, (budget, calls)
 
 
 @pytest.mark.parametrize("op", OPS)
