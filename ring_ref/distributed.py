@@ -44,6 +44,16 @@ depend on the segment size, nor on how the segments travel:
   gloo runs collectives on its own worker thread, and on a busy machine they
   took far less variable time than sends and receives driven from Python.
   Reduce-scatter receives into staging, all-gather straight into the slot.
+* two ranks reducing at most :data:`SWAP_BYTES` need no rounds at all: a
+  two-rank ring's only neighbour is the other rank, and each element's result
+  is one combine of the two inputs, made by the rank that receives its chunk in
+  reduce-scatter (its value ``own``, the other's ``incoming``) and copied by
+  all-gather.  So each rank sends its whole tensor to the other (in parts of at
+  least :data:`SEGMENT_BYTES`, at most ``2 * MAX_SEGMENTS`` of them, each one
+  ``alltoall``, all started at once) and, as each part arrives, makes every
+  combine itself with those roles: the ring's combines and bits, the same bytes
+  on the wire, one exchange instead of two (and twice the combines, which is
+  why larger tensors take the rounds).
 
 Contiguous tensors are reduced in place; a non-contiguous one is reduced in a
 contiguous copy that is written back at the end.  Other backends (NCCL) run
@@ -78,8 +88,9 @@ tensor is reduced in place, so after a failure mid-ring its elements are a mix
 of inputs, partial sums and final sums, an element being received at that
 moment may hold a mixture of old and new bytes, and a receive posted before
 the failure may still write into it until the group is destroyed; treat it as
-garbage (recompute it).  A non-contiguous tensor is reduced in a private copy
-and is left unchanged.  Bad input never modifies anything.
+garbage (recompute it); a two-rank swap receives into staging only, so there
+the elements are inputs and final values.  A non-contiguous tensor is reduced
+in a private copy and is left unchanged.  Bad input never modifies anything.
 """
 
 import datetime
@@ -105,6 +116,7 @@ __all__ = [
     "MAX_SEGMENTS",
     "SEGMENT_BYTES",
     "STAGE_ALL_BYTES",
+    "SWAP_BYTES",
     "RingHookState",
     "ring_all_reduce_",
     "ring_hook",
@@ -119,6 +131,10 @@ STAGE_ALL_BYTES: Final = 1 << 20
 chunks stage reduce-scatter only, and all-gather receives straight into the slot."""
 
 _PIPELINED_BACKENDS: Final = frozenset({"gloo"})
+SWAP_BYTES: Final = 1 << 20
+"""Two-rank gloo calls of at most this many bytes swap whole tensors (:func:`_ring_two`) instead of
+running the two rounds: one exchange instead of two, and twice the combines (every element's on
+both ranks), which pays below about this size and costs above it."""
 _EXCHANGE_RANKS: Final = 2
 """gloo groups of at most this many ranks run every round as ``alltoall`` collectives.
 
@@ -335,7 +351,7 @@ def _known_key(
         type(name) is RingSchedule and all(type(v) is t for v, t in zip(name, _EXACT_FIELDS, strict=True))
     ):
         return None
-    tuning = (SEGMENT_BYTES, MAX_SEGMENTS, STAGE_ALL_BYTES)
+    tuning = (SEGMENT_BYTES, MAX_SEGMENTS, STAGE_ALL_BYTES, SWAP_BYTES)
     return (tensor.shape, tensor.stride(), tensor.dtype, tensor.device, rank, n, backend, op, name, tuning)
 
 
@@ -360,6 +376,7 @@ def _known(tensor: object, rank: int, n: int, backend: str, *, op: object, name:
                     SEGMENT_BYTES,
                     MAX_SEGMENTS,
                     STAGE_ALL_BYTES,
+                    SWAP_BYTES,
                 )
         known = _Known(signature, sound, flags, ring, reduce_op, plan)
         if key is not None:
@@ -592,6 +609,11 @@ class _Plan(NamedTuple):
     splits: tuple[tuple[list[int], list[int]], ...]
     """Per step ``t`` and segment ``s`` (index ``t * per_chunk + s``), the elements an ``alltoall``
     sends to and receives from each rank: the segment to the right neighbour, from the left."""
+    swap: tuple[tuple[int, int, tuple[tuple[int, int, bool], ...]], ...]
+    """Two ranks (:func:`_ring_two`): per part of the flat buffer swapped by one ``alltoall``, its
+    ``(start, stop)`` and its runs ``(start, stop, here)`` within one chunk each, ``here`` when this
+    rank makes that chunk's combine (it receives the chunk in reduce-scatter); empty for ``N > 2`` and
+    above :data:`SWAP_BYTES`."""
 
 
 @functools.lru_cache(maxsize=64)
@@ -604,6 +626,7 @@ def _plan(  # noqa: PLR0917 (cached by its positional arguments)
     segment_bytes: int,
     max_segments: int,
     stage_all_bytes: int,
+    swap_bytes: int,
 ) -> _Plan:
     """The plan of one call (cached: it depends on nothing else)."""
     steps = all_rounds(n)
@@ -613,7 +636,10 @@ def _plan(  # noqa: PLR0917 (cached by its positional arguments)
     # step before it received.  Every ring of the family does (from its closed forms).
     if sent[1:] != received[:-1]:
         raise AssertionError(f"{ring.describe()}: a step does not forward the chunk just received")
-    chunks = tuple(stop - start for start, stop in chunk_bounds(ring.layout, n, numel, itemsize=itemsize))
+    if n == 2 and sent[0] == received[0]:  # _ring_two: the other rank combines the chunk sent
+        raise AssertionError(f"{ring.describe()}: a rank sends the chunk it receives in reduce-scatter")
+    bounds = chunk_bounds(ring.layout, n, numel, itemsize=itemsize)
+    chunks = tuple(stop - start for start, stop in bounds)
     largest = max(chunks)
     segment = max(segment_bytes // itemsize, -(-largest // max_segments), 1)
     count = max(-(-largest // segment), 1)
@@ -650,7 +676,35 @@ def _plan(  # noqa: PLR0917 (cached by its positional arguments)
             for t in range(len(steps))
             for s in range(count)
         ),
+        swap=_swap_parts(bounds, itemsize, received[0], segment_bytes, max_segments, swap_bytes),
     )
+
+
+def _swap_parts(  # noqa: PLR0917 (the plan's own arguments)
+    bounds: list[tuple[int, int]],
+    itemsize: int,
+    combined_here: int,
+    segment_bytes: int,
+    max_segments: int,
+    swap_bytes: int,
+) -> tuple[tuple[int, int, tuple[tuple[int, int, bool], ...]], ...]:
+    """:attr:`_Plan.swap`: the flat buffer (chunks at ``bounds``) cut into parts of at least
+    ``segment_bytes`` and at most ``2 * max_segments`` parts, each cut further at the chunk
+    boundaries; empty unless two ranks reduce at most ``swap_bytes``."""
+    numel = bounds[-1][1]
+    if len(bounds) != 2 or numel * itemsize > swap_bytes:
+        return ()
+    size = max(segment_bytes // itemsize, -(-numel // (2 * max_segments)), 1)
+    parts = []
+    for start in range(0, numel, size):
+        stop = min(start + size, numel)
+        runs = tuple(
+            (max(start, low), min(stop, high), c == combined_here)
+            for c, (low, high) in enumerate(bounds)
+            if max(start, low) < min(stop, high)
+        )
+        parts.append((start, stop, runs))
+    return tuple(parts)
 
 
 def _ring_pipelined(
@@ -740,6 +794,46 @@ def _ring_pipelined(
     for works in sending.values():
         for step, work in works:
             waiter.round(work, *steps[step])
+
+
+def _ring_two(
+    flat: torch.Tensor,
+    staging: torch.Tensor,
+    plan: _Plan,
+    group: dist.ProcessGroup,
+    waiter: _Waiter,
+    *,
+    combine_into: Callable[[torch.Tensor, torch.Tensor], None],
+) -> None:
+    """The two-rank ring's combines, both ranks swapping their whole ``flat`` buffers.
+
+    Every part of :attr:`_Plan.swap` is one ``alltoall`` (this rank's part goes to
+    the other rank, the other's comes into ``staging``), all started at once and
+    finished in order.  As each arrives, every element of a chunk this rank
+    receives in reduce-scatter becomes ``combine(incoming=theirs, own=mine)``
+    (``rs-add``), and every element of the chunk it sends becomes
+    ``combine(incoming=mine, own=theirs)``, the combine the other rank makes in
+    the ring, which all-gather would have copied here (``ag-copy-not-add``).  A
+    collective completes its send and its receive together, so a part is
+    overwritten only once it has been sent.
+    """
+    other = plan.right
+    works = []
+    for start, stop, _ in plan.swap:
+        splits = [0, 0]
+        splits[other] = stop - start
+        works.append(
+            _all_to_all(group, staging[start:stop], flat[start:stop], splits, splits, waiter.timeout)
+        )
+    for work, (_, _, runs) in zip(works, plan.swap, strict=True):
+        waiter.round(work, *plan.steps[0])
+        for start, stop, here in runs:
+            mine, theirs = flat[start:stop], staging[start:stop]
+            if here:
+                combine_into(theirs, mine)
+            else:
+                combine_into(mine, theirs)
+                mine.copy_(theirs)
 
 
 def _ring_exchanges(
@@ -891,7 +985,10 @@ def ring_all_reduce_(
     waiter.right, waiter.left = plan.right, plan.left
     combine_into = torch_combine_into(reduce_op)
     try:
-        if backend in _PIPELINED_BACKENDS:
+        if backend in _PIPELINED_BACKENDS and plan.swap:
+            staging = _SCRATCH.get("staging", flat.numel(), work)
+            _ring_two(flat, staging, plan, group, waiter, combine_into=combine_into)
+        elif backend in _PIPELINED_BACKENDS:
             ring_steps = _ring_exchanges if n <= _EXCHANGE_RANKS else _ring_pipelined
             ring_steps(
                 flat.split_with_sizes(plan.pieces),

@@ -172,6 +172,7 @@ def reduce_rows_with(
 
 SMALL_SEGMENTS: dict[str, object] = {"SEGMENT_BYTES": 8, "MAX_SEGMENTS": 1 << 30}
 UNSTAGED: dict[str, object] = {"STAGE_ALL_BYTES": 0}  # all-gather receives straight into the slot
+ROUNDS: dict[str, object] = {"SWAP_BYTES": 0}  # two ranks run rounds, not one swap
 PER_ROUND: dict[str, object] = {
     "_PIPELINED_BACKENDS": frozenset()
 }  # one batch_isend_irecv per round (as for NCCL)
@@ -182,13 +183,15 @@ PER_ROUND: dict[str, object] = {
     ("n", "settings"),
     [
         (2, {"SEGMENT_BYTES": 8}),
-        (2, {"SEGMENT_BYTES": 8} | UNSTAGED | {"_EXCHANGE_RANKS": 1}),
+        (2, {"SEGMENT_BYTES": 8} | ROUNDS),
+        (2, {"SEGMENT_BYTES": 8} | UNSTAGED | ROUNDS | {"_EXCHANGE_RANKS": 1}),
         (3, SMALL_SEGMENTS | UNSTAGED),
         (4, SMALL_SEGMENTS | {"SEGMENT_BYTES": 6}),
         (4, SMALL_SEGMENTS | UNSTAGED),
         (3, PER_ROUND),
     ],
     ids=[
+        "n2-swap-in-parts-of-8-bytes",
         "n2-4-segments-staged",
         "n2-4-segments-point-to-point-into-the-slot",
         "n3-segments-of-8-bytes-into-the-slot",
@@ -201,8 +204,8 @@ def test_segmented_and_per_round_sends_give_the_simulations_bits(
     rings: Rings, n: int, settings: dict[str, object]
 ) -> None:
     """Chunks of 15 elements in segments of 1-4 elements (a short last one), on ``alltoall`` rounds
-    (two ranks) and point-to-point sends received into staging or straight into the slot, and the
-    unsegmented per-round path."""
+    (two ranks) and point-to-point sends received into staging or straight into the slot, the
+    unsegmented per-round path, and two ranks swapping their tensors in parts of 2-8 bytes."""
     cases = []
     for d, dtype in enumerate(DTYPES):
         x = stacked(n, 5, (3,), dtype, seed=7 * n + d)
@@ -256,8 +259,8 @@ def test_good_input_is_checked_with_one_small_collective(rings: Rings, n: int) -
     """The check before the ring costs one fixed-size collective; descriptions move only on a mismatch.
 
     The ranks swap their signatures (a few tens of integers, one copy for each rank) with one
-    ``alltoall``; three ranks then run the ring on point-to-point sends, two on ``2 (N - 1)``
-    rounds of one ``alltoall`` each, of 3 * 2**10 elements.
+    ``alltoall``; three ranks then run the ring on point-to-point sends, two swap their whole
+    tensors (2 * 3 * 2**10 elements, within :data:`ring_ref.distributed.SWAP_BYTES`) in one more.
     """
     for seen in rings(n).run(count_collectives, None, timeout_s=CALL_TIMEOUT_S):
         assert seen["all_reduce"] == [] and seen["all_gather_object"] == [] and seen["_all_gather"] == [], (
@@ -265,7 +268,7 @@ def test_good_input_is_checked_with_one_small_collective(rings: Rings, n: int) -
         )
         check, *rounds = seen["_all_to_all"]
         assert check <= 32 * n, seen
-        assert rounds == ([3 << 10] * 2 if n == 2 else []), seen
+        assert rounds == ([6 << 10] if n == 2 else []), seen
 
 
 @pytest.mark.clause("sum-not-mean")

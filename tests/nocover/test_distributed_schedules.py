@@ -78,7 +78,8 @@ def cases_for(n: int) -> list[Case]:
                 x = stacked(n, m, trailing, dtype, seed=1000 * n + 100 * k + 10 * d + j)
                 cases.append((x, name, "sum", bool(trailing) and d == 0))
     x = stacked(n, 2 * n + 1, (2,), torch.float32, seed=n)
-    x[0, 0, 0], x[1, 0, 0] = -0.0, 0.0  # the signed-zero rule of max and min
+    x[0, 0, 0], x[1, 0, 0] = -0.0, 0.0  # the signed-zero rule of max and min, in the first chunk
+    x[0, -1, 1], x[1, -1, 1] = 0.0, -0.0  # and in the last, made on another rank
     cases += [
         (x, "gloo", "max", False),
         (x, "plus-1-offset-2-blocks", "prod", True),
@@ -134,10 +135,11 @@ def rings() -> Iterator[dict[int, ProcessRing]]:
 SMALL_SEGMENTS: dict[str, object] = {"SEGMENT_BYTES": 8, "MAX_SEGMENTS": 1 << 30}
 UNSTAGED: dict[str, object] = {"STAGE_ALL_BYTES": 0}  # all-gather receives straight into the slot
 PER_ROUND: dict[str, object] = {"_PIPELINED_BACKENDS": frozenset()}  # batch_isend_irecv (as for NCCL)
-POINT_TO_POINT: dict[str, object] = {"_EXCHANGE_RANKS": 1}  # two ranks on point-to-point sends too
+ROUNDS: dict[str, object] = {"SWAP_BYTES": 0}  # two ranks run rounds, not one swap
+POINT_TO_POINT: dict[str, object] = ROUNDS | {"_EXCHANGE_RANKS": 1}  # two ranks on point-to-point sends too
 EXCHANGES: dict[str, object] = {"_EXCHANGE_RANKS": 4}  # three ranks on alltoall rounds too
 SETTINGS: dict[int, list[dict[str, object]]] = {
-    2: [{}, SMALL_SEGMENTS, POINT_TO_POINT | SMALL_SEGMENTS],
+    2: [{}, SMALL_SEGMENTS, ROUNDS | SMALL_SEGMENTS, POINT_TO_POINT | SMALL_SEGMENTS],
     3: [SMALL_SEGMENTS | UNSTAGED, PER_ROUND, EXCHANGES | SMALL_SEGMENTS],
     4: [{}, SMALL_SEGMENTS | UNSTAGED | {"SEGMENT_BYTES": 6}],
 }
@@ -147,8 +149,9 @@ SETTINGS: dict[int, list[dict[str, object]]] = {
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_every_ring_on_every_rank_equals_the_simulation(rings: dict[int, ProcessRing], n: int) -> None:
     """Whole chunks and segments of 1 to 4 elements (short chunks cut into empty segments), on
-    ``alltoall`` rounds and on point-to-point sends (staged or received into the slot), and the
-    per-round path: the simulation's bits on every rank."""
+    ``alltoall`` rounds and on point-to-point sends (staged or received into the slot), the
+    per-round path, and two ranks swapping whole tensors (in one part, and in parts of 2 to 8
+    bytes cut at the chunk boundaries): the simulation's bits on every rank."""
     cases = cases_for(n)
     expected = []
     order_sensitive = 0
@@ -377,39 +380,55 @@ def test_the_hook_pads_for_the_even_layout_only(rings: dict[int, ProcessRing]) -
             assert same_bits(per_rank[rank][k], expected[name]), (name, rank)
 
 
-def fail_on_rank_1(rank: int, world_size: int, at_add: int) -> str:
-    """Rank 1 never calls (``at_add = 0``) or raises at its first addition; rank 0 calls with a 2 s
-    ``timeout`` (the group's is 120 s) and reports how its call ended."""
-    if rank == 1:
-        if at_add == 0:
-            return "did not call"
-        with mock.patch.object(torch, "add", mock.Mock(side_effect=OSError("planted failure"))):
+def fail_on_rank_1(rank: int, world_size: int, at: str) -> str:
+    """Rank 1 never calls, raises at its first addition of the rounds, or raises after the check
+    instead of swapping; rank 0 calls with a 2 s ``timeout`` (the group's is 120 s) and reports how
+    its call ended.
+
+    Failing at the first addition needs the rounds, not the two-rank swap: a swap's only exchange
+    is over before the first addition, so a peer failing there cannot hold anybody up.
+    """
+    if rank == 1 and at == "never":
+        return "did not call"
+    planted = mock.Mock(side_effect=OSError("planted failure"))
+    with contextlib.ExitStack() as stack:
+        if at == "add":
+            stack.enter_context(mock.patch.object(distributed, "SWAP_BYTES", 0))
+        if rank == 1:
+            stack.enter_context(
+                mock.patch.object(*((torch, "add") if at == "add" else (distributed, "_ring_two")), planted)
+            )
             try:
                 ring_all_reduce_(torch.ones(4), timeout=datetime.timedelta(seconds=2))
             except OSError as exc:
                 return f"OSError: {exc}"
+            return "finished"
+        try:
+            ring_all_reduce_(torch.ones(4), timeout=datetime.timedelta(seconds=2))
+        except RuntimeError as exc:
+            return str(exc)
         return "finished"
-    try:
-        ring_all_reduce_(torch.ones(4), timeout=datetime.timedelta(seconds=2))
-    except RuntimeError as exc:
-        return str(exc)
-    return "finished"
 
 
 @pytest.mark.parametrize(
-    ("at_add", "where"),
-    [(0, ": checking every rank's tensor before the ring"), (1, ", all-gather round 0: exchanging chunks")],
-    ids=["never-calls", "raises-mid-ring"],
+    ("at", "where"),
+    [
+        ("never", ": checking every rank's tensor before the ring"),
+        ("add", ", all-gather round 0: exchanging chunks"),
+        ("swap", ", reduce-scatter round 0: exchanging chunks"),
+    ],
+    ids=["never-calls", "raises-mid-ring", "raises-instead-of-swapping"],
 )
 def test_two_ranks_a_failing_peer_ends_the_call_within_its_timeout(
-    rings: dict[int, ProcessRing], at_add: int, where: str
+    rings: dict[int, ProcessRing], at: str, where: str
 ) -> None:
-    """Two ranks check and run the ring on ``alltoall`` collectives: their ``timeout`` still ends the
-    wait for a peer that never calls or fails mid-ring (each case tears the two-rank group down)."""
+    """Two ranks check, and swap or run the ring, on ``alltoall`` collectives: their ``timeout``
+    still ends the wait for a peer that never calls or fails mid-ring (each case tears the two-rank
+    group down)."""
     start = time.monotonic()
-    outcome = rings[2].run(fail_on_rank_1, at_add, timeout_s=60)
+    outcome = rings[2].run(fail_on_rank_1, at, timeout_s=60)
     assert time.monotonic() - start < CALL_TIMEOUT_S / 4
-    assert outcome[1] == ("did not call" if at_add == 0 else "OSError: planted failure"), outcome
+    assert outcome[1] == ("did not call" if at == "never" else "OSError: planted failure"), outcome
     assert outcome[0].startswith(f"ring_all_reduce_: rank 0 of 2{where}"), outcome[0]
     assert "failed or timed out; a peer probably raised, exited or did not call" in outcome[0]
     rings[2].close()
