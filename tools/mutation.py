@@ -130,6 +130,10 @@ MODULES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
         for name in ("oracles", "inputs", "report")
         for path in (f"ring_ref/difftest/_{name}.py",)
     },
+    "difftest.vocabulary": (
+        ("ring_ref/difftest/_vocabulary.py",),
+        ("ring_ref/difftest/_vocabulary.py", "tests/cover/difftest/test_kills_vocabulary.py"),
+    ),
     # The launchers: their own kill tests, which fork workers from pytest's process (milliseconds each).
     **{
         f"difftest.{name}": ((path,), (path, f"tests/cover/difftest/test_kills_{name}.py"))
