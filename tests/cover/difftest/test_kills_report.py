@@ -347,3 +347,15 @@ def test_an_input_longer_than_400_characters_is_abbreviated(length: int) -> None
     dumped = json.dumps([list(values[:39]), list(values[39:])])
     want = dumped if length <= 400 else dumped[:400] + " ... (full input in --json)"
     assert line == f"    input = {want}"
+
+
+def test_trailing_blank_lines_are_dropped_and_every_line_kept_as_written() -> None:
+    result = failed(["raised"], stack="  File t.py   \n\n\n", output="raise TOO_MAX\n\n")
+    rendered = report({"exact": result}).render().splitlines()
+    start = rendered.index("    the target's Python stack (every thread, most recent call first):")
+    assert rendered[start + 1 : start + 5] == [
+        "        File t.py   ",
+        "    the target's output on this input:",
+        "      raise TOO_MAX",
+        "Replay: ring-ref difftest t --seed 9",
+    ]
