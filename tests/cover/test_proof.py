@@ -13,7 +13,8 @@ on the concrete faulty round.  How far each tie reaches:
   for ``n <= 32`` every layout and the offsets ``k ± n`` too; and the spec
   ring's module-level functions for every ``n <= 64``;
 * the closed forms: the spec ring (``schedule=SPEC``) on every input for every
-  ``n <= 32``; every ring on every input for every ``n <= 14``; for every ``n``
+  ``n <= 32`` (``make soak``: every ``n <= 64``, about 20 s); every ring on
+  every input for every ``n <= 14`` (``make soak``: ``n <= 20``); for every ``n``
   from 15 to 64 one whole state of a random ring and round, and 20 000 random
   slots of random rings (offsets anywhere in ``-n .. 2n - 1``);
 * one round of the core: every ring for ``n <= 7``, the spec ring for ``n <= 16``;
@@ -45,6 +46,7 @@ MAX_N = 64
 SCALAR_MAX_N = 8
 SPEC_CLOSED_MAX_N = 32
 FAMILY_CLOSED_MAX_N = 14
+SOAK_FAMILY_CLOSED_MAX_N = 20
 ROUND_MAX_N = 16
 FAMILY_ROUND_MAX_N = 7
 LAYOUT_MAX_N = 32
@@ -259,6 +261,25 @@ def test_encoded_closed_forms_at_d_1_k_0_are_the_spec_invariants_for_every_n_up_
 @pytest.mark.clause("schedule-invariants")
 def test_encoded_closed_forms_are_the_family_invariants_for_every_ring_up_to_14(phase: Phase) -> None:
     for n in range(2, FAMILY_CLOSED_MAX_N + 1):
+        for ring in _rings(n):
+            _assert_closed_form(phase, n, ring)
+
+
+@pytest.mark.soak  # about 20 s: n**3 slots per n, each through ring_ref.invariants
+@pytest.mark.parametrize("phase", [REDUCE_SCATTER, ALL_GATHER])
+@pytest.mark.clause("inv-rs-provenance", "inv-ag-provenance", "inv-finished-chunks")
+def test_encoded_closed_forms_at_d_1_k_0_are_the_spec_invariants_for_every_n_from_33_to_64(
+    phase: Phase,
+) -> None:
+    for n in range(SPEC_CLOSED_MAX_N + 1, MAX_N + 1):
+        _assert_closed_form(phase, n, SPEC)
+
+
+@pytest.mark.soak  # about 6 s: 2 n rings of n**3 slots per n
+@pytest.mark.parametrize("phase", [REDUCE_SCATTER, ALL_GATHER])
+@pytest.mark.clause("schedule-invariants")
+def test_encoded_closed_forms_are_the_family_invariants_for_every_ring_from_15_to_20(phase: Phase) -> None:
+    for n in range(FAMILY_CLOSED_MAX_N + 1, SOAK_FAMILY_CLOSED_MAX_N + 1):
         for ring in _rings(n):
             _assert_closed_form(phase, n, ring)
 
