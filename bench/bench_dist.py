@@ -6,7 +6,9 @@ one goes first alternates) so that machine noise hits both alike.  A repetition'
 slowest rank's (ranks start together after a barrier); reported are medians over repetitions,
 and bus bandwidth ``2 (N - 1) / N * bytes / time``, as nccl-tests reports it.  Then the same
 processes time DDP training steps of one model with DDP's default all-reduce and with
-``ring_ref.distributed.ring_hook``, again taking turns.
+``ring_ref.distributed.ring_hook``, again taking turns.  All of this is repeated on ``--runs``
+fresh groups (default 3), and every cell is the median over the runs: one run's ratios tend to
+move together, by up to about 1.5x between runs on this 2-core machine.
 
 Every ratio is printed against its target (reported, not asserted).  Results go to a JSON file
 and a plot in a scratch folder (``build/bench-dist``); ``--update`` writes the committed
@@ -142,7 +144,7 @@ def verdict(ratio: float, limit: float) -> str:
     return "met" if ratio <= limit else "MISSED"
 
 
-def measure(n: int, args: argparse.Namespace) -> dict[str, Any]:
+def measure_once(n: int, args: argparse.Namespace) -> dict[str, Any]:
     """Both benchmarks on one group of ``n`` processes."""
     spec = {"sizes": args.sizes, "threads": args.threads, "budget_s": args.budget}
     ddp_spec = {"threads": args.threads, "steps": args.ddp_steps, "width": args.ddp_width}
@@ -170,6 +172,39 @@ def measure(n: int, args: argparse.Namespace) -> dict[str, Any]:
             "ratio": steps["ring_hook"] / steps["default"],
             "parameters": params,
             "steps": args.ddp_steps,
+        }
+    return result
+
+
+def measure(n: int, args: argparse.Namespace) -> dict[str, Any]:
+    """Both benchmarks on ``args.runs`` fresh groups of ``n`` processes, one after another.
+
+    A cell is the median over the runs: of the times, and of the per-run ratios (kept in
+    ``run_ratios``).  A run's ratios move together (where its processes and gloo's threads
+    landed on the cores), so whole runs are repeated rather than repetitions within one.
+    """
+    runs = [measure_once(n, args) for _ in range(args.runs)]
+    rows = []
+    for k, first in enumerate(runs[0]["collective"]):
+        row: dict[str, Any] = {"n": n, "bytes": first["bytes"]}
+        for name in ("all_reduce", "ring"):
+            median = statistics.median(run["collective"][k][f"{name}_s"] for run in runs)
+            row[f"{name}_s"] = median
+            row[f"{name}_busbw_GBps"] = bus_bandwidth(n, first["bytes"], median) / 1e9
+        row["run_ratios"] = [run["collective"][k]["ratio"] for run in runs]
+        row["ratio"] = statistics.median(row["run_ratios"])
+        row["reps"] = sum(run["collective"][k]["reps"] for run in runs)
+        rows.append(row)
+    result: dict[str, Any] = {"n": n, "runs": args.runs, "collective": rows}
+    if "ddp" in runs[0]:
+        ddps = [run["ddp"] for run in runs]
+        result["ddp"] = {
+            "default_step_s": statistics.median(d["default_step_s"] for d in ddps),
+            "ring_hook_step_s": statistics.median(d["ring_hook_step_s"] for d in ddps),
+            "run_ratios": [d["ratio"] for d in ddps],
+            "ratio": statistics.median(d["ratio"] for d in ddps),
+            "parameters": ddps[0]["parameters"],
+            "steps": sum(d["steps"] for d in ddps),
         }
     return result
 
@@ -251,7 +286,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--sizes", type=lambda s: [int(v) for v in s.split(",")], default=list(SIZES), help="bytes per rank"
     )
-    parser.add_argument("--budget", type=float, default=2.0, help="seconds of repetitions per size and N")
+    parser.add_argument(
+        "--budget", type=float, default=2.0, help="seconds of repetitions per size, N and run"
+    )
+    parser.add_argument("--runs", type=int, default=3, help="fresh process groups per N (medians over them)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank (torchrun's default)")
     parser.add_argument("--ddp-steps", type=int, default=DDP_STEPS, help="timed DDP steps per hook (0: skip)")
     parser.add_argument("--ddp-width", type=int, default=1024)
