@@ -40,8 +40,7 @@ from ring_ref import ring_all_reduce
 from ring_ref._dtypes import FORMATS, FloatFormat, bits, to_hex
 from ring_ref._ops import Op, finish_torch, torch_combine
 from ring_ref._tracecheck import reference_rounds
-from ring_ref._vectors import dumps
-from ring_ref.schedule import PHASES
+from ring_ref._vectors import case_schema, document_schema, dumps, notes_schema, strict, write_files
 
 __all__ = ["JSON_NAME", "OPS_COVERED", "SCHEMA_NAME", "VERSION", "build", "contents", "schema", "write"]
 
@@ -567,63 +566,23 @@ def build() -> dict[str, Any]:
     }
 
 
-def _strict(properties: dict[str, Any], required: Sequence[str]) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "additionalProperties": False,
-        "required": list(required),
-        "properties": properties,
-    }
-
-
 def schema() -> dict[str, Any]:
     """The JSON schema (draft 2020-12) of :func:`build`'s output."""
-    count = {"type": "integer", "minimum": 1}
-    text = {"type": "string", "minLength": 1}
     defs: dict[str, Any] = {}
     groups = []
     for name, fmt in FORMATS.items():
-        hex_list = {
-            "type": "array",
-            "minItems": 1,
-            "items": {"type": "string", "pattern": f"^[0-9a-f]{{{fmt.bits // 4}}}$"},
-        }
-        round_obj = _strict(
-            {
-                "phase": {"enum": list(PHASES)},
-                "round": {"type": "integer", "minimum": 0},
-                "buffers": hex_list,
-            },
-            ["phase", "round", "buffers"],
-        )
-        test = _strict(
-            {
-                "tcId": count,
-                "comment": text,
-                "flags": {
-                    "type": "array",
-                    "minItems": 1,
-                    "uniqueItems": True,
-                    "items": {"enum": list(NOTES)},
-                },
-                "n": count,
-                "m": count,
-                "trailingShape": {"type": "array", "items": count},
-                "input": hex_list,
-                "expected": hex_list,
-                "rounds": {"type": "array", "minItems": 2, "items": round_obj},
-            },
-            ["tcId", "comment", "flags", "n", "m", "trailingShape", "input", "expected"],
-        )
-        defs[f"{name}Group"] = _strict(
+        defs[f"{name}Group"] = strict(
             {
                 "type": {"const": "RingAllReduceOpTest"},
                 "op": {"enum": list(OPS_COVERED)},
                 "dtype": {"const": name},
                 "bits": {"const": fmt.bits},
-                "tests": {"type": "array", "minItems": 1, "items": test},
-            },
-            ["type", "op", "dtype", "bits", "tests"],
+                "tests": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": case_schema(fmt.bits, list(NOTES), min_rounds=2),
+                },
+            }
         )
         groups.append(
             {"if": {"properties": {"dtype": {"const": name}}}, "then": {"$ref": f"#/$defs/{name}Group"}}
@@ -635,26 +594,14 @@ def schema() -> dict[str, Any]:
         "allOf": groups,
         "description": "One op and one dtype, checked by the group of that dtype in $defs.",
     }
-    note = _strict({"bugType": text, "description": text}, ["bugType", "description"])
-    top = _strict(
-        {
-            "algorithm": {"const": "RING-ALL-REDUCE-OPS"},
-            "schema": {"const": SCHEMA_NAME},
-            "generatorVersion": {"type": "string"},
-            "numberOfTests": count,
-            "header": {"type": "array", "items": {"type": "string"}},
-            "notes": {"type": "object", "propertyNames": {"enum": list(NOTES)}, "additionalProperties": note},
-            "testGroups": {"type": "array", "minItems": 1, "items": group},
-        },
-        ["algorithm", "schema", "generatorVersion", "numberOfTests", "header", "notes", "testGroups"],
+    return document_schema(
+        schema_name=SCHEMA_NAME,
+        title=f"ring all-reduce reduction-op conformance vectors v{VERSION}",
+        algorithm="RING-ALL-REDUCE-OPS",
+        notes=notes_schema(list(NOTES)),
+        test_groups={"type": "array", "minItems": 1, "items": group},
+        defs=defs,
     )
-    return {
-        "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "$id": SCHEMA_NAME,
-        "title": f"ring all-reduce reduction-op conformance vectors v{VERSION}",
-        **top,
-        "$defs": defs,
-    }
 
 
 def contents() -> dict[str, str]:
@@ -664,14 +611,4 @@ def contents() -> dict[str, str]:
 
 def write(out_dir: Path) -> list[Path]:
     """Write the two ops files into ``out_dir`` (created if needed); return their paths."""
-    if out_dir.exists() and not out_dir.is_dir():
-        raise NotADirectoryError(
-            f"{out_dir} is a file, not a directory: pass a directory (created if missing)"
-        )
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for name, text in contents().items():
-        path = out_dir / name
-        path.write_text(text, encoding="utf-8", newline="\n")
-        paths.append(path)
-    return paths
+    return write_files(out_dir, contents())

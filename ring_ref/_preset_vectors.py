@@ -28,7 +28,7 @@ from ring_ref import ring_all_reduce
 from ring_ref._chunks import chunk_bounds
 from ring_ref._dtypes import FORMATS, bits, dtype_name, to_hex
 from ring_ref._reveal import ring_trees
-from ring_ref._vectors import dumps
+from ring_ref._vectors import dumps, strict, write_files
 from ring_ref.schedule import PRESETS
 
 __all__ = ["JSON_NAME", "SCHEMA_NAME", "VERSION", "build", "contents", "schema", "write"]
@@ -138,15 +138,6 @@ def build() -> dict[str, Any]:
 
 def schema() -> dict[str, Any]:
     """The JSON schema (draft 2020-12) of :func:`build`'s output."""
-
-    def strict(properties: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "type": "object",
-            "additionalProperties": False,
-            "required": list(properties),
-            "properties": properties,
-        }
-
     count = {"type": "integer", "minimum": 1}
     hex_list = {
         "type": "array",
@@ -205,14 +196,4 @@ def contents() -> dict[str, str]:
 
 def write(out_dir: Path) -> list[Path]:
     """Write the two preset files into ``out_dir`` (created if needed); return their paths."""
-    if out_dir.exists() and not out_dir.is_dir():
-        raise NotADirectoryError(
-            f"{out_dir} is a file, not a directory: pass a directory (created if missing)"
-        )
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for name, text in contents().items():
-        path = out_dir / name
-        path.write_text(text, encoding="utf-8", newline="\n")
-        paths.append(path)
-    return paths
+    return write_files(out_dir, contents())

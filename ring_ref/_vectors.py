@@ -293,84 +293,107 @@ def build() -> dict[str, Any]:
     }
 
 
-def _strict(properties: dict[str, Any], required: Sequence[str]) -> dict[str, Any]:
+def strict(properties: dict[str, Any], required: Sequence[str] | None = None) -> dict[str, Any]:
+    """A schema object with exactly ``properties``, of which ``required`` (default: all) must be present."""
     return {
         "type": "object",
         "additionalProperties": False,
-        "required": list(required),
+        "required": list(properties if required is None else required),
         "properties": properties,
     }
 
 
+def case_schema(bits: int, flags: Sequence[str], *, min_rounds: int = 0) -> dict[str, Any]:
+    """One test of a group of ``bits``-bit values: flags among ``flags``, optional rounds (at least
+    ``min_rounds`` when present)."""
+    count = {"type": "integer", "minimum": 1}
+    hex_list = {
+        "type": "array",
+        "minItems": 1,
+        "items": {"type": "string", "pattern": f"^[0-9a-f]{{{bits // 4}}}$"},
+    }
+    round_obj = strict(
+        {"phase": {"enum": list(PHASES)}, "round": {"type": "integer", "minimum": 0}, "buffers": hex_list}
+    )
+    return strict(
+        {
+            "tcId": count,
+            "comment": {"type": "string", "minLength": 1},
+            "flags": {"type": "array", "minItems": 1, "uniqueItems": True, "items": {"enum": list(flags)}},
+            "n": count,
+            "m": count,
+            "trailingShape": {"type": "array", "items": count},
+            "input": hex_list,
+            "expected": hex_list,
+            "rounds": {
+                "type": "array",
+                **({"minItems": min_rounds} if min_rounds else {}),
+                "items": round_obj,
+            },
+        },
+        ["tcId", "comment", "flags", "n", "m", "trailingShape", "input", "expected"],
+    )
+
+
+def document_schema(
+    *,
+    schema_name: str,
+    title: str,
+    algorithm: str,
+    notes: dict[str, Any],
+    test_groups: dict[str, Any],
+    defs: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The schema (draft 2020-12) of a vector document: its header fields, ``notes`` and ``test_groups``."""
+    top = strict(
+        {
+            "algorithm": {"const": algorithm},
+            "schema": {"const": schema_name},
+            "generatorVersion": {"type": "string"},
+            "numberOfTests": {"type": "integer", "minimum": 1},
+            "header": {"type": "array", "items": {"type": "string"}},
+            "notes": notes,
+            "testGroups": test_groups,
+        }
+    )
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": schema_name,
+        "title": title,
+        **top,
+        **({"$defs": defs} if defs is not None else {}),
+    }
+
+
+def notes_schema(flags: Sequence[str]) -> dict[str, Any]:
+    """``notes``: for each flag used, its ``bugType`` and ``description``."""
+    text = {"type": "string", "minLength": 1}
+    note = strict({"bugType": text, "description": text})
+    return {"type": "object", "propertyNames": {"enum": list(flags)}, "additionalProperties": note}
+
+
 def schema() -> dict[str, Any]:
     """The JSON schema (draft 2020-12) of :func:`build`'s output."""
-    count = {"type": "integer", "minimum": 1}
-    text = {"type": "string", "minLength": 1}
     defs: dict[str, Any] = {}
     groups = []
     for name, fmt in FORMATS.items():
-        hex_list = {
-            "type": "array",
-            "minItems": 1,
-            "items": {"type": "string", "pattern": f"^[0-9a-f]{{{fmt.bits // 4}}}$"},
-        }
-        round_obj = _strict(
-            {
-                "phase": {"enum": list(PHASES)},
-                "round": {"type": "integer", "minimum": 0},
-                "buffers": hex_list,
-            },
-            ["phase", "round", "buffers"],
-        )
-        test = _strict(
-            {
-                "tcId": count,
-                "comment": text,
-                "flags": {
-                    "type": "array",
-                    "minItems": 1,
-                    "uniqueItems": True,
-                    "items": {"enum": list(NOTES)},
-                },
-                "n": count,
-                "m": count,
-                "trailingShape": {"type": "array", "items": count},
-                "input": hex_list,
-                "expected": hex_list,
-                "rounds": {"type": "array", "items": round_obj},
-            },
-            ["tcId", "comment", "flags", "n", "m", "trailingShape", "input", "expected"],
-        )
-        defs[f"{name}Group"] = _strict(
+        defs[f"{name}Group"] = strict(
             {
                 "type": {"const": "RingAllReduceTest"},
                 "dtype": {"const": name},
                 "bits": {"const": fmt.bits},
-                "tests": {"type": "array", "items": test},
-            },
-            ["type", "dtype", "bits", "tests"],
+                "tests": {"type": "array", "items": case_schema(fmt.bits, list(NOTES))},
+            }
         )
         groups.append({"$ref": f"#/$defs/{name}Group"})
-    note = _strict({"bugType": text, "description": text}, ["bugType", "description"])
-    top = _strict(
-        {
-            "algorithm": {"const": "RING-ALL-REDUCE"},
-            "schema": {"const": SCHEMA_NAME},
-            "generatorVersion": {"type": "string"},
-            "numberOfTests": count,
-            "header": {"type": "array", "items": {"type": "string"}},
-            "notes": {"type": "object", "propertyNames": {"enum": list(NOTES)}, "additionalProperties": note},
-            "testGroups": {"type": "array", "items": {"oneOf": groups}},
-        },
-        ["algorithm", "schema", "generatorVersion", "numberOfTests", "header", "notes", "testGroups"],
+    return document_schema(
+        schema_name=SCHEMA_NAME,
+        title=f"ring all-reduce conformance vectors v{VERSION}",
+        algorithm="RING-ALL-REDUCE",
+        notes=notes_schema(list(NOTES)),
+        test_groups={"type": "array", "items": {"oneOf": groups}},
+        defs=defs,
     )
-    return {
-        "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "$id": SCHEMA_NAME,
-        "title": f"ring all-reduce conformance vectors v{VERSION}",
-        **top,
-        "$defs": defs,
-    }
 
 
 def dumps(obj: Any, indent: int = 0) -> str:
@@ -417,18 +440,24 @@ def to_text(doc: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write(out_dir: Path) -> list[Path]:
-    """Write the three vector files into ``out_dir`` (created if needed); return their paths."""
+def write_files(out_dir: Path, contents: dict[str, str]) -> list[Path]:
+    """Write ``contents`` (file name -> text) into ``out_dir`` (created if needed); return the paths."""
     if out_dir.exists() and not out_dir.is_dir():
         raise NotADirectoryError(
             f"{out_dir} is a file, not a directory: pass a directory (created if missing)"
         )
     out_dir.mkdir(parents=True, exist_ok=True)
-    doc = build()
-    contents = {JSON_NAME: dumps(doc) + "\n", SCHEMA_NAME: dumps(schema()) + "\n", TEXT_NAME: to_text(doc)}
     paths = []
     for name, text in contents.items():
         path = out_dir / name
         path.write_text(text, encoding="utf-8", newline="\n")
         paths.append(path)
     return paths
+
+
+def write(out_dir: Path) -> list[Path]:
+    """Write the three vector files into ``out_dir`` (created if needed); return their paths."""
+    doc = build()
+    return write_files(
+        out_dir, {JSON_NAME: dumps(doc) + "\n", SCHEMA_NAME: dumps(schema()) + "\n", TEXT_NAME: to_text(doc)}
+    )
