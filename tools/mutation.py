@@ -126,6 +126,7 @@ MODULES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
             "ring_ref/difftest/_oracles.py",
             "tests/cover/difftest/test_oracles.py",
             "tests/cover/difftest/test_kills_oracles.py",
+            "tests/cover/difftest/test_kills_oracles_ops.py",
         ),
     ),
     "difftest.inputs": (

@@ -1,0 +1,352 @@
+"""The oracles of the other ops (``prod``, ``avg``, ``max``, ``min``) on small cases worked out by hand.
+
+Fast (no target is run), so that ``make mutation`` can run it for each
+mutant of ``ring_ref.difftest._oracles``.  Bounds are recomputed here in
+rational arithmetic from the formats' parameters (float16: p = 11, emin =
+-14, emax = 15), never taken from the code under test.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import pytest
+import torch
+
+from ring_ref.difftest import Case
+from ring_ref.difftest._oracles import (
+    BoundCheck,
+    ValueMismatch,
+    check_avg_bound,
+    check_prod_bound,
+    check_values,
+    extreme_oracle,
+    zeros_as_the_oracle_wants,
+)
+from ring_ref.difftest._vocabulary import Mode, Op
+
+pytestmark = pytest.mark.clause("difftest-ops")
+
+F16, F32, F64 = torch.float16, torch.float32, torch.float64
+U16 = Fraction(1, 2**11)
+INF, NAN = math.inf, math.nan
+
+
+def gamma(k: int, u: Fraction = U16) -> Fraction:
+    return k * u / (1 - k * u)
+
+
+def case(n: int, dtype: torch.dtype, op: Op, *workers: list[float]) -> Case:
+    """Worker ``i`` holds ``workers[i]`` (``M`` = its length, no trailing dimensions)."""
+    assert len(workers) == n
+    return Case(n, len(workers[0]), (), dtype, "contiguous", tuple(v for w in workers for v in w), op)
+
+
+def same(a: float, b: float) -> bool:
+    return (a == b and math.copysign(1.0, a) == math.copysign(1.0, b)) or (math.isnan(a) and math.isnan(b))
+
+
+def verdict(checked: BoundCheck) -> tuple[ValueMismatch | None, int, int]:
+    return checked.mismatch, checked.overflow_skipped, checked.underflow_skipped
+
+
+def column_case(xs: list[float], dtype: torch.dtype, op: Op) -> Case:
+    """``N = len(xs)`` workers, ``M = N`` rows: worker ``i`` holds ``xs[i]`` in every row."""
+    return case(len(xs), dtype, op, *[[x] * len(xs) for x in xs])
+
+
+def result(values: list[float], dtype: torch.dtype) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.float64).to(dtype)
+
+
+# --- order-free prod and avg ---------------------------------------------------------------------------
+
+
+def test_order_free_prod_is_the_exact_product_with_the_sign_of_the_signs() -> None:
+    c = case(2, F16, "prod", [2.0, -0.5, -2.0, 0.0], [4.0, -0.0, 0.25, -4.0])
+    assert check_values("order-free", c, result([8.0, 0.0, -0.5, -0.0], F16)) == (None, 0, 0)
+    mismatch, _, _ = check_values("order-free", c, result([8.0, -0.0, 0.5, -0.0], F16))
+    assert mismatch is not None
+    assert (mismatch.index, mismatch.chunk, mismatch.count) == ((1,), 0, 2)
+    assert same(mismatch.expected, 0.0) and same(mismatch.actual, -0.0)
+    assert mismatch.detail == "not bitwise equal to the exact product"
+
+
+def test_order_free_prod_holds_products_beyond_float32_in_float64() -> None:
+    c = case(2, F64, "prod", [2.0**150, 2.0**-100], [2.0**100, 2.0**-60])
+    assert check_values("order-free", c, result([2.0**250, 2.0**-160], F64)) == (None, 0, 0)
+
+
+@pytest.mark.parametrize(
+    ("xs", "rounds"),
+    [
+        ([2.0**8, 2.0**7], False),  # 2**15: emax
+        ([2.0**8, 2.0**8], True),
+        ([2.0**-12, 2.0**-12], False),  # 2**-24: the smallest subnormal
+        ([2.0**-13, 2.0**-12], True),
+        ([1.0, 2.0**-12, 2.0**-12], False),
+        ([2.0**-12, 2.0**-12, 2.0], False),
+        ([0.5, 2.0**15, 2.0**1], True),  # 2**15 * 2 in some order
+        ([3.0, 2.0], True),  # not a power of two
+        ([0.0, 3.0], True),
+    ],
+)
+def test_order_free_prod_refuses_inputs_whose_product_rounds(xs: list[float], rounds: bool) -> None:
+    c = column_case(xs, F16, "prod")
+    want = [float(math.prod(Fraction(x) for x in xs))] * len(xs)
+    if rounds:
+        with pytest.raises(AssertionError, match=r"^order-free generator produced a product that rounds; "):
+            check_values("order-free", c, result(want, F16))
+    else:
+        assert check_values("order-free", c, result(want, F16)) == (None, 0, 0)
+
+
+def test_order_free_avg_is_the_exact_sum_divided_by_n_rounded_once() -> None:
+    third = float(torch.tensor(1 / 3, dtype=F64).to(F16))
+    c = case(3, F16, "avg", [1.0, 2.0, -4.0], [0.0, 2.0, 0.0], [0.0, 2.0, 1.0])
+    assert check_values("order-free", c, result([third, 2.0, -1.0], F16)) == (None, 0, 0)
+    mismatch, _, _ = check_values("order-free", c, result([third, 2.0, -3.0 / 3.0 - 2.0**-10], F16))
+    assert mismatch is not None and (mismatch.index, mismatch.chunk, mismatch.expected) == ((2,), 2, -1.0)
+    assert mismatch.detail == "not bitwise equal to the exact sum divided by N, rounded once"
+    in_doubles = column_case([1.0, 0.0, 0.0], F64, "avg")
+    assert check_values("order-free", in_doubles, result([1 / 3] * 3, F64)) == (None, 0, 0)
+    rounding = column_case([2048.0, 1.0], F16, "avg")
+    with pytest.raises(AssertionError, match=r"^order-free generator produced a sum that rounds; "):
+        check_values("order-free", rounding, result([1024.0] * 2, F16))
+
+
+# --- max and min -----------------------------------------------------------------------------------------
+
+
+def test_max_and_min_accept_any_input_equal_to_the_extreme_bit_for_bit() -> None:
+    workers = ([1.0, -0.0, 5.0], [2.0, 0.0, 5.0], [-1.0, 0.0, -7.0])
+    extremes: list[tuple[Op, list[float]]] = [("max", [2.0, 0.0, 5.0]), ("min", [-1.0, 0.0, -7.0])]
+    for op, right in extremes:
+        c = case(3, F32, op, *workers)
+        for zero in (0.0, -0.0):
+            got = [right[0], zero, right[2]]
+            for mode in ("order-free", "bound"):
+                assert check_values(mode, c, result(got, F32)) == (None, 0, 0), (op, zero)
+
+
+def test_a_wrong_extreme_is_named_with_its_holders() -> None:
+    c = case(3, F32, "max", [1.0, -0.0, 5.0], [2.0, 0.0, 5.0], [-1.0, 0.0, -7.0])
+    mismatch = extreme_oracle(c, result([2.0, 1.0, -7.0], F32))
+    assert mismatch is not None
+    assert (mismatch.index, mismatch.chunk, mismatch.expected, mismatch.actual, mismatch.count) == (
+        (1,),
+        1,
+        -0.0,
+        1.0,
+        2,
+    )
+    assert mismatch.detail == "not the maximum of the workers' values there (-0.0 or 0.0)"
+    low = case(3, F32, "min", [1.0, -0.0, 5.0], [2.0, 0.0, 5.0], [-1.0, 0.0, -7.0])
+    mismatch = extreme_oracle(low, result([-1.0, 0.0, 5.0], F32))
+    assert mismatch is not None and (mismatch.index, mismatch.chunk, mismatch.count) == ((2,), 2, 1)
+    assert (mismatch.expected, mismatch.detail) == (
+        -7.0,
+        "not the minimum of the workers' values there (-7.0)",
+    )
+
+
+@pytest.mark.parametrize(("op", "which"), [("max", "maximum"), ("min", "minimum")])
+def test_a_zero_of_a_sign_nobody_holds_is_named_so(op: Op, which: str) -> None:
+    c = case(2, F32, op, [0.0, 3.0], [0.0, 3.0])
+    mismatch = extreme_oracle(c, result([-0.0, 3.0], F32))
+    assert mismatch is not None and mismatch.index == (0,) and same(mismatch.actual, -0.0)
+    assert mismatch.detail == f"a zero of a sign no worker holds with the {which} there (the {which} is 0.0)"
+
+
+def test_exact_max_wants_the_rings_zero_the_other_modes_either() -> None:
+    c = case(2, F32, "max", [0.0, -0.0], [-0.0, 0.0])
+    zeros = [[a, b] for a in (0.0, -0.0) for b in (0.0, -0.0)]  # the four pairs of signed zeros
+
+    def passing(mode: Mode) -> int:
+        return sum(check_values(mode, c, result(pair, F32)).mismatch is None for pair in zeros)
+
+    assert (passing("exact"), passing("order-free"), passing("bound")) == (1, 4, 4)
+
+
+# --- the avg bound ---------------------------------------------------------------------------------------
+
+
+def avg_room(
+    n: int, s: Fraction, a: Fraction, u: Fraction = U16, eta: Fraction = Fraction(1, 2**25)
+) -> Fraction:
+    g = gamma(n - 1, u)
+    return g * a / n + (0 if n == 1 else max(u * (abs(s) + g * a) / n, eta))
+
+
+def test_the_avg_bound_is_the_sums_bound_over_n_and_one_rounding() -> None:
+    c = case(2, F16, "avg", [1.0, 65504.0], [2.0, 65504.0])
+    room = avg_room(2, Fraction(3), Fraction(3))
+    assert Fraction(2**-10) <= room < Fraction(2**-9)
+    assert verdict(check_avg_bound(c, [1.5 + 2**-10, INF])) == (None, 1, 0)
+    assert check_values("bound", c, result([1.5 - 2**-10, INF], F16)) == (None, 1, 0)
+    checked = check_avg_bound(c, [1.5 + 2**-9, 65504.0])
+    mismatch = checked.mismatch
+    assert mismatch is not None and checked.overflow_skipped == 0
+    assert (mismatch.index, mismatch.chunk, mismatch.expected, mismatch.actual, mismatch.count) == (
+        (0,),
+        0,
+        1.5,
+        1.5 + 2**-9,
+        1,
+    )
+    bound = f"gamma_1 * sum|x_i| / N + one rounding of the quotient = {float(room):.6g}"
+    assert mismatch.detail == f"|actual - exact average| = {2**-9:.6g} > {bound}"
+
+
+def test_an_impossible_infinite_average_is_named_and_counted() -> None:
+    c = case(2, F16, "avg", [1.0, 2.0], [2.0, 3.0])
+    mismatch = check_avg_bound(c, [INF, -INF]).mismatch
+    assert mismatch is not None and mismatch.count == 2 and mismatch.expected == 1.5
+    room = avg_room(2, Fraction(3), Fraction(3))
+    assert mismatch.detail == (
+        f"|actual - exact average| must be <= gamma_1 * sum|x_i| / N + one rounding of the quotient = "
+        f"{float(room):.6g} (exact average 1.5); no summation order can overflow here"
+    )
+
+
+def test_one_workers_average_is_its_value_exactly_and_never_overflows() -> None:
+    c = case(1, F16, "avg", [1.0, 65504.0])
+    assert verdict(check_avg_bound(c, [1.0, 65504.0])) == (None, 0, 0)
+    below_one = 1.0 - 2.0**-11  # one unit roundoff below: within u |s|, still not exact
+    assert check_avg_bound(c, [below_one, 65504.0]).mismatch is not None
+    assert check_avg_bound(c, [1.0, INF]).mismatch is not None
+
+
+def test_the_avg_bound_allows_half_the_smallest_subnormal_for_a_tiny_quotient() -> None:
+    tiny = 2.0**-24  # float16's smallest subnormal
+    c = column_case([tiny, 0.0], F16, "avg")  # exact average 2**-25, half way between 0 and tiny
+    assert verdict(check_avg_bound(c, [0.0, tiny])) == (None, 0, 0)
+    assert check_avg_bound(c, [0.0, 2 * tiny]).mismatch is not None
+
+
+def test_the_avg_bound_of_many_workers_in_float32() -> None:
+    c = column_case([1.0, 2.0, 4.0, -8.0], F32, "avg")  # S = -1, A = 15
+    u = Fraction(1, 2**24)
+    room = avg_room(4, Fraction(-1), Fraction(15), u, Fraction(1, 2**150))
+    inside = float(Fraction(-1, 4) + room * Fraction(9, 10))
+    outside = float(Fraction(-1, 4) - room * Fraction(11, 10))
+    assert verdict(check_avg_bound(c, [inside] * 4)) == (None, 0, 0)
+    assert check_avg_bound(c, [inside, inside, outside, inside]).mismatch is not None
+
+
+# --- the prod bound ---------------------------------------------------------------------------------------
+
+
+PROD_ELEMENTS = [
+    # (inputs, result, verdict: "ok", "overflow", "underflow" or the start of the reason it is bad)
+    ([0.0, 256.0, 256.0], NAN, "overflow"),  # inf * 0 where 256 * 256 could overflow
+    ([0.0, 16.0, 16.0], NAN, "NaN where no order can multiply an infinity by zero"),
+    ([2.0, 3.0], NAN, "NaN where no order"),
+    ([2.0, -3.0], 6.0, "the sign of a product is the exclusive or of the signs: - here"),
+    ([-2.0, -3.0], -6.0, "the sign of a product is the exclusive or of the signs: + here"),
+    ([-0.0, 3.0], 0.0, "the sign of a product is the exclusive or of the signs: - here"),
+    ([-0.0, -3.0], 0.0, "ok"),
+    ([0.0, 3.0], 1.0, "an input is zero, so every order gives a zero (or NaN after an overflow)"),
+    ([256.0, 256.0], INF, "overflow"),
+    ([-256.0, 256.0], -INF, "overflow"),
+    ([128.0, 256.0], INF, "infinite, and no order can overflow here"),
+    ([2.0**-8, 2.0**-8], 0.0, "underflow"),
+    ([2.0**-8, 2.0**-6], 2.0**-14, "ok"),  # 2**-14: the smallest normal, no underflow
+    ([2.0**-5, 2.0**-5, 2.0**-5, 4.0], 2.0**-13, "underflow"),
+    ([2.0**-5, 2.0**-5, 2.0, 4.0], 2.0**-7, "ok"),
+    ([64.0, 64.0, 16.0, 0.5], INF, "overflow"),
+    ([64.0, 64.0, 0.5, 0.5], INF, "infinite"),
+    ([3.0, 5.0], 15.0, "ok"),
+    ([3.0, 5.0], 15.0 + 2.0**-7, "|actual - exact| = 0.0078125 > gamma_1 * |P| = "),
+    ([2047.0, 1.0], 2046.0, "ok"),  # distance 1 = gamma_1 * 2047 exactly
+    ([2047.0, -1.0], -2048.0, "ok"),
+]
+
+
+@pytest.mark.parametrize(("xs", "y", "expected"), PROD_ELEMENTS)
+def test_each_rule_of_the_prod_bound(xs: list[float], y: float, expected: str) -> None:
+    n = len(xs)
+    checked = check_prod_bound(column_case(xs, F16, "prod"), [y] * n)
+    assert (checked.overflow_skipped, checked.underflow_skipped) == (
+        n * (expected == "overflow"),
+        n * (expected == "underflow"),
+    )
+    if expected in ("ok", "overflow", "underflow"):
+        assert checked.mismatch is None
+        return
+    mismatch = checked.mismatch
+    assert mismatch is not None
+    assert mismatch.detail.startswith(expected), mismatch.detail
+    negative = sum(math.copysign(1.0, x) < 0 for x in xs) % 2 == 1  # IEEE 754: the sign of the signs
+    assert same(
+        mismatch.expected, math.copysign(float(math.prod(Fraction(x) for x in xs)), -1 if negative else 1)
+    )
+    assert same(mismatch.actual, y) and mismatch.count == n and mismatch.index == (0,)
+
+
+def test_the_prod_bound_is_gamma_of_the_exact_product() -> None:
+    c = column_case([3.0, 5.0], F16, "prod")
+    mismatch = check_prod_bound(c, [15.0, 15.0 + 2.0**-7]).mismatch
+    assert mismatch is not None and mismatch.expected == 15.0
+    assert mismatch.detail == f"|actual - exact| = 0.0078125 > gamma_1 * |P| = {float(gamma(1) * 15):.6g}"
+    three = column_case([3.0, 5.0, 1.0], F16, "prod")
+    assert verdict(check_prod_bound(three, [15.0 + 2.0**-7] * 3)) == (None, 0, 0)  # gamma_2 * 15 > 2**-7
+
+
+def test_the_prod_bound_counts_and_names_the_first_bad_element() -> None:
+    c = case(2, F16, "prod", [256.0, 2.0**-8, 1.0, -2.0, 3.0, 0.0], [256.0, 2.0**-8, 1.0, 5.0, -1.0, -1.0])
+    checked = check_prod_bound(c, [INF, 0.0, 1.0, 10.0, 3.0, 0.0])  # chunks: elements 0 .. 2, 3 .. 5
+    assert (checked.overflow_skipped, checked.underflow_skipped) == (1, 1)
+    mismatch = checked.mismatch
+    assert mismatch is not None and (mismatch.index, mismatch.chunk, mismatch.count) == ((3,), 1, 3)
+    assert (mismatch.expected, mismatch.actual) == (-10.0, 10.0)
+    assert check_values("bound", c, result([INF, 0.0, 1.0, -10.0, -3.0, -0.0], F16)) == (None, 1, 1)
+
+
+@pytest.mark.parametrize(("op", "mode"), [("prod", "bound"), ("avg", "bound"), ("sum", "bound")])
+def test_check_values_takes_each_ops_own_bound(op: Op, mode: Mode) -> None:
+    c = column_case([3.0, 5.0], F16, op)
+    for value, wanted in ((15.0, "prod"), (4.0, "avg"), (8.0, "sum")):
+        assert (check_values(mode, c, result([value] * 2, F16)).mismatch is None) == (wanted == op), value
+
+
+# --- zeros as the oracle wants ---------------------------------------------------------------------------
+
+
+def signs(t: torch.Tensor) -> list[tuple[float, bool]]:
+    return [(float(v), math.copysign(1.0, float(v)) < 0) for v in t.reshape(-1).tolist()]
+
+
+def test_exact_gives_each_zero_the_rings_sign_where_the_ring_has_a_zero() -> None:
+    c = case(2, F32, "sum", [-0.0, 1.0, -0.0, 2.0], [-0.0, -1.0, 3.0, 0.0])  # ring: -0, +0, 3, 2
+    fixed = zeros_as_the_oracle_wants("exact", c, result([0.0, -0.0, 0.0, 5.0], F32))
+    assert fixed is not None and fixed.shape == (4,)
+    assert signs(fixed) == [(0.0, True), (0.0, False), (0.0, False), (5.0, False)]
+
+
+@pytest.mark.parametrize("mode", ["order-free", "bound"])
+@pytest.mark.parametrize("op", ["sum", "avg"])
+def test_sum_and_avg_have_no_zero_of_their_own_outside_exact(mode: Mode, op: Op) -> None:
+    assert zeros_as_the_oracle_wants(mode, case(2, F32, op, [0.0], [-0.0]), result([0.0], F32)) is None
+
+
+@pytest.mark.parametrize("mode", ["order-free", "bound"])
+def test_prod_zeros_get_the_sign_of_the_signs_where_an_input_is_zero(mode: Mode) -> None:
+    c = case(2, F16, "prod", [-0.0, 0.0, 1.0, 2.0**-8, -0.0], [2.0, -2.0, -2.0, -(2.0**-8), -3.0])
+    fixed = zeros_as_the_oracle_wants(mode, c, result([0.0, 0.0, 0.0, 0.0, 4.0], F16))
+    assert fixed is not None
+    # an input zero: the sign of the signs; no input zero (an underflow): left as it is; not zero: left
+    assert signs(fixed) == [(0.0, True), (0.0, True), (0.0, False), (0.0, False), (4.0, False)]
+
+
+@pytest.mark.parametrize("mode", ["order-free", "bound"])
+@pytest.mark.parametrize(("op", "wanted"), [("max", [True, False, True]), ("min", [False, False, True])])
+def test_max_and_min_zeros_get_the_first_zero_where_the_extreme_is_zero(
+    mode: Mode, op: Op, wanted: list[bool]
+) -> None:
+    c = case(2, F32, op, [-0.0, 0.0, -1.0], [-1.0, -0.0, 1.0])
+    # max: -0 (its first zero), +0 (its first zero), 1 (not a zero: left); min: -1 (left), +0, -1 (left)
+    fixed = zeros_as_the_oracle_wants(mode, c, result([0.0, -0.0, -0.0], F32))
+    assert fixed is not None
+    assert [negative for _, negative in signs(fixed)] == wanted
