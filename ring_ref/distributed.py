@@ -98,7 +98,6 @@ import functools
 import math
 import threading
 import weakref
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, NamedTuple
@@ -109,6 +108,7 @@ from torch._C._distributed_c10d import GradBucket  # dist.GradBucket, which the 
 
 from ring_ref._chunks import chunk_bounds
 from ring_ref._ops import Op, finish_torch, op_name, torch_combine_into
+from ring_ref._rank_check import Description, code, problem_of, ring_of, schedule_key, shape_words, verdict
 from ring_ref._validate import BadInput, rank_tensor_problem, schedule_of
 from ring_ref.schedule import REDUCE_SCATTER, SPEC, Phase, RingSchedule, all_rounds, rounds_per_phase
 
@@ -146,17 +146,7 @@ rank, so from three ranks on the ring's point-to-point sends are cheaper.  (The 
 ring is one ``alltoall`` for every group size: there every rank does send to every rank.)"""
 _EXACT_DIMS: Final = 8
 """Signature entries that hold the leading dimensions exactly; further ones are folded into a hash."""
-_HASH_MODULUS: Final = (1 << 61) - 1
 _SIGNATURE_LENGTH: Final = 6 + _EXACT_DIMS + 3
-
-
-@dataclass(frozen=True)
-class _Description:
-    """What one rank passed, as exchanged after a mismatch; ``problem`` is its local error."""
-
-    summary: str
-    signature: tuple[object, ...]
-    problem: tuple[str, str] | None  # (exception kind, message)
 
 
 def _op_problem(op: object) -> tuple[Op | None, BadInput | None]:
@@ -165,19 +155,6 @@ def _op_problem(op: object) -> tuple[Op | None, BadInput | None]:
         return op_name(op), None
     except ValueError as exc:
         return None, BadInput(ValueError, str(exc))
-
-
-def _ring_of(name: object) -> tuple[RingSchedule | None, BadInput | None]:
-    """The ring a ``schedule=`` argument names, or the table's verdict on it."""
-    try:
-        return schedule_of(name), None
-    except (TypeError, ValueError) as exc:
-        return None, BadInput(type(exc), str(exc))
-
-
-def _schedule_key(ring: RingSchedule | None, n: int) -> str:
-    """The same text on every rank for the same ring (offsets taken mod ``n``)."""
-    return "invalid" if ring is None else ring.normalized(n).describe()
 
 
 def _problem(
@@ -192,29 +169,27 @@ def _problem(
     return rank_tensor_problem(tensor, n if ring.layout == "even" else 1, backend, finite=finite)
 
 
-def _describe(
-    tensor: object, n: int, backend: str, op: object = "sum", name: object = "spec"
-) -> _Description:
+def _describe(tensor: object, n: int, backend: str, op: object = "sum", name: object = "spec") -> Description:
     """Check one rank's arguments on their own; the verdict is applied on every rank after the exchange."""
     reduce_op, op_bad = _op_problem(op)
-    ring, ring_bad = _ring_of(name)
+    ring, ring_bad = ring_of(name)
     bad = ring_bad or (None if ring is None else _problem(tensor, n, backend, ring)) or op_bad
-    problem = None if bad is None else (bad.kind.__name__, bad.message.rstrip("."))
-    key = _schedule_key(ring, n)
+    problem = problem_of(bad)
+    key = schedule_key(ring, n)
     if not isinstance(tensor, torch.Tensor):
         kind = type(tensor).__name__
-        return _Description(kind, (kind, key), problem)
+        return Description(kind, (kind, key), problem)
     shape = tuple(tensor.shape)
     summary = f"shape {shape} {tensor.dtype} on {tensor.device.type}"
     if reduce_op != "sum":
         summary += f", op {reduce_op or op!r}"
-    if key != _schedule_key(SPEC, n):
+    if key != schedule_key(SPEC, n):
         summary += f", schedule {key}"
     signature = (shape, str(tensor.dtype), tensor.device.type, reduce_op, key)
-    return _Description(summary, signature, problem)
+    return Description(summary, signature, problem)
 
 
-def _verdict(descriptions: list[_Description]) -> Exception | None:
+def _verdict(descriptions: list[Description]) -> Exception | None:
     """The one exception every rank raises for this set of descriptions, or ``None`` if all is well.
 
     >>> _verdict([_describe(torch.zeros(6), 3, "gloo")] * 3) is None
@@ -226,25 +201,12 @@ def _verdict(descriptions: list[_Description]) -> Exception | None:
     ... # doctest: +ELLIPSIS
     ring_all_reduce_ rejected ... (rank 0: ... on cpu; rank 1: ... cpu, schedule direction -1, offset 2, ...
     """
-    prefix = "ring_all_reduce_ rejected the input on every rank"
-    failures = [(r, d.problem) for r, d in enumerate(descriptions) if d.problem is not None]
-    if failures:
-        kind = TypeError if failures[0][1][0] == "TypeError" else ValueError
-        lines = "; ".join(f"rank {r}: {problem[1]}" for r, problem in failures)
-        return kind(f"{prefix}: {lines}.")
-    if len({d.signature for d in descriptions}) > 1:
-        listing = "; ".join(f"rank {r}: {d.summary}" for r, d in enumerate(descriptions))
-        return ValueError(
-            f"{prefix}: the ranks passed different tensors, ops or schedules ({listing}). Every rank "
-            "must pass the same shape, dtype and device type, the same op and the same schedule."
-        )
-    return None
-
-
-@functools.cache
-def _code(text: str) -> int:
-    """A name as a number, the same in every process (``hash`` of a str is salted per process)."""
-    return zlib.crc32(text.encode())
+    return verdict(
+        descriptions,
+        call="ring_all_reduce_",
+        things="tensors, ops or schedules",
+        same="shape, dtype and device type, the same op and the same schedule",
+    )
 
 
 def _metadata(
@@ -253,25 +215,17 @@ def _metadata(
     """This rank's fixed-size signature, and whether its arguments pass every row of the table but
     finiteness (which reads the values; :func:`_signature` adds it)."""
     reduce_op, op_bad = _op_problem(op)
-    ring, _ = _ring_of(name)
-    key = _code(_schedule_key(ring, n))
+    ring, _ = ring_of(name)
+    key = code(schedule_key(ring, n))
     if not isinstance(tensor, torch.Tensor) or tensor.is_nested or op_bad or ring is None:
-        return [0, _code(type(tensor).__name__), key, *[0] * (_SIGNATURE_LENGTH - 3)], False
-    shape = tuple(tensor.shape)
-    rest = 0
-    for d in shape[_EXACT_DIMS:]:
-        rest = (rest * 1_000_003 + d + 1) % _HASH_MODULUS
-    exact = [*shape[:_EXACT_DIMS], *([-1] * (_EXACT_DIMS - len(shape)))]
+        return [0, code(type(tensor).__name__), key, *[0] * (_SIGNATURE_LENGTH - 3)], False
     signature = [
         1,
-        _code(str(tensor.dtype)),
-        _code(tensor.device.type),
-        _code(str(tensor.layout)),
-        len(shape),
-        tensor.numel(),
-        *exact,
-        rest,
-        _code(str(reduce_op)),
+        code(str(tensor.dtype)),
+        code(tensor.device.type),
+        code(str(tensor.layout)),
+        *shape_words(tuple(tensor.shape), tensor.numel(), exact_dims=_EXACT_DIMS),
+        code(str(reduce_op)),
         key,
     ]
     return signature, _problem(tensor, n, backend, ring, finite=False) is None
@@ -516,7 +470,7 @@ def _check_everywhere(
             return known
     elif clean:
         return known
-    descriptions: list[_Description | None] = [None] * n
+    descriptions: list[Description | None] = [None] * n
     mine = _describe(tensor, n, backend, op, name)
     try:
         dist.all_gather_object(descriptions, mine, group=group)
@@ -1053,7 +1007,7 @@ def ring_hook(
     n = dist.get_world_size(group)
     buffer = bucket.buffer()
     length = buffer.numel()
-    ring, _ = _ring_of(name)  # a bad schedule is refused by ring_all_reduce_, on every rank
+    ring, _ = ring_of(name)  # a bad schedule is refused by ring_all_reduce_, on every rank
     if length % n and ring is not None and ring.layout == "even":
         padded = _SCRATCH.get("hook", length + (-length) % n, buffer)
         padded[:length].copy_(buffer)

@@ -51,8 +51,6 @@ receive posted before the failure may still write into it).
 from __future__ import annotations
 
 import time
-import zlib
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
@@ -60,6 +58,7 @@ import numpy.typing as npt
 
 from ring_ref import schedule
 from ring_ref._chunks import layout_views
+from ring_ref._rank_check import Description, code, problem_of, ring_of, schedule_key, shape_words, verdict
 from ring_ref._validate import BadInput, rank_array_problem, schedule_of
 from ring_ref.schedule import RingSchedule
 
@@ -83,32 +82,14 @@ OPENMPI_ALLREDUCE_ALGORITHMS: Final = {
 _TAG: Final = 0x5249
 """The tag of every ring message; MPI keeps messages between two ranks in order, so one tag suffices."""
 _EXACT_DIMS: Final = 8
-_HASH_MODULUS: Final = (1 << 61) - 1
 _SIGNATURE_LENGTH: Final = 5 + _EXACT_DIMS + 1
 _POLL_MAX_S: Final = 1e-3
 _ABANDONED: Final[list[object]] = []
 """Requests (and so their buffers) of rounds abandoned after a timeout: kept alive for MPI to finish."""
 
 
-@dataclass(frozen=True)
-class _Description:
-    """What one rank passed, exchanged after a mismatch; ``problem`` is its local verdict."""
-
-    summary: str
-    signature: tuple[object, ...]
-    problem: tuple[str, str] | None  # (exception kind, message)
-
-
-def _ring_of(name: object) -> tuple[RingSchedule | None, BadInput | None]:
-    """The ring a ``schedule=`` argument names, or the table's verdict on it."""
-    try:
-        return schedule_of(name), None
-    except (TypeError, ValueError) as exc:
-        return None, BadInput(type(exc), str(exc))
-
-
 def _problem(array: object, n: int, name: object, *, finite: bool = True) -> BadInput | None:
-    ring, bad = _ring_of(name)
+    ring, bad = ring_of(name)
     if ring is None:
         return bad
     return rank_array_problem(array, n, finite=finite, divisible=ring.layout == "even")
@@ -116,22 +97,21 @@ def _problem(array: object, n: int, name: object, *, finite: bool = True) -> Bad
 
 def _schedule_key(name: object, n: int) -> str:
     """The same text on every rank for the same ring (offsets taken mod ``n``)."""
-    ring, _ = _ring_of(name)
-    return "invalid" if ring is None else ring.normalized(n).describe()
+    return schedule_key(ring_of(name)[0], n)
 
 
-def _describe(array: object, n: int, name: object = "spec") -> _Description:
+def _describe(array: object, n: int, name: object = "spec") -> Description:
     bad = _problem(array, n, name)
-    problem = None if bad is None else (bad.kind.__name__, bad.message.rstrip("."))
+    problem = problem_of(bad)
     key = _schedule_key(name, n)
     if not isinstance(array, np.ndarray):
         kind = type(array).__name__
-        return _Description(f"{kind}, schedule {key}", (kind, key), problem)
+        return Description(f"{kind}, schedule {key}", (kind, key), problem)
     summary = f"shape {array.shape} {array.dtype}, schedule {key}"
-    return _Description(summary, (array.shape, array.dtype.str, key), problem)
+    return Description(summary, (array.shape, array.dtype.str, key), problem)
 
 
-def _verdict(descriptions: Sequence[_Description]) -> Exception | None:
+def _verdict(descriptions: Sequence[Description]) -> Exception | None:
     """The one exception every rank raises for these descriptions, or ``None`` if all is well.
 
     >>> _verdict([_describe(np.zeros(6), 3)] * 3) is None
@@ -141,19 +121,9 @@ def _verdict(descriptions: Sequence[_Description]) -> Exception | None:
     >>> print(_verdict([_describe(np.zeros(6), 3), _describe(np.zeros(3), 3)]))  # doctest: +ELLIPSIS
     ring_allreduce_ rejected ...: the ranks passed different arrays (rank 0: shape (6,) float64, schedule ...
     """
-    prefix = "ring_allreduce_ rejected the input on every rank"
-    failures = [(r, d.problem) for r, d in enumerate(descriptions) if d.problem is not None]
-    if failures:
-        kind = TypeError if failures[0][1][0] == "TypeError" else ValueError
-        lines = "; ".join(f"rank {r}: {problem[1]}" for r, problem in failures)
-        return kind(f"{prefix}: {lines}.")
-    if len({d.signature for d in descriptions}) > 1:
-        listing = "; ".join(f"rank {r}: {d.summary}" for r, d in enumerate(descriptions))
-        return ValueError(
-            f"{prefix}: the ranks passed different arrays ({listing}). Every rank must pass the same "
-            "shape and dtype, and the same schedule."
-        )
-    return None
+    return verdict(
+        descriptions, call="ring_allreduce_", things="arrays", same="shape and dtype, and the same schedule"
+    )
 
 
 def _signature(array: object, n: int, name: object = "spec") -> tuple[list[int], bool]:
@@ -168,15 +138,11 @@ def _signature(array: object, n: int, name: object = "spec") -> tuple[list[int],
     >>> _signature(np.array([1.0, np.nan, 0.0]), 3)[1]
     False
     """
-    key = zlib.crc32(_schedule_key(name, n).encode())
+    key = code(_schedule_key(name, n))
     if not isinstance(array, np.ndarray):
-        return [0, zlib.crc32(type(array).__name__.encode()), key, *[0] * (_SIGNATURE_LENGTH - 3)], False
-    shape = tuple(array.shape)
-    rest = 0
-    for d in shape[_EXACT_DIMS:]:
-        rest = (rest * 1_000_003 + d + 1) % _HASH_MODULUS
-    exact = [*shape[:_EXACT_DIMS], *([-1] * (_EXACT_DIMS - len(shape)))]
-    signature = [1, zlib.crc32(array.dtype.str.encode()), key, len(shape), array.size, *exact, rest]
+        return [0, code(type(array).__name__), key, *[0] * (_SIGNATURE_LENGTH - 3)], False
+    words = shape_words(tuple(array.shape), array.size, exact_dims=_EXACT_DIMS)
+    signature = [1, code(array.dtype.str), key, *words]
     if _problem(array, n, name, finite=False) is not None:
         return signature, False
     with np.errstate(over="ignore", invalid="ignore"):
