@@ -266,13 +266,16 @@ def _may_overlap(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int
     return False
 
 
-def rank_tensor_problem(tensor: object, n: int, backend: str, *, finite: bool = True) -> BadInput | None:
+def rank_tensor_problem(
+    tensor: object, n: int, backend: str, *, finite: bool = True, divisible: bool = True
+) -> BadInput | None:
     """The table's verdict on one rank's ``(M, ...)`` tensor in a group of ``n`` ranks, or ``None``.
 
     The same messages as the simulated ring for the same problems, plus the
     two that only an in-place, per-rank call has: a layout whose elements
     share memory, and a device the backend cannot use.  ``finite=False``
-    skips the value scan (the caller checks finiteness its own way).
+    skips the value scan (the caller checks finiteness its own way);
+    ``divisible=False`` (a layout other than ``even``) accepts any positive ``M``.
 
     >>> rank_tensor_problem(torch.zeros(6), 3, "gloo") is None
     True
@@ -289,7 +292,7 @@ def rank_tensor_problem(tensor: object, n: int, backend: str, *, finite: bool = 
     shape = tuple(tensor.shape)
     checks: tuple[Callable[[], BadInput | None], ...] = (
         lambda: None if shape else _ZERO_DIM,
-        lambda: _rows_problem(n, shape[0], shape),
+        lambda: _rows_problem(n, shape[0], shape, divisible=divisible),
         lambda: _overlap_problem(tensor),
         lambda: _device_problem(tensor, backend),
         lambda: _finite_problem(tensor) if finite else None,

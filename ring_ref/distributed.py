@@ -160,13 +160,8 @@ def _op_problem(op: object) -> tuple[Op | None, BadInput | None]:
 def _problem(
     tensor: object, n: int, backend: str, ring: RingSchedule, *, finite: bool = True
 ) -> BadInput | None:
-    """The table's verdict on one rank's tensor for ``ring``.
-
-    Only the ``even`` layout needs ``M`` divisible by ``N``: for the others the
-    tensor is checked as one rank's tensor on its own (``N = 1``), which differs
-    from the check for ``N`` ranks in that row alone.
-    """
-    return rank_tensor_problem(tensor, n if ring.layout == "even" else 1, backend, finite=finite)
+    """The table's verdict on one rank's tensor for ``ring`` (only ``even`` needs ``N`` to divide ``M``)."""
+    return rank_tensor_problem(tensor, n, backend, finite=finite, divisible=ring.layout == "even")
 
 
 def _describe(tensor: object, n: int, backend: str, op: object = "sum", name: object = "spec") -> Description:

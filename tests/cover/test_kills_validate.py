@@ -247,6 +247,11 @@ def test_the_even_layout_is_the_default_and_only_it_needs_m_divisible_by_n() -> 
     indivisible = rank_array_problem(np.zeros(5), 2)
     assert indivisible is not None and words in indivisible.message
     assert rank_array_problem(np.zeros(5), 2, divisible=False) is None
+    indivisible = rank_tensor_problem(torch.zeros(5), 2, "gloo")
+    assert indivisible is not None and words in indivisible.message
+    assert rank_tensor_problem(torch.zeros(5), 2, "gloo", divisible=False) is None
+    empty = rank_tensor_problem(torch.zeros(0, 3), 2, "gloo", divisible=False)
+    assert empty is not None and empty.message.startswith("M = 0 rows")
 
 
 # --- schedule= (clause schedule-bad-input) ------------------------------------------------------
