@@ -88,6 +88,7 @@ def test_order_free_prod_holds_products_beyond_float32_in_float64() -> None:
         ([1.0, 2.0**-12, 2.0**-12], False),
         ([2.0**-12, 2.0**-12, 2.0], False),
         ([0.5, 2.0**15, 2.0**1], True),  # 2**15 * 2 in some order
+        ([2.0**-13, 2.0**-12, 2.0**2], True),  # 2**-25 in some order, whatever comes last
         ([3.0, 2.0], True),  # not a power of two
         ([0.0, 3.0], True),
     ],
@@ -142,6 +143,9 @@ def test_a_wrong_extreme_is_named_with_its_holders() -> None:
         2,
     )
     assert mismatch.detail == "not the maximum of the workers' values there (-0.0 or 0.0)"
+    first = extreme_oracle(c, result([1.0, 0.0, 5.0], F32))
+    assert first is not None and (first.index, first.expected, first.count) == ((0,), 2.0, 1)
+    assert first.detail == "not the maximum of the workers' values there (2.0)"
     low = case(3, F32, "min", [1.0, -0.0, 5.0], [2.0, 0.0, 5.0], [-1.0, 0.0, -7.0])
     mismatch = extreme_oracle(low, result([-1.0, 0.0, 5.0], F32))
     assert mismatch is not None and (mismatch.index, mismatch.chunk, mismatch.count) == ((2,), 2, 1)
@@ -333,11 +337,11 @@ def test_sum_and_avg_have_no_zero_of_their_own_outside_exact(mode: Mode, op: Op)
 
 @pytest.mark.parametrize("mode", ["order-free", "bound"])
 def test_prod_zeros_get_the_sign_of_the_signs_where_an_input_is_zero(mode: Mode) -> None:
-    c = case(2, F16, "prod", [-0.0, 0.0, 1.0, 2.0**-8, -0.0], [2.0, -2.0, -2.0, -(2.0**-8), -3.0])
-    fixed = zeros_as_the_oracle_wants(mode, c, result([0.0, 0.0, 0.0, 0.0, 4.0], F16))
+    c = case(2, F16, "prod", [3.0, -0.0, 0.0, 1.0, 2.0**-8, -0.0], [0.0, 2.0, -2.0, -2.0, -(2.0**-8), -3.0])
+    fixed = zeros_as_the_oracle_wants(mode, c, result([4.0, 0.0, 0.0, 0.0, 0.0, -0.0], F16))
     assert fixed is not None
-    # an input zero: the sign of the signs; no input zero (an underflow): left as it is; not zero: left
-    assert signs(fixed) == [(0.0, True), (0.0, True), (0.0, False), (0.0, False), (4.0, False)]
+    # not a zero: left; an input zero: the sign of the signs; no input zero (an underflow): left as it is
+    assert signs(fixed) == [(4.0, False), (0.0, True), (0.0, True), (0.0, False), (0.0, False), (0.0, False)]
 
 
 @pytest.mark.parametrize("mode", ["order-free", "bound"])
@@ -350,3 +354,119 @@ def test_max_and_min_zeros_get_the_first_zero_where_the_extreme_is_zero(
     fixed = zeros_as_the_oracle_wants(mode, c, result([0.0, -0.0, -0.0], F32))
     assert fixed is not None
     assert [negative for _, negative in signs(fixed)] == wanted
+
+
+# --- more edges: rounding, thresholds, the check_values dispatch, result lengths ---------------------------
+
+
+def test_check_values_catches_a_wrong_max_or_min_in_order_free_and_bound() -> None:
+    for op in ("max", "min"):
+        c = column_case([1.0, -3.0], F32, op)
+        for mode in ("order-free", "bound"):
+            mismatch = check_values(mode, c, result([7.0, 7.0], F32)).mismatch
+            assert mismatch is not None and mismatch.count == 2, (op, mode)
+
+
+@pytest.mark.parametrize(
+    ("q", "want"),
+    [
+        (Fraction(1) + Fraction(2, 5) * Fraction(1, 1024), 1.0),  # below half an ulp: down
+        (Fraction(1) + Fraction(1, 2) * Fraction(1, 1024), 1.0),  # a tie to the even 1.0
+        (Fraction(1) + Fraction(3, 2) * Fraction(1, 1024), 1.0 + 2 * 2**-10),  # a tie to the even 1 + 2 ulp
+        (Fraction(1) + Fraction(5, 2) * Fraction(1, 1024), 1.0 + 2 * 2**-10),
+        (Fraction(1) + Fraction(3, 5) * Fraction(1, 1024), 1.0 + 2**-10),  # above half an ulp: up
+        (-(Fraction(1) + Fraction(3, 5) * Fraction(1, 1024)), -(1.0 + 2**-10)),
+        (Fraction(65504), 65504.0),  # the largest finite float16 stays finite
+        (Fraction(65519), 65504.0),
+        (Fraction(65520), INF),
+        (Fraction(-65520), -INF),
+        (Fraction(3, 2**26), 2.0**-24),  # subnormal: 1.5 of the smallest spacing rounds to even 2 * 2**-25
+        (Fraction(1, 2**26), 0.0),
+    ],
+)
+def test_round_to_rounds_to_nearest_ties_to_even(q: Fraction, want: float) -> None:
+    from ring_ref._dtypes import FORMATS
+    from ring_ref.difftest._oracles import round_to
+
+    assert same(round_to(FORMATS["float16"], q), want)
+
+
+def test_round_to_gives_a_zero_the_sign_asked_for() -> None:
+    from ring_ref._dtypes import FORMATS
+    from ring_ref.difftest._oracles import round_to
+
+    fmt = FORMATS["float16"]
+    assert same(round_to(fmt, Fraction(0)), 0.0)
+    assert same(round_to(fmt, Fraction(0), negative_zero=True), -0.0)
+    assert same(round_to(fmt, Fraction(0), negative_zero=False), 0.0)
+
+
+def test_an_average_of_zero_is_a_positive_zero_in_order_free() -> None:
+    c = column_case([1.0, -1.0], F16, "avg")
+    assert check_values("order-free", c, result([0.0, 0.0], F16)) == (None, 0, 0)
+    assert check_values("order-free", c, result([-0.0, 0.0], F16)).mismatch is not None
+
+
+def test_an_order_free_sum_is_exact_in_double_precision() -> None:
+    c = column_case([1.0, 2.0**-40], F64, "sum")
+    assert check_values("order-free", c, result([1.0 + 2.0**-40] * 2, F64)) == (None, 0, 0)
+
+
+def test_an_overflowing_report_value_is_an_infinity_of_its_sign() -> None:
+    for sign in (1.0, -1.0):
+        c = column_case([sign * 1.5e308, sign * 1.5e308], F64, "sum")
+        from ring_ref.difftest._oracles import check_bound
+
+        mismatch = check_bound(c, [0.0, 0.0]).mismatch
+        assert mismatch is not None and mismatch.expected == sign * INF
+
+
+@pytest.mark.parametrize(
+    ("xs", "verdict_"),
+    [
+        ([32768.0, 32736.0], "bad"),  # sum|x| = 65504: no order of two overflows
+        ([65504.0, 16.0], "overflow"),  # 65520: exactly the threshold
+        ([32768.0, 32720.0, 2.0], "overflow"),  # (1 + gamma_1) 65490 >= 65520
+        ([32768.0, 32704.0, 8.0], "bad"),  # (1 + gamma_1) 65480 < 65520
+    ],
+)
+def test_an_infinite_average_is_accepted_exactly_where_an_order_could_overflow(
+    xs: list[float], verdict_: str
+) -> None:
+    checked = check_avg_bound(column_case(xs, F16, "avg"), [INF] * len(xs))
+    if verdict_ == "overflow":
+        assert verdict(checked) == (None, len(xs), 0)
+    else:
+        assert checked.mismatch is not None and checked.mismatch.count == len(xs)
+
+
+MORE_PROD_ELEMENTS = [
+    ([2.0**-13, 0.25], 0.0, "underflow"),  # the two smallest: 2**-15
+    ([2.0**-7, 1.5 * 2.0**-8, 1.5], 0.0, "underflow"),  # 0.75 * 2**-14: 1.5 (>= 1) is not taken
+    ([512.0, 128.0], INF, "overflow"),  # the two largest: 65536
+    ([256.0, 128.0, 2.0], INF, "overflow"),  # 2 (> 1) is taken: 65536
+    ([-1.0, -2.0, -4.0], -8.0, "ok"),  # three signs: negative
+    ([-1.0, -2.0, -4.0], 8.0, "the sign of a product"),
+    ([2.0**-7, 2.0**-7, 1.0], 0.0, "underflow"),  # 2**-14 (1 - gamma_1) is below the smallest normal
+    ([1.0, 2.0**-20], 0.0, "underflow"),  # 1.0 is an input like any other
+    ([48.0, 1365.0], INF, "overflow"),  # exactly 65520
+    ([3.0], INF, "infinite, and no order can overflow here"),
+    ([0.0, 3.0], NAN, "NaN where no order"),
+]
+
+
+@pytest.mark.parametrize(("xs", "y", "expected"), MORE_PROD_ELEMENTS)
+def test_more_edges_of_the_prod_bound(xs: list[float], y: float, expected: str) -> None:
+    test_each_rule_of_the_prod_bound(xs, y, expected)
+
+
+def test_a_result_of_another_length_is_refused() -> None:
+    from ring_ref.difftest._oracles import check_bound
+
+    for op, check in (("sum", check_bound), ("avg", check_avg_bound), ("prod", check_prod_bound)):
+        c = column_case([1.0, 2.0], F32, op)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="zip"):
+            check(c, [3.0])
+    for op in ("max", "min"):
+        with pytest.raises(ValueError, match="zip"):
+            extreme_oracle(column_case([1.0, 2.0], F32, op), result([2.0], F32))  # type: ignore[arg-type]
