@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from torch.autograd import forward_ad
 
 from ring_ref import InvariantViolation, _fast, _kernel, ring_all_reduce, schedule
+from tests.fast_knobs import fast_in_small_tiles, plan_fold_orders
 from tests.oracles import bits, exact_sum, pairwise_tree, ring_fold, same_bits
 from tests.strategies import ALL_DTYPES, shapes, worker_tensors
 
@@ -156,19 +157,10 @@ def test_kernel_tiles_shared_among_threads_give_the_same_bits(
     x: torch.Tensor, tile_bytes: int, threads: int
 ) -> None:
     """Tiny tiles and no minimum size per thread: every input is cut among several threads."""
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(threads)
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(_kernel, "TILE_BYTES", tile_bytes)
-            patch.setattr(_kernel, "MIN_BYTES_PER_THREAD", 1)
-            got = ring_all_reduce(x, engine="fast")
-            array = ring_all_reduce(x.numpy(), engine="fast")
-    finally:
-        torch.set_num_threads(before)
+    got, array = fast_in_small_tiles(x, tile_bytes, threads)
     want = ring_all_reduce(x, engine="reference")
     assert same_bits(got, want)
-    assert same_bits(torch.from_numpy(array), want)
+    assert same_bits(array, want)
 
 
 def kernel_calls(patch: pytest.MonkeyPatch) -> list[int]:
@@ -528,13 +520,7 @@ def test_fast_engine_rejects_bad_input_like_the_reference(
 @pytest.mark.clause("no-shortcut", "fold-order")
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 7, 16, 33])
 def test_plan_adds_each_chunk_in_ring_order_n_minus_1_times(n: int) -> None:
-    order: dict[int, list[int]] = {c: [] for c in range(n)}
-    for adds in _fast.plan(n).rounds:
-        for add in adds:
-            for c in range(add.start, add.stop):
-                if add.incoming is not None:
-                    order[c].append(c + add.incoming)
-                order[c].append(c + add.own)
+    order = plan_fold_orders(n)
     assert sum(len(workers) - 1 for workers in order.values() if workers) == n * (n - 1)
     for c, workers in order.items():
         assert workers == ([] if n == 1 else [(c + j) % n for j in range(n)])

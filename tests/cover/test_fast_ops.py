@@ -24,6 +24,7 @@ from torch.autograd import forward_ad
 
 from ring_ref import ENGINES, OPS, PRESETS, Engine, RingSchedule, _fast, _kernel, ring_all_reduce
 from ring_ref.schedule import LAYOUTS
+from tests.fast_knobs import fast_in_small_tiles
 from tests.oracles import ring_fold, ring_fold_op, same_bits
 from tests.strategies import ALL_DTYPES, worker_tensors
 
@@ -262,19 +263,10 @@ def test_avg_is_the_sum_divided_once(dtype: torch.dtype) -> None:
 def test_kernel_tiles_shared_among_threads_give_every_op_the_same_bits(
     x: torch.Tensor, op: str, tile_bytes: int, threads: int
 ) -> None:
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(threads)
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(_kernel, "TILE_BYTES", tile_bytes)
-            patch.setattr(_kernel, "MIN_BYTES_PER_THREAD", 1)
-            got = ring_all_reduce(x, engine="fast", op=op)
-            array = ring_all_reduce(x.numpy(), engine="fast", op=op)
-    finally:
-        torch.set_num_threads(before)
+    got, array = fast_in_small_tiles(x, tile_bytes, threads, op)
     want = ring_all_reduce(x, engine="reference", op=op)
     assert same_bits(got, want)
-    assert same_bits(torch.from_numpy(array), want)
+    assert same_bits(array, want)
 
 
 @pytest.mark.clause("op-choice")

@@ -24,6 +24,7 @@ from torch.autograd import forward_ad
 
 from ring_ref import InvariantViolation, _fast, ring_all_reduce, schedule
 from ring_ref.schedule import PRESETS, RingSchedule
+from tests.fast_knobs import plan_fold_orders
 from tests.oracles import bits, same_bits
 
 pytestmark = [
@@ -312,6 +313,29 @@ def fold_along(
     return torch.cat(pieces)
 
 
+def assert_first_fault_or_fold(  # noqa: PLR0917 (a planted ring, told in full)
+    monkeypatch: pytest.MonkeyPatch,
+    x: torch.Tensor,
+    rs: npt.NDArray[np.int64],
+    ag: npt.NDArray[np.int64],
+    right: Callable[..., Any],
+    right_of: Callable[[int], int],
+) -> None:
+    """Run the plan with the send tables ``rs``, ``ag`` and neighbour ``right`` planted: it raises the
+    first fault that :func:`walk` finds, word for word, or (no fault) gives the fold along the ring."""
+    n, count = x.shape[0], rs.shape[0]
+    want = walk(n, right_of, at(rs), at(ag), count)
+    with monkeypatch.context() as patch:
+        got = run_patched(
+            patch, n, rs=table_function(rs), ag=table_function(ag), right=right, rounds=count, x=x
+        )
+    if want is None:
+        assert not isinstance(got, Exception), got
+        assert same_bits(got, fold_along(x, n, rs, right_of))
+    else:
+        assert isinstance(got, InvariantViolation) and str(got) == want, (str(got), want)
+
+
 @pytest.mark.clause(
     "rs-send-chunk", "ag-send-chunk", "rs-add", "ag-copy-not-add", "round-count", "no-shortcut"
 )
@@ -334,22 +358,7 @@ def test_a_schedule_with_one_send_changed_is_refused_at_its_first_fault(
                     (rs if phase == "rs" else ag)[r, i] = c
                     cases.append((rs, ag))
     for rs, ag in cases:
-        want = walk(n, lambda i: (i + 1) % n, at(rs), at(ag), count)
-        with monkeypatch.context() as patch:
-            got = run_patched(
-                patch,
-                n,
-                rs=table_function(rs),
-                ag=table_function(ag),
-                right=schedule.right,
-                rounds=count,
-                x=x,
-            )
-        if want is None:
-            assert not isinstance(got, Exception), got
-            assert same_bits(got, fold_along(x, n, rs, lambda i: (i + 1) % n))
-        else:
-            assert isinstance(got, InvariantViolation) and str(got) == want, (str(got), want)
+        assert_first_fault_or_fold(monkeypatch, x, rs, ag, schedule.right, lambda i: (i + 1) % n)
 
 
 @pytest.mark.clause("ring-topology", "round-count")
@@ -368,17 +377,10 @@ def test_a_broken_ring_or_round_count_is_refused_at_its_first_fault(
         lambda i, n: 0 * i + 1 % n,  # everybody to 1
     ]
     for right in rights:
-        right_of = functools.partial(lambda i, f: int(f(i, n)), f=right)
-        want = walk(n, right_of, at(rs0), at(ag0), count)
-        with monkeypatch.context() as patch:
-            got = run_patched(
-                patch, n, rs=table_function(rs0), ag=table_function(ag0), right=right, rounds=count, x=x
-            )
-        if want is None:  # another single cycle of the same shape: the plan follows it
-            assert not isinstance(got, Exception), got
-            assert same_bits(got, fold_along(x, n, rs0, right_of))
-        else:
-            assert isinstance(got, InvariantViolation) and str(got) == want, (str(got), want)
+        # another single cycle of the same shape is followed by the plan; any other is refused
+        assert_first_fault_or_fold(
+            monkeypatch, x, rs0, ag0, right, functools.partial(lambda i, f: int(f(i, n)), f=right)
+        )
     for rounds in (count - 1, count + 1):  # too few, too many
         rs = np.concatenate([rs0, rs0])[: max(rounds, 0)] if rounds > 0 else rs0[:0]
         ag = np.concatenate([ag0, ag0])[: max(rounds, 0)] if rounds > 0 else ag0[:0]
@@ -452,13 +454,7 @@ def test_schedule_functions_that_do_not_take_arrays_are_called_per_send(
 @pytest.mark.clause("no-shortcut", "fold-order")
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 6, 9])
 def test_the_plan_adds_each_chunk_once_per_worker_in_ring_order(n: int) -> None:
-    order: dict[int, list[int]] = {c: [] for c in range(n)}
-    for adds in _fast.plan(n).rounds:
-        for add in adds:
-            for c in range(add.start, add.stop):
-                if add.incoming is not None:
-                    order[c].append(c + add.incoming)
-                order[c].append(c + add.own)
+    order = plan_fold_orders(n)
     assert len(_fast.plan(n).rounds) == max(0, n - 1)
     for c, workers in order.items():
         assert workers == ([] if n == 1 else [(c + j) % n for j in range(n)])
