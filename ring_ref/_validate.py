@@ -77,7 +77,7 @@ def not_an_array(got: object) -> BadInput:
     )
 
 
-def _rows_problem(n: int, m: int, shape: Sequence[int], *, divisible: bool = True) -> BadInput | None:
+def _rows_problem(n: int, m: int, shape: Sequence[int], *, divisible: bool) -> BadInput | None:
     """``M`` rows split among ``N`` workers (or ranks); trailing dimensions of ``shape`` positive.
 
     ``divisible=False`` (a layout other than ``even``, clause ``schedule-layouts``)
