@@ -197,10 +197,10 @@ def _difftest_command(args: argparse.Namespace) -> int:
         )
     if unknown or (args.dtypes is not None and not names):
         problem = f"unknown dtype(s) {unknown or names}; choose from {', '.join(DTYPES)}"
-    if args.op not in (None, "sum") and (args.schedule or args.order):
+    if args.op not in (None, "sum") and (args.schedule == "auto" or args.order):
         problem = (
-            f"--op {args.op} checks exact against the spec's ring only; --schedule and --order name "
-            "sum orders for exact (drop them; order-free and bound need no order)"
+            f"--op {args.op} checks exact against the spec's ring or a named --schedule; --schedule auto "
+            "and --order reveal and name sum orders (drop them; order-free and bound need no order)"
         )
     if problem:
         print(f"ring-ref difftest: error: {problem}", file=sys.stderr)

@@ -38,6 +38,7 @@ from hypothesis import strategies as st
 
 from ring_ref import ring_all_reduce
 from ring_ref._dtypes import FORMATS, bits
+from ring_ref._ops import OPS
 from ring_ref._reveal import (
     REVEAL_FORMAT,
     REVEAL_VERSION,
@@ -82,7 +83,7 @@ class OrderError(ValueError):
 
 
 def schedule_order(schedule: str | RingSchedule) -> ExactOrder:
-    """``exact`` against ``ring_all_reduce(x, schedule=schedule)``."""
+    """``exact`` against ``ring_all_reduce(x, schedule=schedule, op=...)``, for every op."""
     try:
         ring = schedule_of(schedule)
     except (TypeError, ValueError) as exc:
@@ -93,7 +94,12 @@ def schedule_order(schedule: str | RingSchedule) -> ExactOrder:
     else:
         label = f"the order of the ring with {ring.describe()}"
         option = f"--schedule {ring.direction},{ring.offset},{ring.layout}"
-    return ExactOrder(label, lambda case: ring_all_reduce(case.tensor(), "fast", schedule=ring), option)
+    return ExactOrder(
+        label,
+        lambda case: ring_all_reduce(case.tensor(), "fast", schedule=ring, op=case.reduction),
+        option,
+        ops=OPS,
+    )
 
 
 def _load(path: Path) -> dict[str, Any]:

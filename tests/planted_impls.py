@@ -198,6 +198,11 @@ def op_ring(x: torch.Tensor, op: str) -> torch.Tensor:
     return _divide_once(result, x.shape[0]) if op == "avg" else result
 
 
+def gloo_op_ring(x: torch.Tensor, op: str) -> torch.Tensor:
+    """Right for every op under ``--schedule gloo`` (the reference's gloo ring); not the spec's order."""
+    return ring_all_reduce(x, schedule="gloo", op=op)
+
+
 def sums_whatever_the_op(x: torch.Tensor, op: str) -> torch.Tensor:
     """Bug: ignores ``op`` and sums (for ``avg``: never divides)."""
     return ring_all_reduce(x)

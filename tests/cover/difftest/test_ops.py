@@ -425,19 +425,27 @@ def test_cli_op_reports_json_by_the_schema_and_replays(capsys: pytest.CaptureFix
         jsonschema.validate(broken, SCHEMA)
 
 
-def test_cli_refuses_an_op_with_a_sum_order_for_exact(capsys: pytest.CaptureFixture[str]) -> None:
-    target = "tests.planted_impls:op_ring"
-    assert main(["difftest", target, "--op", "max", "--schedule", "gloo", "--examples", "2"]) == 2
-    assert "--op max checks exact against the spec's ring only" in capsys.readouterr().err
-    assert main(["difftest", target, "--op", "max", "--schedule", "auto", "--mode", "order-free"]) == 2
-    assert "order-free and bound need no order" in capsys.readouterr().err
-    assert main(["difftest", target, "--op", "max", "--mode", "order-free", "--examples", "2"]) == 0
+@pytest.mark.clause("difftest-exact-orders")
+def test_cli_checks_an_op_against_a_named_schedule(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--schedule gloo`` makes exact check gloo's order for the op too: gloo's ring passes it and
+    fails the spec's order, the spec's ring the other way round; revealed orders stay sum-only."""
+    gloo, spec = "tests.planted_impls:gloo_op_ring", "tests.planted_impls:op_ring"
+    common = ["--op", "prod", "--mode", "exact", "--examples", "60", "--seed", "3"]
+    assert main(["difftest", gloo, *common, "--schedule", "gloo"]) == 0
     assert "PASS" in capsys.readouterr().out
-    gloo_order = checking_against(schedule_order("gloo"))
-    with gloo_order, pytest.raises(ValueError, match="exact checks the gloo schedule's order for sum only"):
-        difftest(planted_impls.op_ring, op="max", modes=("exact",), examples=1)
+    assert main(["difftest", gloo, *common]) == 1
+    assert "FAIL" in capsys.readouterr().out
+    assert main(["difftest", spec, *common, "--schedule", "gloo", "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["op"] == "prod" and "--schedule gloo" in doc["replay"]
+    assert main(["difftest", spec, "--op", "max", "--schedule", "auto", "--mode", "order-free"]) == 2
+    assert "--schedule auto and --order reveal and name sum orders" in capsys.readouterr().err
+    assert main(["difftest", spec, "--op", "max", "--mode", "order-free", "--examples", "2"]) == 0
+    assert "PASS" in capsys.readouterr().out
+    with checking_against(schedule_order("gloo")):
+        assert difftest(planted_impls.gloo_op_ring, op="avg", modes=("exact",), examples=20).verdict == "pass"
     with pytest.raises(SystemExit):
-        main(["difftest", target, "--op", "mean"])
+        main(["difftest", spec, "--op", "mean"])
 
 
 def tree_of_quotients(x: torch.Tensor, op: str) -> torch.Tensor:
