@@ -277,6 +277,12 @@ def check_case(c: Case, mode: Mode, op: Op | None, dtypes: tuple[torch.dtype, ..
 SAMPLES: dict[tuple[object, ...], list[Case]] = {}
 
 
+@pytest.fixture(autouse=True)
+def _draw_anew() -> None:
+    """Each test draws its own cases (mutmut forks its runs from a process that has run every test once)."""
+    SAMPLES.clear()
+
+
 def sample(  # noqa: PLR0917 - the strategy's own arguments, in its order
     mode: Mode,
     dtypes: tuple[torch.dtype, ...],
