@@ -179,9 +179,9 @@ def test_tiles_shared_among_threads_give_the_same_bits_and_finiteness(
         assert not run(bad, cycle, entries, k, op, threads=threads)[1], column
 
 
-def test_each_tile_is_folded_once_by_one_of_at_most_threads_calls(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_kernel, "MIN_BYTES_PER_THREAD", 1)
-    monkeypatch.setattr(_kernel, "TILE_BYTES", 16)
+def record_tile_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """While ``monkeypatch`` is active, each call of a compiled kernel appends its last two
+    arguments (the tile it folds) to the returned list."""
     calls: list[tuple[int, int]] = []
     real = _kernel.kernel
 
@@ -195,6 +195,13 @@ def test_each_tile_is_folded_once_by_one_of_at_most_threads_calls(monkeypatch: p
         return compiled._replace(call=call)
 
     monkeypatch.setattr(_kernel, "kernel", recording)
+    return calls
+
+
+def test_each_tile_is_folded_once_by_one_of_at_most_threads_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_kernel, "MIN_BYTES_PER_THREAD", 1)
+    monkeypatch.setattr(_kernel, "TILE_BYTES", 16)
+    calls = record_tile_calls(monkeypatch)
     x = values(np.random.default_rng(0), 5, 20, np.float64, "sum")
     for threads in (1, 2, 3, 4):
         calls.clear()
@@ -624,19 +631,7 @@ def test_without_an_op_every_entry_point_means_sum(monkeypatch: pytest.MonkeyPat
 def test_a_changed_tile_budget_takes_effect_at_the_next_call(monkeypatch: pytest.MonkeyPatch) -> None:
     """The tile shapes are cached per budget: a call after the budget changed tiles by the new one."""
     monkeypatch.setattr(_kernel, "MIN_BYTES_PER_THREAD", 1)
-    calls: list[tuple[int, int]] = []
-    real = _kernel.kernel
-
-    def recording(*args: Any) -> Any:
-        compiled = real(*args)
-
-        def call(*a: Any) -> int:
-            calls.append((a[-2], a[-1]))
-            return compiled.call(*a)
-
-        return compiled._replace(call=call)
-
-    monkeypatch.setattr(_kernel, "kernel", recording)
+    calls = record_tile_calls(monkeypatch)
     x = values(np.random.default_rng(5), 5, 20, np.float64, "sum")
     cycle, entries = np.arange(5), np.array([[0, 5, 0]])
     for budget, tiles in ((16 << 10, 3), (16, 10)):  # whole chunks shared by three threads, then columns
