@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import re
 from typing import Any
 
+from tests.dotted import resolve
 from tests.paths import ROOT
 from tools import mutation
 
@@ -19,25 +19,11 @@ def test_every_mutated_file_and_every_test_path_exists() -> None:
             assert (ROOT / test).exists(), (name, test)
 
 
-def _resolve(dotted: str) -> Any:
-    """``module.function`` or ``module.Class.method``: the longest importable prefix, then attributes."""
-    parts = dotted.split(".")
-    for cut in range(len(parts) - 1, 0, -1):
-        try:
-            found: object = importlib.import_module(".".join(parts[:cut]))
-        except ModuleNotFoundError:
-            continue
-        for name in parts[cut:]:
-            found = getattr(found, name)
-        return found
-    raise AssertionError(f"no importable module in {dotted!r}")
-
-
 def test_every_equivalent_mutant_names_a_function_and_a_line_of_it() -> None:
     rows = mutation.read_equivalents()
     assert rows, "the table parsed to nothing"
     for row in rows:
-        function = _resolve(row.function)
+        function: Any = resolve(row.function)
         assert row.reason and row.line, row
         # The line is a mutation of the function: it shares at least one token with its source.
         source = inspect.getsource(function)

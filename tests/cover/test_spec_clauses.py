@@ -7,7 +7,6 @@ statement of the closed forms; ``ring_ref`` is checked against them here.
 from __future__ import annotations
 
 import ast
-import importlib
 import re
 from collections.abc import Callable
 from fractions import Fraction
@@ -19,6 +18,7 @@ import torch
 
 from ring_ref import core, invariants, ring_all_reduce, schedule
 from ring_ref.schedule import ALL_GATHER, REDUCE_SCATTER
+from tests.dotted import resolve
 from tests.paths import ROOT, SPEC
 
 CLAUSE_HEADING = re.compile(r"^### `([a-z0-9]+(?:-[a-z0-9]+)*)` — ", re.MULTILINE)
@@ -93,20 +93,6 @@ def traceability() -> dict[str, tuple[list[str], list[str]]]:
     return found
 
 
-def _resolve(dotted: str) -> object:
-    """Import the longest module prefix of ``dotted`` and walk the rest as attributes."""
-    parts = dotted.split(".")
-    for cut in range(len(parts), 0, -1):
-        try:
-            obj: object = importlib.import_module(".".join(parts[:cut]))
-        except ModuleNotFoundError:
-            continue
-        for attr in parts[cut:]:
-            obj = getattr(obj, attr)
-        return obj
-    raise ModuleNotFoundError(dotted)
-
-
 def test_every_clause_names_its_implementation_and_its_tests() -> None:
     cited = _citing_tests()
     trace = traceability()
@@ -115,7 +101,7 @@ def test_every_clause_names_its_implementation_and_its_tests() -> None:
         assert names and tests, cid
         for name in names:
             try:
-                _resolve(name)
+                resolve(name)
             except (ImportError, AttributeError) as exc:
                 raise AssertionError(f"clause {cid} names {name}, which does not exist: {exc}") from exc
         for test in tests:
