@@ -300,7 +300,7 @@ def _known_key(
         type(name) is RingSchedule and all(type(v) is t for v, t in zip(name, _EXACT_FIELDS, strict=True))
     ):
         return None
-    tuning = (SEGMENT_BYTES, MAX_SEGMENTS, STAGE_ALL_BYTES, SWAP_BYTES)
+    tuning = (SEGMENT_BYTES, MAX_SEGMENTS, STAGE_ALL_BYTES, SWAP_BYTES, _EXCHANGE_RANKS)
     return (tensor.shape, tensor.stride(), tensor.dtype, tensor.device, rank, n, backend, op, name, tuning)
 
 
@@ -326,6 +326,7 @@ def _known(tensor: object, rank: int, n: int, backend: str, *, op: object, name:
                     MAX_SEGMENTS,
                     STAGE_ALL_BYTES,
                     SWAP_BYTES,
+                    _EXCHANGE_RANKS,
                 )
         known = _Known(signature, sound, flags, ring, reduce_op, plan)
         if key is not None:
@@ -557,7 +558,8 @@ class _Plan(NamedTuple):
     of step ``t`` is done (the last earlier step that reads or writes the slot they overwrite)."""
     splits: tuple[tuple[list[int], list[int]], ...]
     """Per step ``t`` and segment ``s`` (index ``t * per_chunk + s``), the elements an ``alltoall``
-    sends to and receives from each rank: the segment to the right neighbour, from the left."""
+    sends to and receives from each rank: the segment to the right neighbour, from the left (only
+    for groups of at most :data:`_EXCHANGE_RANKS`, the ones that run rounds as ``alltoall``)."""
     swap: tuple[tuple[int, int, tuple[tuple[int, int, bool], ...]], ...]
     """Two ranks (:func:`_ring_two`): per part of the flat buffer swapped by one ``alltoall``, its
     ``(start, stop)`` and its runs ``(start, stop, here)`` within one chunk each, ``here`` when this
@@ -576,6 +578,7 @@ def _plan(  # noqa: PLR0917 (cached by its positional arguments)
     max_segments: int,
     stage_all_bytes: int,
     swap_bytes: int,
+    exchange_ranks: int,
 ) -> _Plan:
     """The plan of one call (cached: it depends on nothing else)."""
     steps = all_rounds(n)
@@ -622,7 +625,7 @@ def _plan(  # noqa: PLR0917 (cached by its positional arguments)
                 [sizes[sent[t]][s] if j == right else 0 for j in range(n)],
                 [sizes[received[t]][s] if j == left else 0 for j in range(n)],
             )
-            for t in range(len(steps))
+            for t in range(len(steps) if n <= exchange_ranks else 0)
             for s in range(count)
         ),
         swap=_swap_parts(bounds, itemsize, received[0], segment_bytes, max_segments, swap_bytes),
