@@ -16,6 +16,16 @@ import random
 from fractions import Fraction
 
 import torch
+import torch.distributed as dist
+
+REDUCE_OPS = {
+    "sum": dist.ReduceOp.SUM,
+    "prod": dist.ReduceOp.PRODUCT,
+    "max": dist.ReduceOp.MAX,
+    "min": dist.ReduceOp.MIN,
+    "avg": dist.ReduceOp.AVG,
+}
+"""Each op's name and its ``torch.distributed.ReduceOp``, typed in from torch's documentation."""
 
 _INT_OF_SIZE = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 

@@ -18,17 +18,10 @@ import torch.distributed as dist
 
 from ring_ref import ring_all_reduce
 from ring_ref._ops import torch_combine_into
-from tests.oracles import same_bits
+from tests.oracles import REDUCE_OPS, same_bits
 
 X = [[1.0, -2.0], [3.0, 4.0]]
 WANT = {"sum": [4.0, 2.0], "prod": [3.0, -8.0], "max": [3.0, 4.0], "min": [1.0, -2.0], "avg": [2.0, 1.0]}
-REDUCE_OPS = {
-    "sum": dist.ReduceOp.SUM,
-    "prod": dist.ReduceOp.PRODUCT,
-    "max": dist.ReduceOp.MAX,
-    "min": dist.ReduceOp.MIN,
-    "avg": dist.ReduceOp.AVG,
-}
 CHOICES = (
     "choose one of sum, prod, max, min, avg (or torch.distributed.ReduceOp SUM, PRODUCT, MAX, MIN, AVG)."
 )

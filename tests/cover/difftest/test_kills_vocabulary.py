@@ -3,25 +3,17 @@
 A stacked target and an MPI rank get the op's name, the one
 :func:`ring_ref.ring_all_reduce` takes; a gloo rank gets the member of
 ``torch.distributed.ReduceOp`` that ``torch.distributed.all_reduce`` takes,
-written out here by hand.
+written out by hand in ``tests/oracles.py``.
 """
 
 from __future__ import annotations
 
 import pytest
-import torch.distributed as dist
 
 from ring_ref.difftest._vocabulary import Op, Ranks, op_argument
+from tests.oracles import REDUCE_OPS
 
 pytestmark = pytest.mark.clause("difftest-ops")
-
-REDUCE_OPS = {
-    "sum": dist.ReduceOp.SUM,
-    "prod": dist.ReduceOp.PRODUCT,
-    "max": dist.ReduceOp.MAX,
-    "min": dist.ReduceOp.MIN,
-    "avg": dist.ReduceOp.AVG,
-}
 
 
 @pytest.mark.parametrize("op", list(REDUCE_OPS))
