@@ -481,6 +481,14 @@ def run_module(
     return score
 
 
+def stale_equivalents(name: str, score: ModuleScore, equivalents: Sequence[Equivalent]) -> list[Equivalent]:
+    """Rows for the module's files that matched no surviving mutant of a complete run: to prune."""
+    files = MODULES[name][0]
+    modules = tuple(f.removesuffix(".py").replace("/", ".") + "." for f in files)
+    used = {(m.function, m.line) for m in score.equivalent}
+    return [e for e in equivalents if e.function.startswith(modules) and (e.function, e.line) not in used]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the chosen modules; print scores and survivors; exit 1 below the target."""
     parser = argparse.ArgumentParser(description="mutation testing with mutmut, per module")
@@ -516,6 +524,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         for m in score.surviving:
             print(f"    {m.status:9} {m.name}: {m.line}    (was: {m.was})", flush=True)
+        if not args.sample:
+            for row in stale_equivalents(name, score, equivalents):
+                print(f"    stale row (no surviving mutant has it): {row.function}: {row.line}")
     below = [s.name for s in scores if s.score < TARGET]
     print(f"target {100 * TARGET:.0f} % per module: " + (f"MISSED by {below}" if below else "met"))
     return 1 if below else 0

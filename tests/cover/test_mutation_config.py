@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import keyword
 import re
 from typing import Any
 
@@ -25,9 +26,9 @@ def test_every_equivalent_mutant_names_a_function_and_a_line_of_it() -> None:
     for row in rows:
         function: Any = resolve(row.function)
         assert row.reason and row.line, row
-        # The line is a mutation of the function: it shares at least one token with its source.
-        source = inspect.getsource(function)
-        assert any(word in source for word in re.findall(r"[A-Za-z_]\w{3,}", row.line)), row
+        # The line is a mutation of the function: it shares a name (not a keyword) with its source.
+        names = set(re.findall(r"[A-Za-z_]\w*", inspect.getsource(function))) - set(keyword.kwlist)
+        assert names & set(re.findall(r"[A-Za-z_]\w*", row.line)), row
 
 
 def test_mutated_line_finds_the_changed_line_of_a_mutant() -> None:
@@ -49,3 +50,12 @@ def test_mutated_line_finds_the_changed_line_of_a_mutant() -> None:
     )
     assert mutation.mutated_line(method, "xǁCǁg", "1") == "return 2"
     assert mutation.mutated_line(source, "x_f", "9") == "?"
+
+
+def test_rows_no_surviving_mutant_matched_are_reported_stale() -> None:
+    kept = mutation.Equivalent("ring_ref.core.run_ring", "a = 1", "same")
+    killed = mutation.Equivalent("ring_ref.core.initial_state", "b = 2", "same")
+    elsewhere = mutation.Equivalent("ring_ref.invariants.arc", "c = 3", "same")
+    survivor = mutation.Mutant("ring_ref.core.x_run_ring__mutmut_1", "survived", kept.function, kept.line)
+    score = mutation.ModuleScore("core", 1.0, mutants=[survivor], equivalent=[survivor])
+    assert mutation.stale_equivalents("core", score, [kept, killed, elsewhere]) == [killed]
