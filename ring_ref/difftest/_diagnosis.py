@@ -336,7 +336,7 @@ def diagnose(fn: Target | OpTarget | Launcher, outcome: Outcome, mode: Mode) -> 
     findings = [Finding([code], text) for code, text in structural(outcome)]
     launcher, case = as_launcher(fn), outcome.case
     results = [result_tensor(a, case) for a in outcome.answers]
-    if all(r is not None for r in results):
+    if results and all(r is not None for r in results):
         values = cast(list[torch.Tensor], results)
         ranks = [a.rank for a in outcome.answers]
         mismatches = [check_values(mode, case, t)[0] for t in values]

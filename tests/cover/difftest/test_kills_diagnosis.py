@@ -1,0 +1,1078 @@
+"""The diagnosis (``ring_ref.difftest._diagnosis``) on outcomes of small targets called in this process.
+
+Each test calls the target on a hand-written :class:`Case` and checks the
+codes and the words of the explanation the README's table of diagnoses
+promises (section *Differential testing*, clause ``difftest-diagnoses``):
+structural codes first, then value codes from the one-hot counting probes,
+the op probes, the average's divided-first probes, the signs of zeros and
+the ring's fold order; per-rank outcomes through a fake launcher that calls
+a function once per rank; and how two answers to one case differ.  Expected
+values are worked out by hand (small whole numbers, exact in every order) or
+by ``tests/oracles.py``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import pytest
+import torch
+
+from ring_ref import ring_all_reduce
+from ring_ref.difftest import Case
+from ring_ref.difftest._call import Answer, Failure, Outcome, call_target, decode, observe
+from ring_ref.difftest._diagnosis import (
+    as_launcher,
+    count_contributions,
+    diagnose,
+    difference,
+    op_probe_rows,
+    op_probe_values,
+    passes,
+    position_probe,
+    structural,
+)
+from ring_ref.difftest._launch import Launcher, OutputLog
+from ring_ref.difftest._vocabulary import Mode, Op
+from tests import planted_impls
+from tests.oracles import spec_slot
+
+pytestmark = pytest.mark.clause("difftest-diagnoses")
+
+MODES: tuple[Mode, ...] = ("exact", "order-free", "bound")
+
+# N = 2 workers of M = 2: worker 0 holds 1, 2 and worker 1 holds 3, 4, so the sum is 4, 6 in every order.
+PAIR = Case(2, 2, (), torch.float32, "contiguous", (1.0, 2.0, 3.0, 4.0))
+
+
+def case(
+    values: tuple[float, ...], op: Op | None = None, n: int = 2, dtype: torch.dtype = torch.float32
+) -> Case:
+    return Case(n, len(values) // n, (), dtype, "contiguous", values, op)
+
+
+def find(fn: Callable[..., torch.Tensor], c: Case, mode: Mode) -> tuple[list[str], str]:
+    finding = diagnose(fn, call_target(fn, c), mode)
+    assert finding is not None, (mode, c)
+    prefix = f"{finding.codes[0]}: "
+    assert finding.explanation.startswith(prefix), finding.explanation
+    return finding.codes, finding.explanation.removeprefix(prefix)
+
+
+class PerRank(Launcher):
+    """A fake per-rank launcher: ``fn(case, rank)`` is rank ``rank``'s result, observed as a rank's answer."""
+
+    isolated = False
+    kind = "fake-ranks"
+    per_rank = True
+
+    def __init__(self, fn: Callable[[Case, int], Any]) -> None:
+        self.fn = fn
+        self.output = OutputLog()
+        self.calls = 0
+
+    def start(self) -> None:
+        """Nothing to start."""
+
+    def close(self) -> None:
+        """Nothing to stop."""
+
+    def call(self, case: Case) -> Outcome:
+        self.calls += 1
+        answers = []
+        for r in range(case.n):
+
+            def one(x: torch.Tensor, r: int = r, **_: object) -> Any:
+                return self.fn(case, r)
+
+            answers.append(decode(*observe(one, case, r)))
+        return Outcome(case, tuple(answers))
+
+
+def each_rank(*results: torch.Tensor) -> PerRank:
+    """Rank ``r`` returns ``results[r]`` whatever the case."""
+    return PerRank(lambda c, r: results[r].clone())
+
+
+def sums(c: Case) -> torch.Tensor:
+    """The exact sum of a case whose partial sums are exact (small whole numbers)."""
+    return c.tensor().to(torch.float64).sum(0).to(c.dtype)
+
+
+# --- structural ----------------------------------------------------------------------------------------
+
+
+def test_a_call_that_did_not_answer_is_its_failure_with_stack_and_ranks() -> None:
+    failure = Failure("timed-out", "no answer within 1 s (--timeout)", "File x, line 3", (1, 2))
+    outcome = Outcome(PAIR, failure=failure)
+    assert structural(outcome) == [("timed-out", "no answer within 1 s (--timeout)")]
+    finding = diagnose(planted_impls.torch_sum, outcome, "bound")
+    assert finding is not None
+    assert (finding.codes, finding.explanation) == (["timed-out"], "no answer within 1 s (--timeout)")
+    assert (finding.stack, finding.ranks) == ("File x, line 3", [1, 2])
+    assert passes(outcome, "bound") == (False, 0, 0)
+
+
+def test_no_answer_at_all_is_a_crash() -> None:
+    assert structural(Outcome(PAIR)) == [("crashed", "no answer came back")]
+    finding = diagnose(planted_impls.torch_sum, Outcome(PAIR), "exact")
+    assert finding is not None and finding.codes == ["crashed"]
+
+
+def _raises_value_error(x: torch.Tensor) -> torch.Tensor:
+    raise ValueError("a ring needs at least two workers")
+
+
+def test_an_exception_is_raised_on_a_valid_input_and_the_launchers_note_follows_it() -> None:
+    outcome = call_target(_raises_value_error, PAIR)
+    said = "raised ValueError: a ring needs at least two workers (on a valid input)"
+    assert structural(outcome) == [("raised", said)]
+    noted = replace(outcome, note="rank 1 was stopped")
+    assert structural(noted) == [("raised", f"{said}; rank 1 was stopped")]
+    finding = diagnose(_raises_value_error, noted, "exact")
+    assert finding is not None
+    assert (finding.codes, finding.explanation) == (["raised"], f"raised: {said}; rank 1 was stopped")
+    assert finding.mismatch is None and finding.ranks == []
+
+
+def test_the_note_is_added_to_raised_only() -> None:
+    outcome = replace(
+        call_target(planted_impls.computes_in_float32, case((1.0, 2.0), n=1, dtype=torch.float64))
+    )
+    noted = replace(outcome, note="rank 1 was stopped")
+    assert structural(noted) == [("dtype-changed", "result dtype torch.float32, input dtype torch.float64")]
+
+
+def _takes_no_op(x: torch.Tensor) -> torch.Tensor:
+    return ring_all_reduce(x)
+
+
+def _type_error_with_op(x: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    raise TypeError("bad op here")
+
+
+def _type_error_without(x: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    raise TypeError("nothing to see")
+
+
+def _value_error_with_op(x: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    raise ValueError("bad op here")
+
+
+HINT = "with --op the target is called with op= too (op='max'): does it take one?"
+
+
+def test_a_target_that_takes_no_op_gets_the_hint_with_op_only() -> None:
+    [(code, text)] = structural(call_target(_takes_no_op, replace(PAIR, op="max")))
+    assert code == "raised" and text.startswith("raised TypeError: ")
+    assert text.endswith(f"(on a valid input); {HINT}")
+    assert structural(call_target(_type_error_with_op, replace(PAIR, op="max"))) == [
+        ("raised", f"raised TypeError: bad op here (on a valid input); {HINT}")
+    ]
+    for fn, c in [
+        (_type_error_with_op, PAIR),  # no --op: the target was called without op=
+        (_type_error_without, replace(PAIR, op="max")),  # a TypeError about something else
+        (_value_error_with_op, replace(PAIR, op="max")),  # not a TypeError
+    ]:
+        [(code, text)] = structural(call_target(fn, c))
+        assert code == "raised" and text.endswith("(on a valid input)"), text
+
+
+def _returns_a_list(x: torch.Tensor) -> list[float]:
+    return [4.0, 6.0]
+
+
+def _one_row_too_many(x: torch.Tensor) -> torch.Tensor:
+    return torch.zeros(3, dtype=x.dtype)
+
+
+def _float64_on_meta(x: torch.Tensor) -> torch.Tensor:
+    return ring_all_reduce(x).to("meta", torch.float64)
+
+
+def test_shape_dtype_and_device_are_named_as_the_readme_shows() -> None:
+    assert structural(call_target(_returns_a_list, PAIR)) == [
+        ("wrong-shape", "returned list, not a torch.Tensor of shape (2,)")
+    ]
+    assert structural(call_target(planted_impls.stack_of_copies, PAIR)) == [
+        ("wrong-shape", "result shape (2, 2), expected (2,) (a stack of N copies?)")
+    ]
+    assert structural(call_target(_one_row_too_many, PAIR)) == [
+        ("wrong-shape", "result shape (3,), expected (2,)")
+    ]
+    assert structural(call_target(_float64_on_meta, PAIR)) == [
+        ("dtype-changed", "result dtype torch.float64, input dtype torch.float32"),
+        ("device-changed", "result on meta, input on cpu"),
+    ]
+    assert passes(call_target(_float64_on_meta, PAIR), "bound") == (False, 0, 0)
+
+
+def _modifies_and_doubles(x: torch.Tensor) -> torch.Tensor:
+    x.mul_(2)
+    return x.sum(0)
+
+
+def test_input_modified_and_aliasing_then_the_value_code_in_one_finding() -> None:
+    one = case((1.0, 2.0), n=1)
+    assert structural(call_target(planted_impls.returns_view_of_input, one)) == [
+        ("aliases-input", "the result shares storage with the input (a view of it?)")
+    ]
+    outcome = call_target(_modifies_and_doubles, PAIR)
+    [(code, text)] = structural(outcome)
+    assert code == "input-modified" and text.startswith("the input was modified: element (0, 0) was 1.0")
+    finding = diagnose(_modifies_and_doubles, outcome, "order-free")
+    assert finding is not None
+    assert finding.codes == ["input-modified", "double-counted"]
+    first, second = finding.explanation.split("; double-counted: ", 1)
+    assert first.startswith("input-modified: the input was modified")
+    assert second.startswith("First differing element (0,) (chunk 0): expected 4.0, actual 8.0")
+    assert finding.mismatch is not None and finding.mismatch.actual == 8.0
+
+
+def test_a_correct_target_passes_with_nothing_to_say() -> None:
+    for mode in MODES:
+        outcome = call_target(ring_all_reduce, PAIR)
+        assert structural(outcome) == []
+        assert passes(outcome, mode) == (True, 0, 0)
+        assert diagnose(ring_all_reduce, outcome, mode) is None
+
+
+# --- passes: overflow and underflow counts --------------------------------------------------------------
+
+
+def test_passes_counts_the_elements_accepted_where_an_order_could_overflow_or_underflow() -> None:
+    big = case((60000.0, 1.0, 60000.0, 1.0), dtype=torch.float16)  # 120000 overflows float16; 2 does not
+    assert passes(call_target(ring_all_reduce, big), "bound") == (True, 1, 0)
+    tiny = 2.0**-100  # the product of two is 2**-200, below float32's normal range
+    prod = case((tiny, 1.0, tiny, 1.0), op="prod")
+    assert passes(call_target(planted_impls.op_ring, prod), "bound") == (True, 0, 1)
+    assert passes(call_target(planted_impls.drops_last_worker, big), "bound") == (False, 0, 0)
+
+
+def test_a_group_passes_only_when_every_rank_passes_with_the_same_bits() -> None:
+    right = sums(PAIR)
+    assert passes(PerRank(lambda c, r: right.clone()).call(PAIR), "bound") == (True, 0, 0)
+    # Rank 1 folds 1 + 3 in another way: within the bound, not rank 0's bits.
+    eps = 2.0**-24
+    c = Case(3, 3, (), torch.float32, "contiguous", (1.0, 1.0, 1.0, eps, eps, eps, eps, eps, eps))
+    ring, other = ring_all_reduce(c.tensor()), torch.sum(c.tensor(), 0)
+    group = PerRank(lambda c, r: (ring if r == 0 else other).clone()).call(c)
+    assert passes(group, "bound") == (False, 0, 0)
+    assert passes(PerRank(lambda c, r: ring.clone()).call(c), "bound") == (True, 0, 0)
+    # Overflow counts are the most any rank accepted, also when the ranks then disagree: 60000 - 60000
+    # may overflow in some order (the oracle cannot rule it out), so inf is accepted there, and so is 0.
+    cancel = case((60000.0, 1.0, -60000.0, 1.0), dtype=torch.float16)
+    inf, zero = torch.tensor([torch.inf, 2.0]).half(), torch.tensor([0.0, 2.0]).half()
+    for rank0, rank1 in [(inf, zero), (zero, inf)]:
+        assert passes(each_rank(rank0, rank1).call(cancel), "bound") == (False, 1, 0)
+    assert passes(PerRank(lambda c, r: inf.clone()).call(cancel), "bound") == (True, 1, 0)
+
+
+def test_passes_refuses_a_group_rank_that_raised() -> None:
+    def fn(c: Case, r: int) -> torch.Tensor:
+        if r:
+            raise ValueError(f"rank {r} gave up")
+        return sums(c)
+
+    assert passes(PerRank(fn).call(PAIR), "bound") == (False, 0, 0)
+
+
+# --- count_contributions --------------------------------------------------------------------------------
+
+
+def _worker0_twice(x: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    """Worker 0's contribution counted twice, for the sum (and avg), the product, max and min."""
+    n = x.shape[0]
+    if op == "prod":
+        return x[0] * x[0] * x[1:].prod(0)
+    if op == "avg":
+        return (x[0] + x.sum(0)) / n
+    if op in ("max", "min"):
+        return ring_all_reduce(x, op=op)
+    return x[0] + x.sum(0)
+
+
+def _last_lost(x: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    """The last worker's contribution lost (avg still divides by N)."""
+    rest = x[:-1]
+    if op == "prod":
+        return rest.prod(0)
+    if op == "max":
+        return rest.max(0).values
+    if op == "min":
+        return rest.min(0).values
+    return rest.sum(0) / x.shape[0] if op == "avg" else rest.sum(0)
+
+
+@pytest.mark.parametrize("op", ["sum", "avg", "prod", "max", "min"])
+def test_counts_read_from_the_ops_probes(op: Op) -> None:
+    c = Case(3, 3, (2,), torch.float32, "contiguous", (0.0,) * 18, op)
+    assert count_contributions(as_launcher(planted_impls.op_ring), c) == [[1.0] * 6] * 3
+    doubled = 1.0 if op in ("max", "min") else 2.0  # max and min cannot show a double count
+    assert count_contributions(as_launcher(_worker0_twice), c) == [[doubled] * 6, [1.0] * 6, [1.0] * 6]
+    assert count_contributions(as_launcher(_last_lost), c) == [[1.0] * 6, [1.0] * 6, [0.0] * 6]
+
+
+def _sum_plus_three(x: torch.Tensor) -> torch.Tensor:
+    return x.sum(0) + 3
+
+
+def _not_whole(x: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    return 3 * x.sum(0) if op != "prod" else x.prod(0) * 1.5 + (x.prod(0) > 1) * 1.0
+
+
+def _no_counts(counts: list[list[float]] | None) -> bool:
+    return counts is not None and all(math.isnan(v) for row in counts for v in row)
+
+
+def _over_min(x: torch.Tensor) -> torch.Tensor:
+    return x.sum(0) / x.sum(0).abs().min()
+
+
+def _prod_minus_one(x: torch.Tensor, op: str = "prod") -> torch.Tensor:
+    return x.prod(0) - 1
+
+
+def _avg_times_five_quarters(x: torch.Tensor, op: str = "avg") -> torch.Tensor:
+    return 1.25 * ring_all_reduce(x, op="avg")
+
+
+def test_counts_are_measured_from_the_all_base_result_and_other_values_are_no_count() -> None:
+    assert count_contributions(_sum_plus_three, PAIR) == [[1.0, 1.0], [1.0, 1.0]]
+    # prod: base 1 gives 1.5, worker j's 2 gives 4 (not a power of two times 1.5): no count.
+    assert _no_counts(count_contributions(as_launcher(_not_whole), replace(PAIR, op="prod")))
+    # A result that is not finite is no count (0 / 0 on the all-zeros call, then x / 0).
+    assert _no_counts(count_contributions(_over_min, PAIR))
+
+
+def _nonpositive_prod(x: torch.Tensor, op: str = "prod") -> torch.Tensor:
+    return -x.prod(0)
+
+
+def test_prod_counts_need_positive_results() -> None:
+    assert _no_counts(count_contributions(as_launcher(_nonpositive_prod), replace(PAIR, op="prod")))
+    assert _no_counts(count_contributions(as_launcher(_prod_minus_one), replace(PAIR, op="prod")))
+
+
+def test_avg_counts_round_to_whole_numbers_within_two_roundings() -> None:
+    # 1/3 in float16 is 0.333251953125: times 3 is 0.99975..., a count of 1 within two roundings.
+    c = Case(3, 3, (), torch.float16, "contiguous", (0.0,) * 9, "avg")
+    assert count_contributions(as_launcher(planted_impls.op_ring), c) == [[1.0] * 3] * 3
+    # 2/3 rounds to 0.6669921875, times 3 is 2.0009765625: a count of 2.
+    assert count_contributions(as_launcher(_worker0_twice), c) == [[2.0] * 3, [1.0] * 3, [1.0] * 3]
+    # (1 / 3) * 1.25 is no whole count: it stays as it is.
+    off = count_contributions(as_launcher(_avg_times_five_quarters), c)
+    assert off is not None
+    assert all(v != round(v) and abs(v - 1.25) < 0.01 for row in off for v in row)
+
+
+class Counting:
+    """A target that raises on its ``fail_at``-th call (1-based) and counts its calls."""
+
+    def __init__(self, fail_at: int) -> None:
+        self.fail_at, self.calls = fail_at, 0
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise RuntimeError("no")
+        return x.sum(0)
+
+
+def test_no_counts_when_a_probe_gives_no_result_and_no_more_probes_run() -> None:
+    c = Case(3, 3, (), torch.float32, "contiguous", (0.0,) * 9)
+    for fail_at in (1, 2, 3):
+        target = Counting(fail_at)
+        assert count_contributions(target, c) is None
+        assert target.calls == fail_at
+    whole = Counting(99)
+    assert count_contributions(whole, c) == [[1.0] * 3] * 3
+    assert whole.calls == 4  # the all-zeros call and one probe per worker
+
+
+def test_a_per_rank_target_is_counted_on_the_rank_asked() -> None:
+    def fn(c: Case, r: int) -> torch.Tensor:
+        x = c.tensor()
+        return x[0] + x.sum(0) if r == 1 else x.sum(0)
+
+    assert count_contributions(PerRank(fn), PAIR, 0) == [[1.0, 1.0], [1.0, 1.0]]
+    assert count_contributions(PerRank(fn), PAIR, 1) == [[2.0, 2.0], [1.0, 1.0]]
+    assert count_contributions(PerRank(fn), PAIR) is None  # no stacked answer in a group
+
+
+# --- double-counted and lost contributions --------------------------------------------------------------
+
+
+def test_double_counted_names_the_counts_and_the_sum_they_give() -> None:
+    for mode in MODES:
+        codes, text = find(_worker0_twice, PAIR, mode)
+        assert codes == ["double-counted"]
+        assert text.startswith("First differing element (0,) (chunk 0): expected 4.0, actual 5.0; ")
+        assert "(2 element(s) differ)" in text
+        assert (
+            "Contributions counted more than once (e.g. all-gather adding instead of copying): with only "
+            "worker j holding ones (the rest zeros), element (0,) (chunk 0) is worker 0: 2, worker 1: 1, "
+            "so worker(s) [0] counted more than once; summing the counterexample with these counts gives "
+            "5.0 there"
+        ) in text
+
+
+def test_the_element_shown_is_the_counterexamples_when_it_shows_the_double_count() -> None:
+    # Worker 0 holds 0 at element 0: that element is right, element 1 (chunk 1) is the first wrong one.
+    c = case((0.0, 2.0, 3.0, 4.0))
+    codes, text = find(_worker0_twice, c, "exact")
+    assert codes == ["double-counted"]
+    assert text.startswith("First differing element (1,) (chunk 1): expected 6.0, actual 8.0; ")
+    assert "element (1,) (chunk 1) is worker 0: 2, worker 1: 1" in text
+    assert "gives 8.0 there" in text and "element(s) differ" not in text
+
+
+def _element1_doubles_element0_adds_one(x: torch.Tensor) -> torch.Tensor:
+    result = x.sum(0)
+    result[0] += 1
+    result[1] += x[1, 1]
+    return result
+
+
+def test_a_double_count_elsewhere_is_shown_where_it_is_without_the_counterexamples_sum() -> None:
+    codes, text = find(_element1_doubles_element0_adds_one, PAIR, "bound")
+    assert codes == ["double-counted"]
+    assert text.startswith("First differing element (0,) (chunk 0): expected 4.0, actual 5.0")
+    assert (
+        "element (1,) (chunk 1) is worker 0: 1, worker 1: 2, so worker(s) [1] counted more than once" in text
+    )
+    assert "summing the counterexample" not in text
+
+
+def _thrice_and_lost(x: torch.Tensor) -> torch.Tensor:
+    return 3 * x[0]
+
+
+def test_double_counted_and_lost_together() -> None:
+    codes, text = find(_thrice_and_lost, PAIR, "bound")
+    assert codes == ["double-counted"]
+    assert "is worker 0: 3, worker 1: 0, so worker(s) [0] counted more than once, worker(s) [1] lost" in text
+    assert "gives 3.0 there" in text
+
+
+@pytest.mark.parametrize(
+    ("op", "holding", "values"),
+    [
+        ("sum", "ones (the rest zeros)", (1.0, 2.0, 3.0, 4.0)),
+        ("max", "ones (the rest zeros)", (1.0, 2.0, 3.0, 4.0)),
+        ("min", "-1 (the rest zeros)", (3.0, 4.0, 1.0, 2.0)),
+        ("prod", "2 (the rest ones)", (2.0, 4.0, 0.5, 8.0)),
+        ("avg", "ones (the rest zeros)", (1.0, 2.0, 3.0, 4.0)),
+    ],
+)
+def test_a_lost_worker_is_out_of_bound_with_the_ops_probe_named(
+    op: Op, holding: str, values: tuple[float, ...]
+) -> None:
+    codes, text = find(planted_impls.drops_last_worker_op, case(values, op), "bound")
+    assert codes == ["out-of-bound"]
+    assert text.endswith(
+        f"Contributions missing: with only worker j holding {holding}, element (0,) (chunk 0) is "
+        "worker 0: 1, worker 1: 0, so worker(s) [1] lost"
+    )
+
+
+def test_prod_double_counting_is_multiplying_without_a_sum() -> None:
+    codes, text = find(planted_impls.gather_multiplies, case((2.0, 4.0, 0.5, 8.0), "prod"), "order-free")
+    assert codes == ["double-counted"]
+    assert (
+        "(e.g. all-gather multiplying instead of copying): with only worker j holding 2 (the rest ones)"
+        in text
+    )
+    assert "summing" not in text
+
+
+def _minus_last(x: torch.Tensor) -> torch.Tensor:
+    return x[0] - x[1]
+
+
+def test_negative_or_fractional_counts_are_not_contribution_counts() -> None:
+    for fn in (_minus_last, _sum_plus_three):
+        codes, text = find(fn, PAIR, "bound")
+        assert codes == ["out-of-bound"]
+        assert text.endswith("Wrong values, not explained by a more specific code")
+
+
+# --- mean-not-sum ---------------------------------------------------------------------------------------
+
+
+def test_the_mean_is_named_with_n() -> None:
+    c = Case(3, 3, (), torch.float32, "contiguous", (3.0, 6.0, 9.0, 3.0, 6.0, 9.0, 3.0, 6.0, 9.0))
+    for mode in MODES:
+        codes, text = find(planted_impls.mean_instead_of_sum, c, mode)
+        assert codes == ["mean-not-sum"]
+        assert text.startswith("First differing element (0,) (chunk 0): expected 9.0, actual 3.0")
+        assert text.endswith("The result is the sum divided by N = 3 (the mean), not the sum")
+
+
+def _mean_unless_one_hot(x: torch.Tensor) -> torch.Tensor:
+    one_hot = bool(((x == 0) | (x == 1)).all())
+    return x.sum(0) if one_hot else x.sum(0) / x.shape[0]
+
+
+def _mean_and_no_probes(x: torch.Tensor) -> torch.Tensor:
+    if bool(((x == 0) | (x == 1)).all()):
+        raise RuntimeError("probes refused")
+    return x.sum(0) / x.shape[0]
+
+
+def test_mean_not_sum_needs_the_probes_to_give_the_mean_where_they_ran() -> None:
+    # The one-hot probes count each worker once: the mean on this input alone is no mean-not-sum,
+    # nor the average computed instead of the sum.
+    codes, _ = find(_mean_unless_one_hot, PAIR, "bound")
+    assert codes == ["out-of-bound"]
+    codes, text = find(_mean_and_no_probes, PAIR, "bound")
+    assert codes == ["mean-not-sum"] and "divided by N = 2" in text
+
+
+def test_no_mean_for_one_worker_nor_for_a_result_that_is_no_mean() -> None:
+    one = case((5.0, 7.0), n=1)
+    codes, _ = find(lambda x: x[0] / 2, one, "bound")
+    assert codes == ["out-of-bound"]
+    codes, _ = find(lambda x: x.sum(0) / 3, PAIR, "bound")
+    assert codes == ["out-of-bound"]
+    # one element the mean, the other a third
+    codes, _ = find(lambda x: x.sum(0) / torch.tensor([2.0, 3.0]), PAIR, "bound")
+    assert codes == ["out-of-bound"]
+
+
+# --- the op probes: sum-not-op, wrong-op -----------------------------------------------------------------
+
+
+def test_op_probe_rows_and_values_are_each_ops_exact_value() -> None:
+    assert op_probe_rows(4) == [2.0, 3.0, 2.0, 3.0]
+    assert op_probe_rows(3, flipped=True) == [3.0, 2.0, 3.0]
+    assert op_probe_values(3, torch.float32, flipped=True) == {
+        "sum": 8.0,
+        "prod": 18.0,
+        "max": 3.0,
+        "min": 2.0,
+        "avg": float(torch.tensor(8 / 3, dtype=torch.float32)),
+    }
+    # float16: 2**6 * 3**6 = 46656 is below its largest 65504; 2**7 * 3**6 is not.
+    assert op_probe_values(12, torch.float16)["prod"] == 46656.0
+    assert "prod" not in op_probe_values(13, torch.float16)
+    # bfloat16 holds 3**5 = 243 exactly (8 significand bits), not 3**6 = 729.
+    assert op_probe_values(10, torch.bfloat16)["prod"] == 2.0**5 * 3.0**5
+    assert "prod" not in op_probe_values(12, torch.bfloat16)
+    assert op_probe_values(13, torch.float16)["avg"] == float(torch.tensor(32 / 13, dtype=torch.float16))
+
+
+def test_summing_when_asked_for_another_op_is_sum_not_op() -> None:
+    ops: list[tuple[Op, str]] = [("max", "where max gives 3.0"), ("avg", "where avg gives 2.5")]
+    for op, where in ops:
+        for mode in MODES:
+            codes, text = find(planted_impls.sums_whatever_the_op, replace(PAIR, op=op), mode)
+            assert codes == ["sum-not-op"]
+            assert text.endswith(
+                "On the op probes (worker j holds 2 + j % 2: 2, 3, 2, ..., and 3 - j % 2, where every op "
+                f"gives another value) every element is the sum (5.0 on the first, {where}): the target "
+                f"computed sum when asked for {op}"
+            )
+
+
+def test_another_op_is_wrong_op_named_with_both_ops() -> None:
+    codes, text = find(planted_impls.other_extreme, replace(PAIR, op="min"), "bound")
+    assert codes == ["wrong-op"]
+    assert text.endswith(
+        "every element is the maximum (3.0 on the first, where min gives 2.0): the target computed max "
+        "when asked for min"
+    )
+    codes, text = find(lambda x: x.max(0).values, PAIR, "bound")
+    assert codes == ["wrong-op"]
+    assert text.endswith(
+        "every element is the maximum (3.0 on the first, where sum gives 5.0): the target computed max "
+        "when asked for sum"
+    )
+    codes, text = find(lambda x, op: ring_all_reduce(x, op="min"), replace(PAIR, op="prod"), "bound")
+    assert codes == ["wrong-op"] and text.endswith("the target computed min when asked for prod")
+
+
+def test_without_the_asked_ops_probe_value_the_explanation_names_only_the_other() -> None:
+    c = Case(13, 13, (), torch.float16, "contiguous", (1.0,) * 169, "prod")
+    codes, text = find(planted_impls.sums_whatever_the_op, c, "bound")
+    assert codes == ["sum-not-op"]
+    assert text.endswith(
+        "every element is the sum (32.0 on the first): the target computed sum when asked for prod"
+    )
+
+
+def test_a_lost_worker_is_not_taken_for_min_or_max() -> None:
+    # On 2, 3 losing worker 1 keeps 2 (the min), on 3, 2 it keeps 3 (the max): no single other op.
+    codes, text = find(planted_impls.drops_last_worker_op, replace(PAIR, op="max"), "bound")
+    assert codes == ["out-of-bound"] and "worker(s) [1] lost" in text
+
+
+def test_another_ops_value_on_the_probes_only_is_not_that_op() -> None:
+    # sum + 1 is 6, the product, on both probes for N = 2; on the counterexample it is no product.
+    codes, _ = find(lambda x, op: ring_all_reduce(x) + 1, replace(PAIR, op="max"), "bound")
+    assert codes == ["out-of-bound"]
+
+
+def test_the_average_instead_of_the_sum_on_the_probes_only_is_no_op() -> None:
+    # avg is not looked for when the sum was asked: a mean belongs to mean-not-sum.
+    codes, _ = find(_mean_unless_one_hot, case((3.0, 5.0, 7.0, 9.0)), "bound")
+    assert codes == ["out-of-bound"]
+
+
+def _zero_as_plus(x: torch.Tensor, op: str) -> torch.Tensor:
+    result = ring_all_reduce(x, op=op)
+    return torch.where(result == 0, torch.zeros_like(result), result)
+
+
+def test_one_worker_has_no_op_probe() -> None:
+    # For N = 1 every op gives the worker's value: the op probes tell nothing, the zero's sign does.
+    codes, _ = find(_zero_as_plus, case((-0.0, 1.0), "max", n=1), "exact")
+    assert codes == ["signed-zero"]
+
+
+# --- signed zeros ---------------------------------------------------------------------------------------
+
+
+def test_position_probe_values() -> None:
+    c = Case(2, 6, (), torch.float32, "contiguous", (0.0,) * 12, "prod")
+    assert position_probe(c).values == (1.0, 2.0, 4.0, 8.0, 16.0, -1.0) + (1.0,) * 6
+    c = Case(3, 3, (), torch.float16, "strided", (0.0,) * 9, "max")
+    probe = position_probe(c)
+    assert probe.values == (1.0, 4.0, 7.0, 2.0, 5.0, 8.0, 3.0, 6.0, 9.0)
+    assert (probe.n, probe.m, probe.dtype, probe.layout, probe.op) == (3, 3, torch.float16, "strided", "max")
+    big = Case(2, 100, (), torch.float32, "contiguous", (0.0,) * 200, "min")
+    assert (position_probe(big).values[84], position_probe(big).values[100 + 84]) == (2.0, 3.0)
+    assert max(position_probe(big).values) == 251.0 and min(position_probe(big).values) == 1.0
+
+
+def test_a_product_zero_of_the_wrong_sign_is_signed_zero_in_every_mode() -> None:
+    c = case((-0.0, 1.0, 1.0, 1.0), "prod")
+    for mode in MODES:
+        codes, text = find(planted_impls.unsigned_zero_product, c, mode)
+        assert codes == ["signed-zero"]
+        assert "the sign of a product is the exclusive or of the signs in every order (IEEE 754)" in text
+
+
+@pytest.mark.parametrize(("op", "word"), [("max", "maximum"), ("min", "minimum")])
+def test_another_zero_where_minus_and_plus_zero_tie_is_signed_zero_under_exact(op: Op, word: str) -> None:
+    c = case((0.0, 0.0, -0.0, -0.0), op)
+    codes, text = find(planted_impls.keeps_the_last_zero, c, "exact")
+    assert codes == ["signed-zero"]
+    assert (
+        f"where -0 and +0 tie for the {word}, the ring keeps the first in its fold order (clause op-{op})"
+        in text
+    )
+    assert f"a correct {op} by value; only --mode exact requires the ring's zeros" in text
+
+
+@pytest.mark.parametrize(("op", "word", "mirror"), [("max", "maximum", "min"), ("min", "minimum", "max")])
+def test_a_zero_no_worker_holds_is_signed_zero_in_every_mode(op: Op, word: str, mirror: str) -> None:
+    c = case((-0.0, 1.0, -0.0, 1.0), op)  # both workers hold -0 at element 0
+    for mode in ("order-free", "bound"):
+        codes, text = find(_zero_as_plus, c, mode)
+        assert codes == ["signed-zero"]
+        assert f"a zero has a sign that no worker holding the {word} there has" in text
+        assert f"(an op computed as -{mirror}(-x), or a zero written as +0?)" in text
+
+
+def test_zeros_merely_moved_are_not_a_sign_problem() -> None:
+    # Rotated zeros of both signs look like wrong signs; the position probe shows the result moved.
+    c = case((-0.0, 0.0, -0.0, 0.0), "max")
+    for mode in MODES:
+        codes, _ = find(planted_impls.op_chunks_rotated, c, mode)
+        assert codes == ["out-of-bound"], mode
+
+
+def _plus_zero_avg(x: torch.Tensor, op: str) -> torch.Tensor:
+    result = ring_all_reduce(x, op="avg")
+    return torch.where(result == 0, torch.zeros_like(result), result)
+
+
+def test_an_averages_zero_is_not_a_sign_problem_but_its_order() -> None:
+    codes, _ = find(_plus_zero_avg, case((-0.0, 2.0, -0.0, 4.0), "avg"), "exact")
+    assert codes == ["not-ring-order"]
+
+
+def _zero_as_plus_and_seven_thrice(x: torch.Tensor, op: str) -> torch.Tensor:
+    result = _zero_as_plus(x, op)
+    return torch.where(result == 7, 3 * result, result)
+
+
+def test_signed_zero_needs_the_values_right_once_the_zeros_are_fixed() -> None:
+    # Right on every probe (no 7 there); on this input a wrong zero and a wrong 7 (21).
+    c = case((-0.0, 7.0, -0.0, 1.0), "max")
+    for mode in MODES:
+        codes, _ = find(_zero_as_plus_and_seven_thrice, c, mode)
+        assert codes == ["out-of-bound"], mode
+
+
+# --- avg divided first ----------------------------------------------------------------------------------
+
+F16_THIRDS = Case(
+    3, 3, (), torch.float16, "contiguous", (0.0, 0.0, 0.0, 0.0, 0.0, 313.0, 0.0, 0.0, 294.0), "avg"
+)
+
+
+@pytest.mark.parametrize("fn", [planted_impls.divides_first, planted_impls.premultiplies])
+def test_the_ring_sum_of_quotients_bit_for_bit_is_avg_divided_first(fn: Callable[..., torch.Tensor]) -> None:
+    for mode in ("exact", "order-free"):
+        codes, text = find(fn, F16_THIRDS, mode)
+        assert codes == ["avg-divided-first"]
+        assert text.startswith("First differing element (2,) (chunk 2): expected 202.375, actual 202.25")
+        assert text.endswith(
+            "The result is bit for bit the ring's sum of the contributions each divided by N first "
+            "(x_i / 3 rounded, then summed), not the ring's sum divided once (clause op-avg)"
+        )
+
+
+def _premultiplies_in_torch_order(x: torch.Tensor, op: str) -> torch.Tensor:
+    return (x * torch.tensor(1.0 / x.shape[0], dtype=torch.float64).to(x.dtype)).sum(0)
+
+
+def _divides_in_torch_order(x: torch.Tensor, op: str) -> torch.Tensor:
+    return (x / x.shape[0]).sum(0)
+
+
+def test_the_premultiplied_sum_in_the_rings_order_is_named_nccls() -> None:
+    c = Case(3, 3, (), torch.float16, "contiguous", (0.0,) * 4 + (31.0,) + (0.0,) * 4, "avg")
+    codes, text = find(planted_impls.premultiplies, c, "order-free")
+    assert codes == ["avg-divided-first"]
+    # 31 * 0.333251953125 rounds to 10.328125 in float16, 31 / 3 to 10.3359375.
+    assert text.startswith("First differing element (1,) (chunk 1): expected 10.3359375, actual 10.328125")
+    assert (
+        "the ring's sum of the contributions each multiplied by 1/N rounded first (x_i * 0.333251953125 "
+        "rounded, then summed, as NCCL's ncclAvg premultiplies)"
+    ) in text
+
+
+def _pair_and_words(text: str) -> tuple[int, int, float, list[float]]:
+    found = re.search(
+        r"With only workers 0 and 1 holding (\d+) and (\d+) \(one addition, the same in every order\) the "
+        r"target gives ([0-9.e-]+) everywhere: .*; an average divided once gives ([0-9.e -or]+) "
+        r"\(clause op-avg\)",
+        text,
+    )
+    assert found is not None, text
+    once = [float(v) for v in found.group(4).split(" or ")]
+    return int(found.group(1)), int(found.group(2)), float(found.group(3)), once
+
+
+def f16(v: float) -> torch.Tensor:
+    return torch.tensor(v, dtype=torch.float16)
+
+
+def test_dividing_first_in_another_order_is_told_by_the_two_worker_probe() -> None:
+    c = Case(
+        3,
+        3,
+        (),
+        torch.float16,
+        "contiguous",
+        (242.0, 334.0, 195.0, 108.0, 49.0, 250.0, 15.0, 200.0, 222.0),
+        "avg",
+    )
+    codes, text = find(_divides_in_torch_order, c, "exact")
+    assert codes == ["avg-divided-first"]
+    assert "the contributions each divided by N first (x_i / 3 rounded, then summed)" in text
+    a, b, scaled, once = _pair_and_words(text)
+    assert float(f16(a / 3) + f16(b / 3)) == scaled
+    assert once == [float(f16((a + b) / 3))] and scaled not in once
+
+
+def test_premultiplying_in_another_order_is_told_by_the_two_worker_probe() -> None:
+    c = Case(
+        3,
+        3,
+        (),
+        torch.float16,
+        "contiguous",
+        (312.0, 391.0, 393.0, 2.0, 357.0, 229.0, 137.0, 370.0, 118.0),
+        "avg",
+    )
+    codes, text = find(_premultiplies_in_torch_order, c, "exact")
+    assert codes == ["avg-divided-first"]
+    assert "each multiplied by 1/N rounded first (x_i * 0.333251953125 rounded, then summed" in text
+    a, b, scaled, once = _pair_and_words(text)
+    third = f16(1 / 3)
+    assert float(f16(a) * third + f16(b) * third) == scaled
+    assert float(f16((a + b) / 3)) in once and scaled not in once
+    assert all(v in (float(f16((a + b) / 3)), float(f16(a + b) * third)) for v in once)
+
+
+def test_dividing_first_keeps_negative_zeros_negative() -> None:
+    # Element 0: every worker holds -0, so each quotient is -0 and so is their sum.
+    c = Case(
+        3, 3, (), torch.float16, "contiguous", (-0.0, 0.0, 0.0, -0.0, 0.0, 313.0, -0.0, 0.0, 294.0), "avg"
+    )
+    codes, text = find(planted_impls.divides_first, c, "exact")
+    assert codes == ["avg-divided-first"] and "bit for bit" in text
+
+
+def test_dividing_by_a_power_of_two_first_is_exact_and_passes() -> None:
+    c = Case(4, 4, (), torch.float16, "contiguous", tuple(float(v) for v in range(1, 17)), "avg")
+    assert diagnose(planted_impls.divides_first, call_target(planted_impls.divides_first, c), "exact") is None
+
+
+def test_an_average_right_on_the_two_worker_probe_is_not_divided_first() -> None:
+    # Wrong on this input, but not a sum of quotients, and right when only two workers hold values.
+    def fn(x: torch.Tensor, op: str) -> torch.Tensor:
+        right = ring_all_reduce(x, op="avg")
+        return right + 1 if bool((x == 294).any()) else right
+
+    codes, _ = find(fn, F16_THIRDS, "bound")
+    assert codes == ["out-of-bound"]
+
+
+# --- not-ring-order -------------------------------------------------------------------------------------
+
+EPS = 2.0**-24
+ORDERED = Case(3, 3, (), torch.float32, "contiguous", (1.0, 1.0, 1.0, EPS, EPS, EPS, EPS, EPS, EPS))
+
+
+def test_a_correct_sum_in_another_order_is_not_ring_order_with_the_revealed_fold() -> None:
+    codes, text = find(planted_impls.torch_sum, ORDERED, "exact")
+    assert codes == ["not-ring-order"]
+    assert text.startswith("First differing element (1,) (chunk 1): expected 1.0000001192092896, actual 1.0")
+    assert (
+        "A correct sum in a different summation order: every contribution is counted once, the result is "
+        "within the forward-error bound of the exact sum and exact on order-free inputs, but not bitwise "
+        "the ring's fold order (clause fold-order); only --mode exact requires that order; revealed on "
+        "float32 inputs of that shape (ring-ref reveal), the target sums that element as fold 0,1,2"
+    ) in text
+    spec = ",".join(map(str, spec_slot("all-gather", 1, 0, 1, 3)))
+    assert text.endswith(f", where the spec's ring folds {spec}")
+
+
+def test_float64_cases_are_revealed_in_float64() -> None:
+    e = 2.0**-53
+    c = Case(3, 3, (), torch.float64, "contiguous", (1.0, 1.0, 1.0, e, e, e, e, e, e))
+    codes, text = find(planted_impls.torch_sum, c, "exact")
+    assert codes == ["not-ring-order"]
+    assert "revealed on float64 inputs of that shape (ring-ref reveal)" in text
+
+
+def test_another_ops_order_is_named_without_a_reveal() -> None:
+    codes, text = find(lambda x, op: torch.sum(x, 0) / 3, replace(ORDERED, op="avg"), "exact")
+    assert codes == ["not-ring-order"]
+    assert "A correct avg in a different order: every contribution is counted once" in text
+    assert "the exact average and exact on order-free inputs" in text
+    assert "revealed" not in text
+
+
+def _torch_sum_refusing_probes(x: torch.Tensor) -> torch.Tensor:
+    if bool(((x == 0) | (x == 1)).all()):
+        raise RuntimeError("probes refused")
+    return torch.sum(x, 0)
+
+
+def _torch_sum_off_elsewhere(x: torch.Tensor) -> torch.Tensor:
+    """torch's order where the input holds 2**-24, else 1 too much (counts of 1: a constant)."""
+    return torch.sum(x, 0) + (0.0 if bool((x == EPS).any()) else 1.0)
+
+
+def _torch_sum_raising_elsewhere(x: torch.Tensor) -> torch.Tensor:
+    if not bool((x == EPS).any()) and not bool(((x == 0) | (x == 1)).all()):
+        raise RuntimeError("not today")
+    return torch.sum(x, 0)
+
+
+def test_not_ring_order_needs_exact_mode_counts_of_one_and_order_free_inputs_right() -> None:
+    for fn in (_torch_sum_refusing_probes, _torch_sum_off_elsewhere, _torch_sum_raising_elsewhere):
+        codes, text = find(fn, ORDERED, "exact")
+        assert codes == ["out-of-bound"], fn
+        assert text.endswith("Wrong values, not explained by a more specific code")
+    codes, _ = find(planted_impls.torch_sum, ORDERED, "order-free")
+    assert codes == ["out-of-bound"]
+    # counted once and right on order-free inputs, but out of the bound on this one
+    codes, _ = find(lambda x: torch.sum(x, 0) + (x == EPS).any() * 1.0, ORDERED, "exact")
+    assert codes == ["out-of-bound"]
+
+
+# --- groups ---------------------------------------------------------------------------------------------
+
+
+def test_ranks_that_differ_from_a_right_rank_disagree() -> None:
+    right = sums(PAIR)
+
+    def fn(c: Case, r: int) -> torch.Tensor:
+        return right.clone() if r == 0 else torch.zeros(2)
+
+    finding = diagnose(PerRank(fn), PerRank(fn).call(PAIR), "bound")
+    assert finding is not None and finding.codes == ["ranks-disagree"] and finding.ranks == [1]
+    assert finding.explanation.startswith(
+        "ranks-disagree: rank(s) [1] ended with different bits than rank 0, whose result passes: first "
+        "differing element (0,) (chunk 0): rank 1 has 0.0 where rank 0 has 4.0; rank(s) [1] also fail the "
+        "oracle (First differing element (0,) (chunk 0): expected 4.0, actual 0.0; "
+    )
+    assert finding.explanation.endswith("(2 element(s) differ)); the ranks did not compute one all-reduce")
+    m = finding.mismatch
+    assert m is not None and (m.index, m.chunk, m.expected, m.actual, m.count) == ((0,), 0, 4.0, 0.0, 2)
+
+
+def test_the_reference_rank_is_the_first_that_passes() -> None:
+    right = sums(PAIR)
+
+    def fn(c: Case, r: int) -> torch.Tensor:
+        return right.clone() if r == 1 else torch.tensor([4.0, 0.0])
+
+    finding = diagnose(PerRank(fn), PerRank(fn).call(PAIR), "exact")
+    assert finding is not None and finding.codes == ["ranks-disagree"] and finding.ranks == [0]
+    assert (
+        "rank(s) [0] ended with different bits than rank 1, whose result passes: first differing element "
+        "(1,) (chunk 1): rank 0 has 0.0 where rank 1 has 6.0" in finding.explanation
+    )
+
+
+def test_ranks_that_all_pass_but_differ_disagree_without_an_oracle_failure() -> None:
+    ring, other = ring_all_reduce(ORDERED.tensor()), torch.sum(ORDERED.tensor(), 0)
+
+    def fn(c: Case, r: int) -> torch.Tensor:
+        return (other if r == 2 else ring).clone()
+
+    finding = diagnose(PerRank(fn), PerRank(fn).call(ORDERED), "bound")
+    assert finding is not None and finding.codes == ["ranks-disagree"] and finding.ranks == [2]
+    assert finding.explanation == (
+        "ranks-disagree: rank(s) [2] ended with different bits than rank 0, whose result passes: first "
+        "differing element (1,) (chunk 1): rank 2 has 1.0 where rank 0 has 1.0000001192092896; the ranks "
+        "did not compute one all-reduce"
+    )
+
+
+def test_a_rank_that_double_counts_is_double_counted_though_another_is_right_by_luck() -> None:
+    # Worker 0 holds 0 at element 0, so rank 1 counting it twice is right there, wrong at element 1.
+    def fn(c: Case, r: int) -> torch.Tensor:
+        x = c.tensor()
+        return x[0] + x.sum(0) if r == 1 else x.sum(0)
+
+    c = case((0.0, 2.0, 3.0, 4.0))
+    finding = diagnose(PerRank(fn), PerRank(fn).call(c), "exact")
+    assert finding is not None and finding.codes == ["double-counted"] and finding.ranks == [1]
+    assert finding.explanation.startswith(
+        "double-counted: rank(s) [1] fail; rank(s) [0] happen to be right on this input; rank 1: First "
+        "differing element (1,) (chunk 1): expected 6.0, actual 8.0"
+    )
+    assert "worker 0: 2, worker 1: 1" in finding.explanation
+    assert finding.explanation.endswith(
+        "(the ranks' results also differ: rank 1 has 8.0 where rank 0 has 6.0)"
+    )
+
+
+def test_every_rank_failing_alike_names_them_all() -> None:
+    def fn(c: Case, r: int) -> torch.Tensor:
+        return c.tensor().sum(0) / 2
+
+    c = Case(3, 3, (), torch.float32, "contiguous", (3.0,) * 9)
+    finding = diagnose(PerRank(fn), PerRank(fn).call(c), "bound")
+    assert finding is not None and finding.codes == ["out-of-bound"] and finding.ranks == [0, 1, 2]
+    assert finding.explanation.startswith("out-of-bound: rank(s) [0, 1, 2] fail; rank 0: First differing")
+    assert "happen to be right" not in finding.explanation and "also differ" not in finding.explanation
+
+
+def test_group_structural_findings_name_the_ranks_and_each_code_once() -> None:
+    def fn(c: Case, r: int) -> torch.Tensor:
+        raise ValueError("odd" if r % 2 else "even")
+
+    c = Case(3, 3, (), torch.float32, "contiguous", (0.0,) * 9)
+    outcome = PerRank(fn).call(c)
+    assert structural(outcome) == [
+        ("raised", "rank(s) [0, 2]: raised ValueError: even (on a valid input)"),
+        ("raised", "rank(s) [1]: raised ValueError: odd (on a valid input)"),
+    ]
+    finding = diagnose(PerRank(fn), outcome, "bound")
+    assert finding is not None and finding.codes == ["raised"] and finding.mismatch is None
+    assert finding.explanation == (
+        "raised: rank(s) [0, 2]: raised ValueError: even (on a valid input); "
+        "raised: rank(s) [1]: raised ValueError: odd (on a valid input)"
+    )
+
+
+def test_a_rank_working_in_place_is_not_aliasing() -> None:
+    def fn(c: Case, r: int) -> None:
+        return None  # the rank's own tensor is its result: here, its input
+
+    c = case((2.0, 2.0, 2.0, 2.0))
+    outcome = PerRank(fn).call(c)
+    assert structural(outcome) == []
+    finding = diagnose(PerRank(fn), outcome, "bound")
+    assert finding is not None and finding.codes == ["out-of-bound"] and finding.ranks == [0, 1]
+    assert "rank 0: " in finding.explanation and "so worker(s) [1] lost" in finding.explanation
+
+
+# --- difference -----------------------------------------------------------------------------------------
+
+
+def _const(*values: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    return lambda x: torch.tensor(values)
+
+
+def test_difference_of_two_results() -> None:
+    a, b = call_target(_const(1.5, 2.0), PAIR), call_target(_const(2.5, 2.0), PAIR)
+    assert difference(a, a) == ""
+    assert difference(a, b) == "result element (0,) was 1.5 the first time, 2.5 the second"
+    c = call_target(_const(1.5, 3.0), PAIR)
+    assert difference(a, c) == "result element (1,) was 2.0 the first time, 3.0 the second"
+    other = call_target(_const(1.5, 2.0, 0.0), PAIR)
+    assert difference(a, other) == (
+        "result: (2,) torch.float32 on cpu the first time, (3,) torch.float32 on cpu the second"
+    )
+    f64 = call_target(lambda x: torch.tensor([1.5, 2.0], dtype=torch.float64), PAIR)
+    assert (
+        difference(a, f64)
+        == "result: (2,) torch.float32 on cpu the first time, (2,) torch.float64 on cpu the second"
+    )
+    meta = call_target(lambda x: torch.tensor([1.5, 2.0]).to("meta"), PAIR)
+    assert (
+        difference(a, meta)
+        == "result: (2,) torch.float32 on cpu the first time, (2,) torch.float32 on meta the second"
+    )
+    assert difference(meta, meta) == ""  # no bits to compare
+    listed = call_target(_returns_a_list, PAIR)
+    assert difference(a, listed) == "result: a tensor once, not the other time"
+    assert difference(listed, a) == "result: a tensor once, not the other time"
+    assert difference(listed, listed) == ""
+
+
+def test_difference_of_the_input_after_the_call_and_of_exceptions() -> None:
+    def bump(x: torch.Tensor) -> torch.Tensor:
+        x[1, 1] += 1
+        return torch.tensor([4.0, 6.0])
+
+    right = call_target(lambda x: torch.tensor([4.0, 6.0]), PAIR)
+    assert difference(right, call_target(bump, PAIR)) == (
+        "the input after the call, element (1, 1) was 4.0 the first time, 5.0 the second"
+    )
+    raised = call_target(_raises_value_error, PAIR)
+    assert difference(raised, right) == (
+        "the first call raised ValueError: a ring needs at least two workers, the second returned"
+    )
+    assert difference(right, raised) == (
+        "the first call returned, the second raised ValueError: a ring needs at least two workers"
+    )
+    assert difference(raised, raised) == ""
+
+
+def test_difference_of_group_answers_names_the_rank() -> None:
+    def good(c: Case, r: int) -> torch.Tensor:
+        return torch.tensor([4.0, 6.0])
+
+    def odd(c: Case, r: int) -> torch.Tensor:
+        return torch.tensor([4.0, 6.0 + r])
+
+    a, b = PerRank(good).call(PAIR), PerRank(odd).call(PAIR)
+    assert difference(a, b) == "rank 1: result element (1,) was 6.0 the first time, 7.0 the second"
+    assert difference(a, call_target(ring_all_reduce, PAIR)) == "2 answer(s) the first time, 1 the second"
+
+    def raising(c: Case, r: int) -> torch.Tensor:
+        if r == 0:
+            raise ValueError("zero")
+        return torch.tensor([4.0, 6.0])
+
+    assert (
+        difference(PerRank(raising).call(PAIR), a)
+        == "rank 0: the first call raised ValueError: zero, the second returned"
+    )
+    assert difference(Outcome(PAIR, (Answer("Tensor"),)), Outcome(PAIR, (Answer("Tensor"),))) == ""
