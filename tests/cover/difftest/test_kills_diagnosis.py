@@ -37,6 +37,7 @@ from ring_ref.difftest._diagnosis import (
     structural,
 )
 from ring_ref.difftest._launch import Launcher, OutputLog
+from ring_ref.difftest._oracles import EXACT_ORDER, ExactOrder
 from ring_ref.difftest._vocabulary import Mode, Op
 from tests import planted_impls
 from tests.oracles import spec_slot
@@ -911,6 +912,7 @@ def test_ranks_that_differ_from_a_right_rank_disagree() -> None:
     assert finding.explanation.endswith("(2 element(s) differ)); the ranks did not compute one all-reduce")
     m = finding.mismatch
     assert m is not None and (m.index, m.chunk, m.expected, m.actual, m.count) == ((0,), 0, 4.0, 0.0, 2)
+    assert m.detail == "rank 1 has 0.0 where rank 0 has 4.0"
 
 
 def test_the_reference_rank_is_the_first_that_passes() -> None:
@@ -1076,3 +1078,100 @@ def test_difference_of_group_answers_names_the_rank() -> None:
         == "rank 0: the first call raised ValueError: zero, the second returned"
     )
     assert difference(Outcome(PAIR, (Answer("Tensor"),)), Outcome(PAIR, (Answer("Tensor"),))) == ""
+
+
+# --- more edges of the probes ---------------------------------------------------------------------------
+
+
+def _inf_on_marks(x: torch.Tensor) -> torch.Tensor:
+    return x.sum(0) + (torch.inf if bool((x == 1).any()) else 0.0)
+
+
+def _prod_times_three_on_marks(x: torch.Tensor, op: str = "prod") -> torch.Tensor:
+    return x.prod(0) * (3.0 if bool((x == 2).any()) else 1.0)
+
+
+def _prod_zero_on_marks(x: torch.Tensor, op: str = "prod") -> torch.Tensor:
+    return x.prod(0) * (0.0 if bool((x == 2).any()) else 1.0)
+
+
+def test_a_non_finite_probe_a_whole_ratio_other_than_a_power_of_two_or_zero_is_no_count() -> None:
+    assert _no_counts(count_contributions(_inf_on_marks, PAIR))  # base 0, the probes inf
+    prod = replace(PAIR, op="prod")
+    assert _no_counts(count_contributions(as_launcher(_prod_times_three_on_marks), prod))  # 6 = 2 * 3
+    assert _no_counts(count_contributions(as_launcher(_prod_zero_on_marks), prod))
+
+
+def _sums_refusing_op_probes(x: torch.Tensor, op: str) -> torch.Tensor:
+    if bool(((x == 2) | (x == 3)).all()):
+        raise RuntimeError("no 2s and 3s")
+    return x.sum(0)
+
+
+def _sum_with_a_hole_on_op_probes(x: torch.Tensor, op: str) -> torch.Tensor:
+    result = x.sum(0)
+    if bool(((x == 2) | (x == 3)).all()):
+        result[1] = 0
+    return result
+
+
+def test_the_op_probes_must_answer_and_show_the_other_op_on_every_element() -> None:
+    for fn in (_sums_refusing_op_probes, _sum_with_a_hole_on_op_probes):
+        codes, text = find(fn, replace(PAIR, op="max"), "bound")
+        assert codes == ["out-of-bound"], fn
+        assert text.endswith("Wrong values, not explained by a more specific code")
+
+
+def test_the_value_named_is_the_first_op_probes() -> None:
+    c = Case(3, 3, (), torch.float32, "contiguous", tuple(float(v) for v in range(1, 10)), "max")
+    codes, text = find(planted_impls.sums_whatever_the_op, c, "bound")
+    assert codes == ["sum-not-op"]
+    # 2 + 3 + 2 = 7 (the flipped probe, 3 + 2 + 3, sums to 8)
+    assert text.endswith(
+        "every element is the sum (7.0 on the first, where max gives 3.0): the target computed sum when "
+        "asked for max"
+    )
+    codes, text = find(lambda x, op: x.prod(0), c, "bound")
+    assert codes == ["wrong-op"]
+    assert text.endswith(
+        "every element is the product (12.0 on the first, where max gives 3.0): the target computed prod "
+        "when asked for max"
+    )
+
+
+def test_dividing_by_two_first_shows_in_subnormals() -> None:
+    # Half the smallest float32 subnormal rounds to 0 (ties to even): each quotient is 0, the average not.
+    tiny = 2.0**-149
+    c = case((tiny, 0.0, tiny, 0.0), "avg")
+    codes, text = find(planted_impls.divides_first, c, "exact")
+    assert codes == ["avg-divided-first"]
+    assert text.startswith(f"First differing element (0,) (chunk 0): expected {tiny!r}, actual 0.0")
+    assert "bit for bit the ring's sum of the contributions each divided by N first (x_i / 2 rounded" in text
+
+
+F16_ORDERED = Case(3, 3, (), torch.float16, "contiguous", (1.0, 1.0, 1.0) + (2.0**-11,) * 6)
+
+
+def _torch_sum_refusing_float32(x: torch.Tensor) -> torch.Tensor:
+    if x.dtype == torch.float32:
+        raise RuntimeError("float16 only")
+    return torch.sum(x, 0)
+
+
+def test_not_ring_order_without_a_reveal_when_the_target_refuses_its_probes() -> None:
+    codes, text = find(planted_impls.torch_sum, F16_ORDERED, "exact")
+    assert codes == ["not-ring-order"] and "revealed on float32 inputs" in text
+    codes, text = find(_torch_sum_refusing_float32, F16_ORDERED, "exact")
+    assert codes == ["not-ring-order"]
+    assert text.endswith("(clause fold-order); only --mode exact requires that order")
+
+
+def test_the_spec_fold_is_named_only_when_exact_is_the_specs_ring() -> None:
+    torch_order = ExactOrder("torch.sum's order", lambda c: torch.sum(c.tensor(), 0))
+    token = EXACT_ORDER.set(torch_order)
+    try:
+        codes, text = find(ring_all_reduce, ORDERED, "exact")
+    finally:
+        EXACT_ORDER.reset(token)
+    assert codes == ["not-ring-order"]
+    assert "the target sums that element as fold 1,2,0" in text and "spec's ring" not in text
