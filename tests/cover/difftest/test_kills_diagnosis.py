@@ -1175,3 +1175,73 @@ def test_the_spec_fold_is_named_only_when_exact_is_the_specs_ring() -> None:
         EXACT_ORDER.reset(token)
     assert codes == ["not-ring-order"]
     assert "the target sums that element as fold 1,2,0" in text and "spec's ring" not in text
+
+
+def test_under_and_overflow_counts_are_the_most_any_rank_accepted() -> None:
+    # Every element: 2**-100 twice and 2**100 twice.  Their product is 1, but two of them multiply to
+    # 2**-200 (some order underflows) and two to 2**200 (some order overflows): inf is accepted there as an
+    # overflow, and any positive finite value as an underflow.
+    low, high = 2.0**-100, 2.0**100
+    c = Case(4, 4, (), torch.float32, "contiguous", (low,) * 8 + (high,) * 8, "prod")
+    inf, one = torch.full((4,), torch.inf), torch.ones(4)
+    assert passes(each_rank(inf, inf, inf, inf).call(c), "bound") == (True, 4, 0)
+    assert passes(each_rank(one, one, one, one).call(c), "bound") == (True, 0, 4)
+    assert passes(each_rank(inf, one, one, one).call(c), "bound") == (False, 4, 4)
+    assert passes(each_rank(one, one, one, inf).call(c), "bound") == (False, 4, 4)
+
+
+def _group_of(bug: Callable[..., torch.Tensor]) -> PerRank:
+    """Rank 1 runs ``bug`` on the whole stacked input, every other rank the correct ring."""
+
+    def fn(c: Case, r: int) -> torch.Tensor:
+        x = c.tensor()
+        if c.op is None:
+            return bug(x) if r == 1 else ring_all_reduce(x)
+        return bug(x, c.op) if r == 1 else planted_impls.op_ring(x, c.op)
+
+    return PerRank(fn)
+
+
+@pytest.mark.parametrize(
+    ("bug", "c", "code"),
+    [
+        (planted_impls.mean_instead_of_sum, PAIR, "mean-not-sum"),
+        (planted_impls.sums_whatever_the_op, replace(PAIR, op="max"), "sum-not-op"),
+        (planted_impls.other_extreme, replace(PAIR, op="min"), "wrong-op"),
+        (planted_impls.divides_first, F16_THIRDS, "avg-divided-first"),
+    ],
+    ids=["mean", "sum", "other-op", "avg"],
+)
+def test_a_rank_whose_probes_show_a_counting_bug_is_named_for_it_not_for_disagreeing(
+    bug: Callable[..., torch.Tensor], c: Case, code: str
+) -> None:
+    group = _group_of(bug)
+    finding = diagnose(group, group.call(c), "exact")
+    assert finding is not None and finding.codes == [code] and finding.ranks == [1]
+    right = "[0, 2]" if c.n == 3 else "[0]"
+    assert (
+        f"rank(s) [1] fail; rank(s) {right} happen to be right on this input; rank 1: " in finding.explanation
+    )
+
+
+def test_a_rank_out_of_bound_while_another_is_right_disagrees() -> None:
+    group = _group_of(planted_impls.chunks_rotated)
+    finding = diagnose(group, group.call(PAIR), "exact")
+    assert finding is not None and finding.codes == ["ranks-disagree"] and finding.ranks == [1]
+
+
+def _avg_off_on_marks(steps: int) -> Callable[..., torch.Tensor]:
+    """The average, plus ``steps`` float16 ulps of 1/4 (2**-12) wherever a worker holds 1."""
+
+    def fn(x: torch.Tensor, op: str = "avg") -> torch.Tensor:
+        right = ring_all_reduce(x, op="avg")
+        return right + (steps * 2.0**-12 if bool((x == 1).any()) else 0.0)
+
+    return fn
+
+
+def test_an_avg_count_is_whole_within_two_roundings_and_not_beyond() -> None:
+    # N = 4: the probe's 1/4 is exact; one ulp more is a count of 1 + 2u (u = 2**-11), two ulps 1 + 4u.
+    c = Case(4, 4, (), torch.float16, "contiguous", (0.0,) * 16, "avg")
+    assert count_contributions(as_launcher(_avg_off_on_marks(1)), c) == [[1.0] * 4] * 4
+    assert count_contributions(as_launcher(_avg_off_on_marks(2)), c) == [[1.0 + 2.0**-9] * 4] * 4
