@@ -147,11 +147,27 @@ MODULES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
         ("ring_ref/difftest/_vocabulary.py", "tests/cover/difftest/test_kills_vocabulary.py"),
     ),
     # The launchers: their own kill tests, which fork workers from pytest's process (milliseconds each).
+    # The call, diagnosis and search modules: their own kill tests, with outcomes built by hand and
+    # targets run in pytest's process.
     **{
         f"difftest.{name}": ((path,), (path, f"tests/cover/difftest/test_kills_{name}.py"))
-        for name in ("worker", "launch", "targets")
+        for name in ("worker", "launch", "targets", "call", "diagnosis", "search")
         for path in (f"ring_ref/difftest/_{name}.py",)
     },
+    # The process-group launchers: fake communicators in pytest's process, and real gloo groups and MPI
+    # jobs (seconds per mutant).
+    "difftest.ranks": (
+        ("ring_ref/difftest/_ranks.py",),
+        ("ring_ref/difftest/_ranks.py", "tests/nocover/test_kills_ranks.py"),
+    ),
+    "difftest.mpi": (
+        ("ring_ref/difftest/_mpi.py", "ring_ref/difftest/_mpi_ranks.py"),
+        (
+            "ring_ref/difftest/_mpi.py",
+            "ring_ref/difftest/_mpi_ranks.py",
+            "tests/nocover/test_kills_mpi.py",
+        ),
+    ),
 }
 
 
