@@ -20,7 +20,7 @@ import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, ClassVar, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -28,6 +28,7 @@ import pytest
 import torch
 
 from ring_ref._mpi_launch import MpiRing, RankFailed, RanksTimedOut, mpirun_path
+from ring_ref.difftest import _mpi
 from ring_ref.difftest._call import TensorView
 from ring_ref.difftest._inputs import Case
 from ring_ref.difftest._mpi import MpiTarget, RankAnswer, _answer, observe
@@ -117,10 +118,19 @@ class FakeComm:
 class FakeRing(MpiRing):
     """A job that is never started: each run calls ``fn`` for every rank here, or fails as told."""
 
+    made: ClassVar[list[FakeRing]] = []
+    """Every one made, in order."""
+
     def __init__(
-        self, n: int, *, fails: BaseException | None = None, replies: list[object] | None = None
+        self,
+        n: int,
+        *,
+        mca: dict[str, str] | None = None,
+        fails: BaseException | None = None,
+        replies: list[object] | None = None,
     ) -> None:
-        super().__init__(n)
+        super().__init__(n, mca=mca)
+        FakeRing.made.append(self)
         self.fails, self.replies = fails, replies
         self.runs: list[tuple[float, bool]] = []
         self.closed = 0
@@ -389,6 +399,25 @@ def test_a_garbled_reply_is_crashed_and_the_job_stopped() -> None:
     assert ring.closed == 1 and 0.02 <= got.seconds < 5
 
 
+def test_one_job_per_n_is_made_on_first_use_with_the_mca_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_mpi, "MpiRing", FakeRing)
+    monkeypatch.setattr(FakeRing, "made", [])
+    target = MpiTarget(f"{HERE}:returns_list", 1.0, mca={"btl": "self"})
+    sizes = []
+    for n in (1, 2, 1, 2, 3):
+        got = target.call([np.zeros(1)] * n)
+        assert got.answers is not None
+        sizes.append(len(got.answers))
+    assert sizes == [1, 2, 1, 2, 3]
+    assert [(ring.world_size, ring.mca, len(ring.runs)) for ring in FakeRing.made] == [
+        (1, {"btl": "self"}, 2),
+        (2, {"btl": "self"}, 2),
+        (3, {"btl": "self"}, 1),
+    ]
+    target.close()
+    assert [ring.closed for ring in FakeRing.made] == [1, 1, 1]
+
+
 def test_close_stops_every_job_once() -> None:
     rings = {1: FakeRing(1), 3: FakeRing(3)}
     target = MpiTarget("m:f", 1.0, rings=rings)
@@ -505,6 +534,8 @@ def test_the_launcher_takes_mca_as_a_copy() -> None:
     launcher = MpiRanks("m:f", 1.0, mca)
     mca["btl"] = "tcp"
     assert launcher.mca == {"btl": "self"}
+    assert (launcher.target, launcher.timeout_s) == ("m:f", 1.0)
+    assert (launcher.output.text, launcher.output.bytes) == ("", 0)  # the ranks' output stays in mpirun's log
     assert MpiRanks("m:f", 1.0).mca == {}
 
 
