@@ -115,6 +115,7 @@ def acts(tensor: torch.Tensor) -> torch.Tensor | None:
         facts = {
             "rank": rank,
             "n": n,
+            "backend": dist.get_backend(),
             "pid": os.getpid(),
             "collective_timeout_s": backend.options._timeout.total_seconds(),
             "addresses": sorted({address for address, _, _ in _tcp_sockets()}),
@@ -212,7 +213,7 @@ def test_every_rank_answers_on_a_loopback_group_reused_per_n_until_closed(
         blocks = per_rank_output(outcome.output, 2)
         facts = {r: json.loads(text) for r, text in blocks.items()}
         assert sorted(facts) == [0, 1] and all(blocks[r].endswith("\n") for r in blocks), outcome.output
-        assert [(f["rank"], f["n"]) for f in facts.values()] == [(0, 2), (1, 2)]
+        assert [(f["rank"], f["n"], f["backend"]) for f in facts.values()] == [(0, 2, "gloo"), (1, 2, "gloo")]
         # as the README says, collectives inside the group wait twice the time limit plus 30 s
         assert all(f["collective_timeout_s"] == 2 * 5 + 30 for f in facts.values())
         assert all(ipaddress.ip_address(a).is_loopback for f in facts.values() for a in f["addresses"]), facts
@@ -253,8 +254,11 @@ def test_a_rank_that_dies_is_crashed_named_with_its_exit_status_or_signal() -> N
         failure = outcome.failure
         assert failure is not None and failure.code == "crashed" and failure.ranks == (1, 2), outcome
         assert "rank(s) [1, 2] of 4 died during the call" in failure.text
-        assert "rank 1: the worker process exited with status 3" in failure.text
-        assert "rank 2: the worker process was killed by signal SIGSEGV" in failure.text
+        exited, killed = (
+            "the worker process exited with status 3",
+            "the worker process was killed by signal SIGSEGV",
+        )
+        assert f"rank 1: {exited}; rank 2: {killed}" in failure.text
         assert "rank(s) [3] were stopped" in failure.text
         assert failure.stack.startswith("rank 2:\n") and "in _segfaults_here" in failure.stack
         assert "rank 1:" not in failure.stack  # os._exit leaves no stack
@@ -279,6 +283,10 @@ def test_a_group_past_its_time_limit_is_timed_out_naming_each_rank_still_inside_
         assert took >= 1
         assert ranks_running() == 0
 
+        nobody = ranks.call(case(HANGS, HANGS)).failure
+        assert nobody is not None and nobody.code == "timed-out" and nobody.ranks == (0, 1)
+        assert nobody.text.endswith("rank(s) [0, 1] of 2 were still inside the call; every rank was stopped")
+
 
 def test_a_garbled_reply_crashes_its_rank_only() -> None:
     with launcher(timeout_s=5) as ranks:
@@ -286,7 +294,8 @@ def test_a_garbled_reply_crashes_its_rank_only() -> None:
         failure = outcome.failure
         assert failure is not None and failure.code == "crashed" and failure.ranks == (0,), outcome
         assert "rank(s) [0] of 2" in failure.text and "rank 0: its reply was garbled" in failure.text
-        assert "stopped" not in failure.text and failure.stack == ""
+        assert "expected rank 0's answer" in failure.text  # why it was refused: it named another rank
+        assert "stopped" not in failure.text and failure.text.endswith(")") and failure.stack == ""
         assert [a.rank for a in outcome.answers] == [1]
         assert ranks_running() == 0  # torn down: rank 0's real reply is still in its pipe
 
