@@ -112,7 +112,7 @@ def test_a_view_of_the_argument_has_the_arguments_storage_range() -> None:
         (torch.bfloat16, lambda vs: b"".join(struct.pack("<f", v)[2:] for v in vs)),
         (torch.float64, lambda vs: struct.pack(f"<{len(vs)}d", *vs)),
     ],
-    ids=str,
+    ids=["float16", "bfloat16", "float64"],
 )
 def test_the_bits_are_sent_in_every_tester_dtype(dtype: torch.dtype, encode: Callable[..., bytes]) -> None:
     case = Case(2, 2, (2,), dtype, "sliced", VALUES)
@@ -199,7 +199,7 @@ def test_a_rank_returning_none_has_its_argument_after_the_call_as_result() -> No
         (lambda x: 3, "int", 1),
         (lambda x: [x], "list", 1),
     ],
-    ids=str,
+    ids=["none-stacked", "int-stacked", "list-stacked", "int-rank", "list-rank"],
 )
 def test_a_value_that_is_not_a_tensor_has_only_its_type_name(
     fn: Any, type_name: str, rank: int | None
