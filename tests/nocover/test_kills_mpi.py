@@ -90,8 +90,8 @@ def exits(comm: Any, array: Array) -> None:
 
 
 def shows_keywords(comm: Any, array: Array, **kwargs: str) -> None:
-    """Raises with the keyword arguments it was given."""
-    raise LookupError(repr(kwargs))
+    """Raises with its rank and the keyword arguments it was given."""
+    raise LookupError(f"rank {comm.Get_rank()}: {kwargs!r}")
 
 
 def in_the_job(comm: Any, array: Array) -> None:
@@ -235,6 +235,7 @@ def test_an_exception_is_the_answer_with_its_traceback_and_the_argument_as_it_wa
     got = _observe("raises", TWO, rank=1)
     assert got["raised"] == "ValueError: broken on rank 1"
     assert got["traceback"].startswith("Traceback (most recent call last)")
+    assert got["traceback"].splitlines()[1].startswith('  File "')
     assert "in raises" in got["traceback"] and got["traceback"].rstrip().endswith("broken on rank 1")
     assert (got["returned"], got["result"], got["rank"]) == ("none", None, 1)
     assert got["argument"] == _plain(np.full((1, 2), 7, dtype=np.float32))
@@ -242,8 +243,8 @@ def test_an_exception_is_the_answer_with_its_traceback_and_the_argument_as_it_wa
 
 
 def test_the_op_is_passed_by_name_only_when_there_is_one() -> None:
-    assert _observe("shows_keywords", TWO, op="max")["raised"] == "LookupError: {'op': 'max'}"
-    assert _observe("shows_keywords", TWO)["raised"] == "LookupError: {}"
+    assert _observe("shows_keywords", TWO, 1, op="max")["raised"] == "LookupError: rank 1: {'op': 'max'}"
+    assert _observe("shows_keywords", TWO, 1)["raised"] == "LookupError: rank 1: {}"
 
 
 def test_a_target_that_cannot_be_loaded_is_the_loaders_words() -> None:
@@ -252,16 +253,24 @@ def test_a_target_that_cannot_be_loaded_is_the_loaders_words() -> None:
     assert "no_such_function" in got["load_error"]
 
 
-def test_a_target_is_loaded_once_per_rank_and_keeps_its_module_state(tmp_path: Path) -> None:
-    source = tmp_path / "counting_target.py"
-    source.write_text(
-        "calls = []\n\ndef fn(comm, array):\n    calls.append(1)\n    array[...] = len(calls)\n"
+def _counting_target(where: Path, value: float) -> str:
+    """A target file that logs each import of it and writes ``value`` plus its number of calls."""
+    where.write_text(
+        f"with open({str(where) + '.imports'!r}, 'a') as log:\n    log.write('x')\n"
+        f"calls = []\n\ndef fn(comm, array):\n    calls.append(1)\n    array[...] = {value} + len(calls)\n"
     )
-    payload = (f"{source}:fn", "float64", (1,), [bytes(8)], None)
-    counts = [observe(FakeComm(0, 1), payload)["result"] for _ in range(3)]
-    assert counts == [_plain(np.array([float(k)])) for k in (1, 2, 3)]
-    # Another target afterwards is that target, not the one loaded before.
-    assert _observe("returns_list", [np.ones(1)])["returned"] == "list"
+    return f"{where}:fn"
+
+
+def test_a_target_is_imported_once_per_rank_and_keeps_its_module_state(tmp_path: Path) -> None:
+    # Fresh files: the targets loaded by earlier tests stay loaded in this process.
+    first, second = _counting_target(tmp_path / "first.py", 10), _counting_target(tmp_path / "second.py", 20)
+    results = [
+        observe(FakeComm(0, 1), (name, "float64", (1,), [bytes(8)], None))["result"]
+        for name in (first, first, second, first, second)
+    ]
+    assert results == [_plain(np.array([v])) for v in (11.0, 12.0, 21.0, 13.0, 22.0)]
+    assert [(tmp_path / f"{f}.py.imports").read_text() for f in ("first", "second")] == ["x", "x"]
 
 
 # The tester's check of each reply.
@@ -357,7 +366,7 @@ def test_every_rank_is_called_on_its_own_input_and_answers_in_rank_order() -> No
 def test_the_op_reaches_every_rank() -> None:
     got = MpiTarget(f"{HERE}:shows_keywords", 1.0, rings={2: FakeRing(2)}).call(TWO, "min")
     assert got.answers is not None
-    assert [a.raised for a in got.answers] == ["LookupError: {'op': 'min'}"] * 2
+    assert [a.raised for a in got.answers] == [f"LookupError: rank {r}: {{'op': 'min'}}" for r in (0, 1)]
 
 
 def test_a_timed_out_call_names_the_unfinished_ranks_with_their_stacks() -> None:
@@ -529,6 +538,14 @@ def test_the_launcher_gives_each_rank_its_rows_and_answers_per_rank() -> None:
     assert ring.closed == 1
 
 
+def test_the_launcher_passes_the_cases_op() -> None:
+    launcher = MpiRanks(f"{HERE}:shows_keywords", 1.0, rings={2: FakeRing(2)})
+    with_op = launcher.call(Case(2, 1, (), torch.float64, "contiguous", (1.0, 2.0), op="max"))
+    assert [a.raised for a in with_op.answers] == [f"LookupError: rank {r}: {{'op': 'max'}}" for r in (0, 1)]
+    without = launcher.call(Case(2, 1, (), torch.float64, "contiguous", (1.0, 2.0)))
+    assert [a.raised for a in without.answers] == [f"LookupError: rank {r}: {{}}" for r in (0, 1)]
+
+
 def test_the_launcher_takes_mca_as_a_copy() -> None:
     mca = {"btl": "self"}
     launcher = MpiRanks("m:f", 1.0, mca)
@@ -556,11 +573,11 @@ def test_start_loads_the_target_in_one_rank() -> None:
 def test_ranks_that_cannot_start_or_load_are_crashed() -> None:
     down = MpiRanks("m:f", 1.0, rings={2: FakeRing(2, fails=RuntimeError("mpirun exited"))})
     got = down.call(CASE)
-    assert got.failure is not None and got.answers == ()
+    assert got.failure is not None and got.answers == () and got.case == CASE
     assert got.failure.code == "crashed"
     assert got.failure.text == "starting the ranks failed: starting 2 MPI rank(s) failed: mpirun exited"
     unloadable = MpiRanks(f"{HERE}:no_such_function", 1.0, rings={2: FakeRing(2)}).call(CASE)
-    assert unloadable.failure is not None and unloadable.failure.code == "crashed"
+    assert unloadable.failure is not None and unloadable.failure.code == "crashed" and unloadable.case == CASE
     assert unloadable.failure.text.startswith("starting the ranks failed: ")
     assert "no_such_function" in unloadable.failure.text
 
@@ -568,7 +585,7 @@ def test_ranks_that_cannot_start_or_load_are_crashed() -> None:
 def test_a_failed_call_carries_each_ranks_stack_in_rank_order() -> None:
     hung = RanksTimedOut(2, 1.0, "running observe", [1, 0], {1: "in Send", 0: "in Recv"})
     got = MpiRanks("m:f", 1.0, rings={2: FakeRing(2, fails=hung)}).call(CASE)
-    assert got.failure is not None and got.answers == ()
+    assert got.failure is not None and got.answers == () and got.case == CASE
     assert (got.failure.code, got.failure.text, got.failure.ranks) == ("timed-out", str(hung), (1, 0))
     assert got.failure.stack == "rank 0:\nin Recv\nrank 1:\nin Send\n"
 
