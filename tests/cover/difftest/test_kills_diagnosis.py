@@ -26,6 +26,7 @@ from ring_ref import ring_all_reduce
 from ring_ref.difftest import Case
 from ring_ref.difftest._call import Answer, Failure, Outcome, call_target, decode, observe
 from ring_ref.difftest._diagnosis import (
+    _divided_first,
     as_launcher,
     count_contributions,
     diagnose,
@@ -45,6 +46,16 @@ from tests.oracles import spec_slot
 pytestmark = pytest.mark.clause("difftest-diagnoses")
 
 MODES: tuple[Mode, ...] = ("exact", "order-free", "bound")
+VALUE_CODES = {
+    "double-counted",
+    "mean-not-sum",
+    "not-ring-order",
+    "out-of-bound",
+    "sum-not-op",
+    "wrong-op",
+    "avg-divided-first",
+    "signed-zero",
+}
 
 # N = 2 workers of M = 2: worker 0 holds 1, 2 and worker 1 holds 3, 4, so the sum is 4, 6 in every order.
 PAIR = Case(2, 2, (), torch.float32, "contiguous", (1.0, 2.0, 3.0, 4.0))
@@ -61,6 +72,9 @@ def find(fn: Callable[..., torch.Tensor], c: Case, mode: Mode) -> tuple[list[str
     assert finding is not None, (mode, c)
     prefix = f"{finding.codes[0]}: "
     assert finding.explanation.startswith(prefix), finding.explanation
+    if finding.codes[-1] in VALUE_CODES:  # a wrong value: the finding shows the element
+        m = finding.mismatch
+        assert m is not None and finding.explanation.startswith(f"{prefix}First differing element {m.index} ")
     return finding.codes, finding.explanation.removeprefix(prefix)
 
 
@@ -427,7 +441,10 @@ def test_the_element_shown_is_the_counterexamples_when_it_shows_the_double_count
     c = case((0.0, 2.0, 3.0, 4.0))
     codes, text = find(_worker0_twice, c, "exact")
     assert codes == ["double-counted"]
-    assert text.startswith("First differing element (1,) (chunk 1): expected 6.0, actual 8.0; ")
+    assert text.startswith(
+        "First differing element (1,) (chunk 1): expected 6.0, actual 8.0; not bitwise equal to the ring "
+        "order (fold-order). Contributions counted"
+    )
     assert "element (1,) (chunk 1) is worker 0: 2, worker 1: 1" in text
     assert "gives 8.0 there" in text and "element(s) differ" not in text
 
@@ -446,7 +463,7 @@ def test_a_double_count_elsewhere_is_shown_where_it_is_without_the_counterexampl
     assert (
         "element (1,) (chunk 1) is worker 0: 1, worker 1: 2, so worker(s) [1] counted more than once" in text
     )
-    assert "summing the counterexample" not in text
+    assert text.endswith("so worker(s) [1] counted more than once")
 
 
 def _thrice_and_lost(x: torch.Tensor) -> torch.Tensor:
@@ -488,7 +505,7 @@ def test_prod_double_counting_is_multiplying_without_a_sum() -> None:
         "(e.g. all-gather multiplying instead of copying): with only worker j holding 2 (the rest ones)"
         in text
     )
-    assert "summing" not in text
+    assert text.endswith("is worker 0: 2, worker 1: 1, so worker(s) [0] counted more than once")
 
 
 def _minus_last(x: torch.Tensor) -> torch.Tensor:
@@ -639,8 +656,10 @@ def test_one_worker_has_no_op_probe() -> None:
 
 
 def test_position_probe_values() -> None:
-    c = Case(2, 6, (), torch.float32, "contiguous", (0.0,) * 12, "prod")
-    assert position_probe(c).values == (1.0, 2.0, 4.0, 8.0, 16.0, -1.0) + (1.0,) * 6
+    c = Case(2, 12, (), torch.float32, "contiguous", (0.0,) * 24, "prod")
+    signs = (1.0,) * 5 + (-1.0,) * 5 + (1.0,) * 2  # negative where e // 5 is odd
+    powers = (1.0, 2.0, 4.0, 8.0, 16.0) * 3
+    assert position_probe(c).values == tuple(s * p for s, p in zip(signs, powers, strict=False)) + (1.0,) * 12
     c = Case(3, 3, (), torch.float16, "strided", (0.0,) * 9, "max")
     probe = position_probe(c)
     assert probe.values == (1.0, 4.0, 7.0, 2.0, 5.0, 8.0, 3.0, 6.0, 9.0)
@@ -870,7 +889,7 @@ def test_another_ops_order_is_named_without_a_reveal() -> None:
     assert codes == ["not-ring-order"]
     assert "A correct avg in a different order: every contribution is counted once" in text
     assert "the exact average and exact on order-free inputs" in text
-    assert "revealed" not in text
+    assert text.endswith("(clause fold-order); only --mode exact requires that order")
 
 
 def _torch_sum_refusing_probes(x: torch.Tensor) -> torch.Tensor:
@@ -1183,7 +1202,7 @@ def test_the_spec_fold_is_named_only_when_exact_is_the_specs_ring() -> None:
     finally:
         EXACT_ORDER.reset(token)
     assert codes == ["not-ring-order"]
-    assert "the target sums that element as fold 1,2,0" in text and "spec's ring" not in text
+    assert re.search(r"the target sums that element as fold 1,2,0 \(revealed in \d+ calls\)$", text), text
 
 
 def test_under_and_overflow_counts_are_the_most_any_rank_accepted() -> None:
@@ -1254,3 +1273,253 @@ def test_an_avg_count_is_whole_within_two_roundings_and_not_beyond() -> None:
     c = Case(4, 4, (), torch.float16, "contiguous", (0.0,) * 16, "avg")
     assert count_contributions(as_launcher(_avg_off_on_marks(1)), c) == [[1.0] * 4] * 4
     assert count_contributions(as_launcher(_avg_off_on_marks(2)), c) == [[1.0 + 2.0**-9] * 4] * 4
+
+
+# --- what the full mutation run found unchecked -----------------------------------------------------------
+
+
+def test_passes_applies_the_modes_own_oracle() -> None:
+    outcome = call_target(planted_impls.torch_sum, ORDERED)  # within the bound, not the ring's bits
+    assert passes(outcome, "exact") == (False, 0, 0)
+    assert passes(outcome, "order-free") == (False, 0, 0)  # 1 + 2 * 2**-24 is exact: torch rounds it off
+    assert passes(outcome, "bound") == (True, 0, 0)
+
+
+def _refusing_probes(offset: list[float]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A target that raises on the one-hot probes (so no counts), else gives the mean plus ``offset``."""
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        if bool(((x == 0) | (x == 1)).all()):
+            raise RuntimeError("probes refused")
+        return x.sum(0) / x.shape[0] + torch.tensor(offset)
+
+    return fn
+
+
+def test_the_mean_is_recognised_within_two_of_its_roundings() -> None:
+    # The allowance is twice the mean's forward-error bound, 2 gamma_N sum|x_i| / N: for PAIR's element 0
+    # (mean 2, sum|x_i| = 4, N = 2) that is just over 8 u = 2 ulps of 2 (u = 2**-24).
+    ulp = 2.0**-22
+    for k, code in [(0, "mean-not-sum"), (2, "mean-not-sum"), (3, "out-of-bound")]:
+        fn = _refusing_probes([k * ulp, 0.0])
+        codes, _ = find(fn, PAIR, "bound")
+        assert codes == [code], k
+    # Where the sum is 0 and so is sum|x_i|, only the smallest subnormal is allowed.
+    zero_column = case((1.0, 0.0, 3.0, 0.0))
+    for y, code in [(2.0**-149, "mean-not-sum"), (2.0**-120, "out-of-bound")]:
+        fn = _refusing_probes([0.0, y])
+        codes, _ = find(fn, zero_column, "bound")
+        assert codes == [code], y
+
+
+def test_no_mean_where_every_sum_is_zero_or_for_one_worker() -> None:
+    # Sums of 0 from 1 - 1: 1.5 * 2**-23 is out of the sum's bound (gamma_1 * 2) but within the mean's
+    # allowance; with every sum 0 there is no mean to speak of.
+    cancelling = case((1.0, 0.0, -1.0, 0.0))
+    fn = _refusing_probes([1.5 * 2.0**-23, 0.0])
+    codes, _ = find(fn, cancelling, "bound")
+    assert codes == ["out-of-bound"]
+    # One worker: its sum is its value, and a result one ulp off is no mean.
+    one = case((1.0, 2.0), n=1)
+    codes, _ = find(lambda x: x[0] + torch.tensor([2.0**-23, 0.0]), one, "bound")
+    assert codes == ["out-of-bound"]
+
+
+def test_a_mean_within_the_sums_bound_is_no_mean_not_sum() -> None:
+    # 1 + (-1 + 2**-23) = 2**-23; the mean 2**-24 is within gamma_1 * 2 of it, only exact tells them apart.
+    c = case((1.0, 1.0, -1.0 + 2.0**-23, -1.0 + 2.0**-23))
+    codes, _ = find(planted_impls.mean_instead_of_sum, c, "exact")
+    assert codes == ["out-of-bound"]
+
+
+def _avg_on_marks(value: float) -> Callable[..., torch.Tensor]:
+    """An ``avg`` target giving ``value`` wherever a worker holds 1, else 0."""
+
+    def fn(x: torch.Tensor, op: str = "avg") -> torch.Tensor:
+        return torch.full(x.shape[1:], value if bool((x == 1).any()) else 0.0, dtype=x.dtype)
+
+    return fn
+
+
+def test_avg_counts_are_whole_within_two_roundings_of_the_count() -> None:
+    c = Case(3, 3, (), torch.float16, "contiguous", (0.0,) * 9, "avg")
+    u = 2.0**-11
+    # float16 near 1/3 is spaced 2**-12: 0.33349609375 * 3 = 1 + u, 0.333740234375 * 3 = 1 + 2.5 u;
+    # near 2/3 it is spaced 2**-11: 0.6669921875 * 3 = 2 + 2 u, within two roundings of 2.
+    for value, count in [(0.33349609375, 1.0), (0.333740234375, 1.0 + 2.5 * u), (0.6669921875, 2.0)]:
+        assert count_contributions(as_launcher(_avg_on_marks(value)), c) == [[count] * 3] * 3, value
+
+
+def _plus_two(x: torch.Tensor, op: str) -> torch.Tensor:
+    return ring_all_reduce(x, op=op) + 2 if op != "prod" else 2 * ring_all_reduce(x, op=op)
+
+
+@pytest.mark.parametrize("op", ["avg", "prod"])
+def test_counts_are_measured_from_the_all_base_result_for_every_op(op: Op) -> None:
+    # avg + 2: measured from 2 (2.25 on a probe, N = 4: exact); 2 * prod: a ratio to 2.
+    c = Case(4, 4, (), torch.float32, "contiguous", (0.0,) * 16, op)
+    assert count_contributions(as_launcher(_plus_two), c) == [[1.0] * 4] * 4
+
+
+def test_a_product_asked_for_a_sum_loses_every_worker_on_the_probes() -> None:
+    codes, text = find(lambda x: x.prod(0), PAIR, "bound")
+    assert codes == ["out-of-bound"]
+    assert text.endswith("is worker 0: 0, worker 1: 0, so worker(s) [0, 1] lost")
+
+
+def test_the_order_free_probe_is_the_same_each_time() -> None:
+    seen: list[tuple[float, ...]] = []
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        seen.append(tuple(x.reshape(-1).tolist()))
+        return torch.sum(x, 0)
+
+    first = diagnose(fn, call_target(fn, ORDERED), "exact")
+    calls = len(seen)
+    second = diagnose(fn, call_target(fn, ORDERED), "exact")
+    assert first is not None and second is not None and first.codes == ["not-ring-order"]
+    assert seen[:calls] == seen[calls:] and first.explanation == second.explanation
+
+
+PROD_ORDERED = Case(3, 3, (), torch.float32, "contiguous", (1.1,) * 3 + (0.7,) * 3 + (1.25,) * 3, "prod")
+
+
+def test_a_correct_product_in_another_order_is_not_ring_order() -> None:
+    codes, text = find(planted_impls.prod_in_torch_order, PROD_ORDERED, "exact")
+    assert codes == ["not-ring-order"]
+    assert "A correct prod in a different order: every contribution is counted once" in text
+    assert "the exact product and exact on order-free inputs" in text
+
+
+def _torch_prod_plus_zeros(x: torch.Tensor, op: str) -> torch.Tensor:
+    result = torch.prod(x, 0)
+    return torch.where(result == 0, 0.0, result)
+
+
+def test_a_product_in_another_order_with_a_wrong_zero_is_no_signed_zero_under_exact() -> None:
+    # Element 0's product is -0 (written +0), element 1's rounds differently in torch's order.
+    c = Case(3, 3, (), torch.float32, "contiguous", (-0.0, 1.1, 1.1, 1.0, 0.7, 0.7, 1.0, 1.25, 1.25), "prod")
+    codes, _ = find(_torch_prod_plus_zeros, c, "exact")
+    assert codes == ["out-of-bound"]
+
+
+def _nudged_off_the_counterexample(x: torch.Tensor) -> torch.Tensor:
+    """torch's order; on inputs without 2**-24 and not one-hot, one ulp up where the sum is not 0."""
+    s = torch.sum(x, 0)
+    if bool((x == EPS).any()) or bool(((x == 0) | (x == 1)).all()):
+        return s
+    return torch.where(s != 0, torch.nextafter(s, torch.tensor(torch.inf)), s)
+
+
+def test_not_ring_order_needs_the_order_free_probe_exact_not_only_within_the_bound() -> None:
+    codes, _ = find(_nudged_off_the_counterexample, ORDERED, "exact")
+    assert codes == ["out-of-bound"]
+
+
+def _shrunk_without_zeros(x: torch.Tensor, op: str) -> torch.Tensor:
+    """A product with zeros written +0; on inputs without zeros one ulp toward 0 (within the bound)."""
+    result = torch.prod(x, 0)
+    if bool((x == 0).any()):
+        return torch.where(result == 0, 0.0, result)
+    return torch.nextafter(result, torch.tensor(0.0))
+
+
+def test_signed_zero_needs_the_position_probe_right_under_the_modes_oracle() -> None:
+    c = case((-0.0, 2.0, 1.0, 4.0), "prod")
+    codes, _ = find(_shrunk_without_zeros, c, "order-free")
+    assert codes == ["out-of-bound"]
+
+
+def test_one_worker_averaging_wrongly_is_not_divided_first() -> None:
+    codes, _ = find(lambda x, op: x[0] + 1, case((1.0, 2.0), "avg", n=1), "bound")
+    assert codes == ["out-of-bound"]
+
+
+def test_the_premultiplied_probe_runs_where_no_divided_pair_exists() -> None:
+    # float32, N = 63: dividing two small whole numbers by 63 first never differs from dividing once,
+    # multiplying them by fl(1/63) does.
+    c = Case(63, 63, (), torch.float32, "contiguous", (1.0,) * (63 * 63), "avg")
+    words = _divided_first(as_launcher(_premultiplies_in_torch_order), c, torch.zeros(63), None)
+    assert words.startswith("With only workers 0 and 1 holding ")
+    assert "each multiplied by 1/N rounded first" in words
+
+
+def test_both_averages_divided_once_are_named() -> None:
+    # bfloat16, N = 13: (1 + 5) / 13 and (1 + 5) * fl(1/13) round to two values, neither what
+    # 1 * fl(1/13) + 5 * fl(1/13) rounds to.
+    c = Case(13, 13, (), torch.bfloat16, "contiguous", (1.0,) * 169, "avg")
+    words = _divided_first(as_launcher(_premultiplies_in_torch_order), c, torch.zeros(13), None)
+    a, b, scaled, once = _pair_and_words(words)
+    bf = torch.bfloat16
+    third = torch.tensor(1 / 13, dtype=bf)
+    assert (a, b) == (1, 5)
+    assert scaled == float(
+        torch.tensor(float(a * third), dtype=bf) + torch.tensor(float(b * third), dtype=bf)
+    )
+    assert sorted(once) == sorted(
+        {float(torch.tensor(6 / 13, dtype=bf)), float(torch.tensor(6, dtype=bf) * third)}
+    )
+    assert len(once) == 2 and " or " in words
+
+
+def _torch_order_when_strided(x: torch.Tensor) -> torch.Tensor:
+    return torch.sum(x, 0) if not x.is_contiguous() else ring_all_reduce(x)
+
+
+def test_the_order_is_revealed_on_contiguous_inputs() -> None:
+    c = replace(ORDERED, layout="transposed")
+    codes, text = find(_torch_order_when_strided, c, "exact")
+    assert codes == ["not-ring-order"]
+    assert "the target sums that element as fold 1,2,0" in text
+
+
+def _bug_on_every_rank(bug: Callable[..., torch.Tensor]) -> PerRank:
+    """Every rank runs ``bug`` on the stacked input (with ``op`` when the case has one)."""
+
+    def fn(c: Case, r: int) -> torch.Tensor:
+        x = c.tensor()
+        return bug(x) if c.op is None else bug(x, c.op)
+
+    return PerRank(fn)
+
+
+@pytest.mark.parametrize(
+    ("bug", "c", "code", "words"),
+    [
+        (lambda x: x.max(0).values, PAIR, "wrong-op", "the target computed max when asked for sum"),
+        (planted_impls.unsigned_zero_product, case((-0.0, 1.0, 1.0, 1.0), "prod"), "signed-zero", "IEEE 754"),
+        (
+            _divides_in_torch_order,
+            Case(
+                3,
+                3,
+                (),
+                torch.float16,
+                "contiguous",
+                (242.0, 334.0, 195.0, 108.0, 49.0, 250.0, 15.0, 200.0, 222.0),
+                "avg",
+            ),
+            "avg-divided-first",
+            "With only workers 0 and 1 holding",
+        ),
+        (planted_impls.torch_sum, ORDERED, "not-ring-order", "the target sums that element as fold 0,1,2"),
+    ],
+    ids=["wrong-op", "signed-zero", "divided-first", "not-ring-order"],
+)
+def test_a_ranks_probes_are_read_from_that_rank(
+    bug: Callable[..., torch.Tensor], c: Case, code: str, words: str
+) -> None:
+    group = _bug_on_every_rank(bug)
+    finding = diagnose(group, group.call(c), "exact")
+    assert finding is not None and finding.codes == [code], finding
+    assert finding.ranks == list(range(c.n)) and words in finding.explanation
+
+
+def test_a_result_whose_bits_did_not_come_back_does_not_pass() -> None:
+    # A well-shaped CPU float32 result without its bits (an answer no worker sends, built here by hand).
+    sent = call_target(ring_all_reduce, PAIR).answers[0]
+    assert sent.result is not None
+    blind = replace(sent.result, bits=None, storage=None)
+    outcome = Outcome(PAIR, (replace(sent, result=blind),))
+    assert structural(outcome) == []
+    assert passes(outcome, "bound") == (False, 0, 0)
