@@ -43,7 +43,7 @@ pytestmark = [pytest.mark.clause("difftest-ranks"), pytest.mark.timeout(90)]
 TARGET = f"{__name__}:acts"
 
 # What a rank does, by the value of its one-element input.
-QUIET, SUMS, PID, RAISES, LATE, HANGS, EXITS, SEGFAULTS, RECEIVES, FORGES, CHATTY = range(11)
+QUIET, SUMS, PID, RAISES, LATE, HANGS, EXITS, SEGFAULTS, ABORTS, RECEIVES, FORGES, CHATTY = range(12)
 LATE_S = 1.2
 """How long a ``LATE`` rank takes: more than 1 s and less than the 2 s grace after a rank raised or died."""
 CHATTY_CHARS = 3000
@@ -106,6 +106,10 @@ def _segfaults_here() -> None:
     os.kill(os.getpid(), signal.SIGSEGV)
 
 
+def _aborts_here() -> None:
+    os.abort()
+
+
 def acts(tensor: torch.Tensor) -> torch.Tensor | None:
     """Per rank: what this rank's input value asks (see the constants above)."""
     code, rank, n = int(tensor[0]), dist.get_rank(), dist.get_world_size()
@@ -118,6 +122,7 @@ def acts(tensor: torch.Tensor) -> torch.Tensor | None:
             "backend": dist.get_backend(),
             "pid": os.getpid(),
             "collective_timeout_s": backend.options._timeout.total_seconds(),
+            "store_timeout_s": dist.distributed_c10d._get_default_store().timeout.total_seconds(),  # type: ignore[attr-defined]
             "addresses": sorted({address for address, _, _ in _tcp_sockets()}),
         }
         print(json.dumps(facts))
@@ -133,6 +138,8 @@ def acts(tensor: torch.Tensor) -> torch.Tensor | None:
         os._exit(3)
     elif code == SEGFAULTS:
         _segfaults_here()
+    elif code == ABORTS:
+        _aborts_here()
     elif code == RECEIVES:
         dist.recv(tensor, (rank + 1) % n)  # from a peer that never sends
     elif code == FORGES:
@@ -215,7 +222,7 @@ def test_every_rank_answers_on_a_loopback_group_reused_per_n_until_closed(
         assert sorted(facts) == [0, 1] and all(blocks[r].endswith("\n") for r in blocks), outcome.output
         assert [(f["rank"], f["n"], f["backend"]) for f in facts.values()] == [(0, 2, "gloo"), (1, 2, "gloo")]
         # as the README says, collectives inside the group wait twice the time limit plus 30 s
-        assert all(f["collective_timeout_s"] == 2 * 5 + 30 for f in facts.values())
+        assert all(f["collective_timeout_s"] == f["store_timeout_s"] == 2 * 5 + 30 for f in facts.values())
         assert all(ipaddress.ip_address(a).is_loopback for f in facts.values() for a in f["addresses"]), facts
         assert all(f["addresses"] for f in facts.values())  # gloo's sockets to the peer
         pids = [f["pid"] for f in facts.values()]
@@ -250,18 +257,21 @@ def test_after_a_rank_raised_the_others_get_two_seconds_then_are_stopped() -> No
 
 def test_a_rank_that_dies_is_crashed_named_with_its_exit_status_or_signal() -> None:
     with launcher(timeout_s=8) as ranks:
-        outcome, took = timed_call(ranks, case(LATE, EXITS, SEGFAULTS, HANGS))
+        outcome, took = timed_call(ranks, case(LATE, EXITS, SEGFAULTS, ABORTS, HANGS))
         failure = outcome.failure
-        assert failure is not None and failure.code == "crashed" and failure.ranks == (1, 2), outcome
-        assert "rank(s) [1, 2] of 4 died during the call" in failure.text
-        exited, killed = (
-            "the worker process exited with status 3",
-            "the worker process was killed by signal SIGSEGV",
+        assert failure is not None and failure.code == "crashed" and failure.ranks == (1, 2, 3), outcome
+        assert "rank(s) [1, 2, 3] of 5 died during the call" in failure.text
+        exited = "the worker process exited with status 3"
+        killed = "the worker process was killed by signal"
+        assert f"rank 1: {exited}; rank 2: {killed} SIGSEGV" in failure.text
+        assert f"; rank 3: {killed} SIGABRT" in failure.text
+        assert "rank(s) [4] were stopped" in failure.text
+        # each stack under its rank's line (os._exit leaves none)
+        assert failure.stack.startswith("rank 2:\n") and "rank 1:" not in failure.stack, failure.stack
+        two, three = failure.stack.removeprefix("rank 2:\n").split("rank 3:\n")
+        assert "in _segfaults_here" in two and two.endswith("\n") and "in _aborts_here" in three, (
+            failure.stack
         )
-        assert f"rank 1: {exited}; rank 2: {killed}" in failure.text
-        assert "rank(s) [3] were stopped" in failure.text
-        assert failure.stack.startswith("rank 2:\n") and "in _segfaults_here" in failure.stack
-        assert "rank 1:" not in failure.stack  # os._exit leaves no stack
         assert [(a.rank, a.raised) for a in outcome.answers] == [(0, "")]  # within the grace
         assert took < 6, took
         assert ranks_running() == 0
@@ -279,6 +289,7 @@ def test_a_group_past_its_time_limit_is_timed_out_naming_each_rank_still_inside_
         assert failure.stack.startswith("rank 1:\n") and "rank 2:\n" in failure.stack, failure.stack
         one, two = failure.stack.removeprefix("rank 1:\n").split("rank 2:\n")
         assert "in recv" in one and "in acts" in one and "in _hangs" not in one, failure.stack
+        assert one.endswith("\n"), failure.stack
         assert "in _hangs" in two and "in recv" not in two, failure.stack
         assert took >= 1
         assert ranks_running() == 0
@@ -294,7 +305,7 @@ def test_a_garbled_reply_crashes_its_rank_only() -> None:
         failure = outcome.failure
         assert failure is not None and failure.code == "crashed" and failure.ranks == (0,), outcome
         assert "rank(s) [0] of 2" in failure.text and "rank 0: its reply was garbled" in failure.text
-        assert "expected rank 0's answer" in failure.text  # why it was refused: it named another rank
+        assert "expected rank 0's answer, got 'answer'" in failure.text  # why: it named another rank
         assert "stopped" not in failure.text and failure.text.endswith(")") and failure.stack == ""
         assert [a.rank for a in outcome.answers] == [1]
         assert ranks_running() == 0  # torn down: rank 0's real reply is still in its pipe
