@@ -129,7 +129,9 @@ def _numpy_add(incoming: Array, own: Array) -> Array:
 
 
 def _numpy_mul(incoming: Array, own: Array) -> Array:
-    with np.errstate(over="ignore", under="ignore"):
+    # As for the sum: an overflow, an underflow, and the NaN of an overflowed partial product meeting a
+    # zero (as in the fast engine, which does not warn either).
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
         return np.multiply(incoming, own)
 
 

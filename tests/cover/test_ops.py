@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -37,6 +39,19 @@ def test_max_and_min_keep_the_first_zero_in_fold_order(kind: str) -> None:
         got = ring_all_reduce(x, op=op)
         signs = [float(np.copysign(1.0, float(v))) for v in got.tolist()]
         assert signs == [-1.0, 1.0], (kind, op, got)
+
+
+@pytest.mark.clause("op-prod")
+@pytest.mark.parametrize("engine", ["reference", "fast"])
+def test_numpy_prod_that_overflows_then_meets_a_zero_is_nan_without_a_warning(engine: str) -> None:
+    # Every chunk holds 1e300, 1e300 and 0 from workers 0, 1, 2: folded from worker c, chunk 0 meets
+    # the zero last (inf * 0 = NaN), chunks 1 and 2 meet it before any overflow.
+    x = np.array([[1e300] * 3, [1e300] * 3, [0.0] * 3])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = ring_all_reduce(x, op="prod", engine=engine)
+    assert same_bits(torch.from_numpy(got), ring_fold_op(torch.from_numpy(x), "prod"))
+    assert np.isnan(got[0]) and got[1:].tolist() == [0.0, 0.0]
 
 
 @pytest.mark.clause("op-avg")
