@@ -142,7 +142,10 @@ class ForkedGroup(Launcher):
         for rank, reply in sorted(replies.items()):
             try:
                 if reply.head.get("kind") != "answer" or reply.head.get("rank") != rank:
-                    raise Garbled(f"expected rank {rank}'s answer, got {reply.head.get('kind')!r}")
+                    raise Garbled(
+                        f"expected an answer from rank {rank}, got kind {reply.head.get('kind')!r} "
+                        f"naming rank {reply.head.get('rank')!r}"
+                    )
                 answers.append(decode(reply.head, reply.payload))
             except Garbled as exc:
                 dead[rank] = Died(f"its reply was garbled ({exc})", "")
