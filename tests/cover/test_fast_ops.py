@@ -333,6 +333,9 @@ def test_ops_the_fast_engine_does_not_differentiate_are_refused_by_name(op: str)
         lambda t: torch.func.jvp(fold, (t,), (t,)),
         torch.func.jacrev(fold),
         torch.func.jacfwd(fold),
+        # a tangent under vmap reaches the Function's forward-mode rule, batched
+        lambda t: torch.func.jvp(torch.func.vmap(fold), (t.expand(2, *t.shape),), (t.expand(2, *t.shape),)),
+        lambda t: torch.func.vmap(torch.func.jacfwd(fold))(t.expand(2, *t.shape)),
     ):
         with pytest.raises(ValueError, match=message):
             transform(x.detach())
