@@ -17,12 +17,15 @@ from __future__ import annotations
 import json
 import math
 import shlex
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from datetime import timedelta
 from typing import Any, ClassVar
 
 import pytest
 import torch
+from hypothesis import settings
 from hypothesis import strategies as st
 
 import ring_ref
@@ -228,8 +231,14 @@ def test_modes_must_be_a_non_empty_set_of_the_three(modes: tuple[str, ...]) -> N
 def test_exact_against_a_sum_only_order_refuses_another_op_and_says_what_to_drop(op: str) -> None:
     with checking_against(SUM_ONLY):
         problem = refusal(op=op)
-    assert f"op {op!r}" in problem and "sum only" in problem
-    assert "drop --schedule / --order" in problem and "order-free or bound" in problem
+    assert f"for sum only; op {op!r} is checked against the spec's ring" in problem
+    assert problem.endswith("(drop --schedule / --order, or run --mode order-free or bound)")
+
+
+def test_an_order_of_several_ops_lists_them_when_it_refuses_another() -> None:
+    with checking_against(replace(SUM_ONLY, ops=("sum", "max"))):
+        problem = refusal(op="prod")
+    assert problem.startswith("exact checks a sum order for sum, max only; op 'prod' is checked")
 
 
 def test_a_sum_only_order_takes_sum_and_the_other_modes_take_any_op() -> None:
@@ -259,7 +268,7 @@ def test_a_per_rank_target_must_be_importable_and_isolated() -> None:
     assert "'<lambda>' must be a module-level function or a TARGET string" in problem
     assert "Summer() must be a module-level function" in refusal(fn=Summer(), ranks="gloo")
     problem = refusal(fn="ring_ref:ring_all_reduce", ranks="mpi", isolate=False)
-    assert "isolate cannot be False" in problem
+    assert problem.endswith(", and isolate cannot be False")
 
 
 def test_a_lambda_cannot_be_isolated_and_the_message_says_how_to_run_it() -> None:
@@ -289,9 +298,18 @@ def test_a_correct_target_passes_every_mode_with_the_documented_defaults() -> No
         "ring-ref difftest ring_ref:ring_all_reduce --mode all --examples 2 --seed 5 "
         f"--max-workers 16 --dtypes {ALL_DTYPES} --in-process"
     )
-    for result in report.modes.values():
-        assert result.verdict == "pass" and result.finding is None and result.counterexample is None
-        assert result.examples >= 2 + 2 * 4  # the asked ones and the N = 1 ones, two per dtype
+    for mode, result in report.modes.items():
+        assert result.mode == mode and result.verdict == "pass"
+        assert result.finding is None and result.counterexample is None
+        assert result.examples == 2 + 2 * 4  # the asked ones and the N = 1 ones, two per dtype
+
+
+def test_the_default_is_a_hundred_examples() -> None:
+    def raises(x: torch.Tensor) -> torch.Tensor:
+        raise ValueError("no")
+
+    report = difftest(raises, modes=("exact",), seed=0, dtypes=F32)
+    assert ", examples=100, " in report.replay
 
 
 def test_only_the_asked_modes_run_and_the_target_label_is_kept() -> None:
@@ -355,6 +373,15 @@ def test_an_importable_target_runs_isolated_with_its_timeout_and_its_output_is_r
         "--max-workers 16 --dtypes float32 --timeout 7"
     )
     assert "on fd 2" in report.output and report.output_bytes >= len(report.output.encode()) > 0
+
+
+def test_a_target_string_runs_isolated_unless_asked() -> None:
+    report = difftest(
+        "tests.planted_impls:chatty_correct", modes=("bound",), examples=1, seed=3, dtypes=F32, timeout=5
+    )
+    assert report.isolated and report.timeout_s == 5 and report.verdict == "pass"
+    assert report.modes["bound"].mode == "bound" and "printed" in report.output
+    assert report.replay.endswith(" --dtypes float32 --timeout 5")
 
 
 def test_a_target_string_runs_in_process_when_asked() -> None:
@@ -511,7 +538,7 @@ def test_a_passing_mode_counts_every_call_and_runs_the_one_worker_cases_first(op
     result = run_mode(launcher, "bound", examples=4, seed=3, max_workers=3, dtypes=F32, op=op)
     assert result.mode == "bound" and result.verdict == "pass"
     assert result.finding is None and result.counterexample is None
-    assert result.examples == len(launcher.cases) >= 4 + 2
+    assert result.examples == len(launcher.cases) == 4 + 2  # --examples generated, after the N = 1 ones
     first = one_worker_cases("bound", F32, op=op)
     assert launcher.cases[: len(first)] == first
     assert {c.op for c in launcher.cases} == {op} and max(c.n for c in launcher.cases) <= 3
@@ -609,7 +636,7 @@ def test_a_crash_when_the_shrunk_case_is_replayed_is_reported(replay: int) -> No
 def test_a_value_failure_is_zeroed_replayed_twice_and_diagnosed() -> None:
     launcher = Scripted(off_by(1.0))
     result = run_mode(launcher, "exact", examples=3, seed=0, max_workers=2, dtypes=F32)
-    assert result.verdict == "fail" and result.finding is not None
+    assert result.verdict == "fail" and result.mode == "exact" and result.finding is not None
     assert "nondeterministic" not in result.finding.codes and result.finding.mismatch is not None
     assert result.counterexample == replace(launcher.cases[0], values=(0.0, 0.0))
     first_replay = zero_calls(launcher)[1]
@@ -652,8 +679,10 @@ def test_a_failure_that_passes_on_replay_is_nondeterministic(smallest_n: int) ->
     result = run_mode(launcher, "bound", examples=5, seed=0, max_workers=2, dtypes=F32)
     assert result.verdict == "fail" and result.finding is not None
     assert result.finding.codes == ["nondeterministic"]
-    assert "passed both times it was replayed" in result.finding.explanation
-    assert "depends on more than its input (earlier calls, time, randomness)" in result.finding.explanation
+    explanation = result.finding.explanation
+    assert explanation.startswith("This input failed during the search but passed both times it was replayed")
+    assert "the target's answer depends on more than its input" in explanation
+    assert explanation.endswith("(earlier calls, time, randomness)")
     failed = next(c for c in launcher.cases if c.n >= smallest_n)
     assert result.counterexample == failed and launcher.cases[-2:] == [failed] * 2
     assert result.output == f"call {len(launcher.cases) - 1}"
@@ -666,6 +695,74 @@ def test_an_error_of_the_launcher_itself_is_not_taken_for_a_failure() -> None:
     with pytest.raises(BaseExceptionGroup) as raised:
         run_mode(once(broken, 2), "bound", examples=5, seed=0, max_workers=2, dtypes=F32)
     assert [str(e) for e in raised.value.exceptions] == ["a bug in the launcher"]
+
+
+def test_a_bug_of_the_launcher_is_raised_even_where_other_cases_fail() -> None:
+    # Hypothesis reports one bug, the smallest: here the launcher's, on N = 2.
+    def answer(case: Case, k: int) -> Outcome:
+        if case.n == 2:
+            raise RuntimeError("a bug in the launcher")
+        return (off_by(1.0) if case.n == 3 else right)(case, k)
+
+    with pytest.raises(RuntimeError, match="a bug in the launcher"):
+        run_mode(Scripted(answer), "bound", examples=30, seed=0, max_workers=3, dtypes=F32)
+
+
+NOT_RING = Case(
+    3, 3, (), torch.float16, "contiguous", (0, 0, -0.0670166015625, 0, 0, -18.390625, 0, 0, 18.25)
+)
+"""``torch.sum`` adds the three workers in another order than the ring: the third element rounds otherwise."""
+
+
+def test_a_failure_is_diagnosed_under_its_mode_with_probes_sent_through_the_launcher() -> None:
+    def summed(case: Case, k: int) -> Outcome:
+        return call_target(planted_impls.torch_sum, case)
+
+    launcher = Scripted(summed)
+    with checking_against(replace(SPEC_ORDER, cases=st.just(NOT_RING))):
+        result = run_mode(launcher, "exact", examples=3, seed=0, max_workers=3, dtypes=F32)
+    assert result.verdict == "fail" and result.counterexample == NOT_RING
+    assert result.finding is not None and result.finding.codes == ["not-ring-order"]
+    replayed = max(k for k, c in enumerate(launcher.cases) if c == NOT_RING)
+    assert len(launcher.cases) > replayed + 1  # the diagnosis' probes went through the launcher too
+
+
+def test_the_same_seed_draws_the_same_cases_and_another_seed_others() -> None:
+    runs = {}
+    for name, seed in (("first", 7), ("again", 7), ("other", 8)):
+        launcher = Scripted(right)
+        run_mode(launcher, "order-free", examples=4, seed=seed, max_workers=4, dtypes=F32)
+        runs[name] = launcher.cases
+    assert runs["first"] == runs["again"] and runs["first"] != runs["other"]
+
+
+@pytest.fixture
+def with_a_deadline() -> Iterator[None]:
+    """A Hypothesis profile with a deadline (Hypothesis' default has one of 200 ms; this suite's has none)."""
+    previous = settings.get_current_profile_name()
+    settings.register_profile("ring-ref-kills-deadline", deadline=timedelta(milliseconds=20))
+    settings.load_profile("ring-ref-kills-deadline")
+    try:
+        yield
+    finally:
+        settings.load_profile(previous)
+
+
+def test_a_slow_call_is_not_a_failure_whatever_the_profile(with_a_deadline: None) -> None:
+    def slow(case: Case, k: int) -> Outcome:
+        time.sleep(0.05)
+        return right(case, k)
+
+    result = run_mode(once(slow, 2), "bound", examples=5, seed=0, max_workers=2, dtypes=F32)
+    assert result.verdict == "pass"
+
+
+def test_no_health_check_stops_the_search() -> None:
+    # An order whose inputs come from a strategy with a very large smallest example.
+    large = st.lists(st.booleans(), min_size=4200, max_size=4200).map(lambda _: CASE)
+    with checking_against(replace(SPEC_ORDER, cases=large)):
+        result = run_mode(Scripted(right), "exact", examples=1, seed=0, max_workers=2, dtypes=F32)
+    assert result.verdict == "pass" and result.examples == 1
 
 
 def test_the_first_failed_case_is_found_in_nested_groups() -> None:
