@@ -146,6 +146,8 @@ def _structural_one(answer: Answer, case: Case) -> list[tuple[str, str]]:
             found.append(("dtype-changed", f"result dtype {result.dtype}, input dtype {case.dtype}"))
         if result.device != "cpu":
             found.append(("device-changed", f"result on {result.device}, input on cpu"))
+        if not found and result.values is None:  # a result like that always travels with its bits
+            found.append(("crashed", "its reply was garbled (a result of the right shape came without bits)"))
     problem = input_problem(answer, case)
     if problem:
         found.append(("input-modified", problem))

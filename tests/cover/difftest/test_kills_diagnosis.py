@@ -1515,11 +1515,15 @@ def test_a_ranks_probes_are_read_from_that_rank(
     assert finding.ranks == list(range(c.n)) and words in finding.explanation
 
 
-def test_a_result_whose_bits_did_not_come_back_does_not_pass() -> None:
-    # A well-shaped CPU float32 result without its bits (an answer no worker sends, built here by hand).
+def test_a_result_whose_bits_did_not_come_back_does_not_pass_and_is_garbled() -> None:
+    # A well-shaped CPU float32 result without its bits (an answer no worker sends, built here by hand):
+    # the search and the report agree that it fails, and why.
     sent = call_target(ring_all_reduce, PAIR).answers[0]
     assert sent.result is not None
     blind = replace(sent.result, bits=None, storage=None)
     outcome = Outcome(PAIR, (replace(sent, result=blind),))
-    assert structural(outcome) == []
+    assert [code for code, _ in structural(outcome)] == ["crashed"]
     assert passes(outcome, "bound") == (False, 0, 0)
+    finding = diagnose(ring_all_reduce, outcome, "bound")
+    assert finding is not None and finding.codes == ["crashed"], finding
+    assert "its reply was garbled" in finding.explanation and "without bits" in finding.explanation
