@@ -885,12 +885,11 @@ def ring_all_reduce_torch(x: torch.Tensor, ring: RingSchedule = SPEC, op: Op = "
     if _differentiable(x):  # the Functions check finiteness inside, on the unwrapped input
         if op in DIFFERENTIABLE_OPS:
             return finish_torch(op, _ring_sum(x, True, ring), n)
-        # (a torch.func wrapper's tangent, if any, reaches _RingOp's jvp rule, which refuses it; such a
-        # wrapper has no tangent of its own to unpack)
-        tangent = not is_functorch_wrapped_tensor(x) and _unpack_dual(x).tangent is not None
-        if (x.requires_grad and torch.is_grad_enabled()) or tangent:
+        if x.requires_grad and torch.is_grad_enabled():
             raise not_differentiable(op)
-        return _ring_op(x, True, ring, op)  # a torch.func wrapper: vmap works, derivatives are refused
+        # vmap works; a forward-mode tangent (torch.func.jvp, jacfwd, a dual tensor, batched or not)
+        # reaches the Function's jvp rule, which refuses it
+        return _ring_op(x, True, ring, op)
     result, finite = _torch_forward(x, ring, op)
     if not finite:
         _validate.torch_finite(x)
