@@ -118,7 +118,10 @@ def _difftest_arguments(parser: argparse.ArgumentParser) -> None:
         "coll_tuned_use_dynamic_rules=1 --mca coll_tuned_allreduce_algorithm=4 (OpenMPI's ring)",
     )
     parser.add_argument(
-        "--mode", choices=[*MODES, "all"], default="all", help="oracle(s) to run (default all)"
+        "--mode",
+        choices=[*MODES, "all"],
+        action="append",
+        help="an oracle to run; repeat it for several (default all)",
     )
     parser.add_argument(
         "--op",
@@ -205,7 +208,7 @@ def _difftest_command(args: argparse.Namespace) -> int:
     if problem:
         print(f"ring-ref difftest: error: {problem}", file=sys.stderr)
         return 2
-    modes = MODES if args.mode == "all" else tuple(m for m in MODES if m == args.mode)
+    modes = MODES if not args.mode or "all" in args.mode else tuple(m for m in MODES if m in args.mode)
     with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
         try:
             exact, note = _orders.command_line_order(

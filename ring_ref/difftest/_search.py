@@ -342,9 +342,9 @@ def _replay(  # noqa: PLR0917 - one line made of every option
     if cli:
         where = f"--ranks {ranks} " if ranks else ""
         asked = f" --op {op}" if op is not None else ""
-        mode_arg = modes[0] if len(modes) == 1 else "all"
+        mode_args = "--mode all" if set(modes) == set(MODES) else " ".join(f"--mode {m}" for m in modes)
         return (
-            f"ring-ref difftest {where}{name}{asked} --mode {mode_arg} --examples {examples} --seed {seed} "
+            f"ring-ref difftest {where}{name}{asked} {mode_args} --examples {examples} --seed {seed} "
             f"--max-workers {workers} --dtypes {' '.join(dtype_name(d) for d in dtypes)}{options}"
         )
     asked = f", op={op!r}" if op is not None else ""

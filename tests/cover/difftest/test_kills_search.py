@@ -495,6 +495,7 @@ def run_replay(replay: str, capsys: pytest.CaptureFixture[str]) -> dict[str, Any
     "options",
     [
         {"modes": ("bound",), "dtypes": [torch.float64]},
+        {"modes": ("exact", "bound"), "dtypes": [torch.float64]},  # --mode given twice, not --mode all
         {
             "modes": ("exact",),
             "dtypes": [torch.float16],
