@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from typing import Literal
 
 import numpy as np
 import pytest
@@ -43,7 +44,9 @@ def test_max_and_min_keep_the_first_zero_in_fold_order(kind: str) -> None:
 
 @pytest.mark.clause("op-prod")
 @pytest.mark.parametrize("engine", ["reference", "fast"])
-def test_numpy_prod_that_overflows_then_meets_a_zero_is_nan_without_a_warning(engine: str) -> None:
+def test_numpy_prod_that_overflows_then_meets_a_zero_is_nan_without_a_warning(
+    engine: Literal["reference", "fast"],
+) -> None:
     # Every chunk holds 1e300, 1e300 and 0 from workers 0, 1, 2: folded from worker c, chunk 0 meets
     # the zero last (inf * 0 = NaN), chunks 1 and 2 meet it before any overflow.
     x = np.array([[1e300] * 3, [1e300] * 3, [0.0] * 3])
