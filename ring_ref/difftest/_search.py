@@ -342,9 +342,10 @@ def _replay(  # noqa: PLR0917 - one line made of every option
     if cli:
         where = f"--ranks {ranks} " if ranks else ""
         asked = f" --op {op}" if op is not None else ""
-        mode_args = "--mode all" if set(modes) == set(MODES) else " ".join(f"--mode {m}" for m in modes)
+        # every mode is the default, so that a --mode appended to the line picks modes of its own
+        mode_args = "" if set(modes) == set(MODES) else "".join(f" --mode {m}" for m in modes)
         return (
-            f"ring-ref difftest {where}{name}{asked} {mode_args} --examples {examples} --seed {seed} "
+            f"ring-ref difftest {where}{name}{asked}{mode_args} --examples {examples} --seed {seed} "
             f"--max-workers {workers} --dtypes {' '.join(dtype_name(d) for d in dtypes)}{options}"
         )
     asked = f", op={op!r}" if op is not None else ""

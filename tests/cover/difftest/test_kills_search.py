@@ -295,7 +295,7 @@ def test_a_correct_target_passes_every_mode_with_the_documented_defaults() -> No
     assert report.target == "ring_ref:ring_all_reduce" and report.seed == 5
     assert not report.isolated and report.timeout_s is None and report.op is None and report.ranks is None
     assert report.replay == (
-        "ring-ref difftest ring_ref:ring_all_reduce --mode all --examples 2 --seed 5 "
+        "ring-ref difftest ring_ref:ring_all_reduce --examples 2 --seed 5 "
         f"--max-workers 16 --dtypes {ALL_DTYPES} --in-process"
     )
     for mode, result in report.modes.items():
@@ -495,7 +495,7 @@ def run_replay(replay: str, capsys: pytest.CaptureFixture[str]) -> dict[str, Any
     "options",
     [
         {"modes": ("bound",), "dtypes": [torch.float64]},
-        {"modes": ("exact", "bound"), "dtypes": [torch.float64]},  # --mode given twice, not --mode all
+        {"modes": ("exact", "bound"), "dtypes": [torch.float64]},  # --mode given twice, not left out (all)
         {
             "modes": ("exact",),
             "dtypes": [torch.float16],
