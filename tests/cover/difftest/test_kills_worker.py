@@ -649,10 +649,21 @@ def test_a_tester_whose_streams_cannot_flush_still_starts_workers(monkeypatch: p
 def test_a_worker_that_died_between_calls_refuses_the_next_one() -> None:
     with started("exits_soon_after") as worker:
         assert isinstance(call(worker), Reply)
-        assert _wait_until(lambda: Path(f"/proc/{worker.pid}/stat").read_text().split(") ")[1][0] == "Z")
+        assert _wait_until(lambda: _is_a_zombie_with_no_threads(worker.pid))
         assert not worker.send(CASE)  # nobody reads the request pipe
         got = worker.receive(time.monotonic() + WAIT_S)
         assert isinstance(got, Died) and got.text == "the worker process exited with status 9", got
+
+
+def _is_a_zombie_with_no_threads(pid: int) -> bool:
+    """The process has exited and every thread has let go of its descriptors.
+
+    Its main thread turns into a zombie as soon as it exits, while the thread
+    that called ``os._exit`` may still hold the shared descriptor table; a
+    thread leaves ``/proc/PID/task`` only after dropping it.
+    """
+    state = Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0]
+    return state == "Z" and os.listdir(f"/proc/{pid}/task") == [str(pid)]
 
 
 def _wait_until(condition: Callable[[], bool], within_s: float = 10.0) -> bool:
