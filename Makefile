@@ -129,16 +129,19 @@ install-check:
 # committed tree, running that module's fast tests; prints the score per module and the survivors,
 # fails below 95 %. Soak-style, not in verify: schedule .. cost take about 30 minutes on 2 cores, fast
 # alone hours. MUTATION_MODULES="core invariants" picks modules, MUTATION_SAMPLE=0 runs the mutants
-# numbered *0 (a tenth); equivalent mutants are listed in tests/mutation/equivalent.md.
+# numbered *0 (a tenth), MUTATION_FUNCTIONS="_replay poll" only those functions' or methods' mutants
+# (after a small fix); equivalent mutants are listed in tests/mutation/equivalent.md.
 MUTATION_STAMP := $(VENV)/.mutation-stamp
 MUTATION_MODULES ?=
 MUTATION_SAMPLE ?=
+MUTATION_FUNCTIONS ?=
 $(MUTATION_STAMP): $(STAMP)
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,mutation]'
 	touch $@
 
 mutation: $(MUTATION_STAMP)
-	$(BIN)/python tools/mutation.py $(if $(MUTATION_SAMPLE),--sample $(MUTATION_SAMPLE)) $(MUTATION_MODULES)
+	$(BIN)/python tools/mutation.py $(if $(MUTATION_SAMPLE),--sample $(MUTATION_SAMPLE)) \
+		$(foreach f,$(MUTATION_FUNCTIONS),--function $(f)) $(MUTATION_MODULES)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .hypothesis build *.egg-info

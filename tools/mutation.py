@@ -426,15 +426,41 @@ def _give_forked_their_tests(work: Path, name: str, listing: str) -> list[str]:
     ]
 
 
+def selection(sample: str = "", functions: Sequence[str] = ()) -> list[str]:
+    """mutmut's name patterns for a partial run; none for a complete one.
+
+    ``sample`` (digits) keeps the mutants whose number ends in one of them;
+    ``functions`` keeps those of the functions or methods of these names.
+
+    >>> selection()
+    []
+    >>> selection("05")
+    ['*__mutmut_*[05]']
+    >>> selection("", ["_replay"])
+    ['*x__replay__mutmut_*', '*ǁ_replay__mutmut_*']
+    """
+    tail = f"[{sample}]" if sample else ""
+    if not functions:
+        return [f"*__mutmut_*{tail}"] if sample else []
+    # mutmut mangles a function f as x_f and a method C.f as xǁCǁf.
+    return [f"*{mark}{f}__mutmut_*{tail}" for f in functions for mark in ("x_", "ǁ")]
+
+
 def run_module(
-    name: str, equivalents: Sequence[Equivalent], sample: str = "", max_children: int = MAX_CHILDREN
+    name: str,
+    equivalents: Sequence[Equivalent],
+    sample: str = "",
+    max_children: int = MAX_CHILDREN,
+    functions: Sequence[str] = (),
 ) -> ModuleScore:
     """Run mutmut on one module in a scratch copy of the tree.
 
     ``sample`` (digits, e.g. ``"05"``) runs only the mutants whose number ends in
-    one of them, a fixed sample for modules too slow to run whole.  The functions
+    one of them, a fixed sample for modules too slow to run whole; ``functions``
+    only those of the functions named (a change's new lines).  The functions
     of :data:`FORKED` are run in a second pass, once mutmut knows their tests.
     """
+    patterns = selection(sample, functions)
     files, tests = MODULES[name]
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix=f"ring-ref-mutation-{name}-") as tmp:
@@ -467,7 +493,7 @@ def run_module(
                 check=True,
             ).stdout
 
-        mutmut_run(*([f"*__mutmut_*[{sample}]"] if sample else []))
+        mutmut_run(*patterns)
         listing = results()
         untested = _give_forked_their_tests(work, name, listing) if name in FORKED else []
         if untested:
@@ -478,7 +504,7 @@ def run_module(
         for raw in listing.splitlines():
             mutant_name, _, status = raw.strip().rpartition(": ")
             match = _NAME.match(mutant_name)
-            if not match or (sample and status == "not checked"):
+            if not match or (patterns and status == "not checked"):
                 continue
             module = match["module"]
             if module not in sources:
@@ -516,6 +542,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="run only the mutants whose number ends in one of DIGITS (e.g. 05: a fifth of them)",
     )
     parser.add_argument(
+        "--function",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="run only the mutants of this function or method (repeatable), e.g. after a small fix",
+    )
+    parser.add_argument(
         "--max-children",
         type=int,
         default=MAX_CHILDREN,
@@ -529,18 +562,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     equivalents = read_equivalents()
     scores = []
     for name in args.modules or list(MODULES):
-        score = run_module(name, equivalents, args.sample, args.max_children)
+        score = run_module(name, equivalents, args.sample, args.max_children, args.function)
         scores.append(score)
         print(
             f"{name:10} {len(score.killed):4} killed / {len(score.mutants) - len(score.equivalent):4} "
             f"non-equivalent ({len(score.equivalent)} equivalent) = {100 * score.score:5.1f} %"
             f"  in {score.seconds:6.1f} s"
-            + (f" (sample: mutants numbered *[{args.sample}])" * bool(args.sample)),
+            + (f" (sample: mutants numbered *[{args.sample}])" * bool(args.sample))
+            + (f" (only {', '.join(args.function)})" * bool(args.function)),
             flush=True,
         )
         for m in score.surviving:
             print(f"    {m.status:9} {m.name}: {m.line}    (was: {m.was})", flush=True)
-        if not args.sample:
+        if not (args.sample or args.function):
             for row in stale_equivalents(name, score, equivalents):
                 print(f"    stale row (no surviving mutant has it): {row.function}: {row.line}")
     below = [s.name for s in scores if s.score < TARGET]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import inspect
 import keyword
 import re
@@ -60,3 +61,25 @@ def test_rows_no_surviving_mutant_matched_are_reported_stale() -> None:
     survivor = mutation.Mutant("ring_ref.core.x_run_ring__mutmut_1", "survived", kept.function, kept.line)
     score = mutation.ModuleScore("core", 1.0, mutants=[survivor], equivalent=[survivor])
     assert mutation.stale_equivalents("core", score, [kept, killed, elsewhere]) == [killed]
+
+
+def test_a_function_selection_picks_exactly_that_functions_mutants() -> None:
+    names = [  # as mutmut 3 names them: x_ before a function, xǁClassǁ before a method
+        "ring_ref.difftest._search.x__replay__mutmut_3",
+        "ring_ref.difftest._search.x__replay__mutmut_12",
+        "ring_ref.difftest._search.x__replay_line__mutmut_1",
+        "ring_ref.difftest._search.x_search_replay__mutmut_2",
+        "ring_ref.difftest._worker.xǁWorkerǁpoll__mutmut_15",
+        "ring_ref.difftest._worker.xǁWorkerǁpoll_all__mutmut_1",
+        "ring_ref.difftest._worker.x_poll__mutmut_4",
+    ]
+
+    def picked(sample: str, functions: list[str]) -> list[str]:
+        patterns = mutation.selection(sample, functions)
+        return [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
+
+    assert mutation.selection() == []  # a complete run
+    assert picked("", ["_replay"]) == names[:2]
+    assert picked("2", ["_replay"]) == names[1:2]
+    assert picked("", ["poll"]) == [names[4], names[6]]
+    assert picked("5", []) == [names[4]]
