@@ -1522,7 +1522,9 @@ def test_a_result_whose_bits_did_not_come_back_does_not_pass_and_is_garbled() ->
     assert sent.result is not None
     blind = replace(sent.result, bits=None, storage=None)
     outcome = Outcome(PAIR, (replace(sent, result=blind),))
-    assert [code for code, _ in structural(outcome)] == ["crashed"]
+    assert structural(outcome) == [
+        ("crashed", "its reply was garbled (a result of the right shape came without bits)")
+    ]
     assert passes(outcome, "bound") == (False, 0, 0)
     finding = diagnose(ring_all_reduce, outcome, "bound")
     assert finding is not None and finding.codes == ["crashed"], finding

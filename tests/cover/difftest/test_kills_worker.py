@@ -180,6 +180,46 @@ def writes_the_largest_frame(x: torch.Tensor) -> torch.Tensor:
     return ring_all_reduce(x)
 
 
+def segfaults_beside_a_thread(x: torch.Tensor) -> torch.Tensor:
+    """Reads address 0 while a second thread naps: a fatal signal's stack shows both threads."""
+    threading.Thread(target=_nap_in_a_thread, daemon=True).start()
+    time.sleep(0.05)
+    ctypes.string_at(0)
+    return x
+
+
+def printf_fully_buffered(x: torch.Tensor) -> torch.Tensor:
+    """Writes through a C stdio stream of its own on descriptor 1 (fully buffered: a file), unflushed."""
+    libc = ctypes.CDLL(None)
+    libc.fdopen.restype = ctypes.c_void_p
+    stream = libc.fdopen(os.dup(1), b"w")
+    libc.fputs(b"<buffered printf>", ctypes.c_void_p(stream))
+    return ring_all_reduce(x)
+
+
+def closes_its_streams(x: torch.Tensor) -> torch.Tensor:
+    """Closes sys.stdout and sys.stderr, then writes to descriptors 1 and 2 (still open: not its to close)."""
+    sys.stdout.close()
+    sys.stderr.close()
+    os.write(1, b"<fd 1 after close>")
+    os.write(2, b"<fd 2 after close>")
+    return ring_all_reduce(x)
+
+
+def writes_to_stderr(x: torch.Tensor) -> torch.Tensor:
+    """Writes through sys.stderr's own write method."""
+    sys.stderr.write("<stderr.write>")
+    return ring_all_reduce(x)
+
+
+def lists_its_descriptors(x: torch.Tensor) -> torch.Tensor:
+    """Writes what each of its open descriptors points at, one per line."""
+    for fd in sorted(int(name) for name in os.listdir("/proc/self/fd")):
+        with contextlib.suppress(OSError):
+            os.write(1, f"{fd} {os.readlink(f'/proc/self/fd/{fd}')}\n".encode())
+    return ring_all_reduce(x)
+
+
 def exits_5(x: torch.Tensor) -> torch.Tensor:
     """Ends the worker with status 5."""
     os._exit(5)
@@ -907,3 +947,86 @@ def test_a_setup_that_fails_is_the_testers_error() -> None:
     assert text.startswith("a worker could not be set up:\nTraceback") and "OSError: no group" in text
     assert not worker.running
     worker.close()
+
+
+def test_a_fatal_signal_dumps_every_threads_stack() -> None:
+    with started("segfaults_beside_a_thread") as worker:
+        got = call(worker)
+        assert isinstance(got, Died) and "SIGSEGV" in got.text, got
+        assert "in segfaults_beside_a_thread" in got.stack and "in _nap_in_a_thread" in got.stack, got.stack
+
+
+def test_c_stdio_output_is_flushed_before_each_reply() -> None:
+    with started("printf_fully_buffered") as worker:
+        assert isinstance(call(worker), Reply)
+        assert worker.read_output() == "<buffered printf>"
+
+
+def test_a_target_that_closes_sys_stdout_and_stderr_keeps_descriptors_1_and_2() -> None:
+    with started("closes_its_streams") as worker:
+        got = call(worker)
+        assert isinstance(got, Reply) and decode(got.head, got.payload).raised == "", got
+        assert worker.read_output() == "<fd 1 after close><fd 2 after close>"
+
+
+def test_sys_stderr_is_a_stream_of_the_capture_file() -> None:
+    with started("writes_to_stderr") as worker:
+        got = call(worker)
+        assert isinstance(got, Reply) and decode(got.head, got.payload).raised == "", got
+        assert worker.read_output() == "<stderr.write>"
+
+
+def test_the_worker_holds_no_descriptor_of_the_testers_at_three() -> None:
+    """Descriptor 3, the lowest a tester's own file can have, is closed in the worker too."""
+    with tempfile.NamedTemporaryFile(prefix="ring-ref-testers-own-") as own:
+        saved = os.dup(3) if _is_open(3) else None
+        os.dup2(own.fileno(), 3)
+        try:
+            with started("lists_its_descriptors") as worker:
+                assert isinstance(call(worker), Reply)
+                listing = worker.read_output()
+        finally:
+            if saved is None:
+                os.close(3)
+            else:
+                os.dup2(saved, 3)
+                os.close(saved)
+    assert "ring-ref-testers-own-" not in listing, listing
+    assert listing.startswith("0 /dev/null\n"), listing  # the listing itself is there
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
+def test_pidfd_open_failing_leaves_the_worker_watched_by_polling(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(pid: int, flags: int = 0) -> int:
+        raise OSError(38, "Function not implemented")  # ENOSYS: a kernel before 5.3
+
+    monkeypatch.setattr(os, "pidfd_open", refuse)
+    with started("exits_5") as worker:
+        got = call(worker)
+        assert isinstance(got, Died) and got.text == "the worker process exited with status 5", got
+
+
+def test_without_pidfd_a_death_is_seen_while_a_child_holds_the_pipe(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delattr(os, "pidfd_open")
+    with started("exits_leaving_a_child_on_the_pipe") as worker:
+        started_at = time.monotonic()
+        got = call(worker)
+        assert isinstance(got, Died) and got.text == "the worker process exited with status 6", got
+        assert time.monotonic() - started_at < WAIT_S / 2  # not at the deadline
+
+
+def test_a_worker_whose_parent_is_already_gone_leaves_at_once_with_status_0() -> None:
+    pid = os.fork()
+    if pid == 0:
+        try:
+            _worker._die_with_parent(os.getppid() + 1_000_000)  # not its parent: "the parent has died"
+        finally:
+            os._exit(7)  # reached only if it did not leave
+    assert os.waitpid(pid, 0)[1] == 0
