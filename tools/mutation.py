@@ -197,6 +197,8 @@ FORKED: Final[dict[str, Forked]] = {
             for test in (
                 "test_the_worker_dies_with_the_tester",
                 "test_a_target_can_start_multiprocessing_helpers_of_its_own",
+                "test_the_worker_holds_no_descriptor_of_the_testers_at_three",
+                "test_a_worker_whose_parent_is_already_gone_leaves_at_once_with_status_0",
             )
         ),
     ),

@@ -977,30 +977,31 @@ def test_sys_stderr_is_a_stream_of_the_capture_file() -> None:
 
 
 def test_the_worker_holds_no_descriptor_of_the_testers_at_three() -> None:
-    """Descriptor 3, the lowest a tester's own file can have, is closed in the worker too."""
-    with tempfile.NamedTemporaryFile(prefix="ring-ref-testers-own-") as own:
-        saved = os.dup(3) if _is_open(3) else None
-        os.dup2(own.fileno(), 3)
+    """Descriptor 3, the lowest a tester's own file can have, is closed in the worker too.
+
+    The tester is a child forked here, whose descriptor 3 is a file of its own:
+    pytest's descriptor 3 stays as it is (under pytest-xdist it may be the
+    channel to the controller).
+    """
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        status = 1
         try:
-            with started("lists_its_descriptors") as worker:
-                assert isinstance(call(worker), Reply)
-                listing = worker.read_output()
+            with tempfile.NamedTemporaryFile(prefix="ring-ref-testers-own-") as own:
+                os.dup2(own.fileno(), 3)
+                with started("lists_its_descriptors") as worker:
+                    if isinstance(call(worker), Reply):
+                        os.write(write, worker.read_output().encode())
+                        status = 0
         finally:
-            if saved is None:
-                os.close(3)
-            else:
-                os.dup2(saved, 3)
-                os.close(saved)
-    assert "ring-ref-testers-own-" not in listing, listing
-    assert listing.startswith("0 /dev/null\n"), listing  # the listing itself is there
-
-
-def _is_open(fd: int) -> bool:
-    try:
-        os.fstat(fd)
-    except OSError:
-        return False
-    return True
+            os._exit(status)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        listing = pipe.read().decode().splitlines()
+    assert os.waitpid(pid, 0)[1] == 0
+    assert listing[:1] == ["0 /dev/null"], listing  # the listing is there
+    assert not [line for line in listing if "ring-ref-testers-own-" in line], listing
 
 
 def test_pidfd_open_failing_leaves_the_worker_watched_by_polling(monkeypatch: pytest.MonkeyPatch) -> None:
