@@ -430,17 +430,21 @@ def test_output_is_captured_at_the_descriptor_level_and_kept_off_the_testers(
     assert worker.read_output() == ""  # closed: no output left to read
 
 
-def test_output_keeps_the_order_it_was_written_in() -> None:
-    with started("interleaves") as worker:
-        assert isinstance(call(worker), Reply)
-        assert worker.read_output() == "first\nsecond\nthird\nfourth\n"
-
-
-def test_output_that_is_not_utf8_is_escaped_not_raised() -> None:
-    with started("prints_a_lone_surrogate") as worker:
+@pytest.mark.parametrize(
+    ("target", "output"),
+    [
+        ("interleaves", "first\nsecond\nthird\nfourth\n"),  # in the order it was written
+        ("prints_a_lone_surrogate", "out \\ud800\nerr \\udfff\n"),  # not UTF-8: escaped, not raised
+        ("printf_fully_buffered", "<buffered printf>"),  # C stdio flushed before each reply
+        ("closes_its_streams", "<fd 1 after close><fd 2 after close>"),  # fds 1 and 2 outlive sys.stdout/err
+        ("writes_to_stderr", "<stderr.write>"),  # sys.stderr is a stream of the capture file
+    ],
+)
+def test_a_targets_output_is_captured_whole(target: str, output: str) -> None:
+    with started(target) as worker:
         got = call(worker)
-        assert isinstance(got, Reply) and decode(got.head, got.payload).raised == ""
-        assert worker.read_output() == "out \\ud800\nerr \\udfff\n"
+        assert isinstance(got, Reply) and decode(got.head, got.payload).raised == "", got
+        assert worker.read_output() == output
 
 
 def test_a_target_that_breaks_its_streams_still_answers() -> None:
@@ -715,7 +719,12 @@ def _wait_until(condition: Callable[[], bool], within_s: float = 10.0) -> bool:
     return True
 
 
-def test_a_dead_worker_is_noticed_while_its_child_holds_the_pipe() -> None:
+@pytest.mark.parametrize("pidfd", [True, False], ids=["pidfd", "polling"])
+def test_a_dead_worker_is_noticed_while_its_child_holds_the_pipe(
+    pidfd: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not pidfd:  # a kernel without pidfd_open: the parent polls
+        monkeypatch.delattr(os, "pidfd_open")
     with started("exits_leaving_a_child_on_the_pipe") as worker:
         started_at = time.monotonic()
         got = call(worker)
@@ -956,26 +965,6 @@ def test_a_fatal_signal_dumps_every_threads_stack() -> None:
         assert "in segfaults_beside_a_thread" in got.stack and "in _nap_in_a_thread" in got.stack, got.stack
 
 
-def test_c_stdio_output_is_flushed_before_each_reply() -> None:
-    with started("printf_fully_buffered") as worker:
-        assert isinstance(call(worker), Reply)
-        assert worker.read_output() == "<buffered printf>"
-
-
-def test_a_target_that_closes_sys_stdout_and_stderr_keeps_descriptors_1_and_2() -> None:
-    with started("closes_its_streams") as worker:
-        got = call(worker)
-        assert isinstance(got, Reply) and decode(got.head, got.payload).raised == "", got
-        assert worker.read_output() == "<fd 1 after close><fd 2 after close>"
-
-
-def test_sys_stderr_is_a_stream_of_the_capture_file() -> None:
-    with started("writes_to_stderr") as worker:
-        got = call(worker)
-        assert isinstance(got, Reply) and decode(got.head, got.payload).raised == "", got
-        assert worker.read_output() == "<stderr.write>"
-
-
 def test_the_worker_holds_no_descriptor_of_the_testers_at_three() -> None:
     """Descriptor 3, the lowest a tester's own file can have, is closed in the worker too.
 
@@ -1012,15 +1001,6 @@ def test_pidfd_open_failing_leaves_the_worker_watched_by_polling(monkeypatch: py
     with started("exits_5") as worker:
         got = call(worker)
         assert isinstance(got, Died) and got.text == "the worker process exited with status 5", got
-
-
-def test_without_pidfd_a_death_is_seen_while_a_child_holds_the_pipe(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delattr(os, "pidfd_open")
-    with started("exits_leaving_a_child_on_the_pipe") as worker:
-        started_at = time.monotonic()
-        got = call(worker)
-        assert isinstance(got, Died) and got.text == "the worker process exited with status 6", got
-        assert time.monotonic() - started_at < WAIT_S / 2  # not at the deadline
 
 
 def test_a_worker_whose_parent_is_already_gone_leaves_at_once_with_status_0() -> None:
