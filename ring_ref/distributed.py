@@ -48,12 +48,11 @@ depend on the segment size, nor on how the segments travel:
   two-rank ring's only neighbour is the other rank, and each element's result
   is one combine of the two inputs, made by the rank that receives its chunk in
   reduce-scatter (its value ``own``, the other's ``incoming``) and copied by
-  all-gather.  So each rank sends its whole tensor to the other (in parts of at
-  least :data:`SEGMENT_BYTES`, at most ``2 * MAX_SEGMENTS`` of them, each one
-  ``alltoall``, all started at once) and, as each part arrives, makes every
+  all-gather.  So each rank sends its whole tensor to the other, in the same
+  ``alltoall`` message as its signature for the check below, and makes every
   combine itself with those roles: the ring's combines and bits, the same bytes
-  on the wire, one exchange instead of two (and twice the combines, which is
-  why larger tensors take the rounds).
+  on the wire, one exchange in all instead of the check's and two rounds' (and
+  twice the combines, which is why larger tensors take the rounds).
 
 Contiguous tensors are reduced in place; a non-contiguous one is reduced in a
 contiguous copy that is written back at the end.  Other backends (NCCL) run
@@ -64,7 +63,10 @@ later calls with the same shape, strides, dtype, device, group size, rank, op
 and schedule.
 
 **Bad input** is rejected with the same exception on *every* rank, before any
-chunk is sent.  Each rank checks its own tensor (the spec's bad-input table,
+chunk is sent (two ranks' tensors of at most :data:`SWAP_BYTES` travel with the
+signatures, into a buffer with room for any such tensor, and are combined only
+once the signatures match: there bad input is rejected before anything is
+written).  Each rank checks its own tensor (the spec's bad-input table,
 :mod:`ring_ref._validate`) and condenses its shape, dtype, device type, layout,
 op, schedule and verdict into a fixed-size signature; one small collective
 tells every rank every rank's signature: on gloo one ``alltoall`` in which
@@ -132,9 +134,10 @@ chunks stage reduce-scatter only, and all-gather receives straight into the slot
 
 _PIPELINED_BACKENDS: Final = frozenset({"gloo"})
 SWAP_BYTES: Final = 1 << 20
-"""Two-rank gloo calls of at most this many bytes swap whole tensors (:func:`_ring_two`) instead of
-running the two rounds: one exchange instead of two, and twice the combines (every element's on
-both ranks), which pays below about this size and costs above it."""
+"""Two-rank gloo calls of at most this many bytes swap whole tensors with their signatures
+(:func:`_ring_two`) instead of running the two rounds: one exchange instead of three, and twice
+the combines (every element's on both ranks), which pays below about this size and costs above
+it.  Every two-rank call receives the other's signature into room for this many bytes more."""
 _EXCHANGE_RANKS: Final = 2
 """gloo groups of at most this many ranks run every round as ``alltoall`` collectives.
 
@@ -466,6 +469,21 @@ def _check_everywhere(
             return known
     elif clean:
         return known
+    _refuse_everywhere(tensor, group, backend, waiter, op=op, name=name)
+    return known
+
+
+def _refuse_everywhere(
+    tensor: object,
+    group: dist.ProcessGroup,
+    backend: str,
+    waiter: _Waiter,
+    *,
+    op: object,
+    name: object,
+) -> None:
+    """Exchange full descriptions and raise the one error they call for, the same on every rank."""
+    n = waiter.n
     descriptions: list[Description | None] = [None] * n
     mine = _describe(tensor, n, backend, op, name)
     try:
@@ -479,7 +497,6 @@ def _check_everywhere(
     error = _verdict([d for d in descriptions if d is not None])
     if error is not None:
         raise error
-    return known
 
 
 class _Scratch(threading.local):
@@ -519,6 +536,8 @@ class _Scratch(threading.local):
 
 
 _SCRATCH: Final = _Scratch()
+_BYTES: Final = torch.empty(0, dtype=torch.uint8)
+"""The kind of scratch buffer (bytes, on the CPU) that two ranks' one message is built in."""
 
 
 class _Plan(NamedTuple):
@@ -560,11 +579,10 @@ class _Plan(NamedTuple):
     """Per step ``t`` and segment ``s`` (index ``t * per_chunk + s``), the elements an ``alltoall``
     sends to and receives from each rank: the segment to the right neighbour, from the left (only
     for groups of at most :data:`_EXCHANGE_RANKS`, the ones that run rounds as ``alltoall``)."""
-    swap: tuple[tuple[int, int, tuple[tuple[int, int, bool], ...]], ...]
-    """Two ranks (:func:`_ring_two`): per part of the flat buffer swapped by one ``alltoall``, its
-    ``(start, stop)`` and its runs ``(start, stop, here)`` within one chunk each, ``here`` when this
-    rank makes that chunk's combine (it receives the chunk in reduce-scatter); empty for ``N > 2`` and
-    above :data:`SWAP_BYTES`."""
+    swap: tuple[tuple[int, int, bool], ...]
+    """Two ranks (:func:`_ring_two`): per non-empty chunk of the flat buffer, its ``(start, stop,
+    here)``, ``here`` when this rank makes that chunk's combine (it receives the chunk in
+    reduce-scatter); empty for ``N > 2`` and above :data:`SWAP_BYTES`."""
 
 
 @functools.lru_cache(maxsize=64)
@@ -628,35 +646,17 @@ def _plan(  # noqa: PLR0917 (cached by its positional arguments)
             for t in range(len(steps) if n <= exchange_ranks else 0)
             for s in range(count)
         ),
-        swap=_swap_parts(bounds, itemsize, received[0], segment_bytes, max_segments, swap_bytes),
+        swap=_swap_runs(bounds, itemsize, received[0], swap_bytes),
     )
 
 
-def _swap_parts(  # noqa: PLR0917 (the plan's own arguments)
-    bounds: list[tuple[int, int]],
-    itemsize: int,
-    combined_here: int,
-    segment_bytes: int,
-    max_segments: int,
-    swap_bytes: int,
-) -> tuple[tuple[int, int, tuple[tuple[int, int, bool], ...]], ...]:
-    """:attr:`_Plan.swap`: the flat buffer (chunks at ``bounds``) cut into parts of at least
-    ``segment_bytes`` and at most ``2 * max_segments`` parts, each cut further at the chunk
-    boundaries; empty unless two ranks reduce at most ``swap_bytes``."""
-    numel = bounds[-1][1]
-    if len(bounds) != 2 or numel * itemsize > swap_bytes:
+def _swap_runs(
+    bounds: list[tuple[int, int]], itemsize: int, combined_here: int, swap_bytes: int
+) -> tuple[tuple[int, int, bool], ...]:
+    """:attr:`_Plan.swap` for chunks at ``bounds``: empty unless two ranks reduce at most ``swap_bytes``."""
+    if len(bounds) != 2 or bounds[-1][1] * itemsize > swap_bytes:
         return ()
-    size = max(segment_bytes // itemsize, -(-numel // (2 * max_segments)), 1)
-    parts = []
-    for start in range(0, numel, size):
-        stop = min(start + size, numel)
-        runs = tuple(
-            (max(start, low), min(stop, high), c == combined_here)
-            for c, (low, high) in enumerate(bounds)
-            if max(start, low) < min(stop, high)
-        )
-        parts.append((start, stop, runs))
-    return tuple(parts)
+    return tuple((low, high, c == combined_here) for c, (low, high) in enumerate(bounds) if low < high)
 
 
 def _ring_pipelined(
@@ -748,44 +748,64 @@ def _ring_pipelined(
             waiter.round(work, *steps[step])
 
 
-def _ring_two(
-    flat: torch.Tensor,
-    staging: torch.Tensor,
-    plan: _Plan,
+def _ring_two(  # noqa: PLR0917 (the call's own arguments)
+    tensor: object,
+    flat: torch.Tensor | None,
+    known: _Known,
     group: dist.ProcessGroup,
     waiter: _Waiter,
+    combine_into: Callable[[torch.Tensor, torch.Tensor], None] | None,
     *,
-    combine_into: Callable[[torch.Tensor, torch.Tensor], None],
-) -> None:
-    """The two-rank ring's combines, both ranks swapping their whole ``flat`` buffers.
+    op: object,
+    name: object,
+) -> bool:
+    """Two gloo ranks: the check before the ring, and for small tensors the whole reduction, in one
+    ``alltoall``; ``True`` when the reduction is done, ``False`` when the rounds are still to run.
 
-    Every part of :attr:`_Plan.swap` is one ``alltoall`` (this rank's part goes to
-    the other rank, the other's comes into ``staging``), all started at once and
-    finished in order.  As each arrives, every element of a chunk this rank
-    receives in reduce-scatter becomes ``combine(incoming=theirs, own=mine)``
-    (``rs-add``), and every element of the chunk it sends becomes
-    ``combine(incoming=mine, own=theirs)``, the combine the other rank makes in
-    the ring, which all-gather would have copied here (``ag-copy-not-add``).  A
-    collective completes its send and its receive together, so a part is
-    overwritten only once it has been sent.
+    Each rank sends the other its signature and verdict (:func:`_signature`), the size of what
+    follows and, when its tensor is clean and at most :data:`SWAP_BYTES`, the bytes of its whole
+    ``flat`` buffer, in one message; it receives the other's into a buffer with room for
+    :data:`SWAP_BYTES` after the signature (no rank sends more), so unequal tensors cannot
+    overrun it, and no tensor is written before the signatures are compared.  Equal clean
+    signatures mean equal tensors: then every element of a chunk this rank receives in
+    reduce-scatter becomes ``combine(incoming=theirs, own=mine)`` (``rs-add``), and every element
+    of the chunk it sends becomes ``combine(incoming=mine, own=theirs)``, the combine the other
+    rank makes in the ring, which all-gather would have copied here (``ag-copy-not-add``), one chunk
+    of :attr:`_Plan.swap` after another.  Otherwise the ranks exchange full descriptions
+    (:func:`_refuse_everywhere`).
     """
-    other = plan.right
-    works = []
-    for start, stop, _ in plan.swap:
-        splits = [0, 0]
-        splits[other] = stop - start
-        works.append(
-            _all_to_all(group, staging[start:stop], flat[start:stop], splits, splits, waiter.timeout)
-        )
-    for work, (_, _, runs) in zip(works, plan.swap, strict=True):
-        waiter.round(work, *plan.steps[0])
-        for start, stop, here in runs:
-            mine, theirs = flat[start:stop], staging[start:stop]
+    n, other, plan = waiter.n, 1 - waiter.rank, known.plan
+    clean = known.sound and known.ring is not None
+    if clean:
+        assert isinstance(tensor, torch.Tensor) and known.ring is not None
+        clean = _finite(tensor, n, "gloo", known.ring)
+    payload = flat if clean and plan is not None and plan.swap else None
+    size = 0 if payload is None else payload.numel() * payload.element_size()
+    mine = torch.tensor([*known.signature, 0 if clean else 1, size], dtype=torch.int64)
+    head = mine.numel() * mine.element_size()
+    outbox = _SCRATCH.get("swap-out", head + size, _BYTES)
+    outbox[:head].view(torch.int64).copy_(mine)
+    if payload is not None:
+        outbox[head:].view(payload.dtype).copy_(payload)
+    inbox = _SCRATCH.get("swap-in", head + SWAP_BYTES, _BYTES)
+    sending, receiving = [0, 0], [0, 0]
+    sending[other], receiving[other] = head + size, head + SWAP_BYTES
+    waiter.wait(_all_to_all(group, inbox, outbox, receiving, sending, waiter.timeout), _CHECKING)
+    if clean and torch.equal(inbox[:head].view(torch.int64), mine):
+        if payload is None:
+            return False
+        assert plan is not None and combine_into is not None
+        staging = inbox[head : head + size].view(payload.dtype)
+        for start, stop, here in plan.swap:
+            own, incoming = payload[start:stop], staging[start:stop]
             if here:
-                combine_into(theirs, mine)
+                combine_into(incoming, own)
             else:
-                combine_into(mine, theirs)
-                mine.copy_(theirs)
+                combine_into(own, incoming)
+                own.copy_(incoming)
+        return True
+    _refuse_everywhere(tensor, group, "gloo", waiter, op=op, name=name)
+    return False
 
 
 def _ring_exchanges(
@@ -927,20 +947,27 @@ def ring_all_reduce_(
     """
     group, rank, n, backend = _group_of(group)
     waiter = _Waiter(rank, n, timeout)
-    known = _check_everywhere(tensor, group, backend, waiter, op=op, name=schedule)
-    if known.plan is None or known.reduce_op is None:  # one rank: nothing to exchange
-        return tensor
-    plan, reduce_op = known.plan, known.reduce_op
-    data = tensor.detach() if tensor.requires_grad else tensor
-    work = data if data.is_contiguous() else data.contiguous()
-    flat = work if work.dim() == 1 else work.view(-1)
-    waiter.right, waiter.left = plan.right, plan.left
-    combine_into = torch_combine_into(reduce_op)
+    two = backend in _PIPELINED_BACKENDS and n == 2  # checked by the swap's own exchange
+    if two:
+        known = _known(tensor, rank, n, backend, op=op, name=schedule)
+    else:
+        known = _check_everywhere(tensor, group, backend, waiter, op=op, name=schedule)
+        if known.plan is None:  # one rank: nothing to exchange
+            return tensor
+    data = work = flat = None
+    if known.sound:  # on every rank, once the check has passed
+        assert isinstance(tensor, torch.Tensor)
+        data = tensor.detach() if tensor.requires_grad else tensor
+        work = data if data.is_contiguous() else data.contiguous()
+        flat = work if work.dim() == 1 else work.view(-1)
+    combine_into = None if known.reduce_op is None else torch_combine_into(known.reduce_op)
     try:
-        if backend in _PIPELINED_BACKENDS and plan.swap:
-            staging = _SCRATCH.get("staging", flat.numel(), work)
-            _ring_two(flat, staging, plan, group, waiter, combine_into=combine_into)
-        elif backend in _PIPELINED_BACKENDS:
+        done = two and _ring_two(tensor, flat, known, group, waiter, combine_into, op=op, name=schedule)
+        plan, reduce_op = known.plan, known.reduce_op
+        assert plan is not None and reduce_op is not None and combine_into is not None
+        assert data is not None and work is not None and flat is not None
+        waiter.right, waiter.left = plan.right, plan.left
+        if not done and backend in _PIPELINED_BACKENDS:
             ring_steps = _ring_exchanges if n <= _EXCHANGE_RANKS else _ring_pipelined
             ring_steps(
                 flat.split_with_sizes(plan.pieces),
@@ -950,13 +977,15 @@ def ring_all_reduce_(
                 waiter,
                 combine_into=combine_into,
             )
-        else:
+        elif not done:
             staging = _SCRATCH.get("staging", max(plan.chunks), work)
             _ring_rounds(
                 flat.split_with_sizes(plan.chunks), staging, plan, group, waiter, combine_into=combine_into
             )
     except BaseException:
-        _SCRATCH.forget("staging", work)
+        if work is not None:
+            _SCRATCH.forget("staging", work)
+        _SCRATCH.forget("swap-in", _BYTES)
         raise
     if work is not data:
         data.copy_(work)

@@ -258,17 +258,21 @@ def count_collectives(rank: int, world_size: int, _: None) -> dict[str, list[int
 def test_good_input_is_checked_with_one_small_collective(rings: Rings, n: int) -> None:
     """The check before the ring costs one fixed-size collective; descriptions move only on a mismatch.
 
-    The ranks swap their signatures (a few tens of integers, one copy for each rank) with one
-    ``alltoall``; three ranks then run the ring on point-to-point sends, two swap their whole
-    tensors (2 * 3 * 2**10 elements, within :data:`ring_ref.distributed.SWAP_BYTES`) in one more.
+    Three ranks swap their signatures (a few tens of integers, one copy for each rank) with one
+    ``alltoall`` and then run the ring on point-to-point sends.  Two ranks send each other their
+    signature and their whole tensor (2 * 3 * 2**10 float32 elements, within
+    :data:`ring_ref.distributed.SWAP_BYTES`) as the bytes of one ``alltoall``, and that is all.
     """
+    tensor_bytes = (6 << 10) * 4
     for seen in rings(n).run(count_collectives, None, timeout_s=CALL_TIMEOUT_S):
         assert seen["all_reduce"] == [] and seen["all_gather_object"] == [] and seen["_all_gather"] == [], (
             seen
         )
-        check, *rounds = seen["_all_to_all"]
-        assert check <= 32 * n, seen
-        assert rounds == ([6 << 10] if n == 2 else []), seen
+        (check,) = seen["_all_to_all"]
+        if n == 2:
+            assert tensor_bytes < check <= tensor_bytes + 32 * 8, seen
+        else:
+            assert check <= 32 * n, seen
 
 
 @pytest.mark.clause("sum-not-mean")
@@ -393,6 +397,50 @@ BAD_CASES: dict[str, tuple[MakeArg, type[Exception], str]] = {
 }
 
 
+TWO_RANK_CASES: dict[str, tuple[MakeArg, type[Exception], str]] = {
+    "shape-mismatch": (
+        lambda r, n: torch.zeros(4, 2) if r == 1 else torch.zeros(4),
+        ValueError,
+        "the ranks passed different tensors",
+    ),
+    "dtype-mismatch-same-length": (
+        lambda r, n: torch.zeros(4, dtype=torch.float64 if r == 0 else torch.float32),
+        ValueError,
+        "rank 0: shape (4,) torch.float64 on cpu; rank 1: shape (4,) torch.float32 on cpu",
+    ),
+    "one-rank-beyond-the-swap": (  # rank 0 sends its tensor with its signature, rank 1 does not
+        lambda r, n: torch.zeros(2 * distributed.SWAP_BYTES if r == 1 else 4),
+        ValueError,
+        "the ranks passed different tensors",
+    ),
+    "nan-on-one-rank": (
+        lambda r, n: torch.tensor([float("nan") if r == 1 else 1.0] * 4),
+        ValueError,
+        "rank 1: inputs must be finite",
+    ),
+    "inf-beyond-the-swap": (
+        lambda r, n: torch.full((2 * distributed.SWAP_BYTES,), float("inf") if r == 0 else 1.0),
+        ValueError,
+        "rank 0: inputs must be finite",
+    ),
+    "not-a-tensor": (
+        lambda r, n: [1.0] * 4 if r == 0 else torch.zeros(4),
+        TypeError,
+        "rank 0: expects a torch.Tensor",
+    ),
+    "int-on-one-rank": (
+        lambda r, n: torch.zeros(4, dtype=torch.int32 if r == 1 else torch.float32),
+        TypeError,
+        "unsupported dtype torch.int32",
+    ),
+    "expanded-on-one-rank": (
+        lambda r, n: torch.zeros(1, 2).expand(4, 2) if r == 0 else torch.zeros(4, 2),
+        ValueError,
+        "rank 0: the sum is written in place",
+    ),
+}
+
+
 def _unchanged(before: object, after: object) -> bool:
     """Same bits (NaN included), dtype and shape; non-tensors must compare equal to their copy."""
     if not isinstance(before, torch.Tensor) or not isinstance(after, torch.Tensor):
@@ -435,6 +483,58 @@ def test_bad_input_is_rejected_identically_on_every_rank(rings: Rings) -> None:
         assert message.startswith("ring_all_reduce_ rejected the input on every rank")
         assert unchanged, name
     assert {per_rank[rank][-1] for rank in range(3)} == {("ok", "[3.0, 3.0, 3.0]", True)}
+
+
+def reject_then_reduce(rank: int, world_size: int, names: list[str]) -> list[tuple[str, str, bool, bool]]:
+    """Each two-rank bad input, then a good call: what was raised, whether the argument was left
+    unchanged, and whether the good call right after it gave the right sum (nothing left behind)."""
+    seen = []
+    for k, name in enumerate(names):
+        arg = TWO_RANK_CASES[name][0](rank, world_size)
+        before = arg.clone() if isinstance(arg, torch.Tensor) else copy.deepcopy(arg)
+        try:
+            ring_all_reduce_(cast(torch.Tensor, arg))  # deliberately not always a dense float tensor
+        except (TypeError, ValueError) as exc:
+            outcome = (type(exc).__name__, str(exc), _unchanged(before, arg))
+        else:
+            outcome = ("no exception", "", False)
+        good = torch.arange(8.0) * (rank + 1) + k
+        ring_all_reduce_(good)
+        seen.append((*outcome, same_bits(good, torch.arange(8.0) * 3 + 2 * k)))
+    return seen
+
+
+@pytest.mark.parametrize("settings", [{}, {"SEGMENT_BYTES": 8}], ids=["default", "swap-runs-of-8-bytes"])
+def test_two_ranks_reject_bad_input_identically_and_leave_nothing_behind(
+    rings: Rings, settings: dict[str, object]
+) -> None:
+    """Two ranks check inside the exchange that swaps small tensors: a tensor the other rank does not
+    expect (another shape or dtype, one beyond :data:`ring_ref.distributed.SWAP_BYTES`, or none at
+    all) is still refused identically on both ranks, and the next call is not disturbed by it."""
+    names = list(TWO_RANK_CASES)
+    per_rank = rings(2).run(reject_then_reduce_with, (settings, names), timeout_s=CALL_TIMEOUT_S)
+    for k, name in enumerate(names):
+        _, kind, text = TWO_RANK_CASES[name]
+        outcomes = {per_rank[rank][k] for rank in range(2)}
+        assert len(outcomes) == 1, f"{name}: ranks disagree: {outcomes}"
+        exc_name, message, unchanged, next_call_right = outcomes.pop()
+        assert (exc_name, text in message, unchanged, next_call_right) == (kind.__name__, True, True, True), (
+            name,
+            exc_name,
+            message,
+        )
+        assert message.startswith("ring_all_reduce_ rejected the input on every rank")
+
+
+def reject_then_reduce_with(
+    rank: int, world_size: int, payload: tuple[dict[str, object], list[str]]
+) -> list[tuple[str, str, bool, bool]]:
+    """:func:`reject_then_reduce` with some of ``ring_ref.distributed``'s tuning constants replaced."""
+    settings, names = payload
+    with contextlib.ExitStack() as stack:
+        for name, value in settings.items():
+            stack.enter_context(mock.patch.object(distributed, name, value))
+        return reject_then_reduce(rank, world_size, names)
 
 
 def test_without_a_process_group_the_error_says_how_to_start_one() -> None:

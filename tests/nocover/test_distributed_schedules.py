@@ -381,12 +381,13 @@ def test_the_hook_pads_for_the_even_layout_only(rings: dict[int, ProcessRing]) -
 
 
 def fail_on_rank_1(rank: int, world_size: int, at: str) -> str:
-    """Rank 1 never calls, raises at its first addition of the rounds, or raises after the check
-    instead of swapping; rank 0 calls with a 2 s ``timeout`` (the group's is 120 s) and reports how
-    its call ended.
+    """Rank 1 never calls, raises at its first addition of the rounds, or raises instead of
+    swapping; rank 0 calls with a 2 s ``timeout`` (the group's is 120 s) and reports how its call
+    ended.
 
     Failing at the first addition needs the rounds, not the two-rank swap: a swap's only exchange
-    is over before the first addition, so a peer failing there cannot hold anybody up.
+    (which is also the check) is over before the first addition, so a peer failing there cannot
+    hold anybody up, and one that never swaps leaves the other waiting in the check.
     """
     if rank == 1 and at == "never":
         return "did not call"
@@ -415,7 +416,7 @@ def fail_on_rank_1(rank: int, world_size: int, at: str) -> str:
     [
         ("never", ": checking every rank's tensor before the ring"),
         ("add", ", all-gather round 0: exchanging chunks"),
-        ("swap", ", reduce-scatter round 0: exchanging chunks"),
+        ("swap", ": checking every rank's tensor before the ring"),
     ],
     ids=["never-calls", "raises-mid-ring", "raises-instead-of-swapping"],
 )
