@@ -90,8 +90,8 @@ tensor is reduced in place, so after a failure mid-ring its elements are a mix
 of inputs, partial sums and final sums, an element being received at that
 moment may hold a mixture of old and new bytes, and a receive posted before
 the failure may still write into it until the group is destroyed; treat it as
-garbage (recompute it); a two-rank swap receives into staging only, so there
-the elements are inputs and final values.  A non-contiguous tensor is reduced
+garbage (recompute it); a two-rank swap writes the tensor only once its one
+exchange is complete, so a failure leaves it unchanged.  A non-contiguous tensor is reduced
 in a private copy and is left unchanged.  Bad input never modifies anything.
 """
 

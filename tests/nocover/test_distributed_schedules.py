@@ -387,7 +387,8 @@ def fail_on_rank_1(rank: int, world_size: int, at: str) -> str:
 
     Failing at the first addition needs the rounds, not the two-rank swap: a swap's only exchange
     (which is also the check) is over before the first addition, so a peer failing there cannot
-    hold anybody up, and one that never swaps leaves the other waiting in the check.
+    hold anybody up, and one that never swaps leaves the other waiting in the check, its tensor
+    unchanged.
     """
     if rank == 1 and at == "never":
         return "did not call"
@@ -404,10 +405,11 @@ def fail_on_rank_1(rank: int, world_size: int, at: str) -> str:
             except OSError as exc:
                 return f"OSError: {exc}"
             return "finished"
+        mine = torch.ones(4)
         try:
-            ring_all_reduce_(torch.ones(4), timeout=datetime.timedelta(seconds=2))
+            ring_all_reduce_(mine, timeout=datetime.timedelta(seconds=2))
         except RuntimeError as exc:
-            return str(exc)
+            return f"{exc} [tensor {'unchanged' if torch.equal(mine, torch.ones(4)) else 'changed'}]"
         return "finished"
 
 
@@ -432,4 +434,6 @@ def test_two_ranks_a_failing_peer_ends_the_call_within_its_timeout(
     assert outcome[1] == ("did not call" if at == "never" else "OSError: planted failure"), outcome
     assert outcome[0].startswith(f"ring_all_reduce_: rank 0 of 2{where}"), outcome[0]
     assert "failed or timed out; a peer probably raised, exited or did not call" in outcome[0]
+    if at != "add":  # the swap writes only after its one exchange: nothing was written
+        assert outcome[0].endswith("[tensor unchanged]"), outcome[0]
     rings[2].close()
