@@ -91,8 +91,9 @@ of inputs, partial sums and final sums, an element being received at that
 moment may hold a mixture of old and new bytes, and a receive posted before
 the failure may still write into it until the group is destroyed; treat it as
 garbage (recompute it); a two-rank swap writes the tensor only once its one
-exchange is complete, so a failure leaves it unchanged.  A non-contiguous tensor is reduced
-in a private copy and is left unchanged.  Bad input never modifies anything.
+exchange is complete, so a failure leaves it unchanged.  A non-contiguous
+tensor is reduced in a private copy and is left unchanged.  Bad input never
+modifies anything.
 """
 
 import datetime
@@ -137,7 +138,8 @@ SWAP_BYTES: Final = 1 << 20
 """Two-rank gloo calls of at most this many bytes swap whole tensors with their signatures
 (:func:`_ring_two`) instead of running the two rounds: one exchange instead of three, and twice
 the combines (every element's on both ranks), which pays below about this size and costs above
-it.  Every two-rank call receives the other's signature into room for this many bytes more."""
+it.  Every two-rank call receives the other's signature into room for this many bytes more, so
+it must be the same on every rank (as must every tuning constant here)."""
 _EXCHANGE_RANKS: Final = 2
 """gloo groups of at most this many ranks run every round as ``alltoall`` collectives.
 
@@ -762,26 +764,26 @@ def _ring_two(  # noqa: PLR0917 (the call's own arguments)
     """Two gloo ranks: the check before the ring, and for small tensors the whole reduction, in one
     ``alltoall``; ``True`` when the reduction is done, ``False`` when the rounds are still to run.
 
-    Each rank sends the other its signature and verdict (:func:`_signature`), the size of what
-    follows and, when its tensor is clean and at most :data:`SWAP_BYTES`, the bytes of its whole
-    ``flat`` buffer, in one message; it receives the other's into a buffer with room for
-    :data:`SWAP_BYTES` after the signature (no rank sends more), so unequal tensors cannot
-    overrun it, and no tensor is written before the signatures are compared.  Equal clean
-    signatures mean equal tensors: then every element of a chunk this rank receives in
-    reduce-scatter becomes ``combine(incoming=theirs, own=mine)`` (``rs-add``), and every element
-    of the chunk it sends becomes ``combine(incoming=mine, own=theirs)``, the combine the other
-    rank makes in the ring, which all-gather would have copied here (``ag-copy-not-add``), one chunk
-    of :attr:`_Plan.swap` after another.  Otherwise the ranks exchange full descriptions
+    Each rank sends the other its signature and verdict (:func:`_signature`) and, when its
+    tensor is clean and at most :data:`SWAP_BYTES`, the bytes of its whole ``flat`` buffer, in
+    one message; it receives the other's into a buffer with room for :data:`SWAP_BYTES` after
+    the signature (no rank sends more), so unequal tensors cannot overrun it, and no tensor is
+    written before the signatures are compared.  Equal clean signatures mean equal tensors:
+    then every element of a chunk this rank receives in reduce-scatter becomes
+    ``combine(incoming=theirs, own=mine)`` (``rs-add``), and every element of the chunk it sends
+    becomes ``combine(incoming=mine, own=theirs)``, the combine the other rank makes in the ring,
+    which all-gather would have copied here (``ag-copy-not-add``), one chunk of
+    :attr:`_Plan.swap` after another.  Otherwise the ranks exchange full descriptions
     (:func:`_refuse_everywhere`).
     """
     n, other, plan = waiter.n, 1 - waiter.rank, known.plan
-    clean = known.sound and known.ring is not None
+    clean = known.sound
     if clean:
         assert isinstance(tensor, torch.Tensor) and known.ring is not None
         clean = _finite(tensor, n, "gloo", known.ring)
     payload = flat if clean and plan is not None and plan.swap else None
     size = 0 if payload is None else payload.numel() * payload.element_size()
-    mine = torch.tensor([*known.signature, 0 if clean else 1, size], dtype=torch.int64)
+    mine = torch.tensor([*known.signature, 0 if clean else 1], dtype=torch.int64)
     head = mine.numel() * mine.element_size()
     outbox = _SCRATCH.get("swap-out", head + size, _BYTES)
     outbox[:head].view(torch.int64).copy_(mine)
