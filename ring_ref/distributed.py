@@ -988,6 +988,7 @@ def ring_all_reduce_(
         if work is not None:
             _SCRATCH.forget("staging", work)
         _SCRATCH.forget("swap-in", _BYTES)
+        _SCRATCH.forget("swap-out", _BYTES)
         raise
     if work is not data:
         data.copy_(work)
