@@ -69,6 +69,8 @@ StartMethod = Literal["forkserver", "spawn"]
 LOOPBACK: Final = "127.0.0.1"
 _STOP: Final = b"stop"
 _JOIN_GRACE_S: Final = 5.0
+_REPORT_GRACE_S: Final = 1.0
+"""How long the other ranks are given to reply or die once one rank has failed."""
 
 
 class RankError(RuntimeError):
@@ -262,10 +264,28 @@ class ProcessRing:
                 )
             self._read_ready(pending, replies, errors)
         if errors:
-            self._read_ready([r for r in range(self.world_size) if r not in replies], replies, errors)
+            self._settle(replies, errors)
             self._kill()
             raise RankError(self.world_size, errors)
         return [replies[r] for r in range(self.world_size)]
+
+    def _settle(self, replies: dict[int, Any], errors: dict[int, str]) -> None:
+        """After a failure, wait up to :data:`_REPORT_GRACE_S` for the other ranks to reply or die.
+
+        A rank that dies makes its peers fail too, often first ("connection closed by peer"):
+        the grace lets the dead rank's own exit be seen and reported with them.
+        """
+        grace = time.monotonic() + _REPORT_GRACE_S
+        pending = [r for r in range(self.world_size) if r not in replies and r not in errors]
+        while pending:
+            ready = multiprocessing.connection.wait(
+                [self._conns[r] for r in pending] + [self._procs[r].sentinel for r in pending],
+                timeout=max(0.0, grace - time.monotonic()),
+            )
+            if not ready:
+                return
+            self._read_ready(pending, replies, errors)
+            pending = [r for r in pending if r not in replies and r not in errors]
 
     def _read_ready(self, ranks: list[int], replies: dict[int, Any], errors: dict[int, str]) -> None:
         """Move every reply already available from ``ranks`` into ``replies`` or ``errors``."""

@@ -53,6 +53,16 @@ def exit_on_rank(rank: int, world_size: int, bad: int) -> int:
     return rank
 
 
+def exit_late_on_rank(rank: int, world_size: int, bad: int) -> int:
+    """Rank ``bad`` closes its connections, so that the others fail first, and dies a moment later."""
+    if rank == bad:
+        dist.destroy_process_group()
+        time.sleep(0.3)
+        os._exit(7)
+    dist.recv(torch.zeros(1), src=bad)
+    return rank
+
+
 @pytest.fixture(scope="module")
 def ring() -> Iterator[ProcessRing]:
     with ProcessRing(WORLD, group_timeout_s=GROUP_TIMEOUT_S) as r:
@@ -127,6 +137,16 @@ def test_hanging_rank_times_out_naming_it(ring: ProcessRing) -> None:
 def test_dead_rank_is_reported(ring: ProcessRing) -> None:
     with pytest.raises(RankError, match="rank 0 of 2 failed:\nthe process exited with code 7 without"):
         ring.run(exit_on_rank, 0, timeout_s=PROMPT_S)
+    assert not ring.running
+
+
+def test_a_rank_that_dies_after_its_peers_failed_is_reported_with_them(ring: ProcessRing) -> None:
+    """The peers' "connection closed" errors come first; the dead rank's exit is still named."""
+    with pytest.raises(RankError) as info:
+        ring.run(exit_late_on_rank, 0, timeout_s=PROMPT_S)
+    message = str(info.value)
+    assert "rank 0 of 2 failed:\nthe process exited with code 7 without replying" in message, message
+    assert "rank 1 of 2 failed:" in message, message
     assert not ring.running
 
 
