@@ -252,11 +252,7 @@ class ProcessRing:
         while len(replies) < self.world_size and not errors:
             pending = [r for r in range(self.world_size) if r not in replies]
             remaining = deadline - time.monotonic()
-            ready = multiprocessing.connection.wait(
-                [self._conns[r] for r in pending] + [self._procs[r].sentinel for r in pending],
-                timeout=max(0.0, remaining),
-            )
-            if not ready:
+            if not self._wait_any(pending, remaining):
                 self._kill()
                 raise TimeoutError(
                     f"{what} on {self.world_size} rank(s) timed out after {timeout_s:g} s; "
@@ -278,14 +274,15 @@ class ProcessRing:
         grace = time.monotonic() + _REPORT_GRACE_S
         pending = [r for r in range(self.world_size) if r not in replies and r not in errors]
         while pending:
-            ready = multiprocessing.connection.wait(
-                [self._conns[r] for r in pending] + [self._procs[r].sentinel for r in pending],
-                timeout=max(0.0, grace - time.monotonic()),
-            )
-            if not ready:
+            if not self._wait_any(pending, grace - time.monotonic()):
                 return
             self._read_ready(pending, replies, errors)
             pending = [r for r in pending if r not in replies and r not in errors]
+
+    def _wait_any(self, ranks: list[int], timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` until one of ``ranks`` has replied or died; whether one has."""
+        waitables = [self._conns[r] for r in ranks] + [self._procs[r].sentinel for r in ranks]
+        return bool(multiprocessing.connection.wait(waitables, timeout=max(0.0, timeout_s)))
 
     def _read_ready(self, ranks: list[int], replies: dict[int, Any], errors: dict[int, str]) -> None:
         """Move every reply already available from ``ranks`` into ``replies`` or ``errors``."""
