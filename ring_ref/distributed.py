@@ -24,8 +24,9 @@ leave chunks short or empty (an empty chunk is never sent).
 (``model.register_comm_hook(None, ring_hook)``).
 
 **Speed.**  On gloo each chunk travels in segments (at least
-:data:`SEGMENT_BYTES`, at most :data:`MAX_SEGMENTS` per chunk; every chunk of a
-call is cut into the same number of segments, sized by the largest chunk): as
+:data:`SEGMENT_BYTES`, or :data:`EXCHANGE_SEGMENT_BYTES` on two ranks, at most
+:data:`MAX_SEGMENTS` per chunk; every chunk of a call is cut into the same
+number of segments, sized by the largest chunk): as
 soon as segment ``s`` of the chunk received in one round has been added into
 its slot, segment ``s`` of the next round's chunk (the same slot: every round of
 every ring of the family forwards the chunk it has just completed) is sent,
@@ -43,7 +44,12 @@ depend on the segment size, nor on how the segments travel:
   ``alltoall`` collective, in which each rank sends its piece to the other;
   gloo runs collectives on its own worker thread, and on a busy machine they
   took far less variable time than sends and receives driven from Python.
+  Each is a trip through that thread, so two-rank segments are larger.
   Reduce-scatter receives into staging, all-gather straight into the slot.
+* when no chunk is larger than :data:`LEAD_BYTES`, reduce-scatter's first round
+  travels with the check below: each rank's signature message to its right
+  neighbour also carries the chunk it sends first, so that round costs no
+  exchange of its own.
 * two ranks reducing at most :data:`SWAP_BYTES` need no rounds at all: a
   two-rank ring's only neighbour is the other rank, and each element's result
   is one combine of the two inputs, made by the rank that receives its chunk in
@@ -51,8 +57,9 @@ depend on the segment size, nor on how the segments travel:
   all-gather.  So each rank sends its whole tensor to the other, in the same
   ``alltoall`` message as its signature for the check below, and makes every
   combine itself with those roles: the ring's combines and bits, the same bytes
-  on the wire, one exchange in all instead of the check's and two rounds' (and
-  twice the combines, which is why larger tensors take the rounds).
+  on the wire, one exchange in all instead of two (the check carrying
+  reduce-scatter, then all-gather), and twice the combines, which is why larger
+  tensors take the rounds.
 
 Contiguous tensors are reduced in place; a non-contiguous one is reduced in a
 contiguous copy that is written back at the end.  Other backends (NCCL) run
@@ -62,17 +69,21 @@ arithmetic of chunks, segments and steps) is computed once and reused for
 later calls with the same shape, strides, dtype, device, group size, rank, op
 and schedule.
 
-**Bad input** is rejected with the same exception on *every* rank, before any
-chunk is sent (two ranks' tensors of at most :data:`SWAP_BYTES` travel with the
-signatures, into a buffer with room for any such tensor, and are combined only
-once the signatures match: there bad input is rejected before anything is
-written).  Each rank checks its own tensor (the spec's bad-input table,
-:mod:`ring_ref._validate`) and condenses its shape, dtype, device type, layout,
-op, schedule and verdict into a fixed-size signature; one small collective
+**Bad input** is rejected with the same exception on *every* rank, before
+anything is written.  Each rank checks its own tensor (the spec's bad-input
+table, :mod:`ring_ref._validate`) and condenses its shape, dtype, device type,
+layout, op, schedule and verdict into a fixed-size signature; one collective
 tells every rank every rank's signature: on gloo one ``alltoall`` in which
 every rank sends its signature to every rank (all messages at once, where an
 ``allgather`` or ``allreduce`` passes them round in ``N - 1`` or more steps),
-on other backends one ``allgather``; gloo is given the call's ``timeout``.  Only
+on other backends one ``allgather``; gloo is given the call's ``timeout``.  On
+gloo that ``alltoall`` may also carry data (two ranks' whole tensors, or the
+first reduce-scatter chunk, above): every rank receives from its two
+neighbours (the only ranks any ring of the family sends to first) into room
+for the most any rank sends, so a peer with another shape, dtype or ring
+cannot overrun it, and the data is combined only once every signature
+matches; the collective completes on every rank, so nothing is left pending
+for the next call.  Only
 when the signatures differ or a verdict is bad do the ranks exchange full
 descriptions (``all_gather_object``) so that every rank can word the same
 error naming every offending rank.  The finiteness check is a sum of the
@@ -90,8 +101,9 @@ tensor is reduced in place, so after a failure mid-ring its elements are a mix
 of inputs, partial sums and final sums, an element being received at that
 moment may hold a mixture of old and new bytes, and a receive posted before
 the failure may still write into it until the group is destroyed; treat it as
-garbage (recompute it); a two-rank swap writes the tensor only once its one
-exchange is complete, so a failure leaves it unchanged.  A non-contiguous
+garbage (recompute it); nothing is written before the check's exchange is
+complete, so a failure there (and in a two-rank swap, whose only exchange it
+is) leaves it unchanged.  A non-contiguous
 tensor is reduced in a private copy and is left unchanged.  Bad input never
 modifies anything.
 """
@@ -116,6 +128,8 @@ from ring_ref._validate import BadInput, rank_tensor_problem, schedule_of
 from ring_ref.schedule import REDUCE_SCATTER, SPEC, Phase, RingSchedule, all_rounds, rounds_per_phase
 
 __all__ = [
+    "EXCHANGE_SEGMENT_BYTES",
+    "LEAD_BYTES",
     "MAX_SEGMENTS",
     "SEGMENT_BYTES",
     "STAGE_ALL_BYTES",
@@ -126,7 +140,12 @@ __all__ = [
 ]
 
 SEGMENT_BYTES: Final = 1 << 20
-"""Smallest piece a chunk travels in on gloo; a chunk no larger than this goes whole."""
+"""Smallest piece a chunk travels in on gloo point-to-point rounds; a chunk no larger than this
+goes whole."""
+EXCHANGE_SEGMENT_BYTES: Final = 8 << 20
+"""Smallest piece a chunk travels in on two-rank gloo rounds (``alltoall`` collectives, each a trip
+through gloo's worker thread: on two ranks of a busy 2-core host, cutting 2 MiB chunks in two
+made a call about a fifth slower)."""
 MAX_SEGMENTS: Final = 4
 """Most pieces per chunk: each send and receive costs a wake-up, dear on a busy machine."""
 STAGE_ALL_BYTES: Final = 1 << 20
@@ -136,10 +155,15 @@ chunks stage reduce-scatter only, and all-gather receives straight into the slot
 _PIPELINED_BACKENDS: Final = frozenset({"gloo"})
 SWAP_BYTES: Final = 1 << 20
 """Two-rank gloo calls of at most this many bytes swap whole tensors with their signatures
-(:func:`_ring_two`) instead of running the two rounds: one exchange instead of three, and twice
+(:func:`_check_gloo`) instead of running the two rounds: one exchange instead of two, and twice
 the combines (every element's on both ranks), which pays below about this size and costs above
-it.  Every two-rank call receives the other's signature into room for this many bytes more, so
-it must be the same on every rank (as must every tuning constant here)."""
+it.  Every gloo call receives its neighbours' signatures into room for this many bytes more (or
+:data:`LEAD_BYTES`, the larger), so it must be the same on every rank (as must every tuning
+constant here)."""
+LEAD_BYTES: Final = 1 << 20
+"""gloo calls that run the rounds send the chunk of reduce-scatter's first round with their
+signature when no chunk is larger than this (:attr:`_Plan.lead`): that round then costs no
+exchange of its own.  Larger chunks travel after the check."""
 _EXCHANGE_RANKS: Final = 2
 """gloo groups of at most this many ranks run every round as ``alltoall`` collectives.
 
@@ -305,7 +329,15 @@ def _known_key(
         type(name) is RingSchedule and all(type(v) is t for v, t in zip(name, _EXACT_FIELDS, strict=True))
     ):
         return None
-    tuning = (SEGMENT_BYTES, MAX_SEGMENTS, STAGE_ALL_BYTES, SWAP_BYTES, _EXCHANGE_RANKS)
+    tuning = (
+        SEGMENT_BYTES,
+        EXCHANGE_SEGMENT_BYTES,
+        MAX_SEGMENTS,
+        STAGE_ALL_BYTES,
+        SWAP_BYTES,
+        LEAD_BYTES,
+        _EXCHANGE_RANKS,
+    )
     return (tensor.shape, tensor.stride(), tensor.dtype, tensor.device, rank, n, backend, op, name, tuning)
 
 
@@ -327,10 +359,11 @@ def _known(tensor: object, rank: int, n: int, backend: str, *, op: object, name:
                     n,
                     tensor.numel(),
                     tensor.element_size(),
-                    SEGMENT_BYTES,
+                    EXCHANGE_SEGMENT_BYTES if n <= _EXCHANGE_RANKS else SEGMENT_BYTES,
                     MAX_SEGMENTS,
                     STAGE_ALL_BYTES,
                     SWAP_BYTES,
+                    LEAD_BYTES,
                     _EXCHANGE_RANKS,
                 )
         known = _Known(signature, sound, flags, ring, reduce_op, plan)
@@ -422,22 +455,13 @@ def _all_gather(
 
 
 def _gather_signatures(
-    flags: torch.Tensor, group: dist.ProcessGroup, backend: str, waiter: _Waiter
+    flags: torch.Tensor, group: dist.ProcessGroup, waiter: _Waiter
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every rank's row of ``flags`` in rank order, and this rank's row as often: one small collective.
-
-    On gloo ``flags`` holds this rank's row ``N`` times and one ``alltoall`` sends a
-    copy to every rank: all messages travel at once, where an ``allgather`` (or an
-    ``allreduce``) passes them round the ring in ``N - 1`` or more steps.  On other
-    backends ``flags`` is the row, and one ``allgather`` collects them.  The two
-    results are equal exactly when every rank's row is this rank's.
+    """Every rank's row ``flags`` in rank order, and this rank's row as often: one ``allgather``
+    (backends other than gloo, which checks with :func:`_check_gloo`).  The two results are equal
+    exactly when every rank's row is this rank's.
     """
     n = waiter.n
-    if backend in _PIPELINED_BACKENDS:
-        rows = torch.empty_like(flags)
-        splits = [flags.numel() // n] * n
-        waiter.wait(_all_to_all(group, rows, flags, splits, splits, waiter.timeout), _CHECKING)
-        return rows, flags
     gathered = flags.new_empty((n, flags.numel()))
     waiter.wait(_all_gather(group, list(gathered.unbind(0)), flags, waiter.timeout), _CHECKING)
     return gathered.view(-1), flags.repeat(n)
@@ -452,7 +476,8 @@ def _check_everywhere(
     op: object = "sum",
     name: object = "spec",
 ) -> _Known:
-    """Raise the same bad-input error on every rank, or return on every rank; one small collective.
+    """Raise the same bad-input error on every rank, or return on every rank; one small collective
+    (one rank, or backends other than gloo: :func:`_check_gloo` checks gloo groups).
 
     Returns what the metadata decided (the ring and this rank's plan among it).
     """
@@ -466,7 +491,7 @@ def _check_everywhere(
         flags = known.flags
         if flags is None or not clean:
             flags = _flags(known.signature, clean, n, backend)
-        everyone, own = _gather_signatures(flags, group, backend, waiter)
+        everyone, own = _gather_signatures(flags, group, waiter)
         if clean and torch.equal(everyone, own):
             return known
     elif clean:
@@ -582,9 +607,12 @@ class _Plan(NamedTuple):
     sends to and receives from each rank: the segment to the right neighbour, from the left (only
     for groups of at most :data:`_EXCHANGE_RANKS`, the ones that run rounds as ``alltoall``)."""
     swap: tuple[tuple[int, int, bool], ...]
-    """Two ranks (:func:`_ring_two`): per non-empty chunk of the flat buffer, its ``(start, stop,
+    """Two ranks (:func:`_check_gloo`): per non-empty chunk of the flat buffer, its ``(start, stop,
     here)``, ``here`` when this rank makes that chunk's combine (it receives the chunk in
     reduce-scatter); empty for ``N > 2`` and above :data:`SWAP_BYTES`."""
+    lead: bool
+    """Step 0 (reduce-scatter's first round) travels with the check (:func:`_check_gloo`): no chunk
+    is larger than :data:`LEAD_BYTES`, which every rank decides alike (it depends on no rank)."""
 
 
 @functools.lru_cache(maxsize=64)
@@ -598,6 +626,7 @@ def _plan(  # noqa: PLR0917 (cached by its positional arguments)
     max_segments: int,
     stage_all_bytes: int,
     swap_bytes: int,
+    lead_bytes: int,
     exchange_ranks: int,
 ) -> _Plan:
     """The plan of one call (cached: it depends on nothing else)."""
@@ -608,7 +637,7 @@ def _plan(  # noqa: PLR0917 (cached by its positional arguments)
     # step before it received.  Every ring of the family does (from its closed forms).
     if sent[1:] != received[:-1]:
         raise AssertionError(f"{ring.describe()}: a step does not forward the chunk just received")
-    if n == 2 and sent[0] == received[0]:  # _ring_two: the other rank combines the chunk sent
+    if n == 2 and sent[0] == received[0]:  # _check_gloo: the other rank combines the chunk sent
         raise AssertionError(f"{ring.describe()}: a rank sends the chunk it receives in reduce-scatter")
     bounds = chunk_bounds(ring.layout, n, numel, itemsize=itemsize)
     chunks = tuple(stop - start for start, stop in bounds)
@@ -623,6 +652,7 @@ def _plan(  # noqa: PLR0917 (cached by its positional arguments)
         touching = [t for t in range(u) if received[u] in (sent[t], received[t])]
         (receive_after[touching[-1]] if touching else upfront).append(u)
     right, left = ring.right(rank, n), ring.left(rank, n)
+    swap = _swap_runs(bounds, itemsize, received[0], swap_bytes)
     return _Plan(
         right=right,
         left=left,
@@ -648,7 +678,8 @@ def _plan(  # noqa: PLR0917 (cached by its positional arguments)
             for t in range(len(steps) if n <= exchange_ranks else 0)
             for s in range(count)
         ),
-        swap=_swap_runs(bounds, itemsize, received[0], swap_bytes),
+        swap=swap,
+        lead=not swap and largest * itemsize <= lead_bytes,
     )
 
 
@@ -669,6 +700,7 @@ def _ring_pipelined(
     waiter: _Waiter,
     *,
     combine_into: Callable[[torch.Tensor, torch.Tensor], None],
+    lead: tuple[torch.Tensor, ...] | None = None,
 ) -> None:
     """The schedule's rounds on the segments ``slots`` of a flat buffer, pipelined.
 
@@ -685,7 +717,8 @@ def _ring_pipelined(
     its own part of the staging, and all of them are posted before the first
     send.  Unstaged (all-gather) steps receive straight into the slot, posted
     once every send that read that slot segment before has completed.
-    Empty segments (of short or empty chunks) are neither sent nor received.
+    Empty segments (of short or empty chunks) are neither sent nor received.  ``lead``, when
+    given, holds the segments of step 0, already come with the check (:func:`_check_gloo`).
     """
     count, received, steps, filled, staged = (
         plan.per_chunk,
@@ -716,18 +749,20 @@ def _ring_pipelined(
     def post_send(t: int, piece: int, s: int) -> None:
         sending.setdefault(piece, []).append((t, group.send([slots[piece]], right, t * count + s)))
 
-    for t in (*range(staged), *plan.upfront):
+    for t in (*range(0 if lead is None else 1, staged), *plan.upfront):
         for s in filled[received[t]]:
             post_recv(t, s)
-    for s in filled[plan.sent[0]]:
+    for s in filled[plan.sent[0]] if lead is None else ():
         post_send(0, plan.sent[0] * count + s, s)
 
     def arrive(t: int, piece: int, s: int) -> None:
         """Segment ``s`` of step ``t`` has come: add it in, or copy it out of staging."""
-        waiter.round(receiving.pop(t * count + s), *steps[t])
+        came = None if t or lead is None else lead[s]
+        if came is None:
+            waiter.round(receiving.pop(t * count + s), *steps[t])
         if t < staged:
             settle(piece)
-            stage = stages[t * (count + 1) + s]
+            stage = stages[t * (count + 1) + s] if came is None else came
             if t < plan.rs_steps:
                 combine_into(stage, slots[piece])  # incoming + own (or the op's): rs-add
             else:
@@ -750,9 +785,38 @@ def _ring_pipelined(
             waiter.round(work, *steps[step])
 
 
-def _ring_two(  # noqa: PLR0917 (the call's own arguments)
+class _Layout(NamedTuple):
+    """Where the check's messages lie in one rank's ``alltoall`` buffers (:func:`_check_layout`)."""
+
+    receiving: list[int]
+    """Bytes this rank receives from each rank: a row, and room after it from either neighbour."""
+    offsets: dict[int, int]
+    """Where each other rank's message starts in the buffer received."""
+    runs: tuple[tuple[int, int], ...]
+    """The buffer received as ``(start, stop)`` runs of rows back to back (at most three: only the
+    room after a neighbour's row breaks a run); together they hold every other rank's row."""
+
+
+@functools.lru_cache(maxsize=64)
+def _check_layout(n: int, rank: int, head: int, room: int) -> _Layout:
+    """The check's receive layout: ``head`` bytes of row from every other rank, and ``room`` more
+    from the two next to this rank (the only ranks any ring of the family sends to first)."""
+    neighbours = {(rank - 1) % n, (rank + 1) % n}
+    receiving = [0 if j == rank else head + (room if j in neighbours else 0) for j in range(n)]
+    offsets = {j: sum(receiving[:j]) for j in range(n) if j != rank}
+    runs: list[tuple[int, int]] = []
+    for start in offsets.values():
+        if runs and runs[-1][1] == start:
+            runs[-1] = (runs[-1][0], start + head)
+        else:
+            runs.append((start, start + head))
+    return _Layout(receiving, offsets, tuple(runs))
+
+
+def _check_gloo(  # noqa: PLR0917 (the call's own arguments)
     tensor: object,
     flat: torch.Tensor | None,
+    slots: tuple[torch.Tensor, ...] | None,
     known: _Known,
     group: dist.ProcessGroup,
     waiter: _Waiter,
@@ -760,45 +824,70 @@ def _ring_two(  # noqa: PLR0917 (the call's own arguments)
     *,
     op: object,
     name: object,
-) -> bool:
-    """Two gloo ranks: the check before the ring, and for small tensors the whole reduction, in one
-    ``alltoall``; ``True`` when the reduction is done, ``False`` when the rounds are still to run.
+) -> tuple[bool, tuple[torch.Tensor, ...] | None]:
+    """gloo: the check before the ring in one ``alltoall`` that also carries the first piece of
+    data.  Returns whether the reduction is done and, when the rounds are still to run, the
+    segments of the left neighbour's first reduce-scatter chunk if it came with the check
+    (:attr:`_Plan.lead`).
 
-    Each rank sends the other its signature and verdict (:func:`_signature`) and, when its
-    tensor is clean and at most :data:`SWAP_BYTES`, the bytes of its whole ``flat`` buffer, in
-    one message; it receives the other's into a buffer with room for :data:`SWAP_BYTES` after
-    the signature (no rank sends more), so unequal tensors cannot overrun it, and no tensor is
-    written before the signatures are compared.  Equal clean signatures mean equal tensors:
-    then every element of a chunk this rank receives in reduce-scatter becomes
+    Every rank sends every other rank its signature and verdict (:func:`_signature`), all
+    messages at once (an ``allgather`` or ``allreduce`` would pass them round the ring in
+    ``N - 1`` or more steps).  When its tensor is clean, its message to its right neighbour
+    also carries either the bytes of its whole ``flat`` buffer (two ranks, at most
+    :data:`SWAP_BYTES`) or the chunk it sends first in reduce-scatter (at most
+    :data:`LEAD_BYTES`).  Each rank receives from its two neighbours (the only ranks a ring of
+    the family sends to first, whatever its direction) into room for the larger of the two
+    after the row, so unequal tensors cannot overrun it, and nothing is written before every
+    row is compared.  Equal clean rows mean equal tensors and rings.
+
+    Two ranks swapping: every element of a chunk this rank receives in reduce-scatter becomes
     ``combine(incoming=theirs, own=mine)`` (``rs-add``), and every element of the chunk it sends
     becomes ``combine(incoming=mine, own=theirs)``, the combine the other rank makes in the ring,
     which all-gather would have copied here (``ag-copy-not-add``), one chunk of
-    :attr:`_Plan.swap` after another.  Otherwise the ranks exchange full descriptions
-    (:func:`_refuse_everywhere`).
+    :attr:`_Plan.swap` after another.  A first chunk that came is the staging of
+    reduce-scatter's first receive, which the rounds then add in.  Otherwise the ranks exchange
+    full descriptions (:func:`_refuse_everywhere`).
     """
-    n, other, plan = waiter.n, 1 - waiter.rank, known.plan
+    n, rank, plan = waiter.n, waiter.rank, known.plan
     clean = known.sound
     if clean:
         assert isinstance(tensor, torch.Tensor) and known.ring is not None
         clean = _finite(tensor, n, "gloo", known.ring)
-    payload = flat if clean and plan is not None and plan.swap else None
-    size = 0 if payload is None else payload.numel() * payload.element_size()
+    payload = None
+    if clean and plan is not None and plan.swap:
+        payload = flat
+    elif clean and plan is not None and plan.lead:
+        assert flat is not None
+        start = sum(plan.chunks[: plan.sent[0]])
+        payload = flat[start : start + plan.chunks[plan.sent[0]]]
     flags = known.flags if clean and known.flags is not None else _flags(known.signature, clean, n, "gloo")
-    mine = flags[: flags.numel() // n]  # the check's row (cached for clean calls), once
-    head = mine.numel() * mine.element_size()
-    outbox = _SCRATCH.get("swap-out", head + size, _BYTES)
-    outbox[:head].view(torch.int64).copy_(mine)
+    rows = flags.view(torch.uint8)  # this rank's row N times (cached for clean calls)
+    head = rows.numel() // n
+    layout = _check_layout(n, rank, head, max(SWAP_BYTES, LEAD_BYTES))
+    sending = [0 if j == rank else head for j in range(n)]
+    outbox = rows[: head * (n - 1)]
     if payload is not None:
-        outbox[head:].view(payload.dtype).copy_(payload)
-    inbox = _SCRATCH.get("swap-in", head + SWAP_BYTES, _BYTES)
-    sending, receiving = [0, 0], [0, 0]
-    sending[other], receiving[other] = head + size, head + SWAP_BYTES
-    waiter.wait(_all_to_all(group, inbox, outbox, receiving, sending, waiter.timeout), _CHECKING)
-    if clean and torch.equal(inbox[:head].view(torch.int64), mine):
+        assert plan is not None
+        size = payload.numel() * payload.element_size()
+        sending[plan.right] += size
+        cut = (plan.right + (plan.right < rank)) * head  # where the right neighbour's row ends
+        outbox = _SCRATCH.get("check-out", head * (n - 1) + size, _BYTES)
+        outbox[:cut].copy_(rows[:cut])
+        outbox[cut : cut + size].view(payload.dtype).copy_(payload)
+        if cut < head * (n - 1):
+            outbox[cut + size :].copy_(rows[cut : head * (n - 1)])
+    inbox = _SCRATCH.get("check-in", sum(layout.receiving), _BYTES)
+    waiter.wait(_all_to_all(group, inbox, outbox, layout.receiving, sending, waiter.timeout), _CHECKING)
+    if clean and all(torch.equal(inbox[start:stop], rows[: stop - start]) for start, stop in layout.runs):
         if payload is None:
-            return False
+            return False, None
         assert plan is not None and combine_into is not None
-        staging = inbox[head : head + size].view(payload.dtype)
+        came = inbox[layout.offsets[plan.left] + head :]
+        if not plan.swap:
+            count, chunk = plan.per_chunk, plan.received[0]
+            arrived = came[: plan.chunks[chunk] * payload.element_size()].view(payload.dtype)
+            return False, arrived.split_with_sizes(plan.pieces[chunk * count : (chunk + 1) * count])
+        staging = came[: payload.numel() * payload.element_size()].view(payload.dtype)
         for start, stop, here in plan.swap:
             own, incoming = payload[start:stop], staging[start:stop]
             if here:
@@ -806,9 +895,9 @@ def _ring_two(  # noqa: PLR0917 (the call's own arguments)
             else:
                 combine_into(own, incoming)
                 own.copy_(incoming)
-        return True
+        return True, None
     _refuse_everywhere(tensor, group, "gloo", waiter, op=op, name=name)
-    return False
+    return False, None
 
 
 def _ring_exchanges(
@@ -819,6 +908,7 @@ def _ring_exchanges(
     waiter: _Waiter,
     *,
     combine_into: Callable[[torch.Tensor, torch.Tensor], None],
+    lead: tuple[torch.Tensor, ...] | None = None,
 ) -> None:
     """The schedule's rounds, each segment of each round one ``alltoall`` collective, pipelined.
 
@@ -830,6 +920,7 @@ def _ring_exchanges(
     together, so no send is pending when a slot is overwritten.  Segment ``s`` of
     step ``t + 1`` is started as soon as segment ``s`` of step ``t`` is done
     (the same slot: :func:`_ring_pipelined`), while the other segments are under way.
+    ``lead``, when given, holds the segments of step 0, already come with the check (:func:`_check_gloo`).
     """
     count, received, sent, steps, pieces = plan.per_chunk, plan.received, plan.sent, plan.steps, plan.pieces
     works: dict[int, dist.Work] = {}
@@ -842,15 +933,18 @@ def _ring_exchanges(
             group, output, slots[out], output_splits, input_splits, waiter.timeout
         )
 
-    for s in range(count):
+    for s in range(count if lead is None else 0):
         start(0, s)
     last = len(steps) - 1
     for t, (phase, r) in enumerate(steps):
         for s in range(count):
-            waiter.round(works.pop(t * count + s), phase, r)
+            came = None if t or lead is None else lead[s]
+            if came is None:
+                waiter.round(works.pop(t * count + s), phase, r)
             if t < plan.rs_steps and pieces[received[t] * count + s]:
                 # incoming + own (or the op's), as rs-add states
-                combine_into(stages[t * (count + 1) + s], slots[received[t] * count + s])
+                incoming = stages[t * (count + 1) + s] if came is None else came
+                combine_into(incoming, slots[received[t] * count + s])
             if t < last:
                 start(t + 1, s)
 
@@ -878,6 +972,32 @@ def _ring_rounds(
                 waiter.round(work, phase, r)
         if phase == REDUCE_SCATTER and slot.numel():
             combine_into(into, slot)
+
+
+def _rounds(  # noqa: PLR0917 (the call's own arguments)
+    flat: torch.Tensor,
+    slots: tuple[torch.Tensor, ...] | None,
+    work: torch.Tensor,
+    plan: _Plan,
+    group: dist.ProcessGroup,
+    waiter: _Waiter,
+    *,
+    combine_into: Callable[[torch.Tensor, torch.Tensor], None],
+    lead: tuple[torch.Tensor, ...] | None,
+) -> None:
+    """The ring's rounds on ``flat`` over the transport the backend calls for: on gloo (``slots``,
+    its segments) ``alltoall`` exchanges or point-to-point sends, elsewhere one batch per round."""
+    if slots is None:
+        staging = _SCRATCH.get("staging", max(plan.chunks), work)
+        _ring_rounds(
+            flat.split_with_sizes(plan.chunks), staging, plan, group, waiter, combine_into=combine_into
+        )
+        return
+    stages = _SCRATCH.split("staging", plan.staging, work)
+    if waiter.n <= _EXCHANGE_RANKS:
+        _ring_exchanges(slots, stages, plan, group, waiter, combine_into=combine_into, lead=lead)
+    else:
+        _ring_pipelined(slots, stages, plan, group, waiter, combine_into=combine_into, lead=lead)
 
 
 _GROUPS: Final[weakref.WeakKeyDictionary[dist.ProcessGroup, tuple[int, int, str]]] = (
@@ -950,8 +1070,8 @@ def ring_all_reduce_(
     """
     group, rank, n, backend = _group_of(group)
     waiter = _Waiter(rank, n, timeout)
-    two = backend in _PIPELINED_BACKENDS and n == 2  # checked by the swap's own exchange
-    if two:
+    gloo = backend in _PIPELINED_BACKENDS and n > 1  # checked by _check_gloo's exchange
+    if gloo:
         known = _known(tensor, rank, n, backend, op=op, name=schedule)
     else:
         known = _check_everywhere(tensor, group, backend, waiter, op=op, name=schedule)
@@ -964,32 +1084,26 @@ def ring_all_reduce_(
         work = data if data.is_contiguous() else data.contiguous()
         flat = work if work.dim() == 1 else work.view(-1)
     combine_into = None if known.reduce_op is None else torch_combine_into(known.reduce_op)
+    plan = known.plan
+    pipelined = backend in _PIPELINED_BACKENDS
+    slots = None if flat is None or plan is None or not pipelined else flat.split_with_sizes(plan.pieces)
     try:
-        done = two and _ring_two(tensor, flat, known, group, waiter, combine_into, op=op, name=schedule)
-        plan, reduce_op = known.plan, known.reduce_op
+        done, lead = (
+            _check_gloo(tensor, flat, slots, known, group, waiter, combine_into, op=op, name=schedule)
+            if gloo
+            else (False, None)
+        )
+        reduce_op = known.reduce_op
         assert plan is not None and reduce_op is not None and combine_into is not None
         assert data is not None and work is not None and flat is not None
         waiter.right, waiter.left = plan.right, plan.left
-        if not done and backend in _PIPELINED_BACKENDS:
-            ring_steps = _ring_exchanges if n <= _EXCHANGE_RANKS else _ring_pipelined
-            ring_steps(
-                flat.split_with_sizes(plan.pieces),
-                _SCRATCH.split("staging", plan.staging, work),
-                plan,
-                group,
-                waiter,
-                combine_into=combine_into,
-            )
-        elif not done:
-            staging = _SCRATCH.get("staging", max(plan.chunks), work)
-            _ring_rounds(
-                flat.split_with_sizes(plan.chunks), staging, plan, group, waiter, combine_into=combine_into
-            )
+        if not done:
+            _rounds(flat, slots, work, plan, group, waiter, combine_into=combine_into, lead=lead)
     except BaseException:
         if work is not None:
             _SCRATCH.forget("staging", work)
-        _SCRATCH.forget("swap-in", _BYTES)
-        _SCRATCH.forget("swap-out", _BYTES)
+        _SCRATCH.forget("check-in", _BYTES)
+        _SCRATCH.forget("check-out", _BYTES)
         raise
     if work is not data:
         data.copy_(work)

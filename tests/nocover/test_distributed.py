@@ -173,6 +173,8 @@ def reduce_rows_with(
 SMALL_SEGMENTS: dict[str, object] = {"SEGMENT_BYTES": 8, "MAX_SEGMENTS": 1 << 30}
 UNSTAGED: dict[str, object] = {"STAGE_ALL_BYTES": 0}  # all-gather receives straight into the slot
 ROUNDS: dict[str, object] = {"SWAP_BYTES": 0}  # two ranks run rounds, not one swap
+EXCHANGE_SEGMENTS: dict[str, object] = {"EXCHANGE_SEGMENT_BYTES": 8, "MAX_SEGMENTS": 4}
+AFTER_THE_CHECK: dict[str, object] = {"LEAD_BYTES": 0}  # reduce-scatter's first step does not ride with it
 PER_ROUND: dict[str, object] = {
     "_PIPELINED_BACKENDS": frozenset()
 }  # one batch_isend_irecv per round (as for NCCL)
@@ -182,21 +184,27 @@ PER_ROUND: dict[str, object] = {
 @pytest.mark.parametrize(
     ("n", "settings"),
     [
-        (2, {"SEGMENT_BYTES": 8}),
-        (2, {"SEGMENT_BYTES": 8} | ROUNDS),
+        (2, {}),
+        (2, EXCHANGE_SEGMENTS | ROUNDS),
+        (2, EXCHANGE_SEGMENTS | ROUNDS | AFTER_THE_CHECK),
         (2, {"SEGMENT_BYTES": 8} | UNSTAGED | ROUNDS | {"_EXCHANGE_RANKS": 1}),
         (3, SMALL_SEGMENTS | UNSTAGED),
+        (3, SMALL_SEGMENTS | AFTER_THE_CHECK),
         (4, SMALL_SEGMENTS | {"SEGMENT_BYTES": 6}),
         (4, SMALL_SEGMENTS | UNSTAGED),
+        (4, SMALL_SEGMENTS | UNSTAGED | AFTER_THE_CHECK),
         (3, PER_ROUND),
     ],
     ids=[
-        "n2-swap-in-parts-of-8-bytes",
-        "n2-4-segments-staged",
+        "n2-swap",
+        "n2-4-segments-staged-first-with-the-check",
+        "n2-4-segments-staged-after-the-check",
         "n2-4-segments-point-to-point-into-the-slot",
         "n3-segments-of-8-bytes-into-the-slot",
+        "n3-segments-of-8-bytes-after-the-check",
         "n4-segments-of-6-bytes-staged",
         "n4-segments-of-8-bytes-into-the-slot",
+        "n4-segments-of-8-bytes-into-the-slot-after-the-check",
         "n3-one-send-per-round",
     ],
 )
@@ -204,8 +212,9 @@ def test_segmented_and_per_round_sends_give_the_simulations_bits(
     rings: Rings, n: int, settings: dict[str, object]
 ) -> None:
     """Chunks of 15 elements in segments of 1-4 elements (a short last one), on ``alltoall`` rounds
-    (two ranks) and point-to-point sends received into staging or straight into the slot, the
-    unsegmented per-round path, and two ranks swapping their tensors in parts of 2-8 bytes."""
+    (two ranks) and point-to-point sends received into staging or straight into the slot, with
+    reduce-scatter's first step carried by the check or sent after it, the unsegmented per-round
+    path, and two ranks swapping their tensors."""
     cases = []
     for d, dtype in enumerate(DTYPES):
         x = stacked(n, 5, (3,), dtype, seed=7 * n + d)
@@ -256,23 +265,23 @@ def count_collectives(rank: int, world_size: int, _: None) -> dict[str, list[int
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_good_input_is_checked_with_one_small_collective(rings: Rings, n: int) -> None:
-    """The check before the ring costs one fixed-size collective; descriptions move only on a mismatch.
+    """The check before the ring costs one collective of fixed-size signatures, which also carries
+    the first data; descriptions move only on a mismatch.
 
-    Three ranks swap their signatures (a few tens of integers, one copy for each rank) with one
-    ``alltoall`` and then run the ring on point-to-point sends.  Two ranks send each other their
-    signature and their whole tensor (2 * 3 * 2**10 float32 elements, within
-    :data:`ring_ref.distributed.SWAP_BYTES`) as the bytes of one ``alltoall``, and that is all.
+    Every rank sends every other rank its signature (a few tens of integers) in one ``alltoall``,
+    as bytes.  Three ranks' tensors (3 * 2**10 rows of 3 float32) are cut into chunks within
+    :data:`ring_ref.distributed.LEAD_BYTES`, so each rank's message to its right neighbour also
+    carries its first reduce-scatter chunk, and the rest of the ring runs on point-to-point sends.
+    Two ranks send each other their whole tensor (within :data:`ring_ref.distributed.SWAP_BYTES`)
+    with the signature, and that is all.
     """
-    tensor_bytes = (6 << 10) * 4
+    sent = (6 << 10) * 4 if n == 2 else (3 << 10) * 3 * 4 // n  # the tensor, or one chunk, in bytes
     for seen in rings(n).run(count_collectives, None, timeout_s=CALL_TIMEOUT_S):
         assert seen["all_reduce"] == [] and seen["all_gather_object"] == [] and seen["_all_gather"] == [], (
             seen
         )
         (check,) = seen["_all_to_all"]
-        if n == 2:
-            assert tensor_bytes < check <= tensor_bytes + 32 * 8, seen
-        else:
-            assert check <= 32 * n, seen
+        assert sent < check <= sent + 32 * 8 * (n - 1), seen
 
 
 @pytest.mark.clause("sum-not-mean")
@@ -397,44 +406,55 @@ BAD_CASES: dict[str, tuple[MakeArg, type[Exception], str]] = {
 }
 
 
-TWO_RANK_CASES: dict[str, tuple[MakeArg, type[Exception], str]] = {
+def _beyond(n: int) -> int:
+    """Elements of a float32 tensor whose chunks are too large to travel with the check (and, for
+    two ranks, which is too large to swap)."""
+    return n * (max(distributed.SWAP_BYTES, distributed.LEAD_BYTES) // 4 + 1)
+
+
+CARRYING_CASES: dict[str, tuple[MakeArg, type[Exception], str]] = {
     "shape-mismatch": (
-        lambda r, n: torch.zeros(4, 2) if r == 1 else torch.zeros(4),
+        lambda r, n: torch.zeros(n, 2) if r == 1 else torch.zeros(n),
+        ValueError,
+        "the ranks passed different tensors",
+    ),
+    "bigger-chunks-on-one-rank": (  # rank 1's first chunk is 16 times what its right neighbour expects
+        lambda r, n: torch.zeros(16 * n if r == 1 else n),
         ValueError,
         "the ranks passed different tensors",
     ),
     "dtype-mismatch-same-length": (
-        lambda r, n: torch.zeros(4, dtype=torch.float64 if r == 0 else torch.float32),
+        lambda r, n: torch.zeros(n, dtype=torch.float64 if r == 0 else torch.float32),
         ValueError,
-        "rank 0: shape (4,) torch.float64 on cpu; rank 1: shape (4,) torch.float32 on cpu",
+        "rank 0: shape (N,) torch.float64 on cpu; rank 1: shape (N,) torch.float32 on cpu",
     ),
-    "one-rank-beyond-the-swap": (  # rank 0 sends its tensor with its signature, rank 1 does not
-        lambda r, n: torch.zeros(2 * distributed.SWAP_BYTES if r == 1 else 4),
+    "one-rank-beyond-what-travels-with-the-check": (  # the others send data with their signature
+        lambda r, n: torch.zeros(_beyond(n) if r == 1 else n),
         ValueError,
         "the ranks passed different tensors",
     ),
     "nan-on-one-rank": (
-        lambda r, n: torch.tensor([float("nan") if r == 1 else 1.0] * 4),
+        lambda r, n: torch.tensor([float("nan") if r == 1 else 1.0] * n),
         ValueError,
         "rank 1: inputs must be finite",
     ),
-    "inf-beyond-the-swap": (
-        lambda r, n: torch.full((2 * distributed.SWAP_BYTES,), float("inf") if r == 0 else 1.0),
+    "inf-beyond-what-travels-with-the-check": (
+        lambda r, n: torch.full((_beyond(n),), float("inf") if r == 0 else 1.0),
         ValueError,
         "rank 0: inputs must be finite",
     ),
     "not-a-tensor": (
-        lambda r, n: [1.0] * 4 if r == 0 else torch.zeros(4),
+        lambda r, n: [1.0] * n if r == 0 else torch.zeros(n),
         TypeError,
         "rank 0: expects a torch.Tensor",
     ),
     "int-on-one-rank": (
-        lambda r, n: torch.zeros(4, dtype=torch.int32 if r == 1 else torch.float32),
+        lambda r, n: torch.zeros(n, dtype=torch.int32 if r == 1 else torch.float32),
         TypeError,
         "unsupported dtype torch.int32",
     ),
     "expanded-on-one-rank": (
-        lambda r, n: torch.zeros(1, 2).expand(4, 2) if r == 0 else torch.zeros(4, 2),
+        lambda r, n: torch.zeros(1, 2).expand(n, 2) if r == 0 else torch.zeros(n, 2),
         ValueError,
         "rank 0: the sum is written in place",
     ),
@@ -486,11 +506,13 @@ def test_bad_input_is_rejected_identically_on_every_rank(rings: Rings) -> None:
 
 
 def reject_then_reduce(rank: int, world_size: int, names: list[str]) -> list[tuple[str, str, bool, bool]]:
-    """Each two-rank bad input, then a good call: what was raised, whether the argument was left
-    unchanged, and whether the good call right after it gave the right sum (nothing left behind)."""
+    """Each bad input of :data:`CARRYING_CASES`, then a good call: what was raised, whether the
+    argument was left unchanged, and whether the good call right after it gave the right sum
+    (nothing left behind)."""
     seen = []
+    n = world_size
     for k, name in enumerate(names):
-        arg = TWO_RANK_CASES[name][0](rank, world_size)
+        arg = CARRYING_CASES[name][0](rank, world_size)
         before = arg.clone() if isinstance(arg, torch.Tensor) else copy.deepcopy(arg)
         try:
             ring_all_reduce_(cast(torch.Tensor, arg))  # deliberately not always a dense float tensor
@@ -500,22 +522,28 @@ def reject_then_reduce(rank: int, world_size: int, names: list[str]) -> list[tup
             outcome = ("no exception", "", False)
         good = torch.arange(8.0) * (rank + 1) + k
         ring_all_reduce_(good)
-        seen.append((*outcome, same_bits(good, torch.arange(8.0) * 3 + 2 * k)))
+        seen.append((*outcome, same_bits(good, torch.arange(8.0) * (n * (n + 1) // 2) + n * k)))
     return seen
 
 
-@pytest.mark.parametrize("settings", [{}, {"SEGMENT_BYTES": 8}], ids=["default", "swap-runs-of-8-bytes"])
-def test_two_ranks_reject_bad_input_identically_and_leave_nothing_behind(
-    rings: Rings, settings: dict[str, object]
+@pytest.mark.parametrize(
+    ("n", "settings"),
+    [(2, {}), (2, ROUNDS), (4, {}), (4, SMALL_SEGMENTS)],
+    ids=["n2-swap", "n2-rounds", "n4", "n4-segments-of-8-bytes"],
+)
+def test_a_check_that_carries_data_rejects_bad_input_identically_and_leaves_nothing_behind(
+    rings: Rings, n: int, settings: dict[str, object]
 ) -> None:
-    """Two ranks check inside the exchange that swaps small tensors: a tensor the other rank does not
-    expect (another shape or dtype, one beyond :data:`ring_ref.distributed.SWAP_BYTES`, or none at
-    all) is still refused identically on both ranks, and the next call is not disturbed by it."""
-    names = list(TWO_RANK_CASES)
-    per_rank = rings(2).run(reject_then_reduce_with, (settings, names), timeout_s=CALL_TIMEOUT_S)
+    """The check's exchange also carries data (two ranks' whole tensors, or the first
+    reduce-scatter chunk to the right neighbour): a tensor the others do not expect (another shape,
+    larger chunks, another dtype, chunks beyond :data:`ring_ref.distributed.LEAD_BYTES`, or none at
+    all) is still refused identically on every rank, and the next call is not disturbed by it."""
+    names = list(CARRYING_CASES)
+    per_rank = rings(n).run(reject_then_reduce_with, (settings, names), timeout_s=CALL_TIMEOUT_S)
     for k, name in enumerate(names):
-        _, kind, text = TWO_RANK_CASES[name]
-        outcomes = {per_rank[rank][k] for rank in range(2)}
+        _, kind, text = CARRYING_CASES[name]
+        text = text.replace("(N,)", f"({n},)")
+        outcomes = {per_rank[rank][k] for rank in range(n)}
         assert len(outcomes) == 1, f"{name}: ranks disagree: {outcomes}"
         exc_name, message, unchanged, next_call_right = outcomes.pop()
         assert (exc_name, text in message, unchanged, next_call_right) == (kind.__name__, True, True, True), (

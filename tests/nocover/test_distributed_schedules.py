@@ -317,7 +317,7 @@ def reject_bad(rank: int, world_size: int, names: list[str]) -> list[tuple[str, 
 def test_a_bad_or_differing_schedule_is_refused_identically_on_every_rank(
     rings: dict[int, ProcessRing], n: int
 ) -> None:
-    """Two ranks check with one exchange of signatures, three with an ``all_gather``: the same errors."""
+    """Every group size checks with one ``alltoall`` of signatures (carrying data too): the same errors."""
     cases = bad_cases(n)
     names = list(cases)
     per_rank = rings[n].run(reject_bad, names, timeout_s=CALL_TIMEOUT_S)
@@ -398,7 +398,7 @@ def fail_on_rank_1(rank: int, world_size: int, at: str) -> str:
             stack.enter_context(mock.patch.object(distributed, "SWAP_BYTES", 0))
         if rank == 1:
             stack.enter_context(
-                mock.patch.object(*((torch, "add") if at == "add" else (distributed, "_ring_two")), planted)
+                mock.patch.object(*((torch, "add") if at == "add" else (distributed, "_check_gloo")), planted)
             )
             try:
                 ring_all_reduce_(torch.ones(4), timeout=datetime.timedelta(seconds=2))
