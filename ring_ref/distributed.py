@@ -35,11 +35,13 @@ element are exactly the schedule's, in the same order, so the bits do not
 depend on the segment size, nor on how the segments travel:
 
 * three or more ranks use point-to-point sends.  A gloo send waits until its
-  receiver has posted the receive, so every reduce-scatter receive is posted
-  before the first send, each into its own part of a reused staging buffer
-  (``N - 1`` times the largest chunk, kept per thread between calls).  Chunks
-  up to :data:`STAGE_ALL_BYTES` stage the all-gather steps too and copy them
-  into their slots; larger ones receive all-gather straight into the slot.
+  receiver has posted the receive, so every receive is posted before the first
+  send: reduce-scatter's each into its own part of a reused staging buffer
+  (``N - 1`` times the largest chunk, kept per thread between calls), and
+  all-gather's straight into the slot.  That cannot overwrite bytes still to be
+  sent from the slot: the chunk that lands there is final, so every rank's
+  contribution to it has already been received, including the one this rank
+  sent from that very slot in reduce-scatter.
 * two ranks (:data:`_EXCHANGE_RANKS`) run each segment of each round as one
   ``alltoall`` collective, in which each rank sends its piece to the other;
   gloo runs collectives on its own worker thread, and on a busy machine they
@@ -132,7 +134,6 @@ __all__ = [
     "LEAD_BYTES",
     "MAX_SEGMENTS",
     "SEGMENT_BYTES",
-    "STAGE_ALL_BYTES",
     "SWAP_BYTES",
     "RingHookState",
     "ring_all_reduce_",
@@ -148,9 +149,6 @@ through gloo's worker thread: on two ranks of a busy 2-core host, cutting 2 MiB 
 made a call about a fifth slower)."""
 MAX_SEGMENTS: Final = 4
 """Most pieces per chunk: each send and receive costs a wake-up, dear on a busy machine."""
-STAGE_ALL_BYTES: Final = 1 << 20
-"""Chunks up to this size receive every step into staging (all-gather copies out of it); larger
-chunks stage reduce-scatter only, and all-gather receives straight into the slot."""
 
 _PIPELINED_BACKENDS: Final = frozenset({"gloo"})
 SWAP_BYTES: Final = 1 << 20
@@ -318,8 +316,8 @@ def _known_key(
 
     Only dense tensors with a ``str`` op and a preset name, or a ``RingSchedule``
     of exactly ``int``, ``int``, ``str`` fields, qualify (``1.0 == 1`` and
-    ``True == 1``, but the table refuses those fields).  The tuning constants are
-    part of the key (the plan depends on them).
+    ``True == 1``, but the table refuses those fields).  The tuning constants and the
+    backends that pipeline are part of the key (the plan and the check's row depend on them).
     """
     if not isinstance(tensor, torch.Tensor) or tensor.is_nested or tensor.layout != torch.strided:
         return None
@@ -333,10 +331,10 @@ def _known_key(
         SEGMENT_BYTES,
         EXCHANGE_SEGMENT_BYTES,
         MAX_SEGMENTS,
-        STAGE_ALL_BYTES,
         SWAP_BYTES,
         LEAD_BYTES,
         _EXCHANGE_RANKS,
+        _PIPELINED_BACKENDS,
     )
     return (tensor.shape, tensor.stride(), tensor.dtype, tensor.device, rank, n, backend, op, name, tuning)
 
@@ -361,7 +359,6 @@ def _known(tensor: object, rank: int, n: int, backend: str, *, op: object, name:
                     tensor.element_size(),
                     EXCHANGE_SEGMENT_BYTES if n <= _EXCHANGE_RANKS else SEGMENT_BYTES,
                     MAX_SEGMENTS,
-                    STAGE_ALL_BYTES,
                     SWAP_BYTES,
                     LEAD_BYTES,
                     _EXCHANGE_RANKS,
@@ -592,16 +589,10 @@ class _Plan(NamedTuple):
     """The sizes of all segments of all chunks, in the order they lie in the buffer."""
     filled: tuple[tuple[int, ...], ...]
     """Per chunk, its non-empty segments."""
-    staged: int
-    """Steps ``0 .. staged - 1`` receive into staging; the rest straight into the slot."""
     staging: tuple[int, ...]
-    """Staging cut into pieces: per staged step ``t`` the segments of chunk ``received[t]``, then
-    filler up to the largest chunk (piece ``t * (per_chunk + 1) + s``)."""
-    upfront: tuple[int, ...]
-    """Unstaged steps whose receives are posted before the first send."""
-    receive_after: tuple[tuple[int, ...], ...]
-    """Per step ``t``: the unstaged steps whose receive of segment ``s`` is posted once segment ``s``
-    of step ``t`` is done (the last earlier step that reads or writes the slot they overwrite)."""
+    """Staging cut into pieces: per reduce-scatter step ``t`` the segments of chunk
+    ``received[t]``, then filler up to the largest chunk (piece ``t * (per_chunk + 1) + s``);
+    all-gather receives straight into the slot."""
     splits: tuple[tuple[list[int], list[int]], ...]
     """Per step ``t`` and segment ``s`` (index ``t * per_chunk + s``), the elements an ``alltoall``
     sends to and receives from each rank: the segment to the right neighbour, from the left (only
@@ -624,7 +615,6 @@ def _plan(  # noqa: PLR0917 (cached by its positional arguments)
     itemsize: int,
     segment_bytes: int,
     max_segments: int,
-    stage_all_bytes: int,
     swap_bytes: int,
     lead_bytes: int,
     exchange_ranks: int,
@@ -645,12 +635,7 @@ def _plan(  # noqa: PLR0917 (cached by its positional arguments)
     segment = max(segment_bytes // itemsize, -(-largest // max_segments), 1)
     count = max(-(-largest // segment), 1)
     sizes = [[max(0, min(segment, size - s * segment)) for s in range(count)] for size in chunks]
-    staged = len(steps) if largest * itemsize <= stage_all_bytes else rounds_per_phase(n)
-    upfront: list[int] = []
-    receive_after: list[list[int]] = [[] for _ in steps]
-    for u in range(staged, len(steps)):
-        touching = [t for t in range(u) if received[u] in (sent[t], received[t])]
-        (receive_after[touching[-1]] if touching else upfront).append(u)
+    rs_steps = rounds_per_phase(n)
     right, left = ring.right(rank, n), ring.left(rank, n)
     swap = _swap_runs(bounds, itemsize, received[0], swap_bytes)
     return _Plan(
@@ -660,16 +645,13 @@ def _plan(  # noqa: PLR0917 (cached by its positional arguments)
         sent=sent,
         received=received,
         chunks=chunks,
-        rs_steps=rounds_per_phase(n),
+        rs_steps=rs_steps,
         per_chunk=count,
         pieces=tuple(size for chunk in sizes for size in chunk),
         filled=tuple(tuple(s for s, size in enumerate(chunk) if size) for chunk in sizes),
-        staged=staged,
         staging=tuple(
-            size for t in range(staged) for size in (*sizes[received[t]], largest - chunks[received[t]])
+            size for t in range(rs_steps) for size in (*sizes[received[t]], largest - chunks[received[t]])
         ),
-        upfront=tuple(upfront),
-        receive_after=tuple(tuple(us) for us in receive_after),
         splits=tuple(
             (
                 [sizes[sent[t]][s] if j == right else 0 for j in range(n)],
@@ -712,20 +694,21 @@ def _ring_pipelined(
     ``t + 1`` is sent as soon as segment ``s`` of step ``t`` has arrived and
     been added.
 
-    A gloo send goes out only once the receiver has posted its receive, so
-    receives are posted as early as their buffers allow: every staged step has
-    its own part of the staging, and all of them are posted before the first
-    send.  Unstaged (all-gather) steps receive straight into the slot, posted
-    once every send that read that slot segment before has completed.
+    A gloo send goes out only once the receiver has posted its receive, so every
+    receive is posted before the first send: each reduce-scatter step into its own
+    part of the staging, each all-gather step straight into the slot.  An
+    all-gather segment is final, so it comes only after every rank's contribution
+    to it has been received, this rank's included, which was sent from the same
+    slot segment: it cannot land on bytes still to be sent.
     Empty segments (of short or empty chunks) are neither sent nor received.  ``lead``, when
     given, holds the segments of step 0, already come with the check (:func:`_check_gloo`).
     """
-    count, received, steps, filled, staged = (
+    count, received, steps, filled, rs_steps = (
         plan.per_chunk,
         plan.received,
         plan.steps,
         plan.filled,
-        plan.staged,
+        plan.rs_steps,
     )
     right, left = plan.right, plan.left
     # Sends not yet waited on, by the slot piece they read (a gloo work must be waited on once only).
@@ -737,36 +720,25 @@ def _ring_pipelined(
         for step, work in sending.pop(piece, ()):
             waiter.round(work, *steps[step])
 
-    def post_recv(t: int, s: int) -> None:
-        piece = received[t] * count + s
-        if t < staged:
-            into = stages[t * (count + 1) + s]
-        else:
-            settle(piece)
-            into = slots[piece]
-        receiving[t * count + s] = group.recv([into], left, t * count + s)
-
     def post_send(t: int, piece: int, s: int) -> None:
         sending.setdefault(piece, []).append((t, group.send([slots[piece]], right, t * count + s)))
 
-    for t in (*range(0 if lead is None else 1, staged), *plan.upfront):
+    for t in range(0 if lead is None else 1, len(steps)):
         for s in filled[received[t]]:
-            post_recv(t, s)
+            into = stages[t * (count + 1) + s] if t < rs_steps else slots[received[t] * count + s]
+            receiving[t * count + s] = group.recv([into], left, t * count + s)
     for s in filled[plan.sent[0]] if lead is None else ():
         post_send(0, plan.sent[0] * count + s, s)
 
     def arrive(t: int, piece: int, s: int) -> None:
-        """Segment ``s`` of step ``t`` has come: add it in, or copy it out of staging."""
+        """Segment ``s`` of step ``t`` has come: in reduce-scatter, add it into its slot."""
         came = None if t or lead is None else lead[s]
         if came is None:
             waiter.round(receiving.pop(t * count + s), *steps[t])
-        if t < staged:
+        if t < rs_steps:
             settle(piece)
             stage = stages[t * (count + 1) + s] if came is None else came
-            if t < plan.rs_steps:
-                combine_into(stage, slots[piece])  # incoming + own (or the op's): rs-add
-            else:
-                slots[piece].copy_(stage)
+            combine_into(stage, slots[piece])  # incoming + own (or the op's): rs-add
 
     last = len(steps) - 1
     for t in range(len(steps)):
@@ -777,9 +749,6 @@ def _ring_pipelined(
                 arrive(t, piece, s)
                 if t < last:
                     post_send(t + 1, piece, s)
-            for u in plan.receive_after[t]:
-                if plan.pieces[received[u] * count + s]:
-                    post_recv(u, s)
     for works in sending.values():
         for step, work in works:
             waiter.round(work, *steps[step])
@@ -863,6 +832,7 @@ def _check_gloo(  # noqa: PLR0917 (the call's own arguments)
     flags = known.flags if clean and known.flags is not None else _flags(known.signature, clean, n, "gloo")
     rows = flags.view(torch.uint8)  # this rank's row N times (cached for clean calls)
     head = rows.numel() // n
+    assert head == (_SIGNATURE_LENGTH + 1) * flags.element_size(), "a row per rank"
     layout = _check_layout(n, rank, head, max(SWAP_BYTES, LEAD_BYTES))
     sending = [0 if j == rank else head for j in range(n)]
     outbox = rows[: head * (n - 1)]

@@ -171,7 +171,6 @@ def reduce_rows_with(
 
 
 SMALL_SEGMENTS: dict[str, object] = {"SEGMENT_BYTES": 8, "MAX_SEGMENTS": 1 << 30}
-UNSTAGED: dict[str, object] = {"STAGE_ALL_BYTES": 0}  # all-gather receives straight into the slot
 ROUNDS: dict[str, object] = {"SWAP_BYTES": 0}  # two ranks run rounds, not one swap
 EXCHANGE_SEGMENTS: dict[str, object] = {"EXCHANGE_SEGMENT_BYTES": 8, "MAX_SEGMENTS": 4}
 AFTER_THE_CHECK: dict[str, object] = {"LEAD_BYTES": 0}  # reduce-scatter's first step does not ride with it
@@ -187,24 +186,22 @@ PER_ROUND: dict[str, object] = {
         (2, {}),
         (2, EXCHANGE_SEGMENTS | ROUNDS),
         (2, EXCHANGE_SEGMENTS | ROUNDS | AFTER_THE_CHECK),
-        (2, {"SEGMENT_BYTES": 8} | UNSTAGED | ROUNDS | {"_EXCHANGE_RANKS": 1}),
-        (3, SMALL_SEGMENTS | UNSTAGED),
+        (2, {"SEGMENT_BYTES": 8} | ROUNDS | {"_EXCHANGE_RANKS": 1}),
+        (3, SMALL_SEGMENTS),
         (3, SMALL_SEGMENTS | AFTER_THE_CHECK),
         (4, SMALL_SEGMENTS | {"SEGMENT_BYTES": 6}),
-        (4, SMALL_SEGMENTS | UNSTAGED),
-        (4, SMALL_SEGMENTS | UNSTAGED | AFTER_THE_CHECK),
+        (4, SMALL_SEGMENTS | AFTER_THE_CHECK),
         (3, PER_ROUND),
     ],
     ids=[
         "n2-swap",
-        "n2-4-segments-staged-first-with-the-check",
-        "n2-4-segments-staged-after-the-check",
-        "n2-4-segments-point-to-point-into-the-slot",
-        "n3-segments-of-8-bytes-into-the-slot",
+        "n2-4-segments-first-round-with-the-check",
+        "n2-4-segments-after-the-check",
+        "n2-4-segments-point-to-point",
+        "n3-segments-of-8-bytes",
         "n3-segments-of-8-bytes-after-the-check",
-        "n4-segments-of-6-bytes-staged",
-        "n4-segments-of-8-bytes-into-the-slot",
-        "n4-segments-of-8-bytes-into-the-slot-after-the-check",
+        "n4-segments-of-6-bytes",
+        "n4-segments-of-8-bytes-after-the-check",
         "n3-one-send-per-round",
     ],
 )
@@ -212,7 +209,7 @@ def test_segmented_and_per_round_sends_give_the_simulations_bits(
     rings: Rings, n: int, settings: dict[str, object]
 ) -> None:
     """Chunks of 15 elements in segments of 1-4 elements (a short last one), on ``alltoall`` rounds
-    (two ranks) and point-to-point sends received into staging or straight into the slot, with
+    (two ranks) and point-to-point sends (all-gather received straight into the slot), with
     reduce-scatter's first step carried by the check or sent after it, the unsegmented per-round
     path, and two ranks swapping their tensors."""
     cases = []

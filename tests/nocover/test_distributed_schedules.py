@@ -132,16 +132,21 @@ def rings() -> Iterator[dict[int, ProcessRing]]:
         yield pool
 
 
-SMALL_SEGMENTS: dict[str, object] = {"SEGMENT_BYTES": 8, "MAX_SEGMENTS": 1 << 30}
-UNSTAGED: dict[str, object] = {"STAGE_ALL_BYTES": 0}  # all-gather receives straight into the slot
+SMALL_SEGMENTS: dict[str, object] = {"SEGMENT_BYTES": 8, "EXCHANGE_SEGMENT_BYTES": 8, "MAX_SEGMENTS": 1 << 30}
+AFTER_THE_CHECK: dict[str, object] = {"LEAD_BYTES": 0}  # reduce-scatter's first step does not ride with it
 PER_ROUND: dict[str, object] = {"_PIPELINED_BACKENDS": frozenset()}  # batch_isend_irecv (as for NCCL)
 ROUNDS: dict[str, object] = {"SWAP_BYTES": 0}  # two ranks run rounds, not one swap
 POINT_TO_POINT: dict[str, object] = ROUNDS | {"_EXCHANGE_RANKS": 1}  # two ranks on point-to-point sends too
 EXCHANGES: dict[str, object] = {"_EXCHANGE_RANKS": 4}  # three ranks on alltoall rounds too
 SETTINGS: dict[int, list[dict[str, object]]] = {
-    2: [{}, SMALL_SEGMENTS, ROUNDS | SMALL_SEGMENTS, POINT_TO_POINT | SMALL_SEGMENTS],
-    3: [SMALL_SEGMENTS | UNSTAGED, PER_ROUND, EXCHANGES | SMALL_SEGMENTS],
-    4: [{}, SMALL_SEGMENTS | UNSTAGED | {"SEGMENT_BYTES": 6}],
+    2: [
+        {},
+        ROUNDS | SMALL_SEGMENTS,
+        ROUNDS | SMALL_SEGMENTS | AFTER_THE_CHECK,
+        POINT_TO_POINT | SMALL_SEGMENTS,
+    ],
+    3: [SMALL_SEGMENTS, SMALL_SEGMENTS | AFTER_THE_CHECK, PER_ROUND, EXCHANGES | SMALL_SEGMENTS],
+    4: [{}, SMALL_SEGMENTS | {"SEGMENT_BYTES": 6}, SMALL_SEGMENTS | AFTER_THE_CHECK],
 }
 
 
@@ -149,9 +154,9 @@ SETTINGS: dict[int, list[dict[str, object]]] = {
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_every_ring_on_every_rank_equals_the_simulation(rings: dict[int, ProcessRing], n: int) -> None:
     """Whole chunks and segments of 1 to 4 elements (short chunks cut into empty segments), on
-    ``alltoall`` rounds and on point-to-point sends (staged or received into the slot), the
-    per-round path, and two ranks swapping whole tensors (in one part, and in parts of 2 to 8
-    bytes cut at the chunk boundaries): the simulation's bits on every rank."""
+    ``alltoall`` rounds and on point-to-point sends, with reduce-scatter's first round carried by
+    the check or sent after it, the per-round path, and two ranks swapping whole tensors: the
+    simulation's bits on every rank."""
     cases = cases_for(n)
     expected = []
     order_sensitive = 0
