@@ -785,7 +785,6 @@ def _check_layout(n: int, rank: int, head: int, room: int) -> _Layout:
 def _check_gloo(  # noqa: PLR0917 (the call's own arguments)
     tensor: object,
     flat: torch.Tensor | None,
-    slots: tuple[torch.Tensor, ...] | None,
     known: _Known,
     group: dist.ProcessGroup,
     waiter: _Waiter,
@@ -1059,7 +1058,7 @@ def ring_all_reduce_(
     slots = None if flat is None or plan is None or not pipelined else flat.split_with_sizes(plan.pieces)
     try:
         done, lead = (
-            _check_gloo(tensor, flat, slots, known, group, waiter, combine_into, op=op, name=schedule)
+            _check_gloo(tensor, flat, known, group, waiter, combine_into, op=op, name=schedule)
             if gloo
             else (False, None)
         )
