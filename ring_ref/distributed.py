@@ -174,6 +174,9 @@ ring is one ``alltoall`` for every group size: there every rank does send to eve
 _EXACT_DIMS: Final = 8
 """Signature entries that hold the leading dimensions exactly; further ones are folded into a hash."""
 _SIGNATURE_LENGTH: Final = 6 + _EXACT_DIMS + 3
+"""Entries of a signature; with the verdict a row of the check is 18 ``int64``, 144 bytes.  Data
+follows rows in the check's buffers (:func:`_check_gloo`), so a row's bytes must stay a multiple
+of every accepted dtype's size (8 at most)."""
 
 
 def _op_problem(op: object) -> tuple[Op | None, BadInput | None]:
