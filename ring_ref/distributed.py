@@ -360,7 +360,8 @@ def _known(tensor: object, rank: int, n: int, backend: str, *, op: object, name:
                     n,
                     tensor.numel(),
                     tensor.element_size(),
-                    EXCHANGE_SEGMENT_BYTES if n <= _EXCHANGE_RANKS else SEGMENT_BYTES,
+                    SEGMENT_BYTES,
+                    EXCHANGE_SEGMENT_BYTES,
                     MAX_SEGMENTS,
                     SWAP_BYTES,
                     LEAD_BYTES,
@@ -564,7 +565,7 @@ class _Scratch(threading.local):
 
 _SCRATCH: Final = _Scratch()
 _BYTES: Final = torch.empty(0, dtype=torch.uint8)
-"""The kind of scratch buffer (bytes, on the CPU) that two ranks' one message is built in."""
+"""The kind of scratch buffer (bytes, on the CPU) that the check's messages are built in."""
 
 
 class _Plan(NamedTuple):
@@ -617,6 +618,7 @@ def _plan(  # noqa: PLR0917 (cached by its positional arguments)
     numel: int,
     itemsize: int,
     segment_bytes: int,
+    exchange_segment_bytes: int,
     max_segments: int,
     swap_bytes: int,
     lead_bytes: int,
@@ -632,13 +634,17 @@ def _plan(  # noqa: PLR0917 (cached by its positional arguments)
         raise AssertionError(f"{ring.describe()}: a step does not forward the chunk just received")
     if n == 2 and sent[0] == received[0]:  # _check_gloo: the other rank combines the chunk sent
         raise AssertionError(f"{ring.describe()}: a rank sends the chunk it receives in reduce-scatter")
+    rs_steps = rounds_per_phase(n)
+    # So a reduce-scatter addition never writes a slot that a send still reads (_ring_pipelined).
+    if len(set(sent[:rs_steps])) != rs_steps:
+        raise AssertionError(f"{ring.describe()}: reduce-scatter sends a chunk twice")
     bounds = chunk_bounds(ring.layout, n, numel, itemsize=itemsize)
     chunks = tuple(stop - start for start, stop in bounds)
     largest = max(chunks)
-    segment = max(segment_bytes // itemsize, -(-largest // max_segments), 1)
+    smallest = exchange_segment_bytes if n <= exchange_ranks else segment_bytes
+    segment = max(smallest // itemsize, -(-largest // max_segments), 1)
     count = max(-(-largest // segment), 1)
     sizes = [[max(0, min(segment, size - s * segment)) for s in range(count)] for size in chunks]
-    rs_steps = rounds_per_phase(n)
     right, left = ring.right(rank, n), ring.left(rank, n)
     swap = _swap_runs(bounds, itemsize, received[0], swap_bytes)
     return _Plan(
@@ -714,17 +720,14 @@ def _ring_pipelined(
         plan.rs_steps,
     )
     right, left = plan.right, plan.left
-    # Sends not yet waited on, by the slot piece they read (a gloo work must be waited on once only).
-    sending: dict[int, list[tuple[int, dist.Work]]] = {}
+    # Sends are waited on at the end (a gloo work must be waited on once only): no addition writes
+    # a slot a send still reads, as reduce-scatter sends each chunk once and adds into a chunk
+    # before it sends it (checked when the plan is made), and all-gather's receives are final.
+    sending: list[tuple[int, dist.Work]] = []
     receiving: dict[int, dist.Work] = {}
 
-    def settle(piece: int) -> None:
-        """Wait for every send that reads slot piece ``piece`` (before it is overwritten)."""
-        for step, work in sending.pop(piece, ()):
-            waiter.round(work, *steps[step])
-
     def post_send(t: int, piece: int, s: int) -> None:
-        sending.setdefault(piece, []).append((t, group.send([slots[piece]], right, t * count + s)))
+        sending.append((t, group.send([slots[piece]], right, t * count + s)))
 
     for t in range(0 if lead is None else 1, len(steps)):
         for s in filled[received[t]]:
@@ -739,7 +742,6 @@ def _ring_pipelined(
         if came is None:
             waiter.round(receiving.pop(t * count + s), *steps[t])
         if t < rs_steps:
-            settle(piece)
             stage = stages[t * (count + 1) + s] if came is None else came
             combine_into(stage, slots[piece])  # incoming + own (or the op's): rs-add
 
@@ -752,9 +754,8 @@ def _ring_pipelined(
                 arrive(t, piece, s)
                 if t < last:
                     post_send(t + 1, piece, s)
-    for works in sending.values():
-        for step, work in works:
-            waiter.round(work, *steps[step])
+    for step, work in sending:
+        waiter.round(work, *steps[step])
 
 
 class _Layout(NamedTuple):
