@@ -330,16 +330,13 @@ def _known_key(
         type(name) is RingSchedule and all(type(v) is t for v, t in zip(name, _EXACT_FIELDS, strict=True))
     ):
         return None
-    tuning = (
-        SEGMENT_BYTES,
-        EXCHANGE_SEGMENT_BYTES,
-        MAX_SEGMENTS,
-        SWAP_BYTES,
-        LEAD_BYTES,
-        _EXCHANGE_RANKS,
-        _PIPELINED_BACKENDS,
-    )
+    tuning = (*_tuning(), _PIPELINED_BACKENDS)
     return (tensor.shape, tensor.stride(), tensor.dtype, tensor.device, rank, n, backend, op, name, tuning)
+
+
+def _tuning() -> tuple[int, int, int, int, int, int]:
+    """The tuning constants :func:`_plan` takes, read when called (tests replace them)."""
+    return SEGMENT_BYTES, EXCHANGE_SEGMENT_BYTES, MAX_SEGMENTS, SWAP_BYTES, LEAD_BYTES, _EXCHANGE_RANKS
 
 
 def _known(tensor: object, rank: int, n: int, backend: str, *, op: object, name: object) -> _Known:
@@ -354,19 +351,7 @@ def _known(tensor: object, rank: int, n: int, backend: str, *, op: object, name:
             assert isinstance(tensor, torch.Tensor)
             ring, reduce_op = schedule_of(name).normalized(n), op_name(op)
             if n > 1:
-                plan = _plan(
-                    ring,
-                    rank,
-                    n,
-                    tensor.numel(),
-                    tensor.element_size(),
-                    SEGMENT_BYTES,
-                    EXCHANGE_SEGMENT_BYTES,
-                    MAX_SEGMENTS,
-                    SWAP_BYTES,
-                    LEAD_BYTES,
-                    _EXCHANGE_RANKS,
-                )
+                plan = _plan(ring, rank, n, tensor.numel(), tensor.element_size(), *_tuning())
         known = _Known(signature, sound, flags, ring, reduce_op, plan)
         if key is not None:
             if len(_KNOWN) >= _KNOWN_MAX:
