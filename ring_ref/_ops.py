@@ -32,6 +32,7 @@ import numpy.typing as npt
 import torch
 
 __all__ = [
+    "COMMUTING_OPS",
     "OPS",
     "Op",
     "finish_numpy",
@@ -44,6 +45,10 @@ __all__ = [
 
 Op = Literal["sum", "prod", "max", "min", "avg"]
 OPS: Final[tuple[Op, ...]] = ("sum", "prod", "max", "min", "avg")
+COMMUTING_OPS: Final[frozenset[Op]] = frozenset({"sum", "avg", "prod"})
+"""Ops whose combine of two finite inputs gives the same bits with the two swapped, in every
+supported dtype: IEEE addition and multiplication commute exactly.  ``max`` and ``min`` do not:
+of ``-0.0`` and ``+0.0`` they keep the incoming one."""
 
 _REDUCE_OP_NAMES: Final = {"SUM": "sum", "PRODUCT": "prod", "MAX": "max", "MIN": "min", "AVG": "avg"}
 

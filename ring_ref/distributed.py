@@ -124,7 +124,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import GradBucket  # dist.GradBucket, which the stubs do not export
 
 from ring_ref._chunks import chunk_bounds
-from ring_ref._ops import Op, finish_torch, op_name, torch_combine_into
+from ring_ref._ops import COMMUTING_OPS, Op, finish_torch, op_name, torch_combine_into
 from ring_ref._rank_check import Description, code, problem_of, ring_of, schedule_key, shape_words, verdict
 from ring_ref._validate import BadInput, rank_tensor_problem, schedule_of
 from ring_ref.schedule import REDUCE_SCATTER, SPEC, Phase, RingSchedule, all_rounds, rounds_per_phase
@@ -806,9 +806,10 @@ def _check_gloo(  # noqa: PLR0917 (the call's own arguments)
     ``combine(incoming=theirs, own=mine)`` (``rs-add``), and every element of the chunk it sends
     becomes ``combine(incoming=mine, own=theirs)``, the combine the other rank makes in the ring,
     which all-gather would have copied here (``ag-copy-not-add``), one chunk of
-    :attr:`_Plan.swap` after another.  A first chunk that came is the staging of
-    reduce-scatter's first receive, which the rounds then add in.  Otherwise the ranks exchange
-    full descriptions (:func:`_refuse_everywhere`).
+    :attr:`_Plan.swap` after another; for the ops of :data:`ring_ref._ops.COMMUTING_OPS` that is
+    ``combine(incoming=theirs, own=mine)``'s bits, made in place.  A first chunk that came is the
+    staging of reduce-scatter's first receive, which the rounds then add in.  Otherwise the ranks
+    exchange full descriptions (:func:`_refuse_everywhere`).
     """
     n, rank, plan = waiter.n, waiter.rank, known.plan
     clean = known.sound
@@ -853,7 +854,7 @@ def _check_gloo(  # noqa: PLR0917 (the call's own arguments)
         staging = came[: payload.numel() * payload.element_size()].view(payload.dtype)
         for start, stop, here in plan.swap:
             own, incoming = payload[start:stop], staging[start:stop]
-            if here:
+            if here or known.reduce_op in COMMUTING_OPS:
                 combine_into(incoming, own)
             else:
                 combine_into(own, incoming)

@@ -13,8 +13,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ring_ref import OPS, ring_all_reduce
+from ring_ref._ops import COMMUTING_OPS, torch_combine
 from tests.oracles import bits, ring_fold_op, same_bits
-from tests.strategies import worker_tensors
+from tests.strategies import ALL_DTYPES, finite_values, worker_tensors
 
 
 @pytest.mark.clause("op-prod", "op-max", "op-min", "op-avg", "op-choice")
@@ -55,6 +56,42 @@ def test_numpy_prod_that_overflows_then_meets_a_zero_is_nan_without_a_warning(
         got = ring_all_reduce(x, op="prod", engine=engine)
     assert same_bits(torch.from_numpy(got), ring_fold_op(torch.from_numpy(x), "prod"))
     assert np.isnan(got[0]) and got[1:].tolist() == [0.0, 0.0]
+
+
+@st.composite
+def finite_pairs(draw: st.DrawFn) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two equal-length tensors of finite values of one supported dtype, signed zeros included."""
+    dtype = draw(st.sampled_from(ALL_DTYPES))
+    values = st.one_of(st.sampled_from([0.0, -0.0]), finite_values(dtype))
+    pairs = draw(st.lists(st.tuples(values, values), min_size=1, max_size=32))
+    tensors = []
+    for side in (0, 1):
+        t = torch.tensor([p[side] for p in pairs], dtype=torch.float64).to(dtype)
+        tensors.append(torch.where(torch.isfinite(t), t, torch.zeros((), dtype=dtype)))
+    return tensors[0], tensors[1]
+
+
+@pytest.mark.clause("op-choice")
+@given(finite_pairs())
+def test_the_commuting_ops_give_the_same_bits_with_their_inputs_swapped(
+    pair: tuple[torch.Tensor, torch.Tensor],
+) -> None:
+    """The distributed ring's two-rank swap relies on it (``ring_ref.distributed._check_gloo``)."""
+    a, b = pair
+    for op in COMMUTING_OPS:
+        combine = torch_combine(op)
+        assert same_bits(combine(a, b), combine(b, a)), (op, a, b)
+
+
+@pytest.mark.clause("op-max", "op-min")
+def test_max_and_min_are_not_commuting_ops() -> None:
+    """Of -0.0 and +0.0 they keep the incoming one, so swapping them changes the sign of a zero."""
+    minus, plus = torch.tensor([-0.0]), torch.tensor([0.0])
+    for op in ("max", "min"):
+        assert op not in COMMUTING_OPS
+        combine = torch_combine(op)
+        assert not same_bits(combine(minus, plus), combine(plus, minus)), op
+    assert set(OPS) - COMMUTING_OPS == {"max", "min"}
 
 
 @pytest.mark.clause("op-avg")
