@@ -7,8 +7,9 @@ slowest rank's (ranks start together after a barrier); reported are medians over
 and bus bandwidth ``2 (N - 1) / N * bytes / time``, as nccl-tests reports it.  Then the same
 processes time DDP training steps of one model with DDP's default all-reduce and with
 ``ring_ref.distributed.ring_hook``, again taking turns.  All of this is repeated on ``--runs``
-fresh groups (default 3), and every cell is the median over the runs: one run's ratios tend to
-move together, by up to about 1.5x between runs on this 2-core machine.
+fresh groups (default 5), and every cell is the median over the runs: one run's ratios tend to
+move together, by up to about 1.5x between runs on this 2-core machine (with 3 groups, one
+unlucky pair of them moved a cell by about 0.1x).
 
 Every ratio is printed against its target (reported, not asserted).  Results go to a JSON file
 and a plot in a scratch folder (``build/bench-dist``); ``--update`` writes the committed
@@ -289,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--budget", type=float, default=2.0, help="seconds of repetitions per size, N and run"
     )
-    parser.add_argument("--runs", type=int, default=3, help="fresh process groups per N (medians over them)")
+    parser.add_argument("--runs", type=int, default=5, help="fresh process groups per N (medians over them)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank (torchrun's default)")
     parser.add_argument("--ddp-steps", type=int, default=DDP_STEPS, help="timed DDP steps per hook (0: skip)")
     parser.add_argument("--ddp-width", type=int, default=1024)
