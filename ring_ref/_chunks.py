@@ -34,6 +34,7 @@ __all__ = [
     "chunk_rows",
     "chunk_views",
     "layout_views",
+    "worker_chunks",
 ]
 
 
@@ -44,6 +45,17 @@ class _Sliceable(Protocol):
 
 
 B = TypeVar("B", bound=_Sliceable)
+
+
+class _Stack(_Sliceable, Protocol):
+    """An ``(N, M, ...)`` tensor or array: indexing gives a worker's buffer, ``reshape(-1)`` flattens it."""
+
+    def __getitem__(self, index: slice | int, /) -> Self: ...
+
+    def reshape(self, shape: int, /) -> Self: ...
+
+
+W = TypeVar("W", bound=_Stack)
 
 GLOO_MAX_SEGMENT_BYTES: Final = 1 << 20
 """gloo's ``AllreduceOptions::kMaxSegmentSize``: the largest segment its ring moves at once."""
@@ -116,3 +128,21 @@ def chunk_of_elements(layout: Layout, n: int, s: int, *, itemsize: int = 4) -> l
 def layout_views(flat: B, layout: Layout, n: int, *, itemsize: int) -> tuple[B, ...]:
     """The ``n`` chunks of a one-dimensional buffer of elements under ``layout``, as views."""
     return tuple(flat[start:stop] for start, stop in chunk_bounds(layout, n, len(flat), itemsize=itemsize))
+
+
+def worker_chunks(worker_tensors: W, layout: Layout, *, itemsize: int) -> list[tuple[W, ...]]:
+    """Each worker's ``N`` chunks of an ``(N, M, ...)`` stack under ``layout``, as views where possible.
+
+    ``even``: ``M / N`` rows each, trailing dimensions whole.  ``blocks`` and
+    ``gloo``: ranges of the worker's elements in row-major order (views when the
+    worker's buffer is contiguous; otherwise ``reshape`` reads it into a new
+    buffer, never writing the input).  Both adapters cut their input here.
+
+    >>> import numpy as np
+    >>> [[c.tolist() for c in w] for w in worker_chunks(np.arange(6).reshape(2, 3), "blocks", itemsize=8)]
+    [[[0, 1], [2]], [[3, 4], [5]]]
+    """
+    n = len(worker_tensors)
+    if layout == "even":
+        return [chunk_views(worker_tensors[i], n) for i in range(n)]
+    return [layout_views(worker_tensors[i].reshape(-1), layout, n, itemsize=itemsize) for i in range(n)]

@@ -13,19 +13,12 @@ from pathlib import Path
 
 import torch
 
-from ring_ref import (
-    __version__,
-    _op_vectors,
-    _orders,
-    _preset_vectors,
-    _reveal,
-    _svg,
-    _vectors,
-    ring_all_reduce,
-)
+from ring_ref import _op_vectors, _orders, _preset_vectors, _reveal, _svg, _vectors
+from ring_ref._dispatch import ring_all_reduce
 from ring_ref._ops import OPS
-from ring_ref._trace import check_size, render_table, trace, trace_json
+from ring_ref._trace import check_trace_size, render_table, trace, trace_json
 from ring_ref._validate import schedule_of
+from ring_ref._version import __version__
 from ring_ref.core import initial_state, run_ring
 from ring_ref.difftest import DTYPES, MODES, TargetError, difftest, load_target
 from ring_ref.difftest._search import option_problem
@@ -65,7 +58,7 @@ def _trace_command(args: argparse.Namespace) -> int:
     m = args.n if args.m is None else args.m
     try:
         ring = schedule_of(_orders.parse_schedule(args.schedule))
-        check_size(args.n, m, args.format, ring)
+        check_trace_size(args.n, m, args.format, ring)
     except (ValueError, TypeError) as err:
         print(f"ring-ref trace: {err}", file=sys.stderr)
         return 2

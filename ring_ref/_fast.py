@@ -679,7 +679,7 @@ def _fold(x2d: Array, out: Array, cycle: Cycle, op: Op) -> bool:
     """
     n = x2d.shape[0]
     return bool(
-        _kernel().fold(
+        _kernel().fold_chunks(
             x2d,
             out,
             cycle.order,

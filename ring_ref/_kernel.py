@@ -38,7 +38,7 @@ each chunk's entry position ``p``; nothing here knows the schedule.
 * **Finiteness for free.**  A sum or product with a NaN or infinite operand
   is never finite, so each finished tile of those is checked while still in
   cache; ``max`` and ``min`` may drop a NaN or infinite operand, so they check
-  every input element as it is read instead.  :func:`fold` returns whether
+  every input element as it is read instead.  :func:`fold_chunks` returns whether
   the input is proven finite; only when it is not does the caller need the
   exact input scan.
 * **One small kernel per (dtype, op, stride), compiled on first use.**  The op
@@ -61,11 +61,11 @@ each chunk's entry position ``p``; nothing here knows the schedule.
 >>> out = np.empty(2)
 >>> cycle = np.array([0, 1])  # worker 0 sends to 1, 1 to 0
 >>> entries = np.array([[0, 2, 0]])  # chunks 0 .. 1 enter at positions 0, 1
->>> fold(x, out, cycle, entries, chunk_size=1, threads=1)
+>>> fold_chunks(x, out, cycle, entries, chunk_size=1, threads=1)
 True
 >>> out.tolist()  # chunk 0 = x[0, 0] + x[1, 0], chunk 1 = x[1, 1] + x[0, 1]
 [4.0, 6.0]
->>> fold(x, out, cycle, entries, chunk_size=1, threads=1, op="max"), out.tolist()
+>>> fold_chunks(x, out, cycle, entries, chunk_size=1, threads=1, op="max"), out.tolist()
 (True, [3.0, 4.0])
 """
 
@@ -94,7 +94,7 @@ __all__ = [
     "TILE_BYTES",
     "Compiled",
     "cache_dirs",
-    "fold",
+    "fold_chunks",
     "kernel",
     "optimised_ir",
     "program",
@@ -635,7 +635,7 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def fold(
+def fold_chunks(
     x: Array, out: Array, cycle: Array, entries: Array, *, chunk_size: int, threads: int, op: str = "sum"
 ) -> bool:
     """Write the ring's result for ``op`` into ``out``, chunk after chunk; return whether the input is

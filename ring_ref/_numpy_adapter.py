@@ -1,4 +1,4 @@
-"""``ring_all_reduce`` for ``numpy.ndarray`` inputs, on top of :mod:`ring_ref.core`.
+"""The reference engine for ``numpy.ndarray`` inputs, on top of :mod:`ring_ref.core`.
 
 numpy has no bfloat16; float16, float32 and float64 are supported, each
 combine (:mod:`ring_ref._ops`; ``numpy.add`` for the sum) in the input dtype.  The input is only read through
@@ -7,7 +7,7 @@ chunk views (:mod:`ring_ref._chunks`); the result is a new array
 plain array.  Bad input is rejected by :mod:`ring_ref._validate`.
 
 >>> import numpy as np
->>> ring_all_reduce(np.array([[1.0, 2.0], [3.0, 4.0]]))
+>>> reduce_numpy(np.array([[1.0, 2.0], [3.0, 4.0]]))
 array([4., 6.])
 """
 
@@ -18,19 +18,19 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ring_ref._chunks import chunk_views, layout_views
+from ring_ref._chunks import worker_chunks
 from ring_ref._cost import warn_if_slow
 from ring_ref._ops import Op, finish_numpy, numpy_combine
 from ring_ref._validate import check_numpy, plain_array
 from ring_ref.core import initial_state, run_ring
 from ring_ref.schedule import SPEC, RingSchedule
 
-__all__ = ["ring_all_reduce"]
+__all__ = ["reduce_numpy"]
 
 Array = npt.NDArray[Any]
 
 
-def ring_all_reduce(worker_tensors: Array, op: Op = "sum", schedule: RingSchedule = SPEC) -> Array:
+def reduce_numpy(worker_tensors: Array, op: Op = "sum", schedule: RingSchedule = SPEC) -> Array:
     """Reduce ``(N, M, ...)`` over the worker axis with ``schedule``'s ring; return worker 0's ``(M, ...)``.
 
     Layouts other than ``even`` cut each worker's elements in row-major order
@@ -39,12 +39,6 @@ def ring_all_reduce(worker_tensors: Array, op: Op = "sum", schedule: RingSchedul
     n, _ = check_numpy(worker_tensors, divisible=schedule.layout == "even")
     warn_if_slow(n)
     x = plain_array(worker_tensors)
-    if schedule.layout == "even":
-        state = initial_state([chunk_views(x[i], n) for i in range(n)])
-    else:
-        size = x.itemsize
-        state = initial_state(
-            [layout_views(x[i].reshape(-1), schedule.layout, n, itemsize=size) for i in range(n)]
-        )
+    state = initial_state(worker_chunks(x, schedule.layout, itemsize=x.itemsize))
     final = np.concatenate(run_ring(state, numpy_combine(op), schedule=schedule)[0])
     return finish_numpy(op, final.reshape(x.shape[1:]), n)

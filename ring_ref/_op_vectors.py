@@ -36,7 +36,7 @@ from typing import Any, Final, NamedTuple
 
 import torch
 
-from ring_ref import ring_all_reduce
+from ring_ref._dispatch import ring_all_reduce
 from ring_ref._dtypes import FORMATS, FloatFormat, bits, to_hex
 from ring_ref._ops import Op, finish_torch, torch_combine
 from ring_ref._tracecheck import reference_rounds

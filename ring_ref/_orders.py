@@ -36,7 +36,7 @@ from typing import Any, Final, cast
 import torch
 from hypothesis import strategies as st
 
-from ring_ref import ring_all_reduce
+from ring_ref._dispatch import ring_all_reduce
 from ring_ref._dtypes import FORMATS, bits
 from ring_ref._ops import OPS
 from ring_ref._reveal import (

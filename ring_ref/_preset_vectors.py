@@ -24,8 +24,8 @@ from typing import Any, Final
 
 import torch
 
-from ring_ref import ring_all_reduce
 from ring_ref._chunks import chunk_bounds
+from ring_ref._dispatch import ring_all_reduce
 from ring_ref._dtypes import FORMATS, bits, dtype_name, to_hex
 from ring_ref._reveal import ring_trees
 from ring_ref._vectors import dumps, strict, write_files

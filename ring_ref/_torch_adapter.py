@@ -1,4 +1,4 @@
-"""``ring_all_reduce`` for ``torch.Tensor`` inputs, on top of :mod:`ring_ref.core`.
+"""The reference engine for ``torch.Tensor`` inputs, on top of :mod:`ring_ref.core`.
 
 The input is split into chunk *views* (:mod:`ring_ref._chunks`; nothing is
 copied or written); every reduce-scatter addition is one ``torch.add`` in the
@@ -7,7 +7,7 @@ a new tensor (``torch.cat`` of worker 0's final chunks) that never shares
 storage with the input.  Bad input is rejected by :mod:`ring_ref._validate`.
 
 >>> import torch
->>> ring_all_reduce(torch.tensor([[1.0, 2.0], [3.0, 4.0]]))
+>>> reduce_torch(torch.tensor([[1.0, 2.0], [3.0, 4.0]]))
 tensor([4., 6.])
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from ring_ref._chunks import chunk_views, layout_views
+from ring_ref._chunks import worker_chunks
 from ring_ref._cost import warn_if_slow
 from ring_ref._ops import Op, finish_torch, torch_combine
 from ring_ref._validate import check_torch
@@ -23,7 +23,7 @@ from ring_ref.core import initial_state, run_ring
 from ring_ref.invariants import State
 from ring_ref.schedule import SPEC, RingSchedule
 
-__all__ = ["chunk_state", "ring_all_reduce"]
+__all__ = ["chunk_state", "reduce_torch"]
 
 
 def chunk_state(worker_tensors: torch.Tensor, schedule: RingSchedule = SPEC) -> State[torch.Tensor]:
@@ -33,18 +33,12 @@ def chunk_state(worker_tensors: torch.Tensor, schedule: RingSchedule = SPEC) -> 
     worker's elements in row-major order (views when the worker's tensor is
     contiguous; otherwise ``reshape`` reads it into a new tensor, never writing the input).
     """
-    n = worker_tensors.shape[0]
-    if schedule.layout == "even":
-        return initial_state([chunk_views(worker_tensors[i], n) for i in range(n)])
-    size = worker_tensors.element_size()
     return initial_state(
-        [layout_views(worker_tensors[i].reshape(-1), schedule.layout, n, itemsize=size) for i in range(n)]
+        worker_chunks(worker_tensors, schedule.layout, itemsize=worker_tensors.element_size())
     )
 
 
-def ring_all_reduce(
-    worker_tensors: torch.Tensor, op: Op = "sum", schedule: RingSchedule = SPEC
-) -> torch.Tensor:
+def reduce_torch(worker_tensors: torch.Tensor, op: Op = "sum", schedule: RingSchedule = SPEC) -> torch.Tensor:
     """Reduce ``(N, M, ...)`` over the worker axis with ``schedule``'s ring; worker 0's ``(M, ...)``."""
     n, _ = check_torch(worker_tensors, divisible=schedule.layout == "even")
     warn_if_slow(n)

@@ -190,7 +190,7 @@ wide; at ``N = 64`` the SVG would be 112 MB.
 """
 
 
-def check_size(n: int, m: int, fmt: str, schedule: RingSchedule = SPEC) -> None:
+def check_trace_size(n: int, m: int, fmt: str, schedule: RingSchedule = SPEC) -> None:
     """Raise ``ValueError`` for a ring the trace cannot hold (``bad-input``) or show readably in ``fmt``.
 
     ``M`` must be a multiple of ``N`` only for the ``even`` layout (clause ``schedule-layouts``).

@@ -89,7 +89,7 @@ class TraceMismatch(AssertionError):
         self.mismatch = mismatch
 
 
-class Report(NamedTuple):
+class RoundBuffers(NamedTuple):
     """One ``on_round`` call: the phase, the round and a private copy of the buffers."""
 
     phase: str
@@ -99,7 +99,7 @@ class Report(NamedTuple):
 
 def reference_rounds(
     worker_tensors: torch.Tensor, op: str = "sum"
-) -> tuple[tuple[Report, ...], torch.Tensor]:
+) -> tuple[tuple[RoundBuffers, ...], torch.Tensor]:
     """The reference's buffers after every round, and its result, for a valid input and ``op``.
 
     For ``avg`` the rounds hold sums and only the result is divided by ``N``.
@@ -115,10 +115,10 @@ def reference_rounds(
     the_op = op_name(op)
     check_torch(worker_tensors)
     x = worker_tensors.detach()
-    rounds: list[Report] = []
+    rounds: list[RoundBuffers] = []
 
     def observe(phase: Phase, r: int, state: State[torch.Tensor], _prov: State[Provenance]) -> None:
-        rounds.append(Report(phase, r, torch.stack([torch.cat(row) for row in state])))
+        rounds.append(RoundBuffers(phase, r, torch.stack([torch.cat(row) for row in state])))
 
     final = run_ring(chunk_state(x), torch_combine(the_op), observe)
     return tuple(rounds), finish_torch(the_op, torch.cat(final[0]), len(final))
@@ -126,9 +126,9 @@ def reference_rounds(
 
 def record_rounds(
     fn: TracedImplementation, worker_tensors: torch.Tensor
-) -> tuple[list[Report], torch.Tensor]:
+) -> tuple[list[RoundBuffers], torch.Tensor]:
     """Run ``fn`` on ``worker_tensors`` and collect its reports (copied when made) and its result."""
-    reports: list[Report] = []
+    reports: list[RoundBuffers] = []
 
     def on_round(phase: str, r: int, buffers: torch.Tensor) -> None:
         if not isinstance(buffers, torch.Tensor):
@@ -136,7 +136,7 @@ def record_rounds(
                 f"on_round(phase, round, buffers) expects buffers as a torch.Tensor of shape (N, M, ...); "
                 f"got {type(buffers).__name__} for {phase} round {r}. Pass every worker's buffer stacked."
             )
-        reports.append(Report(str(phase), int(r), buffers.detach().clone()))
+        reports.append(RoundBuffers(str(phase), int(r), buffers.detach().clone()))
 
     result = fn(worker_tensors, on_round)
     if not isinstance(result, torch.Tensor):
@@ -161,7 +161,7 @@ def _first_slot(phase: str, r: int, got: torch.Tensor, want: torch.Tensor, n: in
     return None
 
 
-def _round_mismatch(rep: Report, ref: Report, k: int, n: int) -> Mismatch | None:
+def _round_mismatch(rep: RoundBuffers, ref: RoundBuffers, k: int, n: int) -> Mismatch | None:
     """How report ``k`` differs from the reference's round ``k``: its label, its shape, or a slot."""
     if (rep.phase, rep.round) != (ref.phase, ref.round):
         rs_rounds = ", ".join(str(r) for p, r in all_rounds(n) if p == "reduce-scatter")

@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ring_ref import ring_all_reduce
+from ring_ref._dispatch import ring_all_reduce
 from ring_ref._dtypes import FORMATS, to_hex
 from ring_ref._tracecheck import reference_rounds
 from ring_ref.schedule import PHASES

@@ -151,7 +151,7 @@ MODULES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
     # targets run in pytest's process.
     **{
         f"difftest.{name}": ((path,), (path, f"tests/cover/difftest/test_kills_{name}.py"))
-        for name in ("worker", "launch", "targets", "call", "diagnosis", "search")
+        for name in ("worker", "launch", "loading", "call", "diagnosis", "search")
         for path in (f"ring_ref/difftest/_{name}.py",)
     },
     # The process-group launchers: fake communicators in pytest's process, and real gloo groups and MPI

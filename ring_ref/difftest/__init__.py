@@ -60,7 +60,7 @@ worker process), ``_launch`` (in-process or isolated), ``_ranks`` (process
 groups for per-rank targets), ``_mpi`` and ``_mpi_ranks`` (per-rank targets on
 MPI jobs), ``_diagnosis`` (codes
 and explanations), ``_report`` (text and JSON), ``_search`` (Hypothesis,
-shrinking and :func:`difftest`), ``_targets`` (loading ``TARGET`` by name).
+shrinking and :func:`difftest`), ``_loading`` (loading ``TARGET`` by name).
 The command line lives in :mod:`ring_ref._cli`.
 
 >>> import torch
@@ -76,9 +76,9 @@ from __future__ import annotations
 
 from ring_ref.difftest._diagnosis import Finding
 from ring_ref.difftest._inputs import Case
+from ring_ref.difftest._loading import TargetError, load_target
 from ring_ref.difftest._report import ModeResult, Report
 from ring_ref.difftest._search import difftest
-from ring_ref.difftest._targets import TargetError, load_target
 from ring_ref.difftest._vocabulary import CODES, DTYPES, MODES, OPS, Mode, Op, OpTarget, Target
 
 __all__ = [

@@ -25,7 +25,7 @@ from typing import Final, cast
 
 import torch
 
-from ring_ref import ring_all_reduce
+from ring_ref._dispatch import ring_all_reduce
 from ring_ref._dtypes import FloatFormat, bits, format_of
 from ring_ref.difftest._call import (
     Answer,

@@ -22,7 +22,7 @@ from abc import ABC, abstractmethod
 
 from ring_ref.difftest._call import Failure, Garbled, Outcome, call_target, decode
 from ring_ref.difftest._inputs import Case
-from ring_ref.difftest._targets import TargetError
+from ring_ref.difftest._loading import TargetError
 from ring_ref.difftest._vocabulary import Target
 from ring_ref.difftest._worker import Died, Stuck, Worker, trim
 

@@ -29,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ring_ref._mpi_launch import MpiRing, RankFailed, RanksTimedOut
-from ring_ref.difftest._targets import TargetError, load_target
+from ring_ref.difftest._loading import TargetError, load_target
 
 __all__ = ["MpiTarget", "RankAnswer", "RanksCall", "RanksFailure", "observe"]
 
@@ -187,7 +187,7 @@ class MpiTarget:
         """Run the target once on ``len(inputs)`` ranks, rank ``i`` on ``inputs[i]`` (with ``op=op``
         unless ``op`` is ``None``).
 
-        :class:`ring_ref.difftest._targets.TargetError` if the ranks cannot load it.
+        :class:`ring_ref.difftest._loading.TargetError` if the ranks cannot load it.
         """
         n = len(inputs)
         ring = self._rings.get(n) or self._rings.setdefault(n, MpiRing(n, mca=self.mca))

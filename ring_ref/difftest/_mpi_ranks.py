@@ -29,8 +29,8 @@ from ring_ref._mpi_launch import MpiRing
 from ring_ref.difftest._call import Answer, Failure, Outcome, TensorView
 from ring_ref.difftest._inputs import Case
 from ring_ref.difftest._launch import Launcher, OutputLog
+from ring_ref.difftest._loading import TargetError
 from ring_ref.difftest._mpi import MpiTarget, RankAnswer
-from ring_ref.difftest._targets import TargetError
 
 __all__ = ["MPI_DTYPES", "MpiRanks"]
 

@@ -27,7 +27,7 @@ from typing import NamedTuple
 import torch
 from hypothesis import strategies as st
 
-from ring_ref import ring_all_reduce
+from ring_ref._dispatch import ring_all_reduce
 from ring_ref._dtypes import FloatFormat, bits, format_of
 from ring_ref.difftest._inputs import Case
 from ring_ref.difftest._vocabulary import OPS, Mode, Op

@@ -44,7 +44,7 @@ from ring_ref._procs import LOOPBACK, _loopback_interface
 from ring_ref.difftest._call import Answer, Failure, Garbled, Outcome, decode
 from ring_ref.difftest._inputs import Case
 from ring_ref.difftest._launch import OUTPUT_LIMIT, Launcher, OutputLog
-from ring_ref.difftest._targets import TargetError
+from ring_ref.difftest._loading import TargetError
 from ring_ref.difftest._worker import STACK_WAIT_S, Died, Reply, Worker, trim
 
 __all__ = ["AFTER_FAILURE_GRACE_S", "ForkedGroup", "GlooRanks", "Hub"]

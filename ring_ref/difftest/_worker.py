@@ -49,7 +49,7 @@ from typing import Any, Final
 import torch
 
 from ring_ref.difftest._call import Garbled
-from ring_ref.difftest._targets import TargetError
+from ring_ref.difftest._loading import TargetError
 
 __all__ = ["Died", "Reply", "Stuck", "Worker", "exit_description", "trim"]
 
@@ -471,7 +471,7 @@ def _child(
     """
     requests, replies, out, stack = fds
     from ring_ref.difftest._call import observe  # bound here, before the target can replace it
-    from ring_ref.difftest._targets import load_target
+    from ring_ref.difftest._loading import load_target
 
     os.setsid()
     _die_with_parent(parent)

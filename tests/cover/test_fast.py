@@ -166,13 +166,13 @@ def test_kernel_tiles_shared_among_threads_give_the_same_bits(
 def kernel_calls(patch: pytest.MonkeyPatch) -> list[int]:
     """Record each call of the compiled kernel (its ``N``) while ``patch`` is active."""
     calls: list[int] = []
-    fold = _kernel.fold
+    fold = _kernel.fold_chunks
 
     def counted(x: npt.NDArray[Any], *args: Any, **kwargs: Any) -> bool:
         calls.append(x.shape[0])
         return fold(x, *args, **kwargs)
 
-    patch.setattr(_kernel, "fold", counted)
+    patch.setattr(_kernel, "fold_chunks", counted)
     return calls
 
 
@@ -322,7 +322,7 @@ def test_kernel_compiles_without_a_writable_cache(monkeypatch: pytest.MonkeyPatc
     out = np.empty(12)
     cycle = _fast.plan(4).cycle
     transposed = x.T.contiguous().T.numpy()  # element stride 4: the any-stride kernel
-    assert _kernel.fold(transposed, out, cycle.order, cycle.entries, chunk_size=3, threads=1)
+    assert _kernel.fold_chunks(transposed, out, cycle.order, cycle.entries, chunk_size=3, threads=1)
     assert same_bits(torch.from_numpy(out), ring_fold(x))
     assert list(_kernel._kernels) == [("float64", False, "sum")]
     assert _kernel._kernels["float64", False, "sum"][1:] == (None, False)  # in memory, compiled now

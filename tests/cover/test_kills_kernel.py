@@ -120,7 +120,7 @@ def layout(x: Array, kind: str) -> Array:
 
 def run(x: Array, cycle: Array, entries: Array, k: int, op: str, *, threads: int = 1) -> tuple[Array, bool]:
     out = np.full(x.shape[1], 7.0, dtype=x.dtype)  # not the identity: every result must be written
-    finite = _kernel.fold(x, out, cycle, entries, chunk_size=k, threads=threads, op=op)
+    finite = _kernel.fold_chunks(x, out, cycle, entries, chunk_size=k, threads=threads, op=op)
     return out, finite
 
 
@@ -419,7 +419,7 @@ def fold_once(dtype: Any = np.float64, stride: bool = True) -> bool:
     x = np.arange(9.0).reshape(3, 3).astype(dtype)
     x = layout(x, "contiguous" if stride else "transposed")
     out = np.empty(3, dtype=dtype)
-    finite = _kernel.fold(x, out, np.array([1, 2, 0]), np.array([[0, 3, 0]]), chunk_size=1, threads=1)
+    finite = _kernel.fold_chunks(x, out, np.array([1, 2, 0]), np.array([[0, 3, 0]]), chunk_size=1, threads=1)
     return finite and out.tolist() == [9.0, 12.0, 15.0]
 
 
@@ -546,7 +546,7 @@ def test_a_forked_child_is_not_stopped_by_locks_held_in_the_parent(
                 x = np.arange(18.0).reshape(3, 6)
                 out = np.empty(6)
                 cycle, entries = np.array([1, 2, 0]), np.array([[0, 3, 0]])
-                finite = _kernel.fold(x, out, cycle, entries, chunk_size=2, threads=3)
+                finite = _kernel.fold_chunks(x, out, cycle, entries, chunk_size=2, threads=3)
                 ok = finite and out.tolist() == [18.0, 21.0, 24.0, 27.0, 30.0, 33.0]
                 ok = ok and _kernel._pool is not None and _kernel._pool[0] == os.getpid()
             finally:

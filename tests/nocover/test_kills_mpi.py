@@ -31,10 +31,10 @@ from ring_ref._mpi_launch import MpiRing, RankFailed, RanksTimedOut, mpirun_path
 from ring_ref.difftest import _mpi
 from ring_ref.difftest._call import TensorView
 from ring_ref.difftest._inputs import Case
+from ring_ref.difftest._loading import TargetError
 from ring_ref.difftest._mpi import MpiTarget, RankAnswer, _answer, observe
 from ring_ref.difftest._mpi_ranks import MpiRanks, _strides, _view
 from ring_ref.difftest._mpi_ranks import _answer as as_answer
-from ring_ref.difftest._targets import TargetError
 
 pytestmark = [pytest.mark.clause("difftest-ranks"), pytest.mark.timeout(60)]
 

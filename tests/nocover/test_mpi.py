@@ -27,8 +27,8 @@ import torch
 
 from ring_ref import ring_all_reduce
 from ring_ref._mpi_launch import MpiRing, RankFailed, mpirun_path
+from ring_ref.difftest._loading import TargetError
 from ring_ref.difftest._mpi import MpiTarget
-from ring_ref.difftest._targets import TargetError
 from ring_ref.mpi import _check_everywhere, _Waiter, openmpi_allreduce_mca, ring_allreduce_
 from ring_ref.schedule import RingSchedule
 from ring_ref.targets import mpi_allreduce

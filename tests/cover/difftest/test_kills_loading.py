@@ -22,7 +22,7 @@ import torch
 
 from ring_ref import ring_all_reduce
 from ring_ref.difftest import TargetError, load_target
-from ring_ref.difftest._targets import importable_name
+from ring_ref.difftest._loading import importable_name
 from ring_ref.difftest._vocabulary import Target
 
 pytestmark = pytest.mark.clause("difftest-isolation")
