@@ -27,6 +27,7 @@ import torch
 
 __all__ = [
     "FORMATS",
+    "INT_OF_SIZE",
     "NUMPY_DTYPES",
     "TORCH_DTYPES",
     "FloatFormat",
@@ -101,10 +102,11 @@ class FloatFormat(NamedTuple):
     @property
     def int_dtype(self) -> torch.dtype:
         """The signed integer dtype of the same width, for bit patterns."""
-        return _INT_OF_WIDTH[self.bits]
+        return INT_OF_SIZE[self.bits // 8]
 
 
-_INT_OF_WIDTH: Final = {16: torch.int16, 32: torch.int32, 64: torch.int64}
+INT_OF_SIZE: Final[dict[int, torch.dtype]] = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+"""The signed integer dtype of each element size in bytes, for reading a float's bits."""
 
 FORMATS: Final[dict[str, FloatFormat]] = {
     "float16": FloatFormat("float16", 16, 11, 15, -14, torch.float16, np.dtype(np.float16)),
@@ -144,7 +146,7 @@ def dtype_name(dtype: torch.dtype | np.dtype[np.generic]) -> str:
 
 def bits(t: torch.Tensor) -> torch.Tensor:
     """A tensor's bit patterns: a contiguous signed-integer tensor of the same shape and width."""
-    return t.detach().contiguous().view(_INT_OF_WIDTH[8 * t.element_size()])
+    return t.detach().contiguous().view(INT_OF_SIZE[t.element_size()])
 
 
 def to_hex(t: torch.Tensor) -> list[str]:

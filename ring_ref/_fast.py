@@ -96,7 +96,7 @@ from torch.autograd import forward_ad
 
 from ring_ref import _validate, schedule
 from ring_ref._chunks import chunk_bounds
-from ring_ref._ops import Op, finish_numpy, finish_torch
+from ring_ref._ops import Op, finish_numpy, finish_torch, numpy_combine_out, torch_combine_out
 from ring_ref.invariants import InvariantViolation
 from ring_ref.schedule import SPEC, RingSchedule
 
@@ -574,62 +574,6 @@ def _numpy_all_finite(block: npt.NDArray[Any]) -> bool:
     return bool(np.isfinite(block.max())) and bool(np.isfinite(block.min()))
 
 
-def _torch_add(incoming: torch.Tensor, own: torch.Tensor, out: torch.Tensor) -> object:
-    return torch.add(incoming, own, out=out)
-
-
-def _torch_mul(incoming: torch.Tensor, own: torch.Tensor, out: torch.Tensor) -> object:
-    return torch.mul(incoming, own, out=out)
-
-
-def _torch_max(incoming: torch.Tensor, own: torch.Tensor, out: torch.Tensor) -> object:
-    return torch.where(own > incoming, own, incoming, out=out)
-
-
-def _torch_min(incoming: torch.Tensor, own: torch.Tensor, out: torch.Tensor) -> object:
-    return torch.where(own < incoming, own, incoming, out=out)
-
-
-_TORCH_COMBINES: Final[dict[Op, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], object]]] = {
-    "sum": _torch_add,
-    "avg": _torch_add,
-    "prod": _torch_mul,
-    "max": _torch_max,
-    "min": _torch_min,
-}
-"""``combine(incoming, own, out)`` per op: the receiver's rule of :mod:`ring_ref._ops`, into ``out``."""
-
-
-def _numpy_add(incoming: Array, own: Array, out: Array) -> object:
-    return np.add(incoming, own, out=out)
-
-
-def _numpy_mul(incoming: Array, own: Array, out: Array) -> object:
-    return np.multiply(incoming, own, out=out)
-
-
-def _numpy_max(incoming: Array, own: Array, out: Array) -> None:
-    if incoming is not out:
-        np.copyto(out, incoming)
-    np.copyto(out, own, where=own > out)
-
-
-def _numpy_min(incoming: Array, own: Array, out: Array) -> None:
-    if incoming is not out:
-        np.copyto(out, incoming)
-    np.copyto(out, own, where=own < out)
-
-
-_NUMPY_COMBINES: Final[dict[Op, Callable[[Array, Array, Array], object]]] = {
-    "sum": _numpy_add,
-    "avg": _numpy_add,
-    "prod": _numpy_mul,
-    "max": _numpy_max,
-    "min": _numpy_min,
-}
-"""The same for numpy arrays (``numpy.maximum`` and ``numpy.minimum`` break signed-zero ties otherwise)."""
-
-
 def _result_proves_finite(op: Op) -> bool:
     """Whether a finite result proves a finite input: for a sum or a product (a NaN or infinite operand
     makes either non-finite), not for ``max`` and ``min``, which may drop a NaN or an infinity."""
@@ -752,7 +696,7 @@ def _torch_forward(x: torch.Tensor, ring: RingSchedule = SPEC, op: Op = "sum") -
         plan(n, ring).rounds,
         acc,
         diagonal=diagonal,
-        combine=_TORCH_COMBINES[op],
+        combine=torch_combine_out(op),
         all_finite=_torch_all_finite if on_result else None,
         tile=tile,
     )
@@ -962,7 +906,7 @@ def _numpy_forward(
             plan(n, ring).rounds,
             acc,
             diagonal=diagonal,
-            combine=_NUMPY_COMBINES[op],
+            combine=numpy_combine_out(op),
             all_finite=_numpy_all_finite if on_result else None,
             tile=tile,
         )

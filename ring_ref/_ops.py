@@ -25,7 +25,7 @@ tensor([-0., 2.])
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Final, Literal, cast
+from typing import Any, Final, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -34,13 +34,16 @@ import torch
 __all__ = [
     "COMMUTING_OPS",
     "OPS",
+    "REDUCE_OP_NAMES",
     "Op",
     "finish_numpy",
     "finish_torch",
     "numpy_combine",
+    "numpy_combine_out",
     "op_name",
     "torch_combine",
     "torch_combine_into",
+    "torch_combine_out",
 ]
 
 Op = Literal["sum", "prod", "max", "min", "avg"]
@@ -50,7 +53,15 @@ COMMUTING_OPS: Final[frozenset[Op]] = frozenset({"sum", "avg", "prod"})
 supported dtype: IEEE addition and multiplication commute exactly.  ``max`` and ``min`` do not:
 of ``-0.0`` and ``+0.0`` they keep the incoming one."""
 
-_REDUCE_OP_NAMES: Final = {"SUM": "sum", "PRODUCT": "prod", "MAX": "max", "MIN": "min", "AVG": "avg"}
+REDUCE_OP_NAMES: Final[dict[str, str]] = {
+    "sum": "SUM",
+    "prod": "PRODUCT",
+    "max": "MAX",
+    "min": "MIN",
+    "avg": "AVG",
+}
+"""Each op's ``torch.distributed.ReduceOp`` attribute name."""
+_OP_OF_REDUCE_OP: Final[dict[str, Op]] = {REDUCE_OP_NAMES[op]: op for op in OPS}
 
 Array = npt.NDArray[Any]
 
@@ -64,15 +75,15 @@ def op_name(op: object) -> Op:
         key = op.lower()
         if key in OPS:
             return key
-        mapped = _REDUCE_OP_NAMES.get(op.upper())
+        mapped = _OP_OF_REDUCE_OP.get(op.upper())
     else:
-        mapped = _REDUCE_OP_NAMES.get(str(op).rsplit(".", 1)[-1].upper())
+        mapped = _OP_OF_REDUCE_OP.get(str(op).rsplit(".", 1)[-1].upper())
     if mapped is None:
         raise ValueError(
             f"unknown reduction op {op!r}; choose one of {', '.join(OPS)} "
             "(or torch.distributed.ReduceOp SUM, PRODUCT, MAX, MIN, AVG)."
         )
-    return cast(Op, mapped)
+    return mapped
 
 
 def _torch_max(incoming: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
@@ -97,34 +108,44 @@ def torch_combine(op: Op) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor
     return _TORCH[op]
 
 
-def _torch_add_into(incoming: torch.Tensor, own: torch.Tensor) -> None:
-    torch.add(incoming, own, out=own)
+def _torch_add_out(incoming: torch.Tensor, own: torch.Tensor, out: torch.Tensor) -> object:
+    return torch.add(incoming, own, out=out)
 
 
-def _torch_mul_into(incoming: torch.Tensor, own: torch.Tensor) -> None:
-    torch.mul(incoming, own, out=own)
+def _torch_mul_out(incoming: torch.Tensor, own: torch.Tensor, out: torch.Tensor) -> object:
+    return torch.mul(incoming, own, out=out)
 
 
-def _torch_max_into(incoming: torch.Tensor, own: torch.Tensor) -> None:
-    torch.where(own > incoming, own, incoming, out=own)
+def _torch_max_out(incoming: torch.Tensor, own: torch.Tensor, out: torch.Tensor) -> object:
+    return torch.where(own > incoming, own, incoming, out=out)
 
 
-def _torch_min_into(incoming: torch.Tensor, own: torch.Tensor) -> None:
-    torch.where(own < incoming, own, incoming, out=own)
+def _torch_min_out(incoming: torch.Tensor, own: torch.Tensor, out: torch.Tensor) -> object:
+    return torch.where(own < incoming, own, incoming, out=out)
 
 
-_TORCH_INTO: Final[dict[str, Callable[[torch.Tensor, torch.Tensor], None]]] = {
-    "sum": _torch_add_into,
-    "avg": _torch_add_into,
-    "prod": _torch_mul_into,
-    "max": _torch_max_into,
-    "min": _torch_min_into,
+_TORCH_OUT: Final[dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], object]]] = {
+    "sum": _torch_add_out,
+    "avg": _torch_add_out,
+    "prod": _torch_mul_out,
+    "max": _torch_max_out,
+    "min": _torch_min_out,
 }
+
+
+def torch_combine_out(op: Op) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], object]:
+    """``combine(incoming, own, out)``: :func:`torch_combine`'s bits, written into ``out`` (fast engine)."""
+    return _TORCH_OUT[op]
 
 
 def torch_combine_into(op: Op) -> Callable[[torch.Tensor, torch.Tensor], None]:
     """``combine_into(incoming, own)``: :func:`torch_combine`'s result, same bits, stored in ``own``."""
-    return _TORCH_INTO[op]
+    combine = _TORCH_OUT[op]
+
+    def into(incoming: torch.Tensor, own: torch.Tensor) -> None:
+        combine(incoming, own, own)
+
+    return into
 
 
 def _numpy_add(incoming: Array, own: Array) -> Array:
@@ -160,6 +181,41 @@ _NUMPY: Final[dict[str, Callable[[Array, Array], Array]]] = {
 def numpy_combine(op: Op) -> Callable[[Array, Array], Array]:
     """``combine(incoming, own)`` for arrays."""
     return _NUMPY[op]
+
+
+def _numpy_add_out(incoming: Array, own: Array, out: Array) -> object:
+    return np.add(incoming, own, out=out)
+
+
+def _numpy_mul_out(incoming: Array, own: Array, out: Array) -> object:
+    return np.multiply(incoming, own, out=out)
+
+
+def _numpy_max_out(incoming: Array, own: Array, out: Array) -> None:
+    if incoming is not out:
+        np.copyto(out, incoming)
+    np.copyto(out, own, where=own > out)
+
+
+def _numpy_min_out(incoming: Array, own: Array, out: Array) -> None:
+    if incoming is not out:
+        np.copyto(out, incoming)
+    np.copyto(out, own, where=own < out)
+
+
+_NUMPY_OUT: Final[dict[str, Callable[[Array, Array, Array], object]]] = {
+    "sum": _numpy_add_out,
+    "avg": _numpy_add_out,
+    "prod": _numpy_mul_out,
+    "max": _numpy_max_out,
+    "min": _numpy_min_out,
+}
+
+
+def numpy_combine_out(op: Op) -> Callable[[Array, Array, Array], object]:
+    """``combine(incoming, own, out)`` for arrays, into ``out`` (``numpy.maximum`` and ``numpy.minimum``
+    would break signed-zero ties otherwise); the caller sets ``numpy.errstate``."""
+    return _NUMPY_OUT[op]
 
 
 def finish_torch(op: Op, result: torch.Tensor, n: int) -> torch.Tensor:

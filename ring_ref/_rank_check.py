@@ -24,7 +24,16 @@ from typing import Final
 from ring_ref._validate import BadInput, schedule_of
 from ring_ref.schedule import RingSchedule
 
-__all__ = ["Description", "code", "problem_of", "ring_of", "schedule_key", "shape_words", "verdict"]
+__all__ = [
+    "EXACT_DIMS",
+    "Description",
+    "code",
+    "problem_of",
+    "ring_of",
+    "schedule_key",
+    "shape_words",
+    "verdict",
+]
 
 _HASH_MODULUS: Final = (1 << 61) - 1
 
@@ -62,7 +71,11 @@ def code(text: str) -> int:
     return zlib.crc32(text.encode())
 
 
-def shape_words(shape: tuple[int, ...], count: int, *, exact_dims: int) -> list[int]:
+EXACT_DIMS: Final = 8
+"""How many leading dimensions a signature's shape words hold exactly (the rest are hashed)."""
+
+
+def shape_words(shape: tuple[int, ...], count: int, *, exact_dims: int = EXACT_DIMS) -> list[int]:
     """A shape as ``exact_dims + 3`` integers: its length, ``count`` (the element count), the first
     ``exact_dims`` dimensions exactly (``-1`` past the end) and a 61-bit hash of the rest."""
     rest = 0

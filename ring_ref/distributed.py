@@ -125,7 +125,16 @@ from torch._C._distributed_c10d import GradBucket  # dist.GradBucket, which the 
 
 from ring_ref._chunks import chunk_bounds
 from ring_ref._ops import COMMUTING_OPS, Op, finish_torch, op_name, torch_combine_into
-from ring_ref._rank_check import Description, code, problem_of, ring_of, schedule_key, shape_words, verdict
+from ring_ref._rank_check import (
+    EXACT_DIMS,
+    Description,
+    code,
+    problem_of,
+    ring_of,
+    schedule_key,
+    shape_words,
+    verdict,
+)
 from ring_ref._validate import BadInput, rank_tensor_problem, schedule_of
 from ring_ref.schedule import REDUCE_SCATTER, SPEC, Phase, RingSchedule, all_rounds, rounds_per_phase
 
@@ -171,9 +180,8 @@ varied far less than the two-message exchange's (a tenth of the exchanges took s
 two ranks exchange through it.  gloo's ``alltoall`` also sends an empty message to every other
 rank, so from three ranks on the ring's point-to-point sends are cheaper.  (The check before the
 ring is one ``alltoall`` for every group size: there every rank does send to every rank.)"""
-_EXACT_DIMS: Final = 8
 """Signature entries that hold the leading dimensions exactly; further ones are folded into a hash."""
-_SIGNATURE_LENGTH: Final = 6 + _EXACT_DIMS + 3
+_SIGNATURE_LENGTH: Final = 6 + EXACT_DIMS + 3
 """Entries of a signature (17); with the verdict and padding a row of the check (:data:`_ROW_WORDS`)."""
 _ROW_WORDS: Final = -(-(_SIGNATURE_LENGTH + 1) // 8) * 8
 """``int64`` words in a row of the check (24, 192 bytes): the signature, the verdict, then zeros to a
@@ -252,7 +260,7 @@ def _metadata(
         code(str(tensor.dtype)),
         code(tensor.device.type),
         code(str(tensor.layout)),
-        *shape_words(tuple(tensor.shape), tensor.numel(), exact_dims=_EXACT_DIMS),
+        *shape_words(tuple(tensor.shape), tensor.numel(), exact_dims=EXACT_DIMS),
         code(str(reduce_op)),
         key,
     ]
@@ -275,7 +283,7 @@ def _signature(
     """This rank's fixed-size signature and whether its arguments are clean, at the cost of one sum.
 
     Equal signatures mean equal kind, dtype, device type, layout and shape
-    (exactly for up to :data:`_EXACT_DIMS` dimensions, by a 61-bit hash of
+    (exactly for up to :data:`EXACT_DIMS` dimensions, by a 61-bit hash of
     the rest beyond), op and ring (offsets taken mod ``n``).
 
     >>> a, ok = _signature(torch.zeros(6, 2), 3, "gloo")

@@ -58,7 +58,16 @@ import numpy.typing as npt
 
 from ring_ref import schedule
 from ring_ref._chunks import layout_views
-from ring_ref._rank_check import Description, code, problem_of, ring_of, schedule_key, shape_words, verdict
+from ring_ref._rank_check import (
+    EXACT_DIMS,
+    Description,
+    code,
+    problem_of,
+    ring_of,
+    schedule_key,
+    shape_words,
+    verdict,
+)
 from ring_ref._validate import BadInput, rank_array_problem, schedule_of
 from ring_ref.schedule import RingSchedule
 
@@ -81,8 +90,7 @@ OPENMPI_ALLREDUCE_ALGORITHMS: Final = {
 
 _TAG: Final = 0x5249
 """The tag of every ring message; MPI keeps messages between two ranks in order, so one tag suffices."""
-_EXACT_DIMS: Final = 8
-_SIGNATURE_LENGTH: Final = 5 + _EXACT_DIMS + 1
+_SIGNATURE_LENGTH: Final = 5 + EXACT_DIMS + 1
 _POLL_MAX_S: Final = 1e-3
 _ABANDONED: Final[list[object]] = []
 """Requests (and so their buffers) of rounds abandoned after a timeout: kept alive for MPI to finish."""
@@ -129,7 +137,7 @@ def _verdict(descriptions: Sequence[Description]) -> Exception | None:
 def _signature(array: object, n: int, name: object = "spec") -> tuple[list[int], bool]:
     """This rank's fixed-size signature and whether its array is clean, at the cost of one sum.
 
-    The signature covers the kind, dtype, shape (the first :data:`_EXACT_DIMS`
+    The signature covers the kind, dtype, shape (the first :data:`EXACT_DIMS`
     dimensions exactly, a hash of the rest) and the schedule.
 
     >>> a, ok = _signature(np.zeros((6, 2)), 3)
@@ -141,7 +149,7 @@ def _signature(array: object, n: int, name: object = "spec") -> tuple[list[int],
     key = code(_schedule_key(name, n))
     if not isinstance(array, np.ndarray):
         return [0, code(type(array).__name__), key, *[0] * (_SIGNATURE_LENGTH - 3)], False
-    words = shape_words(tuple(array.shape), array.size, exact_dims=_EXACT_DIMS)
+    words = shape_words(tuple(array.shape), array.size, exact_dims=EXACT_DIMS)
     signature = [1, code(array.dtype.str), key, *words]
     if _problem(array, n, name, finite=False) is not None:
         return signature, False

@@ -33,12 +33,14 @@ itself (``MPI_ERR_TYPE``).
 from __future__ import annotations
 
 import atexit
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy.typing as npt
 import torch
 import torch.distributed as dist
 
+from ring_ref._ops import REDUCE_OP_NAMES
 from ring_ref._procs import ProcessRing
 
 if TYPE_CHECKING:
@@ -55,7 +57,6 @@ CALL_TIMEOUT_S = 60.0
 _RINGS: dict[int, ProcessRing] = {}
 
 
-_REDUCE_OPS = {"sum": "SUM", "prod": "PRODUCT", "max": "MAX", "min": "MIN", "avg": "AVG"}
 _MPI_OPS = {"sum": "SUM", "prod": "PROD", "max": "MAX", "min": "MIN"}
 
 
@@ -67,7 +68,7 @@ def _rank_all_reduce(rank: int, _world_size: int, payload: tuple[torch.Tensor, s
     return mine
 
 
-def _op_key(op: str, table: dict[str, str], where: str) -> str:
+def _op_key(op: str, table: Mapping[str, str], where: str) -> str:
     if op not in table:
         raise ValueError(f"{where} has no op {op!r}; choose one of {', '.join(table)}")
     return table[op]
@@ -80,7 +81,7 @@ def gloo_all_reduce(worker_tensors: torch.Tensor, op: str = "sum") -> torch.Tens
     ``PRODUCT``, ``MAX``, ``MIN``, ``AVG``).  Also checks that every rank ended with the same bits,
     as an all-reduce must.
     """
-    reduce_op = _op_key(op, _REDUCE_OPS, "torch.distributed.ReduceOp")
+    reduce_op = _op_key(op, REDUCE_OP_NAMES, "torch.distributed.ReduceOp")
     n = int(worker_tensors.shape[0])
     ring = _RINGS.get(n)
     if ring is None:

@@ -26,7 +26,7 @@ from typing import Any, Final, Literal, cast
 
 import torch
 
-from ring_ref._dtypes import TORCH_DTYPES
+from ring_ref._dtypes import INT_OF_SIZE, TORCH_DTYPES
 from ring_ref.difftest._inputs import Case
 from ring_ref.difftest._vocabulary import OpTarget, Target, op_argument
 
@@ -46,7 +46,6 @@ __all__ = [
 ]
 
 _DTYPE_NAMES: Final = {str(d): d for d in TORCH_DTYPES}
-_INT_OF_WIDTH: Final = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 # Bound at import, before any target runs in this process (see the module docstring).
 _isinstance = isinstance
@@ -147,7 +146,7 @@ class Garbled(ValueError):
 
 def _bits_of(t: torch.Tensor) -> bytes:
     dense = _contiguous(_detach(t))
-    return bytes(_numpy(_view(dense, _INT_OF_WIDTH[_element_size(dense)])).tobytes())
+    return bytes(_numpy(_view(dense, INT_OF_SIZE[_element_size(dense)])).tobytes())
 
 
 def _view_of(t: torch.Tensor, want_numel: int) -> tuple[dict[str, Any], bytes]:
@@ -261,7 +260,7 @@ def _decode_view(head: object, payload: memoryview, what: str) -> tuple[TensorVi
     if nbytes:
         if dtype not in _DTYPE_NAMES or device != "cpu" or any(s < 0 for s in shape):
             raise Garbled(f"{what} has bits but is not a CPU tensor of a tester dtype")
-        int_dtype = _INT_OF_WIDTH[_DTYPE_NAMES[dtype].itemsize]
+        int_dtype = INT_OF_SIZE[_DTYPE_NAMES[dtype].itemsize]
         if nbytes != math.prod(shape) * _DTYPE_NAMES[dtype].itemsize:
             raise Garbled(f"{what} has {nbytes} bytes of bits for shape {shape}")
         bits = torch.frombuffer(bytearray(payload[:nbytes]), dtype=int_dtype).reshape(shape)
@@ -354,7 +353,7 @@ def input_problem(answer: Answer, case: Case) -> str:
 
 
 def _int_view(t: torch.Tensor) -> torch.Tensor:
-    return t.view(_INT_OF_WIDTH[t.element_size()])
+    return t.view(INT_OF_SIZE[t.element_size()])
 
 
 def aliases(answer: Answer) -> bool:

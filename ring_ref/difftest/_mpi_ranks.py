@@ -25,6 +25,7 @@ from typing import Final
 
 import torch
 
+from ring_ref._dtypes import INT_OF_SIZE
 from ring_ref._mpi_launch import MpiRing
 from ring_ref.difftest._call import Answer, Failure, Outcome, TensorView
 from ring_ref.difftest._inputs import Case
@@ -37,7 +38,6 @@ __all__ = ["MPI_DTYPES", "MpiRanks"]
 MPI_DTYPES: Final = (torch.float16, torch.float32, torch.float64)
 """The dtypes a case may have under ``--ranks mpi`` (``numpy`` has no bfloat16)."""
 _BY_NUMPY_NAME: Final = {str(d).removeprefix("torch."): d for d in MPI_DTYPES}
-_INT_OF_WIDTH: Final = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 _WHOLE: Final = (0, 1)
 """A stand-in storage range: two views given it overlap (``_call._shares`` compares ranges)."""
 
@@ -58,7 +58,7 @@ def _view(plain: tuple[str, tuple[int, ...], bytes], shares: bool) -> TensorView
     storage = _WHOLE if shares else None
     if dtype is None:
         return TensorView(shape, _strides(shape), f"numpy.{name}", "cpu", storage)
-    ints = _INT_OF_WIDTH[dtype.itemsize]
+    ints = INT_OF_SIZE[dtype.itemsize]
     flat = torch.frombuffer(bytearray(bits), dtype=ints) if bits else torch.empty(0, dtype=ints)
     return TensorView(shape, _strides(shape), str(dtype), "cpu", storage, flat.reshape(shape))
 

@@ -8,7 +8,7 @@ from typing import Final, Literal
 import torch
 
 from ring_ref._dtypes import FORMATS
-from ring_ref._ops import OPS, Op
+from ring_ref._ops import OPS, REDUCE_OP_NAMES, Op
 
 __all__ = [
     "CODES",
@@ -92,7 +92,4 @@ def op_argument(op: Op, ranks: Ranks | None) -> object:
         return op
     from torch.distributed import ReduceOp
 
-    return getattr(ReduceOp, _REDUCE_OP[op])
-
-
-_REDUCE_OP: Final = {"sum": "SUM", "prod": "PRODUCT", "max": "MAX", "min": "MIN", "avg": "AVG"}
+    return getattr(ReduceOp, REDUCE_OP_NAMES[op])
