@@ -20,6 +20,7 @@ from ring_ref.invariants import (
     changed_slot,
     expected_finished,
     expected_state,
+    expected_state_before,
     finished_chunks,
 )
 from ring_ref.schedule import (
@@ -156,10 +157,7 @@ def changed_slot_is_the_only_change(n: int, r: int) -> None:
     assert 1 <= n <= MAX_N
     assert 0 <= r < n - 1
     for phase in (REDUCE_SCATTER, ALL_GATHER):
-        start_of_phase = phase == ALL_GATHER and r == 0
-        before = (
-            expected_state(REDUCE_SCATTER, n - 2, n) if start_of_phase else expected_state(phase, r - 1, n)
-        )
+        before = expected_state_before(phase, r, n)
         after = expected_state(phase, r, n)
         for i in range(n):
             differ = [c for c in range(n) if before[i][c] != after[i][c]]

@@ -61,6 +61,7 @@ __all__ = [
     "check_round",
     "expected_finished",
     "expected_state",
+    "expected_state_before",
     "finished_chunks",
     "first_violation",
     "holds_ag_invariant",
@@ -154,6 +155,20 @@ def expected_state(phase: Phase, r: int, n: int, *, schedule: RingSchedule = SPE
     """The whole provenance state after round ``r`` of ``phase`` (reduce-scatter ``r = -1``: start)."""
     slot = rs_expected if phase == REDUCE_SCATTER else ag_expected
     return tuple(tuple(slot(n, r, i, c, schedule=schedule) for c in range(n)) for i in range(n))
+
+
+def expected_state_before(
+    phase: Phase, r: int, n: int, *, schedule: RingSchedule = SPEC
+) -> State[Provenance]:
+    """The whole provenance state just before round ``r`` of ``phase``: after round ``r - 1``, and
+    before all-gather's first round the reduce-scatter's end state.
+
+    >>> expected_state_before(ALL_GATHER, 0, 2) == expected_state(REDUCE_SCATTER, 0, 2)
+    True
+    """
+    if phase == ALL_GATHER and r == 0:
+        return expected_state(REDUCE_SCATTER, rounds_per_phase(n) - 1, n, schedule=schedule)
+    return expected_state(phase, r - 1, n, schedule=schedule)
 
 
 def first_violation(

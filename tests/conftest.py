@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import HealthCheck, settings
 
+from ring_ref import _fast
 from tests.leftovers import become_subreaper, left_behind
 
 settings.register_profile(
@@ -35,3 +36,12 @@ def _no_process_left_behind() -> Iterator[None]:
     left = left_behind()
     if left:
         pytest.fail("processes left behind by the tests:\n" + "\n".join(left), pytrace=False)
+
+
+@pytest.fixture
+def fresh_plans() -> Iterator[None]:
+    """The fast engine's plans are cached per N: a test that uses this computes its own and leaves none
+    patched (``pytestmark = pytest.mark.usefixtures("fresh_plans")``)."""
+    _fast.plan.cache_clear()
+    yield
+    _fast.plan.cache_clear()

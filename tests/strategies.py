@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import torch
+from hypothesis import settings
 from hypothesis import strategies as st
 
 from ring_ref.difftest._inputs import LAYOUTS, lay_out
 
 ALL_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+NUMPY_DTYPES = (torch.float16, torch.float32, torch.float64)
+"""The dtypes numpy has (no bfloat16), as torch dtypes."""
+FEW = settings(max_examples=max(4, settings().max_examples // 15))
+"""Examples for the tests whose inputs have up to 64 workers (reference runs of seconds): 4 by default,
+more under soak."""
 
 _WIDTH = {torch.float16: 16, torch.bfloat16: 32, torch.float32: 32, torch.float64: 64}
 

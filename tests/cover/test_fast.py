@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,21 +24,12 @@ from torch.autograd import forward_ad
 from ring_ref import InvariantViolation, _fast, _kernel, ring_all_reduce, schedule
 from tests.fast_knobs import fast_in_small_tiles, plan_fold_orders
 from tests.oracles import bits, exact_sum, pairwise_tree, ring_fold, same_bits
-from tests.strategies import ALL_DTYPES, shapes, worker_tensors
+from tests.strategies import ALL_DTYPES, FEW, NUMPY_DTYPES, shapes, worker_tensors
 
-NUMPY_DTYPES = (torch.float16, torch.float32, torch.float64)
+pytestmark = pytest.mark.usefixtures("fresh_plans")
+
 KERNEL_DTYPES = (torch.float32, torch.float64)
 """The dtypes the compiled kernel adds (on the CPU); float16 and bfloat16 take the batched path."""
-FEW = settings(max_examples=max(4, settings().max_examples // 15))
-"""Examples for the tests whose reference runs take seconds (N up to 64): 4 by default, more under soak."""
-
-
-@pytest.fixture(autouse=True)
-def _fresh_plans() -> Iterator[None]:
-    """Plans are cached per N; tests that patch the schedule must not see or leave stale ones."""
-    _fast.plan.cache_clear()
-    yield
-    _fast.plan.cache_clear()
 
 
 def snapshot(x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...], tuple[int, ...], torch.dtype]:

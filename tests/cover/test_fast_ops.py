@@ -11,7 +11,7 @@ the padded uneven layouts of the schedule family.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -22,24 +22,16 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from torch.autograd import forward_ad
 
-from ring_ref import ENGINES, OPS, PRESETS, Engine, RingSchedule, _fast, _kernel, ring_all_reduce
+from ring_ref import ENGINES, OPS, PRESETS, Engine, RingSchedule, _kernel, ring_all_reduce
 from ring_ref.schedule import LAYOUTS
 from tests.fast_knobs import fast_in_small_tiles
 from tests.oracles import ring_fold, ring_fold_op, same_bits
-from tests.strategies import ALL_DTYPES, worker_tensors
+from tests.strategies import ALL_DTYPES, FEW, NUMPY_DTYPES, worker_tensors
 
-NUMPY_DTYPES = (torch.float16, torch.float32, torch.float64)
-FEW = settings(max_examples=max(4, settings().max_examples // 15))
-"""Examples for the tests whose inputs have up to 64 workers: 4 by default, more under soak."""
+pytestmark = pytest.mark.usefixtures("fresh_plans")
+
 
 Result = torch.Tensor | npt.NDArray[Any]
-
-
-@pytest.fixture(autouse=True)
-def _fresh_plans() -> Iterator[None]:
-    _fast.plan.cache_clear()
-    yield
-    _fast.plan.cache_clear()
 
 
 def as_tensor(result: Result) -> torch.Tensor:

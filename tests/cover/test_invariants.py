@@ -8,22 +8,16 @@ from hypothesis import strategies as st
 
 from ring_ref import invariants
 from ring_ref.core import fold, provenance_state, step
-from ring_ref.invariants import InvariantViolation, Provenance, State, changed_slot, check, check_round
-from ring_ref.schedule import ALL_GATHER, REDUCE_SCATTER, Phase, all_rounds
+from ring_ref.invariants import InvariantViolation, changed_slot, check, check_round
+from ring_ref.schedule import REDUCE_SCATTER, all_rounds
 
 pytestmark = pytest.mark.clause("inv-rs-provenance", "inv-ag-provenance")
-
-
-def _previous(phase: Phase, r: int, n: int) -> State[Provenance]:
-    if phase == ALL_GATHER and r == 0:
-        return invariants.expected_state(REDUCE_SCATTER, n - 2, n)
-    return invariants.expected_state(phase, r - 1, n)
 
 
 @pytest.mark.parametrize("n", range(1, 14))
 def test_closed_form_changes_exactly_at_changed_slot(n: int) -> None:
     for phase, r in all_rounds(n):
-        before, after = _previous(phase, r, n), invariants.expected_state(phase, r, n)
+        before, after = invariants.expected_state_before(phase, r, n), invariants.expected_state(phase, r, n)
         for i in range(n):
             differ = [c for c in range(n) if before[i][c] != after[i][c]]
             assert differ == [changed_slot(phase, r, i, n)]
@@ -33,7 +27,7 @@ def test_closed_form_changes_exactly_at_changed_slot(n: int) -> None:
 def test_check_round_rejects_exactly_what_the_full_check_rejects(n: int, data: st.DataObject) -> None:
     """Damage one slot of a correct round (or leave it intact): both checks must agree."""
     phase, r = data.draw(st.sampled_from(all_rounds(n)))
-    before = _previous(phase, r, n)
+    before = invariants.expected_state_before(phase, r, n)
     after = [list(row) for row in step(before, phase, r, fold)]
     damaged = data.draw(st.booleans())
     if damaged:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import itertools
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -28,6 +28,7 @@ from tests.fast_knobs import plan_fold_orders
 from tests.oracles import bits, same_bits
 
 pytestmark = [
+    pytest.mark.usefixtures("fresh_plans"),
     pytest.mark.clause("engines-same-bits"),
     pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning"),  # torch's own
 ]
@@ -40,14 +41,6 @@ RINGS = [
     RingSchedule(1, 3, "blocks"),
     RingSchedule(-1, 1, "gloo"),
 ]
-
-
-@pytest.fixture(autouse=True)
-def _fresh_plans() -> Iterator[None]:
-    """Plans are cached per N: every test computes its own (and leaves none patched)."""
-    _fast.plan.cache_clear()
-    yield
-    _fast.plan.cache_clear()
 
 
 def values(

@@ -39,12 +39,6 @@ def test_arc_takes_its_start_mod_n(n: int) -> None:
             assert arc(start, length, n) == _spec_arc(start, length, n), (start, length, n)
 
 
-def _previous(phase: Phase, r: int, n: int) -> State[Provenance]:
-    if phase == ALL_GATHER and r == 0:
-        return invariants.expected_state(REDUCE_SCATTER, n - 2, n)
-    return invariants.expected_state(phase, r - 1, n)
-
-
 def _rows(state: State[Provenance]) -> list[list[Provenance]]:
     return [list(row) for row in state]
 
@@ -75,7 +69,7 @@ def test_check_round_refuses_a_ragged_or_short_state(n: int) -> None:
 @pytest.mark.parametrize("n", [2, 3, 6])
 def test_check_round_rejects_a_round_where_every_received_slot_is_wrong(n: int) -> None:
     for phase, r in all_rounds(n):
-        before = _previous(phase, r, n)
+        before = invariants.expected_state_before(phase, r, n)
         after = _rows(step(before, phase, r, fold))
         for i in range(n):
             c = invariants.changed_slot(phase, r, i, n)
@@ -87,7 +81,7 @@ def test_check_round_rejects_a_round_where_every_received_slot_is_wrong(n: int) 
 @pytest.mark.parametrize("n", [2, 3, 6])
 def test_check_round_rejects_a_round_that_was_not_run(n: int) -> None:
     for phase, r in all_rounds(n):
-        before = _previous(phase, r, n)
+        before = invariants.expected_state_before(phase, r, n)
         with pytest.raises(InvariantViolation, match=rf"after {phase} round {r}"):
             check_round(before, before, phase, r)
 
@@ -96,7 +90,7 @@ def test_check_round_rejects_a_round_that_was_not_run(n: int) -> None:
 def test_check_round_does_not_mix_up_the_phases(n: int) -> None:
     """A reduce-scatter round whose received slots hold the all-gather closed form is wrong."""
     for r in range(n - 1):
-        before = _previous(REDUCE_SCATTER, r, n)
+        before = invariants.expected_state_before(REDUCE_SCATTER, r, n)
         after = _rows(before)
         for i in range(n):
             c = invariants.changed_slot(REDUCE_SCATTER, r, i, n)
@@ -108,7 +102,7 @@ def test_check_round_does_not_mix_up_the_phases(n: int) -> None:
             check_round(before, state, REDUCE_SCATTER, r)
     for r in range(n - 1):
         # And an all-gather round whose received slots hold the reduce-scatter form.
-        before = _previous(ALL_GATHER, r, n)
+        before = invariants.expected_state_before(ALL_GATHER, r, n)
         after = _rows(before)
         for i in range(n):
             c = invariants.changed_slot(ALL_GATHER, r, i, n)
@@ -120,7 +114,7 @@ def test_check_round_does_not_mix_up_the_phases(n: int) -> None:
 @pytest.mark.parametrize("n", [2, 3, 5])
 def test_check_round_accepts_every_correct_round(n: int) -> None:
     for phase, r in all_rounds(n):
-        before = _previous(phase, r, n)
+        before = invariants.expected_state_before(phase, r, n)
         check_round(before, step(before, phase, r, fold), phase, r)
 
 
@@ -201,7 +195,7 @@ def test_check_refuses_a_reduce_scatter_round_past_the_last(n: int) -> None:
 def test_check_round_rejects_damage_to_any_slot_the_round_must_not_touch(n: int) -> None:
     """Every slot other than the one received must be as before; damaging any one of them is caught."""
     for phase, r in all_rounds(n):
-        before = _previous(phase, r, n)
+        before = invariants.expected_state_before(phase, r, n)
         good = step(before, phase, r, fold)
         for i in range(n):
             for c in range(n):

@@ -356,12 +356,6 @@ def test_encoded_concatenation_and_equality_are_the_tuples(n: int) -> None:
 # --- The encoding is the code: one round ----------------------------------------------------------------
 
 
-def _previous(phase: Phase, r: int, n: int, ring: RingSchedule) -> State[Provenance]:
-    if phase == ALL_GATHER and r == 0:
-        return invariants.expected_state(REDUCE_SCATTER, n - 2, n, schedule=ring)
-    return invariants.expected_state(phase, r - 1, n, schedule=ring)
-
-
 def _assert_round_encoded(
     model: prove.Model, phase: Phase, r: int, ring: RingSchedule, after: State[Provenance]
 ) -> None:
@@ -387,7 +381,7 @@ def _assert_round_encoded(
 def test_encoded_round_is_the_core_round(model: prove.Model) -> None:
     for n in range(2, ROUND_MAX_N + 1):
         for phase, r in schedule.all_rounds(n):
-            after = core.step(_previous(phase, r, n, SPEC), phase, r, fold)
+            after = core.step(invariants.expected_state_before(phase, r, n), phase, r, fold)
             _assert_round_encoded(model, phase, r, SPEC, after)
 
 
@@ -397,7 +391,13 @@ def test_encoded_round_is_the_core_round_of_every_ring(model: prove.Model) -> No
     for n in range(2, FAMILY_ROUND_MAX_N + 1):
         for ring in _rings(n):
             for phase, r in schedule.all_rounds(n):
-                after = core.step(_previous(phase, r, n, ring), phase, r, fold, schedule=ring)
+                after = core.step(
+                    invariants.expected_state_before(phase, r, n, schedule=ring),
+                    phase,
+                    r,
+                    fold,
+                    schedule=ring,
+                )
                 _assert_round_encoded(model, phase, r, ring, after)
 
 
@@ -493,7 +493,9 @@ def test_encoded_fault_is_the_concrete_faulty_round(name: str) -> None:
         for ring in _faulty_rings(n):
             for phase in (REDUCE_SCATTER, ALL_GATHER):
                 for r in range(int(model.rounds(n))):
-                    after = _faulty_round(name, _previous(phase, r, n, ring), phase, r, ring)
+                    after = _faulty_round(
+                        name, invariants.expected_state_before(phase, r, n, schedule=ring), phase, r, ring
+                    )
                     _assert_round_encoded(model, phase, r, ring, after)
 
 
@@ -522,7 +524,7 @@ def _replay(name: str, obligation: str, cex: prove.Counterexample) -> None:
         assert not invariants.is_complete(state[i][c], n), (name, cex)
         return
     phase: Phase = REDUCE_SCATTER if obligation.endswith(("/rs", "rs-step")) else ALL_GATHER
-    before = _previous(phase, r, n, ring)
+    before = invariants.expected_state_before(phase, r, n, schedule=ring)
     after = _faulty_round(name, before, phase, r, ring)
     # The code's own check rejects the state the faulty round leaves.
     with pytest.raises(InvariantViolation):
