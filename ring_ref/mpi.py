@@ -1,6 +1,6 @@
 """The spec's ring all-reduce over MPI point-to-point messages (``mpi4py``).
 
-:func:`ring_allreduce_` is a deterministic drop-in for
+:func:`ring_all_reduce_` is a deterministic drop-in for
 ``comm.Allreduce(MPI.IN_PLACE, array, op=MPI.SUM)`` when debugging numerics:
 every rank of ``comm`` calls it with its own ``(M, ...)`` ``numpy`` array, and
 every rank ends with the same bits, equal to
@@ -44,13 +44,14 @@ receive posted before the failure may still write into it).
 ``mpi4py``; it needs an MPI library such as OpenMPI).
 
     mpirun -n 4 python -c "from mpi4py import MPI; import numpy as np; \\
-        from ring_ref.mpi import ring_allreduce_; \\
-        print(ring_allreduce_(MPI.COMM_WORLD, np.full(8, MPI.COMM_WORLD.rank, np.float32)))"
+        from ring_ref.mpi import ring_all_reduce_; \\
+        print(ring_all_reduce_(MPI.COMM_WORLD, np.full(8, MPI.COMM_WORLD.rank, np.float32)))"
 """
 
 from __future__ import annotations
 
 import time
+import warnings
 from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
@@ -76,7 +77,7 @@ if TYPE_CHECKING:
 
     from mpi4py import MPI
 
-__all__ = ["OPENMPI_ALLREDUCE_ALGORITHMS", "openmpi_allreduce_mca", "ring_allreduce_"]
+__all__ = ["OPENMPI_ALLREDUCE_ALGORITHMS", "openmpi_allreduce_mca", "ring_all_reduce_", "ring_allreduce_"]
 
 OPENMPI_ALLREDUCE_ALGORITHMS: Final = {
     "basic_linear": 1,
@@ -125,12 +126,12 @@ def _verdict(descriptions: Sequence[Description]) -> Exception | None:
     >>> _verdict([_describe(np.zeros(6), 3)] * 3) is None
     True
     >>> print(_verdict([_describe(np.zeros(6), 3), _describe([0.0], 3)]))  # doctest: +ELLIPSIS
-    ring_allreduce_ rejected the input on every rank: rank 1: expects a numpy.ndarray ...; got list.
+    ring_all_reduce_ rejected the input on every rank: rank 1: expects a numpy.ndarray ...; got list.
     >>> print(_verdict([_describe(np.zeros(6), 3), _describe(np.zeros(3), 3)]))  # doctest: +ELLIPSIS
-    ring_allreduce_ rejected ...: the ranks passed different arrays (rank 0: shape (6,) float64, schedule ...
+    ring_all_reduce_ rejected ...: the ranks passed different arrays (rank 0: shape (6,) float64, schedule ...
     """
     return verdict(
-        descriptions, call="ring_allreduce_", things="arrays", same="shape and dtype, and the same schedule"
+        descriptions, call="ring_all_reduce_", things="arrays", same="shape and dtype, and the same schedule"
     )
 
 
@@ -177,14 +178,14 @@ class _Waiter:
                 if time.monotonic() >= deadline:
                     _ABANDONED.append(requests)
                     raise RuntimeError(
-                        f"ring_allreduce_: rank {self.rank} of {self.n}{where} timed out after "
+                        f"ring_all_reduce_: rank {self.rank} of {self.n}{where} timed out after "
                         f"{self.timeout:g} s; a peer probably raised, stopped or did not call "
-                        "ring_allreduce_. Abort the job (comm.Abort()) rather than reuse the communicator."
+                        "ring_all_reduce_. Abort the job (comm.Abort()) rather than reuse the communicator."
                     )
                 time.sleep(pause)
                 pause = min(2 * pause, _POLL_MAX_S)
         except MPI.Exception as exc:
-            raise RuntimeError(f"ring_allreduce_: rank {self.rank} of {self.n}{where} failed: {exc}") from exc
+            raise RuntimeError(f"ring_all_reduce_: rank {self.rank} of {self.n}{where} failed: {exc}") from exc
 
 
 def _check_everywhere(comm: MPI.Comm, array: object, n: int, waiter: _Waiter, name: object = "spec") -> None:
@@ -234,7 +235,7 @@ def _ring(
                 np.add(incoming, slot, out=slot)  # incoming + own, as rs-add states
 
 
-def ring_allreduce_(
+def ring_all_reduce_(
     comm: MPI.Comm,
     array: npt.NDArray[Any],
     *,
@@ -268,6 +269,24 @@ def ring_allreduce_(
     if work is not array:
         array[...] = work
     return array
+
+
+def ring_allreduce_(
+    comm: MPI.Comm,
+    array: npt.NDArray[Any],
+    *,
+    timeout: float | None = None,
+    schedule: str | RingSchedule = "spec",
+) -> npt.NDArray[Any]:
+    """Deprecated: the old name of :func:`ring_all_reduce_` (the same function, named like
+    :func:`ring_ref.distributed.ring_all_reduce_`); warns with ``DeprecationWarning``."""
+    warnings.warn(
+        "ring_ref.mpi.ring_allreduce_ is renamed ring_ref.mpi.ring_all_reduce_ (the name "
+        "ring_ref.distributed uses); call ring_all_reduce_ instead.",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return ring_all_reduce_(comm, array, timeout=timeout, schedule=schedule)
 
 
 def openmpi_allreduce_mca(algorithm: int | str) -> dict[str, str]:

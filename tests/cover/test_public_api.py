@@ -70,3 +70,20 @@ def test_readme_layout_table_matches_the_tree() -> None:
         if path.name not in {"__main__.py"}
     } | {f"ring_ref/{path.name}/" for path in package.iterdir() if (path / "__init__.py").is_file()}
     assert named == on_disk, (sorted(on_disk - named), sorted(named - on_disk))
+
+
+def test_the_old_mpi_name_warns_and_forwards_every_argument(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The name before the rename, ``ring_ref.mpi.ring_allreduce_``, warns and calls ``ring_all_reduce_``."""
+    import ring_ref.mpi
+
+    calls: list[tuple[object, object, object, object]] = []
+
+    def recorder(comm: object, array: object, *, timeout: object, schedule: object) -> object:
+        calls.append((comm, array, timeout, schedule))
+        return array
+
+    monkeypatch.setattr(ring_ref.mpi, "ring_all_reduce_", recorder)
+    comm, array = object(), np.zeros(3)
+    with pytest.warns(DeprecationWarning, match=r"renamed ring_ref\.mpi\.ring_all_reduce_"):
+        got = ring_ref.mpi.ring_allreduce_(comm, array, timeout=2.5, schedule="gloo")  # type: ignore[arg-type]
+    assert got is array and calls == [(comm, array, 2.5, "gloo")]

@@ -86,9 +86,9 @@ def jobs() -> Iterator[Jobs]:
 
 
 @pytest.mark.clause("difftest-oracles", "fold-order")
-def test_ring_allreduce_underscore_passes_every_mode(jobs: Jobs) -> None:
+def test_ring_all_reduce_underscore_passes_every_mode(jobs: Jobs) -> None:
     for mode in MODES:
-        result = jobs.run("ring_ref.mpi:ring_allreduce_", mode, examples=4, seed=3)
+        result = jobs.run("ring_ref.mpi:ring_all_reduce_", mode, examples=4, seed=3)
         assert result.verdict == "pass", (mode, result.finding)
         assert result.examples >= 4
 
@@ -137,7 +137,7 @@ def test_send_send_deadlock_is_timed_out_with_every_ranks_stack(jobs: Jobs) -> N
 
 
 def test_cli_refuses_mca_without_mpi_bad_mca_and_bfloat16(capsys: pytest.CaptureFixture[str]) -> None:
-    base = ["difftest", "ring_ref.mpi:ring_allreduce_", "--examples", "1"]
+    base = ["difftest", "ring_ref.mpi:ring_all_reduce_", "--examples", "1"]
     assert main([*base, "--ranks", "gloo", "--mca", "btl=self"]) == 2
     assert "--mca options are passed to mpirun: they need --ranks mpi" in capsys.readouterr().err
     assert main([*base, "--ranks", "mpi", "--mca", "btl"]) == 2
@@ -145,7 +145,7 @@ def test_cli_refuses_mca_without_mpi_bad_mca_and_bfloat16(capsys: pytest.Capture
     assert main([*base, "--ranks", "mpi", "--dtypes", "bfloat16"]) == 2
     assert "numpy has no bfloat16" in capsys.readouterr().err
     with pytest.raises(ValueError, match="numpy has no bfloat16"):
-        difftest("ring_ref.mpi:ring_allreduce_", ranks="mpi", dtypes=[torch.bfloat16])
+        difftest("ring_ref.mpi:ring_all_reduce_", ranks="mpi", dtypes=[torch.bfloat16])
 
 
 @pytest.mark.soak

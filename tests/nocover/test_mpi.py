@@ -29,7 +29,7 @@ from ring_ref import ring_all_reduce
 from ring_ref._mpi_launch import MpiRing, RankFailed, mpirun_path
 from ring_ref.difftest._loading import TargetError
 from ring_ref.difftest._mpi import MpiTarget
-from ring_ref.mpi import _check_everywhere, _Waiter, openmpi_allreduce_mca, ring_allreduce_
+from ring_ref.mpi import _check_everywhere, _Waiter, openmpi_allreduce_mca, ring_all_reduce_
 from ring_ref.schedule import RingSchedule
 from ring_ref.targets import mpi_allreduce
 from tests import planted_mpi
@@ -122,7 +122,7 @@ def _layout(row: Array, layout: str) -> Array:
 
 
 def reduce_rows(comm: Any, cases: list[tuple[Array, str]]) -> list[Array | None]:
-    """On each rank: ring_allreduce_ of ``x[rank]`` among the first N ranks; identity and strides kept."""
+    """On each rank: ring_all_reduce_ of ``x[rank]`` among the first N ranks; identity and strides kept."""
     return reduce_rows_with(comm, [(x, layout, "spec") for x, layout in cases])
 
 
@@ -140,7 +140,7 @@ def reduce_rows_with(comm: Any, cases: list[tuple[Array, str, str | RingSchedule
             continue
         mine = _layout(x[comm.Get_rank()], layout)
         strides = mine.strides
-        assert ring_allreduce_(sub, mine, schedule=schedule) is mine
+        assert ring_all_reduce_(sub, mine, schedule=schedule) is mine
         assert mine.strides == strides
         results.append(mine)
     return results
@@ -206,7 +206,7 @@ def _assert_every_rank_has(per_rank: list[list[Array | None]], k: int, expected:
 
 
 @pytest.mark.clause("fold-order", "chunk-layout", "ag-complete", "supported-dtypes")
-def test_ring_allreduce_gives_the_simulations_bits_on_every_rank(jobs: Jobs, world4: MpiRing) -> None:
+def test_ring_all_reduce_gives_the_simulations_bits_on_every_rank(jobs: Jobs, world4: MpiRing) -> None:
     """Every dtype, N = 1 .. 4, contiguous and strided: the same bits as the simulation and the fold."""
     cases = _bit_cases()
     per_rank = jobs.run(world4, reduce_rows, cases)
@@ -248,7 +248,7 @@ SCHEDULES: tuple[str | RingSchedule, ...] = ("openmpi-ring", "gloo", RingSchedul
 
 
 @pytest.mark.clause("schedule-family")
-def test_ring_allreduce_runs_every_ring_of_the_family_with_the_simulations_bits(
+def test_ring_all_reduce_runs_every_ring_of_the_family_with_the_simulations_bits(
     jobs: Jobs, world4: MpiRing
 ) -> None:
     """``schedule=``: presets and a hand-made ring, every dtype, N = 1 .. 4, sizes not divisible by N."""
@@ -314,7 +314,7 @@ def test_openmpi_ring_algorithm_on_any_size_is_the_fold_of_its_element_blocks(
         preset = ring_all_reduce(x, schedule="openmpi-ring")
         assert same_bits(torch.from_numpy(preset), torch.from_numpy(expected))
         _assert_every_rank_has(per_rank, k, expected, f"MPI_Allreduce ring, {x.dtype} {x.shape}")
-        _assert_every_rank_has(ours, k, expected, f"ring_allreduce_ openmpi-ring, {x.dtype} {x.shape}")
+        _assert_every_rank_has(ours, k, expected, f"ring_all_reduce_ openmpi-ring, {x.dtype} {x.shape}")
     assert sum(not np.array_equal(x.sum(axis=0), openmpi_ring_fold(x)) for x in xs) > len(xs) // 2
 
 
@@ -385,7 +385,7 @@ def reject_everywhere(comm: Any, names: list[str]) -> list[tuple[str, str, bool]
         argument = _bad_argument(name, comm.Get_rank())
         before = np.array(argument, copy=True) if not isinstance(argument, list) else None
         try:
-            ring_allreduce_(sub, argument, schedule=_bad_schedule(name, comm.Get_rank()))  # type: ignore[arg-type]
+            ring_all_reduce_(sub, argument, schedule=_bad_schedule(name, comm.Get_rank()))  # type: ignore[arg-type]
         except (TypeError, ValueError) as exc:
             unchanged = before is None or np.array_equal(before, np.asarray(argument), equal_nan=True)
             out.append((type(exc).__name__, str(exc), unchanged))
@@ -404,7 +404,7 @@ def test_bad_input_raises_the_same_error_on_every_rank(jobs: Jobs, world4: MpiRi
         got = [per_rank[r][k] for r in (0, 1)]
         assert got[0] == got[1], f"{name}: the ranks raised different errors: {got}"
         assert got[0][0] == kind.__name__ and fragment in got[0][1], (name, got[0])
-        assert got[0][1].startswith("ring_allreduce_ rejected the input on every rank: "), got[0][1]
+        assert got[0][1].startswith("ring_all_reduce_ rejected the input on every rank: "), got[0][1]
         assert got[0][2], f"{name}: the argument was modified"
 
 
@@ -439,11 +439,11 @@ def test_an_untrusting_caller_accepts_only_plain_data(jobs: Jobs, world4: MpiRin
 
 
 def peer_never_calls(comm: Any, timeout_s: float) -> str:
-    """Rank 0 calls ring_allreduce_ with a timeout; rank 1 never does. Rank 0's error, or ``"returned"``."""
+    """Rank 0 calls ring_all_reduce_ with a timeout; rank 1 never does. Rank 0's error, or ``"returned"``."""
     if comm.Get_rank() == 1:
         return "did not call"
     try:
-        ring_allreduce_(comm, np.ones(4), timeout=timeout_s)
+        ring_all_reduce_(comm, np.ones(4), timeout=timeout_s)
     except RuntimeError as exc:
         return str(exc)
     return "returned"
@@ -456,7 +456,7 @@ def peer_stops_after_the_check(comm: Any, timeout_s: float) -> str:
         _check_everywhere(comm, x, 2, _Waiter(1, 2, None))
         return "stopped"
     try:
-        ring_allreduce_(comm, x, timeout=timeout_s)
+        ring_all_reduce_(comm, x, timeout=timeout_s)
     except RuntimeError as exc:
         return str(exc)
     return "returned"
@@ -487,7 +487,7 @@ def test_a_per_rank_target_is_called_on_every_rank_by_name(world4: MpiRing) -> N
     x = stacked(4, 2, (), np.float32, seed=9)
     expected = ring_all_reduce(x)
     for name, returned, right in [
-        ("ring_ref.mpi:ring_allreduce_", "argument", True),
+        ("ring_ref.mpi:ring_all_reduce_", "argument", True),
         ("ring_ref.targets:mpi_allreduce", "none", True),  # the job runs OpenMPI's ring algorithm
         ("tests.planted_mpi:plain_ring", "none", True),
         ("tests.planted_mpi:gather_adds", "none", False),
@@ -543,10 +543,10 @@ def test_a_rank_that_raises_while_its_peers_block_is_named_and_the_job_killed(
 
 
 def dies_mid_ring(comm: Any, _: None) -> str:
-    """Rank 1's process exits while rank 0 is inside ring_allreduce_ (no timeout given)."""
+    """Rank 1's process exits while rank 0 is inside ring_all_reduce_ (no timeout given)."""
     if comm.Get_rank() == 1:
         os._exit(3)
-    ring_allreduce_(comm, np.ones(4))
+    ring_all_reduce_(comm, np.ones(4))
     return "returned"
 
 
