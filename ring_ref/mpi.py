@@ -185,7 +185,9 @@ class _Waiter:
                 time.sleep(pause)
                 pause = min(2 * pause, _POLL_MAX_S)
         except MPI.Exception as exc:
-            raise RuntimeError(f"ring_all_reduce_: rank {self.rank} of {self.n}{where} failed: {exc}") from exc
+            raise RuntimeError(
+                f"ring_all_reduce_: rank {self.rank} of {self.n}{where} failed: {exc}"
+            ) from exc
 
 
 def _check_everywhere(comm: MPI.Comm, array: object, n: int, waiter: _Waiter, name: object = "spec") -> None:
