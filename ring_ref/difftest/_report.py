@@ -10,7 +10,7 @@ from typing import Any
 from ring_ref._dtypes import dtype_name
 from ring_ref.difftest._diagnosis import Finding
 from ring_ref.difftest._inputs import Case
-from ring_ref.difftest._vocabulary import CODES, Mode, Op
+from ring_ref.difftest._vocabulary import CODES, Collective, Mode, Op
 
 __all__ = ["ModeResult", "Report"]
 
@@ -80,6 +80,8 @@ class Report:
     output: str = ""
     op: Op | None = None
     """The op asked for (``--op``); ``None``: none given, the target summed without ``op=``."""
+    collective: Collective = "all-reduce"
+    """The collective the target was checked as."""
 
     @property
     def verdict(self) -> str:
@@ -137,6 +139,7 @@ class Report:
         """The JSON report (schema: ``spec/difftest_report.schema.json``)."""
         return {
             "target": self.target,
+            "collective": self.collective,
             "verdict": self.verdict,
             "seed": self.seed,
             "replay": self.replay,

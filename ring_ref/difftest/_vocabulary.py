@@ -12,12 +12,14 @@ from ring_ref._ops import OPS, REDUCE_OP_NAMES, Op
 
 __all__ = [
     "CODES",
+    "COLLECTIVES",
     "DEFAULT_TIMEOUT_S",
     "DTYPES",
     "MAX_RANKS",
     "MODES",
     "OPS",
     "RANKS",
+    "Collective",
     "Mode",
     "Op",
     "OpTarget",
@@ -25,6 +27,11 @@ __all__ = [
     "Target",
     "op_argument",
 ]
+
+Collective = Literal["all-reduce"]
+COLLECTIVES: Final[tuple[Collective, ...]] = ("all-reduce",)
+"""The collectives the tester checks.  A new one (reduce-scatter, all-gather) is a value here that
+the inputs, the oracles, the launchers and the report take as a parameter, not a copy of each."""
 
 Mode = Literal["exact", "order-free", "bound"]
 MODES: Final[tuple[Mode, ...]] = ("exact", "order-free", "bound")

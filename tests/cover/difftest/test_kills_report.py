@@ -237,6 +237,7 @@ def test_the_json_report_holds_every_field() -> None:
     )
     assert full.to_json() == {
         "target": "t",
+        "collective": "all-reduce",
         "verdict": "fail",
         "seed": 9,
         "replay": "ring-ref difftest t --seed 9",
