@@ -76,5 +76,5 @@ def load_target(spec: str) -> Target:
     if fn is None:
         raise TargetError(f"{where!r} has no attribute {name!r}")
     if not callable(fn):
-        raise TargetError(f"{spec!r} is a {type(fn).__name__}, not a function")
+        raise TargetError(f"{spec!r} is not a function but an object of type {type(fn).__name__}")
     return cast(Target, fn)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from ring_ref._dtypes import dtype_name
 from ring_ref.difftest._diagnosis import Finding
@@ -63,6 +63,10 @@ class ModeResult:
 
 def _json_float(v: float) -> float | str:
     return v if math.isfinite(v) else str(v)
+
+
+_GROUPS: Final = {"gloo": "a gloo process group", "mpi": "an MPI job"}
+"""What a per-rank target's ranks were, in words, by ``--ranks``."""
 
 
 @dataclass
@@ -162,7 +166,8 @@ class Report:
             )
         if self.ranks:
             lines.append(
-                f"  (per rank: the target ran on every rank of a {self.ranks} group of N processes, "
+                f"  (per rank: the target ran on every rank of {_GROUPS.get(self.ranks, self.ranks)} "
+                "of N processes, "
                 f"at most {self.timeout_s:g} s per call)"
             )
         elif self.isolated:

@@ -132,10 +132,10 @@ def test_a_missing_or_uncallable_attribute_is_named(tmp_path: Path, fresh_module
     assert str(missing.value) == f"{str(target)!r} has no attribute 'g'"
     with pytest.raises(TargetError) as number:
         load_target(f"{target}:answer")
-    assert str(number.value) == f"'{target}:answer' is a int, not a function"
+    assert str(number.value) == f"'{target}:answer' is not a function but an object of type int"
     with pytest.raises(TargetError) as in_module:
         load_target("ring_ref:__all__")
-    assert str(in_module.value) == "'ring_ref:__all__' is a list, not a function"
+    assert str(in_module.value) == "'ring_ref:__all__' is not a function but an object of type list"
 
 
 def _without_cwd(path: list[str], cwd: Path) -> list[str]:

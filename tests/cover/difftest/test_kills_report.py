@@ -274,7 +274,8 @@ def test_the_text_report_of_a_failing_per_rank_target() -> None:
     assert full.render().splitlines() == [
         "FAIL: t (op prod): double-counted.",
         "  (op prod: the target was called with op= too, and checked with prod's oracles)",
-        "  (per rank: the target ran on every rank of a gloo group of N processes, at most 2.5 s per call)",
+        "  (per rank: the target ran on every rank of a gloo process group of N processes, "
+        "at most 2.5 s per call)",
         "  exact: FAIL (4 inputs tried, 2 overflowing element(s) accepted, "
         "1 element(s) that could underflow accepted)",
         "    diagnosis: double-counted",
@@ -290,6 +291,14 @@ def test_the_text_report_of_a_failing_per_rank_target() -> None:
         "The target wrote 12 byte(s) to stdout/stderr in all (text in --json).",
         "Replay: ring-ref difftest t --seed 9",
     ]
+
+
+def test_the_text_report_names_an_mpi_job_in_plain_words() -> None:
+    mpi = report({"bound": passed()}, ranks="mpi", timeout_s=3.0)
+    assert (
+        "  (per rank: the target ran on every rank of an MPI job of N processes, at most 3 s per call)"
+        in (mpi.render().splitlines())
+    )
 
 
 def test_the_text_report_of_isolated_and_in_process_targets() -> None:

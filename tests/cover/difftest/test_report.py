@@ -83,7 +83,7 @@ def test_cli_exit_status_pass_and_fail(capsys: pytest.CaptureFixture[str]) -> No
         (None, "no_such_module_xyz:f", "importing 'no_such_module_xyz' failed: ModuleNotFoundError"),
         (None, "missing.py:f", "does not exist"),
         ("def f(x):\n    return x\n", "{path}:g", "has no attribute 'g'"),
-        ("f = 3\n", "{path}:f", "is a int, not a function"),
+        ("f = 3\n", "{path}:f", "is not a function but an object of type int"),
         ("import not_a_real_package_xyz\n", "{path}:f", "ModuleNotFoundError"),
         ("def f(:\n", "{path}:f", "SyntaxError"),
         ("import sys\nsys.exit(3)\n", "{path}:f", "SystemExit: 3"),
