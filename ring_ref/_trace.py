@@ -195,6 +195,11 @@ def check_trace_size(n: int, m: int, fmt: str, schedule: RingSchedule = SPEC) ->
 
     ``M`` must be a multiple of ``N`` only for the ``even`` layout (clause ``schedule-layouts``).
     """
+    if n < 1 or m < 1:
+        flag, value = ("-n", n) if n < 1 else ("-m", m)
+        raise ValueError(
+            f"{flag} {value}: a trace needs at least one worker and one row; give {flag} 1 or more."
+        )
     check_ring_size(n, m, divisible=schedule.layout == "even")
     limit = MAX_WORKERS[fmt]
     if n > limit:

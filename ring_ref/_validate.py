@@ -96,7 +96,8 @@ def _rows_problem(n: int, m: int, shape: Sequence[int], *, divisible: bool) -> B
         return BadInput(
             ValueError,
             f"M = {m} is not divisible by N = {n}, so the {n} chunks cannot be equal. "
-            f"Pad M to a multiple of {n} (e.g. {m + (-m) % n}).",
+            f"Pad M to a multiple of {n} (e.g. {m + (-m) % n}), or use a ring whose layout takes any M: "
+            "schedule='openmpi-ring' or schedule='gloo'.",
         )
     return None
 
@@ -279,8 +280,8 @@ def rank_tensor_problem(
 
     >>> rank_tensor_problem(torch.zeros(6), 3, "gloo") is None
     True
-    >>> rank_tensor_problem(torch.zeros(5), 2, "gloo").message
-    'M = 5 is not divisible by N = 2, so the 2 chunks cannot be equal. Pad M to a multiple of 2 (e.g. 6).'
+    >>> print(rank_tensor_problem(torch.zeros(5), 2, "gloo").message)  # doctest: +ELLIPSIS
+    M = 5 is not divisible by N = 2, ... Pad M to a multiple of 2 (e.g. 6), or use a ring whose layout ...
     >>> rank_tensor_problem(torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]), 2, "gloo").kind
     <class 'TypeError'>
     """
@@ -344,8 +345,8 @@ def rank_array_problem(
 
     >>> rank_array_problem(np.zeros(6), 3) is None
     True
-    >>> rank_array_problem(np.zeros(5), 2).message
-    'M = 5 is not divisible by N = 2, so the 2 chunks cannot be equal. Pad M to a multiple of 2 (e.g. 6).'
+    >>> print(rank_array_problem(np.zeros(5), 2).message)  # doctest: +ELLIPSIS
+    M = 5 is not divisible by N = 2, ... Pad M to a multiple of 2 (e.g. 6), or use a ring whose layout ...
     """
     if not isinstance(array, np.ndarray):
         return BadInput(TypeError, f"expects a numpy.ndarray of shape (M, ...); got {type(array).__name__}.")

@@ -69,7 +69,8 @@ def test_a_masked_array_is_refused_as_a_subclass(engine: Engine) -> None:
         (
             (3, 4),
             "M = 4 is not divisible by N = 3, so the 3 chunks cannot be equal. Pad M to a multiple "
-            "of 3 (e.g. 6).",
+            "of 3 (e.g. 6), or use a ring whose layout takes any M: schedule='openmpi-ring' or "
+            "schedule='gloo'.",
         ),
     ],
 )

@@ -114,7 +114,14 @@ def test_cli_trace_formats(capsys: pytest.CaptureFixture[str]) -> None:
     assert out.startswith("<svg")
 
 
-@pytest.mark.parametrize(("argv", "message"), [(["-n", "3", "-m", "4"], "M = 4"), (["-n", "0"], "N = 0")])
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["-n", "3", "-m", "4"], "M = 4"),
+        (["-n", "0"], "-n 0: a trace needs at least one worker and one row; give -n 1 or more."),
+        (["-n", "2", "-m", "-1"], "-m -1: a trace needs at least one worker and one row; give -m 1 or more."),
+    ],
+)
 def test_cli_trace_rejects_bad_sizes(
     capsys: pytest.CaptureFixture[str], argv: list[str], message: str
 ) -> None:
@@ -122,6 +129,7 @@ def test_cli_trace_rejects_bad_sizes(
     assert status == 2
     assert out == ""
     assert message in err
+    assert "shape" not in err, "the trace's sizes are its options, not a tensor's shape"
 
 
 def test_schema_rejects_unknown_fields() -> None:
