@@ -17,8 +17,9 @@ ValueError: M = 5 is not divisible by N = 2, so the 2 chunks cannot be equal. Pa
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+import math
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Final, NamedTuple, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -28,6 +29,7 @@ from ring_ref._dtypes import NUMPY_DTYPES, TORCH_DTYPES
 from ring_ref.schedule import LAYOUTS, PRESETS, SPEC, RingSchedule
 
 __all__ = [
+    "SCAN_ELEMENTS",
     "BadInput",
     "check_numpy",
     "check_numpy_structure",
@@ -39,6 +41,7 @@ __all__ = [
     "plain_array",
     "rank_array_problem",
     "rank_tensor_problem",
+    "scan_blocks",
     "schedule_of",
     "torch_finite",
 ]
@@ -162,17 +165,49 @@ def check_torch_structure(x: object, *, divisible: bool = True) -> tuple[int, in
     return int(x.shape[0]), int(x.shape[1])
 
 
+SCAN_ELEMENTS: Final = 1 << 20
+"""The most elements a finiteness scan reads in one step (:func:`torch_finite`, :func:`numpy_finite`)."""
+
+_S = TypeVar("_S", torch.Tensor, npt.NDArray[Any])
+
+
+def scan_blocks(x: _S, limit: int = SCAN_ELEMENTS) -> Iterator[_S]:
+    """Views that cover ``x``, each of at most ``limit`` elements unless a single element is more:
+    runs of whole leading slices, or, where one slice is larger, the blocks of each slice.  So a
+    scan's temporaries stay small, and a long one-dimensional tensor takes a few steps, not one per
+    element.
+
+    >>> [tuple(b.shape) for b in scan_blocks(np.zeros((5, 3)), limit=6)]
+    [(2, 3), (2, 3), (1, 3)]
+    >>> [tuple(b.shape) for b in scan_blocks(np.zeros(5), limit=2)]
+    [(2,), (2,), (1,)]
+    """
+    if x.ndim == 0 or math.prod(x.shape) <= limit:
+        yield x
+        return
+    row = math.prod(x.shape[1:])
+    if row <= limit:
+        step = limit // max(row, 1)
+        for start in range(0, x.shape[0], step):
+            yield x[start : start + step]
+        return
+    for i in range(x.shape[0]):
+        yield from scan_blocks(x[i], limit)
+
+
 def torch_finite(x: torch.Tensor) -> None:
     """Raise the table's error naming the count and first index of NaN/infinity in ``x``, if any.
 
-    Scans one leading slice at a time, so the temporaries are a fraction of
-    the input; the whole-input mask is built only to word the error.
+    Scans :func:`scan_blocks` one after another, so the temporaries are a fraction
+    of the input; the whole-input mask is built only to word the error.
     """
     x = x.detach()
-    if x.dim() == 0 or not all(bool(torch.isfinite(x[i]).all()) for i in range(x.shape[0])):
-        bad = (~torch.isfinite(x)).nonzero()
-        if bad.shape[0]:
-            raise _non_finite(int(bad.shape[0]), [int(v) for v in bad[0]]).error()
+    if x.dim() == 0 or not all(bool(torch.isfinite(block).all()) for block in scan_blocks(x)):
+        bad = ~torch.isfinite(x).reshape(-1)
+        count = int(bad.sum())
+        if count:
+            first = int(bad.to(torch.uint8).argmax())  # the first of equal maxima
+            raise _non_finite(count, [int(v) for v in np.unravel_index(first, tuple(x.shape))]).error()
 
 
 def check_torch(x: object, *, divisible: bool = True) -> tuple[int, int]:
@@ -219,9 +254,10 @@ def _numpy_metadata_problem(x: npt.NDArray[Any]) -> BadInput | None:
 
 def numpy_finite(x: npt.NDArray[Any]) -> None:
     """Raise the table's error naming the count and first index of NaN/infinity in ``x``, if any."""
-    if not all(np.isfinite(x[i]).all() for i in range(x.shape[0])):
-        bad = np.argwhere(~np.isfinite(x))
-        raise _non_finite(len(bad), [int(v) for v in bad[0]]).error()
+    if not all(np.isfinite(block).all() for block in scan_blocks(x)):
+        bad = ~np.isfinite(x).reshape(-1)
+        first = int(bad.argmax())  # the first True
+        raise _non_finite(int(bad.sum()), [int(v) for v in np.unravel_index(first, x.shape)]).error()
 
 
 def check_numpy(x: object, *, divisible: bool = True) -> tuple[int, int]:

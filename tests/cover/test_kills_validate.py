@@ -28,6 +28,7 @@ from ring_ref._validate import (
     check_torch_structure,
     rank_array_problem,
     rank_tensor_problem,
+    scan_blocks,
     torch_finite,
 )
 from ring_ref.schedule import RingSchedule
@@ -117,6 +118,82 @@ def test_a_0d_tensor_is_scanned_too() -> None:
         "inputs must be finite: 1 element(s) are NaN or infinite, the first at index (). "
         "Clean or mask them before the all-reduce."
     )
+
+
+LONG = 3 * (1 << 20) + 5
+"""Elements of a long one-dimensional buffer: a rank's flat gradient bucket, say."""
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.ones(LONG),
+        lambda: torch.ones(2 * LONG)[::2],  # strided
+        lambda: torch.ones(3, LONG // 3 + 1).t(),  # transposed: many short leading slices
+    ],
+    ids=["flat", "strided", "transposed"],
+)
+def test_a_long_tensor_is_scanned_in_a_few_blocks_not_element_by_element(
+    make: Callable[[], torch.Tensor], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A NaN at the very end of a long rank tensor is found and named, and the scan asks
+    ``torch.isfinite`` a bounded number of times (one call per element took 30 s for a million
+    elements, past a peer's timeout in the distributed ring's refusal)."""
+    x = make()
+    flat_index = x.numel() - 1
+    where = np.unravel_index(flat_index, tuple(x.shape))
+    x[tuple(int(i) for i in where)] = float("nan")
+    calls = 0
+    isfinite = torch.isfinite
+
+    def counted(t: torch.Tensor) -> torch.Tensor:
+        nonlocal calls
+        calls += 1
+        assert calls <= 64, "the scan asks torch.isfinite once per small slice"
+        return isfinite(t)
+
+    monkeypatch.setattr(torch, "isfinite", counted)
+    problem = rank_tensor_problem(x, 1, "gloo")
+    assert problem is not None and problem.message == (
+        f"inputs must be finite: 1 element(s) are NaN or infinite, the first at index "
+        f"{tuple(int(i) for i in where)}. Clean or mask them before the all-reduce."
+    )
+
+
+def test_a_long_array_is_scanned_in_a_few_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    x = np.ones(LONG)
+    x[-1] = np.inf
+    calls = 0
+    isfinite = np.isfinite
+
+    def counted(a: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        assert calls <= 64, "the scan asks numpy.isfinite once per small slice"
+        return isfinite(a)
+
+    monkeypatch.setattr(np, "isfinite", counted)
+    problem = rank_array_problem(x, 1)
+    assert problem is not None and f"the first at index ({LONG - 1},)" in problem.message
+
+
+@pytest.mark.parametrize(
+    ("shape", "limit", "expected"),
+    [
+        ((7,), 3, [(3,), (3,), (1,)]),
+        ((2, 5), 4, [(4,), (1,), (4,), (1,)]),  # one slice larger than the limit: its blocks
+        ((4, 2), 5, [(2, 2), (2, 2)]),
+        ((3, 0), 1, [(3, 0)]),  # nothing to scan: one empty block
+        ((), 1, [()]),
+    ],
+)
+def test_scan_blocks_cover_the_input_in_order_within_the_limit(
+    shape: tuple[int, ...], limit: int, expected: list[tuple[int, ...]]
+) -> None:
+    x = np.arange(int(np.prod(shape))).reshape(shape)
+    blocks = list(scan_blocks(x, limit))
+    assert [b.shape for b in blocks] == expected
+    assert np.concatenate([b.reshape(-1) for b in blocks]).tolist() == list(range(x.size))
 
 
 # --- one rank's buffer: the overlap rule -------------------------------------------------------
