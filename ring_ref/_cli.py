@@ -13,14 +13,14 @@ from pathlib import Path
 
 import torch
 
-from ring_ref import _op_vectors, _orders, _preset_vectors, _reveal, _svg, _vectors
+from ring_ref import _op_vectors, _preset_vectors, _reveal, _svg, _vectors
 from ring_ref._dispatch import ring_all_reduce
 from ring_ref._ops import OPS
 from ring_ref._trace import check_trace_size, render_table, trace, trace_json
 from ring_ref._validate import schedule_of
 from ring_ref._version import __version__
 from ring_ref.core import initial_state, run_ring
-from ring_ref.difftest import DTYPES, MODES, TargetError, difftest, load_target
+from ring_ref.difftest import DTYPES, MODES, TargetError, _orders, difftest, load_target
 from ring_ref.difftest._search import option_problem
 from ring_ref.difftest._vocabulary import DEFAULT_TIMEOUT_S, MAX_RANKS, RANKS
 from ring_ref.invariants import Provenance, State
@@ -66,7 +66,7 @@ def _trace_command(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps(trace_json(records, m, ring), indent=1))
     elif args.format == "svg":
-        print(_svg.render_svg(records), end="")
+        print(_svg.rounds_svg(records), end="")
     else:
         if ring != SPEC:
             print(f"ring: {ring.normalized(args.n).describe()} (spec section 10)\n")
@@ -277,7 +277,7 @@ def _reveal_command(args: argparse.Namespace) -> int:
         try:
             if args.checks < 0:
                 raise _reveal.RevealError(f"--checks must be 0 or more; got {args.checks}")
-            _reveal.check_size(args.n, args.m, args.dtype)
+            _reveal.check_reveal_size(args.n, args.m, args.dtype)
             launcher = _orders.rank_launcher(args.ranks, args.target, args.timeout) if args.ranks else None
             fn = load_target(args.target) if launcher is None else _orders.per_rank_target(launcher)
             try:
@@ -290,7 +290,7 @@ def _reveal_command(args: argparse.Namespace) -> int:
                 if launcher is not None:
                     launcher.close()
             if args.svg:
-                Path(args.svg).write_text(_reveal.render_svg(found), encoding="utf-8")
+                Path(args.svg).write_text(_svg.reveal_svg(found), encoding="utf-8")
         except (TargetError, _reveal.RevealError, OSError) as exc:
             print(f"ring-ref reveal: error: {exc}", file=sys.stderr)
             return 2

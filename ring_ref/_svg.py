@@ -1,43 +1,65 @@
-"""An SVG picture of the reference ring: one panel per round.
+"""The SVG pictures, in one palette: the reference ring round by round, and revealed summation trees.
 
-Each panel draws the ``N`` workers on a circle (worker 0 at the top, then
-clockwise), each as a row of ``N`` chunk slots.  A slot's fill shows how many
-workers' contributions it holds (pale: only its own, dark: all ``N``); a
-finished chunk also gets a thick outline and a tick.  Arrows are the round's
-sends, labelled with the chunk and ``+`` (reduce-scatter adds) or ``=``
-(all-gather copies); for another op (clause ``op-trace``) the reduce-scatter
-arrows carry its sign instead: ``\u00d7`` (``prod``), ``\u2191`` (``max``: the
-larger is kept) or ``\u2193`` (``min``).  The first panel is the start state;
-the remaining reduce-scatter panels fill the top row and the all-gather panels
-the bottom one; ``avg``'s ``divide`` step is one more panel at the end of the
-bottom row, every slot marked ``\u00f7N``.
+:func:`rounds_svg` draws a trace, one panel per round.  Each panel draws the
+``N`` workers on a circle (worker 0 at the top, then clockwise), each as a row
+of ``N`` chunk slots.  A slot's fill shows how many workers' contributions it
+holds (pale: only its own, dark: all ``N``); a finished chunk also gets a thick
+outline and a tick.  Arrows are the round's sends, labelled with the chunk and
+``+`` (reduce-scatter adds) or ``=`` (all-gather copies); for another op
+(clause ``op-trace``) the reduce-scatter arrows carry its sign instead:
+``\u00d7`` (``prod``), ``\u2191`` (``max``: the larger is kept) or ``\u2193``
+(``min``).  The first panel is the start state; the remaining reduce-scatter
+panels fill the top row and the all-gather panels the bottom one; ``avg``'s
+``divide`` step is one more panel at the end of the bottom row, every slot
+marked ``\u00f7N``.
 
 Every panel is a ``<g class="panel">`` with ``data-phase`` and ``data-round``;
 every slot a ``<rect class="slot">`` with ``data-worker``, ``data-chunk`` and
 ``data-count``; every send a ``<path class="send">``.
 
+:func:`reveal_svg` draws what ``ring-ref reveal`` found, one panel per
+distinct tree: leaves are workers, every inner node one addition in the
+dtype, filled like a slot holding as many contributions as the workers it adds.
+
 >>> from ring_ref._trace import trace
->>> svg = render_svg(trace(2))
+>>> svg = rounds_svg(trace(2))
 >>> svg.startswith("<svg") and svg.count('class="panel"')
 3
->>> render_svg(trace(2, op="avg")).count('data-phase="divide"')
+>>> rounds_svg(trace(2, op="avg")).count('data-phase="divide"')
 1
 """
 
 from __future__ import annotations
 
+import json
 import math
 import xml.etree.ElementTree as ET
 
+from ring_ref._reveal import Revealed, Tree, tree_to_json
 from ring_ref._trace import DIVIDE, RoundRecord, operation
 from ring_ref.invariants import is_complete
 from ring_ref.schedule import REDUCE_SCATTER
+
+__all__ = ["reveal_svg", "rounds_svg", "slot_colour"]
 
 SVG_NS = "http://www.w3.org/2000/svg"
 SLOT = 16
 PAD = 14
 TITLE_H = 22
+
+# The palette, one for both pictures.
 _RAMP = ((255, 255, 204), (161, 218, 180), (65, 182, 196), (44, 127, 184), (37, 52, 148))
+"""Contributions held (a slot's, or an addition's workers): pale for one, dark for all ``N``."""
+_INK = "#555555"
+"""Outlines: slots, tree edges and nodes."""
+_SEND = "#b2182b"
+"""Sends and their labels."""
+_FINISHED = "#d95f02"
+"""A finished chunk's outline."""
+_PANEL = "#ffffff"
+_PANEL_EDGE = "#bbbbbb"
+_BACKGROUND = "#f7f7f7"
+_RING = "#dddddd"
 _SIGN = {"sum": "+", "avg": "+", "prod": "\u00d7", "max": "\u2191", "min": "\u2193"}
 _MEANING = {
     "sum": "adds",
@@ -106,8 +128,8 @@ def _panel(parent: ET.Element, rec: RoundRecord, x0: float, y0: float, size: flo
         width=_fmt(size),
         height=_fmt(size + TITLE_H),
         rx="6",
-        fill="#ffffff",
-        stroke="#bbbbbb",
+        fill=_PANEL,
+        stroke=_PANEL_EDGE,
     )
     if rec.phase == "start":
         title = "start"
@@ -172,17 +194,22 @@ def _panel(parent: ET.Element, rec: RoundRecord, x0: float, y0: float, size: flo
             )
 
 
-_STYLE = """
+_TEXT_STYLE = """
 text { font-family: sans-serif; text-anchor: middle; }
 .title { font-size: 13px; font-weight: bold; }
 .worker { font-size: 11px; font-weight: bold; }
-.count { font-size: 9px; }
-.label { font-size: 10px; fill: #b2182b; }
-.ring { fill: none; stroke: #dddddd; stroke-dasharray: 4 4; }
-.send { fill: none; stroke: #b2182b; stroke-width: 1.6; }
-.slot { stroke: #555555; stroke-width: 0.8; }
-.finished { stroke: #d95f02; stroke-width: 2.6; }
-.legend { font-size: 10px; text-anchor: start; }
+"""
+_ROUNDS_STYLE = f"""{_TEXT_STYLE}.count {{ font-size: 9px; }}
+.label {{ font-size: 10px; fill: {_SEND}; }}
+.ring {{ fill: none; stroke: {_RING}; stroke-dasharray: 4 4; }}
+.send {{ fill: none; stroke: {_SEND}; stroke-width: 1.6; }}
+.slot {{ stroke: {_INK}; stroke-width: 0.8; }}
+.finished {{ stroke: {_FINISHED}; stroke-width: 2.6; }}
+.legend {{ font-size: 10px; text-anchor: start; }}
+"""
+_TREES_STYLE = f"""{_TEXT_STYLE}.heading {{ text-anchor: start; }}
+.edge {{ stroke: {_INK}; stroke-width: 1.5; }}
+.leaf, .addition {{ stroke: {_INK}; stroke-width: 0.8; }}
 """
 
 
@@ -210,7 +237,7 @@ def _legend(parent: ET.Element, n: int, op: str, x0: float, y0: float) -> None:
             width=str(SLOT),
             height=str(SLOT),
             fill=slot_colour(count, n),
-            stroke="#555555",
+            stroke=_INK,
         )
         _add(
             legend,
@@ -223,7 +250,32 @@ def _legend(parent: ET.Element, n: int, op: str, x0: float, y0: float) -> None:
         )
 
 
-def render_svg(records: tuple[RoundRecord, ...]) -> str:
+def _document(width: float, height: float, title: str, style: str) -> tuple[ET.Element, ET.Element]:
+    """An ``<svg>`` of ``width`` by ``height`` with its title, style and background; and its ``<defs>``."""
+    root = ET.Element(
+        "svg",
+        {
+            "xmlns": SVG_NS,
+            "width": _fmt(width),
+            "height": _fmt(height),
+            "viewBox": f"0 0 {_fmt(width)} {_fmt(height)}",
+        },
+    )
+    _add(root, "title", title)
+    defs = _add(root, "defs")
+    _add(defs, "style", style)
+    _add(root, "rect", width="100%", height="100%", fill=_BACKGROUND)
+    return root, defs
+
+
+def _text(root: ET.Element) -> str:
+    """The document as ASCII text: non-ASCII characters as character references."""
+    ET.indent(root, space=" ")
+    text = ET.tostring(root, encoding="unicode")
+    return text.encode("ascii", "xmlcharrefreplace").decode("ascii") + "\n"
+
+
+def rounds_svg(records: tuple[RoundRecord, ...]) -> str:
     """The SVG document (ASCII, non-ASCII text as character references) for a trace.
 
     The start panel comes first, then one panel per round (and for ``avg`` the ``divide`` step).
@@ -235,19 +287,13 @@ def render_svg(records: tuple[RoundRecord, ...]) -> str:
     rows = 2 if n > 1 else 1
     width = columns * (size + PAD) + PAD
     height = rows * (size + TITLE_H + PAD) + PAD
-    root = ET.Element(
-        "svg",
-        {
-            "xmlns": SVG_NS,
-            "width": _fmt(width),
-            "height": _fmt(height),
-            "viewBox": f"0 0 {_fmt(width)} {_fmt(height)}",
-        },
-    )
     about = "" if op == "sum" else f", op {op}"
-    _add(root, "title", f"Ring all-reduce, N = {n}{about}: every round of reduce-scatter and all-gather")
-    defs = _add(root, "defs")
-    _add(defs, "style", _STYLE)
+    root, defs = _document(
+        width,
+        height,
+        f"Ring all-reduce, N = {n}{about}: every round of reduce-scatter and all-gather",
+        _ROUNDS_STYLE,
+    )
     marker = _add(
         defs,
         "marker",
@@ -259,8 +305,7 @@ def render_svg(records: tuple[RoundRecord, ...]) -> str:
         markerHeight="5",
         orient="auto-start-reverse",
     )
-    _add(marker, "path", d="M 0 0 L 10 5 L 0 10 z", fill="#b2182b")
-    _add(root, "rect", width="100%", height="100%", fill="#f7f7f7")
+    _add(marker, "path", d="M 0 0 L 10 5 L 0 10 z", fill=_SEND)
     for rec in records:
         if rec.phase == "start":
             column, row = 0, 0
@@ -271,6 +316,108 @@ def render_svg(records: tuple[RoundRecord, ...]) -> str:
         _panel(root, rec, PAD + column * (size + PAD), PAD + row * (size + TITLE_H + PAD), size)
     if n > 1:
         _legend(root, n, op, PAD + 8, PAD + size + TITLE_H + PAD + 24)
-    ET.indent(root, space=" ")
-    text = ET.tostring(root, encoding="unicode")
-    return text.encode("ascii", "xmlcharrefreplace").decode("ascii") + "\n"  # pure ASCII output
+    return _text(root)
+
+
+# --- the revealed trees -----------------------------------------------------------------------------
+
+_LEAF_GAP = 30
+_LEVEL = 26
+_LEAF_R = 9
+_ADDITION_R = 5
+
+_Node = tuple[float, int, int, int | None]
+"""A drawn node: ``x``, its height (additions below it), the workers it adds, and its worker if a leaf."""
+
+
+def _place(tree: Tree, x: float, nodes: list[_Node], edges: list[tuple[_Node, _Node]]) -> tuple[_Node, float]:
+    """Place ``tree``'s nodes and edges, its leftmost leaf at ``x``; its root, and the ``x`` after it."""
+    if isinstance(tree, int):
+        leaf = (x, 0, 1, tree)
+        nodes.append(leaf)
+        return leaf, x + _LEAF_GAP
+    left, x = _place(tree[0], x, nodes, edges)
+    right, x = _place(tree[1], x, nodes, edges)
+    node = ((left[0] + right[0]) / 2, 1 + max(left[1], right[1]), left[2] + right[2], None)
+    nodes.append(node)
+    edges += [(node, left), (node, right)]
+    return node, x
+
+
+def _heading(found: Revealed, tree: Tree) -> str:
+    """``elements 0..1, 4: fold 2,3,1,0``: the elements that have ``tree`` (the first six runs), and it."""
+    mine = [(a, b) for a, b, t in found.runs() if t == tree]
+    spans = [f"{a}..{b}" if a != b else f"{a}" for a, b in mine]
+    heading = "elements " + ", ".join(spans[:6]) + (", ..." if len(spans) > 6 else "")
+    return heading + ": " + found.describe(tree, mine[0][0])
+
+
+def _tree_panel(
+    parent: ET.Element, found: Revealed, tree: Tree, y0: float
+) -> tuple[ET.Element, float, float]:
+    """One tree's panel from ``y0``: its background ``<rect>`` (width set by the caller), width, height."""
+    panel = _add(parent, "g", class_="tree", data_tree=json.dumps(tree_to_json(tree)))
+    box = _add(
+        panel, "rect", x=_fmt(PAD), y=_fmt(y0), width="0", height="0", rx="6", fill=_PANEL, stroke=_PANEL_EDGE
+    )
+    heading = _heading(found, tree)
+    _add(panel, "text", heading, x=_fmt(2 * PAD), y=_fmt(y0 + 16), class_="title heading")
+    nodes: list[_Node] = []
+    edges: list[tuple[_Node, _Node]] = []
+    root, right = _place(tree, 2 * PAD + 20, nodes, edges)
+    base = y0 + TITLE_H + PAD + root[1] * _LEVEL
+    for (x1, h1, _, _), (x2, h2, _, _) in edges:
+        _add(
+            panel,
+            "line",
+            x1=_fmt(x1),
+            y1=_fmt(base - h1 * _LEVEL),
+            x2=_fmt(x2),
+            y2=_fmt(base - h2 * _LEVEL),
+            class_="edge",
+        )
+    for x, h, count, worker in nodes:
+        fill = slot_colour(count, found.n)
+        if worker is None:
+            y = _fmt(base - h * _LEVEL)
+            _add(panel, "circle", cx=_fmt(x), cy=y, r=str(_ADDITION_R), fill=fill, class_="addition")
+            continue
+        _add(panel, "circle", cx=_fmt(x), cy=_fmt(base), r=str(_LEAF_R), fill=fill, class_="leaf")
+        _add(panel, "text", str(worker), x=_fmt(x), y=_fmt(base + 4), class_="worker")
+    height = base + _LEAF_R + PAD - y0
+    box.set("height", _fmt(height))
+    return box, max(right, 8 * len(heading) + 2 * PAD), height
+
+
+def reveal_svg(found: Revealed) -> str:
+    """An SVG of the distinct trees, one panel each, titled with the elements that have it.
+
+    Leaves are workers (bottom row); every inner node is one addition in the
+    dtype, drawn above its two operands and filled as :func:`slot_colour`
+    fills a slot holding as many contributions as the workers it adds.  Each
+    panel is a ``<g class="tree">`` with ``data-tree`` (the ``--json`` spelling).
+
+    >>> from ring_ref._reveal import reveal
+    >>> svg = reveal_svg(reveal(lambda x: (x[0] + x[1]) + x[2], 3, 2, checks=1))
+    >>> svg.startswith("<svg") and svg.count('class="tree"')
+    1
+    """
+    panels = ET.Element("g")
+    boxes: list[ET.Element] = []
+    y, width = float(PAD), 2.0 * PAD + 200
+    for tree in found.distinct():
+        box, panel_width, height = _tree_panel(panels, found, tree, y)
+        boxes.append(box)
+        width = max(width, panel_width + 2 * PAD)
+        y += height + PAD
+    if not boxes:
+        _add(panels, "text", "no element has a tree", x=_fmt(2 * PAD), y=_fmt(y + 16), class_="title heading")
+        y += TITLE_H + PAD
+    for box in boxes:
+        box.set("width", _fmt(width - 2 * PAD))
+    title = (
+        f"ring-ref reveal {found.target} (N = {found.n}, M = {found.m}, {found.dtype}): the summation trees"
+    )
+    root, _ = _document(width, y, title, _TREES_STYLE)
+    root.extend(panels)
+    return _text(root)

@@ -699,7 +699,7 @@ def _revealed_order(fn: Launcher, case: Case, m: ValueMismatch, rank: int | None
     Clause ``difftest-exact-orders``; the probes are float32 (float64 for a
     float64 case) of the counterexample's shape.  Empty when reveal cannot run.
     """
-    from ring_ref._orders import explain_element
+    from ring_ref.difftest._orders import explain_element
     from ring_ref.schedule import SPEC
 
     def call(x: torch.Tensor) -> torch.Tensor:

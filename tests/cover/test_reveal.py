@@ -21,11 +21,11 @@ from ring_ref._reveal import (
     RevealError,
     canonical,
     format_tree,
-    render_svg,
     reveal,
     tree_from_json,
     tree_to_json,
 )
+from ring_ref._svg import reveal_svg
 from tests.paths import ROOT
 
 SCHEMA = json.loads((ROOT / "spec" / "reveal.schema.json").read_text(encoding="utf-8"))
@@ -262,7 +262,7 @@ def test_tree_spelling() -> None:
 
 @pytest.mark.clause("reveal-report")
 def test_svg_has_one_panel_per_distinct_tree() -> None:
-    svg = render_svg(reveal(_mixed, 4, 5))
+    svg = reveal_svg(reveal(_mixed, 4, 5))
     assert svg.startswith("<svg") and svg.count('class="tree"') == 4
     assert 'data-tree="[[[2, 3], 1], 0]"' in svg and "elements 0..1: fold 2,3,1,0" in svg
 

@@ -10,7 +10,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from ring_ref._svg import render_svg, slot_colour
+from ring_ref._svg import rounds_svg, slot_colour
 from ring_ref._trace import trace
 from tests.oracles import spec_slot
 from tests.paths import ROOT
@@ -25,7 +25,7 @@ def spec_count(phase: str, r: int, i: int, c: int, n: int) -> int:
 
 
 def _panels(n: int) -> list[ET.Element]:
-    root = ET.fromstring(render_svg(trace(n)))
+    root = ET.fromstring(rounds_svg(trace(n)))
     assert root.tag == f"{NS}svg"
     return [g for g in root.iter(f"{NS}g") if g.get("class") == "panel"]
 
@@ -72,6 +72,6 @@ def test_colours_are_distinct_and_ordered_from_pale_to_dark() -> None:
 
 
 def test_committed_n4_picture_is_up_to_date() -> None:
-    assert DOC.read_text(encoding="utf-8") == render_svg(trace(4)), (
+    assert DOC.read_text(encoding="utf-8") == rounds_svg(trace(4)), (
         "docs/ring-n4.svg is stale: regenerate with `ring-ref trace -n 4 --format svg > docs/ring-n4.svg`"
     )

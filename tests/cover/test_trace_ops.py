@@ -15,7 +15,7 @@ import jsonschema  # type: ignore[import-untyped]
 import pytest
 
 from ring_ref._cli import main
-from ring_ref._svg import render_svg
+from ring_ref._svg import rounds_svg
 from ring_ref._trace import render_table, trace, trace_json
 from tests.oracles import spec_slot
 from tests.paths import ROOT
@@ -227,7 +227,7 @@ def _panels(svg: str) -> list[ET.Element]:
 @pytest.mark.clause("op-trace")
 def test_svg_labels_the_reduce_scatter_arrows_with_the_op(op: str, sign: str) -> None:
     n = 3
-    svg = render_svg(trace(n, op=op))
+    svg = rounds_svg(trace(n, op=op))
     assert svg.isascii()
     root = ET.fromstring(svg)
     title = root.find(f"{NS}title")
@@ -246,7 +246,7 @@ def test_svg_labels_the_reduce_scatter_arrows_with_the_op(op: str, sign: str) ->
 @pytest.mark.parametrize("n", [1, 2, 4])
 @pytest.mark.clause("op-trace", "op-avg")
 def test_svg_of_avg_ends_with_the_divide_panel(n: int) -> None:
-    panels = _panels(render_svg(trace(n, op="avg")))
+    panels = _panels(rounds_svg(trace(n, op="avg")))
     assert [(g.get("data-phase"), g.get("data-round")) for g in panels][-1] == ("divide", "0")
     assert len(panels) == 2 + 2 * (n - 1)
     divide = panels[-1]

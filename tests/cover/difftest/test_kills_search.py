@@ -31,12 +31,12 @@ from hypothesis import strategies as st
 import ring_ref
 from ring_ref import ring_all_reduce
 from ring_ref._cli import main
-from ring_ref._orders import checking_against
 from ring_ref.difftest import Case, difftest
 from ring_ref.difftest._call import Failure, Outcome, call_target
 from ring_ref.difftest._inputs import one_worker_cases
 from ring_ref.difftest._launch import Launcher, OutputLog
 from ring_ref.difftest._oracles import SPEC_ORDER, ExactOrder
+from ring_ref.difftest._orders import checking_against
 from ring_ref.difftest._search import (
     ZERO_OUT_BUDGET,
     _Failed,

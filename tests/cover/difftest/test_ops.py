@@ -23,12 +23,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ring_ref._cli import main
-from ring_ref._orders import checking_against, schedule_order
 from ring_ref.difftest import DTYPES, MODES, Case, Mode, difftest
 from ring_ref.difftest._call import call_target
 from ring_ref.difftest._diagnosis import diagnose, op_probe_values
 from ring_ref.difftest._inputs import cases, near_one_log_bound
 from ring_ref.difftest._oracles import check_values
+from ring_ref.difftest._orders import checking_against, schedule_order
 from tests import planted_impls
 from tests.oracles import bits, ring_fold_op, same_bits, sums_in_several_orders
 from tests.paths import ROOT

@@ -11,7 +11,9 @@ import torch
 
 from ring_ref import RingSchedule, ring_all_reduce
 from ring_ref._cli import main
-from ring_ref._orders import (
+from ring_ref.difftest import difftest
+from ring_ref.difftest._oracles import EXACT_ORDER, SPEC_ORDER
+from ring_ref.difftest._orders import (
     OrderError,
     checking_against,
     command_line_order,
@@ -19,8 +21,6 @@ from ring_ref._orders import (
     parse_schedule,
     schedule_order,
 )
-from ring_ref.difftest import difftest
-from ring_ref.difftest._oracles import EXACT_ORDER, SPEC_ORDER
 from tests.oracles import gloo_bounds, same_bits, schedule_fold
 
 TARGETS = textwrap.dedent(

@@ -1,0 +1,96 @@
+"""Ring fitting: which ring of the family (spec section 10) folds every element as the revealed trees say.
+
+Under a ring ``(direction, offset, layout)`` element ``e`` lies in chunk
+``c`` of the layout's cut, and its tree is the fold of chunk ``c``'s order
+(clause ``reveal-report``).  :class:`RingFit` tests whole rings against the
+revealed trees in one comparison each, and names the presets whose bits also
+equal the target's on the checking inputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from ring_ref._chunks import chunk_bounds
+from ring_ref._dispatch import ring_all_reduce
+from ring_ref._dtypes import FORMATS, bits
+from ring_ref._reveal._trees import Tree, fold_tree, tree_ids
+from ring_ref.schedule import LAYOUTS, PRESETS, Layout, RingSchedule
+
+__all__ = ["RingFit", "chunk_index", "fit_ring", "ring_trees"]
+
+
+def chunk_index(layout: Layout, n: int, m: int, dtype_name: str) -> npt.NDArray[np.int64]:
+    """Each of ``m`` elements' chunk under ``layout``.
+
+    >>> chunk_index("blocks", 2, 3, "float32").tolist()
+    [0, 0, 1]
+    """
+    bounds = chunk_bounds(layout, n, m, itemsize=FORMATS[dtype_name].bits // 8)
+    return np.repeat(np.arange(n, dtype=np.int64), [hi - lo for lo, hi in bounds])
+
+
+def _chunk_folds(ring: RingSchedule, n: int) -> list[Tree]:
+    """Each chunk's tree under ``ring``: the fold of its order."""
+    return [fold_tree(ring.fold_order(c, n)) for c in range(n)]
+
+
+def ring_trees(ring: RingSchedule, n: int, m: int, dtype_name: str) -> list[Tree] | None:
+    """The tree of every element under ``ring`` (``None`` when its layout cannot cut ``M``)."""
+    if ring.layout == "even" and m % n:
+        return None
+    per_chunk = _chunk_folds(ring, n)
+    return [per_chunk[c] for c in chunk_index(ring.layout, n, m, dtype_name).tolist()]
+
+
+class RingFit:
+    """Each element's tree as an id (``-1``: none), to test whole rings against them in one comparison."""
+
+    def __init__(self, ids: npt.NDArray[np.int64], distinct: Sequence[Tree], n: int, dtype_name: str) -> None:
+        self.n, self.m, self.dtype = n, len(ids), dtype_name
+        self.found = ids
+        self.ids = {t: k for k, t in enumerate(distinct)}
+        self.chunk_of: dict[Layout, npt.NDArray[np.int64]] = {}
+
+    def fits(self, ring: RingSchedule) -> bool:
+        """Whether every element's tree is its chunk's fold under ``ring``."""
+        if (self.found < 0).any() or (ring.layout == "even" and self.m % self.n):
+            return False
+        if ring.layout not in self.chunk_of:
+            self.chunk_of[ring.layout] = chunk_index(ring.layout, self.n, self.m, self.dtype)
+        per_chunk = [self.ids.get(tree, -1) for tree in _chunk_folds(ring, self.n)]
+        return bool(np.array_equal(np.array(per_chunk)[self.chunk_of[ring.layout]], self.found))
+
+    def first_ring(self) -> RingSchedule | None:
+        """The first ring of the family that fits: presets, then ``d = +1, -1``, ``k = 0 .. N - 1``,
+        layouts ``even``, ``blocks``, ``gloo`` (small rings fit several; for ``N <= 2`` all are one)."""
+        candidates = [p.normalized(self.n) for p in PRESETS.values()]
+        candidates += [RingSchedule(d, k, lay) for d in (1, -1) for k in range(self.n) for lay in LAYOUTS]
+        return next((ring for ring in dict.fromkeys(candidates) if self.fits(ring)), None)
+
+    def matching_presets(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> list[str]:
+        """The presets whose tree is every element's revealed tree and whose bits equal the target's on
+        every checking input (random inputs alone tell small trees apart only now and then)."""
+        return [
+            name
+            for name, ring in PRESETS.items()
+            if self.fits(ring)
+            and all(
+                torch.equal(bits(ring_all_reduce(x, "fast", schedule=name)), bits(out))
+                for x, out in zip(inputs, outputs, strict=True)
+            )
+        ]
+
+
+def fit_ring(trees: Sequence[Tree | None], n: int, dtype_name: str) -> RingSchedule | None:
+    """The first ring of the family whose fold of each element's chunk is exactly ``trees``.
+
+    >>> fit_ring([((0, 1), 2), ((1, 2), 0), ((0, 2), 1)], 3, "float32")
+    RingSchedule(direction=1, offset=0, layout='even')
+    """
+    ids, distinct = tree_ids(trees)
+    return RingFit(ids, distinct, n, dtype_name).first_ring()

@@ -1,0 +1,209 @@
+"""``reveal()`` and what it returns: probe, check on random inputs, fit a ring; the report and its JSON.
+
+>>> found = reveal(lambda x: (x[0] + x[1]) + x[2], 3, 6)
+>>> found.trees[0], found.classification, found.calls
+(((0, 1), 2), 'folds', 6)
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from ring_ref._reveal._check import CHECKS, check_on_random_inputs
+from ring_ref._reveal._fit import RingFit, chunk_index
+from ring_ref._reveal._probe import Verdict, probe
+from ring_ref._reveal._target import check_reveal_size
+from ring_ref._reveal._trees import Tree, chain_order, format_tree, tree_ids, tree_to_json
+from ring_ref.schedule import RingSchedule
+
+__all__ = ["REVEAL_FORMAT", "REVEAL_VERSION", "Classification", "Revealed", "reveal"]
+
+REVEAL_FORMAT: Final = "ring-ref-reveal"
+REVEAL_VERSION: Final = 1
+
+Classification = Literal["ring", "folds", "trees", "partly-trees", "no-tree"]
+
+
+def _element_ids(
+    verdicts: list[Verdict], of: npt.NDArray[np.int64]
+) -> tuple[npt.NDArray[np.int64], list[Tree]]:
+    """Each element's tree as an index into the distinct trees (``-1``: none), and those trees."""
+    ids, distinct = tree_ids([tree for tree, _ in verdicts])
+    return ids[of], distinct
+
+
+@dataclass
+class Revealed:
+    """What ``reveal`` found: a tree per element (``None`` where none explains it), ring, presets, cost."""
+
+    target: str
+    n: int
+    m: int
+    dtype: str
+    verdicts: list[Verdict]
+    of: npt.NDArray[np.int64]
+    ring: RingSchedule | None
+    matches: list[str]
+    probe_calls: int
+    confirm_calls: int
+    check_calls: int
+    seconds: float
+
+    @property
+    def calls(self) -> int:
+        """Every call of the target."""
+        return self.probe_calls + self.confirm_calls + self.check_calls
+
+    @property
+    def trees(self) -> list[Tree | None]:
+        """Each element's tree, ``None`` where no tree explains it."""
+        per = [tree for tree, _ in self.verdicts]
+        return [per[v] for v in self.of.tolist()]
+
+    @property
+    def reasons(self) -> list[str | None]:
+        """Why an element has no tree (``None`` where it has one)."""
+        per = [reason for _, reason in self.verdicts]
+        return [per[v] for v in self.of.tolist()]
+
+    def tree_index(self) -> tuple[npt.NDArray[np.int64], list[Tree]]:
+        """Each element's tree as an index into the distinct trees (``-1``: none), and those trees."""
+        return _element_ids(self.verdicts, self.of)
+
+    @property
+    def classification(self) -> Classification:
+        """``ring``: every element a fold of one ring; ``folds``; ``trees``; ``partly-trees``; ``no-tree``."""
+        ids, found = self.tree_index()
+        if not found:
+            return "no-tree"
+        if (ids < 0).any():
+            return "partly-trees"
+        if self.ring is not None:
+            return "ring"
+        if all(chain_order(t) is not None for t in found):
+            return "folds"
+        return "trees"
+
+    def chunks(self) -> list[int] | None:
+        """Each element's chunk under the fitted ring's layout."""
+        if self.ring is None:
+            return None
+        chunk: list[int] = chunk_index(self.ring.layout, self.n, self.m, self.dtype).tolist()
+        return chunk
+
+    def runs(self) -> list[tuple[int, int, Tree | None]]:
+        """Maximal runs ``(first, last, tree)`` of consecutive elements with the same tree (and chunk)."""
+        chunk = self.chunks()
+        key = self.of * (self.n + 1) + (np.array(chunk) if chunk is not None else 0)
+        starts = [0, *(np.flatnonzero(key[1:] != key[:-1]) + 1).tolist(), self.m]
+        tree = [t for t, _ in self.verdicts]
+        return [(a, b - 1, tree[int(self.of[a])]) for a, b in itertools.pairwise(starts)]
+
+    def describe(self, tree: Tree, element: int) -> str:
+        """``tree`` as the summary prints it: a fold in the fitted ring's order where one fits."""
+        chunk = self.chunks()
+        order = list(self.ring.fold_order(chunk[element], self.n)) if self.ring and chunk else None
+        return format_tree(tree, order)
+
+    def distinct(self) -> list[Tree]:
+        """The distinct trees."""
+        return self.tree_index()[1]
+
+    def summary(self) -> str:
+        """The human report: runs of elements sharing a tree, the classification, calls and time."""
+        chunk = self.chunks()
+        lines = [f"ring-ref reveal {self.target}  (N = {self.n}, M = {self.m}, {self.dtype})"]
+        reasons = [reason for _, reason in self.verdicts]
+        for first, last, tree in self.runs():
+            span = f"element {first}" if first == last else f"elements {first}..{last}"
+            if chunk is not None:
+                span += f" (chunk {chunk[first]})"
+            if tree is None:
+                why = reasons[int(self.of[first])]
+                lines.append(f"  {span}: no tree of {self.dtype} additions explains it ({why})")
+            else:
+                lines.append(f"  {span}: {self.describe(tree, first)}")
+        ring = (
+            f" (direction {self.ring.direction:+d}, offset {self.ring.offset}, layout {self.ring.layout})"
+            if self.ring
+            else ""
+        )
+        lines.append(f"classification: {self.classification}{ring}")
+        lines.append(f"matches presets: {', '.join(self.matches) if self.matches else 'none'}")
+        lines.append(
+            f"calls: {self.calls} ({self.probe_calls} probing, {self.confirm_calls} confirming, "
+            f"{self.check_calls} checking on random inputs); time {self.seconds:.2f} s"
+        )
+        return "\n".join(lines)
+
+    def json_trees(self) -> list[Any]:
+        """``trees`` as ``--json`` spells them (each distinct tree converted once)."""
+        spelt = [tree_to_json(tree) for tree, _ in self.verdicts]
+        return [spelt[v] for v in self.of.tolist()]
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``--json`` object (schema ``spec/reveal.schema.json``)."""
+        ring = None
+        if self.ring is not None:
+            ring = {"direction": self.ring.direction, "offset": self.ring.offset, "layout": self.ring.layout}
+        return {
+            "format": REVEAL_FORMAT,
+            "version": REVEAL_VERSION,
+            "target": self.target,
+            "n": self.n,
+            "m": self.m,
+            "dtype": self.dtype,
+            "trees": self.json_trees(),
+            "ring": ring,
+            "matches": list(self.matches),
+            "classification": self.classification,
+            "calls": self.calls,
+            "callsBy": {"probe": self.probe_calls, "confirm": self.confirm_calls, "check": self.check_calls},
+            "seconds": round(self.seconds, 4),
+        }
+
+
+def reveal(
+    target: Callable[[torch.Tensor], object],
+    n: int,
+    m: int,
+    dtype: str = "float32",
+    *,
+    checks: int = CHECKS,
+    seed: int = 0,
+    name: str = "<target>",
+) -> Revealed:
+    """The summation tree of each of the ``m`` result elements of ``target`` on ``(n, m)`` inputs.
+
+    ``target`` takes a ``(n, m)`` tensor of ``dtype`` (``"float32"`` or
+    ``"float64"``) and returns the ``(m,)`` sum over workers, like
+    :func:`ring_ref.ring_all_reduce`.  Raises :class:`RevealError` beyond the
+    limits or when the target raises or returns the wrong shape or dtype.
+    """
+    check_reveal_size(n, m, dtype)
+    start = time.perf_counter()
+    verdicts, of, probe_calls, confirm_calls = probe(target, n, m, dtype, seed)
+    inputs, outputs = check_on_random_inputs(target, verdicts, of, n, dtype, checks=checks, seed=seed)
+    fit = RingFit(*_element_ids(verdicts, of), n, dtype)
+    return Revealed(
+        target=name,
+        n=n,
+        m=m,
+        dtype=dtype,
+        verdicts=verdicts,
+        of=of,
+        ring=fit.first_ring(),
+        matches=fit.matching_presets(inputs, outputs),
+        probe_calls=probe_calls,
+        confirm_calls=confirm_calls,
+        check_calls=len(inputs),
+        seconds=time.perf_counter() - start,
+    )

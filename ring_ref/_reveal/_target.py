@@ -1,0 +1,62 @@
+"""What reveal asks of a target: the sizes it can probe (clause ``reveal-limits``) and a checked call.
+
+The ``N`` small probe values ``2^0 .. 2^(N-1)`` must add exactly, so ``N``
+is at most the significand's bits: 24 in float32, 53 in float64.  A target is
+called on ``(N, M)`` tensors and must return the ``(M,)`` sum over workers in
+the same dtype; one that raises or returns anything else is a
+:class:`RevealError`, never a wrong tree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Final
+
+import torch
+
+from ring_ref._dtypes import FORMATS
+
+__all__ = ["DTYPES", "LIMITS", "RevealError", "call_target", "check_reveal_size"]
+
+LIMITS: Final[dict[str, int]] = {
+    "float32": FORMATS["float32"].precision,
+    "float64": FORMATS["float64"].precision,
+}
+"""The largest ``N`` per dtype: the ``N`` small probe values must add exactly."""
+
+DTYPES: Final[dict[str, torch.dtype]] = {name: FORMATS[name].torch_dtype for name in LIMITS}
+
+
+class RevealError(ValueError):
+    """The reveal cannot run: a size beyond the limits, or a target that misbehaves on valid input."""
+
+
+def check_reveal_size(n: int, m: int, dtype_name: str) -> None:
+    """Refuse sizes the probes cannot serve (clause ``reveal-limits``)."""
+    if dtype_name not in LIMITS:
+        raise RevealError(f"reveal supports dtype float32 or float64; got {dtype_name!r}")
+    if n < 1 or m < 1:
+        raise RevealError(f"N = {n} and M = {m} must both be at least 1")
+    limit = LIMITS[dtype_name]
+    if n > limit:
+        other = " (float64 reaches N = 53)" if dtype_name == "float32" else ""
+        raise RevealError(
+            f"N = {n} is beyond reveal's limit for {dtype_name}: N <= {limit}, because the {n} small probe "
+            f"values 2^0 .. 2^{n - 1} must add exactly in the {limit}-bit significand{other}"
+        )
+
+
+def call_target(target: Callable[[torch.Tensor], object], x: torch.Tensor, m: int) -> torch.Tensor:
+    """``target(x)``, which must be an ``(m,)`` tensor of ``x``'s dtype (else :class:`RevealError`)."""
+    try:
+        out = target(x)
+    except Exception as exc:
+        raise RevealError(f"the target raised {type(exc).__name__}: {exc} (on a valid input)") from exc
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != (m,) or out.dtype != x.dtype:
+        got = (
+            f"{type(out).__name__} {tuple(out.shape)} {out.dtype}"
+            if isinstance(out, torch.Tensor)
+            else type(out).__name__
+        )
+        raise RevealError(f"the target must return a ({m},) tensor of {x.dtype}; it returned {got}")
+    return out.detach().cpu()

@@ -1,0 +1,182 @@
+"""Summation trees: their algebra (leaves, canonical spelling, folds), their text and JSON, their sums.
+
+A tree is a worker id, or ``(left, right)`` meaning ``left + right`` in the
+dtype.  Addition is commutative, so a tree has one canonical spelling
+(clause ``reveal-trees``); a fold of workers in some order is a chain.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+__all__ = [
+    "Leaves",
+    "Tree",
+    "canonical",
+    "chain_order",
+    "evaluate",
+    "fold_tree",
+    "format_tree",
+    "leaves",
+    "tree_from_json",
+    "tree_ids",
+    "tree_to_json",
+]
+
+Tree = int | tuple["Tree", "Tree"]
+"""A summation tree: a worker id, or ``(left, right)`` meaning ``left + right``."""
+
+Leaves = frozenset[int]
+"""The workers of a subtree."""
+
+
+def tree_ids(trees: Sequence[Tree | None]) -> tuple[npt.NDArray[np.int64], list[Tree]]:
+    """Each element's tree as an index into the distinct trees (``-1`` for ``None``), and those trees.
+
+    Equal trees are usually the same object, so most elements cost one ``id`` lookup.
+
+    >>> tree_ids([(0, 1), None, (0, 1)])
+    (array([ 0, -1,  0]), [(0, 1)])
+    """
+    by_object: dict[int, int] = {}
+    by_value: dict[Tree, int] = {}
+    out = np.empty(len(trees), dtype=np.int64)
+    for e, tree in enumerate(trees):
+        if tree is None:
+            out[e] = -1
+            continue
+        k = by_object.get(id(tree))
+        if k is None:
+            k = by_object[id(tree)] = by_value.setdefault(tree, len(by_value))
+        out[e] = k
+    return out, list(by_value)
+
+
+def leaves(tree: Tree) -> Leaves:
+    """The workers a tree adds.
+
+    >>> sorted(leaves(((2, 0), 1)))
+    [0, 1, 2]
+    """
+    if isinstance(tree, int):
+        return frozenset((tree,))
+    return leaves(tree[0]) | leaves(tree[1])
+
+
+def _size_and_min(tree: Tree) -> tuple[int, int]:
+    found = leaves(tree)
+    return len(found), min(found)
+
+
+def canonical(tree: Tree) -> Tree:
+    """The one spelling of a tree: in every node the child with more leaves first, ties by smallest leaf.
+
+    Addition is commutative, so ``(a, b)`` and ``(b, a)`` give the same bits and
+    no output can tell them apart; this picks one.
+
+    >>> canonical((3, (1, (2, 0))))
+    (((0, 2), 1), 3)
+    """
+    if isinstance(tree, int):
+        return tree
+    a, b = canonical(tree[0]), canonical(tree[1])
+    sa, sb = _size_and_min(a), _size_and_min(b)
+    return (a, b) if (-sa[0], sa[1]) <= (-sb[0], sb[1]) else (b, a)
+
+
+def fold_tree(order: Sequence[int]) -> Tree:
+    """The left fold ``((w0 + w1) + w2) + ...`` of ``order``, canonical.
+
+    >>> fold_tree([3, 2, 1, 0])
+    (((2, 3), 1), 0)
+    """
+    tree: Tree = order[0]
+    for w in order[1:]:
+        tree = (tree, w)
+    return canonical(tree)
+
+
+def chain_order(tree: Tree) -> list[int] | None:
+    """The workers in the order a fold adds them, if ``tree`` is a fold (the first two in canonical order).
+
+    >>> chain_order((((0, 3), 1), 2)), chain_order(((0, 1), (2, 3)))
+    ([0, 3, 1, 2], None)
+    """
+    tail: list[int] = []
+    while not isinstance(tree, int):
+        a, b = tree
+        if isinstance(b, int):
+            tail.append(b)
+            tree = a
+        elif isinstance(a, int):
+            tail.append(a)
+            tree = b
+        else:
+            return None
+    return [tree, *reversed(tail)]
+
+
+def format_tree(tree: Tree, order: Sequence[int] | None = None) -> str:
+    """``fold 3,0,1,2`` for a fold (in ``order`` when given and it spells the same tree), else parentheses.
+
+    >>> format_tree((((0, 3), 1), 2)), format_tree((((0, 3), 1), 2), [3, 0, 1, 2])
+    ('fold 0,3,1,2', 'fold 3,0,1,2')
+    >>> format_tree(((0, 1), (2, 3)))
+    '((0+1)+(2+3))'
+    """
+    if order is not None and fold_tree(order) == canonical(tree):
+        return "fold " + ",".join(map(str, order))
+    chain = chain_order(tree)
+    if chain is not None and len(chain) > 1:
+        return "fold " + ",".join(map(str, chain))
+    return _parenthesised(tree)
+
+
+def _parenthesised(tree: Tree) -> str:
+    if isinstance(tree, int):
+        return str(tree)
+    return f"({_parenthesised(tree[0])}+{_parenthesised(tree[1])})"
+
+
+def tree_to_json(tree: Tree | None) -> Any:
+    """A leaf as its worker id, an inner node as ``[left, right]``; ``None`` as ``null``."""
+    if tree is None or isinstance(tree, int):
+        return tree
+    return [tree_to_json(tree[0]), tree_to_json(tree[1])]
+
+
+def tree_from_json(doc: Any, n: int) -> Tree:
+    """The tree a ``reveal --json`` entry spells, checked: every worker ``0 .. n - 1`` exactly once.
+
+    >>> tree_from_json([[0, 1], 2], 3)
+    ((0, 1), 2)
+    """
+    tree = _parse(doc, n)
+    got = sorted(_leaf_list(tree))
+    if got != list(range(n)):
+        raise ValueError(f"a tree must add every worker 0 .. {n - 1} exactly once; this one adds {got}")
+    return tree
+
+
+def _parse(doc: Any, n: int) -> Tree:
+    if isinstance(doc, int) and not isinstance(doc, bool) and 0 <= doc < n:
+        return doc
+    if isinstance(doc, list) and len(doc) == 2:
+        return (_parse(doc[0], n), _parse(doc[1], n))
+    raise ValueError(f"a tree node must be a worker id in 0 .. {n - 1} or a [left, right] pair; got {doc!r}")
+
+
+def _leaf_list(tree: Tree) -> list[int]:
+    return [tree] if isinstance(tree, int) else _leaf_list(tree[0]) + _leaf_list(tree[1])
+
+
+def evaluate(tree: Tree, x: torch.Tensor) -> torch.Tensor:
+    """The tree's additions on ``x`` of shape ``(N, ...)``, each rounded to ``x``'s dtype."""
+    if isinstance(tree, int):
+        return x[tree].clone()
+    return torch.add(evaluate(tree[0], x), evaluate(tree[1], x))
