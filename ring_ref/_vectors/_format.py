@@ -32,7 +32,7 @@ from typing import Any, Final, NamedTuple
 
 import torch
 
-from ring_ref._dtypes import bits, to_hex
+from ring_ref._dtypes import FORMATS, bits, to_hex
 from ring_ref._ops import Op
 from ring_ref._tracecheck import reference_rounds
 from ring_ref.schedule import PHASES
@@ -230,6 +230,25 @@ def case_schema(bits: int, flags: Sequence[str], *, min_rounds: int = 0) -> dict
         },
         ["tcId", "comment", "flags", "n", "m", "trailingShape", "input", "expected"],
     )
+
+
+def dtype_groups(
+    test_type: str, tests: Callable[[int], dict[str, Any]], members: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """``$defs`` of one group schema per dtype, ``<dtype>Group``: ``type`` ``test_type``, ``members``,
+    the dtype's name and width, and ``tests(bits)``."""
+    return {
+        f"{name}Group": strict(
+            {
+                "type": {"const": test_type},
+                **(members or {}),
+                "dtype": {"const": name},
+                "bits": {"const": fmt.bits},
+                "tests": tests(fmt.bits),
+            }
+        )
+        for name, fmt in FORMATS.items()
+    }
 
 
 def document_schema(

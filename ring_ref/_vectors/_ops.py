@@ -46,11 +46,11 @@ from ring_ref._vectors._format import (
     document,
     document_schema,
     drawn,
+    dtype_groups,
     header,
     json_texts,
     notes_schema,
     search,
-    strict,
     tensor,
     uniform,
     vector,
@@ -513,25 +513,15 @@ def build() -> dict[str, Any]:
 
 def schema() -> dict[str, Any]:
     """The JSON schema (draft 2020-12) of :func:`build`'s output."""
-    defs: dict[str, Any] = {}
-    groups = []
-    for name, fmt in FORMATS.items():
-        defs[f"{name}Group"] = strict(
-            {
-                "type": {"const": "RingAllReduceOpTest"},
-                "op": {"enum": list(OPS_COVERED)},
-                "dtype": {"const": name},
-                "bits": {"const": fmt.bits},
-                "tests": {
-                    "type": "array",
-                    "minItems": 1,
-                    "items": case_schema(fmt.bits, list(NOTES), min_rounds=2),
-                },
-            }
-        )
-        groups.append(
-            {"if": {"properties": {"dtype": {"const": name}}}, "then": {"$ref": f"#/$defs/{name}Group"}}
-        )
+    defs = dtype_groups(
+        "RingAllReduceOpTest",
+        lambda bits: {"type": "array", "minItems": 1, "items": case_schema(bits, list(NOTES), min_rounds=2)},
+        {"op": {"enum": list(OPS_COVERED)}},
+    )
+    groups = [
+        {"if": {"properties": {"dtype": {"const": name}}}, "then": {"$ref": f"#/$defs/{name}Group"}}
+        for name in FORMATS
+    ]
     group = {
         "type": "object",
         "required": ["dtype"],

@@ -42,10 +42,10 @@ from ring_ref._vectors._format import (
     document,
     document_schema,
     drawn,
+    dtype_groups,
     header,
     json_texts,
     notes_schema,
-    strict,
     tensor,
     uniform,
     vector,
@@ -264,18 +264,10 @@ def build() -> dict[str, Any]:
 
 def schema() -> dict[str, Any]:
     """The JSON schema (draft 2020-12) of :func:`build`'s output."""
-    defs: dict[str, Any] = {}
-    groups = []
-    for name, fmt in FORMATS.items():
-        defs[f"{name}Group"] = strict(
-            {
-                "type": {"const": "RingAllReduceTest"},
-                "dtype": {"const": name},
-                "bits": {"const": fmt.bits},
-                "tests": {"type": "array", "items": case_schema(fmt.bits, list(NOTES))},
-            }
-        )
-        groups.append({"$ref": f"#/$defs/{name}Group"})
+    defs = dtype_groups(
+        "RingAllReduceTest", lambda bits: {"type": "array", "items": case_schema(bits, list(NOTES))}
+    )
+    groups = [{"$ref": f"#/$defs/{group}"} for group in defs]
     return document_schema(
         schema_name=SCHEMA_NAME,
         title=f"ring all-reduce conformance vectors v{VERSION}",
