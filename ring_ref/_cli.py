@@ -13,11 +13,12 @@ from pathlib import Path
 
 import torch
 
-from ring_ref import _op_vectors, _preset_vectors, _reveal, _svg, _vectors
+from ring_ref import _reveal, _svg
 from ring_ref._dispatch import ring_all_reduce
 from ring_ref._ops import OPS
 from ring_ref._trace import check_trace_size, render_table, trace, trace_json
 from ring_ref._validate import schedule_of
+from ring_ref._vectors import _ops, _presets, _sums
 from ring_ref._version import __version__
 from ring_ref.core import initial_state, run_ring
 from ring_ref.difftest import DTYPES, MODES, TargetError, _orders, difftest, load_target
@@ -78,7 +79,7 @@ def _vectors_command(args: argparse.Namespace) -> int:
     if not args.out.strip():
         print("ring-ref vectors: --out must name a directory; got an empty path", file=sys.stderr)
         return 2
-    generator = _preset_vectors if args.presets else _op_vectors if args.ops else _vectors
+    generator = _presets if args.presets else _ops if args.ops else _sums
     try:
         written = generator.write(Path(args.out))
     except OSError as err:

@@ -11,7 +11,6 @@ planted faults and closed forms written below.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from fractions import Fraction
@@ -23,49 +22,28 @@ import pytest
 import torch
 
 from ring_ref._cli import main
-from ring_ref._op_vectors import write
 from tests.op_rings import combine, divide, op_ring
 from tests.oracles import bits, ring_fold_op, same_bits, spec_slot
-from tests.paths import ROOT
+from tests.vector_files import (
+    DTYPES,
+    VECTORS,
+    check_regenerated,
+    check_schema_rejects,
+    decode,
+    expected_of,
+    input_of,
+    load,
+)
 
-VECTORS = ROOT / "spec" / "vectors"
 JSON_FILE = VECTORS / "ring_all_reduce_ops_v1.json"
 SCHEMA_FILE = VECTORS / "ring_all_reduce_ops_schema_v1.json"
 GENERATED = (JSON_FILE.name, SCHEMA_FILE.name)
-DTYPES = {
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float32": torch.float32,
-    "float64": torch.float64,
-}
-INTS = {16: torch.int16, 32: torch.int32, 64: torch.int64}
 OPS = ("prod", "max", "min", "avg")
-
-
-def _load(path: Path) -> Any:
-    return json.loads(path.read_text(encoding="utf-8"))
-
-
-DOC: dict[str, Any] = _load(JSON_FILE)
+DOC: dict[str, Any] = load(JSON_FILE)
 VECTOR_LIST = [(g["op"], g["dtype"], t) for g in DOC["testGroups"] for t in g["tests"]]
 GROUPS = [
     pytest.param(g["op"], g["dtype"], g["tests"], id=f"{g['op']}-{g['dtype']}") for g in DOC["testGroups"]
 ]
-
-
-def decode(hexes: list[str], dtype_name: str, shape: list[int]) -> torch.Tensor:
-    """Hex bit patterns to a tensor, by reinterpreting two's-complement integers."""
-    width = len(hexes[0]) * 4
-    signed = [v - (1 << width) if v >> (width - 1) else v for v in (int(h, 16) for h in hexes)]
-    return torch.tensor(signed, dtype=INTS[width]).view(DTYPES[dtype_name]).reshape(shape)
-
-
-def _input(dtype_name: str, t: dict[str, Any]) -> torch.Tensor:
-    return decode(t["input"], dtype_name, [t["n"], t["m"], *t["trailingShape"]])
-
-
-def _expected(dtype_name: str, t: dict[str, Any]) -> torch.Tensor:
-    return decode(t["expected"], dtype_name, [t["m"], *t["trailingShape"]])
 
 
 # --- the file and its schema ---------------------------------------------------------------------
@@ -73,7 +51,7 @@ def _expected(dtype_name: str, t: dict[str, Any]) -> torch.Tensor:
 
 @pytest.mark.clause("op-vectors")
 def test_committed_ops_vectors_validate_against_their_schema() -> None:
-    schema = _load(SCHEMA_FILE)
+    schema = load(SCHEMA_FILE)
     jsonschema.Draft202012Validator.check_schema(schema)
     jsonschema.Draft202012Validator(schema).validate(DOC)
     assert DOC["numberOfTests"] == len(VECTOR_LIST)
@@ -104,19 +82,7 @@ def test_committed_ops_vectors_validate_against_their_schema() -> None:
 )
 @pytest.mark.clause("op-vectors")
 def test_schema_rejects_broken_files(path: tuple[str | int, ...], value: object) -> None:
-    doc = json.loads(json.dumps(DOC))
-    doc["testGroups"] = [dict(g, tests=g["tests"][:4]) for g in doc["testGroups"]]
-    validator = jsonschema.Draft202012Validator(_load(SCHEMA_FILE))
-    validator.validate(doc)
-    target = doc
-    for key in path[:-1]:
-        target = target[key]
-    if value is None:
-        del target[path[-1]]
-    else:
-        target[path[-1]] = value
-    with pytest.raises(jsonschema.ValidationError):
-        validator.validate(doc)
+    check_schema_rejects(SCHEMA_FILE, DOC, 4, path, value)
 
 
 @pytest.mark.clause("op-vectors")
@@ -124,20 +90,7 @@ def test_regenerated_ops_vectors_are_byte_identical(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(["vectors", "--ops", "--out", str(tmp_path)]) == 0
-    assert capsys.readouterr().out.split() == [str(tmp_path / name) for name in GENERATED]
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(GENERATED)
-    for name in GENERATED:
-        assert (tmp_path / name).read_bytes() == (VECTORS / name).read_bytes(), (
-            f"spec/vectors/{name} drifted: regenerate with `ring-ref vectors --ops --out spec/vectors`"
-        )
-
-
-def test_writing_into_a_file_is_refused_before_anything_is_written(tmp_path: Path) -> None:
-    target = tmp_path / "not_a_dir"
-    target.write_text("keep me", encoding="utf-8")
-    with pytest.raises(NotADirectoryError, match="is a file, not a directory"):
-        write(target)
-    assert target.read_text(encoding="utf-8") == "keep me"
+    check_regenerated(tmp_path, capsys.readouterr().out, ("--ops",), GENERATED)
 
 
 def test_ops_and_presets_are_one_file_each(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -175,8 +128,8 @@ def test_worked_example_under_every_op(op: str, result: list[float]) -> None:
     worked = [(d, t) for o, d, t in VECTOR_LIST if o == op and "OpWorkedExample" in t["flags"]]
     assert [d for d, _ in worked] == list(DTYPES)
     for dtype_name, t in worked:
-        assert _input(dtype_name, t).tolist() == [[1.0, 2.0], [3.0, 4.0]]
-        assert _expected(dtype_name, t).tolist() == result
+        assert input_of(dtype_name, t).tolist() == [[1.0, 2.0], [3.0, 4.0]]
+        assert expected_of(dtype_name, t).tolist() == result
 
 
 # --- every value re-derived independently ----------------------------------------------------------
@@ -188,9 +141,9 @@ def test_expected_results_match_the_independent_oracle(
     op: str, dtype_name: str, tests: list[dict[str, Any]]
 ) -> None:
     for t in tests:
-        x = _input(dtype_name, t)
+        x = input_of(dtype_name, t)
         assert bool(torch.isfinite(x).all()), f"tcId {t['tcId']}: inputs are finite (clause input-finite)"
-        assert same_bits(_expected(dtype_name, t), ring_fold_op(x, op)), t["tcId"]
+        assert same_bits(expected_of(dtype_name, t), ring_fold_op(x, op)), t["tcId"]
 
 
 def _slot_fold(x: torch.Tensor, op: str, workers: list[int], rows: slice) -> torch.Tensor:
@@ -213,7 +166,7 @@ def test_round_buffers_match_the_provenance_folded_by_the_op(
 
 
 def _check_rounds(op: str, dtype_name: str, t: dict[str, Any]) -> None:
-    x = _input(dtype_name, t)
+    x = input_of(dtype_name, t)
     n, k = t["n"], t["m"] // t["n"]
     reported: list[tuple[str, int, torch.Tensor]] = []
     op_ring(x, op, lambda phase, r, b: reported.append((phase, r, b.clone())))
@@ -243,10 +196,10 @@ def _ring_bug(fault: str) -> Callable[[torch.Tensor, str, list[torch.Tensor]], t
 
 def _ring_fault_caught(fault: str, op: str, dtype_name: str, t: dict[str, Any]) -> bool:
     """The planted ring differs from the vector in its result or in some round's buffers."""
-    x = _input(dtype_name, t)
+    x = input_of(dtype_name, t)
     rounds: list[torch.Tensor] = []
     result = _ring_bug(fault)(x, op, rounds)
-    if not same_bits(result, _expected(dtype_name, t)):
+    if not same_bits(result, expected_of(dtype_name, t)):
         return True
     shape = [t["n"], t["m"], *t["trailingShape"]]
     return any(
@@ -403,8 +356,8 @@ def test_every_flag_catches_the_bugs_its_note_names(
 
 
 def _check_flags(op: str, dtype_name: str, t: dict[str, Any]) -> None:
-    x = _input(dtype_name, t)
-    expected = _expected(dtype_name, t)
+    x = input_of(dtype_name, t)
+    expected = expected_of(dtype_name, t)
     for flag in t["flags"]:
         for fault in RING_FAULTS.get(flag, ()):
             assert _ring_fault_caught(fault, op, dtype_name, t), (t["tcId"], flag, fault)
@@ -423,7 +376,7 @@ def test_some_overflow_vector_catches_wider_accumulation(op: str) -> None:
     for dtype_name in DTYPES:
         overflow = [t for o, d, t in VECTOR_LIST if (o, d) == (op, dtype_name) and "Overflow" in t["flags"]]
         assert any(
-            not same_bits(_wider(_input(dtype_name, t), op), _expected(dtype_name, t)) for t in overflow
+            not same_bits(_wider(input_of(dtype_name, t), op), expected_of(dtype_name, t)) for t in overflow
         )
 
 
@@ -442,7 +395,9 @@ def test_the_reference_engine_reproduces_every_vector() -> None:
     from ring_ref import ring_all_reduce
 
     for op, dtype_name, t in VECTOR_LIST:
-        assert same_bits(ring_all_reduce(_input(dtype_name, t), op=op), _expected(dtype_name, t)), t["tcId"]
+        assert same_bits(ring_all_reduce(input_of(dtype_name, t), op=op), expected_of(dtype_name, t)), t[
+            "tcId"
+        ]
 
 
 def test_decode_reads_negative_patterns() -> None:

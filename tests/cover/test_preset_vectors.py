@@ -8,37 +8,22 @@ from ``tests.oracles.schedule_fold``.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import jsonschema  # type: ignore[import-untyped]
 import pytest
-import torch
 
 from ring_ref._cli import main
 from tests.oracles import blocks_bounds, gloo_bounds, same_bits, schedule_fold
-from tests.paths import ROOT
+from tests.vector_files import VECTORS, check_regenerated, expected_of, input_of, load
 
-VECTORS = ROOT / "spec" / "vectors"
 JSON_FILE = VECTORS / "ring_all_reduce_presets_v1.json"
 SCHEMA_FILE = VECTORS / "ring_all_reduce_presets_schema_v1.json"
-DOC: dict[str, Any] = json.loads(JSON_FILE.read_text(encoding="utf-8"))
-DTYPES = {
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float32": torch.float32,
-    "float64": torch.float64,
-}
-INTS = {16: torch.int16, 32: torch.int32, 64: torch.int64}
+GENERATED = (JSON_FILE.name, SCHEMA_FILE.name)
+DOC: dict[str, Any] = load(JSON_FILE)
 RINGS = {"spec": (1, 0, "even"), "openmpi-ring": (1, 0, "blocks"), "gloo": (-1, -1, "gloo")}
 VECTOR_LIST = [(group, t) for group in DOC["testGroups"] for t in group["tests"]]
-
-
-def _decode(hexes: list[str], dtype: str, shape: list[int]) -> torch.Tensor:
-    width = len(hexes[0]) * 4
-    signed = [v - (1 << width) if v >> (width - 1) else v for v in (int(h, 16) for h in hexes)]
-    return torch.tensor(signed, dtype=INTS[width]).view(DTYPES[dtype]).reshape(shape)
 
 
 def _bounds(layout: str, n: int, s: int, itemsize: int) -> list[tuple[int, int]]:
@@ -54,11 +39,8 @@ def test_committed_files_are_what_the_generator_writes_and_validate(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(["vectors", "--presets", "--out", str(tmp_path)]) == 0
-    capsys.readouterr()
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([JSON_FILE.name, SCHEMA_FILE.name])
-    for name in (JSON_FILE.name, SCHEMA_FILE.name):
-        assert (tmp_path / name).read_bytes() == (VECTORS / name).read_bytes(), name
-    jsonschema.validate(DOC, json.loads(SCHEMA_FILE.read_text(encoding="utf-8")))
+    check_regenerated(tmp_path, capsys.readouterr().out, ("--presets",), GENERATED)
+    jsonschema.validate(DOC, load(SCHEMA_FILE))
     assert DOC["numberOfTests"] == len(VECTOR_LIST) == len({t["tcId"] for _, t in VECTOR_LIST})
     assert {g["preset"] for g in DOC["testGroups"]} == set(RINGS)
 
@@ -69,20 +51,20 @@ def test_expected_results_match_the_independent_fold(vector: tuple[dict[str, Any
     group, t = vector
     d, k, layout = RINGS[group["preset"]]
     assert group["schedule"] == {"direction": d, "offset": k, "layout": layout}
-    x = _decode(t["input"], group["dtype"], [t["n"], t["m"], *t["trailingShape"]])
+    x = input_of(group["dtype"], t)
     bounds = _bounds(layout, t["n"], x[0].numel(), group["bits"] // 8)
     assert t["chunkSizes"] == [hi - lo for lo, hi in bounds]
     want = schedule_fold(x, d, k, bounds)
-    assert same_bits(_decode(t["expected"], group["dtype"], [t["m"], *t["trailingShape"]]), want)
+    assert same_bits(expected_of(group["dtype"], t), want)
 
 
 @pytest.mark.clause("schedule-presets")
 def test_every_vector_tells_its_preset_from_the_others() -> None:
     """Each vector's bits differ from those of every preset whose fold order differs on that shape."""
     for group, t in VECTOR_LIST:
-        x = _decode(t["input"], group["dtype"], [t["n"], t["m"], *t["trailingShape"]])
+        x = input_of(group["dtype"], t)
         s, size = x[0].numel(), group["bits"] // 8
-        expected = _decode(t["expected"], group["dtype"], [t["m"], *t["trailingShape"]])
+        expected = expected_of(group["dtype"], t)
         mine = RINGS[group["preset"]]
         for preset, (d, k, layout) in RINGS.items():
             if layout == "even" and t["m"] % t["n"]:

@@ -10,7 +10,7 @@ reinterpreting integers.
 
 from __future__ import annotations
 
-import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,48 +19,28 @@ import pytest
 import torch
 
 from ring_ref._cli import main
-from ring_ref._vectors import write
-from tests.oracles import bits, exact_sum, ring_fold, spec_slot
-from tests.paths import ROOT
+from ring_ref._vectors import _ops, _presets, _sums
+from tests.oracles import exact_sum, ring_fold, spec_slot
+from tests.vector_files import (
+    DTYPES,
+    VECTORS,
+    check_regenerated,
+    check_schema_rejects,
+    decode,
+    encode,
+    input_of,
+    load,
+)
 
-VECTORS = ROOT / "spec" / "vectors"
 JSON_FILE = VECTORS / "ring_all_reduce_v1.json"
 SCHEMA_FILE = VECTORS / "ring_all_reduce_schema_v1.json"
 TEXT_FILE = VECTORS / "ring_all_reduce_v1.txt"
 GENERATED = (JSON_FILE.name, SCHEMA_FILE.name, TEXT_FILE.name)
-
-DTYPES = {
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float32": torch.float32,
-    "float64": torch.float64,
-}
-INTS = {16: torch.int16, 32: torch.int32, 64: torch.int64}
 MANTISSA_BITS = {"float16": 10, "bfloat16": 7, "float32": 23, "float64": 52}
 
 
-def _load(path: Path) -> Any:
-    return json.loads(path.read_text(encoding="utf-8"))
-
-
-DOC: dict[str, Any] = _load(JSON_FILE)
+DOC: dict[str, Any] = load(JSON_FILE)
 VECTOR_LIST = [(group["dtype"], t) for group in DOC["testGroups"] for t in group["tests"]]
-
-
-def decode(hexes: list[str], dtype_name: str, shape: list[int]) -> torch.Tensor:
-    """Hex bit patterns to a tensor, by reinterpreting two's-complement integers."""
-    width = len(hexes[0]) * 4
-    signed = [v - (1 << width) if v >> (width - 1) else v for v in (int(h, 16) for h in hexes)]
-    return torch.tensor(signed, dtype=INTS[width]).view(DTYPES[dtype_name]).reshape(shape)
-
-
-def encode(t: torch.Tensor) -> list[str]:
-    width = t.element_size() * 8
-    return [format(v & ((1 << width) - 1), f"0{width // 4}x") for v in bits(t).flatten().tolist()]
-
-
-def _input(dtype_name: str, t: dict[str, Any]) -> torch.Tensor:
-    return decode(t["input"], dtype_name, [t["n"], t["m"], *t["trailingShape"]])
 
 
 def _ids(v: tuple[str, dict[str, Any]]) -> str:
@@ -69,7 +49,7 @@ def _ids(v: tuple[str, dict[str, Any]]) -> str:
 
 @pytest.mark.clause("fold-order", "input-finite")
 def test_committed_vectors_validate_against_their_schema() -> None:
-    schema = _load(SCHEMA_FILE)
+    schema = load(SCHEMA_FILE)
     jsonschema.Draft202012Validator.check_schema(schema)
     jsonschema.Draft202012Validator(schema).validate(DOC)
     assert DOC["numberOfTests"] == len(VECTOR_LIST)
@@ -89,32 +69,18 @@ def test_committed_vectors_validate_against_their_schema() -> None:
     ],
 )
 def test_schema_rejects_broken_files(path: tuple[str | int, ...], value: object) -> None:
-    doc = json.loads(json.dumps(DOC))
-    doc["testGroups"] = [dict(g, tests=g["tests"][:1]) for g in doc["testGroups"]]
-    validator = jsonschema.Draft202012Validator(_load(SCHEMA_FILE))
-    validator.validate(doc)
-    target = doc
-    for key in path[:-1]:
-        target = target[key]
-    if value is None:
-        del target[path[-1]]
-    else:
-        target[path[-1]] = value
-    with pytest.raises(jsonschema.ValidationError):
-        validator.validate(doc)
+    check_schema_rejects(SCHEMA_FILE, DOC, 1, path, value)
 
 
 def test_regenerated_vectors_are_byte_identical(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["vectors", "--out", str(tmp_path)]) == 0
-    capsys.readouterr()
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(GENERATED)
-    for name in GENERATED:
-        assert (tmp_path / name).read_bytes() == (VECTORS / name).read_bytes(), (
-            f"spec/vectors/{name} drifted: regenerate with `ring-ref vectors --out spec/vectors`"
-        )
+    check_regenerated(tmp_path, capsys.readouterr().out, (), GENERATED)
 
 
-def test_writing_into_a_file_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+@pytest.mark.parametrize("write", [_sums.write, _ops.write, _presets.write], ids=["sums", "ops", "presets"])
+def test_writing_into_a_file_is_refused_before_anything_is_written(
+    tmp_path: Path, write: Callable[[Path], list[Path]]
+) -> None:
     target = tmp_path / "not_a_dir"
     target.write_text("keep me", encoding="utf-8")
     with pytest.raises(NotADirectoryError, match="is a file, not a directory"):
@@ -156,7 +122,7 @@ def test_every_note_explains_a_flag_with_a_bug_type() -> None:
 @pytest.mark.clause("fold-order", "return-worker-zero")
 def test_expected_results_match_the_independent_ring_fold(vector: tuple[str, dict[str, Any]]) -> None:
     dtype_name, t = vector
-    x = _input(dtype_name, t)
+    x = input_of(dtype_name, t)
     assert encode(ring_fold(x)) == t["expected"]
 
 
@@ -164,7 +130,7 @@ def test_expected_results_match_the_independent_ring_fold(vector: tuple[str, dic
 @pytest.mark.clause("inv-rs-provenance", "inv-ag-provenance", "simultaneous-rounds")
 def test_per_round_buffers_match_the_provenance_closed_form(vector: tuple[str, dict[str, Any]]) -> None:
     dtype_name, t = vector
-    x = _input(dtype_name, t)
+    x = input_of(dtype_name, t)
     n, k = t["n"], t["m"] // t["n"]
     order = [("reduce-scatter", r) for r in range(n - 1)] + [("all-gather", r) for r in range(n - 1)]
     assert [(rd["phase"], rd["round"]) for rd in t["rounds"]] == order
@@ -203,7 +169,7 @@ def _tree_fold(x: torch.Tensor) -> torch.Tensor:
 @pytest.mark.clause("fold-order")
 def test_ring_order_vectors_tell_ring_order_from_other_orders(vector: tuple[str, dict[str, Any]]) -> None:
     dtype_name, t = vector
-    x = _input(dtype_name, t)
+    x = input_of(dtype_name, t)
     for other in (_worker_order_fold(x), _tree_fold(x), _worker_order_fold(x.flip(0))):
         assert encode(other) != t["expected"]
 
@@ -212,7 +178,7 @@ def test_ring_order_vectors_tell_ring_order_from_other_orders(vector: tuple[str,
 @pytest.mark.clause("fold-order")
 def test_round_every_add_vectors_differ_from_exact_accumulation(vector: tuple[str, dict[str, Any]]) -> None:
     dtype_name, t = vector
-    x = _input(dtype_name, t)
+    x = input_of(dtype_name, t)
     exact = torch.tensor([float(v) for v in exact_sum(x)], dtype=torch.float64).to(x.dtype)
     assert encode(exact) != t["expected"]
 
@@ -229,7 +195,7 @@ def test_edge_case_flags_hold_what_they_claim() -> None:
             exponent_field(h, dtype_name) == ((1 << (len(h) * 4 - 1 - MANTISSA_BITS[dtype_name])) - 1, 0)
             for h in t["expected"]
         ), t["tcId"]
-        assert torch.isfinite(_input(dtype_name, t)).all()
+        assert torch.isfinite(input_of(dtype_name, t)).all()
     assert any(dt == "float16" for dt, _ in _flagged("Overflow"))
     for _, t in _flagged("SignedZero"):
         negative_zero = "8" + "0" * (len(t["expected"][0]) - 1)

@@ -29,18 +29,33 @@ True
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, Final, NamedTuple
+from typing import Any, Final
 
 import torch
 
 from ring_ref._dispatch import ring_all_reduce
-from ring_ref._dtypes import FORMATS, FloatFormat, bits, to_hex
+from ring_ref._dtypes import FORMATS, FloatFormat
 from ring_ref._ops import Op, finish_torch, torch_combine
-from ring_ref._tracecheck import reference_rounds
-from ring_ref._vectors import case_schema, document_schema, dumps, notes_schema, strict, write_files
+from ring_ref._vectors._format import (
+    VectorCase,
+    by_chunk,
+    case_schema,
+    differs,
+    document,
+    document_schema,
+    drawn,
+    dtype_groups,
+    header,
+    json_texts,
+    notes_schema,
+    search,
+    tensor,
+    uniform,
+    vector,
+    write_files,
+)
 
 __all__ = ["JSON_NAME", "OPS_COVERED", "SCHEMA_NAME", "VERSION", "build", "contents", "schema", "write"]
 
@@ -49,8 +64,8 @@ JSON_NAME: Final = f"ring_all_reduce_ops_v{VERSION}.json"
 SCHEMA_NAME: Final = f"ring_all_reduce_ops_schema_v{VERSION}.json"
 SEED: Final = 9017
 OPS_COVERED: Final[tuple[Op, ...]] = ("prod", "max", "min", "avg")
-ROUND_BUFFER_LIMIT: Final = 96
-"""Per-round buffers are included when ``n > 1`` and the input has at most this many elements."""
+COMMAND: Final = "ring-ref vectors --ops --out DIR"
+SEARCH_TRIES: Final = 500
 
 NOTES: Final[dict[str, dict[str, str]]] = {
     "OpWorkedExample": {
@@ -189,34 +204,6 @@ NOTES: Final[dict[str, dict[str, str]]] = {
 }
 
 
-class Case(NamedTuple):
-    """One vector before its expected values are computed."""
-
-    comment: str
-    flags: tuple[str, ...]
-    x: torch.Tensor
-
-
-def _tensor(values: Sequence[float], shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.float64).to(dtype).reshape(shape)
-
-
-def _count(shape: tuple[int, ...]) -> int:
-    count = 1
-    for d in shape:
-        count *= d
-    return count
-
-
-def _by_chunk(n: int, pattern: Sequence[float], dtype: torch.dtype) -> torch.Tensor:
-    """Worker ``(c + k) mod n`` holds ``pattern[k]`` in chunk ``c`` (one row per chunk)."""
-    values = [[0.0] * n for _ in range(n)]
-    for c in range(n):
-        for k, v in enumerate(pattern):
-            values[(c + k) % n][c] = v
-    return _tensor([v for worker in values for v in worker], (n, n), dtype)
-
-
 def closed_form(x: torch.Tensor, op: Op) -> torch.Tensor:
     """Clause ``op-*``: chunk ``c`` folded over workers ``c, c+1, ..., c-1`` by ``combine(incoming, own)``.
 
@@ -261,10 +248,6 @@ def _other_orders(x: torch.Tensor, op: Op) -> list[torch.Tensor]:
     return [finish_torch(op, t, len(workers)) for t in orders]
 
 
-def _differs(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return not torch.equal(bits(a), bits(b))
-
-
 def _rounded_once(x: torch.Tensor) -> torch.Tensor:
     """The product over axis 0 in double (float64: exactly), rounded once to the dtype."""
     if x.dtype != torch.float64:
@@ -287,58 +270,39 @@ def _avg_done_wrong(x: torch.Tensor) -> list[torch.Tensor]:
     return [closed_form(divided, "sum"), closed_form(x * inverse, "sum"), closed_form(x, "sum") * inverse]
 
 
-def _search(
-    rng: random.Random,
-    shape: tuple[int, ...],
-    dtype: torch.dtype,
-    draw: Callable[[random.Random], float],
-    telling: Callable[[torch.Tensor], bool],
-) -> torch.Tensor:
-    """The first of up to 500 seeded draws on which ``telling`` holds."""
-    for _ in range(500):
-        x = _tensor([draw(rng) for _ in range(_count(shape))], shape, dtype)
-        if telling(x):
-            return x
-    raise AssertionError(f"no telling input of shape {shape} for {dtype} in 500 draws")
-
-
-def _uniform(rng: random.Random) -> float:
-    return rng.uniform(-8.0, 8.0)
-
-
 def _near_one(rng: random.Random) -> float:
     return rng.choice((-1.0, 1.0)) * (1.0 + rng.random()) * 2.0 ** rng.randint(-1, 0)
 
 
-def _common(op: Op, rng: random.Random, dtype: torch.dtype) -> list[Case]:
+def _common(op: Op, rng: random.Random, dtype: torch.dtype) -> list[VectorCase]:
     """The cases every op has: the worked example, one worker, primes, chunks of rows, trailing dimensions."""
-    draw = _near_one if op == "prod" else _uniform
+    draw = _near_one if op == "prod" else uniform
 
     def rand(shape: tuple[int, ...]) -> torch.Tensor:
-        return _tensor([draw(rng) for _ in range(_count(shape))], shape, dtype)
+        return drawn(rng, shape, dtype, draw)
 
     gather = ("CopyInAllGather",) if op in ("prod", "avg") else ()
     return [
-        Case(
+        VectorCase(
             f"worked example under {op}",
             ("OpWorkedExample", "SumNotOp"),
-            _tensor([1, 2, 3, 4], (2, 2), dtype),
+            tensor([1, 2, 3, 4], (2, 2), dtype),
         ),
-        Case("one worker: the result is its own values", ("SingleWorker",), rand((1, 3))),
-        Case("one worker with a trailing dimension", ("SingleWorker", "TrailingDims"), rand((1, 2, 2))),
-        Case("two workers", ("Random", "SumNotOp", *gather), rand((2, 4))),
-        Case(
+        VectorCase("one worker: the result is its own values", ("SingleWorker",), rand((1, 3))),
+        VectorCase("one worker with a trailing dimension", ("SingleWorker", "TrailingDims"), rand((1, 2, 2))),
+        VectorCase("two workers", ("Random", "SumNotOp", *gather), rand((2, 4))),
+        VectorCase(
             "three workers, one element per chunk",
             ("PrimeWorkers", "Random", "SumNotOp", *gather),
             rand((3, 3)),
         ),
-        Case(
+        VectorCase(
             "five workers, two rows per chunk",
             ("PrimeWorkers", "MultiRowChunk", "Random", "SumNotOp", *gather),
             rand((5, 10)),
         ),
-        Case("trailing shape (3,)", ("TrailingDims", "Random", "SumNotOp", *gather), rand((4, 4, 3))),
-        Case(
+        VectorCase("trailing shape (3,)", ("TrailingDims", "Random", "SumNotOp", *gather), rand((4, 4, 3))),
+        VectorCase(
             "trailing shape (2, 2), two rows per chunk",
             ("TrailingDims", "MultiRowChunk", "Random", "SumNotOp"),
             rand((3, 6, 2, 2)),
@@ -346,150 +310,150 @@ def _common(op: Op, rng: random.Random, dtype: torch.dtype) -> list[Case]:
     ]
 
 
-def _prod_cases(rng: random.Random, fmt: FloatFormat) -> list[Case]:
+def _prod_cases(rng: random.Random, fmt: FloatFormat) -> list[VectorCase]:
     dtype = fmt.torch_dtype
     top, tiny, normal = fmt.max_finite, fmt.min_subnormal, fmt.smallest_normal
 
     def order_telling(x: torch.Tensor) -> bool:
         ring = closed_form(x, "prod")
-        return all(_differs(ring, other) for other in _other_orders(x, "prod"))
+        return all(differs(ring, other) for other in _other_orders(x, "prod"))
 
     def rounding_telling(x: torch.Tensor) -> bool:
-        return _differs(closed_form(x, "prod"), _rounded_once(x))
+        return differs(closed_form(x, "prod"), _rounded_once(x))
 
     def full(rng: random.Random) -> float:
         return rng.choice((-1.0, 1.0)) * (1.0 + rng.random())
 
     return [
-        Case(
+        VectorCase(
             "ring order: the product rounds differently in worker order, reversed and as a tree",
             ("RingOrder",),
-            _search(rng, (4, 4), dtype, full, order_telling),
+            search(rng, (4, 4), dtype, full, order_telling, tries=SEARCH_TRIES),
         ),
-        Case(
+        VectorCase(
             "ring order with five workers",
             ("RingOrder", "PrimeWorkers"),
-            _search(rng, (5, 5), dtype, full, order_telling),
+            search(rng, (5, 5), dtype, full, order_telling, tries=SEARCH_TRIES),
         ),
-        Case(
+        VectorCase(
             "each multiplication rounds: the fold differs from the product rounded once",
             ("RoundEveryMultiply", "PrimeWorkers"),
-            _search(rng, (3, 3), dtype, full, rounding_telling),
+            search(rng, (3, 3), dtype, full, rounding_telling, tries=SEARCH_TRIES),
         ),
-        Case(
+        VectorCase(
             "overflow: max x 2 = inf, 2 x -max = -inf",
             ("Overflow",),
-            _tensor([top, -top, 2.0, 2.0], (2, 2), dtype),
+            tensor([top, -top, 2.0, 2.0], (2, 2), dtype),
         ),
-        Case(
+        VectorCase(
             "overflow depends on the order: (max x 2) x 0.5 = inf, (0.5 x max) x 2 = max",
             ("Overflow", "RingOrder", "PrimeWorkers"),
-            _by_chunk(3, [top, 2.0, 0.5], dtype),
+            by_chunk(3, 1, [top, 2.0, 0.5], dtype),
         ),
-        Case(
+        VectorCase(
             "underflow: normal x 0.5 is subnormal, s x 0.5 = +0 (ties to even), -s x 0.5 = -0, s x 0.75 = s",
             ("Underflow", "SignedZero", "MultiRowChunk"),
-            _tensor([normal, tiny, -tiny, tiny, 0.5, 0.5, 0.5, 0.75], (2, 4), dtype),
+            tensor([normal, tiny, -tiny, tiny, 0.5, 0.5, 0.5, 0.75], (2, 4), dtype),
         ),
-        Case(
+        VectorCase(
             "underflow depends on the order: (s x 0.5) x 4 = 0, (4 x s) x 0.5 = 2s",
             ("RingOrder", "PrimeWorkers"),
-            _by_chunk(3, [tiny, 0.5, 4.0], dtype),
+            by_chunk(3, 1, [tiny, 0.5, 4.0], dtype),
         ),
-        Case(
+        VectorCase(
             "signed zeros: -0 x 3 = -0, -0 x -1 = +0, -1 x +0 = -0, -0 x 3 = -0",
             ("SignedZero", "MultiRowChunk"),
-            _tensor([-0.0, -0.0, 0.0, 3.0, 3.0, -1.0, -1.0, -0.0], (2, 4), dtype),
+            tensor([-0.0, -0.0, 0.0, 3.0, 3.0, -1.0, -1.0, -0.0], (2, 4), dtype),
         ),
     ]
 
 
-def _extreme_cases(op: Op, fmt: FloatFormat) -> list[Case]:
+def _extreme_cases(op: Op, fmt: FloatFormat) -> list[VectorCase]:
     """max and min: signed-zero ties and extreme values; ``s`` mirrors the values for min."""
     dtype = fmt.torch_dtype
     s = -1.0 if op == "max" else 1.0
     top, tiny = fmt.max_finite, fmt.min_subnormal
     return [
-        Case(
+        VectorCase(
             "the spec's example: worker 0 = [-0, -0], worker 1 = [+0, +0] give [-0, +0]",
             ("SignedZeroTie", "RingOrder"),
-            _tensor([-0.0, -0.0, 0.0, 0.0], (2, 2), dtype),
+            tensor([-0.0, -0.0, 0.0, 0.0], (2, 2), dtype),
         ),
-        Case(
+        VectorCase(
             "three workers: chunk 0 folds -0, +0, +0; chunk 1 +0, v, -0; chunk 2 v, -0, +0",
             ("SignedZeroTie", "RingOrder", "PrimeWorkers"),
-            _tensor([-0.0, -0.0, -0.0, 0.0, 0.0, 0.0, 0.0, s, s], (3, 3), dtype),
+            tensor([-0.0, -0.0, -0.0, 0.0, 0.0, 0.0, 0.0, s, s], (3, 3), dtype),
         ),
-        Case(
+        VectorCase(
             "ties next to values: two rows per chunk",
             ("SignedZeroTie", "MultiRowChunk"),
-            _tensor([-0.0, 0.0, -s, -0.0, 0.0, -0.0, -0.0, -2 * s], (2, 4), dtype),
+            tensor([-0.0, 0.0, -s, -0.0, 0.0, -0.0, -0.0, -2 * s], (2, 4), dtype),
         ),
-        Case(
+        VectorCase(
             f"{'all negative' if op == 'max' else 'all positive'}: max finite, subnormals, small integers",
             ("ExtremeValues", "PrimeWorkers"),
-            _tensor([s * v for v in (top, tiny, top, top, 2.0, top, top, 3.0, tiny)], (3, 3), dtype),
+            tensor([s * v for v in (top, tiny, top, top, 2.0, top, top, 3.0, tiny)], (3, 3), dtype),
         ),
     ]
 
 
-def _avg_cases(rng: random.Random, fmt: FloatFormat) -> list[Case]:
+def _avg_cases(rng: random.Random, fmt: FloatFormat) -> list[VectorCase]:
     dtype = fmt.torch_dtype
     top, ulp, tiny, normal = fmt.max_finite, fmt.ulp_of_max, fmt.min_subnormal, fmt.smallest_normal
     big = 2.0 ** (fmt.precision + 1)
 
     def once_telling(x: torch.Tensor) -> bool:
         right = closed_form(x, "avg")
-        return all(_differs(right, wrong) for wrong in _avg_done_wrong(x))
+        return all(differs(right, wrong) for wrong in _avg_done_wrong(x))
 
     def small_integer(rng: random.Random) -> float:
         return float(rng.randint(1, 9))
 
     return [
-        Case(
+        VectorCase(
             "the spec's example: 1, 1, 3 sum to 5, divided once by 3",
             ("AvgDividesOnce", "AvgRoundedReciprocal", "PrimeWorkers"),
-            _by_chunk(3, [1.0, 1.0, 3.0], dtype),
+            by_chunk(3, 1, [1.0, 1.0, 3.0], dtype),
         ),
-        Case(
+        VectorCase(
             "divided once: three workers of small integers",
             ("AvgDividesOnce", "AvgRoundedReciprocal", "PrimeWorkers", "MultiRowChunk"),
-            _search(rng, (3, 6), dtype, small_integer, once_telling),
+            search(rng, (3, 6), dtype, small_integer, once_telling, tries=SEARCH_TRIES),
         ),
-        Case(
+        VectorCase(
             "divided once: five workers of small integers",
             ("AvgDividesOnce", "AvgRoundedReciprocal", "PrimeWorkers"),
-            _search(rng, (5, 5), dtype, small_integer, once_telling),
+            search(rng, (5, 5), dtype, small_integer, once_telling, tries=SEARCH_TRIES),
         ),
-        Case(
+        VectorCase(
             "overflow: max + max = inf, inf / 2 = inf; dividing first gives max",
             ("Overflow", "AvgDividesOnce"),
-            _tensor([top, -top, top, -top], (2, 2), dtype),
+            tensor([top, -top, top, -top], (2, 2), dtype),
         ),
-        Case(
+        VectorCase(
             "overflow by rounding: max + ulp/2 = inf (ties to even), max + ulp/4 = max, then / 2",
             ("Overflow",),
-            _tensor([top, top, ulp / 2, ulp / 4], (2, 2), dtype),
+            tensor([top, top, ulp / 2, ulp / 4], (2, 2), dtype),
         ),
-        Case(
+        VectorCase(
             "signed zeros: (-0 + -0) / 2 = -0, (-0 + +0) / 2 = +0, (-1 + 1) / 2 = +0",
             ("SignedZero", "MultiRowChunk"),
-            _tensor([-0.0, -0.0, 1.0, -0.0, -0.0, 0.0, -1.0, -0.0], (2, 4), dtype),
+            tensor([-0.0, -0.0, 1.0, -0.0, -0.0, 0.0, -1.0, -0.0], (2, 4), dtype),
         ),
-        Case(
+        VectorCase(
             "subnormals: s / 2 = +0, normal / 2 subnormal, 3s / 2 = 2s (ties to even), -s / 2 = -0",
             ("Underflow", "AvgDividesOnce", "MultiRowChunk"),
-            _tensor([tiny, normal, 2 * tiny, -tiny, 0.0, 0.0, tiny, -0.0], (2, 4), dtype),
+            tensor([tiny, normal, 2 * tiny, -tiny, 0.0, 0.0, tiny, -0.0], (2, 4), dtype),
         ),
-        Case(
+        VectorCase(
             "ring order: (B + -B) + 1 = 1, then / 3; worker order gives 0",
             ("RingOrder", "PrimeWorkers"),
-            _by_chunk(3, [big, -big, 1.0], dtype),
+            by_chunk(3, 1, [big, -big, 1.0], dtype),
         ),
     ]
 
 
-def cases(op: Op, name: str) -> list[Case]:
+def cases(op: Op, name: str) -> list[VectorCase]:
     """Every vector of ``op`` and dtype ``name``, in ``tcId`` order within the group."""
     fmt = FORMATS[name]
     rng = random.Random(f"{SEED}:{op}:{name}")
@@ -501,92 +465,63 @@ def cases(op: Op, name: str) -> list[Case]:
     return common + _extreme_cases(op, fmt)
 
 
-def vector(tc_id: int, case: Case, op: Op) -> dict[str, Any]:
-    """The JSON object of one vector: the closed form's result, checked against the reference engine."""
-    x = case.x
-    n, m, trailing = x.shape[0], x.shape[1], list(x.shape[2:])
-    expected = closed_form(x, op)
-    engine = ring_all_reduce(x, op=op)
-    if _differs(expected, engine):
-        raise AssertionError(
-            f"tcId {tc_id} ({op}, {case.comment}): the closed form and the reference disagree"
-        )
-    out: dict[str, Any] = {
-        "tcId": tc_id,
-        "comment": case.comment,
-        "flags": list(case.flags),
-        "n": n,
-        "m": m,
-        "trailingShape": trailing,
-        "input": to_hex(x),
-        "expected": to_hex(expected),
-    }
-    if n > 1 and x.numel() <= ROUND_BUFFER_LIMIT:
-        rounds, _ = reference_rounds(x, op)
-        out["rounds"] = [{"phase": r.phase, "round": r.round, "buffers": to_hex(r.buffers)} for r in rounds]
-    return out
+def _checked(case: VectorCase, op: Op) -> dict[str, Any]:
+    """The test of ``case``: the closed form's result, refused unless the reference engine agrees."""
+    expected = closed_form(case.x, op)
+    if differs(expected, ring_all_reduce(case.x, op=op)):
+        raise AssertionError(f"{op}, {case.comment}: the closed form and the reference disagree")
+    return vector(case, expected, op)
 
 
-HEADER: Final = [
-    f"Conformance vectors v{VERSION} for the reduction ops of spec/ring_all_reduce.md section 9 "
-    "(prod, max, min, avg; sum is ring_all_reduce_v1.json).",
-    "Generated by `ring-ref vectors --ops --out DIR`; do not edit. See spec/vectors/README.md.",
+HEADER: Final = header(
+    VERSION,
+    "the reduction ops of spec/ring_all_reduce.md section 9 (prod, max, min, avg; sum is "
+    "ring_all_reduce_v1.json).",
+    COMMAND,
     "input: shape (n, m, *trailingShape); expected: shape (m, *trailingShape), worker 0's final buffer "
     "(for avg: after the one division by n).",
     "Every value is the IEEE bit pattern as fixed-width lowercase hex, flattened row-major.",
     "rounds (small cases): every worker's buffers after each round; for avg they hold the ring's sums.",
     "Expected values: the clause op-* closed form, checked against the ring_ref reference engine and "
     "against the independent oracle of tests/oracles.py.",
-]
+)
 
 
 def build() -> dict[str, Any]:
     """The ops vector file as a JSON-ready object."""
-    groups: list[dict[str, Any]] = []
-    used: set[str] = set()
-    tc_id = 0
-    for op in OPS_COVERED:
-        for name, fmt in FORMATS.items():
-            tests = []
-            for case in cases(op, name):
-                tc_id += 1
-                tests.append(vector(tc_id, case, op))
-                used.update(case.flags)
-            groups.append(
-                {"type": "RingAllReduceOpTest", "op": op, "dtype": name, "bits": fmt.bits, "tests": tests}
-            )
-    return {
-        "algorithm": "RING-ALL-REDUCE-OPS",
-        "schema": SCHEMA_NAME,
-        "generatorVersion": str(VERSION),
-        "numberOfTests": tc_id,
-        "header": HEADER,
-        "notes": {flag: note for flag, note in NOTES.items() if flag in used},
-        "testGroups": groups,
-    }
+    groups: list[dict[str, Any]] = [
+        {
+            "type": "RingAllReduceOpTest",
+            "op": op,
+            "dtype": name,
+            "bits": fmt.bits,
+            "tests": [_checked(case, op) for case in cases(op, name)],
+        }
+        for op in OPS_COVERED
+        for name, fmt in FORMATS.items()
+    ]
+    used = {flag for group in groups for test in group["tests"] for flag in test["flags"]}
+    return document(
+        algorithm="RING-ALL-REDUCE-OPS",
+        schema_name=SCHEMA_NAME,
+        version=VERSION,
+        header=HEADER,
+        notes={flag: note for flag, note in NOTES.items() if flag in used},
+        groups=groups,
+    )
 
 
 def schema() -> dict[str, Any]:
     """The JSON schema (draft 2020-12) of :func:`build`'s output."""
-    defs: dict[str, Any] = {}
-    groups = []
-    for name, fmt in FORMATS.items():
-        defs[f"{name}Group"] = strict(
-            {
-                "type": {"const": "RingAllReduceOpTest"},
-                "op": {"enum": list(OPS_COVERED)},
-                "dtype": {"const": name},
-                "bits": {"const": fmt.bits},
-                "tests": {
-                    "type": "array",
-                    "minItems": 1,
-                    "items": case_schema(fmt.bits, list(NOTES), min_rounds=2),
-                },
-            }
-        )
-        groups.append(
-            {"if": {"properties": {"dtype": {"const": name}}}, "then": {"$ref": f"#/$defs/{name}Group"}}
-        )
+    defs = dtype_groups(
+        "RingAllReduceOpTest",
+        lambda bits: {"type": "array", "minItems": 1, "items": case_schema(bits, list(NOTES), min_rounds=2)},
+        {"op": {"enum": list(OPS_COVERED)}},
+    )
+    groups = [
+        {"if": {"properties": {"dtype": {"const": name}}}, "then": {"$ref": f"#/$defs/{name}Group"}}
+        for name in FORMATS
+    ]
     group = {
         "type": "object",
         "required": ["dtype"],
@@ -606,7 +541,7 @@ def schema() -> dict[str, Any]:
 
 def contents() -> dict[str, str]:
     """File name -> text of the two ops files."""
-    return {JSON_NAME: dumps(build()) + "\n", SCHEMA_NAME: dumps(schema()) + "\n"}
+    return json_texts({JSON_NAME: build(), SCHEMA_NAME: schema()})
 
 
 def write(out_dir: Path) -> list[Path]:

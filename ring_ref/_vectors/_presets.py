@@ -18,6 +18,7 @@ True
 
 from __future__ import annotations
 
+import math
 import random
 from pathlib import Path
 from typing import Any, Final
@@ -26,9 +27,21 @@ import torch
 
 from ring_ref._chunks import chunk_bounds
 from ring_ref._dispatch import ring_all_reduce
-from ring_ref._dtypes import FORMATS, bits, dtype_name, to_hex
+from ring_ref._dtypes import FORMATS, dtype_name, to_hex
 from ring_ref._reveal import ring_trees
-from ring_ref._vectors import dumps, strict, write_files
+from ring_ref._vectors._format import (
+    count_schema,
+    differs,
+    document,
+    document_schema,
+    header,
+    hex_list_schema,
+    json_texts,
+    search,
+    shape_schema,
+    strict,
+    write_files,
+)
 from ring_ref.schedule import PRESETS
 
 __all__ = ["JSON_NAME", "SCHEMA_NAME", "VERSION", "build", "contents", "schema", "write"]
@@ -37,6 +50,8 @@ VERSION: Final = 1
 JSON_NAME: Final = f"ring_all_reduce_presets_v{VERSION}.json"
 SCHEMA_NAME: Final = f"ring_all_reduce_presets_schema_v{VERSION}.json"
 SEED: Final = 1013
+COMMAND: Final = "ring-ref vectors --presets --out DIR"
+SEARCH_TRIES: Final = 64
 
 SHAPES: Final[tuple[tuple[int, int, tuple[int, ...], str], ...]] = (
     (2, 3, (), "N = 2, M odd"),
@@ -55,9 +70,16 @@ NOTES: Final[dict[str, str]] = {
 }
 
 
-def _values(rng: random.Random, count: int) -> list[float]:
+HEADER: Final = header(
+    VERSION,
+    "the ring schedule presets of spec/ring_all_reduce.md section 10 (spec, openmpi-ring, gloo).",
+    COMMAND,
+)
+
+
+def _value(rng: random.Random) -> float:
     """Both signs, full significands, 2^-6 .. 2^6: additions round, so orders differ in the bits."""
-    return [rng.choice((-1.0, 1.0)) * (1.0 + rng.random()) * 2.0 ** rng.randint(-6, 6) for _ in range(count)]
+    return rng.choice((-1.0, 1.0)) * (1.0 + rng.random()) * 2.0 ** rng.randint(-6, 6)
 
 
 def _telling(rng: random.Random, preset: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -66,28 +88,24 @@ def _telling(rng: random.Random, preset: str, shape: tuple[int, ...], dtype: tor
     (Presets can coincide: OpenMPI's blocks are the spec's chunks when ``N`` divides ``M``, and for
     ``N <= 2`` every ring is the same.)
     """
-    count = 1
-    for d in shape:
-        count *= d
-    name, n = dtype_name(dtype), shape[0]
-    mine_trees = ring_trees(PRESETS[preset], n, count // n, name)
+    name, n, per_worker = dtype_name(dtype), shape[0], math.prod(shape) // shape[0]
+    mine_trees = ring_trees(PRESETS[preset], n, per_worker, name)
     others = [
         p
         for p, ring in PRESETS.items()
-        if (trees := ring_trees(ring, n, count // n, name)) is not None and trees != mine_trees
+        if (trees := ring_trees(ring, n, per_worker, name)) is not None and trees != mine_trees
     ]
-    for _ in range(64):
-        x = torch.tensor(_values(rng, count), dtype=torch.float64).to(dtype).reshape(shape)
-        mine = bits(ring_all_reduce(x, schedule=preset))
-        if all(not torch.equal(mine, bits(ring_all_reduce(x, schedule=p))) for p in others):
-            return x
-    raise AssertionError(f"no telling values for {preset} {shape} {dtype} in 64 draws")
+
+    def telling(x: torch.Tensor) -> bool:
+        mine = ring_all_reduce(x, schedule=preset)
+        return all(differs(mine, ring_all_reduce(x, schedule=p)) for p in others)
+
+    return search(rng, shape, dtype, _value, telling, tries=SEARCH_TRIES)
 
 
 def build() -> dict[str, Any]:
     """The preset vector file as a JSON-ready object."""
     groups = []
-    tc_id = 0
     for preset, ring in PRESETS.items():
         for name, fmt in FORMATS.items():
             rng = random.Random(f"{SEED}:{preset}:{name}")
@@ -96,18 +114,14 @@ def build() -> dict[str, Any]:
                 if ring.layout == "even" and m % n:
                     continue
                 x = _telling(rng, preset, (n, m, *trailing), fmt.torch_dtype)
-                s = x[0].numel()
-                tc_id += 1
+                bounds = chunk_bounds(ring.layout, n, x[0].numel(), itemsize=fmt.bits // 8)
                 tests.append(
                     {
-                        "tcId": tc_id,
                         "comment": comment,
                         "n": n,
                         "m": m,
                         "trailingShape": list(trailing),
-                        "chunkSizes": [
-                            hi - lo for lo, hi in chunk_bounds(ring.layout, n, s, itemsize=fmt.bits // 8)
-                        ],
+                        "chunkSizes": [hi - lo for lo, hi in bounds],
                         "input": to_hex(x),
                         "expected": to_hex(ring_all_reduce(x, schedule=preset)),
                     }
@@ -121,36 +135,24 @@ def build() -> dict[str, Any]:
                     "tests": tests,
                 }
             )
-    return {
-        "algorithm": "RING-ALL-REDUCE-PRESETS",
-        "schema": SCHEMA_NAME,
-        "generatorVersion": str(VERSION),
-        "numberOfTests": tc_id,
-        "header": [
-            f"Conformance vectors v{VERSION} for the ring schedule presets of spec/ring_all_reduce.md "
-            "section 10 (spec, openmpi-ring, gloo).",
-            "Generated by `ring-ref vectors --out DIR`; do not edit. See spec/vectors/README.md.",
-        ],
-        "notes": dict(NOTES),
-        "testGroups": groups,
-    }
+    return document(
+        algorithm="RING-ALL-REDUCE-PRESETS",
+        schema_name=SCHEMA_NAME,
+        version=VERSION,
+        header=HEADER,
+        notes=dict(NOTES),
+        groups=groups,
+    )
 
 
 def schema() -> dict[str, Any]:
     """The JSON schema (draft 2020-12) of :func:`build`'s output."""
-    count = {"type": "integer", "minimum": 1}
-    hex_list = {
-        "type": "array",
-        "minItems": 1,
-        "items": {"type": "string", "pattern": "^([0-9a-f]{4}){1,4}$"},
-    }
+    hex_list = hex_list_schema("^([0-9a-f]{4}){1,4}$")
     test = strict(
         {
-            "tcId": count,
+            "tcId": count_schema(),
             "comment": {"type": "string", "minLength": 1},
-            "n": count,
-            "m": count,
-            "trailingShape": {"type": "array", "items": count},
+            **shape_schema(),
             "chunkSizes": {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}},
             "input": hex_list,
             "expected": hex_list,
@@ -171,27 +173,18 @@ def schema() -> dict[str, Any]:
             "tests": {"type": "array", "items": test},
         }
     )
-    return {
-        "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "$id": SCHEMA_NAME,
-        "title": f"ring all-reduce preset conformance vectors v{VERSION}",
-        **strict(
-            {
-                "algorithm": {"const": "RING-ALL-REDUCE-PRESETS"},
-                "schema": {"const": SCHEMA_NAME},
-                "generatorVersion": {"type": "string"},
-                "numberOfTests": count,
-                "header": {"type": "array", "items": {"type": "string"}},
-                "notes": {"type": "object", "additionalProperties": {"type": "string"}},
-                "testGroups": {"type": "array", "items": group},
-            }
-        ),
-    }
+    return document_schema(
+        schema_name=SCHEMA_NAME,
+        title=f"ring all-reduce preset conformance vectors v{VERSION}",
+        algorithm="RING-ALL-REDUCE-PRESETS",
+        notes={"type": "object", "additionalProperties": {"type": "string"}},
+        test_groups={"type": "array", "items": group},
+    )
 
 
 def contents() -> dict[str, str]:
     """File name -> text of the two preset files."""
-    return {JSON_NAME: dumps(build()) + "\n", SCHEMA_NAME: dumps(schema()) + "\n"}
+    return json_texts({JSON_NAME: build(), SCHEMA_NAME: schema()})
 
 
 def write(out_dir: Path) -> list[Path]:
