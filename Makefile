@@ -7,14 +7,14 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 CROSSHAIR_TIMEOUT ?= 4
 
-.PHONY: install install-check system-tools demo verify lint typecheck test contracts soak gpu-check clean vectors-check model-check bench bench-dist bench-difftest prove mutation
+.PHONY: install install-check system-tools demo verify lint typecheck test contracts soak gpu-check clean vectors-check model-check bench bench-dist bench-difftest prove mutation docs
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,mpi]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,mpi,docs]'
 	touch $@
 
 demo: $(STAMP)
@@ -31,7 +31,14 @@ demo: $(STAMP)
 	  status=$$?; if [ $$status -eq 1 ]; then echo "As expected, the planted bug was found and diagnosed."; \
 	  else echo "difftest exited $$status; expected 1 (bug found)"; exit 1; fi
 
-verify: lint typecheck test contracts prove vectors-check model-check
+verify: lint typecheck test contracts prove vectors-check model-check docs
+
+# The documentation site (mkdocs.yml, docs/): --strict turns every warning into a failure, so a
+# broken link, anchor, README snippet or API reference fails the build (not with --quiet, which hides
+# the warnings from the count). Opens as build/site/index.html.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+	@echo "docs: built build/site"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -91,21 +98,21 @@ gpu-check: $(STAMP)
 
 # Fast engine vs reference engine vs torch.sum(x, 0), side by side (a few minutes; not part of
 # verify). Prints the table and ratios; writes bench.json and bench.png to build/bench, or to the
-# committed bench/results with `make bench UPDATE=1`.
+# committed docs/bench (shown in the docs) with `make bench UPDATE=1`.
 BENCH_STAMP := $(VENV)/.bench-stamp
 $(BENCH_STAMP): $(STAMP)
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,bench]'
 	touch $@
 
-BENCH_OUT = $(if $(UPDATE),bench/results,build/bench)
+BENCH_OUT = $(if $(UPDATE),docs/bench,build/bench)
 bench: $(BENCH_STAMP)
 	$(BIN)/python bench/bench.py --out $(BENCH_OUT)
 
 # ring_ref.distributed.ring_all_reduce_ vs dist.all_reduce on the same gloo processes (N = 2, 4;
 # 4 KiB .. 64 MiB per rank), then DDP steps with ring_hook vs the default hook (a few minutes; not
 # part of verify). Prints the table and every ratio against its target; writes bench_dist.json and
-# bench_dist.png to build/bench-dist, or to the committed bench/results with `make bench-dist UPDATE=1`.
-BENCH_DIST_OUT = $(if $(UPDATE),bench/results,build/bench-dist)
+# bench_dist.png to build/bench-dist, or to the committed docs/bench with `make bench-dist UPDATE=1`.
+BENCH_DIST_OUT = $(if $(UPDATE),docs/bench,build/bench-dist)
 bench-dist: $(BENCH_STAMP)
 	$(BIN)/python bench/bench_dist.py --out $(BENCH_DIST_OUT)
 

@@ -33,7 +33,7 @@ import torch
 from ring_ref import _fast, ring_all_reduce
 from ring_ref._dtypes import bits
 
-HERE = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parent.parent
 DTYPES = {
     "float64": torch.float64,
     "float32": torch.float32,
@@ -381,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print the table; ``--memory`` is the subprocess entry."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--out", type=Path, default=HERE / "results", help="folder for bench.json and bench.png"
+        "--out", type=Path, default=ROOT / "docs" / "bench", help="folder for bench.json and bench.png"
     )
     parser.add_argument(
         "--reference-max-n",

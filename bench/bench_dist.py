@@ -13,7 +13,8 @@ unlucky pair of them moved a cell by about 0.1x).
 
 Every ratio is printed against its target (reported, not asserted).  Results go to a JSON file
 and a plot in a scratch folder (``build/bench-dist``); ``--update`` writes the committed
-``bench/results/bench_dist.json`` and ``bench_dist.png`` instead.  ``--help`` lists the options.
+``docs/bench/bench_dist.json`` and ``bench_dist.png`` (shown in the docs) instead.  ``--help`` lists
+the options.
 """
 
 import argparse
@@ -296,10 +297,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ddp-width", type=int, default=1024)
     parser.add_argument("--ddp-depth", type=int, default=4)
     parser.add_argument("--ddp-batch", type=int, default=32)
-    parser.add_argument("--update", action="store_true", help="write the committed bench/results/ files")
+    parser.add_argument("--update", action="store_true", help="write the committed docs/bench/ files")
     parser.add_argument("--out", type=Path, default=None, help="folder for the results (default: scratch)")
     args = parser.parse_args(argv)
-    out = args.out or (HERE / "results" if args.update else ROOT / "build" / "bench-dist")
+    out = args.out or (ROOT / "docs" / "bench" if args.update else ROOT / "build" / "bench-dist")
     load_before = os.getloadavg()
     started = time.monotonic()
     results = [measure(n, args) for n in args.world_sizes]

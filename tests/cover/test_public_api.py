@@ -13,7 +13,7 @@ import torch
 
 import ring_ref
 from ring_ref import REFERENCE_SLOW_N, SlowReferenceWarning, ring_all_reduce
-from tests.paths import ROOT
+from tests.paths import DOCS, ROOT
 
 PUBLIC = {
     "ring_ref",
@@ -58,17 +58,18 @@ def test_reference_engine_warns_before_a_ring_that_takes_seconds() -> None:
     assert got.tolist() == [float(REFERENCE_SLOW_N)] * REFERENCE_SLOW_N
 
 
-def test_readme_layout_table_matches_the_tree() -> None:
-    """Every module of the package is in the README's layout table, and the table names no missing file."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    table = readme[readme.index("## Layout") :].split("\n## ")[0]
-    named = set(re.findall(r"`(ring_ref/[\w/]+(?:\.py|/))`", table))
+def test_architecture_module_table_matches_the_tree() -> None:
+    """Every module of the package, subpackages' too, is in the architecture page's module table
+    (docs/architecture.md), and the table names no missing file."""
+    page = (DOCS / "architecture.md").read_text(encoding="utf-8")
+    table = page[page.index("\n## Modules\n") :].split("\n## ")[1]
+    named = set(re.findall(r"^\| [^|]* \| `(ring_ref/[\w/]+\.py)` \|", table, flags=re.MULTILINE))
     package = ROOT / "ring_ref"
     on_disk = {
         f"ring_ref/{path.relative_to(package).as_posix()}"
-        for path in package.glob("*.py")
-        if path.name not in {"__main__.py"}
-    } | {f"ring_ref/{path.name}/" for path in package.iterdir() if (path / "__init__.py").is_file()}
+        for path in package.rglob("*.py")
+        if path.name != "__main__.py"
+    }
     assert named == on_disk, (sorted(on_disk - named), sorted(named - on_disk))
 
 
