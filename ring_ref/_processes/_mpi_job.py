@@ -46,7 +46,6 @@ whatever is left of its session; ``mpirun`` also dies with the parent
 from __future__ import annotations
 
 import contextlib
-import functools
 import hmac
 import io
 import os
@@ -62,7 +61,7 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, partial
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any, Final, TypeVar
@@ -273,7 +272,7 @@ class MpiRing(Harness):
                     stderr=subprocess.STDOUT,
                     env=env,
                     start_new_session=True,
-                    preexec_fn=functools.partial(die_with_parent, signal.SIGTERM),  # noqa: PLW1509  (one prctl call; no locks)
+                    preexec_fn=partial(die_with_parent, signal.SIGTERM),  # noqa: PLW1509  (one prctl call; no locks)
                 )
             self._accept(listener, token)
         except BaseException:
