@@ -1,6 +1,6 @@
 """``make bench-dist``: ``ring_all_reduce_`` against ``dist.all_reduce`` on the same gloo processes.
 
-For each world size ``N`` one group of ``N`` processes on 127.0.0.1 (``ring_ref._procs``) runs
+For each world size ``N`` one group of ``N`` processes on 127.0.0.1 (``ring_ref._processes._gloo``) runs
 both all-reduces on the same float32 tensor sizes, taking turns within each repetition (which
 one goes first alternates) so that machine noise hits both alike.  A repetition's time is the
 slowest rank's (ranks start together after a barrier); reported are medians over repetitions,
@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from ring_ref._procs import ProcessRing
+from ring_ref._processes._gloo import ProcessRing
 from ring_ref.distributed import ring_all_reduce_, ring_hook
 
 HERE = Path(__file__).resolve().parent

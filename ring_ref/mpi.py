@@ -34,7 +34,7 @@ before the ring and each round.  A peer that never calls, or stops mid-ring,
 then makes this rank raise ``RuntimeError`` naming the round and the
 neighbours, instead of waiting forever as MPI would.  A peer *process* that
 dies makes OpenMPI's ``mpirun`` abort the whole job; a launcher sees that
-(:mod:`ring_ref._mpi_launch` reports the rank).  After a timeout the
+(:mod:`ring_ref._processes._mpi_job` reports the rank).  After a timeout the
 communicator still holds the abandoned messages: abort the job
 (``comm.Abort()``) rather than reuse it, and treat the array as garbage (a
 receive posted before the failure may still write into it).
@@ -296,7 +296,7 @@ def openmpi_allreduce_mca(algorithm: int | str) -> dict[str, str]:
 
     ``coll_tuned_allreduce_algorithm`` is silently ignored without
     ``coll_tuned_use_dynamic_rules``, so both are given.  Pass them to
-    ``mpirun`` (``--mca KEY VALUE`` each) or to :class:`ring_ref._mpi_launch.MpiRing`.
+    ``mpirun`` (``--mca KEY VALUE`` each) or to :class:`ring_ref._processes._mpi_job.MpiRing`.
 
     >>> openmpi_allreduce_mca("ring")
     {'coll_tuned_use_dynamic_rules': '1', 'coll_tuned_allreduce_algorithm': '4'}

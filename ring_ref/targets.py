@@ -3,7 +3,7 @@
 ``gloo_all_reduce`` runs ``torch.distributed.all_reduce`` (``SUM``, gloo backend)
 across ``N`` spawned processes on ``127.0.0.1``: rank ``i`` contributes
 ``worker_tensors[i]`` and rank 0's reduced tensor is returned.  One process
-group per ``N`` is spawned on first use (through :mod:`ring_ref._procs`) and
+group per ``N`` is spawned on first use (through :mod:`ring_ref._processes._gloo`) and
 reused for every later call, so a difftest run pays the spawn cost once per
 ``N``; :func:`close` (also registered with :mod:`atexit`) shuts them down.
 
@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 
 from ring_ref._ops import REDUCE_OP_NAMES
-from ring_ref._procs import ProcessRing
+from ring_ref._processes._gloo import ProcessRing
 
 if TYPE_CHECKING:
     from mpi4py import MPI

@@ -161,12 +161,8 @@ MODULES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
         ("ring_ref/difftest/_ranks.py", "tests/nocover/test_kills_ranks.py"),
     ),
     "difftest.mpi": (
-        ("ring_ref/difftest/_mpi.py", "ring_ref/difftest/_mpi_ranks.py"),
-        (
-            "ring_ref/difftest/_mpi.py",
-            "ring_ref/difftest/_mpi_ranks.py",
-            "tests/nocover/test_kills_mpi.py",
-        ),
+        ("ring_ref/difftest/_mpi.py",),
+        ("ring_ref/difftest/_mpi.py", "tests/nocover/test_kills_mpi.py"),
     ),
 }
 
@@ -190,7 +186,7 @@ FORKED: Final[dict[str, Forked]] = {
         "ring_ref.difftest._worker.xǁWorkerǁspawn",
         tuple(
             f"ring_ref.difftest._worker.x_{f}"
-            for f in ("_frame", "_close_all_but", "_forget_inherited_helpers", "_die_with_parent", "_child")
+            for f in ("_frame", "_close_all_but", "_forget_inherited_helpers", "_child")
         ),
         tuple(
             f"tests/cover/difftest/test_kills_worker.py::{test}"

@@ -57,9 +57,8 @@ One job per private module: ``_vocabulary`` (modes, codes, dtype names),
 ``_inputs`` (cases, layouts, probes), ``_oracles`` (the three oracles),
 ``_call`` (calling a target and reading its raw answer), ``_worker`` (the
 worker process), ``_launch`` (in-process or isolated), ``_ranks`` (process
-groups for per-rank targets), ``_mpi`` and ``_mpi_ranks`` (per-rank targets on
-MPI jobs), ``_diagnosis`` (codes
-and explanations), ``_report`` (text and JSON), ``_search`` (Hypothesis,
+groups for per-rank targets), ``_mpi`` (per-rank targets on MPI jobs),
+``_diagnosis`` (codes and explanations), ``_report`` (text and JSON), ``_search`` (Hypothesis,
 shrinking and :func:`difftest`), ``_loading`` (loading ``TARGET`` by name).
 The command line lives in :mod:`ring_ref._cli`.
 

@@ -12,7 +12,7 @@ search, the oracles and the diagnosis only ever see outcomes.
   restarted after it dies or is killed for running past the time limit.
 * :class:`~ring_ref.difftest._ranks.GlooRanks` runs a per-rank target on every
   rank of a gloo process group (:mod:`ring_ref.difftest._ranks`), and
-  :class:`~ring_ref.difftest._mpi_ranks.MpiRanks` on every rank of an MPI job.
+  :class:`~ring_ref.difftest._mpi.MpiRanks` on every rank of an MPI job.
 """
 
 from __future__ import annotations

@@ -1,106 +1,80 @@
-"""A per-rank target ``TARGET(comm, array)`` on every rank of an MPI job: the MPI half of ``--ranks mpi``.
+"""``--ranks mpi``: a per-rank launcher whose ranks are an MPI job, ``TARGET(comm, array)`` on each.
 
-:class:`MpiTarget` keeps one :class:`~ring_ref._mpi_launch.MpiRing` per ``N``
-(started on first use, restarted after a failure) and :meth:`MpiTarget.call`
-runs the target once on every rank: rank ``i`` gets its own fresh, contiguous,
-writeable ``numpy`` array holding ``inputs[i]``, and a duplicate of the job's
-``COMM_WORLD`` (and, when an op is asked for, ``op=`` its name:
-``fn(comm, array, op="max")``).  A rank's *result* is the array the target returns, or, when it
-returns ``None``, the array itself after the call (in place, like
-``comm.Allreduce(MPI.IN_PLACE, ...)``).
+:class:`MpiRanks` is a :class:`~ring_ref.difftest._launch.Launcher` with
+``per_rank`` set, like :class:`~ring_ref.difftest._ranks.GlooRanks`, so every
+check of a per-rank target applies unchanged.  It keeps one
+:class:`~ring_ref._processes._mpi_job.MpiRing` per ``N`` (started on first
+use, restarted after a failure) and runs each case once on every rank: rank
+``r`` gets its own fresh, contiguous, writeable ``numpy`` array holding
+``case.rank_tensor(r)`` (the same bits) and a duplicate of the job's
+``COMM_WORLD``; with an op (``case.op``) the call is
+``TARGET(comm, array, op=NAME)``.  A rank's *result* is the array the target
+returns, or, when it returns ``None``, the array itself after the call (in
+place, like ``comm.Allreduce(MPI.IN_PLACE, ...)``).
 
 The target is imported by name in the ranks only (never in the tester), and
-each rank answers with plain data (:func:`observe`: bits, shapes, dtype names,
-strings), which the tester reads without building any object the ranks chose
-(``MpiRing.run(trusted=False)``).  How the call failed, if it did, is a
-:class:`RanksFailure`: ``timed-out`` (with each unfinished rank's Python stack,
-and what the finished ranks said) or ``crashed`` (the rank whose process died).
+each rank answers with plain data (:func:`observe_rank`: bits, shapes, dtype
+names, strings), which the tester reads without building any object the
+ranks chose (``MpiRing.run(trusted=False)``) and decodes once, field by field,
+into the same :class:`~ring_ref.difftest._call.Answer` the gloo ranks give
+(:func:`decode_rank`); or the call is a
+:class:`~ring_ref.difftest._call.Failure`: ``timed-out`` with each unfinished
+rank's Python stack, ``crashed`` with the dead rank.
+
+``numpy`` has no bfloat16, so this launcher takes float16, float32 and
+float64 cases only (:data:`MPI_DTYPES`); a target that cannot reduce float16
+(``comm.Allreduce``: MPI has no such type) is reported as ``raised``.
 """
 
 from __future__ import annotations
 
-import time
 import traceback
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Final, Literal
+from collections.abc import Mapping
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
+import torch
 
-from ring_ref._mpi_launch import MpiRing, RankFailed, RanksTimedOut
+from ring_ref._dtypes import INT_OF_SIZE
+from ring_ref._processes._mpi_job import MpiRing, RankFailed, RanksTimedOut
+from ring_ref.difftest._call import Answer, Failure, Garbled, Outcome, TensorView
+from ring_ref.difftest._inputs import Case
+from ring_ref.difftest._launch import Launcher, OutputLog
 from ring_ref.difftest._loading import TargetError, load_target
 
-__all__ = ["MpiTarget", "RankAnswer", "RanksCall", "RanksFailure", "observe"]
+__all__ = ["MPI_DTYPES", "MpiRanks", "decode_rank", "observe_rank"]
 
+MPI_DTYPES: Final = (torch.float16, torch.float32, torch.float64)
+"""The dtypes a case may have under ``--ranks mpi`` (``numpy`` has no bfloat16)."""
+_BY_NUMPY_NAME: Final = {str(d).removeprefix("torch."): d for d in MPI_DTYPES}
+_WHOLE: Final = (0, 1)
+"""A stand-in storage range: two views given it overlap (``_call._shares`` compares ranges)."""
 _LOADED: dict[str, Any] = {}
 """Targets already imported in this rank, by name."""
 _NUMERIC_KINDS: Final = "biufc"
 """Arrays of these dtype kinds (bool, integers, floats, complex) travel back as bits; others do not."""
 
-
-@dataclass(frozen=True)
-class RankAnswer:
-    """What the target did on one rank.
-
-    ``returned`` is ``"none"``, ``"argument"`` (the array it was given),
-    ``"ndarray"`` (another array) or the type name of anything else;
-    ``result`` is ``(dtype, shape, bits)`` of the rank's result (``None`` when
-    it returned something that is not an array); ``argument`` the same for the
-    array it was given, after the call; ``shares_memory`` whether a returned
-    array other than the argument overlaps it; ``raised`` and ``traceback``
-    describe an exception.
-    """
-
-    rank: int
-    returned: str
-    result: tuple[str, tuple[int, ...], bytes] | None
-    argument: tuple[str, tuple[int, ...], bytes]
-    shares_memory: bool = False
-    raised: str = ""
-    traceback: str = ""
-
-    def result_array(self) -> npt.NDArray[Any] | None:
-        """The result rebuilt as an array (``None`` if there is none)."""
-        return None if self.result is None else _array(*self.result)
-
-    def argument_array(self) -> npt.NDArray[Any]:
-        """The argument after the call, rebuilt."""
-        return _array(*self.argument)
+Plain = tuple[str, tuple[int, ...], bytes]
+"""An array as plain data: its dtype's ``numpy`` name, its shape, its bits (C order)."""
 
 
-@dataclass(frozen=True)
-class RanksFailure:
-    """A call that did not answer on every rank: which ranks, why, and where they were."""
-
-    code: Literal["timed-out", "crashed"]
-    text: str
-    ranks: list[int]
-    stacks: dict[int, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class RanksCall:
-    """One call of the target on every rank: the answers, or the failure; and how long it took."""
-
-    answers: list[RankAnswer] | None
-    failure: RanksFailure | None
-    seconds: float
-
-
-def _array(dtype: str, shape: tuple[int, ...], bits: bytes) -> npt.NDArray[Any]:
-    return np.frombuffer(bits, dtype=np.dtype(dtype)).reshape(shape).copy()
-
-
-def _plain(array: npt.NDArray[Any]) -> tuple[str, tuple[int, ...], bytes]:
+def _plain(array: npt.NDArray[Any]) -> Plain:
     return array.dtype.name, tuple(int(d) for d in array.shape), np.ascontiguousarray(array).tobytes()
 
 
-def observe(comm: Any, payload: tuple[str, str, tuple[int, ...], list[bytes], str | None]) -> dict[str, Any]:
+def observe_rank(
+    comm: Any, payload: tuple[str, str, tuple[int, ...], list[bytes], str | None]
+) -> dict[str, Any]:
     """On one rank: call the target on this rank's input and describe what it did, as plain data.
 
     ``payload``: the target's name, the dtype and shape, every rank's input bytes, and the op's
-    name (``None``: call without ``op=``).
+    name (``None``: call without ``op=``).  The answer: ``returned`` is ``"none"``,
+    ``"argument"`` (the array it was given), ``"ndarray"`` (another array) or the type name
+    of anything else; ``result`` the rank's result as :data:`Plain` (``None`` when it returned
+    something that is not an array); ``argument`` the array it was given, after the call;
+    ``shares_memory`` whether a returned array other than the argument overlaps it; ``raised``
+    and ``traceback`` describe an exception.  ``{"load_error": ...}`` when the target cannot be loaded.
     """
     name, dtype, shape, inputs, op = payload
     rank = comm.Get_rank()
@@ -128,100 +102,143 @@ def observe(comm: Any, payload: tuple[str, str, tuple[int, ...], list[bytes], st
     return answer
 
 
-def _answer(reply: object, rank: int) -> RankAnswer:
-    """A rank's reply checked field by field (plain data, but sent by the target's process)."""
+def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Contiguous strides (the ranks send every array's bits densely)."""
+    out, step = [], 1
+    for d in reversed(shape):
+        out.append(step)
+        step *= max(d, 1)
+    return tuple(reversed(out))
+
+
+def _checked(value: object, rank: int) -> Plain:
+    """An array in a rank's reply, checked: a numeric dtype, a shape, exactly its bytes."""
+    if not (isinstance(value, tuple) and len(value) == 3):
+        raise Garbled(f"rank {rank}: a malformed array in its answer")
+    dtype, shape, bits = value
+    try:
+        numeric = isinstance(dtype, str) and np.dtype(dtype).kind in _NUMERIC_KINDS
+    except (TypeError, ValueError):  # not a dtype's name
+        numeric = False
+    if not numeric:
+        raise Garbled(f"rank {rank}: dtype {dtype!r}")
+    if not (isinstance(shape, tuple) and all(isinstance(d, int) and d >= 0 for d in shape)):
+        raise Garbled(f"rank {rank}: shape {shape!r}")
+    if not isinstance(bits, bytes) or len(bits) != int(np.prod(shape)) * np.dtype(dtype).itemsize:
+        raise Garbled(f"rank {rank}: {len(bits) if isinstance(bits, bytes) else '?'} bytes for {shape}")
+    return dtype, shape, bits
+
+
+def _view(plain: Plain, shares: bool) -> TensorView:
+    """A rank's array as the checks read a tensor: ``torch.<dtype>`` and bits for the tester's dtypes."""
+    name, shape, bits = plain
+    dtype = _BY_NUMPY_NAME.get(name)
+    storage = _WHOLE if shares else None
+    if dtype is None:
+        return TensorView(shape, _strides(shape), f"numpy.{name}", "cpu", storage)
+    ints = INT_OF_SIZE[dtype.itemsize]
+    flat = torch.frombuffer(bytearray(bits), dtype=ints) if bits else torch.empty(0, dtype=ints)
+    return TensorView(shape, _strides(shape), str(dtype), "cpu", storage, flat.reshape(shape))
+
+
+def decode_rank(reply: object, rank: int) -> Answer:
+    """Rank ``rank``'s reply from :func:`observe_rank`, checked field by field (plain data, but sent by
+    the target's process), as the :class:`Answer` the gloo ranks would have given; :class:`Garbled`
+    if it is malformed."""
     if not isinstance(reply, dict):
-        raise ValueError(f"rank {rank} sent a {type(reply).__name__}, not an answer")
-
-    def view(value: object) -> tuple[str, tuple[int, ...], bytes]:
-        if not (isinstance(value, tuple) and len(value) == 3):
-            raise ValueError(f"rank {rank}: a malformed array in its answer")
-        dtype, shape, bits = value
-        try:
-            numeric = isinstance(dtype, str) and np.dtype(dtype).kind in _NUMERIC_KINDS
-        except TypeError:
-            numeric = False
-        if not numeric:
-            raise ValueError(f"rank {rank}: dtype {dtype!r}")
-        if not (isinstance(shape, tuple) and all(isinstance(d, int) and d >= 0 for d in shape)):
-            raise ValueError(f"rank {rank}: shape {shape!r}")
-        if not isinstance(bits, bytes) or len(bits) != int(np.prod(shape)) * np.dtype(dtype).itemsize:
-            raise ValueError(
-                f"rank {rank}: {len(bits) if isinstance(bits, bytes) else '?'} bytes for {shape}"
-            )
-        return dtype, shape, bits
-
-    result = reply.get("result")
-    return RankAnswer(
-        rank=rank,
-        returned=str(reply.get("returned")),
-        result=None if result is None else view(result),
-        argument=view(reply.get("argument")),
-        shares_memory=bool(reply.get("shares_memory")),
-        raised=str(reply.get("raised", "")),
-        traceback=str(reply.get("traceback", "")),
+        raise Garbled(f"rank {rank} sent a {type(reply).__name__}, not an answer")
+    raw_result = reply.get("result")
+    result = None if raw_result is None else _checked(raw_result, rank)
+    argument = _checked(reply.get("argument"), rank)
+    returned = str(reply.get("returned"))
+    raised = str(reply.get("raised", ""))
+    in_place = returned in ("none", "argument") or bool(reply.get("shares_memory"))
+    return Answer(
+        {"none": "NoneType", "argument": "ndarray"}.get(returned, returned),
+        None if raised or result is None else _view(result, in_place),
+        _view(argument, in_place),
+        raised,
+        str(reply.get("traceback", "")),
+        rank,
+        returned == "none" and not raised,
     )
 
 
-class MpiTarget:
-    """``target`` (``module:function`` or ``file.py:function``) called on every rank of an MPI job.
+def _stacks(stacks: Mapping[int, str]) -> str:
+    return "".join(f"rank {r}:\n{stacks[r]}\n" for r in sorted(stacks))
 
-    ``mca`` is passed to every job it starts; ``rings`` hands it jobs already
-    made, by ``N`` (it closes them in :meth:`close` like its own).
+
+class MpiRanks(Launcher):
+    """``TARGET(comm, array)`` on every rank of an ``mpirun`` job of ``N`` ranks (see the module docstring).
+
+    ``mca`` is passed to ``mpirun`` as ``--mca KEY VALUE`` (e.g.
+    ``{"coll_tuned_use_dynamic_rules": "1", "coll_tuned_allreduce_algorithm": "4"}``
+    for OpenMPI's ring all-reduce); ``rings`` hands it jobs already started, by
+    ``N`` (it closes them in :meth:`close` like its own).
     """
+
+    isolated = True
+    per_rank = True
+    kind = "mpi"
 
     def __init__(
         self,
         target: str,
         timeout_s: float,
-        *,
         mca: Mapping[str, str] | None = None,
+        *,
         rings: Mapping[int, MpiRing] | None = None,
     ) -> None:
         self.target = target
         self.timeout_s = timeout_s
         self.mca = dict(mca or {})
+        self.output = OutputLog()
         self._rings: dict[int, MpiRing] = dict(rings or {})
 
-    def call(self, inputs: Sequence[npt.NDArray[Any]], op: str | None = None) -> RanksCall:
-        """Run the target once on ``len(inputs)`` ranks, rank ``i`` on ``inputs[i]`` (with ``op=op``
-        unless ``op`` is ``None``).
+    def start(self) -> None:
+        """Start a job of one rank and load the target in it (:class:`TargetError` if it cannot)."""
+        self._call(Case(1, 1, (), torch.float64, "contiguous", (0.0,)))
 
-        :class:`ring_ref.difftest._loading.TargetError` if the ranks cannot load it.
-        """
-        n = len(inputs)
+    def call(self, case: Case) -> Outcome:
+        """Run the target on every rank of the job for ``case.n``; one answer per rank, or the failure."""
+        try:
+            return self._call(case)
+        except TargetError as exc:
+            return Outcome(case, failure=Failure("crashed", f"starting the ranks failed: {exc}"))
+
+    def _call(self, case: Case) -> Outcome:
+        if case.dtype not in MPI_DTYPES:
+            raise ValueError(f"--ranks mpi takes {[str(d) for d in MPI_DTYPES]} only; got {case.dtype}")
+        n = case.n
         ring = self._rings.get(n) or self._rings.setdefault(n, MpiRing(n, mca=self.mca))
-        first = np.asarray(inputs[0])
+        inputs = [case.rank_tensor(r).numpy() for r in range(n)]
         payload = (
             self.target,
-            first.dtype.name,
-            tuple(first.shape),
-            [np.ascontiguousarray(x).tobytes() for x in inputs],
-            op,
+            inputs[0].dtype.name,
+            tuple(inputs[0].shape),
+            [x.tobytes() for x in inputs],
+            case.op,
         )
-        start = time.monotonic()
         try:
-            replies = ring.run(observe, payload, timeout_s=self.timeout_s, trusted=False)
+            replies = ring.run(observe_rank, payload, timeout_s=self.timeout_s, trusted=False)
         except RanksTimedOut as exc:
-            return RanksCall(
-                None, RanksFailure("timed-out", str(exc), exc.pending, exc.stacks), time.monotonic() - start
+            return Outcome(
+                case, failure=Failure("timed-out", str(exc), _stacks(exc.stacks), tuple(exc.pending))
             )
         except RankFailed as exc:
-            code: Literal["timed-out", "crashed"] = "crashed"
-            return RanksCall(
-                None, RanksFailure(code, str(exc), exc.ranks, exc.stacks), time.monotonic() - start
-            )
-        seconds = time.monotonic() - start
+            return Outcome(case, failure=Failure("crashed", str(exc), _stacks(exc.stacks), tuple(exc.ranks)))
+        except RuntimeError as exc:  # mpirun could not start the ranks (or is missing)
+            raise TargetError(f"starting {n} MPI rank(s) failed: {exc}") from exc
         errors = [r["load_error"] for r in replies if isinstance(r, dict) and "load_error" in r]
         if errors:
             raise TargetError(errors[0])
         try:
-            return RanksCall([_answer(reply, rank) for rank, reply in enumerate(replies)], None, seconds)
-        except ValueError as exc:
+            return Outcome(case, tuple(decode_rank(reply, rank) for rank, reply in enumerate(replies)))
+        except Garbled as exc:
             ring.close()
-            return RanksCall(None, RanksFailure("crashed", f"a garbled answer: {exc}", []), seconds)
+            return Outcome(case, failure=Failure("crashed", f"a garbled answer: {exc}"))
 
     def close(self) -> None:
-        """Stop every job this target started."""
+        """Stop every job."""
         while self._rings:
             self._rings.popitem()[1].close()

@@ -353,7 +353,7 @@ def per_rank_target(launcher: Launcher) -> Callable[[torch.Tensor], torch.Tensor
 def rank_launcher(ranks: str, target: str, timeout: float) -> Launcher:
     """The difftest launcher that runs ``TARGET`` on every rank of a gloo group or an MPI job."""
     if ranks == "mpi":
-        from ring_ref.difftest._mpi_ranks import MpiRanks
+        from ring_ref.difftest._mpi import MpiRanks
 
         return MpiRanks(target, timeout)
     from ring_ref.difftest._ranks import GlooRanks

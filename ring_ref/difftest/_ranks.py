@@ -19,8 +19,8 @@ stopped; a rank that dies is named with its exit status or signal; after any
 rank raised, hung or died the group is torn down (its channels may hold stale
 messages) and rebuilt for the next call.  What a kind of group adds is how
 rank ``r`` of ``N`` joins it before the target is imported (:meth:`ForkedGroup.hub`):
-:class:`GlooRanks` hosts a ``TCPStore`` on ``127.0.0.1`` and each rank calls
-``torch.distributed.init_process_group("gloo", ...)`` through it, so
+:class:`GlooRanks` hosts a ``TCPStore`` on ``127.0.0.1`` and each rank joins
+a gloo group through it (:mod:`ring_ref._processes._shared`), so
 ``TARGET`` may use the default group freely (``torch.distributed:all_reduce``
 is a valid target).
 """
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import os
+import functools
 import select
 import socket
 import time
@@ -37,10 +37,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Final
 
-import torch.distributed as dist
 from torch.distributed import TCPStore  # type: ignore[attr-defined]  # re-exported at runtime, not in stubs
 
-from ring_ref._procs import LOOPBACK, _loopback_interface
+from ring_ref._processes._shared import host_store, join_group, loopback_listener
 from ring_ref.difftest._call import Answer, Failure, Garbled, Outcome, decode
 from ring_ref.difftest._inputs import Case
 from ring_ref.difftest._launch import OUTPUT_LIMIT, Launcher, OutputLog
@@ -224,34 +223,19 @@ class _GlooHub(Hub):
     def __init__(self, n: int, group_timeout_s: float) -> None:
         self.n = n
         self.timeout = datetime.timedelta(seconds=group_timeout_s)
-        self.listener: socket.socket | None = socket.create_server((LOOPBACK, 0))
+        self.listener: socket.socket | None = loopback_listener()
         self.port = self.listener.getsockname()[1]
         self.store: TCPStore | None = None
 
     def rank_setup(self, rank: int) -> Callable[[], None]:
         """Join the gloo group as ``rank`` (gloo's own sockets on the loopback interface only)."""
-        port, n, timeout = self.port, self.n, self.timeout
-
-        def join() -> None:
-            os.environ["GLOO_SOCKET_IFNAME"] = _loopback_interface()
-            store = TCPStore(LOOPBACK, port, is_master=False, timeout=timeout)
-            dist.init_process_group("gloo", store=store, rank=rank, world_size=n, timeout=timeout)
-
-        return join
+        return functools.partial(join_group, "gloo", self.port, rank, self.n, self.timeout)
 
     def started(self) -> None:
         """Serve the store on the listening socket (bound to loopback before the ranks were forked)."""
         assert self.listener is not None
-        self.store = TCPStore(
-            LOOPBACK,
-            self.port,
-            is_master=True,
-            timeout=self.timeout,
-            wait_for_workers=False,
-            master_listen_fd=self.listener.fileno(),
-        )
-        self.listener.detach()  # the store owns the socket now
-        self.listener = None
+        listener, self.listener = self.listener, None
+        self.store = host_store(listener, self.timeout)
 
     def close(self) -> None:
         """Stop serving the store."""

@@ -19,7 +19,7 @@ from ring_ref.difftest._diagnosis import Finding, as_launcher, diagnose, differe
 from ring_ref.difftest._inputs import LAYOUTS, Case, cases, one_worker_cases
 from ring_ref.difftest._launch import InProcess, Isolated, Launcher
 from ring_ref.difftest._loading import importable_name, load_target
-from ring_ref.difftest._mpi_ranks import MPI_DTYPES, MpiRanks
+from ring_ref.difftest._mpi import MPI_DTYPES, MpiRanks
 from ring_ref.difftest._oracles import EXACT_ORDER
 from ring_ref.difftest._ranks import GlooRanks
 from ring_ref.difftest._report import ModeResult, Report

@@ -48,6 +48,7 @@ from typing import Any, Final
 
 import torch
 
+from ring_ref._processes._shared import die_with_parent
 from ring_ref.difftest._call import Garbled
 from ring_ref.difftest._loading import TargetError
 
@@ -58,7 +59,6 @@ MAX_PAYLOAD: Final = 64 << 20
 MAX_OUTPUT_KEPT: Final = 1 << 20
 STACK_WAIT_S: Final = 2.0
 EXIT_WAIT_S: Final = 2.0
-_PR_SET_PDEATHSIG: Final = 1
 
 
 @dataclass(frozen=True)
@@ -449,15 +449,6 @@ def _forget_inherited_helpers() -> None:
             setattr(helper, name, None)
 
 
-def _die_with_parent(parent: int) -> None:
-    """Ask the kernel to kill this process when the parent dies (Linux); leave now if it already has."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:
-        os._exit(0)
-
-
 def _child(
     target: str,
     rank: int | None,
@@ -474,7 +465,7 @@ def _child(
     from ring_ref.difftest._loading import load_target
 
     os.setsid()
-    _die_with_parent(parent)
+    die_with_parent(signal.SIGKILL, parent)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.dup2(out, 1)

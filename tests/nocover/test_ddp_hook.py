@@ -29,7 +29,7 @@ from torch._C._distributed_c10d import GradBucket  # dist.GradBucket, which the 
 from torch.nn.parallel import DistributedDataParallel
 
 from ring_ref import ring_all_reduce
-from ring_ref._procs import ProcessRing
+from ring_ref._processes._gloo import ProcessRing
 from ring_ref.distributed import RingHookState, ring_hook
 from ring_ref.schedule import PRESETS
 from tests.oracles import fold, same_bits

@@ -10,77 +10,50 @@ tests fail, they are not skipped.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import torch
 
 from ring_ref._cli import main
-from ring_ref._mpi_launch import MpiRing, mpirun_path
 from ring_ref.difftest import Mode, difftest
-from ring_ref.difftest._mpi_ranks import MPI_DTYPES, MpiRanks
+from ring_ref.difftest._mpi import MPI_DTYPES, MpiRanks
 from ring_ref.difftest._report import ModeResult
 from ring_ref.difftest._search import run_mode
 from ring_ref.difftest._vocabulary import MODES, Op
 from ring_ref.mpi import openmpi_allreduce_mca
 from tests import planted_mpi
+from tests.processes import Jobs
 
 pytestmark = pytest.mark.clause("difftest-ranks")
 
 _DTYPES = MPI_DTYPES
 
 
-def _gone(pid: int) -> bool:
-    """The process has exited (a zombie waiting for its reaper counts as gone)."""
+def run(
+    jobs: Jobs,
+    target: str,
+    mode: Mode,
+    *,
+    examples: int,
+    seed: int,
+    timeout_s: float = 60.0,
+    op: Op | None = None,
+    dtypes: tuple[torch.dtype, ...] = _DTYPES,
+) -> ModeResult:
+    """One mode of the tester on ``target`` over the module's jobs (``N`` up to 2; the jobs stay open)."""
+    launcher = MpiRanks(target, timeout_s, rings={ring.world_size: ring for ring in jobs.rings})
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return True
-    return state in ("Z", "X")
-
-
-class Jobs:
-    """Jobs of 1 and 2 ranks shared by the launchers of this module; on close, all their processes gone."""
-
-    def __init__(self) -> None:
-        mpirun_path()  # fail (not skip) with what to install when OpenMPI or mpi4py is missing
-        self.rings = {n: MpiRing(n) for n in (1, 2)}
-        self.pids: set[int] = set()
-
-    def run(
-        self,
-        target: str,
-        mode: Mode,
-        *,
-        examples: int,
-        seed: int,
-        timeout_s: float = 60.0,
-        op: Op | None = None,
-        dtypes: tuple[torch.dtype, ...] = _DTYPES,
-    ) -> ModeResult:
-        """One mode of the tester on ``target`` over these jobs (``N`` up to 2; the jobs stay open)."""
-        launcher = MpiRanks(target, timeout_s, rings=self.rings)
-        try:
-            return run_mode(launcher, mode, examples=examples, seed=seed, max_workers=2, dtypes=dtypes, op=op)
-        finally:
-            for ring in self.rings.values():
-                self.pids.update(ring.pids)
-
-    def close(self) -> None:
-        for ring in self.rings.values():
-            self.pids.update(ring.pids)
-            ring.close()
-        deadline = time.monotonic() + 10
-        while (left := [p for p in self.pids if not _gone(p)]) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not left, f"processes left behind: {left}"
+        return run_mode(launcher, mode, examples=examples, seed=seed, max_workers=2, dtypes=dtypes, op=op)
+    finally:
+        jobs.note()
 
 
 @pytest.fixture(scope="module")
 def jobs() -> Iterator[Jobs]:
     pool = Jobs()
+    for n in (1, 2):
+        pool.ring(n)
     yield pool
     pool.close()
 
@@ -88,7 +61,7 @@ def jobs() -> Iterator[Jobs]:
 @pytest.mark.clause("difftest-oracles", "fold-order")
 def test_ring_all_reduce_underscore_passes_every_mode(jobs: Jobs) -> None:
     for mode in MODES:
-        result = jobs.run("ring_ref.mpi:ring_all_reduce_", mode, examples=4, seed=3)
+        result = run(jobs, "ring_ref.mpi:ring_all_reduce_", mode, examples=4, seed=3)
         assert result.verdict == "pass", (mode, result.finding)
         assert result.examples >= 4
 
@@ -96,7 +69,7 @@ def test_ring_all_reduce_underscore_passes_every_mode(jobs: Jobs) -> None:
 @pytest.mark.clause("difftest-diagnoses")
 @pytest.mark.parametrize(("bug", "mode"), [("gather_adds", "order-free"), ("chunk_off_by_one", "bound")])
 def test_planted_mpi_bug_gets_its_code(jobs: Jobs, bug: str, mode: Mode) -> None:
-    result = jobs.run(f"tests.planted_mpi:{bug}", mode, examples=10, seed=1)
+    result = run(jobs, f"tests.planted_mpi:{bug}", mode, examples=10, seed=1)
     finding, cex = result.finding, result.counterexample
     assert result.verdict == "fail" and finding is not None and cex is not None
     assert finding.codes == [planted_mpi.EXPECTED[bug]], finding.explanation
@@ -110,16 +83,16 @@ def test_planted_mpi_bug_gets_its_code(jobs: Jobs, bug: str, mode: Mode) -> None
 def test_mpi_allreduce_passes_order_free_and_bound_per_op(jobs: Jobs, op: Op) -> None:
     # MPI has no float16 type: MPI_Allreduce refuses it, so float32 and float64 only.
     for mode in ("order-free", "bound"):
-        result = jobs.run(
-            "ring_ref.targets:mpi_allreduce", mode, examples=6, seed=2, op=op, dtypes=_DTYPES[1:]
+        result = run(
+            jobs, "ring_ref.targets:mpi_allreduce", mode, examples=6, seed=2, op=op, dtypes=_DTYPES[1:]
         )
         assert result.verdict == "pass", (op, mode, result.finding)
 
 
 @pytest.mark.clause("difftest-ops")
 def test_mpi_has_no_average_and_says_so(jobs: Jobs) -> None:
-    result = jobs.run(
-        "ring_ref.targets:mpi_allreduce", "bound", examples=1, seed=0, op="avg", dtypes=_DTYPES[1:]
+    result = run(
+        jobs, "ring_ref.targets:mpi_allreduce", "bound", examples=1, seed=0, op="avg", dtypes=_DTYPES[1:]
     )
     assert result.finding is not None and result.finding.codes == ["raised"], result.finding
     assert "MPI (MPI_Op) has no op 'avg'" in result.finding.explanation
@@ -127,7 +100,7 @@ def test_mpi_has_no_average_and_says_so(jobs: Jobs) -> None:
 
 @pytest.mark.clause("difftest-diagnoses")
 def test_send_send_deadlock_is_timed_out_with_every_ranks_stack(jobs: Jobs) -> None:
-    result = jobs.run("tests.planted_mpi:send_send_deadlock", "order-free", examples=5, seed=1, timeout_s=3)
+    result = run(jobs, "tests.planted_mpi:send_send_deadlock", "order-free", examples=5, seed=1, timeout_s=3)
     finding, cex = result.finding, result.counterexample
     assert finding is not None and cex is not None and finding.codes == ["timed-out"], finding
     assert cex.n == 2 and finding.ranks == [0, 1], finding.explanation

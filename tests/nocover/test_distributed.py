@@ -1,4 +1,4 @@
-"""``ring_ref.distributed.ring_all_reduce_`` on real gloo processes on 127.0.0.1 (``ring_ref._procs``).
+"""``ring_ref.distributed.ring_all_reduce_`` on real gloo processes on 127.0.0.1 (``_processes._gloo``).
 
 One process group per world size (2, 3 and 4 processes) is spawned once per
 module and reused by every case.  Each rank reduces its own row of a stacked
@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from ring_ref import distributed, ring_all_reduce
-from ring_ref._procs import ProcessRing, RankError
+from ring_ref._processes._gloo import ProcessRing, RankError
 from ring_ref.distributed import ring_all_reduce_
 from ring_ref.testing import assert_matches_reference
 from tests.oracles import ring_fold, same_bits

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from ring_ref import OPS, ring_all_reduce
-from ring_ref._procs import ProcessRing
+from ring_ref._processes._gloo import ProcessRing
 from ring_ref.distributed import ring_all_reduce_
 from tests.oracles import ring_fold_op, same_bits
 

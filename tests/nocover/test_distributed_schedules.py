@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import GradBucket  # dist.GradBucket, which the stubs do not export
 
 from ring_ref import distributed, ring_all_reduce
-from ring_ref._procs import ProcessRing
+from ring_ref._processes._gloo import ProcessRing
 from ring_ref.distributed import RingHookState, ring_all_reduce_, ring_hook
 from ring_ref.schedule import RingSchedule
 from tests.oracles import blocks_bounds, gloo_bounds, same_bits, schedule_fold

@@ -3,7 +3,7 @@
 ``ring-ref reveal`` on it must fit the ``gloo`` preset, and
 ``ring_all_reduce(x, schedule="gloo")`` must give gloo's bits on random inputs
 of every dtype, ``M`` divisible by ``N`` or not, with trailing dimensions.  The
-ranks run in :class:`ring_ref._procs.ProcessRing`; rank ``i`` contributes
+ranks run in :class:`ring_ref._processes._gloo.ProcessRing`; rank ``i`` contributes
 ``x[i]``.  ``verify`` runs a few ``N``; the full ``N = 2 .. 8`` sweep is ``soak``.
 """
 
@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from ring_ref import ring_all_reduce
-from ring_ref._procs import ProcessRing
+from ring_ref._processes._gloo import ProcessRing
 from ring_ref._reveal import reveal
 from tests.oracles import same_bits
 

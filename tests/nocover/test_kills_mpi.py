@@ -1,10 +1,10 @@
-"""``--ranks mpi`` (``difftest._mpi``, ``difftest._mpi_ranks``), where mutation testing found it unchecked.
+"""``--ranks mpi`` (``difftest._mpi``), where mutation testing found it unchecked.
 
-Most of it is checked in pytest's own process: :func:`observe` on a fake
-communicator (it only asks for the rank), the check of each rank's reply
+Most of it is checked in pytest's own process: :func:`observe_rank` on a fake
+communicator (it only asks for the rank), the decoding of each rank's reply
 field by field (every malformed field refused with its rank and what is
-wrong, never taken for an answer), and :class:`MpiTarget` / :class:`MpiRanks`
-over a fake job that runs :func:`observe` for each rank in this process or
+wrong, never taken for an answer), and :class:`MpiRanks`
+over a fake job that runs :func:`observe_rank` for each rank in this process or
 fails as a real job fails (``timed-out`` with each unfinished rank's stack,
 ``crashed`` naming the dead rank, a garbled reply, ``mpirun`` not starting, a
 target the ranks cannot load).  One real ``mpirun`` job of one rank checks
@@ -27,14 +27,12 @@ import numpy.typing as npt
 import pytest
 import torch
 
-from ring_ref._mpi_launch import MpiRing, RankFailed, RanksTimedOut, mpirun_path
+from ring_ref._processes._mpi_job import MpiRing, RankFailed, RanksTimedOut, mpirun_path
 from ring_ref.difftest import _mpi
-from ring_ref.difftest._call import TensorView
+from ring_ref.difftest._call import Answer, Garbled, TensorView
 from ring_ref.difftest._inputs import Case
 from ring_ref.difftest._loading import TargetError
-from ring_ref.difftest._mpi import MpiTarget, RankAnswer, _answer, observe
-from ring_ref.difftest._mpi_ranks import MpiRanks, _strides, _view
-from ring_ref.difftest._mpi_ranks import _answer as as_answer
+from ring_ref.difftest._mpi import MpiRanks, _strides, _view, decode_rank, observe_rank
 
 pytestmark = [pytest.mark.clause("difftest-ranks"), pytest.mark.timeout(60)]
 
@@ -103,7 +101,7 @@ def in_the_job(comm: Any, array: Array) -> None:
 
 
 class FakeComm:
-    """What :func:`observe` asks of a communicator."""
+    """What :func:`observe_rank` asks of a communicator."""
 
     def __init__(self, rank: int, size: int) -> None:
         self.rank, self.size = rank, size
@@ -156,13 +154,13 @@ def _plain(a: Array) -> tuple[str, tuple[int, ...], bytes]:
 
 def _observe(target: str, inputs: list[Array], rank: int = 0, op: str | None = None) -> dict[str, Any]:
     payload = (f"{HERE}:{target}", str(inputs[0].dtype), inputs[0].shape, [a.tobytes() for a in inputs], op)
-    return observe(FakeComm(rank, len(inputs)), payload)
+    return observe_rank(FakeComm(rank, len(inputs)), payload)
 
 
 TWO = [np.array([[1.5, -2.0]], dtype=np.float32), np.array([[3.0, 0.25]], dtype=np.float32)]
 
 
-# observe: what the target did, as plain data.
+# observe_rank: what the target did, as plain data.
 
 
 def test_each_rank_works_on_a_writeable_copy_of_its_own_input_in_place() -> None:
@@ -248,7 +246,7 @@ def test_the_op_is_passed_by_name_only_when_there_is_one() -> None:
 
 
 def test_a_target_that_cannot_be_loaded_is_the_loaders_words() -> None:
-    got = observe(FakeComm(0, 1), (f"{HERE}:no_such_function", "float64", (1,), [bytes(8)], None))
+    got = observe_rank(FakeComm(0, 1), (f"{HERE}:no_such_function", "float64", (1,), [bytes(8)], None))
     assert list(got) == ["load_error"]
     assert "no_such_function" in got["load_error"]
 
@@ -266,14 +264,14 @@ def test_a_target_is_imported_once_per_rank_and_keeps_its_module_state(tmp_path:
     # Fresh files: the targets loaded by earlier tests stay loaded in this process.
     first, second = _counting_target(tmp_path / "first.py", 10), _counting_target(tmp_path / "second.py", 20)
     results = [
-        observe(FakeComm(0, 1), (name, "float64", (1,), [bytes(8)], None))["result"]
+        observe_rank(FakeComm(0, 1), (name, "float64", (1,), [bytes(8)], None))["result"]
         for name in (first, first, second, first, second)
     ]
     assert results == [_plain(np.array([v])) for v in (11.0, 12.0, 21.0, 13.0, 22.0)]
     assert [(tmp_path / f"{f}.py.imports").read_text() for f in ("first", "second")] == ["x", "x"]
 
 
-# The tester's check of each reply.
+# The tester's decoding of each reply.
 
 
 def _reply(**fields: object) -> dict[str, object]:
@@ -291,11 +289,12 @@ def _reply(**fields: object) -> dict[str, object]:
 
 def test_a_well_formed_reply_becomes_the_ranks_answer() -> None:
     reply = _reply(raised="E: x", traceback="tb", result=("bool", (0,), b""), argument=("int8", (), b"\x05"))
-    got = _answer(reply, 3)
-    assert got == RankAnswer(3, "ndarray", ("bool", (0,), b""), ("int8", (), b"\x05"), True, "E: x", "tb")
-    bare = _answer({"returned": "none", "result": None, "argument": ("uint16", (1, 2), bytes(4))}, 0)
-    assert (bare.result, bare.shares_memory, bare.raised, bare.traceback) == (None, False, "", "")
-    assert _answer(_reply(returned=None, shares_memory=0), 1).returned == "None"
+    shared = TensorView((), (), "numpy.int8", "cpu", (0, 1))
+    assert decode_rank(reply, 3) == Answer("ndarray", None, shared, "E: x", "tb", 3, False)
+    bare = decode_rank({"returned": "none", "result": None, "argument": ("uint16", (1, 2), bytes(4))}, 0)
+    in_place = TensorView((1, 2), (2, 1), "numpy.uint16", "cpu", (0, 1))
+    assert bare == Answer("NoneType", None, in_place, "", "", 0, True)
+    assert decode_rank(_reply(returned=None, shares_memory=0), 1).type_name == "None"
 
 
 @pytest.mark.parametrize(
@@ -308,6 +307,7 @@ def test_a_well_formed_reply_becomes_the_ranks_answer() -> None:
         ({"argument": (None, (2,), bytes(8))}, "rank 2: dtype None"),
         ({"argument": (b"float32", (2,), bytes(8))}, "rank 2: dtype b'float32'"),
         ({"result": ("nonsense", (2,), bytes(8))}, "rank 2: dtype 'nonsense'"),
+        ({"result": ("(2,-3)f4", (2,), bytes(8))}, "rank 2: dtype '(2,-3)f4'"),
         ({"argument": ("U2", (2,), bytes(16))}, "rank 2: dtype 'U2'"),
         ({"argument": ("object", (2,), bytes(16))}, "rank 2: dtype 'object'"),
         ({"argument": ("float32", [2], bytes(8))}, "rank 2: shape [2]"),
@@ -323,119 +323,13 @@ def test_a_well_formed_reply_becomes_the_ranks_answer() -> None:
 def test_a_malformed_field_is_refused_with_the_rank_and_what_is_wrong(
     fields: dict[str, object], words: str
 ) -> None:
-    with pytest.raises(ValueError, match="^" + re.escape(words)):
-        _answer(_reply(**fields), 2)
+    with pytest.raises(Garbled, match="^" + re.escape(words)):
+        decode_rank(_reply(**fields), 2)
 
 
 def test_a_reply_that_is_not_a_dict_is_refused() -> None:
-    with pytest.raises(ValueError, match=r"^rank 1 sent a list, not an answer$"):
-        _answer([("float32", (2,), bytes(8))], 1)
-
-
-def test_the_answer_rebuilds_writeable_arrays() -> None:
-    values = np.array([[1.0, -0.0, 2.5]], dtype=np.float16)
-    got = RankAnswer(0, "ndarray", _plain(values * 2), _plain(values))
-    result, argument = got.result_array(), got.argument_array()
-    assert result is not None and result.dtype == np.float16 and result.shape == (1, 3)
-    assert result.tobytes() == (values * 2).tobytes() and argument.tobytes() == values.tobytes()
-    assert result.flags.writeable and argument.flags.writeable and argument.shape == (1, 3)
-    assert RankAnswer(0, "list", None, _plain(values)).result_array() is None
-
-
-# MpiTarget over a fake job.
-
-
-def test_every_rank_is_called_on_its_own_input_and_answers_in_rank_order() -> None:
-    ring = FakeRing(2)
-    target = MpiTarget(f"{HERE}:returns_new", 4.5, rings={2: ring})
-    strided = np.arange(8.0).reshape(2, 4)[:, ::2]  # not contiguous: sent as its values
-    got = target.call([strided, np.array([[5.0, 6.0], [7.0, 8.0]])])
-    assert got.failure is None and got.answers is not None
-    assert [a.rank for a in got.answers] == [0, 1]
-    assert [a.result_array().tolist() for a in got.answers] == [  # type: ignore[union-attr]
-        [[0.0, 6.0], [12.0, 18.0]],
-        [[15.0, 18.0], [21.0, 24.0]],
-    ]
-    assert 0.02 <= got.seconds < 5
-    # Plain data only, under the target's timeout; the same job serves the next call.
-    assert ring.runs == [(4.5, False)]
-    target.call([np.zeros(1), np.zeros(1)], "max")
-    assert len(ring.runs) == 2
-
-
-def test_the_op_reaches_every_rank() -> None:
-    got = MpiTarget(f"{HERE}:shows_keywords", 1.0, rings={2: FakeRing(2)}).call(TWO, "min")
-    assert got.answers is not None
-    assert [a.raised for a in got.answers] == [f"LookupError: rank {r}: {{'op': 'min'}}" for r in (0, 1)]
-
-
-def test_a_timed_out_call_names_the_unfinished_ranks_with_their_stacks() -> None:
-    hung = RanksTimedOut(3, 1.5, "running observe", [0, 2], {0: "at line 1", 2: "at line 2"})
-    got = MpiTarget("m:f", 1.5, rings={3: FakeRing(3, fails=hung)}).call([np.zeros(1)] * 3)
-    assert got.answers is None and got.failure is not None
-    assert (got.failure.code, got.failure.text, got.failure.ranks) == ("timed-out", str(hung), [0, 2])
-    assert got.failure.stacks == {0: "at line 1", 2: "at line 2"}
-    assert 0.02 <= got.seconds < 5
-
-
-def test_a_dead_rank_is_crashed() -> None:
-    dead = RankFailed(2, died={1: "exited with code 3"}, stacks={0: "in Recv"})
-    got = MpiTarget("m:f", 1.0, rings={2: FakeRing(2, fails=dead)}).call([np.zeros(1)] * 2)
-    assert got.answers is None and got.failure is not None
-    assert (got.failure.code, got.failure.text, got.failure.ranks) == ("crashed", str(dead), [1])
-    assert got.failure.stacks == {0: "in Recv"}
-    assert 0.02 <= got.seconds < 5
-
-
-def test_a_target_the_ranks_cannot_load_is_a_target_error() -> None:
-    with pytest.raises(TargetError, match="no_such_function"):
-        MpiTarget(f"{HERE}:no_such_function", 1.0, rings={1: FakeRing(1)}).call([np.zeros(1)])
-    good = _reply()
-    ring = FakeRing(2, replies=[good, {"load_error": "rank 1 cannot import it"}])
-    with pytest.raises(TargetError, match=r"^rank 1 cannot import it$"):
-        MpiTarget("m:f", 1.0, rings={2: ring}).call([np.zeros(1)] * 2)
-
-
-def test_a_garbled_reply_is_crashed_and_the_job_stopped() -> None:
-    ring = FakeRing(2, replies=[_reply(), 5])
-    got = MpiTarget("m:f", 1.0, rings={2: ring}).call([np.zeros(1)] * 2)
-    assert got.answers is None and got.failure is not None
-    assert (got.failure.code, got.failure.text, got.failure.ranks) == (
-        "crashed",
-        "a garbled answer: rank 1 sent a int, not an answer",
-        [],
-    )
-    assert ring.closed == 1 and 0.02 <= got.seconds < 5
-
-
-def test_one_job_per_n_is_made_on_first_use_with_the_mca_options(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_mpi, "MpiRing", FakeRing)
-    monkeypatch.setattr(FakeRing, "made", [])
-    target = MpiTarget(f"{HERE}:returns_list", 1.0, mca={"btl": "self"})
-    sizes = []
-    for n in (1, 2, 1, 2, 3):
-        got = target.call([np.zeros(1)] * n)
-        assert got.answers is not None
-        sizes.append(len(got.answers))
-    assert sizes == [1, 2, 1, 2, 3]
-    assert [(ring.world_size, ring.mca, len(ring.runs)) for ring in FakeRing.made] == [
-        (1, {"btl": "self"}, 2),
-        (2, {"btl": "self"}, 2),
-        (3, {"btl": "self"}, 1),
-    ]
-    target.close()
-    assert [ring.closed for ring in FakeRing.made] == [1, 1, 1]
-
-
-def test_close_stops_every_job_once() -> None:
-    rings = {1: FakeRing(1), 3: FakeRing(3)}
-    target = MpiTarget("m:f", 1.0, rings=rings)
-    target.close()
-    target.close()
-    assert [r.closed for r in rings.values()] == [1, 1]
-
-
-# The launcher's side: answers as the gloo ranks give them.
+    with pytest.raises(Garbled, match=r"^rank 1 sent a list, not an answer$"):
+        decode_rank([("float32", (2,), bytes(8))], 1)
 
 
 @pytest.mark.parametrize("shape", [(), (3,), (2, 3), (2, 0, 3), (0,), (4, 1, 2)])
@@ -485,8 +379,13 @@ X = np.array([1.0, 2.0], dtype=np.float32)
 Y = np.array([4.0, 5.0], dtype=np.float32)
 
 
+def _decoded(rank: int, returned: str, result: Array | None, argument: Array, **fields: object) -> Answer:
+    reply = {"returned": returned, "result": None if result is None else _plain(result), **fields}
+    return decode_rank(reply | {"argument": _plain(argument)}, rank)
+
+
 def test_in_place_answers_share_the_arguments_memory() -> None:
-    none = as_answer(RankAnswer(1, "none", _plain(Y), _plain(Y)))
+    none = _decoded(1, "none", Y, Y)
     assert (none.type_name, none.rank, none.returned_none, none.raised, none.traceback) == (
         "NoneType",
         1,
@@ -496,18 +395,18 @@ def test_in_place_answers_share_the_arguments_memory() -> None:
     )
     assert none.result is not None and none.result.values is not None
     assert none.result.values.tolist() == [4.0, 5.0] and _overlap(none.result, none.argument)
-    same = as_answer(RankAnswer(0, "argument", _plain(Y), _plain(Y)))
+    same = _decoded(0, "argument", Y, Y)
     assert (same.type_name, same.returned_none) == ("ndarray", False) and _overlap(same.result, same.argument)
-    view = as_answer(RankAnswer(2, "ndarray", _plain(Y[::-1].copy()), _plain(Y), shares_memory=True))
+    view = _decoded(2, "ndarray", Y[::-1].copy(), Y, shares_memory=True)
     assert (view.type_name, view.rank) == ("ndarray", 2) and _overlap(view.result, view.argument)
 
 
 def test_a_new_array_does_not_share_and_a_raise_has_no_result() -> None:
-    new = as_answer(RankAnswer(0, "ndarray", _plain(Y), _plain(X)))
+    new = _decoded(0, "ndarray", Y, X)
     assert not _overlap(new.result, new.argument)
     assert new.argument is not None and new.argument.values is not None
     assert new.argument.values.tolist() == [1.0, 2.0] and not new.returned_none
-    failed = as_answer(RankAnswer(0, "none", _plain(X), _plain(Y), raised="E: x", traceback="tb"))
+    failed = _decoded(0, "none", X, Y, raised="E: x", traceback="tb")
     assert (failed.result, failed.raised, failed.traceback, failed.returned_none) == (
         None,
         "E: x",
@@ -516,8 +415,18 @@ def test_a_new_array_does_not_share_and_a_raise_has_no_result() -> None:
     )
     assert failed.argument is not None and failed.argument.values is not None
     assert failed.argument.values.tolist() == [4.0, 5.0]
-    other = as_answer(RankAnswer(0, "list", None, _plain(X)))
+    other = _decoded(0, "list", None, X)
     assert (other.type_name, other.result, other.returned_none) == ("list", None, False)
+
+
+def test_the_answer_holds_the_bits_of_the_result_and_of_the_argument() -> None:
+    values = np.array([[1.0, -0.0, 2.5]], dtype=np.float16)
+    got = _decoded(0, "ndarray", values * 2, values)
+    assert got.result is not None and got.result.values is not None
+    assert got.argument is not None and got.argument.values is not None
+    assert got.result.values.dtype == torch.float16 and got.result.values.shape == (1, 3)
+    assert got.result.values.numpy().tobytes() == (values * 2).tobytes()
+    assert got.argument.values.numpy().tobytes() == values.tobytes()
 
 
 # MpiRanks over a fake job.
@@ -536,6 +445,22 @@ def test_the_launcher_gives_each_rank_its_rows_and_answers_per_rank() -> None:
     assert ring.runs == [(2.5, False)]
     launcher.close()
     assert ring.closed == 1
+
+
+def test_a_new_array_is_each_ranks_result_and_the_job_serves_the_next_call() -> None:
+    ring = FakeRing(2)
+    launcher = MpiRanks(f"{HERE}:returns_new", 4.5, rings={2: ring})
+    got = launcher.call(CASE)
+    assert got.failure is None and [a.rank for a in got.answers] == [0, 1]
+    for rank, answer in enumerate(got.answers):
+        assert answer.result is not None and answer.argument is not None and not answer.returned_none
+        assert torch.equal(cast("torch.Tensor", answer.result.values), CASE.rank_tensor(rank) * 3)
+        assert torch.equal(cast("torch.Tensor", answer.argument.values), CASE.rank_tensor(rank))
+        assert not _overlap(answer.result, answer.argument)
+    # Plain data only, under the target's timeout; the same job serves the next call.
+    assert ring.runs == [(4.5, False)]
+    launcher.call(Case(2, 1, (), torch.float64, "contiguous", (1.0, 2.0), op="max"))
+    assert len(ring.runs) == 2
 
 
 def test_the_launcher_passes_the_cases_op() -> None:
@@ -580,14 +505,66 @@ def test_ranks_that_cannot_start_or_load_are_crashed() -> None:
     assert unloadable.failure is not None and unloadable.failure.code == "crashed" and unloadable.case == CASE
     assert unloadable.failure.text.startswith("starting the ranks failed: ")
     assert "no_such_function" in unloadable.failure.text
+    one_rank = FakeRing(2, replies=[_reply(), {"load_error": "rank 1 cannot import it"}])
+    got = MpiRanks("m:f", 1.0, rings={2: one_rank}).call(CASE)
+    assert got.failure is not None and got.answers == ()
+    assert got.failure.text == "starting the ranks failed: rank 1 cannot import it"
 
 
-def test_a_failed_call_carries_each_ranks_stack_in_rank_order() -> None:
-    hung = RanksTimedOut(2, 1.0, "running observe", [1, 0], {1: "in Send", 0: "in Recv"})
+def test_a_timed_out_call_carries_each_unfinished_ranks_stack_in_rank_order() -> None:
+    hung = RanksTimedOut(2, 1.0, "running observe_rank", [1, 0], {1: "in Send", 0: "in Recv"})
     got = MpiRanks("m:f", 1.0, rings={2: FakeRing(2, fails=hung)}).call(CASE)
     assert got.failure is not None and got.answers == () and got.case == CASE
     assert (got.failure.code, got.failure.text, got.failure.ranks) == ("timed-out", str(hung), (1, 0))
     assert got.failure.stack == "rank 0:\nin Recv\nrank 1:\nin Send\n"
+
+
+def test_a_dead_rank_is_crashed() -> None:
+    dead = RankFailed(2, died={1: "exited with code 3"}, stacks={0: "in Recv"})
+    got = MpiRanks("m:f", 1.0, rings={2: FakeRing(2, fails=dead)}).call(CASE)
+    assert got.failure is not None and got.answers == ()
+    assert (got.failure.code, got.failure.text, got.failure.ranks) == ("crashed", str(dead), (1,))
+    assert got.failure.stack == "rank 0:\nin Recv\n"
+
+
+def test_a_garbled_reply_is_crashed_and_the_job_stopped() -> None:
+    ring = FakeRing(2, replies=[_reply(), 5])
+    got = MpiRanks("m:f", 1.0, rings={2: ring}).call(CASE)
+    assert got.failure is not None and got.answers == ()
+    assert (got.failure.code, got.failure.text, got.failure.stack, got.failure.ranks) == (
+        "crashed",
+        "a garbled answer: rank 1 sent a int, not an answer",
+        "",
+        (),
+    )
+    assert ring.closed == 1
+
+
+def test_one_job_per_n_is_made_on_first_use_with_the_mca_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_mpi, "MpiRing", FakeRing)
+    monkeypatch.setattr(FakeRing, "made", [])
+    launcher = MpiRanks(f"{HERE}:returns_list", 1.0, {"btl": "self"})
+    sizes = []
+    for n in (1, 2, 1, 2, 3):
+        got = launcher.call(Case(n, 1, (), torch.float64, "contiguous", (0.0,) * n))
+        assert got.failure is None
+        sizes.append(len(got.answers))
+    assert sizes == [1, 2, 1, 2, 3]
+    assert [(ring.world_size, ring.mca, len(ring.runs)) for ring in FakeRing.made] == [
+        (1, {"btl": "self"}, 2),
+        (2, {"btl": "self"}, 2),
+        (3, {"btl": "self"}, 1),
+    ]
+    launcher.close()
+    assert [ring.closed for ring in FakeRing.made] == [1, 1, 1]
+
+
+def test_close_stops_every_job_once() -> None:
+    rings = {1: FakeRing(1), 3: FakeRing(3)}
+    launcher = MpiRanks("m:f", 1.0, rings=rings)
+    launcher.close()
+    launcher.close()
+    assert [r.closed for r in rings.values()] == [1, 1]
 
 
 # One real job.

@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,57 +25,21 @@ import pytest
 import torch
 
 from ring_ref import ring_all_reduce
-from ring_ref._mpi_launch import MpiRing, RankFailed, mpirun_path
-from ring_ref.difftest._loading import TargetError
-from ring_ref.difftest._mpi import MpiTarget
+from ring_ref._processes._mpi_job import MpiRing, RankFailed
+from ring_ref.difftest._inputs import Case
+from ring_ref.difftest._mpi import MpiRanks
 from ring_ref.mpi import _check_everywhere, _Waiter, openmpi_allreduce_mca, ring_all_reduce_
 from ring_ref.schedule import RingSchedule
 from ring_ref.targets import mpi_allreduce
 from tests import planted_mpi
 from tests.oracles import ring_fold, same_bits
+from tests.processes import Jobs, gone
 
 Array = npt.NDArray[Any]
 DTYPES = (np.float16, np.float32, np.float64)
 CALL_TIMEOUT_S = 60.0
 SHAPES = ((1, ()), (3, ()), (2, (3,)), (1, (2, 3)))
 """(rows per chunk, trailing shape) of the bit-for-bit cases."""
-
-
-def _gone(pid: int) -> bool:
-    """The process has exited (a zombie waiting for its reaper counts as gone)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return True
-    return state in ("Z", "X")
-
-
-class Jobs:
-    """The MPI jobs of this module; on close, every process any of them started must be gone."""
-
-    def __init__(self) -> None:
-        mpirun_path()  # fail (not skip) with what to install when OpenMPI or mpi4py is missing
-        self.rings: list[MpiRing] = []
-        self.pids: set[int] = set()
-
-    def ring(self, n: int, **kwargs: Any) -> MpiRing:
-        ring = MpiRing(n, **kwargs)
-        self.rings.append(ring)
-        return ring
-
-    def run(self, ring: MpiRing, fn: Any, payload: Any, timeout_s: float = CALL_TIMEOUT_S) -> list[Any]:
-        ring.start()
-        self.pids.update(ring.pids)
-        return ring.run(fn, payload, timeout_s=timeout_s)
-
-    def close(self) -> None:
-        for ring in self.rings:
-            self.pids.update(ring.pids)
-            ring.close()
-        deadline = time.monotonic() + 10
-        while (left := [p for p in self.pids if not _gone(p)]) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not left, f"processes left behind: {left}"
 
 
 @pytest.fixture(scope="module")
@@ -146,28 +109,10 @@ def reduce_rows_with(comm: Any, cases: list[tuple[Array, str, str | RingSchedule
     return results
 
 
-def allreduce_rows(comm: Any, xs: list[Array]) -> list[Array | None]:
-    """On each rank: ``MPI_Allreduce`` (the bundled target) of ``x[rank]`` among the first N ranks."""
+def _target_rows(comm: Any, target: Any, xs: list[Array]) -> list[Array | None]:
+    """On each rank: per-rank ``target(sub, x[rank])`` for each ``x``, ``sub`` its first N ranks."""
     from mpi4py import MPI
 
-    results: list[Array | None] = []
-    for x in xs:
-        sub = _sub(comm, x.shape[0])
-        if sub == MPI.COMM_NULL:
-            results.append(None)
-            continue
-        mine = x[comm.Get_rank()].copy()
-        mpi_allreduce(sub, mine)
-        results.append(mine)
-    return results
-
-
-def planted_rows(comm: Any, payload: tuple[str, list[Array]]) -> list[Array | None]:
-    """On each rank: the planted per-rank target ``name`` on ``x[rank]`` among the first N ranks."""
-    from mpi4py import MPI
-
-    name, xs = payload
-    target = getattr(planted_mpi, name)
     results: list[Array | None] = []
     for x in xs:
         sub = _sub(comm, x.shape[0])
@@ -178,6 +123,17 @@ def planted_rows(comm: Any, payload: tuple[str, list[Array]]) -> list[Array | No
         target(sub, mine)
         results.append(mine)
     return results
+
+
+def allreduce_rows(comm: Any, xs: list[Array]) -> list[Array | None]:
+    """On each rank: ``MPI_Allreduce`` (the bundled target) of ``x[rank]`` among the first N ranks."""
+    return _target_rows(comm, mpi_allreduce, xs)
+
+
+def planted_rows(comm: Any, payload: tuple[str, list[Array]]) -> list[Array | None]:
+    """On each rank: the planted per-rank target ``name`` on ``x[rank]`` among the first N ranks."""
+    name, xs = payload
+    return _target_rows(comm, getattr(planted_mpi, name), xs)
 
 
 def _bit_cases() -> list[tuple[Array, str]]:
@@ -476,33 +432,48 @@ def test_a_peer_that_never_calls_gives_an_error_not_a_hang(jobs: Jobs, world2: M
     pids = world2.pids
     world2.close()
     deadline = time.monotonic() + 10
-    while not all(_gone(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert all(_gone(p) for p in pids), f"close() left {[p for p in pids if not _gone(p)]} behind"
+    left = [p for p in pids if not gone(p, max(0.0, deadline - time.monotonic()))]
+    assert not left, f"close() left {left} behind"
     assert not world2.running and world2.pids == []
 
 
+def _case(x: Array) -> Case:
+    """``x`` (``(N, M)``, float32 or float64) as a difftest case: rank ``r`` gets ``x[r]``."""
+    n, m = x.shape
+    return Case(
+        n,
+        m,
+        (),
+        torch.float32 if x.dtype == np.float32 else torch.float64,
+        "contiguous",
+        tuple(float(v) for v in x.ravel()),
+    )
+
+
 def test_a_per_rank_target_is_called_on_every_rank_by_name(world4: MpiRing) -> None:
-    """``MpiTarget``: each rank's result (returned array, else the argument after the call) comes back."""
+    """``MpiRanks``: each rank's result (returned array, else the argument after the call) comes back."""
     x = stacked(4, 2, (), np.float32, seed=9)
     expected = ring_all_reduce(x)
-    for name, returned, right in [
-        ("ring_ref.mpi:ring_all_reduce_", "argument", True),
-        ("ring_ref.targets:mpi_allreduce", "none", True),  # the job runs OpenMPI's ring algorithm
-        ("tests.planted_mpi:plain_ring", "none", True),
-        ("tests.planted_mpi:gather_adds", "none", False),
-        ("tests.planted_mpi:chunk_off_by_one", "none", False),
+    for name, returned_none, right in [
+        ("ring_ref.mpi:ring_all_reduce_", False, True),
+        ("ring_ref.targets:mpi_allreduce", True, True),  # the job runs OpenMPI's ring algorithm
+        ("tests.planted_mpi:plain_ring", True, True),
+        ("tests.planted_mpi:gather_adds", True, False),
+        ("tests.planted_mpi:chunk_off_by_one", True, False),
     ]:
-        call = MpiTarget(name, CALL_TIMEOUT_S, rings={4: world4}).call(list(x))
-        assert call.failure is None and call.answers is not None, name
+        call = MpiRanks(name, CALL_TIMEOUT_S, rings={4: world4}).call(_case(x))
+        assert call.failure is None and len(call.answers) == 4, name
         for rank, answer in enumerate(call.answers):
-            got = answer.result_array()
-            assert answer.rank == rank and answer.returned == returned and not answer.raised, (name, answer)
-            assert got is not None and np.array_equal(got, expected) == right, (name, rank, got)
-            if returned == "none":
-                assert np.array_equal(answer.argument_array(), got)
-    with pytest.raises(TargetError, match="no attribute 'nothing_here'"):
-        MpiTarget("tests.planted_mpi:nothing_here", CALL_TIMEOUT_S, rings={4: world4}).call(list(x))
+            assert answer.rank == rank and answer.returned_none == returned_none, (name, answer)
+            assert answer.type_name == ("NoneType" if returned_none else "ndarray") and not answer.raised
+            assert answer.result is not None and answer.result.values is not None, (name, answer)
+            got = answer.result.values.numpy()
+            assert np.array_equal(got, expected) == right, (name, rank, got)
+            assert answer.argument is not None and answer.argument.values is not None
+            assert np.array_equal(answer.argument.values.numpy(), got), "in place: the argument is the result"
+    missing = MpiRanks("tests.planted_mpi:nothing_here", CALL_TIMEOUT_S, rings={4: world4}).call(_case(x))
+    assert missing.failure is not None and missing.failure.code == "crashed"
+    assert "no attribute 'nothing_here'" in missing.failure.text
     assert world4.running
 
 
@@ -511,17 +482,18 @@ def test_a_deadlock_times_out_naming_each_rank_and_its_stack(world2: MpiRing) ->
     world2.start()  # a new job after the close() above
     pids = world2.pids
     start = time.monotonic()
-    call = MpiTarget("tests.planted_mpi:send_send_deadlock", 3.0, rings={2: world2}).call(
-        list(np.ones((2, 4)))
+    call = MpiRanks("tests.planted_mpi:send_send_deadlock", 3.0, rings={2: world2}).call(
+        _case(np.ones((2, 4)))
     )
     assert time.monotonic() - start < 20
-    assert call.answers is None and call.failure is not None
-    assert call.failure.code == "timed-out" and call.failure.ranks == [0, 1]
+    assert call.answers == () and call.failure is not None
+    assert call.failure.code == "timed-out" and call.failure.ranks == (0, 1)
     assert "rank(s) [0, 1] did not finish" in call.failure.text
-    for rank in (0, 1):
-        assert "in send_send_deadlock" in call.failure.stacks[rank], call.failure.stacks
+    first, second = call.failure.stack.split("rank 1:\n")
+    assert first.startswith("rank 0:\n"), call.failure.stack
+    assert "in send_send_deadlock" in first and "in send_send_deadlock" in second, call.failure.stack
     assert not world2.running
-    assert all(_gone(p) for p in pids), "the timed-out job (mpirun and every rank) must be gone"
+    assert all(gone(p) for p in pids), "the timed-out job (mpirun and every rank) must be gone"
 
 
 def raise_while_peers_block(comm: Any, _: None) -> None:

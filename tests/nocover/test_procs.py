@@ -1,4 +1,4 @@
-"""The spawned-process harness ``ring_ref._procs``: results, failures, deadlines, reuse.
+"""The spawned-process harness ``ring_ref._processes._gloo``: results, failures, deadlines, reuse.
 
 Every case is bounded: the ring's own group timeout is set far above the
 bounds asserted here, so a pass shows that the harness killed the blocked
@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ring_ref._procs import ProcessRing, RankError
+from ring_ref._processes._gloo import ProcessRing, RankError
 
 WORLD = 2
 GROUP_TIMEOUT_S = 300.0

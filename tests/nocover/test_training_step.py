@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from ring_ref import ring_all_reduce
-from ring_ref._procs import ProcessRing
+from ring_ref._processes._gloo import ProcessRing
 from tests.oracles import same_bits
 from tests.paths import ROOT
 

@@ -37,9 +37,11 @@ import pytest
 import torch
 
 from ring_ref import ring_all_reduce
+from ring_ref._processes._shared import die_with_parent
 from ring_ref.difftest import Case, TargetError, _worker
 from ring_ref.difftest._call import decode
 from ring_ref.difftest._worker import Died, Reply, Stuck, Worker, exit_description, target_frames, trim
+from tests.processes import gone
 
 # A per-test limit too: a hang (under mutation testing, say) fails its test instead of stalling the run.
 pytestmark = [pytest.mark.clause("difftest-isolation"), pytest.mark.timeout(20)]
@@ -361,28 +363,11 @@ def call(worker: Worker, timeout_s: float = WAIT_S) -> Reply | Died | Stuck:
     return worker.receive(time.monotonic() + timeout_s)
 
 
-def _gone(pid: int, within_s: float = 10.0) -> bool:
-    """Whether process ``pid`` ends (or is a zombie, then reaped if ours) within ``within_s``."""
-    give_up = time.monotonic() + within_s
-    while True:
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            return True
-        if stat[stat.rindex(")") + 2] == "Z":
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, 0)
-            return True
-        if time.monotonic() >= give_up:
-            return False
-        time.sleep(0.01)
-
-
 def _kill_group(pid: int) -> None:
     for kill in (os.killpg, os.kill):
         with contextlib.suppress(OSError):
             kill(pid, signal.SIGKILL)
-    _gone(pid)
+    gone(pid, within_s=10.0)
 
 
 # The tests.
@@ -495,7 +480,7 @@ def test_a_call_past_its_deadline_is_stuck_with_the_targets_stack() -> None:
         assert __file__ in got.stack
         assert f"ring_ref{os.sep}difftest{os.sep}" not in got.stack  # the tester's own frames are cut
         assert not worker.running
-        assert _gone(pid, within_s=0.0)  # killed and reaped before the answer
+        assert gone(pid)  # killed and reaped before the answer
 
 
 @pytest.mark.parametrize(
@@ -609,7 +594,7 @@ def test_a_garbled_reply_kills_the_worker(target: str, words: str) -> None:
         assert got.text.startswith(f"its reply was garbled ({words}") and got.text.endswith(
             "the worker was killed"
         )
-        assert not worker.running and _gone(pid, within_s=0.0)
+        assert not worker.running and gone(pid)
 
 
 def test_a_restarted_worker_starts_afresh(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -627,7 +612,7 @@ def test_a_restarted_worker_starts_afresh(monkeypatch: pytest.MonkeyPatch) -> No
         assert worker.read_output() == "<talking>"  # the new worker's output, from its start
         second = worker.pid
         worker.start(WAIT_S)  # starting again replaces the running worker
-        assert _gone(first, within_s=0.0) and _gone(second, within_s=0.0)
+        assert gone(first) and gone(second)
         assert isinstance(call(worker), Reply)
     finally:
         worker.close()
@@ -763,7 +748,7 @@ def test_a_target_that_closes_the_reply_pipe_is_reported(monkeypatch: pytest.Mon
         assert (
             got.text == "the worker closed its reply pipe (the target closed a descriptor it does not own?)"
         )
-        assert not worker.running and _gone(pid, within_s=0.0)
+        assert not worker.running and gone(pid)
 
 
 def test_the_targets_children_end_with_the_worker() -> None:
@@ -774,7 +759,7 @@ def test_the_targets_children_end_with_the_worker() -> None:
         try:
             assert Path(f"/proc/{child}").exists()
             worker.kill()
-            assert _gone(child)
+            assert gone(child, within_s=10.0)
         finally:
             _kill_group(child)
 
@@ -815,7 +800,7 @@ def test_the_worker_dies_with_the_tester() -> None:
     os.close(read_end)
     try:
         assert os.waitpid(middle, 0)[1] == 0
-        assert pid and _gone(pid)
+        assert pid and gone(pid, within_s=10.0)
     finally:
         _kill_group(pid)
 
@@ -860,7 +845,7 @@ def test_a_target_can_start_multiprocessing_helpers_of_its_own() -> None:
         report = json.loads(f.read() or b"{}")
     assert os.waitpid(middle, 0)[1] == 0, report.get("error")
     for helper in report.get("helpers", []):
-        assert _gone(helper)  # they end with the tester that started them
+        assert gone(helper, within_s=10.0)  # they end with the tester that started them
     assert report["raised"] == ""
 
 
@@ -1008,7 +993,7 @@ def test_a_worker_whose_parent_is_already_gone_leaves_at_once_with_status_0() ->
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the worker-to-be
         try:
-            _worker._die_with_parent(os.getppid() + 1_000_000)  # not its parent: "the parent has died"
+            die_with_parent(signal.SIGKILL, os.getppid() + 1_000_000)  # not its parent: "the parent has died"
         finally:
             os._exit(7)  # reached only if it did not leave
     assert os.waitpid(pid, 0)[1] == 0

@@ -1,6 +1,6 @@
 """N MPI ranks on this machine, started once and reused: the harness behind the MPI targets and tests.
 
-:class:`MpiRing` runs ``mpirun -n N python -m ring_ref._mpi_rank`` once; every
+:class:`MpiRing` runs ``mpirun -n N python -m ring_ref._processes._mpi_rank`` once; every
 rank connects back to the parent over a Unix socket in a private temporary
 directory, and each :meth:`MpiRing.run` sends all ranks one task,
 ``fn(comm, payload)`` (``fn`` a module-level function, pickled by name), and
@@ -18,7 +18,7 @@ without the first).  Environment variables reach the ranks only through
 
 **Loopback only.**  Where ``unshare --net`` works (root, as on CI), ``mpirun``
 runs in a network namespace of its own whose only interface is loopback
-(:mod:`ring_ref._netns` brings it up), so none of OpenMPI's sockets, including
+(:mod:`ring_ref._processes._netns` brings it up), so none of OpenMPI's sockets, including
 its PMIx server's (which listens on every interface otherwise), can be reached
 from outside.  Elsewhere the options above keep OpenMPI's traffic on ``lo``.
 The parent itself uses no network at all: the control channel is a Unix
@@ -46,7 +46,6 @@ whatever is left of its session; ``mpirun`` also dies with the parent
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import hmac
 import io
 import os
@@ -62,14 +61,14 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, partial
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Final, TypeVar
 
-from ring_ref import _netns
-from ring_ref._mpi_rank import CONTROL_ENV, STOP, TOKEN_ENV, stack_path
+from ring_ref._processes import _netns
+from ring_ref._processes._mpi_rank import CONTROL_ENV, TOKEN_ENV, stack_path
+from ring_ref._processes._shared import STOP_GRACE_S, Harness, die_with_parent, task_name
 
 __all__ = [
     "FAILURE_GRACE_S",
@@ -87,10 +86,8 @@ _R = TypeVar("_R")
 FAILURE_GRACE_S: Final = 2.0
 """After one rank has failed, how long the others may take to answer before the job is killed."""
 STACK_WAIT_S: Final = 2.0
-_STOP_GRACE_S: Final = 5.0
 _POLL_S: Final = 0.25
 _LOG_TAIL: Final = 3000
-_PR_SET_PDEATHSIG: Final = 1
 _BASE_MCA: Final = {"btl": "self,vader", "oob_tcp_if_include": "lo"}
 
 
@@ -183,12 +180,6 @@ def _netns_works() -> bool:
         return False
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: get ``SIGTERM`` when the parent dies (Linux)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
 _EXIT = re.compile(r"Process name: \[\[\d+,\d+\],(\d+)\]\s+Exit code:\s+(-?\d+)")
 _SIGNAL = re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited on signal (\d+)(?: \(([^)]*)\))?")
 
@@ -208,7 +199,7 @@ def _mpirun_account(log: str) -> dict[int, str]:
     return {}
 
 
-class MpiRing:
+class MpiRing(Harness):
     """``world_size`` MPI ranks under one ``mpirun``, reusable across calls (see the module docstring).
 
     Use as a context manager::
@@ -228,30 +219,12 @@ class MpiRing:
         start_timeout_s: float = 120.0,
         isolate: bool | None = None,
     ) -> None:
-        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-            raise ValueError(f"world_size must be a positive int; got {world_size!r}.")
-        self.world_size = world_size
+        super().__init__(world_size, start_timeout_s)
         self.mca = dict(mca or {})
-        self.start_timeout_s = start_timeout_s
         self.isolate = isolate
         self._proc: subprocess.Popen[bytes] | None = None
         self._dir: Path | None = None
-        self._conns: list[Connection] = []
         self._pids: list[int] = []
-
-    def __enter__(self) -> MpiRing:
-        self.start()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
-
-    @property
-    def running(self) -> bool:
-        """Whether a job is up (one is started lazily after a kill)."""
-        return self._proc is not None
 
     @property
     def pids(self) -> list[int]:
@@ -266,7 +239,7 @@ class MpiRing:
         for key, value in {**_BASE_MCA, **self.mca}.items():
             cmd += ["--mca", key, str(value)]
         cmd += ["-x", CONTROL_ENV, "-x", TOKEN_ENV, "-x", "PYTHONPATH"]
-        return [*cmd, sys.executable, "-m", "ring_ref._mpi_rank"]
+        return [*cmd, sys.executable, "-m", "ring_ref._processes._mpi_rank"]
 
     def start(self) -> None:
         """Start ``mpirun`` and wait until every rank has connected (no-op when already up)."""
@@ -280,7 +253,7 @@ class MpiRing:
         self._dir = Path(tempfile.mkdtemp(prefix="ring-ref-mpi-"))
         control = str(self._dir / "control.sock")
         token = secrets.token_bytes(16)
-        package_root = str(Path(__file__).resolve().parent.parent)
+        package_root = str(Path(__file__).resolve().parents[2])
         env = {
             **os.environ,
             CONTROL_ENV: control,
@@ -299,7 +272,7 @@ class MpiRing:
                     stderr=subprocess.STDOUT,
                     env=env,
                     start_new_session=True,
-                    preexec_fn=_die_with_parent,  # noqa: PLW1509  (a single prctl call; no locks taken)
+                    preexec_fn=partial(die_with_parent, signal.SIGTERM),  # noqa: PLW1509  (one prctl call; no locks)
                 )
             self._accept(listener, token)
         except BaseException:
@@ -345,16 +318,8 @@ class MpiRing:
         strings, bytes, and lists, tuples and dicts of them): a rank running code
         under test cannot make the parent build any other object.
         """
-        try:
-            task = pickle.dumps((fn, payload))
-        except Exception as exc:
-            raise TypeError(
-                f"fn and payload must be picklable (fn a module-level function); pickling failed: {exc!r}"
-            ) from exc
-        self.start()
-        for conn in self._conns:
-            conn.send_bytes(task)
-        blobs = self._collect(f"running {_name(fn)}", timeout_s)
+        self._send_task(fn, payload)
+        blobs = self._collect(f"running {task_name(fn)}", timeout_s)
         if trusted:
             return [pickle.loads(blob) for blob in blobs]
         results, refused = [], {}
@@ -403,7 +368,7 @@ class MpiRing:
         if not waiting and not gone:
             raise RankFailed(self.world_size, tracebacks=errors, killed=False)
         if gone:
-            self._wait_exit(_STOP_GRACE_S)
+            self._wait_exit(STOP_GRACE_S)
             log = self._log_tail()
             died = _mpirun_account(log) or {r: "its process ended without answering" for r in sorted(gone)}
             self._kill()
@@ -447,13 +412,9 @@ class MpiRing:
             return (self._dir / "mpirun.log").read_text(errors="replace")[-_LOG_TAIL:]
         return ""
 
-    def close(self) -> None:
-        """Tell every rank to stop, give ``mpirun`` a moment to end the job, then kill what is left."""
-        for conn in self._conns:
-            with contextlib.suppress(OSError):
-                conn.send_bytes(STOP)
-        self._wait_exit(_STOP_GRACE_S)
-        self._kill()
+    def _wait_stopped(self, deadline: float) -> None:
+        """Give ``mpirun`` until ``deadline`` to end the job once every rank was told to stop."""
+        self._wait_exit(max(0.0, deadline - time.monotonic()))
 
     def _kill(self) -> None:
         """Kill ``mpirun``'s session (it and every rank), reap it, close the sockets, remove the directory."""
@@ -468,7 +429,7 @@ class MpiRing:
                         os.kill(pid, signal.SIGKILL)
                         ranks.append(pid)
             proc.wait()
-            deadline = time.monotonic() + _STOP_GRACE_S
+            deadline = time.monotonic() + STOP_GRACE_S
             while any(map(_alive, ranks)) and time.monotonic() < deadline:
                 time.sleep(0.02)
         for conn in self._conns:
@@ -527,7 +488,3 @@ def _hello(conn: Connection, token: bytes, deadline: float) -> tuple[int, int] |
     except (EOFError, OSError, ValueError, TypeError, pickle.UnpicklingError):
         return None
     return (int(rank), int(pid)) if kind == "hello" else None
-
-
-def _name(fn: object) -> str:
-    return str(getattr(fn, "__qualname__", fn))

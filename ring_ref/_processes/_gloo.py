@@ -3,11 +3,9 @@
 A small harness for multi-process tests and tools, loopback only:
 
 * :class:`ProcessRing` starts ``world_size`` worker processes once, each of
-  which joins one process group (``gloo`` by default) through a
-  ``torch.distributed.TCPStore`` that the parent hosts on ``127.0.0.1`` at a
-  free port chosen by the operating system (port 0, so no port race).  The
-  store listens on loopback only, and gloo is pinned to the loopback
-  interface (``GLOO_SOCKET_IFNAME``), so nothing is reachable from outside.
+  which joins one process group (``gloo`` by default) through the loopback
+  ``torch.distributed.TCPStore`` that the parent hosts
+  (:func:`ring_ref._processes._shared.host_store`), so nothing is reachable from outside.
   Every :meth:`ProcessRing.run` then calls ``fn(rank, world_size, payload)`` on all
   ranks of that same group and returns the per-rank results in rank order.
 
@@ -44,21 +42,28 @@ import datetime
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.context
-import os
 import pickle
-import socket
 import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from types import TracebackType
 from typing import Any, Final, Literal, TypeVar
 
 import torch
 import torch.distributed as dist
 from torch.distributed import TCPStore  # type: ignore[attr-defined]  # re-exported at runtime, not in stubs
+
+from ring_ref._processes._shared import (
+    STOP,
+    STOP_GRACE_S,
+    Harness,
+    host_store,
+    join_group,
+    loopback_listener,
+    task_name,
+)
 
 __all__ = ["ProcessRing", "RankError"]
 
@@ -66,9 +71,6 @@ _P = TypeVar("_P")
 _R = TypeVar("_R")
 StartMethod = Literal["forkserver", "spawn"]
 
-LOOPBACK: Final = "127.0.0.1"
-_STOP: Final = b"stop"
-_JOIN_GRACE_S: Final = 5.0
 _REPORT_GRACE_S: Final = 1.0
 """How long the other ranks are given to reply or die once one rank has failed."""
 
@@ -93,30 +95,20 @@ class _Config:
     group_timeout_s: float
 
 
-def _loopback_interface() -> str:
-    """The name of the loopback network interface (``lo`` on Linux, ``lo0`` on macOS and the BSDs)."""
-    names = [name for _, name in socket.if_nameindex()]
-    return next((name for name in ("lo", "lo0") if name in names), "lo")
-
-
 def _worker(rank: int, config: _Config, conn: Connection) -> None:
     """Body of one spawned rank: join the group, then serve ``(fn, payload)`` calls until told to stop."""
-    os.environ["GLOO_SOCKET_IFNAME"] = _loopback_interface()  # gloo's own sockets: loopback only
     timeout = datetime.timedelta(seconds=config.group_timeout_s)
     try:
         if config.backend == "nccl":
             torch.cuda.set_device(rank % torch.cuda.device_count())
-        store = TCPStore(LOOPBACK, config.store_port, is_master=False, timeout=timeout)
-        dist.init_process_group(
-            config.backend, store=store, rank=rank, world_size=config.world_size, timeout=timeout
-        )
+        join_group(config.backend, config.store_port, rank, config.world_size, timeout)
     except BaseException:
         conn.send(("error", traceback.format_exc()))
         return
     try:
         conn.send(("ready", None))
         with contextlib.suppress(EOFError):  # the parent went away: just leave
-            while (task := conn.recv_bytes()) != _STOP:
+            while (task := conn.recv_bytes()) != STOP:
                 try:
                     fn, payload = pickle.loads(task)
                     conn.send(("ok", pickle.dumps(fn(rank, config.world_size, payload))))
@@ -126,7 +118,7 @@ def _worker(rank: int, config: _Config, conn: Connection) -> None:
         dist.destroy_process_group()
 
 
-class ProcessRing:
+class ProcessRing(Harness):
     """``world_size`` spawned processes in one ``torch.distributed`` group, reusable across calls.
 
     ``backend`` is ``"gloo"`` (CPU) or ``"nccl"`` (rank ``r`` uses CUDA device
@@ -150,54 +142,20 @@ class ProcessRing:
         start_timeout_s: float = 120.0,
         start_method: StartMethod = "forkserver",
     ) -> None:
-        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-            raise ValueError(f"world_size must be a positive int; got {world_size!r}.")
+        super().__init__(world_size, start_timeout_s)
         if start_method not in ("forkserver", "spawn"):
             raise ValueError(f"start_method must be 'forkserver' or 'spawn'; got {start_method!r}.")
         self.start_method = start_method
-        self.world_size = world_size
         self.backend = backend
         self.group_timeout_s = group_timeout_s
-        self.start_timeout_s = start_timeout_s
         self._procs: list[BaseProcess] = []
-        self._conns: list[Connection] = []
         self._store: TCPStore | None = None
-
-    def __enter__(self) -> ProcessRing:
-        self.start()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
-
-    @property
-    def running(self) -> bool:
-        """Whether a group of ranks is currently up (it is respawned lazily after a failure)."""
-        return bool(self._procs)
 
     def start(self) -> None:
         """Spawn the ranks and wait until every one has joined the group (no-op when already up)."""
-        if self._procs:
+        if self.running:
             return
-        timeout = datetime.timedelta(seconds=self.group_timeout_s)
-        # TCPStore's own server would listen on every interface; hand it a socket bound to loopback.
-        listener = socket.create_server((LOOPBACK, 0))
-        port = listener.getsockname()[1]
-        try:
-            self._store = TCPStore(
-                LOOPBACK,
-                port,
-                is_master=True,
-                timeout=timeout,
-                wait_for_workers=False,
-                master_listen_fd=listener.fileno(),
-            )
-        except BaseException:
-            listener.close()
-            raise
-        listener.detach()  # the store owns the socket now and closes it
+        self._store = host_store(loopback_listener(), datetime.timedelta(seconds=self.group_timeout_s))
         config = _Config(self.world_size, self.backend, self._store.port, self.group_timeout_s)
         ctx: multiprocessing.context.SpawnContext | multiprocessing.context.ForkServerContext
         if self.start_method == "forkserver":
@@ -223,26 +181,13 @@ class ProcessRing:
         the call takes longer than ``timeout_s``; in both cases every rank is
         killed first, and the next call respawns the group.
         """
-        try:
-            task = pickle.dumps((fn, payload))
-        except Exception as exc:
-            raise TypeError(
-                f"fn and payload must be picklable (fn a module-level function); pickling failed: {exc!r}"
-            ) from exc
-        self.start()
-        for conn in self._conns:
-            conn.send_bytes(task)
-        return [pickle.loads(blob) for blob in self._collect(f"running {_name(fn)}", timeout_s)]
+        self._send_task(fn, payload)
+        return [pickle.loads(blob) for blob in self._collect(f"running {task_name(fn)}", timeout_s)]
 
-    def close(self) -> None:
-        """Ask each rank to destroy its group and exit; join them, killing any that linger."""
-        for conn in self._conns:
-            with contextlib.suppress(OSError):
-                conn.send_bytes(_STOP)
-        deadline = time.monotonic() + _JOIN_GRACE_S
+    def _wait_stopped(self, deadline: float) -> None:
+        """Join the ranks told to stop (each destroys its group and exits), until ``deadline``."""
         for proc in self._procs:
             proc.join(max(0.0, deadline - time.monotonic()))
-        self._kill()
 
     def _collect(self, what: str, timeout_s: float) -> list[Any]:
         """Wait for one reply per rank; on error, death or deadline kill all ranks and raise."""
@@ -296,7 +241,7 @@ class ProcessRing:
                     continue
                 kind, value = conn.recv()
             except (EOFError, OSError):
-                self._procs[rank].join(_JOIN_GRACE_S)
+                self._procs[rank].join(STOP_GRACE_S)
                 errors[rank] = f"the process exited with code {self._procs[rank].exitcode} without replying"
                 continue
             if kind == "error":
@@ -310,11 +255,7 @@ class ProcessRing:
             if proc.is_alive():
                 proc.kill()
         for proc in self._procs:
-            proc.join(_JOIN_GRACE_S)
+            proc.join(STOP_GRACE_S)
         for conn in self._conns:
             conn.close()
         self._procs, self._conns, self._store = [], [], None
-
-
-def _name(fn: object) -> str:
-    return str(getattr(fn, "__qualname__", fn))

@@ -2,11 +2,11 @@
 
 Run by path (standard library only, nothing else imported) as the first step
 inside ``unshare --net``: a new network namespace has only ``lo``, and it is
-down.  :mod:`ring_ref._mpi_launch` starts ``mpirun`` this way, so that every
+down.  :mod:`ring_ref._processes._mpi_job` starts ``mpirun`` this way, so that every
 socket OpenMPI opens (its daemon's, its PMIx server's, the ranks') exists in a
 namespace where loopback is the only network there is.
 
-    unshare --net -- python -I ring_ref/_netns.py mpirun ...
+    unshare --net -- python -I ring_ref/_processes/_netns.py mpirun ...
 """
 
 from __future__ import annotations

@@ -1,9 +1,13 @@
-"""One MPI rank of :class:`ring_ref._mpi_launch.MpiRing`: ``python -m ring_ref._mpi_rank`` under ``mpirun``.
+"""One MPI rank of :class:`~ring_ref._processes._mpi_job.MpiRing`, run under ``mpirun``.
+
+``mpirun ... python -m ring_ref._processes._mpi_rank`` (the environment
+variables below reach the rank through ``mpirun -x``).
 
 The rank joins ``MPI.COMM_WORLD``, connects to the parent's Unix socket (path
 in ``RING_REF_MPI_CONTROL``), proves itself with the token in
 ``RING_REF_MPI_TOKEN``, says hello (its rank and pid), takes the parent's
-``sys.path``, then serves tasks until told to stop or the parent goes away.
+``sys.path``, then serves tasks until told to stop
+(:data:`~ring_ref._processes._shared.STOP`) or the parent goes away.
 
 A task is a pickle of ``(fn, payload)``; ``fn`` (a module-level function,
 pickled by name) is called as ``fn(comm, payload)`` where ``comm`` is a fresh
@@ -31,11 +35,12 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import Final
 
-__all__ = ["CONTROL_ENV", "STOP", "TOKEN_ENV", "main", "stack_path"]
+from ring_ref._processes._shared import STOP
+
+__all__ = ["CONTROL_ENV", "TOKEN_ENV", "main", "stack_path"]
 
 CONTROL_ENV: Final = "RING_REF_MPI_CONTROL"
 TOKEN_ENV: Final = "RING_REF_MPI_TOKEN"
-STOP: Final = b"stop"
 
 
 def stack_path(control: str, rank: int) -> str:
