@@ -164,6 +164,16 @@ MODULES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
         ("ring_ref/difftest/_mpi.py",),
         ("ring_ref/difftest/_mpi.py", "tests/nocover/test_kills_mpi.py"),
     ),
+    # What every launcher shares: die-with-parent (forked workers), the loopback store (gloo groups).
+    "processes.shared": (
+        ("ring_ref/_processes/_shared.py",),
+        (
+            "ring_ref/_processes/_shared.py",
+            "tests/cover/difftest/test_kills_worker.py",
+            "tests/nocover/test_kills_ranks.py",
+            "tests/nocover/test_procs.py",
+        ),
+    ),
 }
 
 
@@ -196,6 +206,14 @@ FORKED: Final[dict[str, Forked]] = {
                 "test_the_worker_holds_no_descriptor_of_the_testers_at_three",
                 "test_a_worker_whose_parent_is_already_gone_leaves_at_once_with_status_0",
             )
+        ),
+    ),
+    # die_with_parent runs in the worker the difftest worker's tests fork.
+    "processes.shared": Forked(
+        "ring_ref.difftest._worker.xǁWorkerǁspawn",
+        ("ring_ref._processes._shared.x_die_with_parent",),
+        (
+            "tests/cover/difftest/test_kills_worker.py::test_a_worker_whose_parent_is_already_gone_leaves_at_once_with_status_0",
         ),
     ),
     # The at-fork handler runs only in a child the test forks itself.
