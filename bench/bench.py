@@ -258,7 +258,7 @@ def relative_memory(row: dict[str, Any], engine: str, base: str) -> float | None
 
 
 def report(rows: list[dict[str, Any]], reference_max_n: int, threads: int) -> list[str]:
-    """The table that ``make bench`` prints (Markdown, pasted into the README)."""
+    """The table that ``make bench`` prints (Markdown, pasted into ``docs/guide/engines.md``)."""
     lines = [
         f"| case | fast, 1 thread | torch.sum, 1 thread | fast / sum, 1 thread | fast, {threads} threads "
         f"| torch.sum, {threads} threads | fast / sum, {threads} threads | reference, 1 thread "

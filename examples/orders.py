@@ -1,4 +1,4 @@
-"""Summation orders to reveal (README, "Naming another library's order").
+"""Summation orders to reveal (``docs/guide/reveal.md``).
 
 ring-ref reveal examples/orders.py:torch_sum -n 8 -m 40
 ring-ref reveal examples/orders.py:wider_accumulator -n 8 -m 4

@@ -17,8 +17,8 @@ rounds and then takes one more step, ``divide``, that sends nothing:
 >>> [(rec.phase, rec.round) for rec in trace(2, op="avg")]
 [('start', -1), ('reduce-scatter', 0), ('all-gather', 0), ('divide', 0)]
 
-The JSON document follows ``spec/trace.schema.json`` (see "Traces" in
-``README.md``): every round's sends, with the receiver's operation (``add``,
+The JSON document follows ``spec/trace.schema.json`` (see
+``docs/guide/traces.md``): every round's sends, with the receiver's operation (``add``,
 ``multiply``, ``max``, ``min`` or ``copy``) and the number of elements moved,
 every slot's provenance afterwards, the finished chunks, and a traffic summary
 (clause ``traffic``).  It names the op only when it is not ``sum``, so a sum

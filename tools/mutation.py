@@ -47,7 +47,7 @@ EQUIVALENT: Final = ROOT / "tests" / "mutation" / "equivalent.md"
 TARGET: Final = 0.95
 MAX_CHILDREN: Final = 2
 EXTRA_DIRS: Final = ("spec", "tools", "examples", "docs", "bench", "README.md", "Makefile", "constraints.txt")
-"""Copied next to the mutated package as well: tests read the spec and the README and use tools/."""
+"""Copied next to the mutated package as well: tests read the spec, the README and the docs and use tools/."""
 
 MODULES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
     # name: (files mutated, tests run: fast tests/cover modules and the modules' doctests)

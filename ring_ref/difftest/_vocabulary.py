@@ -56,7 +56,7 @@ CODES: Final = (
     "not-ring-order",
     "out-of-bound",
 )
-"""The fixed diagnosis vocabulary (README section *Differential testing*)."""
+"""The fixed diagnosis vocabulary (``docs/guide/difftest.md``, *Diagnosis codes*)."""
 
 DTYPES: Final[dict[str, torch.dtype]] = {name: fmt.torch_dtype for name, fmt in FORMATS.items()}
 """The dtypes the tester generates, by name."""

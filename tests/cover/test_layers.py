@@ -1,6 +1,6 @@
 """The package's layering: every import inside ``ring_ref/`` runs down the layers, and none runs in a circle.
 
-The layers are the architecture's (README, "Layout"), written here by hand, not
+The layers are the architecture's (``docs/architecture.md``), written here by hand, not
 read off the current imports: the schedule, then the invariants, the core, the
 shared facts, the adapters and engines, ``_dispatch``; every other module is a
 tool.  Each module may import only its own layer and those below; no import

@@ -26,7 +26,7 @@ def test_gloo_all_reduce_passes_order_free_and_bound() -> None:
         targets.close()
     verdicts = {mode: r.verdict for mode, r in report.modes.items()}
     assert verdicts["order-free"] == "pass" and verdicts["bound"] == "pass", report.render()
-    # What exact says about gloo (README): a valid different order, not the ring's fold.
+    # What exact says about gloo (docs/guide/ranks.md): a valid different order, not the ring's fold.
     assert verdicts["exact"] == "fail" and report.diagnoses == ["not-ring-order"], report.render()
 
 

@@ -3,7 +3,7 @@
 Each test runs :class:`GlooRanks` on real gloo groups of forked ranks (about a
 second per group start) with one target, :func:`acts`, whose every rank does
 what its own input value asks (answer, print, raise, die, hang, block in a
-receive, forge a reply), and checks what the README's *Per-rank targets* paragraph
+receive, forge a reply), and checks what the guide's per-rank page (``docs/guide/ranks.md``)
 promises for ``--ranks gloo``: every rank answers, in rank order, on a group
 that is really joined (a collective sums across it) on loopback only, with
 collectives waiting twice the time limit plus 30 s; one group per ``N``,
@@ -221,7 +221,7 @@ def test_every_rank_answers_on_a_loopback_group_reused_per_n_until_closed(
         facts = {r: json.loads(text) for r, text in blocks.items()}
         assert sorted(facts) == [0, 1] and all(blocks[r].endswith("\n") for r in blocks), outcome.output
         assert [(f["rank"], f["n"], f["backend"]) for f in facts.values()] == [(0, 2, "gloo"), (1, 2, "gloo")]
-        # as the README says, collectives inside the group wait twice the time limit plus 30 s
+        # as docs/guide/ranks.md says, collectives inside the group wait twice the time limit plus 30 s
         assert all(f["collective_timeout_s"] == f["store_timeout_s"] == 2 * 5 + 30 for f in facts.values())
         assert all(ipaddress.ip_address(a).is_loopback for f in facts.values() for a in f["addresses"]), facts
         assert all(f["addresses"] for f in facts.values())  # gloo's sockets to the peer

@@ -26,7 +26,6 @@ from tests.oracles import exact_sum, fold, sums_in_several_orders
 from tests.paths import ROOT
 
 SCHEMA = json.loads((ROOT / "spec" / "difftest_report.schema.json").read_text(encoding="utf-8"))
-README = (ROOT / "README.md").read_text(encoding="utf-8")
 BUGGY_EXAMPLE = ROOT / "examples" / "buggy_allreduce.py"
 ALL_DTYPES = tuple(DTYPES.values())
 

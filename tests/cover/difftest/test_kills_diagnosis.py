@@ -1,7 +1,7 @@
 """The diagnosis (``ring_ref.difftest._diagnosis``) on outcomes of small targets called in this process.
 
 Each test calls the target on a hand-written :class:`Case` and checks the
-codes and the words of the explanation the README's table of diagnoses
+codes and the words of the explanation the guide's table of diagnoses (``docs/guide/difftest.md``)
 promises (section *Differential testing*, clause ``difftest-diagnoses``):
 structural codes first, then value codes from the one-hot counting probes,
 the op probes, the average's divided-first probes, the signs of zeros and

@@ -3,7 +3,7 @@
 Fast (no target is run: the modes' results are written here), so that
 ``make mutation`` can run it for each mutant of the report.  Every expected
 JSON object and line of text is written out here from the report's format
-(README section *Differential testing*, clause ``difftest-report``).
+(``docs/guide/difftest.md``, clause ``difftest-report``).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Fast, so that ``make mutation`` can run it for each mutant of the search: tiny
 example budgets, targets run in pytest's process (the correct
 ``ring_all_reduce``, small wrong ones written here, and a scripted launcher
 whose every answer is chosen by the test), and ``zero_out`` with predicates
-written here.  What is checked is what the README's *Differential testing*
+written here.  What is checked is what the difftest guide (``docs/guide/difftest.md``)
 section and ``difftest``'s docstring promise: the usage errors name the
 option and the fix, every generated input is answered and counted, the
 ``N = 1`` cases run first, a failure is shrunk and then zeroed value by value,

@@ -2,7 +2,7 @@
 
 Each test forks a :class:`Worker` from pytest's own process (milliseconds:
 torch is already imported) on a target defined here and loaded by name, and
-checks what the README's *Isolation* paragraph promises: the raw bits come
+checks what the guide's *Isolation* section (``docs/guide/difftest.md``) promises: the raw bits come
 back and the parent reads them, any ``BaseException`` is an answer, output
 is captured at the file-descriptor level and kept off the tester's own
 streams, a call past its deadline is ``timed-out`` with the target's stack, a

@@ -13,7 +13,6 @@ from tests.paths import ROOT
 from tests.planted_impls import Impl, run_all
 
 SCHEMA = json.loads((ROOT / "spec" / "difftest_report.schema.json").read_text(encoding="utf-8"))
-README = (ROOT / "README.md").read_text(encoding="utf-8")
 BUGGY_EXAMPLE = ROOT / "examples" / "buggy_allreduce.py"
 ALL_DTYPES = tuple(DTYPES.values())
 
