@@ -5,7 +5,7 @@ example budgets, targets run in pytest's process (the correct
 ``ring_all_reduce``, small wrong ones written here, and a scripted launcher
 whose every answer is chosen by the test), and ``zero_out`` with predicates
 written here.  What is checked is what the difftest guide (``docs/guide/difftest.md``)
-section and ``difftest``'s docstring promise: the usage errors name the
+and ``difftest``'s docstring promise: the usage errors name the
 option and the fix, every generated input is answered and counted, the
 ``N = 1`` cases run first, a failure is shrunk and then zeroed value by value,
 replayed twice (``nondeterministic`` when the answers differ), a call that
