@@ -27,7 +27,16 @@ REDUCE_OPS = {
 }
 """Each op's name and its ``torch.distributed.ReduceOp``, typed in from torch's documentation."""
 
-_INT_OF_SIZE = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+DTYPES = {
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float32": torch.float32,
+    "float64": torch.float64,
+}
+"""The spec's dtypes by name, in the spec's order, typed in from the spec (not from ``ring_ref._dtypes``)."""
+INT_OF_BITS = {16: torch.int16, 32: torch.int32, 64: torch.int64}
+"""The signed integer dtype of each width in bits, for reading and writing a float's bits."""
+_INT_OF_SIZE = {bits // 8: dtype for bits, dtype in INT_OF_BITS.items()}
 
 
 def ring_fold(x: torch.Tensor) -> torch.Tensor:

@@ -18,18 +18,10 @@ import jsonschema  # type: ignore[import-untyped]
 import pytest
 import torch
 
-from tests.oracles import bits
+from tests.oracles import DTYPES, INT_OF_BITS, bits
 from tests.paths import ROOT
 
 VECTORS = ROOT / "spec" / "vectors"
-DTYPES = {
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float32": torch.float32,
-    "float64": torch.float64,
-}
-"""The dtype of each group's ``dtype`` name, in the files' group order."""
-INTS = {16: torch.int16, 32: torch.int32, 64: torch.int64}
 
 
 def load(path: Path) -> Any:
@@ -41,7 +33,7 @@ def decode(hexes: list[str], dtype_name: str, shape: list[int]) -> torch.Tensor:
     """Hex bit patterns to a tensor, by reinterpreting two's-complement integers."""
     width = len(hexes[0]) * 4
     signed = [v - (1 << width) if v >> (width - 1) else v for v in (int(h, 16) for h in hexes)]
-    return torch.tensor(signed, dtype=INTS[width]).view(DTYPES[dtype_name]).reshape(shape)
+    return torch.tensor(signed, dtype=INT_OF_BITS[width]).view(DTYPES[dtype_name]).reshape(shape)
 
 
 def encode(t: torch.Tensor) -> list[str]:

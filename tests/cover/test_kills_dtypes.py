@@ -26,16 +26,9 @@ from ring_ref._dtypes import (
     format_of,
     to_hex,
 )
+from tests.oracles import DTYPES, INT_OF_BITS
 
 pytestmark = pytest.mark.clause("supported-dtypes")
-
-SPEC_TORCH = {
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float32": torch.float32,
-    "float64": torch.float64,
-}
-INT_OF_BITS = {16: torch.int16, 32: torch.int32, 64: torch.int64}
 
 
 def _from_pattern(pattern: int, dtype: torch.dtype) -> float:
@@ -46,26 +39,26 @@ def _from_pattern(pattern: int, dtype: torch.dtype) -> float:
 
 
 def test_the_table_lists_the_spec_dtypes_in_the_spec_order() -> None:
-    assert list(FORMATS) == list(SPEC_TORCH)
-    assert tuple(SPEC_TORCH.values()) == TORCH_DTYPES
+    assert list(FORMATS) == list(DTYPES)
+    assert tuple(DTYPES.values()) == TORCH_DTYPES
     assert (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)) == NUMPY_DTYPES
     for name, fmt in FORMATS.items():
         assert fmt.name == name
-        assert fmt.torch_dtype == SPEC_TORCH[name]
+        assert fmt.torch_dtype == DTYPES[name]
         want_numpy = None if name == "bfloat16" else np.dtype(name)
         assert fmt.numpy_dtype == want_numpy if want_numpy is not None else fmt.numpy_dtype is None
 
 
-@pytest.mark.parametrize("name", list(SPEC_TORCH))
+@pytest.mark.parametrize("name", list(DTYPES))
 def test_each_format_agrees_with_finfo_and_with_its_bit_patterns(name: str) -> None:
     fmt = FORMATS[name]
-    info = torch.finfo(SPEC_TORCH[name])
+    info = torch.finfo(DTYPES[name])
     assert fmt.bits == info.bits
     assert fmt.precision == 1 - math.log2(info.eps)
     assert fmt.max_finite == info.max
     assert fmt.smallest_normal == info.smallest_normal
     assert (fmt.emax, fmt.emin) == (math.frexp(info.max)[1] - 1, math.frexp(info.smallest_normal)[1] - 1)
-    width, dtype = info.bits, SPEC_TORCH[name]
+    width, dtype = info.bits, DTYPES[name]
     infinity_pattern = (1 << (width - 1)) - (1 << (fmt.precision - 1))
     assert _from_pattern(infinity_pattern, dtype) == math.inf
     assert _from_pattern(infinity_pattern - 1, dtype) == info.max
@@ -78,10 +71,10 @@ def test_each_format_agrees_with_finfo_and_with_its_bit_patterns(name: str) -> N
     assert (int_info.bits, int_info.min < 0) == (width, True)
 
 
-@pytest.mark.parametrize("name", list(SPEC_TORCH))
+@pytest.mark.parametrize("name", list(DTYPES))
 def test_gamma_is_k_u_over_1_minus_k_u_until_k_u_reaches_1(name: str) -> None:
     fmt = FORMATS[name]
-    u = Fraction(torch.finfo(SPEC_TORCH[name]).eps) / 2
+    u = Fraction(torch.finfo(DTYPES[name]).eps) / 2
     for k in (0, 1, 2, 7, 100):
         assert fmt.gamma(k) == k * u / (1 - k * u)
     last = 2**fmt.precision - 1
@@ -103,9 +96,9 @@ def test_overflow_threshold_is_where_conversion_starts_giving_infinity(name: str
     threshold = torch.tensor(float(fmt.overflow_threshold), dtype=wider)
     assert Fraction(float(threshold)) == fmt.overflow_threshold  # exact in the wider format
     just_below = torch.nextafter(threshold, torch.zeros((), dtype=wider))
-    assert float(threshold.to(SPEC_TORCH[name])) == math.inf
-    assert float(just_below.to(SPEC_TORCH[name])) == fmt.max_finite
-    assert float((-threshold).to(SPEC_TORCH[name])) == -math.inf
+    assert float(threshold.to(DTYPES[name])) == math.inf
+    assert float(just_below.to(DTYPES[name])) == fmt.max_finite
+    assert float((-threshold).to(DTYPES[name])) == -math.inf
 
 
 def test_float64_overflow_threshold_by_python_rounding() -> None:
@@ -127,7 +120,7 @@ def test_format_of_finds_every_supported_dtype_and_refuses_the_rest() -> None:
 
 
 def test_dtype_names_are_the_spec_names() -> None:
-    for name, dtype in SPEC_TORCH.items():
+    for name, dtype in DTYPES.items():
         assert dtype_name(dtype) == name
         if name != "bfloat16":
             assert dtype_name(np.dtype(name)) == name
@@ -137,7 +130,7 @@ def test_dtype_names_are_the_spec_names() -> None:
 _STRUCT = {"float16": "<e", "float32": "<f", "float64": "<d"}
 
 
-@pytest.mark.parametrize("name", list(SPEC_TORCH))
+@pytest.mark.parametrize("name", list(DTYPES))
 def test_bits_and_hex_are_the_bytes_struct_packs(name: str) -> None:
     fmt = FORMATS[name]
     tiny = fmt.min_subnormal

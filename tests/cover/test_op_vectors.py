@@ -23,9 +23,8 @@ import torch
 
 from ring_ref._cli import main
 from tests.op_rings import combine, divide, op_ring
-from tests.oracles import bits, ring_fold_op, same_bits, spec_slot
+from tests.oracles import DTYPES, bits, ring_fold_op, same_bits, spec_slot
 from tests.vector_files import (
-    DTYPES,
     VECTORS,
     check_regenerated,
     check_schema_rejects,

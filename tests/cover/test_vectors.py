@@ -20,9 +20,8 @@ import torch
 
 from ring_ref._cli import main
 from ring_ref._vectors import _ops, _presets, _sums
-from tests.oracles import exact_sum, ring_fold, spec_slot
+from tests.oracles import DTYPES, exact_sum, ring_fold, spec_slot
 from tests.vector_files import (
-    DTYPES,
     VECTORS,
     check_regenerated,
     check_schema_rejects,
