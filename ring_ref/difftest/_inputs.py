@@ -376,7 +376,7 @@ def one_worker_cases(
     return out
 
 
-UNEVEN_SHAPES: Final = ((3, 4), (4, 2))
+UNEVEN_SHAPES: Final = ((2, 3), (3, 4), (4, 2))
 """``(N, M)`` of the explicit cases run first when the layout takes any ``M``: ``M mod N = 1``, and
 ``M < N`` (empty chunks)."""
 
@@ -394,7 +394,7 @@ def uneven_cases(
     fails on them whatever the seed.  The values are :func:`one_worker_cases`', repeated.
 
     >>> [(c.n, c.m, c.layout) for c in uneven_cases("exact", [torch.float32], 3)]
-    [(3, 4, 'sliced')]
+    [(2, 3, 'sliced'), (3, 4, 'transposed')]
     """
     values = one_worker_cases(mode, dtypes[:1], op=op)[1].values
     out = []
