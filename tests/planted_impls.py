@@ -149,6 +149,15 @@ def openmpi_ring_written_out(x: torch.Tensor) -> torch.Tensor:
     return schedule_fold(x, 1, 0, blocks_bounds(x.shape[0], x[0].numel()))
 
 
+def even_ring_ignoring_the_remainder(x: torch.Tensor) -> torch.Tensor:
+    """Correct where ``N`` divides ``M`` (the spec's ring on ``M // N`` rows per chunk, typed in); the rows
+    past the last chunk keep worker 0's values: at an M that N does not divide, no ring's fold."""
+    n, m = x.shape[0], x.shape[1]
+    out = x[0].clone()
+    out[: m - m % n] = schedule_fold(x[:, : m - m % n], 1, 0, blocks_bounds(n, (m - m % n) * x[0, 0].numel()))
+    return out
+
+
 def drops_the_remainder(x: torch.Tensor, op: str = "sum") -> torch.Tensor:
     """Bug under ``--schedule openmpi-ring``: the last ``M mod N`` rows come back zero (a ring that cuts
     ``M // N`` rows per chunk and forgets the rest); correct wherever ``N`` divides ``M``."""
