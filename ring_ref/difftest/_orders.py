@@ -261,6 +261,9 @@ def _auto_fit(
     n = _auto_n(max_workers)
     even_m, uneven_m = AUTO_M_FACTOR * n, AUTO_M_FACTOR * n + 1
     even = reveal_at(n, even_m)
+    fitted = None if isinstance(even, str) else _fit_of(even, n, even_only=True)
+    if fitted is None and not isinstance(even, str):
+        raise _not_one_ring(even, n)
     uneven = reveal_at(n, uneven_m)
     fitted_uneven = None if isinstance(uneven, str) else _fit_of(uneven, n)
     if fitted_uneven is not None and not isinstance(uneven, str):
@@ -269,11 +272,8 @@ def _auto_fit(
             fitted_uneven,
             f"revealed at N = {n}, M = {uneven_m} in {calls} calls; exact checks {fitted_uneven.name}",
         )
-    if isinstance(even, str):
+    if fitted is None or isinstance(even, str):
         raise OrderError(f"--schedule auto: {even}")
-    fitted = _fit_of(even, n, even_only=True)
-    if fitted is None:
-        raise _not_one_ring(even, n)
     if isinstance(uneven, str):
         first = uneven.removeprefix("ring-ref reveal: error: ").split(". ")[0]
         why = f"refuses M = {uneven_m} ({first})"

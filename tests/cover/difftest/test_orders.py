@@ -295,3 +295,21 @@ def test_auto_reveals_at_a_shape_the_even_layout_accepts_first(
         assert "revealed at N = 4, M = 8" in note and "refuses M = 9" in note
     else:
         assert "revealed at N = 4, M = 9" in note
+
+
+@pytest.mark.clause("difftest-exact-orders")
+def test_auto_reveals_at_an_uneven_m_only_a_target_that_needs_it() -> None:
+    def uneven_only(x: torch.Tensor) -> torch.Tensor:
+        if x.shape[1] % x.shape[0] == 0:
+            raise ValueError("this ring wants an M that N does not divide")
+        return ring_all_reduce(x, schedule="gloo")
+
+    def raises(x: torch.Tensor) -> torch.Tensor:
+        raise ValueError("no all-reduce here")
+
+    order, note = auto_order(uneven_only, 4)
+    assert order.name == "the gloo schedule's order" and "revealed at N = 4, M = 9" in note
+    with pytest.raises(OrderError, match=r"--schedule auto: .*no all-reduce here"):
+        auto_order(raises, 4)
+    with pytest.raises(OrderError, match=r"not one ring's fold at N = 4, M = 8"):
+        auto_order(lambda x: x.sum(0), 4)
