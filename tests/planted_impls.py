@@ -25,6 +25,7 @@ import torch
 from ring_ref import ring_all_reduce
 from ring_ref.difftest import Report, difftest
 from ring_ref.schedule import all_rounds, right, send_chunk
+from tests.oracles import blocks_bounds, schedule_fold
 
 Combine = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -131,6 +132,39 @@ def rejects_non_contiguous(x: torch.Tensor) -> torch.Tensor:
 def fast_engine(x: torch.Tensor) -> torch.Tensor:
     """Correct: the reference's fast engine (the same bits), called from the target's own process."""
     return ring_all_reduce(x, engine="fast")
+
+
+def openmpi_ring_preset(x: torch.Tensor) -> torch.Tensor:
+    """Correct under ``--schedule openmpi-ring``: the reference's preset, any ``M``."""
+    return ring_all_reduce(x, schedule="openmpi-ring")
+
+
+def gloo_preset(x: torch.Tensor) -> torch.Tensor:
+    """Correct under ``--schedule gloo``: the reference's preset, any ``M``."""
+    return ring_all_reduce(x, schedule="gloo")
+
+
+def openmpi_ring_written_out(x: torch.Tensor) -> torch.Tensor:
+    """Correct under ``--schedule openmpi-ring``: the spec's fold on OpenMPI's blocks, typed in."""
+    return schedule_fold(x, 1, 0, blocks_bounds(x.shape[0], x[0].numel()))
+
+
+def even_ring_ignoring_the_remainder(x: torch.Tensor) -> torch.Tensor:
+    """Correct where ``N`` divides ``M`` (the spec's ring on ``M // N`` rows per chunk, typed in); the rows
+    past the last chunk keep worker 0's values: at an M that N does not divide, no ring's fold."""
+    n, m = x.shape[0], x.shape[1]
+    out = x[0].clone()
+    out[: m - m % n] = schedule_fold(x[:, : m - m % n], 1, 0, blocks_bounds(n, (m - m % n) * x[0, 0].numel()))
+    return out
+
+
+def drops_the_remainder(x: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    """Bug under ``--schedule openmpi-ring``: the last ``M mod N`` rows come back zero (a ring that cuts
+    ``M // N`` rows per chunk and forgets the rest); correct wherever ``N`` divides ``M``."""
+    n, m = x.shape[0], x.shape[1]
+    out = ring_all_reduce(x, schedule="openmpi-ring", op=op).clone()
+    out[m - m % n :] = 0
+    return out
 
 
 Impl = Callable[[torch.Tensor], torch.Tensor]

@@ -5,7 +5,9 @@ own ``(M, ...)`` tensor, reducing it in place (returning ``None``) like
 ``torch.distributed.all_reduce``.  The buggy ones share one plain ring written
 here from the textbook description (not from ``ring_ref``), with
 non-blocking point-to-point sends, and each changes one thing.  ``EXPECTED``
-maps each to the one code the tester must give it.
+maps each to the one code the tester must give it.  The ``--schedule
+openmpi-ring`` pair runs ``ring_ref.distributed``'s ring on OpenMPI's blocks
+(any ``M``), one of them dropping the remainder rows.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
+
+from ring_ref.distributed import ring_all_reduce_
 
 __all__ = ["EXPECTED"]
 
@@ -132,6 +136,18 @@ def _ring_op(tensor: torch.Tensor, combine: Callable[[torch.Tensor, torch.Tensor
         incoming = torch.empty_like(chunks[recv])
         _exchange(chunks[send], incoming, right, left)
         chunks[recv].copy_(incoming)
+
+
+def openmpi_ring(tensor: torch.Tensor) -> None:
+    """Correct under ``--schedule openmpi-ring``: ``ring_ref``'s distributed ring on OpenMPI's blocks."""
+    ring_all_reduce_(tensor, schedule="openmpi-ring")
+
+
+def openmpi_ring_dropping_the_remainder(tensor: torch.Tensor) -> None:
+    """Bug under ``--schedule openmpi-ring``: the last ``M mod N`` rows end zero on every rank."""
+    ring_all_reduce_(tensor, schedule="openmpi-ring")
+    m = tensor.shape[0]
+    tensor[m - m % dist.get_world_size() :] = 0
 
 
 RankImpl = Callable[..., object]

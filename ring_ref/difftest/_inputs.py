@@ -3,7 +3,8 @@
 A :class:`Case` holds exact values (Python floats already representable in its
 dtype) and the op asked for, so it can be rebuilt, shown in a report and
 replayed.  :func:`cases` is the Hypothesis strategy for one mode and op;
-:func:`one_worker_cases` are the ``N = 1`` cases always run first;
+:func:`one_worker_cases` are the ``N = 1`` cases always run first, and
+:func:`uneven_cases` the ones of ``M`` not divisible by ``N`` when the layout takes any ``M``;
 :func:`probe_cases` are the diagnosis' one-hot inputs.
 
 What is drawn depends on the op (clause ``difftest-ops``): ``sum`` and ``avg``
@@ -41,6 +42,7 @@ __all__ = [
     "order_free_values",
     "probe_cases",
     "prod_exponent_bound",
+    "uneven_cases",
 ]
 
 LAYOUTS: Final = ("contiguous", "transposed", "strided", "sliced")
@@ -250,11 +252,15 @@ def cases(
     layouts: Sequence[str] = LAYOUTS,
     *,
     op: Op | None = None,
+    any_m: bool = False,
 ) -> Case:
     """A valid ring input for ``mode``: ``M`` a multiple of ``N``, at most :data:`MAX_NUMEL` elements.
 
     ``layouts``: the memory layouts to draw from (per-rank targets get
-    contiguous tensors only, one per rank).
+    contiguous tensors only, one per rank).  ``any_m``: the expected order's
+    chunk layout takes any ``M`` (``blocks``, ``gloo``), so half the draws
+    have any ``M`` from 1 to ``3 N`` (``M < N``, some chunks empty, and ``M``
+    not divisible by ``N`` among them).
 
     The values are a *fill* (zeros, or a pseudo-random stream from a drawn
     seed) with up to eight drawn elements written over it.  That keeps the
@@ -271,7 +277,10 @@ def cases(
     reduction: Op = op or "sum"
     dtype = draw(st.sampled_from(tuple(dtypes)))
     n = draw(st.integers(1, max_workers))
-    m = n * draw(st.integers(1, max(1, min(3, MAX_NUMEL // (n * n)))))
+    if any_m and draw(st.booleans()):
+        m = draw(st.integers(1, max(1, min(3 * n, MAX_NUMEL // n))))
+    else:
+        m = n * draw(st.integers(1, max(1, min(3, MAX_NUMEL // (n * n)))))
     trailing: tuple[int, ...] = tuple(draw(st.lists(st.integers(1, 3), max_size=3)))
     if n * m * math.prod(trailing) > MAX_NUMEL:
         trailing = ()
@@ -364,6 +373,37 @@ def one_worker_cases(
         out.append(Case(1, 2, (), dtype, "contiguous", _in_dtype(values[:2], dtype), op))
         layout = "contiguous" if per_rank else ("sliced", "strided")[k % 2]
         out.append(Case(1, 2, (2,), dtype, layout, _in_dtype(values, dtype), op))
+    return out
+
+
+UNEVEN_SHAPES: Final = ((2, 3), (3, 4), (4, 2))
+"""``(N, M)`` of the explicit cases run first when the layout takes any ``M``: ``M mod N = 1``, and
+``M < N`` (empty chunks)."""
+
+
+def uneven_cases(
+    mode: Mode,
+    dtypes: Sequence[torch.dtype],
+    max_workers: int,
+    *,
+    per_rank: bool = False,
+    op: Op | None = None,
+) -> list[Case]:
+    """Explicit cases of ``M`` not divisible by ``N`` (:data:`UNEVEN_SHAPES`, up to ``max_workers``),
+    run first when the expected order's layout takes any ``M``: a ring that mishandles the remainder
+    fails on them whatever the seed.  The values are :func:`one_worker_cases`', repeated.
+
+    >>> [(c.n, c.m, c.layout) for c in uneven_cases("exact", [torch.float32], 3)]
+    [(2, 3, 'sliced'), (3, 4, 'transposed')]
+    """
+    values = one_worker_cases(mode, dtypes[:1], op=op)[1].values
+    out = []
+    for k, (n, m) in enumerate(UNEVEN_SHAPES):
+        if n <= max_workers:
+            dtype = dtypes[k % len(dtypes)]
+            layout = "contiguous" if per_rank else ("sliced", "transposed")[k % 2]
+            repeated = _in_dtype([values[i % len(values)] for i in range(n * m)], dtype)
+            out.append(Case(n, m, (), dtype, layout, repeated, op))
     return out
 
 

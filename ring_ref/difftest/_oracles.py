@@ -27,10 +27,12 @@ from typing import NamedTuple
 import torch
 from hypothesis import strategies as st
 
+from ring_ref._chunks import chunk_of_elements
 from ring_ref._dispatch import ring_all_reduce
 from ring_ref._dtypes import FloatFormat, bits, format_of
 from ring_ref.difftest._inputs import Case
 from ring_ref.difftest._vocabulary import OPS, Mode, Op
+from ring_ref.schedule import Layout
 
 __all__ = [
     "EXACT_ORDER",
@@ -80,9 +82,22 @@ class ValueMismatch:
 
 
 def locate(case: Case, flat: int) -> tuple[tuple[int, ...], int]:
-    """The multi-index in the ``(M, ...)`` result of flat element ``flat`` and its chunk."""
+    """The multi-index in the ``(M, ...)`` result of flat element ``flat`` and its chunk.
+
+    The chunk is cut by the layout in force (:data:`EXACT_ORDER`'s: the spec's
+    ``even`` rows, or the ``blocks`` or ``gloo`` ranges of ``--schedule`` and
+    ``--order``), so every report labels an element's chunk the same way.
+
+    >>> case = Case(4, 10, (), torch.float32, "contiguous", (0.0,) * 40)
+    >>> token = EXACT_ORDER.set(ExactOrder("blocks", lambda c: torch.zeros(10), layout="blocks"))
+    >>> locate(case, 9)
+    ((9,), 3)
+    >>> EXACT_ORDER.reset(token)
+    """
     index = tuple(int(v) for v in torch.unravel_index(torch.tensor(flat), (case.m, *case.trailing)))
-    return index, index[0] // (case.m // case.n)
+    per_worker = len(case.values) // case.n
+    layout = EXACT_ORDER.get().layout
+    return index, chunk_of_elements(layout, case.n, per_worker, itemsize=case.dtype.itemsize)[flat]
 
 
 def flat_of(case: Case, index: tuple[int, ...]) -> int:
@@ -343,7 +358,8 @@ class ExactOrder:
     command line names it (for the replay line); ``cases``, when set, is the
     strategy ``exact`` draws its inputs from instead of the usual one (an
     order saved for one ``N``, ``M`` and dtype covers only those); ``ops``,
-    the ops ``expected`` computes (for the op the case carries, ``case.reduction``).
+    the ops ``expected`` computes (for the op the case carries, ``case.reduction``);
+    ``layout``, the chunks of the order's ring.
     """
 
     name: str
@@ -351,6 +367,9 @@ class ExactOrder:
     option: str = ""
     cases: st.SearchStrategy[Case] | None = None
     ops: tuple[Op, ...] = ("sum",)
+    layout: Layout = "even"
+    """How the order cuts a buffer into chunks: the search draws ``M`` not divisible by ``N`` when the
+    layout takes any ``M`` (``blocks``, ``gloo``), and reports label an element's chunk by it."""
 
 
 SPEC_ORDER = ExactOrder(

@@ -42,7 +42,6 @@ from ring_ref._ops import OPS
 from ring_ref._reveal import (
     REVEAL_FORMAT,
     REVEAL_VERSION,
-    Revealed,
     RevealError,
     Tree,
     chain_order,
@@ -56,7 +55,8 @@ from ring_ref.difftest._call import well_formed
 from ring_ref.difftest._inputs import LAYOUTS, Case
 from ring_ref.difftest._launch import Launcher
 from ring_ref.difftest._oracles import EXACT_ORDER, ExactOrder
-from ring_ref.schedule import PRESETS, RingSchedule
+from ring_ref.schedule import LAYOUTS as LAYOUT_NAMES
+from ring_ref.schedule import PRESETS, Layout, RingSchedule
 
 __all__ = [
     "OrderError",
@@ -74,8 +74,9 @@ __all__ = [
     "schedule_order",
 ]
 
-AUTO_M_EXTRA: Final = 1
-"""``--schedule auto`` reveals on ``M = 2 N + 1`` elements: not a multiple of ``N``, so layouts differ."""
+AUTO_M_FACTOR: Final = 2
+"""``--schedule auto`` reveals first on ``M = 2 N`` elements, a shape every layout accepts (and cuts
+alike), then on ``M = 2 N + 1``, where the layouts differ, to tell them apart."""
 
 
 class OrderError(ValueError):
@@ -99,6 +100,7 @@ def schedule_order(schedule: str | RingSchedule) -> ExactOrder:
         lambda case: ring_all_reduce(case.tensor(), "fast", schedule=ring, op=case.reduction),
         option,
         ops=OPS,
+        layout=ring.layout,
     )
 
 
@@ -119,8 +121,13 @@ def _load(path: Path) -> dict[str, Any]:
     return doc
 
 
-def read_order(path: Path) -> tuple[int, int, str, list[Tree]]:
-    """``(n, m, dtype, trees)`` of a saved reveal; every element must have a tree."""
+def read_order(path: Path) -> tuple[int, int, str, list[Tree], Layout]:
+    """``(n, m, dtype, trees, layout)`` of a saved reveal; every element must have a tree.
+
+    ``layout`` is the fitted ring's; a file that names no ring cuts its
+    elements as the spec does when ``N`` divides ``M``, else as OpenMPI's
+    ``blocks`` (so that chunk labels stay within ``0 .. N - 1``).
+    """
     doc = _load(path)
     n, m, dtype, trees = doc.get("n"), doc.get("m"), doc.get("dtype"), doc.get("trees")
     if not (isinstance(n, int) and isinstance(m, int) and n >= 1 and m >= 1 and dtype in FORMATS):
@@ -137,7 +144,12 @@ def read_order(path: Path) -> tuple[int, int, str, list[Tree]]:
         parsed = [tree_from_json(t, n) for t in trees]
     except ValueError as exc:
         raise OrderError(f"{str(path)!r}: {exc}") from exc
-    return n, m, dtype, parsed
+    ring = doc.get("ring")
+    if isinstance(ring, dict) and ring.get("layout") in LAYOUT_NAMES:
+        layout: Layout = ring["layout"]
+    else:
+        layout = "even" if m % n == 0 else "blocks"
+    return n, m, dtype, parsed, layout
 
 
 def _evaluate_trees(trees: list[Tree], x: torch.Tensor) -> torch.Tensor:
@@ -166,7 +178,7 @@ def _cases_of(draw: st.DrawFn, n: int, m: int, dtype: torch.dtype) -> Case:
 def file_order(path: str | Path) -> ExactOrder:
     """``exact`` against the trees of a saved ``ring-ref reveal --json``, on inputs of its ``N``, ``M``
     and dtype."""
-    n, m, dtype_name, trees = read_order(Path(path))
+    n, m, dtype_name, trees, layout = read_order(Path(path))
     dtype = FORMATS[dtype_name].torch_dtype
 
     def expected(case: Case) -> torch.Tensor:
@@ -179,22 +191,20 @@ def file_order(path: str | Path) -> ExactOrder:
         expected,
         f"--order {path}",
         _cases_of(n, m, dtype),
+        layout=layout,
     )
 
 
-def auto_order(
-    target: Callable[[torch.Tensor], object], max_workers: int
-) -> tuple[ExactOrder | None, Revealed]:
-    """Reveal ``target`` at ``N = min(max_workers, 8)``, ``M = 2N + 1``; the fitted ring's order, if any.
+def auto_order(target: Callable[[torch.Tensor], object], max_workers: int) -> tuple[ExactOrder, str]:
+    """:func:`auto_order_isolated` in this process, for a callable: the fitted order and what was revealed."""
 
-    A preset that matches is used by name (it is defined for every ``N``).
-    Another fitted ring keeps its direction and layout, with the offset taken
-    as the one of ``k`` and ``k - N`` nearer to zero (gloo's ``-1`` reads ``N - 1``
-    at any one ``N``); ``exact`` then tells whether that holds at the other ``N``.
-    """
-    n = _auto_n(max_workers)
-    found = reveal(target, n, 2 * n + AUTO_M_EXTRA, "float32", name="the target")
-    return _fitted(found.ring, found.matches, n), found
+    def reveal_at(n: int, m: int) -> dict[str, Any] | str:
+        try:
+            return reveal(target, n, m, "float32", name="the target").to_json()
+        except RevealError as exc:
+            return str(exc)
+
+    return _auto_fit(reveal_at, max_workers)
 
 
 def _auto_n(max_workers: int) -> int:
@@ -210,6 +220,71 @@ def _fitted(ring: RingSchedule | None, matches: list[str], n: int) -> ExactOrder
     return schedule_order(ring._replace(offset=k - n if k > n // 2 else k))
 
 
+def _fit_of(doc: dict[str, Any], n: int, *, even_only: bool = False) -> ExactOrder | None:
+    """The order of the ring a reveal's JSON fitted (``even_only``: that ring on the even layout)."""
+    if doc["ring"] is None:
+        return None
+    ring = RingSchedule(**doc["ring"])
+    matches = list(doc["matches"])
+    if even_only:
+        ring = ring._replace(layout="even")
+        matches = [name for name in matches if PRESETS[name].layout == "even"]
+    return _fitted(ring, matches, n)
+
+
+def _not_one_ring(doc: dict[str, Any], n: int) -> OrderError:
+    """The error of a reveal whose trees no ring explains, naming the elements and printing the trees."""
+    trees = [None if t is None else tree_from_json(t, n) for t in doc["trees"]]
+    lines = [f"  element {e}: {'no tree' if t is None else format_tree(t)}" for e, t in enumerate(trees)]
+    odd = [e for e, t in enumerate(trees) if t is None or chain_order(t) is None]
+    what = (
+        f"elements {odd} are not folds at all"
+        if odd
+        else "every element is a fold, but of no one ring (another start or direction per chunk)"
+    )
+    return OrderError(
+        f"--schedule auto: the target's order is not one ring's fold at N = {n}, M = {doc['m']}: {what}\n"
+        + "\n".join(lines)
+    )
+
+
+def _auto_fit(
+    reveal_at: Callable[[int, int], dict[str, Any] | str], max_workers: int
+) -> tuple[ExactOrder, str]:
+    """Reveal at ``M = 2N`` (every layout takes it), then at ``M = 2N + 1`` to tell the layouts apart.
+
+    ``reveal_at(n, m)`` is the reveal's JSON, or the error that stopped it.  A
+    target that refuses ``M = 2N + 1``, or whose order there is no ring's, is
+    checked as the ring fitted at ``M = 2N`` on the even layout: ``exact``
+    then draws only ``M`` divisible by ``N``, as that layout demands.
+    """
+    n = _auto_n(max_workers)
+    even_m, uneven_m = AUTO_M_FACTOR * n, AUTO_M_FACTOR * n + 1
+    even = reveal_at(n, even_m)
+    fitted = None if isinstance(even, str) else _fit_of(even, n, even_only=True)
+    if fitted is None and not isinstance(even, str):
+        raise _not_one_ring(even, n)
+    uneven = reveal_at(n, uneven_m)
+    fitted_uneven = None if isinstance(uneven, str) else _fit_of(uneven, n)
+    if fitted_uneven is not None and not isinstance(uneven, str):
+        calls = uneven["calls"]
+        return (
+            fitted_uneven,
+            f"revealed at N = {n}, M = {uneven_m} in {calls} calls; exact checks {fitted_uneven.name}",
+        )
+    if fitted is None or isinstance(even, str):
+        raise OrderError(f"--schedule auto: {even}")
+    if isinstance(uneven, str):
+        first = uneven.removeprefix("ring-ref reveal: error: ").split(". ")[0]
+        why = f"refuses M = {uneven_m} ({first})"
+    else:
+        why = f"sums M = {uneven_m} as no ring's fold"
+    return fitted, (
+        f"revealed at N = {n}, M = {even_m} in {even['calls']} calls; the target {why}, so its layout is "
+        f"even and only M divisible by N are searched; exact checks {fitted.name}"
+    )
+
+
 def auto_order_isolated(
     target: str, max_workers: int, timeout: float = 600.0, ranks: str | None = None
 ) -> tuple[ExactOrder, str]:
@@ -219,34 +294,20 @@ def auto_order_isolated(
     process when difftest forks its workers.  Returns the order and a line saying what was revealed;
     raises :class:`OrderError` when no ring fits, naming the elements that are not one ring's fold.
     """
-    n = _auto_n(max_workers)
-    m = 2 * n + AUTO_M_EXTRA
-    argv = [sys.executable, "-m", "ring_ref", "reveal", target, "-n", str(n), "-m", str(m), "--json"]
-    if ranks is not None:
-        argv += ["--ranks", ranks]
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
-    except subprocess.TimeoutExpired as exc:
-        raise OrderError(f"--schedule auto: revealing {target} took more than {timeout:g} s") from exc
-    if done.returncode != 0:
-        raise OrderError(f"--schedule auto: {done.stderr.strip() or 'ring-ref reveal failed'}")
-    doc = json.loads(done.stdout)
-    ring = None if doc["ring"] is None else RingSchedule(**doc["ring"])
-    fitted = _fitted(ring, list(doc["matches"]), n)
-    if fitted is None:
-        trees = [None if t is None else tree_from_json(t, n) for t in doc["trees"]]
-        lines = [f"  element {e}: {'no tree' if t is None else format_tree(t)}" for e, t in enumerate(trees)]
-        odd = [e for e, t in enumerate(trees) if t is None or chain_order(t) is None]
-        what = (
-            f"elements {odd} are not folds at all"
-            if odd
-            else "every element is a fold, but of no one ring (another start or direction per chunk)"
-        )
-        raise OrderError(
-            f"--schedule auto: the target's order is not one ring's fold at N = {n}, M = {m}: {what}\n"
-            + "\n".join(lines)
-        )
-    return fitted, f"revealed at N = {n}, M = {m} in {doc['calls']} calls; exact checks {fitted.name}"
+
+    def reveal_at(n: int, m: int) -> dict[str, Any] | str:
+        argv = [sys.executable, "-m", "ring_ref", "reveal", target, "-n", str(n), "-m", str(m), "--json"]
+        if ranks is not None:
+            argv += ["--ranks", ranks]
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+        except subprocess.TimeoutExpired:
+            return f"revealing {target} at N = {n}, M = {m} took more than {timeout:g} s"
+        if done.returncode != 0:
+            return done.stderr.strip() or "ring-ref reveal failed"
+        return cast(dict[str, Any], json.loads(done.stdout))
+
+    return _auto_fit(reveal_at, max_workers)
 
 
 def explain_element(call: Callable[[torch.Tensor], torch.Tensor], case: Case, flat: int) -> str:

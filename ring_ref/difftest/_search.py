@@ -16,7 +16,7 @@ from ring_ref._dtypes import TORCH_DTYPES, dtype_name
 from ring_ref._ops import op_name
 from ring_ref.difftest._call import Outcome
 from ring_ref.difftest._diagnosis import Finding, as_launcher, diagnose, difference, passes
-from ring_ref.difftest._inputs import LAYOUTS, Case, cases, one_worker_cases
+from ring_ref.difftest._inputs import LAYOUTS, Case, cases, one_worker_cases, uneven_cases
 from ring_ref.difftest._launch import InProcess, Isolated, Launcher
 from ring_ref.difftest._loading import importable_name, load_target
 from ring_ref.difftest._mpi import MPI_DTYPES, MpiRanks
@@ -165,8 +165,12 @@ def _search_test(
         drawn = order.cases.map(lambda c: replace(c, layout="contiguous")) if per_rank else order.cases
         test = given(drawn)(check)
     else:
-        test = given(cases(mode, dtypes, max_workers, layouts, op=op))(check)
-        for case in reversed(one_worker_cases(mode, dtypes, per_rank=per_rank, op=op)):
+        any_m = order.layout != "even"
+        test = given(cases(mode, dtypes, max_workers, layouts, op=op, any_m=any_m))(check)
+        first = one_worker_cases(mode, dtypes, per_rank=per_rank, op=op)
+        if any_m:
+            first += uneven_cases(mode, dtypes, max_workers, per_rank=per_rank, op=op)
+        for case in reversed(first):
             test = example(case)(test)
     test = settings(
         max_examples=examples,

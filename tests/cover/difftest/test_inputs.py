@@ -11,17 +11,20 @@ from fractions import Fraction
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ring_ref.difftest import DTYPES, Case
 from ring_ref.difftest._inputs import (
     LAYOUTS,
+    MAX_NUMEL,
     ORDER_FREE_EXPONENTS,
     cases,
     one_worker_cases,
     order_free_k_bound,
+    uneven_cases,
 )
+from ring_ref.difftest._vocabulary import Mode, Op
 from tests.oracles import exact_sum, fold, sums_in_several_orders
 from tests.paths import ROOT
 
@@ -75,3 +78,26 @@ def test_order_free_extremes_sum_exactly_with_sixteen_workers(dtype: torch.dtype
         assert torch.equal(x.to(torch.float64), torch.full((16, 16), float(k) * 2.0**e, dtype=torch.float64))
         for prefix in range(1, 17):
             assert float(fold([x[i] for i in range(prefix)])[0]) == prefix * k * 2.0**e, (dtype, e, prefix)
+
+
+@pytest.mark.clause("difftest-exact-orders")
+@pytest.mark.parametrize(
+    ("mode", "op"), [("exact", None), ("order-free", None), ("bound", "max"), ("bound", "prod")]
+)
+def test_a_layout_that_takes_any_m_draws_m_not_divisible_by_n(mode: Mode, op: Op | None) -> None:
+    """Issue #29 item 2: with ``any_m`` the search draws M not divisible by N, M < N among them, beside
+    even M; the explicit cases run first have both too."""
+    shapes: list[tuple[int, int]] = []
+
+    @settings(derandomize=True, database=None, max_examples=150, deadline=None)
+    @given(cases(mode, ALL_DTYPES, 6, op=op, any_m=True))
+    def collect(case: Case) -> None:
+        assert case.tensor().numel() <= MAX_NUMEL and 1 <= case.n <= 6
+        shapes.append((case.n, case.m))
+
+    collect()
+    assert any(m % n and m > n for n, m in shapes) and any(m < n for n, m in shapes)
+    assert any(m % n == 0 and n > 1 for n, m in shapes)
+    first = [(c.n, c.m) for c in uneven_cases(mode, ALL_DTYPES, 6, op=op)]
+    assert first and all(m % n for n, m in first) and any(m < n for n, m in first)
+    assert [(c.n, c.m) for c in uneven_cases(mode, ALL_DTYPES, 2, op=op)] == [(2, 3)]

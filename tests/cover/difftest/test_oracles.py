@@ -19,8 +19,9 @@ from ring_ref.difftest import DTYPES, Case
 from ring_ref.difftest._inputs import (
     cases,
 )
-from ring_ref.difftest._oracles import check_values
-from tests.oracles import ring_fold, sums_in_several_orders
+from ring_ref.difftest._oracles import check_values, locate
+from ring_ref.difftest._orders import checking_against, schedule_order
+from tests.oracles import blocks_bounds, gloo_bounds, ring_fold, sums_in_several_orders
 from tests.paths import ROOT
 
 SCHEMA = json.loads((ROOT / "spec" / "difftest_report.schema.json").read_text(encoding="utf-8"))
@@ -88,3 +89,17 @@ def test_bound_is_tight_to_gamma() -> None:
 @given(cases("exact", ALL_DTYPES, max_workers=8))
 def test_exact_oracle_agrees_with_the_independent_ring_fold(case: Case) -> None:
     assert check_values("exact", case, ring_fold(case.tensor()))[0] is None
+
+
+@pytest.mark.clause("difftest-exact-orders")
+@pytest.mark.parametrize("schedule", ["openmpi-ring", "gloo"])
+def test_chunk_labels_follow_the_layout_in_force(schedule: str) -> None:
+    """Issue #29 item 10: at N = 4, M = 10 (also as M = 5 rows of 2) every element is labelled with its
+    chunk under the order's layout, 0 to 3, as the layout's bounds (typed in from the spec) say."""
+    bounds = gloo_bounds(4, 10, 4) if schedule == "gloo" else blocks_bounds(4, 10)
+    want = [c for c, (lo, hi) in enumerate(bounds) for _ in range(lo, hi)]
+    flat = Case(4, 10, (), torch.float32, "contiguous", (0.0,) * 40)
+    rows = Case(4, 5, (2,), torch.float32, "contiguous", (0.0,) * 40)
+    with checking_against(schedule_order(schedule)):
+        assert [locate(flat, e) for e in range(10)] == [((e,), c) for e, c in enumerate(want)]
+        assert [locate(rows, e)[1] for e in range(10)] == want

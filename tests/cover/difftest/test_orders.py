@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,13 +16,22 @@ from ring_ref.difftest import difftest
 from ring_ref.difftest._oracles import EXACT_ORDER, SPEC_ORDER
 from ring_ref.difftest._orders import (
     OrderError,
+    auto_order,
     checking_against,
     command_line_order,
+    file_order,
     mark_replay,
     parse_schedule,
     schedule_order,
 )
-from tests.oracles import gloo_bounds, same_bits, schedule_fold
+from tests.oracles import blocks_bounds, gloo_bounds, same_bits, schedule_fold
+from tests.planted_impls import (
+    drops_the_remainder,
+    fast_engine,
+    gloo_preset,
+    openmpi_ring_preset,
+    openmpi_ring_written_out,
+)
 
 TARGETS = textwrap.dedent(
     '''
@@ -66,17 +76,25 @@ def _gloo_written_out(x: torch.Tensor) -> torch.Tensor:
     return schedule_fold(x, -1, -1, gloo_bounds(n, x[0].numel(), x.element_size()))
 
 
+def _spec_fold_on_gloo_segments(x: torch.Tensor) -> torch.Tensor:
+    return schedule_fold(x, 1, 0, gloo_bounds(x.shape[0], x[0].numel(), x.element_size()))
+
+
 @pytest.mark.clause("difftest-exact-orders")
 def test_exact_against_a_schedule_passes_its_ring_and_fails_others() -> None:
     with checking_against(schedule_order("gloo")):
         assert EXACT_ORDER.get().name == "the gloo schedule's order"
         passed = difftest(_gloo_written_out, modes=("exact",), examples=15, seed=3, max_workers=5)
-        failed = difftest(
+        failed = difftest(_spec_fold_on_gloo_segments, modes=("exact",), examples=15, seed=3, max_workers=5)
+        # The spec's ring cuts only M divisible by N; gloo's layout takes any M, so it is asked for one.
+        refused = difftest(
             ring_all_reduce, modes=("exact",), examples=15, seed=3, max_workers=5, isolate=False
         )
     assert EXACT_ORDER.get() is SPEC_ORDER
     assert passed.verdict == "pass", passed.render()
     assert failed.verdict == "fail" and failed.diagnoses == ["not-ring-order"], failed.render()
+    case = refused.modes["exact"].counterexample
+    assert refused.diagnoses == ["raised"] and case is not None and case.m % case.n, refused.render()
     mismatch = failed.modes["exact"].finding
     assert mismatch is not None and "not bitwise equal to the gloo schedule's order" in mismatch.explanation
     # and against the spec's ring, the other way round
@@ -200,3 +218,98 @@ def test_order_files_that_cannot_serve_are_refused(
         assert words in capsys.readouterr().err, words
     with pytest.raises(SystemExit):
         main(["difftest", f"{targets}:gloo_order", "--order", str(bad), "--schedule", "gloo"])
+
+
+@pytest.mark.clause("difftest-exact-orders")
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_layout_that_takes_any_m_is_searched_with_m_not_divisible_by_n(seed: int) -> None:
+    """Issue #29 item 2: a ring that drops the last M mod N rows fails ``--schedule openmpi-ring`` in every
+    mode, whatever the seed, with a few examples; the correct ring on OpenMPI's blocks passes."""
+    with checking_against(schedule_order("openmpi-ring")):
+        dropped = difftest(drops_the_remainder, examples=3, seed=seed, max_workers=6, isolate=False)
+        dropped_max = difftest(
+            drops_the_remainder, examples=3, seed=seed, max_workers=6, isolate=False, op="max"
+        )
+        correct = difftest(openmpi_ring_written_out, examples=20, seed=seed, max_workers=6, isolate=False)
+    for report in (dropped, dropped_max):
+        for mode, result in report.modes.items():
+            case = result.counterexample
+            assert result.verdict == "fail" and case is not None and case.m % case.n, (mode, report.render())
+    assert correct.verdict == "pass", correct.render()
+    # Without a schedule the spec's ring cuts M / N rows: only M divisible by N, where nothing is dropped.
+    assert (
+        difftest(drops_the_remainder, examples=20, seed=seed, max_workers=6, isolate=False).verdict == "pass"
+    )
+
+
+@pytest.mark.clause("difftest-exact-orders")
+def test_an_order_file_of_an_uneven_layout_labels_chunks_by_it(tmp_path: Path) -> None:
+    """Issue #29 item 10: an --order failure at N = 4, M = 10 names the element's chunk under the file's
+    layout (OpenMPI's blocks: 3, 3, 2, 2 elements), never a chunk 4."""
+    trees = [[[[c, (c + 1) % 4], (c + 2) % 4], (c + 3) % 4] for c in range(4)]
+    chunk_of = [c for c, (lo, hi) in enumerate(blocks_bounds(4, 10)) for _ in range(lo, hi)]
+    doc = {
+        "format": "ring-ref-reveal",
+        "version": 1,
+        "n": 4,
+        "m": 10,
+        "dtype": "float32",
+        "trees": [trees[c] for c in chunk_of],
+        "ring": {"direction": 1, "offset": 0, "layout": "blocks"},
+    }
+    saved = tmp_path / "blocks.json"
+    saved.write_text(json.dumps(doc), encoding="utf-8")
+    with checking_against(file_order(saved)):
+        assert difftest(openmpi_ring_written_out, modes=("exact",), examples=5, seed=1).verdict == "pass"
+        report = difftest(_last_element_doubled, modes=("exact",), examples=5, seed=1)
+    finding = report.modes["exact"].finding
+    assert finding is not None and finding.mismatch is not None, report.render()
+    assert finding.mismatch.index == (9,) and finding.mismatch.chunk == 3
+    assert "element (9,) (chunk 3)" in finding.explanation and "chunk 4" not in finding.explanation
+
+
+def _last_element_doubled(x: torch.Tensor) -> torch.Tensor:
+    out = openmpi_ring_written_out(x)
+    out[-1] = 2 * out[-1] + 1
+    return out
+
+
+@pytest.mark.clause("difftest-exact-orders")
+@pytest.mark.parametrize(
+    ("target", "name", "layout"),
+    [
+        (ring_all_reduce, "the spec schedule's order", "even"),
+        (fast_engine, "the spec schedule's order", "even"),
+        (openmpi_ring_preset, "the openmpi-ring schedule's order", "blocks"),
+        (gloo_preset, "the gloo schedule's order", "gloo"),
+    ],
+)
+def test_auto_reveals_at_a_shape_the_even_layout_accepts_first(
+    target: Callable[[torch.Tensor], torch.Tensor], name: str, layout: str
+) -> None:
+    """Issue #29 item 3: the reference refuses M = 2N + 1, which tells that its layout is even; the presets
+    that take any M are told apart there."""
+    order, note = auto_order(target, 4)
+    assert (order.name, order.layout) == (name, layout), note
+    if layout == "even":
+        assert "revealed at N = 4, M = 8" in note and "refuses M = 9" in note
+    else:
+        assert "revealed at N = 4, M = 9" in note
+
+
+@pytest.mark.clause("difftest-exact-orders")
+def test_auto_reveals_at_an_uneven_m_only_a_target_that_needs_it() -> None:
+    def uneven_only(x: torch.Tensor) -> torch.Tensor:
+        if x.shape[1] % x.shape[0] == 0:
+            raise ValueError("this ring wants an M that N does not divide")
+        return ring_all_reduce(x, schedule="gloo")
+
+    def raises(x: torch.Tensor) -> torch.Tensor:
+        raise ValueError("no all-reduce here")
+
+    order, note = auto_order(uneven_only, 4)
+    assert order.name == "the gloo schedule's order" and "revealed at N = 4, M = 9" in note
+    with pytest.raises(OrderError, match=r"--schedule auto: .*no all-reduce here"):
+        auto_order(raises, 4)
+    with pytest.raises(OrderError, match=r"not one ring's fold at N = 4, M = 8"):
+        auto_order(lambda x: x.sum(0), 4)
