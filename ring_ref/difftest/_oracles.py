@@ -343,7 +343,10 @@ class ExactOrder:
     command line names it (for the replay line); ``cases``, when set, is the
     strategy ``exact`` draws its inputs from instead of the usual one (an
     order saved for one ``N``, ``M`` and dtype covers only those); ``ops``,
-    the ops ``expected`` computes (for the op the case carries, ``case.reduction``).
+    the ops ``expected`` computes (for the op the case carries, ``case.reduction``);
+    ``source``, where the order came from (the report's ``exact_against``):
+    ``spec``, ``schedule``, ``order`` (a saved reveal, whose ``N``, ``M`` and
+    dtype are ``inputs``) or ``auto`` (``revealed`` says where and how).
     """
 
     name: str
@@ -351,6 +354,20 @@ class ExactOrder:
     option: str = ""
     cases: st.SearchStrategy[Case] | None = None
     ops: tuple[Op, ...] = ("sum",)
+    source: str = "spec"
+    inputs: tuple[int, int, str] | None = None
+    revealed: str = ""
+
+    def to_json(self) -> dict[str, object]:
+        """The report's ``exact_against`` object (``spec/difftest_report.schema.json``)."""
+        n, m, dtype = self.inputs if self.inputs is not None else (None, None, None)
+        return {
+            "source": self.source,
+            "order": self.name,
+            "option": self.option,
+            "inputs": None if n is None else {"n": n, "m": m, "dtype": dtype},
+            "revealed": self.revealed or None,
+        }
 
 
 SPEC_ORDER = ExactOrder(

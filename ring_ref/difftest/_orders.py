@@ -14,6 +14,9 @@ This module builds the other references it can check against (clause
   the ring that fits (a preset by name when one matches), or say which
   elements are not ring folds.
 
+:func:`exact_order` picks one from ``difftest``'s ``schedule=`` and ``order=``
+(the command line's ``--schedule`` and ``--order``).
+
 :func:`explain_element` names the revealed order of one element, for the
 ``not-ring-order`` explanation.
 
@@ -30,6 +33,7 @@ import random
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final, cast
 
@@ -42,7 +46,6 @@ from ring_ref._ops import OPS
 from ring_ref._reveal import (
     REVEAL_FORMAT,
     REVEAL_VERSION,
-    Revealed,
     RevealError,
     Tree,
     chain_order,
@@ -63,19 +66,27 @@ __all__ = [
     "auto_order",
     "auto_order_isolated",
     "checking_against",
-    "command_line_order",
+    "exact_order",
     "explain_element",
     "file_order",
-    "mark_replay",
     "parse_schedule",
     "per_rank_target",
     "rank_launcher",
     "read_order",
     "schedule_order",
+    "schedule_ring",
 ]
 
 AUTO_M_EXTRA: Final = 1
 """``--schedule auto`` reveals on ``M = 2 N + 1`` elements: not a multiple of ``N``, so layouts differ."""
+
+
+SCHEDULE_TEXT: Final = (
+    "as text (the command line's --schedule): a preset name, auto, or DIRECTION,OFFSET,LAYOUT, "
+    "written --schedule=-1,2,blocks on the command line (with '=': argparse reads a value that "
+    "starts with '-' as an option)"
+)
+"""How a schedule is written as text, for the errors about one."""
 
 
 class OrderError(ValueError):
@@ -83,23 +94,40 @@ class OrderError(ValueError):
 
 
 def schedule_order(schedule: str | RingSchedule) -> ExactOrder:
-    """``exact`` against ``ring_all_reduce(x, schedule=schedule, op=...)``, for every op."""
-    try:
-        ring = schedule_of(schedule)
-    except (TypeError, ValueError) as exc:
-        raise OrderError(str(exc)) from exc
+    """``exact`` against ``ring_all_reduce(x, schedule=schedule, op=...)``, for every op.
+
+    ``schedule`` is a preset name, a :class:`RingSchedule` or its text
+    ``DIRECTION,OFFSET,LAYOUT`` (:func:`parse_schedule`).
+    """
+    ring = schedule_ring(schedule)
     name = next((key for key, preset in PRESETS.items() if preset == ring), None)
     if name is not None:
         label, option = f"the {name} schedule's order", f"--schedule {name}"
     else:
         label = f"the order of the ring with {ring.describe()}"
-        option = f"--schedule {ring.direction},{ring.offset},{ring.layout}"
+        # with '=': argparse would read "-1,2,blocks" after a space as an option of its own
+        option = f"--schedule={ring.direction},{ring.offset},{ring.layout}"
     return ExactOrder(
         label,
         lambda case: ring_all_reduce(case.tensor(), "fast", schedule=ring, op=case.reduction),
         option,
         ops=OPS,
+        source="schedule",
     )
+
+
+def schedule_ring(schedule: str | RingSchedule) -> RingSchedule:
+    """The ring ``schedule`` names: a preset name, a :class:`RingSchedule` or its text (``-1,2,blocks``).
+
+    >>> schedule_ring("nope")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ring_ref.difftest._orders.OrderError: unknown schedule 'nope'; ...; as text (...--schedule): a preset ...
+    """
+    try:
+        return schedule_of(parse_schedule(schedule) if isinstance(schedule, str) else schedule)
+    except (TypeError, ValueError) as exc:
+        raise OrderError(f"{str(exc).rstrip('.')}; {SCHEDULE_TEXT}") from exc
 
 
 def _load(path: Path) -> dict[str, Any]:
@@ -179,22 +207,23 @@ def file_order(path: str | Path) -> ExactOrder:
         expected,
         f"--order {path}",
         _cases_of(n, m, dtype),
+        source="order",
+        inputs=(n, m, dtype_name),
     )
 
 
-def auto_order(
-    target: Callable[[torch.Tensor], object], max_workers: int
-) -> tuple[ExactOrder | None, Revealed]:
-    """Reveal ``target`` at ``N = min(max_workers, 8)``, ``M = 2N + 1``; the fitted ring's order, if any.
+def auto_order(target: Callable[[torch.Tensor], object], max_workers: int) -> ExactOrder:
+    """Reveal ``target`` (in this process) at ``N = min(max_workers, 8)``, ``M = 2N + 1``; the fitted order.
 
     A preset that matches is used by name (it is defined for every ``N``).
     Another fitted ring keeps its direction and layout, with the offset taken
     as the one of ``k`` and ``k - N`` nearer to zero (gloo's ``-1`` reads ``N - 1``
     at any one ``N``); ``exact`` then tells whether that holds at the other ``N``.
+    Raises :class:`OrderError` when no ring fits, naming the elements that are not one ring's fold.
     """
     n = _auto_n(max_workers)
     found = reveal(target, n, 2 * n + AUTO_M_EXTRA, "float32", name="the target")
-    return _fitted(found.ring, found.matches, n), found
+    return _auto_fitted(found.ring, found.matches, found.trees, n, found.calls)
 
 
 def _auto_n(max_workers: int) -> int:
@@ -210,14 +239,34 @@ def _fitted(ring: RingSchedule | None, matches: list[str], n: int) -> ExactOrder
     return schedule_order(ring._replace(offset=k - n if k > n // 2 else k))
 
 
+def _auto_fitted(
+    ring: RingSchedule | None, matches: list[str], trees: list[Tree | None], n: int, calls: int
+) -> ExactOrder:
+    """The order ``--schedule auto`` checks against, from what reveal found at ``N = n``."""
+    m = len(trees)
+    fitted = _fitted(ring, matches, n)
+    if fitted is None:
+        lines = [f"  element {e}: {'no tree' if t is None else format_tree(t)}" for e, t in enumerate(trees)]
+        odd = [e for e, t in enumerate(trees) if t is None or chain_order(t) is None]
+        what = (
+            f"elements {odd} are not folds at all"
+            if odd
+            else "every element is a fold, but of no one ring (another start or direction per chunk)"
+        )
+        raise OrderError(
+            f"--schedule auto: the target's order is not one ring's fold at N = {n}, M = {m}: {what}\n"
+            + "\n".join(lines)
+        )
+    return replace(fitted, source="auto", revealed=f"revealed at N = {n}, M = {m} in {calls} calls")
+
+
 def auto_order_isolated(
     target: str, max_workers: int, timeout: float = 600.0, ranks: str | None = None
-) -> tuple[ExactOrder, str]:
+) -> ExactOrder:
     """:func:`auto_order` for a ``TARGET`` name, revealed by ``ring-ref reveal --json`` in its own process.
 
     So nothing the target leaves behind (process groups, threads, module state) is in the tester's
-    process when difftest forks its workers.  Returns the order and a line saying what was revealed;
-    raises :class:`OrderError` when no ring fits, naming the elements that are not one ring's fold.
+    process when difftest forks its workers.
     """
     n = _auto_n(max_workers)
     m = 2 * n + AUTO_M_EXTRA
@@ -232,21 +281,8 @@ def auto_order_isolated(
         raise OrderError(f"--schedule auto: {done.stderr.strip() or 'ring-ref reveal failed'}")
     doc = json.loads(done.stdout)
     ring = None if doc["ring"] is None else RingSchedule(**doc["ring"])
-    fitted = _fitted(ring, list(doc["matches"]), n)
-    if fitted is None:
-        trees = [None if t is None else tree_from_json(t, n) for t in doc["trees"]]
-        lines = [f"  element {e}: {'no tree' if t is None else format_tree(t)}" for e, t in enumerate(trees)]
-        odd = [e for e, t in enumerate(trees) if t is None or chain_order(t) is None]
-        what = (
-            f"elements {odd} are not folds at all"
-            if odd
-            else "every element is a fold, but of no one ring (another start or direction per chunk)"
-        )
-        raise OrderError(
-            f"--schedule auto: the target's order is not one ring's fold at N = {n}, M = {m}: {what}\n"
-            + "\n".join(lines)
-        )
-    return fitted, f"revealed at N = {n}, M = {m} in {doc['calls']} calls; exact checks {fitted.name}"
+    trees = [None if t is None else tree_from_json(t, n) for t in doc["trees"]]
+    return _auto_fitted(ring, list(doc["matches"]), trees, n, doc["calls"])
 
 
 def explain_element(call: Callable[[torch.Tensor], torch.Tensor], case: Case, flat: int) -> str:
@@ -299,28 +335,34 @@ def checking_against(order: ExactOrder | None) -> Iterator[None]:
         EXACT_ORDER.reset(token)
 
 
-def command_line_order(
-    schedule: str | None, order_file: str | None, target: str, max_workers: int, ranks: str | None = None
-) -> tuple[ExactOrder | None, str]:
-    """The order of ``difftest --schedule`` / ``--order``, and a line saying what was revealed (``auto``).
+def exact_order(
+    schedule: str | RingSchedule | None,
+    order: str | Path | None,
+    target: Callable[[torch.Tensor], object] | str,
+    max_workers: int,
+    ranks: str | None = None,
+) -> ExactOrder | None:
+    """What ``exact`` checks against for ``difftest(schedule=..., order=...)`` (``None``: the spec's ring).
 
+    ``schedule="auto"`` reveals ``target`` first: a ``TARGET`` name in a
+    process of its own (:func:`auto_order_isolated`), a function in this one.
     Raises :class:`OrderError` for an unusable option and when ``auto``
     finds no ring (its message says which elements are not ring folds).
     """
-    if order_file is not None:
-        return file_order(order_file), ""
+    if schedule is not None and order is not None:
+        raise OrderError(
+            f"schedule (--schedule) and order (--order) name two orders for exact; give one, "
+            f"got schedule={schedule!r} and order={str(order)!r}"
+        )
+    if order is not None:
+        return file_order(order)
     if schedule is None:
-        return None, ""
+        return None
     if schedule != "auto":
-        return schedule_order(parse_schedule(schedule)), ""
-    return auto_order_isolated(target, max_workers, ranks=ranks)
-
-
-def mark_replay(replay: str, order: ExactOrder | None) -> str:
-    """``replay`` with the option that names ``order`` (difftest builds the line without it)."""
-    if order is None or not order.option or order.option in replay:
-        return replay
-    return f"{replay} {order.option}"
+        return schedule_order(schedule)
+    if isinstance(target, str):
+        return auto_order_isolated(target, max_workers, ranks=ranks)
+    return auto_order(target, max_workers)
 
 
 def per_rank_target(launcher: Launcher) -> Callable[[torch.Tensor], torch.Tensor]:
