@@ -196,7 +196,7 @@ def _difftest_command(args: argparse.Namespace) -> int:
         try:
             report = difftest(
                 args.target,
-                modes=args.mode or "all",
+                modes=[m for m in (*MODES, "all") if m in (args.mode or ["all"])],
                 examples=args.examples,
                 seed=args.seed,
                 max_workers=args.max_workers,

@@ -344,18 +344,18 @@ def difftest(
 
 
 def _modes_of(modes: str | Iterable[str]) -> tuple[Mode, ...]:
-    """``modes`` as the modes to run, in :data:`MODES` order: one name, ``"all"``, or a list of them.
+    """``modes`` as the modes to run, in the order given: one name, ``"all"``, or a list of them.
 
-    >>> _modes_of("bound"), _modes_of(["bound", "exact"]), _modes_of("all") == MODES
-    (('bound',), ('exact', 'bound'), True)
+    >>> _modes_of("bound"), _modes_of(["bound", "exact", "bound"]), _modes_of(["all"]) == MODES
+    (('bound',), ('bound', 'exact'), True)
     """
     asked = [modes] if isinstance(modes, str) else list(modes)
     if not asked or any(m not in (*MODES, "all") for m in asked):
         raise ValueError(
-            f"modes (mode=, --mode) must be one of {[*MODES, 'all']} or a non-empty list of them; "
-            f"got {modes!r}"
+            f"each mode must be one of {[*MODES, 'all']}; modes (mode=, --mode) takes one or a "
+            f"non-empty list of them; got {asked}"
         )
-    return MODES if "all" in asked else tuple(m for m in MODES if m in asked)
+    return MODES if "all" in asked else tuple(m for m in dict.fromkeys(asked) if m in MODES)
 
 
 def _check_order_file_fits(
