@@ -11,15 +11,15 @@ import torch
 
 from ring_ref import RingSchedule, ring_all_reduce
 from ring_ref._cli import main
-from ring_ref.difftest import difftest
+from ring_ref.difftest import OrderError, difftest
 from ring_ref.difftest._oracles import EXACT_ORDER, SPEC_ORDER
 from ring_ref.difftest._orders import (
-    OrderError,
     checking_against,
     exact_order,
     parse_schedule,
     schedule_order,
 )
+from ring_ref.testing import assert_matches_reference
 from tests.oracles import gloo_bounds, same_bits, schedule_fold
 
 TARGETS = textwrap.dedent(
@@ -199,3 +199,68 @@ def test_order_files_that_cannot_serve_are_refused(
         assert words in capsys.readouterr().err, words
     with pytest.raises(SystemExit):
         main(["difftest", f"{targets}:gloo_order", "--order", str(bad), "--schedule", "gloo"])
+
+
+# --- the Python API takes what the command line takes (issue #29 items 5 and 11) ----------------------
+
+
+def _two_worker_order(tmp_path: Path) -> Path:
+    """A saved order by hand (spec/reveal.schema.json): N = 2, M = 4, float32, every element 0 + 1."""
+    doc = {"format": "ring-ref-reveal", "version": 1, "n": 2, "m": 4, "dtype": "float32"}
+    path = tmp_path / "order.json"
+    path.write_text(json.dumps({**doc, "trees": [[0, 1]] * 4}), encoding="utf-8")
+    return path
+
+
+@pytest.mark.clause("difftest-exact-orders")
+def test_modes_schedule_and_order_reach_the_python_api(tmp_path: Path) -> None:
+    both = assert_matches_reference(ring_all_reduce, ["order-free", "bound"], examples=3, seed=1)
+    assert list(both.modes) == ["order-free", "bound"] and both.exact_against is None
+    gloo = difftest(_gloo_written_out, modes="exact", examples=10, seed=3, max_workers=5, schedule="gloo")
+    assert gloo.verdict == "pass" and gloo.replay.endswith(" --schedule gloo"), gloo.replay
+    assert gloo.to_json()["exact_against"]["source"] == "schedule"
+    ring = RingSchedule(-1, 2, "blocks")
+    text = difftest(
+        lambda x: ring_all_reduce(x, schedule=ring), modes="exact", examples=5, seed=3, schedule="-1,2,blocks"
+    )
+    assert text.verdict == "pass" and text.replay.endswith(", schedule='-1,2,blocks')"), text.replay
+    saved = _two_worker_order(tmp_path)
+    nameless = lambda x: ring_all_reduce(x)  # noqa: E731, PLW0108 - a function with no importable name
+    report = assert_matches_reference(nameless, "exact", examples=5, seed=2, order=saved)
+    assert report.exact_against is not None and report.exact_against.inputs == (2, 4, "float32")
+    assert report.replay.endswith(f", order={str(saved)!r})")
+    with pytest.raises(AssertionError, match="not-ring-order"):
+        assert_matches_reference(_gloo_written_out, "exact", examples=20, seed=3, max_workers=5)
+
+
+@pytest.mark.clause("difftest-exact-orders")
+def test_schedule_auto_reveals_a_function_in_this_process() -> None:
+    report = difftest(_gloo_written_out, modes="exact", examples=10, seed=3, max_workers=4, schedule="auto")
+    assert report.verdict == "pass", report.render()
+    against = report.to_json()["exact_against"]
+    assert against["source"] == "auto" and against["order"] == "the gloo schedule's order"
+    assert against["revealed"].startswith("revealed at N = 4, M = 9 in ")
+    with pytest.raises(OrderError, match="not one ring's fold"):
+        difftest(lambda x: x.sum(0), modes="exact", examples=2, max_workers=4, schedule="auto")
+
+
+@pytest.mark.clause("difftest-exact-orders")
+def test_an_order_file_refuses_options_its_inputs_would_break(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--order FILE`` draws exact's inputs at the file's N, M and dtype: an explicit --max-workers below
+    that N or --dtypes without that dtype is a usage error naming them; other values serve the other modes."""
+    saved = _two_worker_order(tmp_path)
+    with pytest.raises(ValueError, match=r"N = 2, M = 4, float32.*--max-workers\) 1 is below its N"):
+        difftest(ring_all_reduce, order=saved, max_workers=1)
+    with pytest.raises(ValueError, match=r"N = 2, M = 4, float32.*\['float64'\] leave out its dtype"):
+        difftest(ring_all_reduce, order=saved, dtypes=[torch.float64])
+    common = ["difftest", "ring_ref:ring_all_reduce", "--order", str(saved), "--examples", "3", "--seed", "1"]
+    assert main([*common, "--dtypes", "float16"]) == 2
+    assert "holds an order for N = 2, M = 4, float32" in capsys.readouterr().err
+    assert main([*common, "--dtypes", "float32", "float64", "--max-workers", "3", "--in-process"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "exact's inputs are all N = 2, M = 4, float32, the file's" in out
+        and "--dtypes float32 float64" in out
+    )
