@@ -121,3 +121,19 @@ def test_soak_per_rank_targets_up_to_eight_ranks(target: str) -> None:
     )
     report = difftest(target, ranks="gloo", modes=modes, examples=150, max_workers=8)
     assert report.verdict == "pass", report.render()
+
+
+@pytest.mark.clause("difftest-ranks", "difftest-diagnoses")
+def test_a_stacked_target_under_ranks_gloo_is_told_to_drop_ranks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue #29 item 8, on a real group: difftest's raised explanation and reveal's error both say it."""
+    (tmp_path / "stacked.py").write_text("def total(x):\n    return x.sum(1).sum(0)\n", encoding="utf-8")
+    target = f"{tmp_path / 'stacked.py'}:total"
+    options = ["--mode", "bound", "--examples", "2", "--seed", "1", "--max-workers", "2"]
+    assert main(["difftest", "--ranks", "gloo", target, *options]) == 1
+    out = capsys.readouterr().out
+    assert "raised IndexError: Dimension out of range" in out and "drop --ranks (ranks=None)" in out
+    assert main(["reveal", "--ranks", "gloo", target, "-n", "2", "-m", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "rank(s) [0, 1]: raised IndexError: Dimension out of range" in err and "drop --ranks" in err
