@@ -402,6 +402,7 @@ def test_every_report_says_what_exact_checked_against() -> None:
     auto = replace(SPEC_ORDER, name="the gloo schedule's order", source="auto", revealed="revealed at X")
     doc = report({"exact": passed("exact")}, exact_against=auto).to_json()["exact_against"]
     assert (doc["source"], doc["revealed"]) == ("auto", "revealed at X")
-    assert "which --schedule auto found in the target (revealed at X)" in report(
-        {"exact": passed("exact")}, exact_against=auto
-    ).render()
+    assert (
+        "which --schedule auto found in the target (revealed at X)"
+        in report({"exact": passed("exact")}, exact_against=auto).render()
+    )
