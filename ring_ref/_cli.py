@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import operator
 import os
@@ -276,6 +277,14 @@ def _reveal_command(args: argparse.Namespace) -> int:
             print(f"ring-ref reveal: error: {exc}", file=sys.stderr)
             return 2
     print(json.dumps(found.to_json()) if args.json else found.summary())
+    if found.classification != "ring":
+        # reveal names an order, it gives no verdict: the exit status stays 0 (docs/guide/reveal.md)
+        ranks = f"--ranks {args.ranks} " if args.ranks else ""
+        print(
+            f"ring-ref reveal: the order is not one ring's fold ({found.classification}); to find out "
+            f"whether that is a bug, run: ring-ref difftest {ranks}{args.target}",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -333,9 +342,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _dash_value(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
+    """Refuse ``--schedule -1,2,blocks``: argparse would read the value as an option and say only
+    "expected one argument"."""
+    for option, value in itertools.pairwise(argv):
+        if option == "--schedule" and value.startswith("-") and value[1:2].isdigit():
+            parser.error(
+                f"--schedule {value}: write --schedule={value} (with '=': argparse reads a value that "
+                "starts with '-' as an option of its own)"
+            )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``ring-ref`` console script."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    _dash_value(parser, sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
     try:
         status: int = args.func(args)
     except BrokenPipeError:

@@ -83,9 +83,9 @@ AUTO_M_EXTRA: Final = 1
 
 
 SCHEDULE_TEXT: Final = (
-    "as text (the command line's --schedule): a preset name, auto, or DIRECTION,OFFSET,LAYOUT, "
-    "written --schedule=-1,2,blocks on the command line (with '=': argparse reads a value that "
-    "starts with '-' as an option)"
+    "as text (the command line's --schedule): a preset name or DIRECTION,OFFSET,LAYOUT, written "
+    "--schedule=-1,2,blocks on the command line (with '=': argparse reads a value that starts with '-' "
+    "as an option), or for difftest auto"
 )
 """How a schedule is written as text, for the errors about one."""
 
