@@ -30,6 +30,7 @@ from ring_ref.difftest._vocabulary import (
     DTYPES,
     MAX_RANKS,
     MODES,
+    MPI_MAX_RANKS,
     RANKS,
     Mode,
     Op,
@@ -39,7 +40,7 @@ from ring_ref.difftest._vocabulary import (
 )
 from ring_ref.schedule import RingSchedule
 
-__all__ = ["difftest", "option_problem", "run_mode", "zero_out"]
+__all__ = ["default_max_workers", "difftest", "option_problem", "run_mode", "zero_out"]
 
 
 class _Failed(Exception):
@@ -242,7 +243,7 @@ def difftest(
     ``path/to/file.py:function``).  ``seed`` fixes Hypothesis' search (a random
     one is chosen and reported when ``None``); rerunning with the same seed
     and options replays the search.  ``max_workers`` is the largest ``N``
-    (default 16, or 8 with ``ranks``).
+    (default 16, 8 with ``ranks="gloo"``, 4 with ``ranks="mpi"``: :func:`default_max_workers`).
 
     Isolation: a target that can be imported by name (a string, or a
     module-level function) runs in a worker process, and each call gets at most
@@ -289,7 +290,7 @@ def difftest(
     chosen = _modes_of(modes)
     if ranks is not None and ranks not in RANKS:
         raise ValueError(f"ranks must be one of {list(RANKS)} or None; got {ranks!r}")
-    workers = max_workers if max_workers is not None else (MAX_RANKS if ranks else 16)
+    workers = max_workers if max_workers is not None else default_max_workers(ranks)
     problem = option_problem(examples=examples, seed=seed, max_workers=workers, timeout=timeout)
     if problem:
         raise ValueError(problem)
@@ -341,6 +342,15 @@ def difftest(
         launcher.close()
     report.output_bytes, report.output = launcher.output.bytes, launcher.output.text
     return report
+
+
+def default_max_workers(ranks: Ranks | None) -> int:
+    """The largest ``N`` when none is given: 16 stacked, 8 on gloo ranks, 4 in MPI jobs (slower to call).
+
+    >>> [default_max_workers(r) for r in (None, "gloo", "mpi")]
+    [16, 8, 4]
+    """
+    return MPI_MAX_RANKS if ranks == "mpi" else MAX_RANKS if ranks else 16
 
 
 def _modes_of(modes: str | Iterable[str]) -> tuple[Mode, ...]:
