@@ -33,6 +33,7 @@ from ring_ref.difftest._call import (
     TensorView,
     aliases,
     input_problem,
+    kind_hint,
     result_tensor,
     well_formed,
 )
@@ -73,7 +74,6 @@ __all__ = [
     "count_contributions",
     "diagnose",
     "difference",
-    "kind_hint",
     "op_probe_rows",
     "op_probe_values",
     "passes",
@@ -123,33 +123,6 @@ def structural(outcome: Outcome) -> list[tuple[str, str]]:
     if outcome.note:
         merged = [(code, f"{text}; {outcome.note}" if code == "raised" else text) for code, text in merged]
     return merged
-
-
-PER_RANK_SIGNS: Final = ("process group has not been initialized", "missing 1 required positional argument")
-"""What a per-rank target called stacked raises: no ``torch.distributed`` group, or no ``array`` (MPI)."""
-
-STACKED_SIGNS: Final = ("IndexError", "values to unpack", "dimension", "shape")
-"""What a stacked target called per rank raises: it indexes the ``N`` axis of a ``(M, ...)`` tensor."""
-
-
-def kind_hint(answer: Answer) -> str:
-    """A hint when an exception looks like a target of the other kind (per-rank vs stacked), else ``""``.
-
-    >>> kind_hint(Answer("", raised="IndexError: tuple index out of range", rank=0))[:40]
-    '; this looks like a stacked target (work'
-    """
-    raised = answer.raised
-    if answer.rank is None and any(sign in raised for sign in PER_RANK_SIGNS):
-        return (
-            "; this looks like a per-rank target: add --ranks gloo (ranks='gloo'), or --ranks mpi "
-            "(ranks='mpi') for TARGET(comm, array)"
-        )
-    if answer.rank is not None and any(sign in raised for sign in STACKED_SIGNS):
-        return (
-            "; this looks like a stacked target (worker_tensors of shape (N, M, ...)): drop --ranks "
-            "(ranks=None)"
-        )
-    return ""
 
 
 def _structural_one(answer: Answer, case: Case) -> list[tuple[str, str]]:

@@ -55,8 +55,7 @@ from ring_ref._reveal import (
     tree_from_json,
 )
 from ring_ref._validate import schedule_of
-from ring_ref.difftest._call import well_formed
-from ring_ref.difftest._diagnosis import structural
+from ring_ref.difftest._call import kind_hint, well_formed
 from ring_ref.difftest._inputs import LAYOUTS, Case
 from ring_ref.difftest._launch import Launcher
 from ring_ref.difftest._oracles import EXACT_ORDER, ExactOrder
@@ -383,7 +382,13 @@ def per_rank_target(launcher: Launcher) -> Callable[[torch.Tensor], torch.Tensor
         results = [well_formed(outcome, rank) for rank in range(case.n)]
         missing = [rank for rank, got in enumerate(results) if got is None]
         if missing:
-            why = "; ".join(text for _, text in structural(outcome))
+            why = "; ".join(
+                f"rank {a.rank} raised {a.raised}{kind_hint(a)}"
+                if a.raised
+                else f"rank {a.rank} returned no such tensor"
+                for a in outcome.answers
+                if a.rank in missing
+            )
             raise RevealError(f"rank(s) {missing} gave no well-formed ({case.m},) {x.dtype} result: {why}")
         first = cast(torch.Tensor, results[0])
         for rank, other in enumerate(results[1:], start=1):
