@@ -16,7 +16,8 @@ AssertionError: FAIL: ...mean-not-sum...
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import torch
 
@@ -28,8 +29,9 @@ from ring_ref._tracecheck import (
     check_trace,
     first_mismatch,
 )
-from ring_ref.difftest import DTYPES, MODES, Mode, Report, Target, difftest
+from ring_ref.difftest import Report, Target, difftest
 from ring_ref.difftest._vocabulary import DEFAULT_TIMEOUT_S, OpTarget, Ranks
+from ring_ref.schedule import RingSchedule
 
 __all__ = [
     "Mismatch",
@@ -44,46 +46,48 @@ __all__ = [
 
 def assert_matches_reference(
     fn: Target | OpTarget | str,
-    mode: Mode | str = "all",
+    mode: str | Sequence[str] = "all",
     *,
     examples: int = 100,
     seed: int | None = None,
     max_workers: int | None = None,
-    dtypes: Sequence[torch.dtype] = tuple(DTYPES.values()),
+    dtypes: Sequence[torch.dtype] | None = None,
     timeout: float = DEFAULT_TIMEOUT_S,
     isolate: bool | None = None,
     ranks: Ranks | None = None,
     op: object = None,
+    schedule: str | RingSchedule | None = None,
+    order: str | Path | None = None,
+    mca: Mapping[str, str] | None = None,
 ) -> Report:
-    """Check ``fn`` against the reference; raise ``AssertionError`` with the diagnosis on failure.
+    """Check ``fn`` against the reference; raise ``AssertionError`` with the report on failure.
 
-    ``mode`` is ``"exact"``, ``"order-free"``, ``"bound"`` or ``"all"``.  The
-    error message is the full report: the verdict per mode, the diagnosis codes
-    with their explanation, the counterexample and the seed to replay it.
-    Returns the passing :class:`ring_ref.difftest.Report`.
+    ``mode`` is ``"exact"``, ``"order-free"``, ``"bound"``, ``"all"`` or a list
+    of them.  The error message is the report: the verdict per mode, the
+    diagnosis codes with their explanation, the counterexample and the line
+    that replays it; under pytest the traceback stops at the caller (no source
+    of this module).  Returns the passing :class:`ring_ref.difftest.Report`.
 
-    A module-level function (or a ``"module:function"`` string) runs isolated
-    in a worker process, each call limited to ``timeout`` seconds; a lambda or
-    local function runs in this process (see :func:`ring_ref.difftest.difftest`
-    for ``isolate``).  ``ranks="gloo"``: ``fn`` is a per-rank target, called on
-    every rank of a gloo group with that rank's tensor (``torch.distributed.all_reduce``
-    style); every rank's result is checked.  ``op`` (``"prod"``, ``"max"``, ``"min"``,
-    ``"avg"``, ``"sum"`` or a ``torch.distributed.ReduceOp``): ``fn`` is also given ``op=``
-    and checked with that op's oracles (see :func:`ring_ref.difftest.difftest`).
+    Every other option is :func:`ring_ref.difftest.difftest`'s, as on the
+    command line: a module-level function (or a ``"module:function"`` string)
+    runs isolated in a worker process, each call limited to ``timeout``
+    seconds, a lambda or local function in this process (``isolate``);
+    ``ranks="gloo"`` or ``"mpi"`` (with ``mca``) for a per-rank target;
+    ``op`` for another reduction; ``schedule`` (a preset name, a
+    :class:`~ring_ref.schedule.RingSchedule`, ``"DIRECTION,OFFSET,LAYOUT"`` or
+    ``"auto"``) or ``order`` (a ``ring-ref reveal --json`` file) for what
+    ``exact`` checks against.
 
     >>> from ring_ref import ring_all_reduce
     >>> assert_matches_reference(ring_all_reduce, mode="order-free", examples=5, seed=0, op="max").op
     'max'
+    >>> assert_matches_reference(ring_all_reduce, ["exact", "bound"], examples=5, seed=0).modes.keys()
+    dict_keys(['exact', 'bound'])
     """
-    if mode == "all":
-        modes: tuple[Mode, ...] = MODES
-    elif mode in MODES:
-        modes = (next(m for m in MODES if m == mode),)
-    else:
-        raise ValueError(f"mode must be one of {[*MODES, 'all']}; got {mode!r}")
+    __tracebackhide__ = True
     report = difftest(
         fn,
-        modes=modes,
+        modes=mode,
         examples=examples,
         seed=seed,
         max_workers=max_workers,
@@ -92,7 +96,10 @@ def assert_matches_reference(
         isolate=isolate,
         ranks=ranks,
         op=op,
+        schedule=schedule,
+        order=order,
+        mca=mca,
     )
     if report.verdict != "pass":
-        raise AssertionError(report.render())
+        raise AssertionError(report.render()) from None
     return report

@@ -50,6 +50,8 @@ def call_target(target: Callable[[torch.Tensor], object], x: torch.Tensor, m: in
     """``target(x)``, which must be an ``(m,)`` tensor of ``x``'s dtype (else :class:`RevealError`)."""
     try:
         out = target(x)
+    except RevealError:
+        raise  # a per-rank adapter's own account of what the ranks did (difftest._orders.per_rank_target)
     except Exception as exc:
         raise RevealError(f"the target raised {type(exc).__name__}: {exc} (on a valid input)") from exc
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != (m,) or out.dtype != x.dtype:

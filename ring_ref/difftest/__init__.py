@@ -76,6 +76,7 @@ from __future__ import annotations
 from ring_ref.difftest._diagnosis import Finding
 from ring_ref.difftest._inputs import Case
 from ring_ref.difftest._loading import TargetError, load_target
+from ring_ref.difftest._orders import OrderError
 from ring_ref.difftest._report import ModeResult, Report
 from ring_ref.difftest._search import difftest
 from ring_ref.difftest._vocabulary import CODES, DTYPES, MODES, OPS, Mode, Op, OpTarget, Target
@@ -91,6 +92,7 @@ __all__ = [
     "ModeResult",
     "Op",
     "OpTarget",
+    "OrderError",
     "Report",
     "Target",
     "TargetError",

@@ -40,6 +40,7 @@ __all__ = [
     "call_target",
     "decode",
     "input_problem",
+    "kind_hint",
     "observe",
     "result_tensor",
     "well_formed",
@@ -308,6 +309,33 @@ def result_tensor(answer: Answer, case: Case) -> torch.Tensor | None:
     if r.shape != (case.m, *case.trailing) or r.dtype != str(case.dtype) or r.device != "cpu":
         return None
     return r.values
+
+
+PER_RANK_SIGNS: Final = ("process group has not been initialized", "missing 1 required positional argument")
+"""What a per-rank target called stacked raises: no ``torch.distributed`` group, or no ``array`` (MPI)."""
+
+STACKED_SIGNS: Final = ("IndexError", "values to unpack", "dimension", "shape")
+"""What a stacked target called per rank raises: it indexes the ``N`` axis of a ``(M, ...)`` tensor."""
+
+
+def kind_hint(answer: Answer) -> str:
+    """A hint when an exception looks like a target of the other kind (per-rank vs stacked), else ``""``.
+
+    >>> kind_hint(Answer("", raised="IndexError: tuple index out of range", rank=0))[:40]
+    '; this looks like a stacked target (work'
+    """
+    raised = answer.raised
+    if answer.rank is None and any(sign in raised for sign in PER_RANK_SIGNS):
+        return (
+            "; this looks like a per-rank target: add --ranks gloo (ranks='gloo'), or --ranks mpi "
+            "(ranks='mpi') for TARGET(comm, array)"
+        )
+    if answer.rank is not None and any(sign in raised for sign in STACKED_SIGNS):
+        return (
+            "; this looks like a stacked target (worker_tensors of shape (N, M, ...)): drop --ranks "
+            "(ranks=None)"
+        )
+    return ""
 
 
 def well_formed(outcome: Outcome, rank: int | None = None) -> torch.Tensor | None:

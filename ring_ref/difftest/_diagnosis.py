@@ -33,6 +33,7 @@ from ring_ref.difftest._call import (
     TensorView,
     aliases,
     input_problem,
+    kind_hint,
     result_tensor,
     well_formed,
 )
@@ -130,7 +131,7 @@ def _structural_one(answer: Answer, case: Case) -> list[tuple[str, str]]:
         hint = ""
         if case.op is not None and answer.raised.startswith("TypeError") and "op" in answer.raised:
             hint = f"; with --op the target is called with op= too (op={case.op!r}): does it take one?"
-        return [("raised", f"raised {answer.raised} (on a valid input){hint}")]
+        return [("raised", f"raised {answer.raised} (on a valid input){hint}{kind_hint(answer)}")]
     found: list[tuple[str, str]] = []
     want_shape = (case.m, *case.trailing)
     result = answer.result

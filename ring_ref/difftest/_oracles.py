@@ -360,6 +360,9 @@ class ExactOrder:
     order saved for one ``N``, ``M`` and dtype covers only those); ``ops``,
     the ops ``expected`` computes (for the op the case carries, ``case.reduction``);
     ``layout``, the chunks of the order's ring.
+    ``source``, where the order came from (the report's ``exact_against``):
+    ``spec``, ``schedule``, ``order`` (a saved reveal, whose ``N``, ``M`` and
+    dtype are ``inputs``) or ``auto`` (``revealed`` says where and how).
     """
 
     name: str
@@ -370,6 +373,20 @@ class ExactOrder:
     layout: Layout = "even"
     """How the order cuts a buffer into chunks: the search draws ``M`` not divisible by ``N`` when the
     layout takes any ``M`` (``blocks``, ``gloo``), and reports label an element's chunk by it."""
+    source: str = "spec"
+    inputs: tuple[int, int, str] | None = None
+    revealed: str = ""
+
+    def to_json(self) -> dict[str, object]:
+        """The report's ``exact_against`` object (``spec/difftest_report.schema.json``)."""
+        n, m, dtype = self.inputs if self.inputs is not None else (None, None, None)
+        return {
+            "source": self.source,
+            "order": self.name,
+            "option": self.option,
+            "inputs": None if n is None else {"n": n, "m": m, "dtype": dtype},
+            "revealed": self.revealed or None,
+        }
 
 
 SPEC_ORDER = ExactOrder(

@@ -14,6 +14,9 @@ This module builds the other references it can check against (clause
   the ring that fits (a preset by name when one matches), or say which
   elements are not ring folds.
 
+:func:`exact_order` picks one from ``difftest``'s ``schedule=`` and ``order=``
+(the command line's ``--schedule`` and ``--order``).
+
 :func:`explain_element` names the revealed order of one element, for the
 ``not-ring-order`` explanation.
 
@@ -30,6 +33,7 @@ import random
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final, cast
 
@@ -51,7 +55,7 @@ from ring_ref._reveal import (
     tree_from_json,
 )
 from ring_ref._validate import schedule_of
-from ring_ref.difftest._call import well_formed
+from ring_ref.difftest._call import kind_hint, well_formed
 from ring_ref.difftest._inputs import LAYOUTS, Case
 from ring_ref.difftest._launch import Launcher
 from ring_ref.difftest._oracles import EXACT_ORDER, ExactOrder
@@ -63,15 +67,15 @@ __all__ = [
     "auto_order",
     "auto_order_isolated",
     "checking_against",
-    "command_line_order",
+    "exact_order",
     "explain_element",
     "file_order",
-    "mark_replay",
     "parse_schedule",
     "per_rank_target",
     "rank_launcher",
     "read_order",
     "schedule_order",
+    "schedule_ring",
 ]
 
 AUTO_M_FACTOR: Final = 2
@@ -79,29 +83,54 @@ AUTO_M_FACTOR: Final = 2
 alike), then on ``M = 2 N + 1``, where the layouts differ, to tell them apart."""
 
 
+SCHEDULE_TEXT: Final = (
+    "as text (the command line's --schedule): a preset name or DIRECTION,OFFSET,LAYOUT, written "
+    "--schedule=-1,2,blocks on the command line (with '=': argparse reads a value that starts with '-' "
+    "as an option), or for difftest auto"
+)
+"""How a schedule is written as text, for the errors about one."""
+
+
 class OrderError(ValueError):
     """An order that cannot be used: an unknown schedule, an unreadable or invalid order file."""
 
 
 def schedule_order(schedule: str | RingSchedule) -> ExactOrder:
-    """``exact`` against ``ring_all_reduce(x, schedule=schedule, op=...)``, for every op."""
-    try:
-        ring = schedule_of(schedule)
-    except (TypeError, ValueError) as exc:
-        raise OrderError(str(exc)) from exc
+    """``exact`` against ``ring_all_reduce(x, schedule=schedule, op=...)``, for every op.
+
+    ``schedule`` is a preset name, a :class:`RingSchedule` or its text
+    ``DIRECTION,OFFSET,LAYOUT`` (:func:`parse_schedule`).
+    """
+    ring = schedule_ring(schedule)
     name = next((key for key, preset in PRESETS.items() if preset == ring), None)
     if name is not None:
         label, option = f"the {name} schedule's order", f"--schedule {name}"
     else:
         label = f"the order of the ring with {ring.describe()}"
-        option = f"--schedule {ring.direction},{ring.offset},{ring.layout}"
+        # with '=': argparse would read "-1,2,blocks" after a space as an option of its own
+        option = f"--schedule={ring.direction},{ring.offset},{ring.layout}"
     return ExactOrder(
         label,
         lambda case: ring_all_reduce(case.tensor(), "fast", schedule=ring, op=case.reduction),
         option,
         ops=OPS,
         layout=ring.layout,
+        source="schedule",
     )
+
+
+def schedule_ring(schedule: str | RingSchedule) -> RingSchedule:
+    """The ring ``schedule`` names: a preset name, a :class:`RingSchedule` or its text (``-1,2,blocks``).
+
+    >>> schedule_ring("nope")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ring_ref.difftest._orders.OrderError: unknown schedule 'nope'; ...; as text (...--schedule): a preset ...
+    """
+    try:
+        return schedule_of(parse_schedule(schedule) if isinstance(schedule, str) else schedule)
+    except (TypeError, ValueError) as exc:
+        raise OrderError(f"{str(exc).rstrip('.')}; {SCHEDULE_TEXT}") from exc
 
 
 def _load(path: Path) -> dict[str, Any]:
@@ -192,11 +221,14 @@ def file_order(path: str | Path) -> ExactOrder:
         f"--order {path}",
         _cases_of(n, m, dtype),
         layout=layout,
+        source="order",
+        inputs=(n, m, dtype_name),
     )
 
 
-def auto_order(target: Callable[[torch.Tensor], object], max_workers: int) -> tuple[ExactOrder, str]:
-    """:func:`auto_order_isolated` in this process, for a callable: the fitted order and what was revealed."""
+def auto_order(target: Callable[[torch.Tensor], object], max_workers: int) -> ExactOrder:
+    """:func:`auto_order_isolated` in this process, for a callable: the fitted order (``revealed`` says
+    where it was revealed).  Raises :class:`OrderError` when no ring fits."""
 
     def reveal_at(n: int, m: int) -> dict[str, Any] | str:
         try:
@@ -248,9 +280,7 @@ def _not_one_ring(doc: dict[str, Any], n: int) -> OrderError:
     )
 
 
-def _auto_fit(
-    reveal_at: Callable[[int, int], dict[str, Any] | str], max_workers: int
-) -> tuple[ExactOrder, str]:
+def _auto_fit(reveal_at: Callable[[int, int], dict[str, Any] | str], max_workers: int) -> ExactOrder:
     """Reveal at ``M = 2N`` (every layout takes it), then at ``M = 2N + 1`` to tell the layouts apart.
 
     ``reveal_at(n, m)`` is the reveal's JSON, or the error that stopped it.  A
@@ -268,9 +298,8 @@ def _auto_fit(
     fitted_uneven = None if isinstance(uneven, str) else _fit_of(uneven, n)
     if fitted_uneven is not None and not isinstance(uneven, str):
         calls = uneven["calls"]
-        return (
-            fitted_uneven,
-            f"revealed at N = {n}, M = {uneven_m} in {calls} calls; exact checks {fitted_uneven.name}",
+        return replace(
+            fitted_uneven, source="auto", revealed=f"revealed at N = {n}, M = {uneven_m} in {calls} calls"
         )
     if fitted is None or isinstance(even, str):
         raise OrderError(f"--schedule auto: {even}")
@@ -279,20 +308,23 @@ def _auto_fit(
         why = f"refuses M = {uneven_m} ({first})"
     else:
         why = f"sums M = {uneven_m} as no ring's fold"
-    return fitted, (
-        f"revealed at N = {n}, M = {even_m} in {even['calls']} calls; the target {why}, so its layout is "
-        f"even and only M divisible by N are searched; exact checks {fitted.name}"
+    return replace(
+        fitted,
+        source="auto",
+        revealed=(
+            f"revealed at N = {n}, M = {even_m} in {even['calls']} calls; the target {why}, so its layout "
+            "is even and only M divisible by N are searched"
+        ),
     )
 
 
 def auto_order_isolated(
     target: str, max_workers: int, timeout: float = 600.0, ranks: str | None = None
-) -> tuple[ExactOrder, str]:
+) -> ExactOrder:
     """:func:`auto_order` for a ``TARGET`` name, revealed by ``ring-ref reveal --json`` in its own process.
 
     So nothing the target leaves behind (process groups, threads, module state) is in the tester's
-    process when difftest forks its workers.  Returns the order and a line saying what was revealed;
-    raises :class:`OrderError` when no ring fits, naming the elements that are not one ring's fold.
+    process when difftest forks its workers.
     """
 
     def reveal_at(n: int, m: int) -> dict[str, Any] | str:
@@ -360,28 +392,34 @@ def checking_against(order: ExactOrder | None) -> Iterator[None]:
         EXACT_ORDER.reset(token)
 
 
-def command_line_order(
-    schedule: str | None, order_file: str | None, target: str, max_workers: int, ranks: str | None = None
-) -> tuple[ExactOrder | None, str]:
-    """The order of ``difftest --schedule`` / ``--order``, and a line saying what was revealed (``auto``).
+def exact_order(
+    schedule: str | RingSchedule | None,
+    order: str | Path | None,
+    target: Callable[[torch.Tensor], object] | str,
+    max_workers: int,
+    ranks: str | None = None,
+) -> ExactOrder | None:
+    """What ``exact`` checks against for ``difftest(schedule=..., order=...)`` (``None``: the spec's ring).
 
+    ``schedule="auto"`` reveals ``target`` first: a ``TARGET`` name in a
+    process of its own (:func:`auto_order_isolated`), a function in this one.
     Raises :class:`OrderError` for an unusable option and when ``auto``
     finds no ring (its message says which elements are not ring folds).
     """
-    if order_file is not None:
-        return file_order(order_file), ""
+    if schedule is not None and order is not None:
+        raise OrderError(
+            f"schedule (--schedule) and order (--order) name two orders for exact; give one, "
+            f"got schedule={schedule!r} and order={str(order)!r}"
+        )
+    if order is not None:
+        return file_order(order)
     if schedule is None:
-        return None, ""
+        return None
     if schedule != "auto":
-        return schedule_order(parse_schedule(schedule)), ""
-    return auto_order_isolated(target, max_workers, ranks=ranks)
-
-
-def mark_replay(replay: str, order: ExactOrder | None) -> str:
-    """``replay`` with the option that names ``order`` (difftest builds the line without it)."""
-    if order is None or not order.option or order.option in replay:
-        return replay
-    return f"{replay} {order.option}"
+        return schedule_order(schedule)
+    if isinstance(target, str):
+        return auto_order_isolated(target, max_workers, ranks=ranks)
+    return auto_order(target, max_workers)
 
 
 def per_rank_target(launcher: Launcher) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -401,7 +439,14 @@ def per_rank_target(launcher: Launcher) -> Callable[[torch.Tensor], torch.Tensor
         results = [well_formed(outcome, rank) for rank in range(case.n)]
         missing = [rank for rank, got in enumerate(results) if got is None]
         if missing:
-            raise RevealError(f"rank(s) {missing} gave no well-formed ({case.m},) {x.dtype} result")
+            why = "; ".join(
+                f"rank {a.rank} raised {a.raised}{kind_hint(a)}"
+                if a.raised
+                else f"rank {a.rank} returned no such tensor"
+                for a in outcome.answers
+                if a.rank in missing
+            )
+            raise RevealError(f"rank(s) {missing} gave no well-formed ({case.m},) {x.dtype} result: {why}")
         first = cast(torch.Tensor, results[0])
         for rank, other in enumerate(results[1:], start=1):
             if not torch.equal(bits(cast(torch.Tensor, other)), bits(first)):

@@ -10,6 +10,7 @@ from typing import Any, Final
 from ring_ref._dtypes import dtype_name
 from ring_ref.difftest._diagnosis import Finding
 from ring_ref.difftest._inputs import Case
+from ring_ref.difftest._oracles import ExactOrder
 from ring_ref.difftest._vocabulary import CODES, Collective, Mode, Op
 
 __all__ = ["ModeResult", "Report"]
@@ -86,6 +87,8 @@ class Report:
     """The op asked for (``--op``); ``None``: none given, the target summed without ``op=``."""
     collective: Collective = "all-reduce"
     """The collective the target was checked as."""
+    exact_against: ExactOrder | None = None
+    """What ``exact`` checked against (``None`` when ``exact`` did not run)."""
 
     @property
     def verdict(self) -> str:
@@ -153,6 +156,7 @@ class Report:
             "ranks": self.ranks,
             "op": self.op or "sum",
             "timeout_s": self.timeout_s,
+            "exact_against": None if self.exact_against is None else self.exact_against.to_json(),
             "output": {"bytes": self.output_bytes, "text": self.output},
             "modes": {name: r.to_json(self.seed) for name, r in self.modes.items()},
         }
@@ -176,6 +180,8 @@ class Report:
             )
         else:
             lines.append("  (not isolated: the target ran in the tester's own process, with no time limit)")
+        if self.exact_against is not None:
+            lines.append(f"  ({_against(self.exact_against)})")
         for name, r in self.modes.items():
             skip = f", {r.overflow_skipped} overflowing element(s) accepted" if r.overflow_skipped else ""
             if r.underflow_skipped:
@@ -201,13 +207,26 @@ class Report:
             lines.append(
                 f"The target wrote {self.output_bytes} byte(s) to stdout/stderr in all (text in --json)."
             )
-        if self.verdict == "fail":
-            lines.append(f"Replay: {self.replay}")
+        lines.append(f"Replay: {self.replay}")
         return "\n".join(lines)
 
     def to_json_text(self) -> str:
         """The JSON report as one line of strict JSON."""
         return json.dumps(self.to_json(), allow_nan=False)
+
+
+def _against(order: ExactOrder) -> str:
+    """What ``exact`` checked against, in words, for the text report."""
+    text = f"exact checks against {order.name}"
+    if order.revealed:
+        text += f", which --schedule auto found in the target ({order.revealed})"
+    if order.inputs is not None:
+        n, m, dtype = order.inputs
+        text += (
+            f"; exact's inputs are all N = {n}, M = {m}, {dtype}, the file's (--max-workers and --dtypes "
+            "apply to the other modes)"
+        )
+    return text
 
 
 def _indented(text: str, max_lines: int = 24) -> list[str]:

@@ -6,6 +6,7 @@ import math
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Final
 
 import torch
@@ -21,6 +22,7 @@ from ring_ref.difftest._launch import InProcess, Isolated, Launcher
 from ring_ref.difftest._loading import importable_name, load_target
 from ring_ref.difftest._mpi import MPI_DTYPES, MpiRanks
 from ring_ref.difftest._oracles import EXACT_ORDER
+from ring_ref.difftest._orders import checking_against, exact_order, read_order
 from ring_ref.difftest._ranks import GlooRanks
 from ring_ref.difftest._report import ModeResult, Report
 from ring_ref.difftest._vocabulary import (
@@ -28,6 +30,7 @@ from ring_ref.difftest._vocabulary import (
     DTYPES,
     MAX_RANKS,
     MODES,
+    MPI_MAX_RANKS,
     RANKS,
     Mode,
     Op,
@@ -35,8 +38,9 @@ from ring_ref.difftest._vocabulary import (
     Ranks,
     Target,
 )
+from ring_ref.schedule import RingSchedule
 
-__all__ = ["difftest", "option_problem", "run_mode", "zero_out"]
+__all__ = ["default_max_workers", "difftest", "option_problem", "run_mode", "zero_out"]
 
 
 class _Failed(Exception):
@@ -220,7 +224,7 @@ def _first_failed(group: BaseExceptionGroup[BaseException]) -> _Failed | None:
 def difftest(
     fn: Target | OpTarget | str,
     *,
-    modes: Iterable[Mode] = MODES,
+    modes: str | Iterable[str] = MODES,
     examples: int = 100,
     seed: int | None = None,
     max_workers: int | None = None,
@@ -231,14 +235,19 @@ def difftest(
     ranks: Ranks | None = None,
     mca: Mapping[str, str] | None = None,
     op: object = None,
+    schedule: str | RingSchedule | None = None,
+    order: str | Path | None = None,
 ) -> Report:
     """Check ``fn`` against the reference in each of ``modes``; return the :class:`Report`.
+
+    ``modes``: a mode (``"exact"``, ``"order-free"``, ``"bound"``), ``"all"``,
+    or a list of them (the command line's repeated ``--mode``).
 
     ``fn`` is a function or a ``TARGET`` string (``package.module:function`` or
     ``path/to/file.py:function``).  ``seed`` fixes Hypothesis' search (a random
     one is chosen and reported when ``None``); rerunning with the same seed
     and options replays the search.  ``max_workers`` is the largest ``N``
-    (default 16, or 8 with ``ranks``).
+    (default 16, 8 with ``ranks="gloo"``, 4 with ``ranks="mpi"``: :func:`default_max_workers`).
 
     Isolation: a target that can be imported by name (a string, or a
     module-level function) runs in a worker process, and each call gets at most
@@ -268,25 +277,41 @@ def difftest(
     called without ``op=`` and must sum.  ``exact`` against another order
     (``--schedule``, ``--order``) checks ``sum`` only.
 
-    Raises :class:`~ring_ref.difftest.TargetError` when the target cannot be loaded.
+    What ``exact`` checks against (clause ``difftest-exact-orders``; the
+    report's ``exact_against``): the spec's ring by default; ``schedule=``
+    another ring of the family (a preset name, a :class:`RingSchedule`, its
+    text ``"DIRECTION,OFFSET,LAYOUT"``, or ``"auto"``: reveal the target's
+    order first and check against the ring that fits it); ``order=`` the trees
+    of a saved ``ring-ref reveal --json`` file, on inputs of exactly its ``N``,
+    ``M`` and dtype (an explicit ``max_workers`` below that ``N`` or ``dtypes``
+    without that dtype is refused; otherwise they apply to the other modes).
+
+    Raises :class:`~ring_ref.difftest.TargetError` when the target cannot be loaded,
+    ``ValueError`` for invalid options (:class:`OrderError`, a ``ValueError``,
+    for an unusable schedule or order file, and when ``schedule="auto"`` finds no ring).
     """
     reduce_op: Op | None = None if op is None else op_name(op)
-    modes = tuple(modes)
+    chosen = _modes_of(modes)
     if ranks is not None and ranks not in RANKS:
         raise ValueError(f"ranks must be one of {list(RANKS)} or None; got {ranks!r}")
-    workers = max_workers if max_workers is not None else (MAX_RANKS if ranks else 16)
+    workers = max_workers if max_workers is not None else default_max_workers(ranks)
     problem = option_problem(examples=examples, seed=seed, max_workers=workers, timeout=timeout)
     if problem:
         raise ValueError(problem)
+    if order is not None:
+        _check_order_file_fits(order, max_workers, dtypes)
     dtypes = _dtypes_for(ranks, dtypes)
     if mca and ranks != "mpi":
         raise ValueError(f"mca (--mca) options are for ranks='mpi' (mpirun) only; got ranks={ranks!r}")
-    if not modes or any(m not in MODES for m in modes):
-        raise ValueError(f"modes must be a non-empty subset of {list(MODES)}; got {list(modes)}")
-    order = EXACT_ORDER.get()
-    if reduce_op is not None and "exact" in modes and reduce_op not in order.ops:
+    if reduce_op not in (None, "sum") and (schedule == "auto" or order is not None):
         raise ValueError(
-            f"exact checks {order.name} for {', '.join(order.ops)} only; op {reduce_op!r} is checked "
+            f"--op {reduce_op} checks exact against the spec's ring or a named --schedule; --schedule auto "
+            "and --order reveal and name sum orders (drop them; order-free and bound need no order)"
+        )
+    exact = exact_order(schedule, order, fn, workers, ranks) or EXACT_ORDER.get()
+    if reduce_op is not None and "exact" in chosen and reduce_op not in exact.ops:
+        raise ValueError(
+            f"exact checks {exact.name} for {', '.join(exact.ops)} only; op {reduce_op!r} is checked "
             "against the spec's ring (drop --schedule / --order, or run --mode order-free or bound)"
         )
     if seed is None:
@@ -295,23 +320,78 @@ def difftest(
     options = "" if timeout == DEFAULT_TIMEOUT_S else f" --timeout {timeout:g}"
     options += "" if launcher.isolated else " --in-process"
     options += "".join(f" --mca {key}={value}" for key, value in (mca or {}).items())
+    options += f" {exact.option}" if exact.option else ""
     if name is None:
         name = str(getattr(fn, "__qualname__", repr(fn)))
-        replay = _replay(None, name, modes, examples, seed, workers, dtypes, options, reduce_op)
+        replay = _replay(None, name, chosen, examples, seed, workers, dtypes, exact.option, reduce_op)
     else:
-        replay = _replay(ranks, name, modes, examples, seed, workers, dtypes, options, reduce_op, cli=True)
+        replay = _replay(ranks, name, chosen, examples, seed, workers, dtypes, options, reduce_op, cli=True)
     report = Report(target or name, seed, replay, isolated=launcher.isolated, ranks=ranks, op=reduce_op)
     report.timeout_s = timeout if launcher.isolated else None
+    report.exact_against = exact if "exact" in chosen else None
     try:
         launcher.start()
-        for mode in modes:
-            report.modes[mode] = run_mode(
-                launcher, mode, examples=examples, seed=seed, max_workers=workers, dtypes=dtypes, op=reduce_op
-            )
+        with checking_against(exact):
+            for mode in chosen:
+                report.modes[mode] = run_mode(
+                    launcher,
+                    mode,
+                    examples=examples,
+                    seed=seed,
+                    max_workers=workers,
+                    dtypes=dtypes,
+                    op=reduce_op,
+                )
     finally:
         launcher.close()
     report.output_bytes, report.output = launcher.output.bytes, launcher.output.text
     return report
+
+
+def default_max_workers(ranks: Ranks | None) -> int:
+    """The largest ``N`` when none is given: 16 stacked, 8 on gloo ranks, 4 in MPI jobs (slower to call).
+
+    >>> [default_max_workers(r) for r in (None, "gloo", "mpi")]
+    [16, 8, 4]
+    """
+    return MPI_MAX_RANKS if ranks == "mpi" else MAX_RANKS if ranks else 16
+
+
+def _modes_of(modes: str | Iterable[str]) -> tuple[Mode, ...]:
+    """``modes`` as the modes to run, in the order given: one name, ``"all"``, or a list of them.
+
+    >>> _modes_of("bound"), _modes_of(["bound", "exact", "bound"]), _modes_of(["all"]) == MODES
+    (('bound',), ('bound', 'exact'), True)
+    """
+    asked = [modes] if isinstance(modes, str) else list(modes)
+    if not asked or any(m not in (*MODES, "all") for m in asked):
+        raise ValueError(
+            f"each mode must be one of {[*MODES, 'all']}; modes (mode=, --mode) takes one or a "
+            f"non-empty list of them; got {asked}"
+        )
+    return MODES if "all" in asked else tuple(m for m in dict.fromkeys(asked) if m in MODES)
+
+
+def _check_order_file_fits(
+    path: str | Path, max_workers: int | None, dtypes: Sequence[torch.dtype] | None
+) -> None:
+    """Refuse an explicit ``max_workers`` or ``dtypes`` that the saved order's inputs would break.
+
+    ``exact`` draws its inputs at the file's own ``N``, ``M`` and dtype; the
+    other modes use ``max_workers`` and ``dtypes`` as usual.
+    """
+    n, m, dtype, _, _ = read_order(Path(path))
+    clash = []
+    if max_workers is not None and max_workers < n:
+        clash.append(f"max_workers (--max-workers) {max_workers} is below its N")
+    if dtypes is not None and DTYPES[dtype] not in dtypes:
+        clash.append(f"dtypes (--dtypes) {[dtype_name(d) for d in dtypes]} leave out its dtype")
+    if clash:
+        raise ValueError(
+            f"order (--order) {str(path)!r} holds an order for N = {n}, M = {m}, {dtype}, the only inputs "
+            f"exact draws with it, but {' and '.join(clash)}: drop the option or change it (it applies "
+            "to the other modes)"
+        )
 
 
 def _dtypes_for(ranks: Ranks | None, dtypes: Sequence[torch.dtype] | None) -> Sequence[torch.dtype]:
@@ -342,7 +422,11 @@ def _replay(  # noqa: PLR0917 - one line made of every option
     *,
     cli: bool = False,
 ) -> str:
-    """The command line (``cli``) or Python call that replays this run."""
+    """The command line (``cli``) or Python call that replays this run.
+
+    ``options``: the command line's extra options, or for the Python call the
+    one that names the order ``exact`` checked (``--schedule X``, ``--order F``).
+    """
     if cli:
         where = f"--ranks {ranks} " if ranks else ""
         asked = f" --op {op}" if op is not None else ""
@@ -353,6 +437,9 @@ def _replay(  # noqa: PLR0917 - one line made of every option
             f"--max-workers {workers} --dtypes {' '.join(dtype_name(d) for d in dtypes)}{options}"
         )
     asked = f", op={op!r}" if op is not None else ""
+    if options:
+        key, _, value = options.lstrip("-").replace("=", " ", 1).partition(" ")
+        asked += f", {key}={value!r}"
     return (
         f"ring_ref.difftest.difftest({name}, modes={modes!r}, examples={examples}, seed={seed}, "
         f"max_workers={workers}, dtypes=[{', '.join(f'torch.{dtype_name(d)}' for d in dtypes)}]{asked})"

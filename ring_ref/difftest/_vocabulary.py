@@ -17,6 +17,7 @@ __all__ = [
     "DTYPES",
     "MAX_RANKS",
     "MODES",
+    "MPI_MAX_RANKS",
     "OPS",
     "RANKS",
     "Collective",
@@ -71,6 +72,9 @@ RANKS: Final[tuple[Ranks, ...]] = ("gloo", "mpi")
 
 MAX_RANKS: Final = 8
 """The default largest group for a per-rank target (``--max-workers``; 16 for a stacked one)."""
+
+MPI_MAX_RANKS: Final = 4
+"""The default largest job for ``--ranks mpi``: a correct ring answered in about 50 s (8 ranks: 1.5-3 min)."""
 
 Target = Callable[[torch.Tensor], object]
 """A target: stacked, ``fn(worker_tensors)`` with the signature of :func:`ring_ref.ring_all_reduce`; or

@@ -84,3 +84,30 @@ def test_trace_refuses_rings_it_cannot_show_readably(
     err = capsys.readouterr().err
     assert f"N = {too_many} workers is too many to show readably as {fmt}" in err and hint in err
     assert main(["trace", "-n", str(too_many - 1), "-m", str(too_many - 1), "--format", fmt]) == 0
+
+
+@pytest.mark.clause("difftest-exact-orders")
+def test_a_schedule_that_starts_with_a_dash_or_is_unknown_is_told_the_command_line_syntax(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue #29 item 13: ``--schedule -1,2,blocks`` (argparse reads it as an option) and an unknown name."""
+    for command in (["trace", "-n", "3"], ["difftest", "ring_ref:ring_all_reduce"]):
+        with pytest.raises(SystemExit) as stopped:
+            main([*command, "--schedule", "-1,2,blocks"])
+        assert stopped.value.code == 2
+        assert "write --schedule=-1,2,blocks" in capsys.readouterr().err
+        assert main([*command, "--schedule", "ring"]) == 2
+        err = capsys.readouterr().err
+        assert "unknown schedule 'ring'" in err and "--schedule=-1,2,blocks on the command line" in err
+    assert main(["trace", "-n", "3", "--schedule=-1,2,blocks"]) == 0
+    assert "direction -1, offset 2, layout blocks" in capsys.readouterr().out
+
+
+@pytest.mark.clause("reveal-report")
+def test_reveal_of_an_order_that_is_no_ring_suggests_difftest_and_still_exits_0(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["reveal", "tests.planted_impls:gather_adds", "-n", "3", "-m", "3"]) == 0
+    assert "run: ring-ref difftest tests.planted_impls:gather_adds" in capsys.readouterr().err
+    assert main(["reveal", "ring_ref:ring_all_reduce", "-n", "3", "-m", "3"]) == 0
+    assert "ring-ref difftest" not in capsys.readouterr().err

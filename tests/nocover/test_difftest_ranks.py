@@ -140,3 +140,19 @@ def test_a_per_rank_ring_that_drops_the_remainder_fails_under_openmpi_ring_block
         case = result.counterexample
         assert result.verdict == "fail" and case is not None and case.m % case.n, (mode, dropped.render())
     assert correct.verdict == "pass", correct.render()
+
+
+@pytest.mark.clause("difftest-ranks", "difftest-diagnoses")
+def test_a_stacked_target_under_ranks_gloo_is_told_to_drop_ranks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue #29 item 8, on a real group: difftest's raised explanation and reveal's error both say it."""
+    (tmp_path / "stacked.py").write_text("def total(x):\n    return x.sum(1).sum(0)\n", encoding="utf-8")
+    target = f"{tmp_path / 'stacked.py'}:total"
+    options = ["--mode", "bound", "--examples", "2", "--seed", "1", "--max-workers", "2"]
+    assert main(["difftest", "--ranks", "gloo", target, *options]) == 1
+    out = capsys.readouterr().out
+    assert "raised IndexError: Dimension out of range" in out and "drop --ranks (ranks=None)" in out
+    assert main(["reveal", "--ranks", "gloo", target, "-n", "2", "-m", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "rank 1 raised IndexError: Dimension out of range" in err and "drop --ranks" in err

@@ -8,14 +8,17 @@ import pytest
 import torch
 
 from ring_ref import ring_all_reduce
+from ring_ref._reveal import RevealError, reveal
 from ring_ref.difftest import CODES, DTYPES, Case, difftest
-from ring_ref.difftest._call import call_target
-from ring_ref.difftest._diagnosis import diagnose
+from ring_ref.difftest._call import Answer, Outcome, call_target
+from ring_ref.difftest._diagnosis import diagnose, structural
 from ring_ref.difftest._inputs import (
     LAYOUTS,
 )
+from ring_ref.difftest._launch import Launcher
+from ring_ref.difftest._orders import per_rank_target
 from ring_ref.testing import assert_matches_reference
-from tests import planted_impls
+from tests import planted_impls, planted_rank_impls
 from tests.oracles import exact_sum, ring_fold, same_bits
 from tests.paths import ROOT
 from tests.planted_impls import Impl, run_all
@@ -156,3 +159,65 @@ def test_a_target_that_adds_a_constant_is_not_taken_for_double_counting() -> Non
     for mode in ("exact", "order-free", "bound"):
         finding = diagnose(_adds_one, call_target(_adds_one, case), mode)
         assert finding is not None and finding.codes == ["out-of-bound"], (mode, finding)
+
+
+# --- a target of the other kind (issue #29 item 8) -----------------------------------------------------
+
+
+class _OneOutcome(Launcher):
+    """A launcher whose every call gives the same per-rank answers, built by hand."""
+
+    isolated, kind, per_rank = True, "fake ranks", True
+
+    def __init__(self, answers: tuple[Answer, ...]) -> None:
+        self.answers = answers
+
+    def start(self) -> None:
+        """Nothing to start."""
+
+    def call(self, case: Case) -> Outcome:
+        """The same answers for every case."""
+        return Outcome(case, self.answers)
+
+    def close(self) -> None:
+        """Nothing to stop."""
+
+
+@pytest.mark.clause("difftest-diagnoses")
+def test_a_per_rank_target_called_stacked_gets_the_ranks_hint() -> None:
+    """``dist.all_reduce`` with no process group, called on ``worker_tensors``: add --ranks."""
+    report = difftest(planted_rank_impls.plain_ring, modes="bound", examples=2, seed=1, isolate=False)
+    finding = report.modes["bound"].finding
+    assert finding is not None and finding.codes == ["raised"]
+    assert "this looks like a per-rank target: add --ranks gloo" in finding.explanation
+    assert "--ranks mpi (ranks='mpi') for TARGET(comm, array)" in finding.explanation
+
+
+@pytest.mark.clause("difftest-diagnoses")
+def test_a_stacked_target_called_per_rank_gets_the_drop_ranks_hint_and_others_get_none() -> None:
+    case = Case(2, 2, (), torch.float32, "contiguous", (1.0, 2.0, 3.0, 4.0))
+    index = Answer("NoneType", raised="IndexError: tuple index out of range", rank=1)
+    [(code, text)] = structural(Outcome(case, (index,)))
+    assert code == "raised" and text.startswith("rank(s) [1]: raised IndexError: tuple index out of range")
+    assert text.endswith(
+        "this looks like a stacked target (worker_tensors of shape (N, M, ...)): drop --ranks (ranks=None)"
+    )
+    for answer in (
+        Answer("NoneType", raised="RuntimeError: boom", rank=0),  # no sign of the other kind
+        Answer("NoneType", raised="IndexError: tuple index out of range"),  # stacked and called stacked
+        Answer("NoneType", raised="ValueError: Default process group has not been initialized", rank=0),
+    ):
+        assert "this looks like" not in structural(Outcome(case, (answer,)))[0][1]
+
+
+@pytest.mark.clause("difftest-diagnoses")
+def test_reveal_over_ranks_shows_the_target_s_own_exception() -> None:
+    raised = Answer("NoneType", raised="IndexError: tuple index out of range", rank=0)
+    fine = Answer("NoneType", raised="KeyError: 'x'", rank=1)
+    call = per_rank_target(_OneOutcome((raised, fine)))
+    with pytest.raises(RevealError) as info:
+        reveal(call, 2, 2, "float32")
+    message = str(info.value)
+    assert message.startswith("rank(s) [0, 1] gave no well-formed (2,) torch.float32 result: ")
+    assert "rank 0 raised IndexError: tuple index out of range; this looks like a stacked target" in message
+    assert "rank 1 raised KeyError: 'x'" in message and message.count("drop --ranks") == 1

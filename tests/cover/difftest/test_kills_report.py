@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -17,7 +18,7 @@ import torch
 
 from ring_ref.difftest import Case, Report
 from ring_ref.difftest._diagnosis import Finding
-from ring_ref.difftest._oracles import ValueMismatch
+from ring_ref.difftest._oracles import SPEC_ORDER, ValueMismatch
 from ring_ref.difftest._report import ModeResult
 from ring_ref.difftest._vocabulary import Op
 
@@ -247,6 +248,7 @@ def test_the_json_report_holds_every_field() -> None:
         "ranks": "gloo",
         "op": "sum",
         "timeout_s": 5.0,
+        "exact_against": None,
         "output": {"bytes": 3, "text": "abc"},
         "modes": {"exact": exact.to_json(9)},
     }
@@ -307,6 +309,7 @@ def test_the_text_report_of_isolated_and_in_process_targets() -> None:
         "PASS: t matches the reference in every mode run (order-free).",
         "  (isolated: the target ran in a worker process, at most 60 s per call)",
         "  order-free: PASS (3 inputs tried)",
+        "Replay: ring-ref difftest t --seed 9",
     ]
     skipped = ModeResult("bound", "pass", 2, underflow_skipped=5)
     bf16 = Case(2, 2, (), torch.bfloat16, "sliced", (1.0, -2.0, 0.5, 4.0))
@@ -369,3 +372,37 @@ def test_trailing_blank_lines_are_dropped_and_every_line_kept_as_written() -> No
         "      raise TOO_MAX",
         "Replay: ring-ref difftest t --seed 9",
     ]
+
+
+# --- exact_against ---------------------------------------------------------------------------------
+
+
+def test_a_pass_shows_its_replay_line_with_the_seed() -> None:
+    """Issue #29 item 4: a pass is as reproducible from the text as a fail."""
+    lines = report({"bound": passed()}).render().splitlines()
+    assert lines[-1] == "Replay: ring-ref difftest t --seed 9"
+
+
+def test_every_report_says_what_exact_checked_against() -> None:
+    spec = report({"exact": passed("exact")}, exact_against=SPEC_ORDER)
+    assert "  (exact checks against the ring order (fold-order))" in spec.render().splitlines()
+    assert spec.to_json()["exact_against"] == {
+        "source": "spec",
+        "order": "the ring order (fold-order)",
+        "option": "",
+        "inputs": None,
+        "revealed": None,
+    }
+    saved = replace(SPEC_ORDER, name="the order saved in o.json", source="order", inputs=(3, 6, "float32"))
+    text = report({"exact": passed("exact")}, exact_against=saved).render()
+    assert (
+        "  (exact checks against the order saved in o.json; exact's inputs are all N = 3, M = 6, float32, "
+        "the file's (--max-workers and --dtypes apply to the other modes))"
+    ) in text.splitlines()
+    auto = replace(SPEC_ORDER, name="the gloo schedule's order", source="auto", revealed="revealed at X")
+    doc = report({"exact": passed("exact")}, exact_against=auto).to_json()["exact_against"]
+    assert (doc["source"], doc["revealed"]) == ("auto", "revealed at X")
+    assert (
+        "which --schedule auto found in the target (revealed at X)"
+        in report({"exact": passed("exact")}, exact_against=auto).render()
+    )

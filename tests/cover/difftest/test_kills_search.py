@@ -220,7 +220,7 @@ def test_mca_options_are_refused_without_mpi_ranks(ranks: str | None) -> None:
     assert "mca (--mca)" in problem and "ranks='mpi'" in problem and repr(ranks) in problem
 
 
-@pytest.mark.parametrize("modes", [(), ("exact", "fast"), ("all",)])
+@pytest.mark.parametrize("modes", [(), ("exact", "fast"), ("all", "bitwise")])
 def test_modes_must_be_a_non_empty_set_of_the_three(modes: tuple[str, ...]) -> None:
     problem = refusal(modes=modes)
     assert "modes" in problem and "non-empty" in problem

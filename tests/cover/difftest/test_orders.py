@@ -12,18 +12,17 @@ import torch
 
 from ring_ref import RingSchedule, ring_all_reduce
 from ring_ref._cli import main
-from ring_ref.difftest import difftest
+from ring_ref.difftest import OrderError, difftest
 from ring_ref.difftest._oracles import EXACT_ORDER, SPEC_ORDER
 from ring_ref.difftest._orders import (
-    OrderError,
     auto_order,
     checking_against,
-    command_line_order,
+    exact_order,
     file_order,
-    mark_replay,
     parse_schedule,
     schedule_order,
 )
+from ring_ref.testing import assert_matches_reference
 from tests.oracles import blocks_bounds, gloo_bounds, same_bits, schedule_fold
 from tests.planted_impls import (
     drops_the_remainder,
@@ -106,15 +105,14 @@ def test_schedule_options_name_rings() -> None:
     assert parse_schedule("gloo") == "gloo"
     assert parse_schedule("-1,2,blocks") == RingSchedule(-1, 2, "blocks")
     assert schedule_order(RingSchedule(1, 0, "blocks")).option == "--schedule openmpi-ring"
-    assert schedule_order(RingSchedule(-1, 2, "blocks")).option == "--schedule -1,2,blocks"
+    assert schedule_order(RingSchedule(-1, 2, "blocks")).option == "--schedule=-1,2,blocks"
     with pytest.raises(OrderError, match="unknown schedule 'ring'"):
         schedule_order("ring")
     with pytest.raises(OrderError, match="two integers"):
         parse_schedule("a,b,gloo")
     with pytest.raises(OrderError, match="unknown schedule layout 'rows'"):
-        command_line_order("1,0,rows", None, "ring_ref:ring_all_reduce", 4)
-    assert mark_replay("ring-ref difftest T", schedule_order("gloo")) == "ring-ref difftest T --schedule gloo"
-    assert command_line_order(None, None, "ring_ref:ring_all_reduce", 4) == (None, "")
+        exact_order("1,0,rows", None, "ring_ref:ring_all_reduce", 4)
+    assert exact_order(None, None, "ring_ref:ring_all_reduce", 4) is None
 
 
 @pytest.mark.clause("difftest-exact-orders")
@@ -140,7 +138,8 @@ def test_command_line_schedule_and_auto(targets: Path, capsys: pytest.CaptureFix
     assert "not-ring-order" in capsys.readouterr().out
     assert main(["difftest", f"{targets}:gloo_order", *common, "--schedule", "auto"]) == 0
     captured = capsys.readouterr()
-    assert "exact checks the gloo schedule's order" in captured.err and "exact: PASS" in captured.out
+    assert "exact checks against the gloo schedule's order, which --schedule auto found" in captured.out
+    assert "exact: PASS" in captured.out
     assert main(["difftest", f"{targets}:pairwise", *common, "--schedule", "auto"]) == 1
     err = capsys.readouterr().err
     assert "not one ring's fold" in err and "((0+1)+(2+3))" in err
@@ -289,7 +288,8 @@ def test_auto_reveals_at_a_shape_the_even_layout_accepts_first(
 ) -> None:
     """Issue #29 item 3: the reference refuses M = 2N + 1, which tells that its layout is even; the presets
     that take any M are told apart there."""
-    order, note = auto_order(target, 4)
+    order = auto_order(target, 4)
+    note = order.revealed
     assert (order.name, order.layout) == (name, layout), note
     if layout == "even":
         assert "revealed at N = 4, M = 8" in note and "refuses M = 9" in note
@@ -307,9 +307,75 @@ def test_auto_reveals_at_an_uneven_m_only_a_target_that_needs_it() -> None:
     def raises(x: torch.Tensor) -> torch.Tensor:
         raise ValueError("no all-reduce here")
 
-    order, note = auto_order(uneven_only, 4)
+    order = auto_order(uneven_only, 4)
+    note = order.revealed
     assert order.name == "the gloo schedule's order" and "revealed at N = 4, M = 9" in note
     with pytest.raises(OrderError, match=r"--schedule auto: .*no all-reduce here"):
         auto_order(raises, 4)
     with pytest.raises(OrderError, match=r"not one ring's fold at N = 4, M = 8"):
         auto_order(lambda x: x.sum(0), 4)
+
+
+# --- the Python API takes what the command line takes (issue #29 items 5 and 11) ----------------------
+
+
+def _two_worker_order(tmp_path: Path) -> Path:
+    """A saved order by hand (spec/reveal.schema.json): N = 2, M = 4, float32, every element 0 + 1."""
+    doc = {"format": "ring-ref-reveal", "version": 1, "n": 2, "m": 4, "dtype": "float32"}
+    path = tmp_path / "order.json"
+    path.write_text(json.dumps({**doc, "trees": [[0, 1]] * 4}), encoding="utf-8")
+    return path
+
+
+@pytest.mark.clause("difftest-exact-orders")
+def test_modes_schedule_and_order_reach_the_python_api(tmp_path: Path) -> None:
+    both = assert_matches_reference(ring_all_reduce, ["order-free", "bound"], examples=3, seed=1)
+    assert list(both.modes) == ["order-free", "bound"] and both.exact_against is None
+    gloo = difftest(_gloo_written_out, modes="exact", examples=10, seed=3, max_workers=5, schedule="gloo")
+    assert gloo.verdict == "pass" and gloo.replay.endswith(" --schedule gloo"), gloo.replay
+    assert gloo.to_json()["exact_against"]["source"] == "schedule"
+    ring = RingSchedule(-1, 2, "blocks")
+    text = difftest(
+        lambda x: ring_all_reduce(x, schedule=ring), modes="exact", examples=5, seed=3, schedule="-1,2,blocks"
+    )
+    assert text.verdict == "pass" and text.replay.endswith(", schedule='-1,2,blocks')"), text.replay
+    saved = _two_worker_order(tmp_path)
+    nameless = lambda x: ring_all_reduce(x)  # noqa: E731, PLW0108 - a function with no importable name
+    report = assert_matches_reference(nameless, "exact", examples=5, seed=2, order=saved)
+    assert report.exact_against is not None and report.exact_against.inputs == (2, 4, "float32")
+    assert report.replay.endswith(f", order={str(saved)!r})")
+    with pytest.raises(AssertionError, match="not-ring-order"):
+        assert_matches_reference(_gloo_written_out, "exact", examples=20, seed=3, max_workers=5)
+
+
+@pytest.mark.clause("difftest-exact-orders")
+def test_schedule_auto_reveals_a_function_in_this_process() -> None:
+    report = difftest(_gloo_written_out, modes="exact", examples=10, seed=3, max_workers=4, schedule="auto")
+    assert report.verdict == "pass", report.render()
+    against = report.to_json()["exact_against"]
+    assert against["source"] == "auto" and against["order"] == "the gloo schedule's order"
+    assert against["revealed"].startswith("revealed at N = 4, M = 9 in ")
+    with pytest.raises(OrderError, match="not one ring's fold"):
+        difftest(lambda x: x.sum(0), modes="exact", examples=2, max_workers=4, schedule="auto")
+
+
+@pytest.mark.clause("difftest-exact-orders")
+def test_an_order_file_refuses_options_its_inputs_would_break(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--order FILE`` draws exact's inputs at the file's N, M and dtype: an explicit --max-workers below
+    that N or --dtypes without that dtype is a usage error naming them; other values serve the other modes."""
+    saved = _two_worker_order(tmp_path)
+    with pytest.raises(ValueError, match=r"N = 2, M = 4, float32.*--max-workers\) 1 is below its N"):
+        difftest(ring_all_reduce, order=saved, max_workers=1)
+    with pytest.raises(ValueError, match=r"N = 2, M = 4, float32.*\['float64'\] leave out its dtype"):
+        difftest(ring_all_reduce, order=saved, dtypes=[torch.float64])
+    common = ["difftest", "ring_ref:ring_all_reduce", "--order", str(saved), "--examples", "3", "--seed", "1"]
+    assert main([*common, "--dtypes", "float16"]) == 2
+    assert "holds an order for N = 2, M = 4, float32" in capsys.readouterr().err
+    assert main([*common, "--dtypes", "float32", "float64", "--max-workers", "3", "--in-process"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "exact's inputs are all N = 2, M = 4, float32, the file's" in out
+        and "--dtypes float32 float64" in out
+    )
