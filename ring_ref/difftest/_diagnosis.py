@@ -77,6 +77,7 @@ __all__ = [
     "op_probe_values",
     "passes",
     "position_probe",
+    "several_workers",
     "structural",
 ]
 
@@ -479,10 +480,11 @@ def _op_finding(
     if op in ("prod", "max", "min"):
         fixed = zeros_as_the_oracle_wants(mode, case, result)
         if fixed is not None and check_values(mode, case, fixed).mismatch is None:
-            probe = position_probe(case)
+            probe = position_probe(several_workers(case))
             got = well_formed(fn.call(probe), rank)
             if got is not None and check_values(mode, probe, got).mismatch is None:
-                return "signed-zero", _signed_zero_words(mode, op)
+                tie = check_values("bound", case, result).mismatch is None
+                return "signed-zero", _signed_zero_words(mode, op, tie=tie)
     return None
 
 
@@ -519,15 +521,16 @@ _EXACT_WORD: Final[dict[str, str]] = {
 }
 
 
-def _signed_zero_words(mode: Mode, op: Op) -> str:
-    """The ``signed-zero`` explanation for ``op`` under ``mode``."""
+def _signed_zero_words(mode: Mode, op: Op, *, tie: bool) -> str:
+    """The ``signed-zero`` explanation for ``op`` under ``mode``; ``tie``: the result's zeros are those
+    of some fold order (where -0 and +0 tie), which only ``exact`` refuses."""
     if op == "prod":
         return (
             "Every element has the right value, but a zero has the wrong sign: the sign of a product is "
             "the exclusive or of the signs in every order (IEEE 754), zeros included (a product "
             "computed from magnitudes, or a zero written as +0?)"
         )
-    if mode == "exact":
+    if mode == "exact" and tie:
         return (
             f"Every element has the ring's value, but the sign of a zero differs: where -0 and +0 tie for "
             f"the {_EXACT_WORD[op]}, the ring keeps the first in its fold order (clause op-{op}), the "
@@ -596,21 +599,38 @@ def _other_op(fn: Launcher, case: Case, result: torch.Tensor, rank: int | None) 
     counterexample's result must pass that op's bound oracle (``sum + 1`` is
     the product on both probes for ``N = 2``, and on no other input).
     """
-    if case.n < 2:
-        return None
-    other = _op_on_probe(fn, case, rank, flipped=False)
-    if other is None or _op_on_probe(fn, case, rank, flipped=True) != other:
+    wide = several_workers(case)
+    other = _op_on_probe(fn, wide, rank, flipped=False)
+    if other is None or _op_on_probe(fn, wide, rank, flipped=True) != other:
         return None
     if check_values("bound", replace(case, op=other), result).mismatch is not None:
         return None
-    asked, values = case.reduction, op_probe_values(case.n, case.dtype)
+    asked, values = case.reduction, op_probe_values(wide.n, case.dtype)
     want = values.get(asked)
     expected = f", where {asked} gives {want!r}" if want is not None else ""
     return ("sum-not-op" if other == "sum" else "wrong-op"), (
-        f"On the op probes (worker j holds 2 + j % 2: 2, 3, 2, ..., and 3 - j % 2, where every op gives "
-        f"another value) every element is the {_EXACT_WORD[other]} ({values[other]!r} on the first"
-        f"{expected}): the target computed {other} when asked for {asked}"
+        f"On the op probes{_shape_words(case, wide)} (worker j holds 2 + j % 2: 2, 3, 2, ..., and "
+        f"3 - j % 2, where every op gives another value) every element is the {_EXACT_WORD[other]} "
+        f"({values[other]!r} on the first{expected}): the target computed {other} when asked for {asked}"
     )
+
+
+def several_workers(case: Case) -> Case:
+    """``case`` itself for ``N >= 2``; for ``N = 1``, a case of two workers of twice its rows (any layout
+    takes that shape), each holding ``case``'s values twice: the shape the op and position probes take,
+    as one worker tells no op from another (``sum``, ``max`` and ``min`` all return it).
+
+    >>> several_workers(Case(1, 1, (), torch.float32, "contiguous", (5.0,), "max")).values
+    (5.0, 5.0, 5.0, 5.0)
+    """
+    if case.n >= 2:
+        return case
+    return replace(case, n=2, m=2 * case.m, values=case.values * 4)
+
+
+def _shape_words(case: Case, probed: Case) -> str:
+    """`` at N = 2, M = 4``: where the probes ran, when that is not the counterexample's shape."""
+    return "" if probed.n == case.n else f" at N = {probed.n}, M = {probed.m}"
 
 
 @functools.lru_cache(maxsize=256)
