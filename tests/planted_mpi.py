@@ -77,9 +77,19 @@ def chunk_off_by_one(comm: Any, array: Array) -> None:
     _ring(comm, array, shift=1)
 
 
+def rank_1_raises(comm: Any, array: Array) -> None:
+    """Rank 1 raises before sending; the others block in a receive from it (``raised``, rank 1 named,
+    after the grace, not the time limit)."""
+    if comm.Get_rank() == 1:
+        raise RuntimeError("planted: rank 1 gives up")
+    if comm.Get_size() > 1:
+        comm.Recv(np.empty(1, dtype=np.uint8), source=1)
+
+
 EXPECTED: dict[str, str] = {
     "send_send_deadlock": "timed-out",
     "gather_adds": "double-counted",
     "chunk_off_by_one": "out-of-bound",
+    "rank_1_raises": "raised",
 }
 """Each planted bug's name (``tests.planted_mpi:NAME``) and the code it must get."""

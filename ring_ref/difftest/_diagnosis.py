@@ -373,6 +373,7 @@ def diagnose(fn: Target | OpTarget | Launcher, outcome: Outcome, mode: Mode) -> 
         list(dict.fromkeys(codes)),
         "; ".join(f"{'/'.join(f.codes)}: {f.explanation}" for f in findings),
         next((f.mismatch for f in findings if f.mismatch is not None), None),
+        stack=outcome.stack,
         ranks=next((f.ranks for f in findings if f.ranks), []),
     )
 

@@ -2,8 +2,8 @@
 
 To keep ``make verify`` short, the fast tests share two jobs (``N = 1`` and
 ``N = 2``, each started once: every rank imports torch) through
-``MpiRanks(rings=...)``; the deadlock test runs last, as it kills the ``N = 2``
-job.  Every process the jobs started must be gone when the module ends.
+``MpiRanks(rings=...)``; the deadlock test and the raising rank's run last, as
+they kill the ``N = 2`` job.  Every process the jobs started must be gone when the module ends.
 Requires OpenMPI and mpi4py (``make test`` installs them); without them these
 tests fail, they are not skipped.
 """
@@ -107,6 +107,19 @@ def test_send_send_deadlock_is_timed_out_with_every_ranks_stack(jobs: Jobs) -> N
     for rank in (0, 1):
         assert f"rank {rank}:\n" in finding.stack
     assert finding.stack.count("in _exchange") == 2, finding.stack
+
+
+@pytest.mark.clause("difftest-diagnoses")
+@pytest.mark.timeout(60)  # far below the 120 s limit per call: the grace, not the time limit, ends it
+def test_a_rank_that_raises_while_the_others_wait_is_raised_after_the_grace(jobs: Jobs) -> None:
+    result = run(jobs, "tests.planted_mpi:rank_1_raises", "order-free", examples=5, seed=1, timeout_s=120)
+    finding, cex = result.finding, result.counterexample
+    assert finding is not None and cex is not None and finding.codes == ["raised"], finding
+    assert cex.n == 2
+    assert finding.explanation.startswith("raised: rank(s) [1]: raised RuntimeError: planted: rank 1 gives")
+    assert "rank(s) [0] were still inside the call 2 s after rank(s) [1] raised" in finding.explanation
+    assert "rank 1 raised:\nTraceback" in finding.stack and "in rank_1_raises" in finding.stack
+    assert "rank 0:\n" in finding.stack  # where the stopped rank was waiting
 
 
 def test_cli_refuses_mca_without_mpi_bad_mca_and_bfloat16(capsys: pytest.CaptureFixture[str]) -> None:
