@@ -26,8 +26,11 @@ def _exchange(send: torch.Tensor, recv: torch.Tensor, right: int, left: int) -> 
         request.wait()
 
 
-def _ring(tensor: torch.Tensor, *, gather_adds: bool = False) -> None:
-    """Reduce-scatter, then all-gather, over the default group, on ``tensor``'s row chunks."""
+def _ring(tensor: torch.Tensor, *, gather_adds: bool = False, loses_on: int | None = None) -> None:
+    """Reduce-scatter, then all-gather, over the default group, on ``tensor``'s row chunks.
+
+    ``loses_on``: that rank's all-gather drops the chunk it receives last (the slot keeps its partial sum).
+    """
     n, rank = dist.get_world_size(), dist.get_rank()
     if n == 1:
         return
@@ -44,7 +47,7 @@ def _ring(tensor: torch.Tensor, *, gather_adds: bool = False) -> None:
         _exchange(chunks[send], incoming, right, left)
         if gather_adds:
             chunks[recv] += incoming  # BUG: should copy
-        else:
+        elif not (rank == loses_on and step == n - 2):  # BUG (loses_on): the last chunk not stored
             chunks[recv].copy_(incoming)
 
 
@@ -88,6 +91,12 @@ def exits_mid_call(tensor: torch.Tensor) -> None:
 def gather_adds(tensor: torch.Tensor) -> None:
     """Bug: the all-gather adds the received chunk instead of copying it."""
     _ring(tensor, gather_adds=True)
+
+
+def gather_loses_on_rank_0(tensor: torch.Tensor) -> None:
+    """Bug: rank 0's all-gather drops the last chunk it receives, so that chunk keeps its partial sum,
+    which lacks a worker (``out-of-bound``, the worker named lost, as for a stacked ring that loses one)."""
+    _ring(tensor, loses_on=0)
 
 
 def averages(tensor: torch.Tensor) -> None:
@@ -141,6 +150,7 @@ EXPECTED: dict[RankImpl, str] = {
     receives_first: "timed-out",
     exits_mid_call: "crashed",
     gather_adds: "double-counted",
+    gather_loses_on_rank_0: "out-of-bound",
     averages: "mean-not-sum",
     scribbles_on_its_argument: "input-modified",
 }

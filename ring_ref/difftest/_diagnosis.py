@@ -71,6 +71,7 @@ __all__ = [
     "Finding",
     "as_launcher",
     "count_contributions",
+    "counts_by_rank",
     "diagnose",
     "difference",
     "op_probe_rows",
@@ -249,30 +250,48 @@ def count_contributions(
     one that counts twice.  ``None`` when a probe call does not return a
     well-formed result (the remaining probes are not run, so a target that
     hangs costs at most one more time limit).  For a per-rank target the probes
-    run on the whole group and ``rank``'s result is read.
+    run on the whole group and ``rank``'s result is read
+    (:func:`counts_by_rank` reads every rank's).
     """
+    return counts_by_rank(fn, case).get(rank)
+
+
+def counts_by_rank(fn: Target | Launcher, case: Case) -> dict[int | None, list[list[float]]]:
+    """:func:`count_contributions` for every rank at once (one run of the probes), by rank (``None``
+    for a stacked target); a rank is left out once a probe gives it no well-formed result, and the
+    probes stop when no rank is left."""
     launcher = as_launcher(fn)
     op = case.reduction
     base_value, mark = PROBE_VALUES[op]
-    probes = probe_cases(case, base_value, mark)
-    base_result = well_formed(launcher.call(replace(case, values=(base_value,) * len(case.values))), rank)
-    if base_result is None:
-        return None
-    base = as_float_list(base_result)
-    counts = []
-    for probe in probes:
-        result = well_formed(launcher.call(probe), rank)
-        if result is None:
-            return None
-        counts.append([_count(op, case, b, c) for c, b in zip(as_float_list(result), base, strict=True)])
+    outcome = launcher.call(replace(case, values=(base_value,) * len(case.values)))
+    bases = {a.rank: well_formed(outcome, a.rank) for a in outcome.answers}
+    counts: dict[int | None, list[list[float]]] = {r: [] for r, b in bases.items() if b is not None}
+    for probe in probe_cases(case, base_value, mark):
+        if not counts:
+            break
+        outcome = launcher.call(probe)
+        for rank in list(counts):
+            result = well_formed(outcome, rank)
+            if result is None:
+                del counts[rank]
+                continue
+            base = as_float_list(cast(torch.Tensor, bases[rank]))
+            counts[rank].append(
+                [_count(op, case, b, c) for c, b in zip(as_float_list(result), base, strict=True)]
+            )
     return counts
 
 
-def _count_finding(case: Case, counts: list[list[float]], mismatch: ValueMismatch) -> Finding | None:
-    """``double-counted`` (or lost contributions: ``out-of-bound``) from whole-number probe counts.
+def _off_counts(
+    case: Case, counts: list[list[float]], mismatch: ValueMismatch
+) -> tuple[int, list[float]] | None:
+    """The element whose whole-number counts are not all 1, and its count per worker.
 
-    ``None`` when every count is 1, or when some count is not a whole number
-    (then the counts are not contribution counts: a mean, a scaling, rounding).
+    The counterexample's first differing element when it is one, else the
+    first element; one counted more than once before one only missing a
+    worker.  ``None`` when every count is 1, or when some count is not a
+    whole number (then the counts are not contribution counts: a mean, a
+    scaling, rounding).
     """
     per_element = [list(col) for col in zip(*counts, strict=True)]
     if not all(math.isfinite(c) and c == round(c) and c >= 0 for col in per_element for c in col):
@@ -284,23 +303,42 @@ def _count_finding(case: Case, counts: list[list[float]], mismatch: ValueMismatc
     pool = doubled or off
     first_flat = flat_of(case, mismatch.index)
     e = first_flat if first_flat in pool else pool[0]
+    return e, per_element[e]
+
+
+def _listing(case: Case, e: int, per: list[float]) -> str:
+    """``element (1,) (chunk 1) is worker 0: 1, worker 1: 0``: one element's count per worker."""
     index, chunk = locate(case, e)
-    per = per_element[e]
-    listing = ", ".join(f"worker {j}: {c:g}" for j, c in enumerate(per))
+    return f"element {index} (chunk {chunk}) is {', '.join(f'worker {j}: {c:g}' for j, c in enumerate(per))}"
+
+
+def _who(per: list[float]) -> tuple[list[int], list[int]]:
+    """The workers one element's counts show lost (0) and counted more than once (2 or more)."""
+    return [j for j, c in enumerate(per) if c == 0], [j for j, c in enumerate(per) if c >= 2]
+
+
+def _count_finding(case: Case, counts: list[list[float]], mismatch: ValueMismatch) -> Finding | None:
+    """``double-counted`` (or lost contributions: ``out-of-bound``) from whole-number probe counts.
+
+    ``None`` when :func:`_off_counts` finds no element counted wrongly.
+    """
+    off = _off_counts(case, counts, mismatch)
+    if off is None:
+        return None
+    e, per = off
     base_value, mark = PROBE_VALUES[case.reduction]
     holding = f"{_WORDS.get(mark, f'{mark:g}')} (the rest {_WORDS.get(base_value, f'{base_value:g}')})"
-    probe = f"with only worker j holding {holding}, element {index} (chunk {chunk}) is {listing}"
-    missing = [j for j, c in enumerate(per) if c == 0]
+    probe = f"with only worker j holding {holding}, {_listing(case, e, per)}"
+    missing, twice = _who(per)
     lost = f", worker(s) {missing} lost" if missing else ""
-    if doubled:
-        twice = [j for j, c in enumerate(per) if c >= 2]
+    if twice:
         per_worker = len(case.values) // case.n
         weighted = sum(
             (Fraction(c) * Fraction(case.values[j * per_worker + e]) for j, c in enumerate(per)), Fraction(0)
         )
         check = (
             f"; summing the counterexample with these counts gives {float(weighted)!r} there"
-            if e == first_flat and case.reduction == "sum"
+            if e == flat_of(case, mismatch.index) and case.reduction == "sum"
             else ""
         )
         combining = "multiplying" if case.reduction == "prod" else "adding"
@@ -311,6 +349,22 @@ def _count_finding(case: Case, counts: list[list[float]], mismatch: ValueMismatc
             mismatch,
         )
     return Finding(["out-of-bound"], f"Contributions missing: {probe}, so worker(s) {missing} lost", mismatch)
+
+
+def _rank_counts(case: Case, rank: int, counts: list[list[float]] | None, mismatch: ValueMismatch) -> str:
+    """What the one-hot probes show for one failing rank of a group, in a few words."""
+    if counts is None:
+        return f"rank {rank}: no well-formed result on some probe"
+    off = _off_counts(case, counts, mismatch)
+    if off is not None:
+        e, per = off
+        missing, twice = _who(per)
+        how = [f"worker(s) {twice} counted more than once"] if twice else []
+        how += [f"worker(s) {missing} lost"] if missing else []
+        return f"rank {rank}: {_listing(case, e, per)} ({', '.join(how)})"
+    if all(c == 1 for row in counts for c in row):
+        return f"rank {rank}: every worker counted once in every element"
+    return f"rank {rank}: counts that are not whole numbers (a scaling or a rounding, not a counting bug)"
 
 
 def _describe(m: ValueMismatch) -> str:
@@ -346,11 +400,19 @@ def diagnose(fn: Target | OpTarget | Launcher, outcome: Outcome, mode: Mode) -> 
         failing = [k for k, m in enumerate(mismatches) if m is not None]
         passing = [k for k, m in enumerate(mismatches) if m is None]
         disagreement = _first_disagreement(case, values, passing[0] if passing else 0)
-        found = None
+        group_counts = functools.cache(functools.partial(counts_by_rank, launcher, case))
+        found, counted = None, False
         if failing:
             k = failing[0]
+            m = cast(ValueMismatch, mismatches[k])
             found = _classify_values(
-                launcher, case, values[k], mode, cast(ValueMismatch, mismatches[k]), rank=ranks[k]
+                launcher,
+                case,
+                values[k],
+                mode,
+                m,
+                rank=ranks[k],
+                counts_of=lambda: group_counts().get(ranks[k]),
             )
             if ranks[k] is not None:
                 found.ranks = [cast(int, ranks[f]) for f in failing]
@@ -362,8 +424,18 @@ def diagnose(fn: Target | OpTarget | Launcher, outcome: Outcome, mode: Mode) -> 
                 found.explanation = f"rank(s) {found.ranks} fail{right}; rank {ranks[k]}: {found.explanation}"
                 if disagreement is not None:
                     found.explanation += f" (the ranks' results also differ: {disagreement[1].detail})"
-        if passing and disagreement is not None and (found is None or found.codes[0] not in _COUNTING):
+                # a counting bug the probes show holds for every input, whichever ranks this one made right
+                counted = found.codes[0] in _COUNTING or (
+                    found.codes[0] == "out-of-bound" and _lost_workers(case, group_counts().get(ranks[k]), m)
+                )
+                if counted and len(failing) > 1:
+                    found.explanation += _group_counts_words(
+                        case, ranks, failing[1:], mismatches, group_counts()
+                    )
+        if passing and disagreement is not None and not counted:
             found = _disagree_finding(ranks, passing[0], disagreement, failing, mismatches)
+            if failing:
+                found.explanation += _group_counts_words(case, ranks, failing, mismatches, group_counts())
         if found is not None:
             findings.append(found)
     if not findings:
@@ -376,6 +448,29 @@ def diagnose(fn: Target | OpTarget | Launcher, outcome: Outcome, mode: Mode) -> 
         stack=outcome.stack,
         ranks=next((f.ranks for f in findings if f.ranks), []),
     )
+
+
+def _lost_workers(case: Case, counts: list[list[float]] | None, mismatch: ValueMismatch) -> bool:
+    """Whether whole-number probe counts show a worker lost (the counting form of ``out-of-bound``)."""
+    off = None if counts is None else _off_counts(case, counts, mismatch)
+    return off is not None and bool(_who(off[1])[0])
+
+
+def _group_counts_words(
+    case: Case,
+    ranks: list[int | None],
+    failing: list[int],
+    mismatches: list[ValueMismatch | None],
+    counts: dict[int | None, list[list[float]]],
+) -> str:
+    """``; the one-hot probes per failing rank: rank 0: ...; rank 2: ...`` (:func:`_rank_counts`)."""
+    words = [
+        _rank_counts(case, cast(int, ranks[f]), counts.get(ranks[f]), cast(ValueMismatch, mismatches[f]))
+        for f in failing
+    ]
+    base_value, mark = PROBE_VALUES[case.reduction]
+    holding = f"{_WORDS.get(mark, f'{mark:g}')} (the rest {_WORDS.get(base_value, f'{base_value:g}')})"
+    return f"; the one-hot probes (only worker j holding {holding}) per failing rank: {'; '.join(words)}"
 
 
 def _disagree_finding(
@@ -402,7 +497,14 @@ def _disagree_finding(
 
 
 def _classify_values(
-    fn: Launcher, case: Case, result: torch.Tensor, mode: Mode, m: ValueMismatch, *, rank: int | None
+    fn: Launcher,
+    case: Case,
+    result: torch.Tensor,
+    mode: Mode,
+    m: ValueMismatch,
+    *,
+    rank: int | None,
+    counts_of: Callable[[], list[list[float]] | None],
 ) -> Finding:
     """Name a value mismatch: double-counted, mean-not-sum, sum-not-op, wrong-op, avg-divided-first,
     signed-zero, not-ring-order or out-of-bound.
@@ -414,14 +516,16 @@ def _classify_values(
     looks like a mean).  ``mean-not-sum`` needs the result out of bound, within
     rounding of the sum / N, and every probe (where it ran) to give 1 / N as
     well; then the op probe for ``sum``.  Then the equal rows (``avg`` divided
-    first), the signs of zeros, and ``not-ring-order`` last.
+    first), the signs of zeros, and ``not-ring-order`` last.  ``counts_of``
+    gives the counting probes' counts (:func:`count_contributions`; for a
+    group, run once for every rank).
     """
     op = case.reduction
     within_bound = check_values("bound", case, result).mismatch is None
     found = _other_op(fn, case, result, rank) if op != "sum" else None
     counts = None
     if found is None:
-        counts = count_contributions(fn, case, rank)
+        counts = counts_of()
         counted = None if counts is None else _count_finding(case, counts, m)
         if counted is not None:
             counted.explanation = f"{_describe(m)}. {counted.explanation}"

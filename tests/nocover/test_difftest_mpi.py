@@ -67,7 +67,10 @@ def test_ring_all_reduce_underscore_passes_every_mode(jobs: Jobs) -> None:
 
 
 @pytest.mark.clause("difftest-diagnoses")
-@pytest.mark.parametrize(("bug", "mode"), [("gather_adds", "order-free"), ("chunk_off_by_one", "bound")])
+@pytest.mark.parametrize(
+    ("bug", "mode"),
+    [("gather_adds", "order-free"), ("chunk_off_by_one", "bound"), ("gather_loses_on_rank_0", "exact")],
+)
 def test_planted_mpi_bug_gets_its_code(jobs: Jobs, bug: str, mode: Mode) -> None:
     result = run(jobs, f"tests.planted_mpi:{bug}", mode, examples=10, seed=1)
     finding, cex = result.finding, result.counterexample
@@ -76,6 +79,9 @@ def test_planted_mpi_bug_gets_its_code(jobs: Jobs, bug: str, mode: Mode) -> None
     assert cex.n == 2 and finding.ranks, finding.explanation
     if bug == "gather_adds":
         assert "counted more than once" in finding.explanation
+    if bug == "gather_loses_on_rank_0":  # rank 1 right: the stacked twin's code and counts, no disagreement
+        assert finding.ranks == [0] and "rank(s) [1] happen to be right" in finding.explanation
+        assert "is worker 0: 1, worker 1: 0, so worker(s) [1] lost" in finding.explanation
 
 
 @pytest.mark.clause("difftest-ops")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import jsonschema  # type: ignore[import-untyped]
@@ -68,6 +69,10 @@ def test_planted_per_rank_bug_gets_its_code(bug: RankImpl) -> None:
             assert m is not None and m.actual == m.expected + 1  # the constant the last rank adds
         if code == "double-counted":
             assert "counted more than once" in finding.explanation
+        if code == "out-of-bound":  # the stacked twin's words, from rank 0's one-hot probes
+            assert finding.ranks == [0] and "rank 0: First differing" in finding.explanation
+            assert "Contributions missing: with only worker j holding ones" in finding.explanation
+            assert re.search(r"is worker 0: 1, worker 1: 0\b.*so worker\(s\) \[1\] lost", finding.explanation)
         if code == "input-modified":
             assert "the input was modified" in finding.explanation
 
