@@ -149,12 +149,9 @@ class RanksTimedOut(TimeoutError):
     stacks: dict[int, str]
 
     def __post_init__(self) -> None:
-        shown = "\n\n".join(
-            f"rank {r} at:\n{self.stacks.get(r, '(no stack could be taken)').rstrip()}" for r in self.pending
-        )
         super().__init__(
             f"{self.what} on {self.world_size} MPI rank(s) timed out after {self.timeout_s:g} s; rank(s) "
-            f"{self.pending} did not finish (the job was killed).\n{shown}"
+            f"{self.pending} did not finish (the job was killed).\n{_shown(self.pending, self.stacks)}"
         )
 
 
@@ -173,13 +170,15 @@ class RanksStopped(RuntimeError):
     stacks: dict[int, str]
 
     def __post_init__(self) -> None:
-        shown = "\n\n".join(
-            f"rank {r} at:\n{self.stacks.get(r, '(no stack could be taken)').rstrip()}" for r in self.stopped
-        )
         super().__init__(
             f"rank(s) {self.stopped} of {self.world_size} were still inside the call {FAILURE_GRACE_S:g} s "
-            f"after rank(s) {self.gave_up} gave up (the job was killed).\n{shown}"
+            f"after rank(s) {self.gave_up} gave up (the job was killed).\n{_shown(self.stopped, self.stacks)}"
         )
+
+
+def _shown(ranks: list[int], stacks: dict[int, str]) -> str:
+    """Where each of ``ranks`` was, from ``stacks``, for an exception's message."""
+    return "\n\n".join(f"rank {r} at:\n{stacks.get(r, '(no stack could be taken)').rstrip()}" for r in ranks)
 
 
 def mpirun_path() -> str:

@@ -306,6 +306,12 @@ def _off_counts(
     return e, per_element[e]
 
 
+def _holding(case: Case) -> str:
+    """``ones (the rest zeros)``: what worker ``j`` holds in ``case``'s counting probes, and the others."""
+    base_value, mark = PROBE_VALUES[case.reduction]
+    return f"{_WORDS.get(mark, f'{mark:g}')} (the rest {_WORDS.get(base_value, f'{base_value:g}')})"
+
+
 def _listing(case: Case, e: int, per: list[float]) -> str:
     """``element (1,) (chunk 1) is worker 0: 1, worker 1: 0``: one element's count per worker."""
     index, chunk = locate(case, e)
@@ -326,9 +332,7 @@ def _count_finding(case: Case, counts: list[list[float]], mismatch: ValueMismatc
     if off is None:
         return None
     e, per = off
-    base_value, mark = PROBE_VALUES[case.reduction]
-    holding = f"{_WORDS.get(mark, f'{mark:g}')} (the rest {_WORDS.get(base_value, f'{base_value:g}')})"
-    probe = f"with only worker j holding {holding}, {_listing(case, e, per)}"
+    probe = f"with only worker j holding {_holding(case)}, {_listing(case, e, per)}"
     missing, twice = _who(per)
     lost = f", worker(s) {missing} lost" if missing else ""
     if twice:
@@ -468,9 +472,8 @@ def _group_counts_words(
         _rank_counts(case, cast(int, ranks[f]), counts.get(ranks[f]), cast(ValueMismatch, mismatches[f]))
         for f in failing
     ]
-    base_value, mark = PROBE_VALUES[case.reduction]
-    holding = f"{_WORDS.get(mark, f'{mark:g}')} (the rest {_WORDS.get(base_value, f'{base_value:g}')})"
-    return f"; the one-hot probes (only worker j holding {holding}) per failing rank: {'; '.join(words)}"
+    listing = "; ".join(words)
+    return f"; the one-hot probes (only worker j holding {_holding(case)}) per failing rank: {listing}"
 
 
 def _disagree_finding(
