@@ -366,7 +366,7 @@ def _rank_counts(case: Case, rank: int, counts: list[list[float]] | None, mismat
         how = [f"worker(s) {twice} counted more than once"] if twice else []
         how += [f"worker(s) {missing} lost"] if missing else []
         return f"rank {rank}: {_listing(case, e, per)} ({', '.join(how)})"
-    if all(c == 1 for row in counts for c in row):
+    if _counts_once(counts):
         return f"rank {rank}: every worker counted once in every element"
     return f"rank {rank}: counts that are not whole numbers (a scaling or a rounding, not a counting bug)"
 
@@ -428,9 +428,12 @@ def diagnose(fn: Target | OpTarget | Launcher, outcome: Outcome, mode: Mode) -> 
                 found.explanation = f"rank(s) {found.ranks} fail{right}; rank {ranks[k]}: {found.explanation}"
                 if disagreement is not None:
                     found.explanation += f" (the ranks' results also differ: {disagreement[1].detail})"
-                # a counting bug the probes show holds for every input, whichever ranks this one made right
+                # a counting bug the probes show holds for every input, whichever ranks this one made right;
+                # a lost worker too, unless the right ranks count every worker once (then they disagree)
                 counted = found.codes[0] in _COUNTING or (
-                    found.codes[0] == "out-of-bound" and _lost_workers(case, group_counts().get(ranks[k]), m)
+                    found.codes[0] == "out-of-bound"
+                    and _lost_workers(case, group_counts().get(ranks[k]), m)
+                    and not all(_counts_once(group_counts().get(ranks[p])) for p in passing)
                 )
                 if counted and len(failing) > 1:
                     found.explanation += _group_counts_words(
@@ -458,6 +461,11 @@ def _lost_workers(case: Case, counts: list[list[float]] | None, mismatch: ValueM
     """Whether whole-number probe counts show a worker lost (the counting form of ``out-of-bound``)."""
     off = None if counts is None else _off_counts(case, counts, mismatch)
     return off is not None and bool(_who(off[1])[0])
+
+
+def _counts_once(counts: list[list[float]] | None) -> bool:
+    """Whether probe counts show every worker counted once in every element (``None``: none came)."""
+    return counts is not None and all(c == 1 for row in counts for c in row)
 
 
 def _group_counts_words(
@@ -539,7 +547,7 @@ def _classify_values(
         found = found or _op_finding(fn, case, result, mode, rank)
     if found is not None:
         return Finding([found[0]], f"{_describe(m)}. {found[1]}", m)
-    counted_once = counts is not None and all(c == 1 for row in counts for c in row)
+    counted_once = _counts_once(counts)
     if mode == "exact" and counted_once and within_bound:
         rng = random.Random(len(case.values))
         probe = replace(case, values=order_free_values(case.dtype, case.n, len(case.values), rng, op))
