@@ -9,6 +9,7 @@ to the diagnosis code the tester must give it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -18,14 +19,21 @@ Array = npt.NDArray[Any]
 
 
 def _ring(
-    comm: Any, array: Array, *, blocking_sends: bool = False, gather_adds: bool = False, shift: int = 0
+    comm: Any,
+    array: Array,
+    *,
+    blocking_sends: bool = False,
+    gather_adds: bool = False,
+    shift: int = 0,
+    loses_on: Callable[[int], bool] = lambda rank: False,
 ) -> None:
     """Reduce-scatter then all-gather over ``comm``; chunk ``c`` folds ranks ``c, c+1, ...``.
 
     ``blocking_sends``: every rank sends with a synchronous ``Ssend`` before it
     receives (no rank ever receives first: a deadlock).  ``gather_adds``: the
     all-gather adds what it receives instead of copying it.  ``shift``: the
-    all-gather stores what it receives ``shift`` chunks too far.
+    all-gather stores what it receives ``shift`` chunks too far.  ``loses_on(rank)``: that rank's
+    all-gather drops the chunk it receives last.
     """
     n, rank = comm.Get_size(), comm.Get_rank()
     if n == 1:
@@ -44,7 +52,7 @@ def _ring(
         _exchange(comm, chunks[send], incoming, right, left, blocking=blocking_sends)
         if gather_adds:
             chunks[recv] += incoming
-        else:
+        elif not (step == n - 2 and loses_on(rank)):
             chunks[(recv + shift) % n][...] = incoming
 
 
@@ -77,9 +85,26 @@ def chunk_off_by_one(comm: Any, array: Array) -> None:
     _ring(comm, array, shift=1)
 
 
+def gather_drops_last_chunk(comm: Any, array: Array) -> None:
+    """Every rank's all-gather drops the last chunk it receives (``out-of-bound``, the lost worker named,
+    as for the same ring stacked)."""
+    _ring(comm, array, loses_on=lambda rank: True)
+
+
+def rank_1_raises(comm: Any, array: Array) -> None:
+    """Rank 1 raises before sending; the others block in a receive from it (``raised``, rank 1 named,
+    after the grace, not the time limit)."""
+    if comm.Get_rank() == 1:
+        raise RuntimeError("planted: rank 1 gives up")
+    if comm.Get_size() > 1:
+        comm.Recv(np.empty(1, dtype=np.uint8), source=1)
+
+
 EXPECTED: dict[str, str] = {
     "send_send_deadlock": "timed-out",
     "gather_adds": "double-counted",
     "chunk_off_by_one": "out-of-bound",
+    "gather_drops_last_chunk": "out-of-bound",
+    "rank_1_raises": "raised",
 }
 """Each planted bug's name (``tests.planted_mpi:NAME``) and the code it must get."""

@@ -30,8 +30,14 @@ def _exchange(send: torch.Tensor, recv: torch.Tensor, right: int, left: int) -> 
         request.wait()
 
 
-def _ring(tensor: torch.Tensor, *, gather_adds: bool = False) -> None:
-    """Reduce-scatter, then all-gather, over the default group, on ``tensor``'s row chunks."""
+def _ring(
+    tensor: torch.Tensor, *, gather_adds: bool = False, loses_on: Callable[[int], bool] = lambda rank: False
+) -> None:
+    """Reduce-scatter, then all-gather, over the default group, on ``tensor``'s row chunks.
+
+    ``loses_on(rank)``: that rank's all-gather drops the chunk it receives last (the slot keeps its
+    partial sum, which lacks a worker).
+    """
     n, rank = dist.get_world_size(), dist.get_rank()
     if n == 1:
         return
@@ -48,7 +54,7 @@ def _ring(tensor: torch.Tensor, *, gather_adds: bool = False) -> None:
         _exchange(chunks[send], incoming, right, left)
         if gather_adds:
             chunks[recv] += incoming  # BUG: should copy
-        else:
+        elif not (step == n - 2 and loses_on(rank)):  # BUG (loses_on): the last chunk not stored
             chunks[recv].copy_(incoming)
 
 
@@ -92,6 +98,19 @@ def exits_mid_call(tensor: torch.Tensor) -> None:
 def gather_adds(tensor: torch.Tensor) -> None:
     """Bug: the all-gather adds the received chunk instead of copying it."""
     _ring(tensor, gather_adds=True)
+
+
+def gather_drops_last_chunk(tensor: torch.Tensor) -> None:
+    """Bug: every rank's all-gather drops the last chunk it receives, so that chunk keeps its partial
+    sum, which lacks a worker: ``out-of-bound`` naming the lost worker, as for the same ring stacked, even
+    where the counterexample's zeros make some rank right (its own probes show it losing one too)."""
+    _ring(tensor, loses_on=lambda rank: True)
+
+
+def gather_drops_last_chunk_on_rank_0(tensor: torch.Tensor) -> None:
+    """Bug: only rank 0's all-gather drops the last chunk it receives; the other ranks count every worker
+    once: ``ranks-disagree``, with rank 0's probe counts (a worker lost)."""
+    _ring(tensor, loses_on=lambda rank: rank == 0)
 
 
 def averages(tensor: torch.Tensor) -> None:
@@ -157,6 +176,8 @@ EXPECTED: dict[RankImpl, str] = {
     receives_first: "timed-out",
     exits_mid_call: "crashed",
     gather_adds: "double-counted",
+    gather_drops_last_chunk: "out-of-bound",
+    gather_drops_last_chunk_on_rank_0: "ranks-disagree",
     averages: "mean-not-sum",
     scribbles_on_its_argument: "input-modified",
 }

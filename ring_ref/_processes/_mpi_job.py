@@ -35,7 +35,12 @@ random token before anything else is read from it.
 * a rank whose ``fn`` raises gives :class:`RankFailed` with its traceback; if
   every rank answered, the job stays up (each task runs on a fresh
   duplicate communicator), else the ranks still inside the call are given
-  :data:`FAILURE_GRACE_S` to finish and then killed.
+  :data:`FAILURE_GRACE_S` to finish and then killed;
+* a rank whose reply says it gave up (``run(gave_up=...)``: the target under
+  test raised, and the rank answered that) gives the others the same grace;
+  if some are still inside the call then, the job is killed and
+  :class:`RanksStopped` carries the replies that came and the stopped ranks'
+  stacks.
 
 After a kill the next :meth:`~MpiRing.run` starts a fresh job.  :meth:`~MpiRing.close`
 (or leaving the ``with`` block) stops the ranks and ``mpirun`` and kills
@@ -75,6 +80,7 @@ __all__ = [
     "MpiRing",
     "MpiUnavailable",
     "RankFailed",
+    "RanksStopped",
     "RanksTimedOut",
     "mpirun_path",
     "plain_loads",
@@ -143,13 +149,36 @@ class RanksTimedOut(TimeoutError):
     stacks: dict[int, str]
 
     def __post_init__(self) -> None:
-        shown = "\n\n".join(
-            f"rank {r} at:\n{self.stacks.get(r, '(no stack could be taken)').rstrip()}" for r in self.pending
-        )
         super().__init__(
             f"{self.what} on {self.world_size} MPI rank(s) timed out after {self.timeout_s:g} s; rank(s) "
-            f"{self.pending} did not finish (the job was killed).\n{shown}"
+            f"{self.pending} did not finish (the job was killed).\n{_shown(self.pending, self.stacks)}"
         )
+
+
+@dataclass
+class RanksStopped(RuntimeError):
+    """Ranks ``stopped`` were still inside the call :data:`FAILURE_GRACE_S` after ranks ``gave_up``
+    answered that they had given up; the job was killed.
+
+    ``replies`` holds the replies that came, by rank; ``stacks`` where each stopped rank was.
+    """
+
+    world_size: int
+    replies: dict[int, Any]
+    gave_up: list[int]
+    stopped: list[int]
+    stacks: dict[int, str]
+
+    def __post_init__(self) -> None:
+        super().__init__(
+            f"rank(s) {self.stopped} of {self.world_size} were still inside the call {FAILURE_GRACE_S:g} s "
+            f"after rank(s) {self.gave_up} gave up (the job was killed).\n{_shown(self.stopped, self.stacks)}"
+        )
+
+
+def _shown(ranks: list[int], stacks: dict[int, str]) -> str:
+    """Where each of ``ranks`` was, from ``stacks``, for an exception's message."""
+    return "\n\n".join(f"rank {r} at:\n{stacks.get(r, '(no stack could be taken)').rstrip()}" for r in ranks)
 
 
 def mpirun_path() -> str:
@@ -309,35 +338,42 @@ class MpiRing(Harness):
         self._pids = [by_rank[r][1] for r in range(self.world_size)]
 
     def run(
-        self, fn: Callable[[Any, _P], _R], payload: _P, *, timeout_s: float = 60.0, trusted: bool = True
+        self,
+        fn: Callable[[Any, _P], _R],
+        payload: _P,
+        *,
+        timeout_s: float = 60.0,
+        trusted: bool = True,
+        gave_up: Callable[[_R], bool] | None = None,
     ) -> list[_R]:
         """Call ``fn(comm, payload)`` on every rank; return the results in rank order.
 
-        Raises :class:`RanksTimedOut` or :class:`RankFailed` (see the module docstring).
-        ``trusted=False`` accepts only plain data back (``None``, bools, numbers,
-        strings, bytes, and lists, tuples and dicts of them): a rank running code
-        under test cannot make the parent build any other object.
+        Raises :class:`RanksTimedOut`, :class:`RankFailed` or :class:`RanksStopped`
+        (see the module docstring).  ``trusted=False`` accepts only plain data
+        back (``None``, bools, numbers, strings, bytes, and lists, tuples and
+        dicts of them): a rank running code under test cannot make the parent
+        build any other object.  ``gave_up``: a result for which it is true is
+        the answer of a rank that gave up (``fn`` caught the target's
+        exception): the ranks still inside the call get :data:`FAILURE_GRACE_S`
+        to finish, as after a rank whose ``fn`` raised.
         """
         self._send_task(fn, payload)
-        blobs = self._collect(f"running {task_name(fn)}", timeout_s)
-        if trusted:
-            return [pickle.loads(blob) for blob in blobs]
-        results, refused = [], {}
-        for rank, blob in enumerate(blobs):
-            try:
-                results.append(plain_loads(blob))
-            except pickle.UnpicklingError as exc:
-                refused[rank] = f"its result was refused: {exc}"
-        if refused:
-            raise RankFailed(self.world_size, tracebacks=refused, killed=False)
-        return results
+        loads: Callable[[bytes], Any] = pickle.loads if trusted else plain_loads
+        return self._collect(f"running {task_name(fn)}", timeout_s, loads, gave_up)
 
-    def _collect(self, what: str, timeout_s: float) -> list[Any]:
-        """One reply per rank, or the failure, killing the job unless every rank answered."""
+    def _collect(
+        self,
+        what: str,
+        timeout_s: float,
+        loads: Callable[[bytes], Any],
+        gave_up: Callable[[Any], bool] | None,
+    ) -> list[Any]:
+        """One result per rank, or the failure, killing the job unless every rank answered."""
         deadline = time.monotonic() + timeout_s
         replies: dict[int, Any] = {}
         errors: dict[int, str] = {}
         gone: set[int] = set()
+        quit_: list[int] = []
         grace_until: float | None = None
 
         def pending() -> list[int]:
@@ -352,32 +388,51 @@ class MpiRing(Harness):
             ready = wait([self._conns[r] for r in waiting], timeout=min(_POLL_S, remaining))
             for rank in waiting:
                 if self._conns[rank] in ready:
-                    try:
-                        kind, value = plain_loads(self._conns[rank].recv_bytes())
-                    except (EOFError, OSError, pickle.UnpicklingError, ValueError, TypeError):
+                    kind, value = _reply(self._conns[rank], loads)
+                    if kind == "gone":
                         gone.add(rank)
+                    elif kind == "error":
+                        errors[rank] = value
                     else:
-                        (replies if kind == "ok" else errors)[rank] = value
+                        replies[rank] = value
+                        if gave_up is not None and gave_up(value):
+                            quit_.append(rank)
             if not ready and self._exited():
                 gone.update(waiting)
-            if (errors or gone) and grace_until is None:
+            if (errors or gone or quit_) and grace_until is None:
                 grace_until = time.monotonic() + FAILURE_GRACE_S
         waiting = pending()
         if not waiting and not errors and not gone:
             return [replies[r] for r in range(self.world_size)]
+        raise self._failure(what, timeout_s, waiting, replies, errors, gone, quit_)
+
+    def _failure(  # noqa: PLR0917 - what one collection found, passed on whole
+        self,
+        what: str,
+        timeout_s: float,
+        waiting: list[int],
+        replies: dict[int, Any],
+        errors: dict[int, str],
+        gone: set[int],
+        quit_: list[int],
+    ) -> Exception:
+        """The exception for a collection that did not end with every rank's result, killing the job
+        unless every rank answered."""
         if not waiting and not gone:
-            raise RankFailed(self.world_size, tracebacks=errors, killed=False)
+            return RankFailed(self.world_size, tracebacks=errors, killed=False)
         if gone:
             self._wait_exit(STOP_GRACE_S)
             log = self._log_tail()
             died = _mpirun_account(log) or {r: "its process ended without answering" for r in sorted(gone)}
             self._kill()
-            raise RankFailed(self.world_size, tracebacks=errors, died=died, log=log)
+            return RankFailed(self.world_size, tracebacks=errors, died=died, log=log)
         stacks = self._stacks(waiting)
         self._kill()
         if errors:
-            raise RankFailed(self.world_size, tracebacks=errors, stacks=stacks)
-        raise RanksTimedOut(self.world_size, timeout_s, what, waiting, stacks)
+            return RankFailed(self.world_size, tracebacks=errors, stacks=stacks)
+        if quit_:
+            return RanksStopped(self.world_size, replies, quit_, waiting, stacks)
+        return RanksTimedOut(self.world_size, timeout_s, what, waiting, stacks)
 
     def _stacks(self, ranks: list[int]) -> dict[int, str]:
         """Each rank's Python stacks, written by its ``faulthandler`` on ``SIGUSR1``."""
@@ -438,6 +493,21 @@ class MpiRing(Harness):
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
+
+
+def _reply(conn: Connection, loads: Callable[[bytes], Any]) -> tuple[str, Any]:
+    """A rank's reply: ``("ok", result)``, ``("error", text)`` (``fn`` raised, or its result was refused
+    by ``loads``) or ``("gone", None)`` (the connection ended or carried garbage)."""
+    try:
+        kind, value = plain_loads(conn.recv_bytes())
+    except (EOFError, OSError, pickle.UnpicklingError, ValueError, TypeError):
+        return "gone", None
+    if kind != "ok":
+        return "error", value
+    try:
+        return "ok", loads(value)
+    except pickle.UnpicklingError as exc:
+        return "error", f"its result was refused: {exc}"
 
 
 class _PlainUnpickler(pickle.Unpickler):

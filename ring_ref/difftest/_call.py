@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, cast
 
@@ -43,6 +44,7 @@ __all__ = [
     "kind_hint",
     "observe",
     "result_tensor",
+    "stopped_note",
     "well_formed",
 ]
 
@@ -118,6 +120,18 @@ class Failure:
     ranks: tuple[int, ...] = ()
 
 
+def stopped_note(stopped: Sequence[int], raised: Sequence[int | None], grace_s: float) -> str:
+    """What a group's outcome notes when ranks were stopped after others raised.
+
+    >>> stopped_note([0], [1], 2.0)[:60]
+    'rank(s) [0] were still inside the call 2 s after rank(s) [1]'
+    """
+    return (
+        f"rank(s) {stopped} were still inside the call {grace_s:g} s after rank(s) {raised} raised, and "
+        "were stopped (waiting for a peer that had given up?)"
+    )
+
+
 @dataclass
 class Outcome:
     """What one call of the target did on one case: its answers, or the failure, and its output.
@@ -125,7 +139,9 @@ class Outcome:
     ``answers`` has one answer for a stacked call and one per rank, in rank
     order, for a per-rank one; a failed call may carry the answers of the
     ranks that did answer.  ``note`` adds what the launcher saw besides the
-    answers (ranks stopped after another rank raised).
+    answers (ranks stopped after another rank raised: :func:`stopped_note`),
+    and ``stack`` what it knows of them (the raised ranks' tracebacks, the
+    stopped ranks' stacks).
     """
 
     case: Case
@@ -133,6 +149,7 @@ class Outcome:
     failure: Failure | None = None
     output: str = ""
     note: str = ""
+    stack: str = ""
 
     @property
     def answer(self) -> Answer | None:

@@ -72,12 +72,14 @@ __all__ = [
     "Finding",
     "as_launcher",
     "count_contributions",
+    "counts_by_rank",
     "diagnose",
     "difference",
     "op_probe_rows",
     "op_probe_values",
     "passes",
     "position_probe",
+    "several_workers",
     "structural",
 ]
 
@@ -249,30 +251,48 @@ def count_contributions(
     one that counts twice.  ``None`` when a probe call does not return a
     well-formed result (the remaining probes are not run, so a target that
     hangs costs at most one more time limit).  For a per-rank target the probes
-    run on the whole group and ``rank``'s result is read.
+    run on the whole group and ``rank``'s result is read
+    (:func:`counts_by_rank` reads every rank's).
     """
+    return counts_by_rank(fn, case).get(rank)
+
+
+def counts_by_rank(fn: Target | Launcher, case: Case) -> dict[int | None, list[list[float]]]:
+    """:func:`count_contributions` for every rank at once (one run of the probes), by rank (``None``
+    for a stacked target); a rank is left out once a probe gives it no well-formed result, and the
+    probes stop when no rank is left."""
     launcher = as_launcher(fn)
     op = case.reduction
     base_value, mark = PROBE_VALUES[op]
-    probes = probe_cases(case, base_value, mark)
-    base_result = well_formed(launcher.call(replace(case, values=(base_value,) * len(case.values))), rank)
-    if base_result is None:
-        return None
-    base = as_float_list(base_result)
-    counts = []
-    for probe in probes:
-        result = well_formed(launcher.call(probe), rank)
-        if result is None:
-            return None
-        counts.append([_count(op, case, b, c) for c, b in zip(as_float_list(result), base, strict=True)])
+    outcome = launcher.call(replace(case, values=(base_value,) * len(case.values)))
+    bases = {a.rank: well_formed(outcome, a.rank) for a in outcome.answers}
+    counts: dict[int | None, list[list[float]]] = {r: [] for r, b in bases.items() if b is not None}
+    for probe in probe_cases(case, base_value, mark):
+        if not counts:
+            break
+        outcome = launcher.call(probe)
+        for rank in list(counts):
+            result = well_formed(outcome, rank)
+            if result is None:
+                del counts[rank]
+                continue
+            base = as_float_list(cast(torch.Tensor, bases[rank]))
+            counts[rank].append(
+                [_count(op, case, b, c) for c, b in zip(as_float_list(result), base, strict=True)]
+            )
     return counts
 
 
-def _count_finding(case: Case, counts: list[list[float]], mismatch: ValueMismatch) -> Finding | None:
-    """``double-counted`` (or lost contributions: ``out-of-bound``) from whole-number probe counts.
+def _off_counts(
+    case: Case, counts: list[list[float]], mismatch: ValueMismatch
+) -> tuple[int, list[float]] | None:
+    """The element whose whole-number counts are not all 1, and its count per worker.
 
-    ``None`` when every count is 1, or when some count is not a whole number
-    (then the counts are not contribution counts: a mean, a scaling, rounding).
+    The counterexample's first differing element when it is one, else the
+    first element; one counted more than once before one only missing a
+    worker.  ``None`` when every count is 1, or when some count is not a
+    whole number (then the counts are not contribution counts: a mean, a
+    scaling, rounding).
     """
     per_element = [list(col) for col in zip(*counts, strict=True)]
     if not all(math.isfinite(c) and c == round(c) and c >= 0 for col in per_element for c in col):
@@ -284,23 +304,46 @@ def _count_finding(case: Case, counts: list[list[float]], mismatch: ValueMismatc
     pool = doubled or off
     first_flat = flat_of(case, mismatch.index)
     e = first_flat if first_flat in pool else pool[0]
-    index, chunk = locate(case, e)
-    per = per_element[e]
-    listing = ", ".join(f"worker {j}: {c:g}" for j, c in enumerate(per))
+    return e, per_element[e]
+
+
+def _holding(case: Case) -> str:
+    """``ones (the rest zeros)``: what worker ``j`` holds in ``case``'s counting probes, and the others."""
     base_value, mark = PROBE_VALUES[case.reduction]
-    holding = f"{_WORDS.get(mark, f'{mark:g}')} (the rest {_WORDS.get(base_value, f'{base_value:g}')})"
-    probe = f"with only worker j holding {holding}, element {index} (chunk {chunk}) is {listing}"
-    missing = [j for j, c in enumerate(per) if c == 0]
+    return f"{_WORDS.get(mark, f'{mark:g}')} (the rest {_WORDS.get(base_value, f'{base_value:g}')})"
+
+
+def _listing(case: Case, e: int, per: list[float]) -> str:
+    """``element (1,) (chunk 1) is worker 0: 1, worker 1: 0``: one element's count per worker."""
+    index, chunk = locate(case, e)
+    return f"element {index} (chunk {chunk}) is {', '.join(f'worker {j}: {c:g}' for j, c in enumerate(per))}"
+
+
+def _who(per: list[float]) -> tuple[list[int], list[int]]:
+    """The workers one element's counts show lost (0) and counted more than once (2 or more)."""
+    return [j for j, c in enumerate(per) if c == 0], [j for j, c in enumerate(per) if c >= 2]
+
+
+def _count_finding(case: Case, counts: list[list[float]], mismatch: ValueMismatch) -> Finding | None:
+    """``double-counted`` (or lost contributions: ``out-of-bound``) from whole-number probe counts.
+
+    ``None`` when :func:`_off_counts` finds no element counted wrongly.
+    """
+    off = _off_counts(case, counts, mismatch)
+    if off is None:
+        return None
+    e, per = off
+    probe = f"with only worker j holding {_holding(case)}, {_listing(case, e, per)}"
+    missing, twice = _who(per)
     lost = f", worker(s) {missing} lost" if missing else ""
-    if doubled:
-        twice = [j for j, c in enumerate(per) if c >= 2]
+    if twice:
         per_worker = len(case.values) // case.n
         weighted = sum(
             (Fraction(c) * Fraction(case.values[j * per_worker + e]) for j, c in enumerate(per)), Fraction(0)
         )
         check = (
             f"; summing the counterexample with these counts gives {float(weighted)!r} there"
-            if e == first_flat and case.reduction == "sum"
+            if e == flat_of(case, mismatch.index) and case.reduction == "sum"
             else ""
         )
         combining = "multiplying" if case.reduction == "prod" else "adding"
@@ -311,6 +354,22 @@ def _count_finding(case: Case, counts: list[list[float]], mismatch: ValueMismatc
             mismatch,
         )
     return Finding(["out-of-bound"], f"Contributions missing: {probe}, so worker(s) {missing} lost", mismatch)
+
+
+def _rank_counts(case: Case, rank: int, counts: list[list[float]] | None, mismatch: ValueMismatch) -> str:
+    """What the one-hot probes show for one failing rank of a group, in a few words."""
+    if counts is None:
+        return f"rank {rank}: no well-formed result on some probe"
+    off = _off_counts(case, counts, mismatch)
+    if off is not None:
+        e, per = off
+        missing, twice = _who(per)
+        how = [f"worker(s) {twice} counted more than once"] if twice else []
+        how += [f"worker(s) {missing} lost"] if missing else []
+        return f"rank {rank}: {_listing(case, e, per)} ({', '.join(how)})"
+    if _counts_once(counts):
+        return f"rank {rank}: every worker counted once in every element"
+    return f"rank {rank}: counts that are not whole numbers (a scaling or a rounding, not a counting bug)"
 
 
 def _describe(m: ValueMismatch) -> str:
@@ -346,11 +405,19 @@ def diagnose(fn: Target | OpTarget | Launcher, outcome: Outcome, mode: Mode) -> 
         failing = [k for k, m in enumerate(mismatches) if m is not None]
         passing = [k for k, m in enumerate(mismatches) if m is None]
         disagreement = _first_disagreement(case, values, passing[0] if passing else 0)
-        found = None
+        group_counts = functools.cache(functools.partial(counts_by_rank, launcher, case))
+        found, counted = None, False
         if failing:
             k = failing[0]
+            m = cast(ValueMismatch, mismatches[k])
             found = _classify_values(
-                launcher, case, values[k], mode, cast(ValueMismatch, mismatches[k]), rank=ranks[k]
+                launcher,
+                case,
+                values[k],
+                mode,
+                m,
+                rank=ranks[k],
+                counts_of=lambda: group_counts().get(ranks[k]),
             )
             if ranks[k] is not None:
                 found.ranks = [cast(int, ranks[f]) for f in failing]
@@ -362,8 +429,21 @@ def diagnose(fn: Target | OpTarget | Launcher, outcome: Outcome, mode: Mode) -> 
                 found.explanation = f"rank(s) {found.ranks} fail{right}; rank {ranks[k]}: {found.explanation}"
                 if disagreement is not None:
                     found.explanation += f" (the ranks' results also differ: {disagreement[1].detail})"
-        if passing and disagreement is not None and (found is None or found.codes[0] not in _COUNTING):
+                # a counting bug the probes show holds for every input, whichever ranks this one made right;
+                # a lost worker too, unless the right ranks count every worker once (then they disagree)
+                counted = found.codes[0] in _COUNTING or (
+                    found.codes[0] == "out-of-bound"
+                    and _lost_workers(case, group_counts().get(ranks[k]), m)
+                    and not all(_counts_once(group_counts().get(ranks[p])) for p in passing)
+                )
+                if counted and len(failing) > 1:
+                    found.explanation += _group_counts_words(
+                        case, ranks, failing[1:], mismatches, group_counts()
+                    )
+        if passing and disagreement is not None and not counted:
             found = _disagree_finding(ranks, passing[0], disagreement, failing, mismatches)
+            if failing:
+                found.explanation += _group_counts_words(case, ranks, failing, mismatches, group_counts())
         if found is not None:
             findings.append(found)
     if not findings:
@@ -373,8 +453,36 @@ def diagnose(fn: Target | OpTarget | Launcher, outcome: Outcome, mode: Mode) -> 
         list(dict.fromkeys(codes)),
         "; ".join(f"{'/'.join(f.codes)}: {f.explanation}" for f in findings),
         next((f.mismatch for f in findings if f.mismatch is not None), None),
+        stack=outcome.stack,
         ranks=next((f.ranks for f in findings if f.ranks), []),
     )
+
+
+def _lost_workers(case: Case, counts: list[list[float]] | None, mismatch: ValueMismatch) -> bool:
+    """Whether whole-number probe counts show a worker lost (the counting form of ``out-of-bound``)."""
+    off = None if counts is None else _off_counts(case, counts, mismatch)
+    return off is not None and bool(_who(off[1])[0])
+
+
+def _counts_once(counts: list[list[float]] | None) -> bool:
+    """Whether probe counts show every worker counted once in every element (``None``: none came)."""
+    return counts is not None and all(c == 1 for row in counts for c in row)
+
+
+def _group_counts_words(
+    case: Case,
+    ranks: list[int | None],
+    failing: list[int],
+    mismatches: list[ValueMismatch | None],
+    counts: dict[int | None, list[list[float]]],
+) -> str:
+    """``; the one-hot probes per failing rank: rank 0: ...; rank 2: ...`` (:func:`_rank_counts`)."""
+    words = [
+        _rank_counts(case, cast(int, ranks[f]), counts.get(ranks[f]), cast(ValueMismatch, mismatches[f]))
+        for f in failing
+    ]
+    listing = "; ".join(words)
+    return f"; the one-hot probes (only worker j holding {_holding(case)}) per failing rank: {listing}"
 
 
 def _disagree_finding(
@@ -401,7 +509,14 @@ def _disagree_finding(
 
 
 def _classify_values(
-    fn: Launcher, case: Case, result: torch.Tensor, mode: Mode, m: ValueMismatch, *, rank: int | None
+    fn: Launcher,
+    case: Case,
+    result: torch.Tensor,
+    mode: Mode,
+    m: ValueMismatch,
+    *,
+    rank: int | None,
+    counts_of: Callable[[], list[list[float]] | None],
 ) -> Finding:
     """Name a value mismatch: double-counted, mean-not-sum, sum-not-op, wrong-op, avg-divided-first,
     signed-zero, not-ring-order or out-of-bound.
@@ -413,14 +528,16 @@ def _classify_values(
     looks like a mean).  ``mean-not-sum`` needs the result out of bound, within
     rounding of the sum / N, and every probe (where it ran) to give 1 / N as
     well; then the op probe for ``sum``.  Then the equal rows (``avg`` divided
-    first), the signs of zeros, and ``not-ring-order`` last.
+    first), the signs of zeros, and ``not-ring-order`` last.  ``counts_of``
+    gives the counting probes' counts (:func:`count_contributions`; for a
+    group, run once for every rank).
     """
     op = case.reduction
     within_bound = check_values("bound", case, result).mismatch is None
     found = _other_op(fn, case, result, rank) if op != "sum" else None
     counts = None
     if found is None:
-        counts = count_contributions(fn, case, rank)
+        counts = counts_of()
         counted = None if counts is None else _count_finding(case, counts, m)
         if counted is not None:
             counted.explanation = f"{_describe(m)}. {counted.explanation}"
@@ -431,7 +548,7 @@ def _classify_values(
         found = found or _op_finding(fn, case, result, mode, rank)
     if found is not None:
         return Finding([found[0]], f"{_describe(m)}. {found[1]}", m)
-    counted_once = counts is not None and all(c == 1 for row in counts for c in row)
+    counted_once = _counts_once(counts)
     if mode == "exact" and counted_once and within_bound:
         rng = random.Random(len(case.values))
         probe = replace(case, values=order_free_values(case.dtype, case.n, len(case.values), rng, op))
@@ -480,10 +597,11 @@ def _op_finding(
     if op in ("prod", "max", "min"):
         fixed = zeros_as_the_oracle_wants(mode, case, result)
         if fixed is not None and check_values(mode, case, fixed).mismatch is None:
-            probe = position_probe(case)
+            probe = position_probe(several_workers(case))
             got = well_formed(fn.call(probe), rank)
             if got is not None and check_values(mode, probe, got).mismatch is None:
-                return "signed-zero", _signed_zero_words(mode, op)
+                tie = check_values("bound", case, result).mismatch is None
+                return "signed-zero", _signed_zero_words(mode, op, tie=tie)
     return None
 
 
@@ -520,15 +638,16 @@ _EXACT_WORD: Final[dict[str, str]] = {
 }
 
 
-def _signed_zero_words(mode: Mode, op: Op) -> str:
-    """The ``signed-zero`` explanation for ``op`` under ``mode``."""
+def _signed_zero_words(mode: Mode, op: Op, *, tie: bool) -> str:
+    """The ``signed-zero`` explanation for ``op`` under ``mode``; ``tie``: the result's zeros are those
+    of some fold order (where -0 and +0 tie), which only ``exact`` refuses."""
     if op == "prod":
         return (
             "Every element has the right value, but a zero has the wrong sign: the sign of a product is "
             "the exclusive or of the signs in every order (IEEE 754), zeros included (a product "
             "computed from magnitudes, or a zero written as +0?)"
         )
-    if mode == "exact":
+    if mode == "exact" and tie:
         return (
             f"Every element has the ring's value, but the sign of a zero differs: where -0 and +0 tie for "
             f"the {_EXACT_WORD[op]}, the ring keeps the first in its fold order (clause op-{op}), the "
@@ -597,21 +716,38 @@ def _other_op(fn: Launcher, case: Case, result: torch.Tensor, rank: int | None) 
     counterexample's result must pass that op's bound oracle (``sum + 1`` is
     the product on both probes for ``N = 2``, and on no other input).
     """
-    if case.n < 2:
-        return None
-    other = _op_on_probe(fn, case, rank, flipped=False)
-    if other is None or _op_on_probe(fn, case, rank, flipped=True) != other:
+    wide = several_workers(case)
+    other = _op_on_probe(fn, wide, rank, flipped=False)
+    if other is None or _op_on_probe(fn, wide, rank, flipped=True) != other:
         return None
     if check_values("bound", replace(case, op=other), result).mismatch is not None:
         return None
-    asked, values = case.reduction, op_probe_values(case.n, case.dtype)
+    asked, values = case.reduction, op_probe_values(wide.n, case.dtype)
     want = values.get(asked)
     expected = f", where {asked} gives {want!r}" if want is not None else ""
     return ("sum-not-op" if other == "sum" else "wrong-op"), (
-        f"On the op probes (worker j holds 2 + j % 2: 2, 3, 2, ..., and 3 - j % 2, where every op gives "
-        f"another value) every element is the {_EXACT_WORD[other]} ({values[other]!r} on the first"
-        f"{expected}): the target computed {other} when asked for {asked}"
+        f"On the op probes{_shape_words(case, wide)} (worker j holds 2 + j % 2: 2, 3, 2, ..., and "
+        f"3 - j % 2, where every op gives another value) every element is the {_EXACT_WORD[other]} "
+        f"({values[other]!r} on the first{expected}): the target computed {other} when asked for {asked}"
     )
+
+
+def several_workers(case: Case) -> Case:
+    """``case`` itself for ``N >= 2``; for ``N = 1``, a case of two workers of twice its rows (any layout
+    takes that shape), each holding ``case``'s values twice: the shape the op and position probes take,
+    as one worker tells no op from another (``sum``, ``max`` and ``min`` all return it).
+
+    >>> several_workers(Case(1, 1, (), torch.float32, "contiguous", (5.0,), "max")).values
+    (5.0, 5.0, 5.0, 5.0)
+    """
+    if case.n >= 2:
+        return case
+    return replace(case, n=2, m=2 * case.m, values=case.values * 4)
+
+
+def _shape_words(case: Case, probed: Case) -> str:
+    """`` at N = 2, M = 4``: where the probes ran, when that is not the counterexample's shape."""
+    return "" if probed.n == case.n else f" at N = {probed.n}, M = {probed.m}"
 
 
 @functools.lru_cache(maxsize=256)

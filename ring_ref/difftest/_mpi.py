@@ -19,7 +19,12 @@ ranks chose (``MpiRing.run(trusted=False)``) and decodes once, field by field,
 into the same :class:`~ring_ref.difftest._call.Answer` the gloo ranks give
 (:func:`decode_rank`); or the call is a
 :class:`~ring_ref.difftest._call.Failure`: ``timed-out`` with each unfinished
-rank's Python stack, ``crashed`` with the dead rank.
+rank's Python stack, ``crashed`` with the dead rank.  When a rank's target
+raised while others are still inside the call (waiting for it), those get
+:data:`~ring_ref._processes._mpi_job.FAILURE_GRACE_S` (as
+:data:`~ring_ref.difftest._ranks.AFTER_FAILURE_GRACE_S` under gloo), then the
+job is killed and the outcome holds the answers that came, noting the
+stopped ranks, with the raised ranks' tracebacks and the stopped ranks' stacks.
 
 ``numpy`` has no bfloat16, so this launcher takes float16, float32 and
 float64 cases only (:data:`MPI_DTYPES`); a target that cannot reduce float16
@@ -37,8 +42,8 @@ import numpy.typing as npt
 import torch
 
 from ring_ref._dtypes import INT_OF_SIZE
-from ring_ref._processes._mpi_job import MpiRing, RankFailed, RanksTimedOut
-from ring_ref.difftest._call import Answer, Failure, Garbled, Outcome, TensorView
+from ring_ref._processes._mpi_job import FAILURE_GRACE_S, MpiRing, RankFailed, RanksStopped, RanksTimedOut
+from ring_ref.difftest._call import Answer, Failure, Garbled, Outcome, TensorView, stopped_note
 from ring_ref.difftest._inputs import Case
 from ring_ref.difftest._launch import Launcher, OutputLog
 from ring_ref.difftest._loading import TargetError, load_target
@@ -168,6 +173,26 @@ def _stacks(stacks: Mapping[int, str]) -> str:
     return "".join(f"rank {r}:\n{stacks[r]}\n" for r in sorted(stacks))
 
 
+def _raised(reply: object) -> bool:
+    """Whether a rank's reply says its target raised (the others may be waiting for it in vain)."""
+    return isinstance(reply, dict) and bool(reply.get("raised"))
+
+
+def _stopped(case: Case, exc: RanksStopped) -> Outcome:
+    """The outcome of a call whose ranks ``exc.stopped`` were killed after ranks ``exc.gave_up`` raised."""
+    try:
+        answers = tuple(decode_rank(exc.replies[r], r) for r in sorted(exc.replies))
+    except Garbled as garbled:
+        return Outcome(case, failure=Failure("crashed", f"a garbled answer: {garbled}"))
+    raised = "".join(f"rank {a.rank} raised:\n{a.traceback}\n" for a in answers if a.raised)
+    return Outcome(
+        case,
+        answers,
+        note=stopped_note(exc.stopped, exc.gave_up, FAILURE_GRACE_S),
+        stack=raised + _stacks(exc.stacks),
+    )
+
+
 class MpiRanks(Launcher):
     """``TARGET(comm, array)`` on every rank of an ``mpirun`` job of ``N`` ranks (see the module docstring).
 
@@ -220,7 +245,11 @@ class MpiRanks(Launcher):
             case.op,
         )
         try:
-            replies = ring.run(observe_rank, payload, timeout_s=self.timeout_s, trusted=False)
+            replies = ring.run(
+                observe_rank, payload, timeout_s=self.timeout_s, trusted=False, gave_up=_raised
+            )
+        except RanksStopped as exc:
+            return _stopped(case, exc)
         except RanksTimedOut as exc:
             return Outcome(
                 case, failure=Failure("timed-out", str(exc), _stacks(exc.stacks), tuple(exc.pending))

@@ -40,7 +40,7 @@ from typing import Final
 from torch.distributed import TCPStore  # type: ignore[attr-defined]  # re-exported at runtime, not in stubs
 
 from ring_ref._processes._shared import host_store, join_group, loopback_listener
-from ring_ref.difftest._call import Answer, Failure, Garbled, Outcome, decode
+from ring_ref.difftest._call import Answer, Failure, Garbled, Outcome, decode, stopped_note
 from ring_ref.difftest._inputs import Case
 from ring_ref.difftest._launch import OUTPUT_LIMIT, Launcher, OutputLog
 from ring_ref.difftest._loading import TargetError
@@ -162,10 +162,7 @@ class ForkedGroup(Launcher):
             )
         elif pending:
             raised = [a.rank for a in answers if a.raised]
-            outcome.note = (
-                f"rank(s) {pending} were still inside the call {AFTER_FAILURE_GRACE_S:g} s after rank(s) "
-                f"{raised} raised, and were stopped (waiting for a peer that had given up?)"
-            )
+            outcome.note = stopped_note(pending, raised, AFTER_FAILURE_GRACE_S)
         if dead or pending or any(a.raised for a in answers):
             self._teardown(case.n)
         return outcome

@@ -52,10 +52,12 @@ class _Failed(Exception):
 
 
 class _NoAnswer(BaseException):
-    """Raised when a call timed out or crashed: it ends the mode at once, without shrinking.
+    """Raised when a call timed out or crashed, or a group's ranks were stopped after another raised:
+    it ends the mode at once, without shrinking.
 
     Not an ``Exception``, so Hypothesis lets it through instead of replaying
-    the case (each replay could cost the whole time limit).
+    the case (each replay could cost the whole time limit, or a grace and a
+    new group).
     """
 
     def __init__(self, outcome: Outcome) -> None:
@@ -76,8 +78,9 @@ def run_mode(
     """Run one oracle on ``examples`` generated inputs (plus the ``N = 1`` ones); shrink a failure.
 
     ``op``: the op asked for (every case carries it; ``None``, none given: a sum).
-    A call that times out or crashes ends the mode at once and is reported as
-    found.  A failing case, once shrunk, is replayed twice: different answers
+    A call that times out or crashes, or whose group had ranks stopped after
+    another rank raised (``Outcome.note``), ends the mode at once and is
+    reported as found.  A failing case, once shrunk, is replayed twice: different answers
     are ``nondeterministic``; equal ones are diagnosed.
     """
     launcher = as_launcher(fn)
@@ -88,7 +91,7 @@ def run_mode(
         nonlocal calls, overflow, underflow
         calls += 1
         outcome = launcher.call(case)
-        if outcome.failure is not None:
+        if outcome.failure is not None or outcome.note:
             raise _NoAnswer(outcome)
         ok, over, under = passes(outcome, mode)
         overflow += over

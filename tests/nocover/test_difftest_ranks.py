@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import jsonschema  # type: ignore[import-untyped]
@@ -62,13 +63,19 @@ def test_planted_per_rank_bug_gets_its_code(bug: RankImpl) -> None:
                 finding.ranks == [1]
                 and "rank 1: the worker process exited with status 3" in finding.explanation
             )
-        if code == "ranks-disagree":
+        if bug is planted_rank_impls.constant_on_last_rank:
             last = cex.n - 1
             assert finding.ranks == [last] and f"rank {last} has " in finding.explanation
             m = finding.mismatch
             assert m is not None and m.actual == m.expected + 1  # the constant the last rank adds
         if code == "double-counted":
             assert "counted more than once" in finding.explanation
+        if code == "out-of-bound":  # the stacked twin's words, from the failing rank's one-hot probes
+            assert "Contributions missing: with only worker j holding ones" in finding.explanation
+            assert re.search(r"so worker\(s\) \[\d\] lost", finding.explanation), finding.explanation
+        if bug is planted_rank_impls.gather_drops_last_chunk_on_rank_0:  # each failing rank's counts
+            assert finding.ranks == [0] and "per failing rank: rank 0: element" in finding.explanation
+            assert re.search(r"\(worker\(s\) \[\d\] lost\)$", finding.explanation), finding.explanation
         if code == "input-modified":
             assert "the input was modified" in finding.explanation
 

@@ -27,7 +27,7 @@ import numpy.typing as npt
 import pytest
 import torch
 
-from ring_ref._processes._mpi_job import MpiRing, RankFailed, RanksTimedOut, mpirun_path
+from ring_ref._processes._mpi_job import MpiRing, RankFailed, RanksStopped, RanksTimedOut, mpirun_path
 from ring_ref.difftest import _mpi
 from ring_ref.difftest._call import Answer, Garbled, TensorView
 from ring_ref.difftest._inputs import Case
@@ -131,12 +131,20 @@ class FakeRing(MpiRing):
         FakeRing.made.append(self)
         self.fails, self.replies = fails, replies
         self.runs: list[tuple[float, bool]] = []
+        self.gave_up: Callable[[Any], bool] | None = None
         self.closed = 0
 
     def run(
-        self, fn: Callable[[Any, _P], _R], payload: _P, *, timeout_s: float = 60.0, trusted: bool = True
+        self,
+        fn: Callable[[Any, _P], _R],
+        payload: _P,
+        *,
+        timeout_s: float = 60.0,
+        trusted: bool = True,
+        gave_up: Callable[[_R], bool] | None = None,
     ) -> list[_R]:
         self.runs.append((timeout_s, trusted))
+        self.gave_up = gave_up
         time.sleep(0.02)
         if self.fails is not None:
             raise self.fails
@@ -517,6 +525,21 @@ def test_a_timed_out_call_carries_each_unfinished_ranks_stack_in_rank_order() ->
     assert got.failure is not None and got.answers == () and got.case == CASE
     assert (got.failure.code, got.failure.text, got.failure.ranks) == ("timed-out", str(hung), (1, 0))
     assert got.failure.stack == "rank 0:\nin Recv\nrank 1:\nin Send\n"
+
+
+def test_ranks_stopped_after_a_rank_raised_leave_its_answer_a_note_and_the_stacks() -> None:
+    # Rank 1 raised; rank 0 was still inside the call after the grace (issue 29, item 7).
+    raised = _reply(rank=1, raised="RuntimeError: gave up", traceback="Traceback: in rank_1\n", result=None)
+    stopped = RanksStopped(2, {1: raised}, [1], [0], {0: "in Recv"})
+    ring = FakeRing(2, fails=stopped)
+    got = MpiRanks("m:f", 120.0, rings={2: ring}).call(CASE)
+    assert got.failure is None and [(a.rank, a.raised) for a in got.answers] == [(1, "RuntimeError: gave up")]
+    assert got.note.startswith("rank(s) [0] were still inside the call 2 s after rank(s) [1] raised")
+    assert got.stack == "rank 1 raised:\nTraceback: in rank_1\n\nrank 0:\nin Recv\n"
+    assert ring.gave_up is not None and ring.gave_up(raised) and not ring.gave_up(_reply())
+    garbled = FakeRing(2, fails=RanksStopped(2, {1: 5}, [1], [0], {}))
+    broken = MpiRanks("m:f", 120.0, rings={2: garbled}).call(CASE)
+    assert broken.failure is not None and broken.failure.code == "crashed"
 
 
 def test_a_dead_rank_is_crashed() -> None:

@@ -928,7 +928,8 @@ def test_ranks_that_differ_from_a_right_rank_disagree() -> None:
     right = sums(PAIR)
 
     def fn(c: Case, r: int) -> torch.Tensor:
-        return right.clone() if r == 0 else torch.zeros(2)
+        # rank 1: zeros on PAIR, and on the probes every worker counted once (no counting bug)
+        return sums(c) if r == 0 else sums(c) - right
 
     finding = diagnose(PerRank(fn), PerRank(fn).call(PAIR), "bound")
     assert finding is not None and finding.codes == ["ranks-disagree"] and finding.ranks == [1]
@@ -937,17 +938,19 @@ def test_ranks_that_differ_from_a_right_rank_disagree() -> None:
         "differing element (0,) (chunk 0): rank 1 has 0.0 where rank 0 has 4.0; rank(s) [1] also fail the "
         "oracle (First differing element (0,) (chunk 0): expected 4.0, actual 0.0; "
     )
-    assert finding.explanation.endswith("(2 element(s) differ)); the ranks did not compute one all-reduce")
+    assert finding.explanation.endswith(
+        "(2 element(s) differ)); the ranks did not compute one all-reduce; the one-hot probes (only "
+        "worker j holding ones (the rest zeros)) per failing rank: rank 1: every worker counted once in "
+        "every element"
+    )
     m = finding.mismatch
     assert m is not None and (m.index, m.chunk, m.expected, m.actual, m.count) == ((0,), 0, 4.0, 0.0, 2)
     assert m.detail == "rank 1 has 0.0 where rank 0 has 4.0"
 
 
 def test_the_reference_rank_is_the_first_that_passes() -> None:
-    right = sums(PAIR)
-
     def fn(c: Case, r: int) -> torch.Tensor:
-        return right.clone() if r == 1 else torch.tensor([4.0, 0.0])
+        return sums(c) if r == 1 else sums(c) - torch.tensor([0.0, 6.0])
 
     finding = diagnose(PerRank(fn), PerRank(fn).call(PAIR), "exact")
     assert finding is not None and finding.codes == ["ranks-disagree"] and finding.ranks == [0]
@@ -1256,6 +1259,90 @@ def test_a_rank_out_of_bound_while_another_is_right_disagrees() -> None:
     group = _group_of(planted_impls.chunks_rotated)
     finding = diagnose(group, group.call(PAIR), "exact")
     assert finding is not None and finding.codes == ["ranks-disagree"] and finding.ranks == [1]
+
+
+def _keeps_own_chunk(x: torch.Tensor, r: int) -> torch.Tensor:
+    """Rank ``r`` of a ring whose all-gather never stores: the sum, but chunk ``r`` (one row per worker
+    here) keeps rank ``r``'s own row, every other worker lost there."""
+    out = x.sum(0)
+    out[r] = x[r, r]
+    return out
+
+
+def test_ranks_losing_workers_get_their_stacked_twins_code_and_counts_though_one_is_right_by_luck() -> None:
+    # Issue 29, item 6: rank 0 is right here only because worker 1 holds 0 in chunk 0; its own probes
+    # show worker 1 lost, so the ranks do not merely disagree: both lose a worker, as the stacked form.
+    c = case((1.0, 2.0, 0.0, 4.0))
+    group = PerRank(lambda c, r: _keeps_own_chunk(c.tensor(), r))
+
+    def twin(x: torch.Tensor) -> torch.Tensor:
+        return _keeps_own_chunk(x, 1)
+
+    stacked = diagnose(twin, call_target(twin, c), "bound")
+    finding = diagnose(group, group.call(c), "bound")
+    assert stacked is not None and finding is not None
+    assert finding.codes == stacked.codes == ["out-of-bound"] and finding.ranks == [1]
+    words = stacked.explanation.split(". ", 1)[1]
+    assert words == (
+        "Contributions missing: with only worker j holding ones (the rest zeros), element (1,) (chunk 1) is "
+        "worker 0: 0, worker 1: 1, so worker(s) [0] lost"
+    )
+    assert finding.explanation.startswith("out-of-bound: rank(s) [1] fail; rank(s) [0] happen to be right")
+    assert words in finding.explanation
+
+
+def test_a_rank_losing_a_worker_while_the_others_count_each_once_disagrees_with_its_counts() -> None:
+    c = replace(ORDERED, values=(1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0))
+    group = _group_of(planted_impls.drops_last_worker)
+    finding = diagnose(group, group.call(c), "bound")
+    assert finding is not None and finding.codes == ["ranks-disagree"] and finding.ranks == [1]
+    assert finding.explanation.endswith(
+        "per failing rank: rank 1: element (0,) (chunk 0) is worker 0: 1, worker 1: 1, worker 2: 0 "
+        "(worker(s) [2] lost)"
+    ), finding.explanation
+
+
+def test_every_failing_rank_has_its_counts_whatever_the_code() -> None:
+    def fn(c: Case, r: int) -> torch.Tensor:
+        x = c.tensor()
+        return {0: x.sum(0), 1: x.sum(0) + x[0], 2: x[:-1].sum(0)}[r]
+
+    c = replace(ORDERED, values=(1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0))
+    finding = diagnose(PerRank(fn), PerRank(fn).call(c), "bound")
+    assert finding is not None and finding.codes == ["double-counted"] and finding.ranks == [1, 2]
+    assert finding.explanation.endswith(
+        "per failing rank: rank 2: element (0,) (chunk 0) is worker 0: 1, worker 1: 1, worker 2: 0 "
+        "(worker(s) [2] lost)"
+    ), finding.explanation
+    swapped = PerRank(lambda c, r: fn(c, {1: 2, 2: 1}.get(r, r)))
+    both = diagnose(swapped, swapped.call(c), "bound")
+    assert both is not None and both.codes == ["ranks-disagree"] and both.ranks == [1, 2]
+    assert both.explanation.endswith(
+        "per failing rank: rank 1: element (0,) (chunk 0) is worker 0: 1, worker 1: 1, worker 2: 0 "
+        "(worker(s) [2] lost); rank 2: element (0,) (chunk 0) is worker 0: 2, worker 1: 1, worker 2: 1 "
+        "(worker(s) [0] counted more than once)"
+    ), both.explanation
+    rotated = _group_of(planted_impls.chunks_rotated)
+    disagree = diagnose(rotated, rotated.call(PAIR), "exact")
+    assert disagree is not None and disagree.codes == ["ranks-disagree"]
+    assert disagree.explanation.endswith(
+        "per failing rank: rank 1: every worker counted once in every element"
+    )
+    scaled = PerRank(lambda c, r: c.tensor().sum(0) * (1.5 if r == 1 else 1.0))
+    odd = diagnose(scaled, scaled.call(PAIR), "bound")
+    assert odd is not None and odd.explanation.endswith(
+        "rank 1: counts that are not whole numbers (a scaling or a rounding, not a counting bug)"
+    )
+
+    def zeros_then_raises(c: Case, r: int) -> torch.Tensor:
+        if r == 1 and c.values != PAIR.values:
+            raise ValueError("not on the probes")
+        return c.tensor().sum(0) * (0.0 if r == 1 else 1.0)
+
+    flaky = PerRank(zeros_then_raises)
+    unanswered = diagnose(flaky, flaky.call(PAIR), "bound")
+    assert unanswered is not None and unanswered.codes == ["ranks-disagree"]
+    assert unanswered.explanation.endswith("per failing rank: rank 1: no well-formed result on some probe")
 
 
 def _avg_off_on_marks(steps: int) -> Callable[..., torch.Tensor]:

@@ -129,6 +129,31 @@ def test_planted_op_target_gets_its_codes(
     _check_planted(fn, op, expected, modes)
 
 
+@pytest.mark.clause("difftest-diagnoses")
+def test_a_sum_failing_first_on_one_worker_is_sum_not_op_in_every_mode() -> None:
+    # Its first failure is the N = 1 case [[-0.0, 0.0]] (torch.sum gives +0.0): one worker cannot tell a
+    # sum from a max, so the op probes must run on more workers before a code is named (issue 29, item 15).
+    report = difftest(planted_impls.max_is_sum, op="max", examples=20, seed=20260101)
+    for mode in MODES:
+        result = report.modes[mode]
+        assert result.finding is not None and result.finding.codes == ["sum-not-op"], report.render()
+        assert "the target computed sum when asked for max" in result.finding.explanation
+        assert "a correct max" not in result.finding.explanation
+
+
+def test_a_zero_of_the_wrong_sign_on_one_worker_is_no_tie_under_exact() -> None:
+    # One worker holds -0.0: no other value ties with it, so +0.0 is no other fold order's zero.
+    def plus_zero_max(x: torch.Tensor, op: str) -> torch.Tensor:
+        result = planted_impls.op_ring(x, op)
+        return torch.where(result == 0, torch.zeros_like(result), result)
+
+    one = Case(1, 2, (), torch.float32, "contiguous", (-0.0, 1.0), "max")
+    finding = diagnose(plus_zero_max, call_target(plus_zero_max, one), "exact")
+    assert finding is not None and finding.codes == ["signed-zero"], finding
+    assert "no fold order gives it" in finding.explanation
+    assert "a correct max" not in finding.explanation
+
+
 @pytest.mark.soak
 @pytest.mark.clause("difftest-diagnoses")
 @pytest.mark.parametrize(
