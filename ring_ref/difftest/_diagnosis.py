@@ -443,7 +443,7 @@ def _classify_values(
             what = "sum in a different summation order" if op == "sum" else f"{op} in a different order"
             revealing, expected = _revealed_order(fn, case, m, rank) if op == "sum" else (None, "")
             if revealing is not None and revealing.tree is None and _rounds_once(case, result):
-                where = f"; {expected[0].upper()}{expected[1:]}" if expected else ""
+                where = f" ({expected} at that element)" if expected else ""
                 return Finding(
                     ["not-ring-order"],
                     f"{_describe(m)}. A correct sum that rounds once: every contribution is counted once and "
