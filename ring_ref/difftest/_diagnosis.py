@@ -70,8 +70,14 @@ PROBE_VALUES: Final[dict[Op, tuple[float, float]]] = {
 
 _WORDS: Final[dict[float, str]] = {0.0: "zeros", 1.0: "ones"}
 
+ROUNDS_ONCE: Final = (
+    "the target accumulates in higher precision or otherwise does not round after every addition"
+)
+"""What ``not-ring-order`` says of a target no tree of additions explains that rounds the exact sum."""
+
 __all__ = [
     "PROBE_VALUES",
+    "ROUNDS_ONCE",
     "Finding",
     "as_launcher",
     "count_contributions",
@@ -448,8 +454,7 @@ def _classify_values(
                     ["not-ring-order"],
                     f"{_describe(m)}. A correct sum that rounds once: every contribution is counted once and "
                     "every element is the exact sum correctly rounded, but no tree of additions in the dtype "
-                    "gives the target's answers on reveal's swamping probes: the target accumulates in "
-                    "higher precision or otherwise does not round after every addition (a wider "
+                    f"gives the target's answers on reveal's swamping probes: {ROUNDS_ONCE} (a wider "
                     "accumulator, a fused or compensated sum), so it has no summation order at all, the "
                     "ring's included (clause fold-order); only --mode exact requires the ring's order"
                     f"{where}",

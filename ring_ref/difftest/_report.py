@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from ring_ref._dtypes import dtype_name
-from ring_ref.difftest._diagnosis import Finding
+from ring_ref.difftest._diagnosis import ROUNDS_ONCE, Finding
 from ring_ref.difftest._inputs import Case
 from ring_ref.difftest._probes import ProbeRun
 from ring_ref.difftest._vocabulary import CODES, Collective, Mode, Op
@@ -137,9 +137,12 @@ class Report:
                 )
             what = "all-reduce" if self.op in (None, "sum") else f"{self.op} all-reduce"
             verb = "sums" if self.op in (None, "sum", "avg") else "combines"
+            how = f"{verb} in a different order than the ring"
+            if exact is not None and ROUNDS_ONCE in exact.explanation:
+                how = "does not round after every addition (higher precision, or a fused or compensated sum)"
             return (
                 f"FAIL (exact only): {self.target}{op} computes a correct {what} - it passes order-free "
-                f"and bound - but {verb} in a different order than the ring, so it is not bitwise the "
+                f"and bound - but {how}, so it is not bitwise the "
                 "reference (not-ring-order). Only an implementation of this exact schedule must pass exact."
             )
         return f"FAIL: {self.target}{op}: {', '.join(self.diagnoses)}."
