@@ -84,8 +84,15 @@ def _values(n: int, dtype: torch.dtype, pairs: Sequence[tuple[int, int]]) -> tup
 
 def probe_cases(order: ExactOrder, max_workers: int, dtypes: Sequence[torch.dtype]) -> Iterator[Case]:
     """The probes, smallest ``N`` first: per ``N``, dtype and ``M`` of :meth:`ExactOrder.probe_sizes`,
-    ``N - 1`` calls, call ``k`` asking each element about the ``k``-th addition of its expected tree."""
-    for n in range(2, max_workers + 1):
+    ``N - 1`` calls, call ``k`` asking each element about the ``k``-th addition of its expected tree.
+
+    ``N`` runs from 2 to ``max_workers`` in ``dtypes``; an order file's trees
+    (``order.saved``) are probed at their own ``N`` and dtype only.
+    """
+    workers, dtypes = range(2, max_workers + 1), tuple(dtypes)
+    if order.saved is not None:
+        workers, dtypes = range(order.saved[0], order.saved[0] + 1), (order.saved[2],)
+    for n in workers:
         for dtype in dtypes:
             if n > probe_limit(dtype):
                 continue

@@ -20,7 +20,7 @@ from ring_ref.difftest._inputs import LAYOUTS, Case, cases, one_worker_cases
 from ring_ref.difftest._launch import InProcess, Isolated, Launcher
 from ring_ref.difftest._loading import importable_name, load_target
 from ring_ref.difftest._mpi import MPI_DTYPES, MpiRanks
-from ring_ref.difftest._oracles import EXACT_ORDER, ExactOrder
+from ring_ref.difftest._oracles import EXACT_ORDER
 from ring_ref.difftest._probes import first_failing_probe
 from ring_ref.difftest._ranks import GlooRanks
 from ring_ref.difftest._report import ModeResult, Report
@@ -123,9 +123,7 @@ def run_mode(
         case = _searched(test, fails)
         if case is None and mode == "exact" and op in (None, "sum"):
             order = EXACT_ORDER.get()
-            case, probes = first_failing_probe(
-                order, max_workers, _probe_dtypes(order, dtypes), lambda c: fails(c, judge)
-            )
+            case, probes = first_failing_probe(order, max_workers, dtypes, lambda c: fails(c, judge))
         if case is None:
             return ModeResult(mode, "pass", calls, overflow, underflow_skipped=underflow, probes=probes)
         first, second = launcher.call(case), launcher.call(case)
@@ -163,11 +161,6 @@ def _searched(test: Callable[[], None], fails: Callable[[Case], bool]) -> Case |
             raise
         return zero_out(found.case, fails)
     return None
-
-
-def _probe_dtypes(order: ExactOrder, dtypes: Sequence[torch.dtype]) -> Sequence[torch.dtype]:
-    """The dtypes the order probes use: those asked for, or an order file's own (its only dtype)."""
-    return dtypes if order.saved is None else [order.saved[2]]
 
 
 def _search_test(

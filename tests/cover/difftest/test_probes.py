@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from fractions import Fraction
+from pathlib import Path
 
 import jsonschema  # type: ignore[import-untyped]
 import pytest
@@ -12,10 +13,10 @@ import torch
 
 from ring_ref import ring_all_reduce
 from ring_ref._dtypes import bits
-from ring_ref._reveal import Tree, canonical, evaluate
+from ring_ref._reveal import Tree, canonical, evaluate, reveal
 from ring_ref.difftest import Case, difftest
 from ring_ref.difftest._oracles import ExactOrder
-from ring_ref.difftest._orders import checking_against, schedule_order
+from ring_ref.difftest._orders import checking_against, file_order, schedule_order
 from ring_ref.difftest._probes import first_failing_probe, probe_cases
 from tests.paths import ROOT
 
@@ -159,3 +160,29 @@ def test_correct_targets_pass_and_the_report_says_what_was_probed() -> None:
     # other modes, and other ops, have no probes
     bound = difftest(ring_all_reduce, modes=("bound",), examples=1, seed=3, max_workers=4, isolate=False)
     assert bound.modes["bound"].probes is None and "order_probes" not in bound.to_json()["modes"]["bound"]
+
+
+@pytest.mark.clause("difftest-order-probes", "difftest-exact-orders")
+def test_an_order_file_is_probed_at_its_own_size_and_dtype(tmp_path: Path) -> None:
+    # The spec's ring saved at N = 5 (beyond --max-workers 3) is probed at its own N and dtype; a saved order
+    # from which the target differs in its last element only fails.
+    found = reveal(last_element_other_fold, 3, 6)
+    saved = tmp_path / "order.json"
+    found_doc = found.to_json()
+    found_doc["trees"][-1] = [[0, 2], 1]  # the spec ring's own last element: the target now differs there
+    saved.write_text(json.dumps(found_doc), encoding="utf-8")
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps(reveal(ring_all_reduce, 5, 10).to_json()), encoding="utf-8")
+    with checking_against(file_order(spec_file)):
+        report = difftest(ring_all_reduce, modes=("exact",), examples=1, seed=0, max_workers=3, isolate=False)
+    probes = report.modes["exact"].probes
+    assert report.verdict == "pass" and probes is not None and probes.workers == {"float32": [5]}
+    assert probes.calls == 4, report.render()
+    with checking_against(file_order(saved)):
+        report = difftest(
+            last_element_other_fold, modes=("exact",), examples=1, seed=0, max_workers=3, isolate=False
+        )
+    result = report.modes["exact"]
+    assert result.verdict == "fail" and result.counterexample is not None, report.render()
+    assert (result.counterexample.n, result.counterexample.m) == (3, 6)
+    assert result.finding is not None and f"the order saved in {saved}" in result.finding.explanation
