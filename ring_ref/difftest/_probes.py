@@ -108,7 +108,7 @@ def probe_cases(order: ExactOrder, max_workers: int, dtypes: Sequence[torch.dtyp
 
 @dataclass
 class ProbeRun:
-    """What the order probes covered: calls, and per dtype the ``N`` probed."""
+    """What the order probes covered: calls, and per dtype the ``N`` probed (consecutive, ascending)."""
 
     calls: int = 0
     workers: dict[str, list[int]] = field(default_factory=dict)
@@ -119,11 +119,7 @@ class ProbeRun:
             return "no order probes"
         by_span: dict[str, list[str]] = {}
         for name, ns in self.workers.items():
-            span = (
-                f"{ns[0]}..{ns[-1]}"
-                if len(ns) > 1 and ns == list(range(ns[0], ns[-1] + 1))
-                else (", ".join(map(str, ns)))
-            )
+            span = f"{ns[0]}..{ns[-1]}" if len(ns) > 1 else str(ns[0])  # consecutive: N ascends, stops
             by_span.setdefault(span, []).append(name)
         where = ", ".join(f"N = {span} ({', '.join(names)})" for span, names in by_span.items())
         return f"order probes: {self.calls} calls at {where}"
