@@ -35,7 +35,7 @@ import json
 import math
 import xml.etree.ElementTree as ET
 
-from ring_ref._reveal import Revealed, Tree, tree_to_json
+from ring_ref._reveal import Revealed, Tree, display_tree, format_tree, tree_to_json
 from ring_ref._trace import DIVIDE, RoundRecord, operation
 from ring_ref.invariants import is_complete
 from ring_ref.schedule import REDUCE_SCATTER
@@ -349,7 +349,7 @@ def _heading(found: Revealed, tree: Tree) -> str:
     mine = [(a, b) for a, b, t in found.runs() if t == tree]
     spans = [f"{a}..{b}" if a != b else f"{a}" for a, b in mine]
     heading = "elements " + ", ".join(spans[:6]) + (", ..." if len(spans) > 6 else "")
-    return heading + ": " + found.describe(tree, mine[0][0])
+    return heading + ": " + format_tree(tree)
 
 
 def _tree_panel(
@@ -364,7 +364,7 @@ def _tree_panel(
     _add(panel, "text", heading, x=_fmt(2 * PAD), y=_fmt(y0 + 16), class_="title heading")
     nodes: list[_Node] = []
     edges: list[tuple[_Node, _Node]] = []
-    root, right = _place(tree, 2 * PAD + 20, nodes, edges)
+    root, right = _place(display_tree(tree), 2 * PAD + 20, nodes, edges)
     base = y0 + TITLE_H + PAD + root[1] * _LEVEL
     for (x1, h1, _, _), (x2, h2, _, _) in edges:
         _add(

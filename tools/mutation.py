@@ -142,6 +142,11 @@ MODULES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
         ("ring_ref/difftest/_report.py",),
         ("ring_ref/difftest/_report.py", "tests/cover/difftest/test_kills_report.py"),
     ),
+    # The order probes: the probes against every tree of 4 and 5 workers, and exact runs in pytest's process.
+    "difftest.probes": (
+        ("ring_ref/difftest/_probes.py",),
+        ("ring_ref/difftest/_probes.py", "tests/cover/difftest/test_probes.py"),
+    ),
     "difftest.vocabulary": (
         ("ring_ref/difftest/_vocabulary.py",),
         ("ring_ref/difftest/_vocabulary.py", "tests/cover/difftest/test_kills_vocabulary.py"),

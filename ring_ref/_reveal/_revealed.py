@@ -107,15 +107,12 @@ class Revealed:
         tree = [t for t, _ in self.verdicts]
         return [(a, b - 1, tree[int(self.of[a])]) for a, b in itertools.pairwise(starts)]
 
-    def describe(self, tree: Tree, element: int) -> str:
-        """``tree`` as the summary prints it: a fold in the fitted ring's order where one fits."""
-        chunk = self.chunks()
-        order = list(self.ring.fold_order(chunk[element], self.n)) if self.ring and chunk else None
-        return format_tree(tree, order)
-
     def distinct(self) -> list[Tree]:
-        """The distinct trees."""
-        return self.tree_index()[1]
+        """The distinct trees, in the order of the first element that has each (chunk order)."""
+        ids, found = self.tree_index()
+        known = ids[ids >= 0]
+        _, first = np.unique(known, return_index=True)
+        return [found[int(known[i])] for i in sorted(first.tolist())]
 
     def summary(self) -> str:
         """The human report: runs of elements sharing a tree, the classification, calls and time."""
@@ -130,7 +127,7 @@ class Revealed:
                 why = reasons[int(self.of[first])]
                 lines.append(f"  {span}: no tree of {self.dtype} additions explains it ({why})")
             else:
-                lines.append(f"  {span}: {self.describe(tree, first)}")
+                lines.append(f"  {span}: {format_tree(tree)}")
         ring = (
             f" (direction {self.ring.direction:+d}, offset {self.ring.offset}, layout {self.ring.layout})"
             if self.ring

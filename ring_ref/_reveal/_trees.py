@@ -19,6 +19,7 @@ __all__ = [
     "Tree",
     "canonical",
     "chain_order",
+    "display_tree",
     "evaluate",
     "fold_tree",
     "format_tree",
@@ -102,10 +103,18 @@ def fold_tree(order: Sequence[int]) -> Tree:
 
 
 def chain_order(tree: Tree) -> list[int] | None:
-    """The workers in the order a fold adds them, if ``tree`` is a fold (the first two in canonical order).
+    """The workers in the order a fold adds them, if ``tree`` is a full tree that is a fold.
 
-    >>> chain_order((((0, 3), 1), 2)), chain_order(((0, 1), (2, 3)))
-    ([0, 3, 1, 2], None)
+    The first two commute, so one rule picks their order (clause
+    ``reveal-trees``): the chain reads in one ring direction, the first step
+    equal to the second modulo ``N`` (the number of leaves); where both orders
+    do (``N = 3``) the one stepping ``+1``, where neither does (or ``N = 2``)
+    the smaller worker first.  Every text and picture of a fold uses it.
+
+    >>> chain_order((((0, 3), 1), 2)), chain_order((((2, 3), 1), 0)), chain_order(((0, 1), (2, 3)))
+    ([3, 0, 1, 2], [3, 2, 1, 0], None)
+    >>> chain_order(((1, 2), 0)), chain_order(((0, 2), 1)), chain_order((0, 1))
+    ([1, 2, 0], [2, 0, 1], [0, 1])
     """
     tail: list[int] = []
     while not isinstance(tree, int):
@@ -118,19 +127,39 @@ def chain_order(tree: Tree) -> list[int] | None:
             tree = b
         else:
             return None
-    return [tree, *reversed(tail)]
+    chain = [tree, *reversed(tail)]
+    if len(chain) < 3:
+        return sorted(chain)
+    n, (a, b, c) = len(chain), sorted(chain[:2]) + chain[2:3]
+    forward, backward = (b - a) % n == (c - b) % n, (a - b) % n == (c - a) % n
+    first = (b, a) if backward and not (forward and (b - a) % n == 1) else (a, b)
+    return [*first, *chain[2:]]
 
 
-def format_tree(tree: Tree, order: Sequence[int] | None = None) -> str:
-    """``fold 3,0,1,2`` for a fold (in ``order`` when given and it spells the same tree), else parentheses.
+def display_tree(tree: Tree) -> Tree:
+    """``tree`` as pictures draw it: a fold as the left fold of :func:`chain_order`, leaves in adding
+    order; any other tree canonical.
 
-    >>> format_tree((((0, 3), 1), 2)), format_tree((((0, 3), 1), 2), [3, 0, 1, 2])
-    ('fold 0,3,1,2', 'fold 3,0,1,2')
+    >>> display_tree((((0, 3), 1), 2)), display_tree(((0, 1), (2, 3)))
+    ((((3, 0), 1), 2), ((0, 1), (2, 3)))
+    """
+    chain = chain_order(tree)
+    if chain is None:
+        return canonical(tree)
+    shown: Tree = chain[0]
+    for w in chain[1:]:
+        shown = (shown, w)
+    return shown
+
+
+def format_tree(tree: Tree) -> str:
+    """``fold 3,0,1,2`` for a fold (its :func:`chain_order`), else parentheses.
+
+    >>> format_tree((((0, 3), 1), 2)), format_tree((((3, 2), 1), 0))
+    ('fold 3,0,1,2', 'fold 3,2,1,0')
     >>> format_tree(((0, 1), (2, 3)))
     '((0+1)+(2+3))'
     """
-    if order is not None and fold_tree(order) == canonical(tree):
-        return "fold " + ",".join(map(str, order))
     chain = chain_order(tree)
     if chain is not None and len(chain) > 1:
         return "fold " + ",".join(map(str, chain))

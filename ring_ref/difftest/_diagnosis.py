@@ -21,12 +21,13 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
-from typing import Final, cast
+from typing import TYPE_CHECKING, Final, cast
 
 import torch
 
 from ring_ref._dispatch import ring_all_reduce
 from ring_ref._dtypes import FloatFormat, bits, format_of
+from ring_ref._reveal import format_tree
 from ring_ref.difftest._call import (
     Answer,
     Outcome,
@@ -53,6 +54,9 @@ from ring_ref.difftest._oracles import (
 )
 from ring_ref.difftest._vocabulary import OPS, Mode, Op, OpTarget, Target
 
+if TYPE_CHECKING:
+    from ring_ref.difftest._orders import Explained
+
 _COUNTING: Final = ("double-counted", "mean-not-sum", "sum-not-op", "wrong-op", "avg-divided-first")
 """Value codes that the probes establish for every input, not only the counterexample."""
 
@@ -67,8 +71,14 @@ PROBE_VALUES: Final[dict[Op, tuple[float, float]]] = {
 
 _WORDS: Final[dict[float, str]] = {0.0: "zeros", 1.0: "ones"}
 
+ROUNDS_ONCE: Final = (
+    "the target accumulates in higher precision or otherwise does not round after every addition"
+)
+"""What ``not-ring-order`` says of a target no tree of additions explains that rounds the exact sum."""
+
 __all__ = [
     "PROBE_VALUES",
+    "ROUNDS_ONCE",
     "Finding",
     "as_launcher",
     "count_contributions",
@@ -555,7 +565,26 @@ def _classify_values(
         probe_result = well_formed(fn.call(probe), rank)
         if probe_result is not None and check_values("order-free", probe, probe_result).mismatch is None:
             what = "sum in a different summation order" if op == "sum" else f"{op} in a different order"
-            revealed = _revealed_order(fn, case, m, rank) if op == "sum" else ""
+            revealing, expected = _revealed_order(fn, case, m, rank) if op == "sum" else (None, "")
+            if revealing is not None and revealing.tree is None and _rounds_once(case, result):
+                where = f" ({expected} at that element)" if expected else ""
+                return Finding(
+                    ["not-ring-order"],
+                    f"{_describe(m)}. A correct sum that rounds once: every contribution is counted once and "
+                    "every element is the exact sum correctly rounded, but no tree of additions in the dtype "
+                    f"gives the target's answers on reveal's swamping probes: {ROUNDS_ONCE} (a wider "
+                    "accumulator, a fused or compensated sum), so it has no summation order at all, the "
+                    "ring's included (clause fold-order); only --mode exact requires the ring's order"
+                    f"{where}",
+                    m,
+                )
+            revealed = ""
+            if revealing is not None:
+                precision = "float64" if case.dtype == torch.float64 else "float32"
+                revealed = (
+                    f"; revealed on {precision} inputs of that shape (ring-ref reveal), {revealing.text}"
+                )
+                revealed += f", where {expected}" if expected else ""
             return Finding(
                 ["not-ring-order"],
                 f"{_describe(m)}. A correct {what}: every contribution is "
@@ -830,14 +859,16 @@ def _divided_first(fn: Launcher, case: Case, result: torch.Tensor, rank: int | N
     return ""
 
 
-def _revealed_order(fn: Launcher, case: Case, m: ValueMismatch, rank: int | None) -> str:
-    """``; ... the target sums that element as fold 2,1,0``: reveal on the counterexample's shape.
+def _revealed_order(
+    fn: Launcher, case: Case, m: ValueMismatch, rank: int | None
+) -> tuple[Explained | None, str]:
+    """What reveal finds for the element (``None``: it cannot run), and ``the spec's ring folds 0,1,2``:
+    the expected order's tree of it (``""`` where the order has no trees).
 
     Clause ``difftest-exact-orders``; the probes are float32 (float64 for a
-    float64 case) of the counterexample's shape.  Empty when reveal cannot run.
+    float64 case) of the counterexample's shape.
     """
     from ring_ref.difftest._orders import explain_element
-    from ring_ref.schedule import SPEC
 
     def call(x: torch.Tensor) -> torch.Tensor:
         values = tuple(x.to(torch.float64).reshape(-1).tolist())
@@ -847,13 +878,20 @@ def _revealed_order(fn: Launcher, case: Case, m: ValueMismatch, rank: int | None
         return got
 
     found = explain_element(call, case, flat_of(case, m.index))
-    if not found:
-        return ""
-    spec = ""
-    if EXACT_ORDER.get() is SPEC_ORDER:
-        spec = f", where the spec's ring folds {','.join(map(str, SPEC.fold_order(m.chunk, case.n)))}"
-    precision = "float64" if case.dtype == torch.float64 else "float32"
-    return f"; revealed on {precision} inputs of that shape (ring-ref reveal), {found}{spec}"
+    order = EXACT_ORDER.get()
+    trees = order.trees(case.n, case.m, case.dtype)
+    if found is None or trees is None:
+        return found, ""
+    shown = format_tree(trees[m.index[0]])
+    who = "the spec's ring" if order is SPEC_ORDER else order.name
+    return found, (f"{who} folds {shown[5:]}" if shown.startswith("fold ") else f"{who} sums it as {shown}")
+
+
+def _rounds_once(case: Case, result: torch.Tensor) -> bool:
+    """Whether every element of ``result`` is the exact sum of ``case`` correctly rounded to its dtype."""
+    fmt = format_of(case.dtype)
+    sums, _ = exact_sums(case)
+    return all(y == round_to(fmt, s) for s, y in zip(sums, as_float_list(result), strict=True))
 
 
 def _view_difference(what: str, a: TensorView | None, b: TensorView | None) -> str:

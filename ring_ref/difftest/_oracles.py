@@ -29,10 +29,11 @@ from hypothesis import strategies as st
 
 from ring_ref._chunks import chunk_of_elements
 from ring_ref._dispatch import ring_all_reduce
-from ring_ref._dtypes import FloatFormat, bits, format_of
+from ring_ref._dtypes import FloatFormat, bits, dtype_name, format_of
+from ring_ref._reveal import Tree, ring_trees
 from ring_ref.difftest._inputs import Case
 from ring_ref.difftest._vocabulary import OPS, Mode, Op
-from ring_ref.schedule import Layout
+from ring_ref.schedule import SPEC, Layout, RingSchedule
 
 __all__ = [
     "EXACT_ORDER",
@@ -359,10 +360,13 @@ class ExactOrder:
     strategy ``exact`` draws its inputs from instead of the usual one (an
     order saved for one ``N``, ``M`` and dtype covers only those); ``ops``,
     the ops ``expected`` computes (for the op the case carries, ``case.reduction``);
-    ``layout``, the chunks of the order's ring.
+    ``layout``, the chunks of the order's ring;
     ``source``, where the order came from (the report's ``exact_against``):
     ``spec``, ``schedule``, ``order`` (a saved reveal, whose ``N``, ``M`` and
     dtype are ``inputs``) or ``auto`` (``revealed`` says where and how).
+    ``ring`` (a schedule's order) or ``saved`` (an order file's ``N``, ``M``,
+    dtype and trees) gives the summation tree of every element (:meth:`trees`),
+    from which the order probes are designed (clause ``difftest-order-probes``).
     """
 
     name: str
@@ -388,11 +392,42 @@ class ExactOrder:
             "revealed": self.revealed or None,
         }
 
+    ring: RingSchedule | None = None
+    saved: tuple[int, int, torch.dtype, list[Tree]] | None = None
+
+    def trees(self, n: int, m: int, dtype: torch.dtype) -> list[Tree] | None:
+        """The tree of each of the ``m`` elements (rows) at ``n`` workers in ``dtype`` (``None``: not known).
+
+        >>> SPEC_ORDER.trees(3, 3, torch.float32)
+        [((0, 1), 2), ((1, 2), 0), ((0, 2), 1)]
+        """
+        if self.ring is not None:
+            return ring_trees(self.ring, n, m, dtype_name(dtype))
+        if self.saved is not None and self.saved[:3] == (n, m, dtype):
+            return self.saved[3]
+        return None
+
+    def probe_sizes(self, n: int) -> tuple[int, ...]:
+        """The ``M`` the order probes use at ``n`` workers: every chunk non-empty, and for a layout that
+        takes any ``M`` an uneven one too (``2N`` and ``2N - 1``); an order file's own ``M`` at its ``N``.
+
+        >>> from dataclasses import replace
+        >>> from ring_ref.schedule import GLOO
+        >>> SPEC_ORDER.probe_sizes(4), replace(SPEC_ORDER, ring=GLOO).probe_sizes(4)
+        ((8,), (8, 7))
+        """
+        if self.ring is not None:
+            return (2 * n,) if self.ring.layout == "even" else (2 * n, 2 * n - 1)
+        if self.saved is not None and self.saved[0] == n:
+            return (self.saved[1],)
+        return ()
+
 
 SPEC_ORDER = ExactOrder(
     "the ring order (fold-order)",
     lambda case: ring_all_reduce(case.tensor(), op=case.reduction),
     ops=OPS,
+    ring=SPEC,
 )
 
 EXACT_ORDER: ContextVar[ExactOrder] = ContextVar("EXACT_ORDER", default=SPEC_ORDER)

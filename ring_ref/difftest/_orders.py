@@ -35,7 +35,7 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Final, cast
+from typing import Any, Final, NamedTuple, cast
 
 import torch
 from hypothesis import strategies as st
@@ -63,6 +63,7 @@ from ring_ref.schedule import LAYOUTS as LAYOUT_NAMES
 from ring_ref.schedule import PRESETS, Layout, RingSchedule
 
 __all__ = [
+    "Explained",
     "OrderError",
     "auto_order",
     "auto_order_isolated",
@@ -116,6 +117,7 @@ def schedule_order(schedule: str | RingSchedule) -> ExactOrder:
         ops=OPS,
         layout=ring.layout,
         source="schedule",
+        ring=ring,
     )
 
 
@@ -223,6 +225,7 @@ def file_order(path: str | Path) -> ExactOrder:
         layout=layout,
         source="order",
         inputs=(n, m, dtype_name),
+        saved=(n, m, dtype, trees),
     )
 
 
@@ -342,23 +345,31 @@ def auto_order_isolated(
     return _auto_fit(reveal_at, max_workers)
 
 
-def explain_element(call: Callable[[torch.Tensor], torch.Tensor], case: Case, flat: int) -> str:
-    """``element (i, ...) is summed as fold 2,1,0`` -- the revealed order of one element of ``case``'s shape.
+class Explained(NamedTuple):
+    """What reveal found for one element: its tree (``None``: no tree explains it) and in how many calls."""
+
+    tree: Tree | None
+    text: str
+
+
+def explain_element(call: Callable[[torch.Tensor], torch.Tensor], case: Case, flat: int) -> Explained | None:
+    """``the target sums that element as fold 2,1,0``: the revealed order of one element of ``case``'s shape.
 
     Reveals on ``(N, S)`` inputs, ``S`` the elements per worker, in float32 (or
-    float64 for a float64 case); an empty string when the sizes are beyond
-    reveal's limits or the target misbehaves on the probes.
+    float64 for a float64 case); ``None`` when the sizes are beyond reveal's
+    limits or the target misbehaves on the probes.
     """
     dtype = "float64" if case.dtype == torch.float64 else "float32"
     per_worker = len(case.values) // case.n
     try:
         found = reveal(lambda x: call(x.reshape(case.shape)).reshape(-1), case.n, per_worker, dtype, checks=2)
     except (RevealError, RuntimeError, ValueError):
-        return ""
+        return None
     tree = found.trees[flat]
     if tree is None:
-        return f"no tree of {dtype} additions explains that element ({found.reasons[flat]})"
-    return f"the target sums that element as {format_tree(tree)} (revealed in {found.calls} calls)"
+        return Explained(None, f"no tree of {dtype} additions explains that element ({found.reasons[flat]})")
+    text = f"the target sums that element as {format_tree(tree)} (revealed in {found.calls} calls)"
+    return Explained(tree, text)
 
 
 def parse_schedule(text: str) -> str | RingSchedule:

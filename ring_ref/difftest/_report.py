@@ -8,9 +8,10 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from ring_ref._dtypes import dtype_name
-from ring_ref.difftest._diagnosis import Finding
+from ring_ref.difftest._diagnosis import ROUNDS_ONCE, Finding
 from ring_ref.difftest._inputs import Case
 from ring_ref.difftest._oracles import ExactOrder
+from ring_ref.difftest._probes import ProbeRun
 from ring_ref.difftest._vocabulary import CODES, Collective, Mode, Op
 
 __all__ = ["ModeResult", "Report"]
@@ -29,6 +30,8 @@ class ModeResult:
     output: str = ""
     underflow_skipped: int = 0
     """``prod``'s bound: elements accepted where some order could underflow (the bound does not hold)."""
+    probes: ProbeRun | None = None
+    """``exact``'s order probes, where they ran (clause ``difftest-order-probes``)."""
 
     def to_json(self, seed: int) -> dict[str, Any]:
         """This mode's part of the JSON report."""
@@ -38,6 +41,8 @@ class ModeResult:
             "overflow_skipped": self.overflow_skipped,
             "underflow_skipped": self.underflow_skipped,
         }
+        if self.probes is not None:
+            out["order_probes"] = {"calls": self.probes.calls, "n": self.probes.workers}
         if self.finding is not None and self.counterexample is not None:
             out["diagnoses"] = self.finding.codes
             out["explanation"] = self.finding.explanation
@@ -135,9 +140,12 @@ class Report:
                 )
             what = "all-reduce" if self.op in (None, "sum") else f"{self.op} all-reduce"
             verb = "sums" if self.op in (None, "sum", "avg") else "combines"
+            how = f"{verb} in a different order than the ring"
+            if exact is not None and ROUNDS_ONCE in exact.explanation:
+                how = "does not round after every addition (higher precision, or a fused or compensated sum)"
             return (
                 f"FAIL (exact only): {self.target}{op} computes a correct {what} - it passes order-free "
-                f"and bound - but {verb} in a different order than the ring, so it is not bitwise the "
+                f"and bound - but {how}, so it is not bitwise the "
                 "reference (not-ring-order). Only an implementation of this exact schedule must pass exact."
             )
         return f"FAIL: {self.target}{op}: {', '.join(self.diagnoses)}."
@@ -186,7 +194,8 @@ class Report:
             skip = f", {r.overflow_skipped} overflowing element(s) accepted" if r.overflow_skipped else ""
             if r.underflow_skipped:
                 skip += f", {r.underflow_skipped} element(s) that could underflow accepted"
-            lines.append(f"  {name}: {r.verdict.upper()} ({r.examples} inputs tried{skip})")
+            probed = f"; {r.probes.describe()}" if r.probes is not None else ""
+            lines.append(f"  {name}: {r.verdict.upper()} ({r.examples} inputs tried{skip}{probed})")
             if r.finding is not None and r.counterexample is not None:
                 c = r.counterexample
                 lines.append(f"    diagnosis: {', '.join(r.finding.codes)}")

@@ -23,6 +23,7 @@ from ring_ref.difftest._loading import importable_name, load_target
 from ring_ref.difftest._mpi import MPI_DTYPES, MpiRanks
 from ring_ref.difftest._oracles import EXACT_ORDER
 from ring_ref.difftest._orders import checking_against, exact_order, read_order
+from ring_ref.difftest._probes import first_failing_probe
 from ring_ref.difftest._ranks import GlooRanks
 from ring_ref.difftest._report import ModeResult, Report
 from ring_ref.difftest._vocabulary import (
@@ -81,15 +82,22 @@ def run_mode(
     A call that times out or crashes, or whose group had ranks stopped after
     another rank raised (``Outcome.note``), ends the mode at once and is
     reported as found.  A failing case, once shrunk, is replayed twice: different answers
-    are ``nondeterministic``; equal ones are diagnosed.
+    are ``nondeterministic``; equal ones are diagnosed.  When the generated
+    inputs pass ``exact`` (a sum), the order probes designed from the expected
+    order run (:mod:`ring_ref.difftest._probes`); the first that fails is the
+    counterexample, unshrunk.
     """
     launcher = as_launcher(fn)
     calls = 0
     overflow = underflow = 0
 
     def check(case: Case) -> None:
-        nonlocal calls, overflow, underflow
+        nonlocal calls
         calls += 1
+        judge(case)
+
+    def judge(case: Case) -> None:
+        nonlocal overflow, underflow
         outcome = launcher.call(case)
         if outcome.failure is not None or outcome.note:
             raise _NoAnswer(outcome)
@@ -110,26 +118,21 @@ def run_mode(
         op=op,
     )
 
-    def fails(candidate: Case) -> bool:
+    def fails(candidate: Case, run: Callable[[Case], None] = check) -> bool:
         try:
-            check(candidate)
+            run(candidate)
         except _Failed:
             return True
         return False
 
+    probes = None
     try:
-        try:
-            test()
-        except _Failed as failed:
-            case = failed.case
-        except BaseExceptionGroup as group:
-            found = _first_failed(group)
-            if found is None:
-                raise
-            case = found.case
-        else:
-            return ModeResult(mode, "pass", calls, overflow, underflow_skipped=underflow)
-        case = zero_out(case, fails)
+        case = _searched(test, fails)
+        if case is None and mode == "exact" and op in (None, "sum"):
+            order = EXACT_ORDER.get()
+            case, probes = first_failing_probe(order, max_workers, dtypes, lambda c: fails(c, judge))
+        if case is None:
+            return ModeResult(mode, "pass", calls, overflow, underflow_skipped=underflow, probes=probes)
         first, second = launcher.call(case), launcher.call(case)
         for outcome in (first, second):
             if outcome.failure is not None:
@@ -137,7 +140,7 @@ def run_mode(
     except _NoAnswer as stopped:
         got = stopped.outcome
         finding = diagnose(launcher, got, mode)
-        return ModeResult(mode, "fail", calls, overflow, finding, got.case, got.output, underflow)
+        return ModeResult(mode, "fail", calls, overflow, finding, got.case, got.output, underflow, probes)
     changed = difference(first, second)
     finding = (
         Finding(["nondeterministic"], f"The same input, called twice, gave different answers: {changed}")
@@ -150,7 +153,21 @@ def run_mode(
             "This input failed during the search but passed both times it was replayed: the target's "
             "answer depends on more than its input (earlier calls, time, randomness)",
         )
-    return ModeResult(mode, "fail", calls, overflow, finding, case, first.output, underflow)
+    return ModeResult(mode, "fail", calls, overflow, finding, case, first.output, underflow, probes)
+
+
+def _searched(test: Callable[[], None], fails: Callable[[Case], bool]) -> Case | None:
+    """The search's failing case, shrunk (:func:`zero_out` last), or ``None`` when every input passed."""
+    try:
+        test()
+    except _Failed as failed:
+        return zero_out(failed.case, fails)
+    except BaseExceptionGroup as group:
+        found = _first_failed(group)
+        if found is None:
+            raise
+        return zero_out(found.case, fails)
+    return None
 
 
 def _search_test(

@@ -149,7 +149,7 @@ def test_reveal_elements_of_one_result_with_different_trees() -> None:
     ]
     assert doc["classification"] == "trees"
     summary = found.summary()
-    assert "elements 0..1: fold 2,3,1,0" in summary and "element 2: ((0+1)+(2+3))" in summary
+    assert "elements 0..1: fold 3,2,1,0" in summary and "element 2: ((0+1)+(2+3))" in summary
     assert len(found.distinct()) == 4
 
 
@@ -233,7 +233,7 @@ def test_the_limits_themselves_work() -> None:
         order = list(range(n))[::-1]
         found = reveal(_fold(order), n, 1, dtype=dtype)
         assert found.trees[0] is not None
-        assert format_tree(found.trees[0]) == "fold " + ",".join(map(str, [order[1], order[0], *order[2:]]))
+        assert format_tree(found.trees[0]) == "fold " + ",".join(map(str, order))
 
 
 @pytest.mark.clause("reveal-report")
@@ -254,7 +254,7 @@ def test_tree_spelling() -> None:
     assert tree_to_json((((0, 2), 1), 3)) == [[[0, 2], 1], 3]
     assert tree_from_json([[[0, 2], 1], 3], 4) == (((0, 2), 1), 3)
     assert format_tree(((0, 1), (2, 3))) == "((0+1)+(2+3))"
-    assert format_tree((((0, 3), 1), 2), [3, 0, 1, 2]) == "fold 3,0,1,2"
+    assert format_tree((((0, 3), 1), 2)) == "fold 3,0,1,2"
     for bad in ([[0, 1], 1], [0, 1, 2], [[0, 1], 5], True, [[0], 1]):
         with pytest.raises(ValueError, match="tree"):
             tree_from_json(bad, 3)
@@ -264,7 +264,46 @@ def test_tree_spelling() -> None:
 def test_svg_has_one_panel_per_distinct_tree() -> None:
     svg = reveal_svg(reveal(_mixed, 4, 5))
     assert svg.startswith("<svg") and svg.count('class="tree"') == 4
-    assert 'data-tree="[[[2, 3], 1], 0]"' in svg and "elements 0..1: fold 2,3,1,0" in svg
+    assert 'data-tree="[[[2, 3], 1], 0]"' in svg and "elements 0..1: fold 3,2,1,0" in svg
+
+
+def _drawn(svg: str) -> list[tuple[str, list[int]]]:
+    """Each tree panel of a reveal SVG in drawing order: its heading and its leaves from left to right."""
+    import xml.etree.ElementTree as ET
+
+    ns = "{http://www.w3.org/2000/svg}"
+    panels = []
+    for panel in ET.fromstring(svg).iter(f"{ns}g"):
+        if panel.get("class") != "tree":
+            continue
+        texts = list(panel.iter(f"{ns}text"))
+        workers = [t for t in texts if t.get("class") == "worker"]
+        leaves = sorted((float(t.get("x", "0")), int(t.text or "")) for t in workers)
+        panels.append((texts[0].text or "", [w for _, w in leaves]))
+    return panels
+
+
+@pytest.mark.clause("reveal-trees", "reveal-report")
+def test_a_fold_is_named_by_one_rule_in_text_json_and_svg() -> None:
+    # The first pair of a fold commutes; the chain is named reading in one ring direction, whatever M.
+    # gloo's ring at N = 4, M = 8 fits a ring; one fold 1,0,3,2 for every element at M = 10 fits none.
+    gloo = reveal(lambda x: ring_all_reduce(x, schedule="gloo"), 4, 8)
+    loose = reveal(_fold([1, 0, 3, 2]), 4, 10)
+    assert gloo.ring is not None and loose.ring is None
+    assert "elements 0..9: fold 1,0,3,2" in loose.summary()
+    for found in (gloo, loose):
+        from_json = [format_tree(tree_from_json(t, 4)) for t in _json(found)["trees"]]
+        for line in found.summary().splitlines()[1:-3]:
+            first = int(line.split()[1].split("..")[0])
+            assert line.endswith(": " + from_json[first]), (line, from_json[first])
+        panels = _drawn(reveal_svg(found))
+        headings = [int(h.split()[1].split("..")[0].rstrip(":")) for h, _ in panels]
+        assert headings == sorted(headings), "the chunks are drawn in order"
+        for heading, drawn in panels:
+            assert heading.endswith("fold " + ",".join(map(str, drawn))), (heading, drawn)
+    assert [h.split(": ")[1] for h, _ in _drawn(reveal_svg(gloo))] == [
+        "fold " + ",".join(str((c - 1 - j) % 4) for j in range(4)) for c in range(4)
+    ]
 
 
 @pytest.mark.clause("reveal-report", "reveal-limits")

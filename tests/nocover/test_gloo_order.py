@@ -122,3 +122,37 @@ def test_per_rank_reveal_and_auto_on_torch_distributed_all_reduce(capsys: pytest
     captured = capsys.readouterr()
     assert "exact checks against the gloo schedule's order, which --schedule auto" in captured.out
     assert "exact: PASS" in captured.out
+
+
+@pytest.mark.clause("difftest-order-probes", "difftest-ranks")
+def test_gloo_fails_exact_at_every_seed_and_passes_its_schedule() -> None:
+    """The order probes: ``exact`` fails gloo's all-reduce whatever the seed, even with one example."""
+    from ring_ref.difftest import Report, difftest
+    from ring_ref.difftest._orders import checking_against, schedule_order
+
+    def exact(target: str, seed: int) -> Report:
+        return difftest(
+            target,
+            ranks="gloo",
+            modes=("exact",),
+            examples=1,
+            seed=seed,
+            max_workers=3,
+            dtypes=[torch.float32],
+        )
+
+    for seed in (0, 1, 2):
+        report = exact("torch.distributed:all_reduce", seed)
+        finding = report.modes["exact"].finding
+        assert report.verdict == "fail" and finding is not None, report.render()
+        assert finding.codes == ["not-ring-order"], report.render()
+        assert "the target sums that element as fold" in finding.explanation
+        assert "where the spec's ring folds" in finding.explanation
+    spec_ring = exact("ring_ref.distributed:ring_all_reduce_", 0)
+    probes = spec_ring.modes["exact"].probes
+    assert spec_ring.verdict == "pass" and probes is not None, spec_ring.render()
+    assert probes.workers == {"float32": [2, 3]} and probes.calls == 1 + 2
+    with checking_against(schedule_order("gloo")):
+        gloo = exact("torch.distributed:all_reduce", 0)
+    probes = gloo.modes["exact"].probes
+    assert gloo.verdict == "pass" and probes is not None and probes.calls == 2 * (1 + 2), gloo.render()

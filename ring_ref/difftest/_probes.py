@@ -1,0 +1,140 @@
+"""Order probes: swamping inputs designed from the expected order, so that ``exact`` fails any other order.
+
+Random inputs often round the same way in two orders at small ``N`` and
+``M``, so ``exact`` adds these deterministic probes to every run (clause
+``difftest-order-probes``).  For an element whose expected tree is ``T`` and
+an addition ``v`` of ``T`` adding subtrees ``L`` and ``R``, worker ``min L``
+holds ``+B``, worker ``min R`` holds ``-B``, and every other worker ``w`` the
+small value ``2^(s + w)``; ``B = 2^(s + N + p + 1)`` swamps any sum of small
+values added to it (reveal's probes, clause ``reveal-probes``).  Under any
+binary tree of additions in the dtype the output is exactly the sum of the
+small values of the workers outside the subtree where ``+B`` meets ``-B``;
+under ``T`` that subtree is ``v``'s.  A tree that gives ``T``'s answer for
+every addition of ``T`` therefore has every subtree (cluster) of ``T`` and is
+``T``, since a rooted tree is fixed by its clusters; an output that is no such
+sum (a wider accumulator, a fused addition) differs too.  Elements are
+independent, so each call asks every element about one addition of its own
+tree: ``N - 1`` calls per ``N``, ``M`` and dtype.
+
+>>> from ring_ref.difftest._oracles import SPEC_ORDER
+>>> [c.values for c in probe_cases(SPEC_ORDER, 2, [torch.float32])]
+[(134217728.0, 134217728.0, 134217728.0, 134217728.0, -134217728.0, -134217728.0, -134217728.0, -134217728.0)]
+>>> [(c.n, c.m) for c in probe_cases(SPEC_ORDER, 3, [torch.float16])]
+[(2, 4), (3, 6), (3, 6)]
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from ring_ref._dtypes import dtype_name, format_of
+from ring_ref._reveal import Tree, leaves
+from ring_ref.difftest._inputs import Case
+from ring_ref.difftest._oracles import ExactOrder
+
+__all__ = ["ProbeRun", "additions", "first_failing_probe", "probe_cases", "probe_limit"]
+
+
+def probe_limit(dtype: torch.dtype) -> int:
+    """The largest ``N`` the probes serve in ``dtype``.
+
+    The ``N`` small values must add exactly (``N <= p``), and ``B`` must be
+    finite while the smallest small value is at least the smallest subnormal
+    (``N <= emax - emin - 2``).
+
+    >>> [probe_limit(d) for d in (torch.float32, torch.float64, torch.float16, torch.bfloat16)]
+    [24, 53, 11, 8]
+    """
+    fmt = format_of(dtype)
+    return min(fmt.precision, fmt.emax - fmt.emin - 2)
+
+
+def _scales(n: int, dtype: torch.dtype) -> tuple[float, float]:
+    """``(2^s, B)``: the smallest small value and the swamping magnitude ``2^(s + N + p + 1)``."""
+    fmt = format_of(dtype)
+    s = min(0, fmt.emax - (n + fmt.precision + 1))
+    return 2.0**s, 2.0 ** (s + n + fmt.precision + 1)
+
+
+@functools.lru_cache(maxsize=4096)
+def additions(tree: Tree) -> tuple[tuple[int, int], ...]:
+    """Each addition of ``tree`` (post-order) as the pair ``(min L, min R)`` of its operands' first workers.
+
+    >>> additions(((0, 2), 1))
+    ((0, 2), (0, 1))
+    """
+    if isinstance(tree, int):
+        return ()
+    left, right = tree
+    return (*additions(left), *additions(right), (min(leaves(left)), min(leaves(right))))
+
+
+def _values(n: int, dtype: torch.dtype, pairs: Sequence[tuple[int, int]]) -> tuple[float, ...]:
+    """Worker-major values: element ``e`` has ``+B`` and ``-B`` at ``pairs[e]``, small values elsewhere."""
+    unit, big = _scales(n, dtype)
+    rows = [[unit * 2.0**w] * len(pairs) for w in range(n)]
+    for e, (plus, minus) in enumerate(pairs):
+        rows[plus][e], rows[minus][e] = big, -big
+    return tuple(v for row in rows for v in row)
+
+
+def probe_cases(order: ExactOrder, max_workers: int, dtypes: Sequence[torch.dtype]) -> Iterator[Case]:
+    """The probes, smallest ``N`` first: per ``N``, dtype and ``M`` of :meth:`ExactOrder.probe_sizes`,
+    ``N - 1`` calls, call ``k`` asking each element about the ``k``-th addition of its expected tree.
+
+    ``N`` runs from 2 to ``max_workers`` in ``dtypes``; an order file's trees
+    (``order.saved``) are probed at their own ``N`` and dtype only.
+    """
+    workers, dtypes = range(2, max_workers + 1), tuple(dtypes)
+    if order.saved is not None:
+        workers, dtypes = range(order.saved[0], order.saved[0] + 1), (order.saved[2],)
+    for n in workers:
+        for dtype in dtypes:
+            if n > probe_limit(dtype):
+                continue
+            for m in order.probe_sizes(n):
+                trees = order.trees(n, m, dtype)
+                if trees is None:
+                    continue
+                asked = [additions(tree) for tree in trees]
+                for k in range(n - 1):
+                    values = _values(n, dtype, [pairs[k] for pairs in asked])
+                    yield Case(n, m, (), dtype, "contiguous", values)
+
+
+@dataclass
+class ProbeRun:
+    """What the order probes covered: calls, and per dtype the ``N`` probed (consecutive, ascending)."""
+
+    calls: int = 0
+    workers: dict[str, list[int]] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        """``order probes: 84 calls at N = 2..8 (float32, float64), N = 2..3 (float16)``."""
+        if not self.calls:
+            return "no order probes"
+        by_span: dict[str, list[str]] = {}
+        for name, ns in self.workers.items():
+            span = f"{ns[0]}..{ns[-1]}" if len(ns) > 1 else str(ns[0])  # consecutive: N ascends, stops
+            by_span.setdefault(span, []).append(name)
+        where = ", ".join(f"N = {span} ({', '.join(names)})" for span, names in by_span.items())
+        return f"order probes: {self.calls} calls at {where}"
+
+
+def first_failing_probe(
+    order: ExactOrder, max_workers: int, dtypes: Sequence[torch.dtype], fails: Callable[[Case], bool]
+) -> tuple[Case | None, ProbeRun]:
+    """Run the probes until one ``fails``; that probe (``None``: all pass) and what ran."""
+    run = ProbeRun()
+    for case in probe_cases(order, max_workers, dtypes):
+        run.calls += 1
+        ns = run.workers.setdefault(dtype_name(case.dtype), [])
+        if not ns or ns[-1] != case.n:
+            ns.append(case.n)
+        if fails(case):
+            return case, run
+    return None, run
