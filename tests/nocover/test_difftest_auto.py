@@ -29,20 +29,17 @@ def test_auto_passes_the_reference_and_the_presets_and_names_the_fitted_ring(
     """The even layout is tried first (M = 2N); M = 2N + 1 only tells layouts apart, and an even-layout
     target that refuses it, or sums it as no ring's fold, is not failed for that."""
     assert main(["difftest", target, *COMMON]) == 0
-    captured = capsys.readouterr()
-    assert f"exact checks {fitted}" in captured.err and "exact: PASS" in captured.out, captured
+    out = " ".join(capsys.readouterr().out.split())  # the report's lines, rewrapped
+    assert f"exact checks against {fitted}, which --schedule auto found" in out and "exact: PASS" in out, out
     if fitted == "the spec schedule's order":
-        assert "revealed at N = 4, M = 8" in captured.err and "only M divisible by N" in captured.err
+        assert "revealed at N = 4, M = 8" in out and "only M divisible by N" in out
     else:
-        assert "revealed at N = 4, M = 9" in captured.err
+        assert "revealed at N = 4, M = 9" in out
 
 
 @pytest.mark.clause("difftest-ranks", "difftest-exact-orders")
 def test_auto_on_torch_distributed_all_reduce_over_gloo_ranks(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["difftest", "--ranks", "gloo", "torch.distributed:all_reduce", *COMMON]) == 0
-    captured = capsys.readouterr()
-    assert (
-        "revealed at N = 4, M = 9" in captured.err
-        and "exact checks the gloo schedule's order" in captured.err
-    )
-    assert "exact: PASS" in captured.out
+    out = " ".join(capsys.readouterr().out.split())
+    assert "revealed at N = 4, M = 9" in out and "exact checks against the gloo schedule's order" in out, out
+    assert "exact: PASS" in out
