@@ -41,6 +41,7 @@ __all__ = [
     "BoundCheck",
     "Checked",
     "ExactOrder",
+    "SavedOrder",
     "ValueMismatch",
     "as_float_list",
     "check_avg_bound",
@@ -90,7 +91,8 @@ def locate(case: Case, flat: int) -> tuple[tuple[int, ...], int]:
     ``--order``), so every report labels an element's chunk the same way.
 
     >>> case = Case(4, 10, (), torch.float32, "contiguous", (0.0,) * 40)
-    >>> token = EXACT_ORDER.set(ExactOrder("blocks", lambda c: torch.zeros(10), layout="blocks"))
+    >>> blocks = ExactOrder("blocks", lambda c: torch.zeros(10), ring=RingSchedule(1, 0, "blocks"))
+    >>> token = EXACT_ORDER.set(blocks)
     >>> locate(case, 9)
     ((9,), 3)
     >>> EXACT_ORDER.reset(token)
@@ -351,6 +353,17 @@ def as_float_list(result: torch.Tensor) -> list[float]:
     return [float(v) for v in result.detach().to(torch.float64).reshape(-1).tolist()]
 
 
+class SavedOrder(NamedTuple):
+    """The trees of a saved ``ring-ref reveal --json`` and the inputs they were revealed on."""
+
+    n: int
+    m: int
+    dtype: torch.dtype
+    trees: list[Tree]
+    layout: Layout
+    """The chunks of the ring the file names (or, naming none, the layout its ``N`` and ``M`` allow)."""
+
+
 @dataclass(frozen=True)
 class ExactOrder:
     """What ``exact`` compares with (clause ``difftest-exact-orders``): the spec's ring unless told otherwise.
@@ -360,13 +373,12 @@ class ExactOrder:
     strategy ``exact`` draws its inputs from instead of the usual one (an
     order saved for one ``N``, ``M`` and dtype covers only those); ``ops``,
     the ops ``expected`` computes (for the op the case carries, ``case.reduction``);
-    ``layout``, the chunks of the order's ring;
     ``source``, where the order came from (the report's ``exact_against``):
-    ``spec``, ``schedule``, ``order`` (a saved reveal, whose ``N``, ``M`` and
-    dtype are ``inputs``) or ``auto`` (``revealed`` says where and how).
-    ``ring`` (a schedule's order) or ``saved`` (an order file's ``N``, ``M``,
-    dtype and trees) gives the summation tree of every element (:meth:`trees`),
-    from which the order probes are designed (clause ``difftest-order-probes``).
+    ``spec``, ``schedule``, ``order`` (a saved reveal) or ``auto`` (``revealed``
+    says where and how).  ``ring`` (a schedule's order) or ``saved`` (an order
+    file's) gives the summation tree of every element (:meth:`trees`), from
+    which the order probes are designed (clause ``difftest-order-probes``), and
+    the chunk layout (:attr:`layout`).
     """
 
     name: str
@@ -374,12 +386,24 @@ class ExactOrder:
     option: str = ""
     cases: st.SearchStrategy[Case] | None = None
     ops: tuple[Op, ...] = ("sum",)
-    layout: Layout = "even"
-    """How the order cuts a buffer into chunks: the search draws ``M`` not divisible by ``N`` when the
-    layout takes any ``M`` (``blocks``, ``gloo``), and reports label an element's chunk by it."""
     source: str = "spec"
-    inputs: tuple[int, int, str] | None = None
+    ring: RingSchedule | None = None
+    saved: SavedOrder | None = None
     revealed: str = ""
+
+    @property
+    def layout(self) -> Layout:
+        """How the order cuts a buffer into chunks (its ring's, or its file's): the search draws ``M`` not
+        divisible by ``N`` when the layout takes any ``M`` (``blocks``, ``gloo``), and reports label an
+        element's chunk by it."""
+        if self.ring is not None:
+            return self.ring.layout
+        return self.saved.layout if self.saved is not None else "even"
+
+    @property
+    def inputs(self) -> tuple[int, int, str] | None:
+        """An order file's ``(N, M, dtype name)``, the only inputs ``exact`` draws with it."""
+        return None if self.saved is None else (self.saved.n, self.saved.m, dtype_name(self.saved.dtype))
 
     def to_json(self) -> dict[str, object]:
         """The report's ``exact_against`` object (``spec/difftest_report.schema.json``)."""
@@ -392,9 +416,6 @@ class ExactOrder:
             "revealed": self.revealed or None,
         }
 
-    ring: RingSchedule | None = None
-    saved: tuple[int, int, torch.dtype, list[Tree]] | None = None
-
     def trees(self, n: int, m: int, dtype: torch.dtype) -> list[Tree] | None:
         """The tree of each of the ``m`` elements (rows) at ``n`` workers in ``dtype`` (``None``: not known).
 
@@ -404,7 +425,7 @@ class ExactOrder:
         if self.ring is not None:
             return ring_trees(self.ring, n, m, dtype_name(dtype))
         if self.saved is not None and self.saved[:3] == (n, m, dtype):
-            return self.saved[3]
+            return self.saved.trees
         return None
 
     def probe_sizes(self, n: int) -> tuple[int, ...]:
@@ -418,8 +439,8 @@ class ExactOrder:
         """
         if self.ring is not None:
             return (2 * n,) if self.ring.layout == "even" else (2 * n, 2 * n - 1)
-        if self.saved is not None and self.saved[0] == n:
-            return (self.saved[1],)
+        if self.saved is not None and self.saved.n == n:
+            return (self.saved.m,)
         return ()
 
 

@@ -58,7 +58,7 @@ from ring_ref._validate import schedule_of
 from ring_ref.difftest._call import kind_hint, well_formed
 from ring_ref.difftest._inputs import LAYOUTS, Case
 from ring_ref.difftest._launch import Launcher
-from ring_ref.difftest._oracles import EXACT_ORDER, ExactOrder
+from ring_ref.difftest._oracles import EXACT_ORDER, ExactOrder, SavedOrder
 from ring_ref.schedule import LAYOUTS as LAYOUT_NAMES
 from ring_ref.schedule import PRESETS, Layout, RingSchedule
 
@@ -115,7 +115,6 @@ def schedule_order(schedule: str | RingSchedule) -> ExactOrder:
         lambda case: ring_all_reduce(case.tensor(), "fast", schedule=ring, op=case.reduction),
         option,
         ops=OPS,
-        layout=ring.layout,
         source="schedule",
         ring=ring,
     )
@@ -222,10 +221,8 @@ def file_order(path: str | Path) -> ExactOrder:
         expected,
         f"--order {path}",
         _cases_of(n, m, dtype),
-        layout=layout,
         source="order",
-        inputs=(n, m, dtype_name),
-        saved=(n, m, dtype, trees),
+        saved=SavedOrder(n, m, dtype, trees, layout),
     )
 
 

@@ -91,7 +91,7 @@ def probe_cases(order: ExactOrder, max_workers: int, dtypes: Sequence[torch.dtyp
     """
     workers, dtypes = range(2, max_workers + 1), tuple(dtypes)
     if order.saved is not None:
-        workers, dtypes = range(order.saved[0], order.saved[0] + 1), (order.saved[2],)
+        workers, dtypes = range(order.saved.n, order.saved.n + 1), (order.saved.dtype,)
     for n in workers:
         for dtype in dtypes:
             if n > probe_limit(dtype):

@@ -18,7 +18,7 @@ import torch
 
 from ring_ref.difftest import Case, Report
 from ring_ref.difftest._diagnosis import Finding
-from ring_ref.difftest._oracles import SPEC_ORDER, ValueMismatch
+from ring_ref.difftest._oracles import SPEC_ORDER, SavedOrder, ValueMismatch
 from ring_ref.difftest._report import ModeResult
 from ring_ref.difftest._vocabulary import Op
 
@@ -393,7 +393,8 @@ def test_every_report_says_what_exact_checked_against() -> None:
         "inputs": None,
         "revealed": None,
     }
-    saved = replace(SPEC_ORDER, name="the order saved in o.json", source="order", inputs=(3, 6, "float32"))
+    trees = SavedOrder(3, 6, torch.float32, [], "even")
+    saved = replace(SPEC_ORDER, name="the order saved in o.json", source="order", ring=None, saved=trees)
     text = report({"exact": passed("exact")}, exact_against=saved).render()
     assert (
         "  (exact checks against the order saved in o.json; exact's inputs are all N = 3, M = 6, float32, "

@@ -15,7 +15,7 @@ from ring_ref import ring_all_reduce
 from ring_ref._dtypes import bits
 from ring_ref._reveal import Tree, canonical, evaluate, reveal
 from ring_ref.difftest import Case, difftest
-from ring_ref.difftest._oracles import ExactOrder
+from ring_ref.difftest._oracles import ExactOrder, SavedOrder
 from ring_ref.difftest._orders import checking_against, file_order, schedule_order
 from ring_ref.difftest._probes import first_failing_probe, probe_cases
 from tests.paths import ROOT
@@ -44,7 +44,9 @@ def all_trees(n: int) -> list[Tree]:
 def _first_telling(expected: Tree, target: Tree | None, n: int, dtype: torch.dtype) -> int | None:
     """Of the probes designed from ``expected`` (one element), the number of the first on which ``target``
     (``None``: the exact sum, rounded once) gives other bits than ``expected``'s additions."""
-    order = ExactOrder("one tree", lambda c: torch.zeros(0), saved=(n, 1, dtype, [expected]))
+    order = ExactOrder(
+        "one tree", lambda c: torch.zeros(0), saved=SavedOrder(n, 1, dtype, [expected], "even")
+    )
 
     def result(tree: Tree | None, x: torch.Tensor) -> torch.Tensor:
         if tree is not None:
