@@ -21,8 +21,8 @@ from ring_ref.difftest._inputs import LAYOUTS, Case, cases, one_worker_cases, un
 from ring_ref.difftest._launch import InProcess, Isolated, Launcher
 from ring_ref.difftest._loading import importable_name, load_target
 from ring_ref.difftest._mpi import MPI_DTYPES, MpiRanks
-from ring_ref.difftest._oracles import EXACT_ORDER
-from ring_ref.difftest._orders import checking_against, exact_order, read_order
+from ring_ref.difftest._oracles import EXACT_ORDER, SavedOrder
+from ring_ref.difftest._orders import checking_against, exact_order
 from ring_ref.difftest._probes import first_failing_probe
 from ring_ref.difftest._ranks import GlooRanks
 from ring_ref.difftest._report import ModeResult, Report
@@ -318,8 +318,7 @@ def difftest(
     problem = option_problem(examples=examples, seed=seed, max_workers=workers, timeout=timeout)
     if problem:
         raise ValueError(problem)
-    if order is not None:
-        _check_order_file_fits(order, max_workers, dtypes)
+    asked_dtypes = dtypes
     dtypes = _dtypes_for(ranks, dtypes)
     if mca and ranks != "mpi":
         raise ValueError(f"mca (--mca) options are for ranks='mpi' (mpirun) only; got ranks={ranks!r}")
@@ -329,6 +328,8 @@ def difftest(
             "and --order reveal and name sum orders (drop them; order-free and bound need no order)"
         )
     exact = exact_order(schedule, order, fn, workers, ranks) or EXACT_ORDER.get()
+    if exact.saved is not None:
+        _check_order_file_fits(order, exact.saved, max_workers, asked_dtypes)
     if reduce_op is not None and "exact" in chosen and reduce_op not in exact.ops:
         raise ValueError(
             f"exact checks {exact.name} for {', '.join(exact.ops)} only; op {reduce_op!r} is checked "
@@ -393,18 +394,18 @@ def _modes_of(modes: str | Iterable[str]) -> tuple[Mode, ...]:
 
 
 def _check_order_file_fits(
-    path: str | Path, max_workers: int | None, dtypes: Sequence[torch.dtype] | None
+    path: object, saved: SavedOrder, max_workers: int | None, dtypes: Sequence[torch.dtype] | None
 ) -> None:
     """Refuse an explicit ``max_workers`` or ``dtypes`` that the saved order's inputs would break.
 
     ``exact`` draws its inputs at the file's own ``N``, ``M`` and dtype; the
     other modes use ``max_workers`` and ``dtypes`` as usual.
     """
-    n, m, dtype, _, _ = read_order(Path(path))
+    n, m, dtype = saved.n, saved.m, dtype_name(saved.dtype)
     clash = []
     if max_workers is not None and max_workers < n:
         clash.append(f"max_workers (--max-workers) {max_workers} is below its N")
-    if dtypes is not None and DTYPES[dtype] not in dtypes:
+    if dtypes is not None and saved.dtype not in dtypes:
         clash.append(f"dtypes (--dtypes) {[dtype_name(d) for d in dtypes]} leave out its dtype")
     if clash:
         raise ValueError(
