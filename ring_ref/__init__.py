@@ -8,7 +8,7 @@ tensor([4., 6.])
 """
 
 from ring_ref._cost import REFERENCE_SLOW_N, SlowReferenceWarning
-from ring_ref._dispatch import ENGINES, Engine, ring_all_reduce
+from ring_ref._dispatch import ENGINES, Engine, ring_all_gather, ring_all_reduce, ring_reduce_scatter
 from ring_ref._ops import OPS, Op
 from ring_ref._version import __version__
 from ring_ref.invariants import InvariantViolation
@@ -25,5 +25,7 @@ __all__ = [
     "RingSchedule",
     "SlowReferenceWarning",
     "__version__",
+    "ring_all_gather",
     "ring_all_reduce",
+    "ring_reduce_scatter",
 ]

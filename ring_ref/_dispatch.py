@@ -1,9 +1,15 @@
-"""The one definition of :func:`ring_all_reduce`: dispatch to an engine and an array type.
+"""The one definition of :func:`ring_all_reduce`, :func:`ring_reduce_scatter` and :func:`ring_all_gather`:
+dispatch to an engine and an array type.
 
 >>> import torch
 >>> ring_all_reduce(torch.tensor([[1.0, 2.0], [3.0, 4.0]]))
 tensor([4., 6.])
 >>> ring_all_reduce(torch.tensor([[1.0, 2.0], [3.0, 4.0]]), engine="fast")
+tensor([4., 6.])
+>>> ring_reduce_scatter(torch.tensor([[1.0, 2.0], [3.0, 4.0]]))
+tensor([[4.],
+        [6.]])
+>>> ring_all_gather(torch.tensor([[4.0], [6.0]]))
 tensor([4., 6.])
 """
 
@@ -17,10 +23,16 @@ import torch
 
 from ring_ref import _fast, _numpy_adapter, _torch_adapter
 from ring_ref._ops import op_name
-from ring_ref._validate import not_an_array, schedule_of
+from ring_ref._validate import (
+    ALL_GATHER_INPUT,
+    REDUCE_SCATTER_INPUT,
+    collective_input,
+    not_an_array,
+    schedule_of,
+)
 from ring_ref.schedule import RingSchedule
 
-__all__ = ["ENGINES", "Engine", "ring_all_reduce"]
+__all__ = ["ENGINES", "Engine", "ring_all_gather", "ring_all_reduce", "ring_reduce_scatter"]
 
 Engine = Literal["reference", "fast"]
 ENGINES: Final[tuple[Engine, Engine]] = ("reference", "fast")
@@ -28,6 +40,14 @@ ENGINES: Final[tuple[Engine, Engine]] = ("reference", "fast")
 ``fast``: batched tensor operations per round, bitwise identical (:mod:`ring_ref._fast`)."""
 
 _A = TypeVar("_A", bound=np.generic)
+
+
+def _check_engine(engine: object) -> None:
+    if engine not in ENGINES:
+        raise ValueError(
+            f"unknown engine {engine!r}; choose engine='reference' (the invariant-checked core, "
+            "the default) or engine='fast' (batched, the same bits)."
+        )
 
 
 @overload
@@ -77,11 +97,7 @@ def ring_all_reduce(
     With the layouts ``blocks`` and ``gloo`` ``M`` need not be divisible by ``N``.
     Both engines run every ring of the family, with the same bits.
     """
-    if engine not in ENGINES:
-        raise ValueError(
-            f"unknown engine {engine!r}; choose engine='reference' (the invariant-checked core, "
-            "the default) or engine='fast' (batched, the same bits)."
-        )
+    _check_engine(engine)
     reduce_op = op_name(op)
     ring = schedule_of(schedule)
     if isinstance(worker_tensors, torch.Tensor):
@@ -98,3 +114,95 @@ def ring_all_reduce(
 ring_all_reduce.__module__ = (
     "ring_ref"  # its public name: reports and replay lines say ring_ref:ring_all_reduce
 )
+
+
+@overload
+def ring_reduce_scatter(
+    x: torch.Tensor,
+    *,
+    schedule: str | RingSchedule | None = None,
+    op: object = "sum",
+    engine: Engine = "reference",
+) -> torch.Tensor: ...
+@overload
+def ring_reduce_scatter(
+    x: npt.NDArray[_A],
+    *,
+    schedule: str | RingSchedule | None = None,
+    op: object = "sum",
+    engine: Engine = "reference",
+) -> npt.NDArray[_A]: ...
+def ring_reduce_scatter(
+    x: torch.Tensor | npt.NDArray[_A],
+    *,
+    schedule: str | RingSchedule | None = None,
+    op: object = "sum",
+    engine: Engine = "reference",
+) -> torch.Tensor | npt.NDArray[_A]:
+    """Ring reduce-scatter of ``x`` (shape ``(N, M, ...)``): ``(N, M / N, ...)``, row ``r`` rank ``r``'s shard.
+
+    Rank ``r``'s shard is chunk ``r`` (rows ``r M / N`` onwards) of the reduction,
+    the convention of ``torch.distributed.reduce_scatter_tensor``,
+    ``MPI_Reduce_scatter_block`` and NCCL, folded in the order of the ring that
+    finishes chunk ``r`` at rank ``r``: for direction ``d``, ``r + d, r + 2d, ..., r``
+    (clauses ``rsc-*``).  ``M`` must be divisible by ``N``.
+
+    ``schedule``: ``None`` (the default) is ``"spec"``; a preset name takes that
+    preset's direction and layout with offset ``k = d`` (``"spec"``: ``(+1, +1, even)``,
+    ``"openmpi-ring"``: ``(+1, +1, blocks)``, ``"gloo"``: ``(-1, -1, gloo)``); a
+    :class:`RingSchedule` must have ``k = d`` (mod ``N``) and a layout that cuts equal
+    chunks.  ``op`` and ``engine`` as for :func:`ring_all_reduce`; dtype, device and
+    autograd are kept and the input is never modified.  For the same ring,
+    ``ring_all_gather(ring_reduce_scatter(x, schedule=R), schedule=R)`` is
+    ``ring_all_reduce(x, schedule=R)`` bit for bit (clause ``rs-ag-theorem``).
+    """
+    _check_engine(engine)
+    reduce_op = op_name(op)
+    ring, _ = collective_input(x, schedule, REDUCE_SCATTER_INPUT)
+    if isinstance(x, torch.Tensor):
+        if engine == "fast":
+            return _fast.ring_reduce_scatter_torch(x, ring, reduce_op)
+        return _torch_adapter.reduce_scatter_torch(x, reduce_op, ring)
+    assert isinstance(x, np.ndarray)
+    if engine == "fast":
+        return _fast.ring_reduce_scatter_numpy(x, ring, reduce_op)
+    return _numpy_adapter.reduce_scatter_numpy(x, reduce_op, ring)
+
+
+@overload
+def ring_all_gather(
+    shards: torch.Tensor, *, schedule: str | RingSchedule | None = None, engine: Engine = "reference"
+) -> torch.Tensor: ...
+@overload
+def ring_all_gather(
+    shards: npt.NDArray[_A], *, schedule: str | RingSchedule | None = None, engine: Engine = "reference"
+) -> npt.NDArray[_A]: ...
+def ring_all_gather(
+    shards: torch.Tensor | npt.NDArray[_A],
+    *,
+    schedule: str | RingSchedule | None = None,
+    engine: Engine = "reference",
+) -> torch.Tensor | npt.NDArray[_A]:
+    """Ring all-gather of ``shards`` (shape ``(N, S, ...)``): ``(N S, ...)``, rank ``r``'s shard in slot ``r``.
+
+    Every rank ends with every rank's shard; this returns that buffer (clauses
+    ``agc-*``).  It is a copy: every bit arrives unchanged, NaN payloads, signed
+    zeros, infinities and subnormals included, so non-finite values are accepted.
+    ``schedule`` as for :func:`ring_reduce_scatter` (it changes which rounds carry
+    which shard, not the result); dtype, device and autograd are kept and the
+    input is never modified.
+    """
+    _check_engine(engine)
+    ring, _ = collective_input(shards, schedule, ALL_GATHER_INPUT)
+    if isinstance(shards, torch.Tensor):
+        if engine == "fast":
+            return _fast.ring_all_gather_torch(shards)
+        return _torch_adapter.gather_torch(shards, ring)
+    assert isinstance(shards, np.ndarray)
+    if engine == "fast":
+        return _fast.ring_all_gather_numpy(shards)
+    return _numpy_adapter.gather_numpy(shards, ring)
+
+
+ring_reduce_scatter.__module__ = "ring_ref"
+ring_all_gather.__module__ = "ring_ref"

@@ -911,3 +911,42 @@ def _numpy_forward(
             tile=tile,
         )
     return result, finite if on_result else _numpy_all_finite(x)
+
+
+def ring_reduce_scatter_torch(x: torch.Tensor, ring: RingSchedule, op: Op = "sum") -> torch.Tensor:
+    """Reduce-scatter on the fast engine: ``(N, M, ...)`` to ``(N, M / N, ...)`` (clause ``rs-ag-theorem``).
+
+    For a ring with ``k = d`` rank ``r``'s shard is chunk ``r``'s fold, which is
+    also chunk ``r`` of that ring's all-reduce (proved in ``make prove``); the
+    plan computes every chunk's fold once, so the shards are the all-reduce's
+    result cut into its ``N`` chunks.  ``ring``'s layout cuts equal chunks
+    (:func:`ring_ref._validate.collective_input`), which are the even layout's.
+    """
+    n = x.shape[0]
+    result = ring_all_reduce_torch(x, ring._replace(layout="even"), op)
+    return result.reshape(n, x.shape[1] // n, *x.shape[2:])
+
+
+def ring_reduce_scatter_numpy(x: npt.NDArray[Any], ring: RingSchedule, op: Op = "sum") -> npt.NDArray[Any]:
+    """:func:`ring_reduce_scatter_torch` for numpy arrays."""
+    n = x.shape[0]
+    result = ring_all_reduce_numpy(x, ring._replace(layout="even"), op)
+    return result.reshape(n, x.shape[1] // n, *x.shape[2:])
+
+
+def ring_all_gather_torch(shards: torch.Tensor) -> torch.Tensor:
+    """All-gather on the fast engine: one copy of the ``(N, S, ...)`` shards as ``(N S, ...)`` (clause ``agc-copy``).
+
+    Every ring with ``k = d`` delivers rank ``r``'s shard, unchanged, to slot
+    ``r`` of every rank (proved in ``make prove``), so the gathered buffer is
+    the shards in rank order whatever the ring; ``clone`` keeps every bit and
+    the autograd graph.
+    """
+    gathered = shards.clone(memory_format=torch.contiguous_format)
+    return gathered.reshape(shards.shape[0] * shards.shape[1], *shards.shape[2:])
+
+
+def ring_all_gather_numpy(shards: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """:func:`ring_all_gather_torch` for numpy arrays (a C-ordered copy, never a view of the input)."""
+    gathered = np.array(_validate.plain_array(shards), order="C", copy=True)
+    return gathered.reshape(shards.shape[0] * shards.shape[1], *shards.shape[2:])

@@ -22,10 +22,10 @@ from ring_ref._chunks import worker_chunks
 from ring_ref._cost import warn_if_slow
 from ring_ref._ops import Op, finish_numpy, numpy_combine
 from ring_ref._validate import check_numpy, plain_array
-from ring_ref.core import initial_state, run_ring
-from ring_ref.schedule import SPEC, RingSchedule
+from ring_ref.core import gather_state, initial_state, never_combine, run_ring
+from ring_ref.schedule import ALL_GATHER, REDUCE_SCATTER, SPEC, RingSchedule
 
-__all__ = ["reduce_numpy"]
+__all__ = ["gather_numpy", "reduce_numpy", "reduce_scatter_numpy"]
 
 Array = npt.NDArray[Any]
 
@@ -42,3 +42,23 @@ def reduce_numpy(worker_tensors: Array, op: Op = "sum", schedule: RingSchedule =
     state = initial_state(worker_chunks(x, schedule.layout, itemsize=x.itemsize))
     final = np.concatenate(run_ring(state, numpy_combine(op), schedule=schedule)[0])
     return finish_numpy(op, final.reshape(x.shape[1:]), n)
+
+
+def reduce_scatter_numpy(x: Array, op: Op, ring: RingSchedule) -> Array:
+    """:func:`ring_ref._torch_adapter.reduce_scatter_torch` for numpy arrays."""
+    n, m = check_numpy(x)
+    warn_if_slow(n)
+    x = plain_array(x)
+    state = initial_state(worker_chunks(x, ring.layout, itemsize=x.itemsize))
+    final = run_ring(state, numpy_combine(op), schedule=ring, phases=(REDUCE_SCATTER,))
+    shape = (m // n, *x.shape[2:])
+    return finish_numpy(op, np.stack([final[r][ring.owned_chunk(r, n)].reshape(shape) for r in range(n)]), n)
+
+
+def gather_numpy(shards: Array, ring: RingSchedule) -> Array:
+    """:func:`ring_ref._torch_adapter.gather_torch` for numpy arrays."""
+    n = shards.shape[0]
+    warn_if_slow(n)
+    x = plain_array(shards)
+    final = run_ring(gather_state(tuple(x)), never_combine, schedule=ring, phases=(ALL_GATHER,))
+    return np.concatenate(final[0])

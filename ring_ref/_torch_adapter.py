@@ -19,11 +19,11 @@ from ring_ref._chunks import worker_chunks
 from ring_ref._cost import warn_if_slow
 from ring_ref._ops import Op, finish_torch, torch_combine
 from ring_ref._validate import check_torch
-from ring_ref.core import initial_state, run_ring
+from ring_ref.core import gather_state, initial_state, never_combine, run_ring
 from ring_ref.invariants import State
-from ring_ref.schedule import SPEC, RingSchedule
+from ring_ref.schedule import ALL_GATHER, REDUCE_SCATTER, SPEC, RingSchedule
 
-__all__ = ["chunk_state", "reduce_torch"]
+__all__ = ["chunk_state", "gather_torch", "reduce_scatter_torch", "reduce_torch"]
 
 
 def chunk_state(worker_tensors: torch.Tensor, schedule: RingSchedule = SPEC) -> State[torch.Tensor]:
@@ -44,3 +44,30 @@ def reduce_torch(worker_tensors: torch.Tensor, op: Op = "sum", schedule: RingSch
     warn_if_slow(n)
     final = run_ring(chunk_state(worker_tensors, schedule), torch_combine(op), schedule=schedule)
     return finish_torch(op, torch.cat(final[0]).reshape(worker_tensors.shape[1:]), n)
+
+
+def reduce_scatter_torch(x: torch.Tensor, op: Op, ring: RingSchedule) -> torch.Tensor:
+    """Reduce-scatter alone (clause ``rsc-phase``): ``(N, M, ...)`` to ``(N, M / N, ...)``, row ``r``
+    rank ``r``'s shard, the chunk it owns after the phase.
+
+    ``ring`` leaves chunk ``r`` at rank ``r`` and cuts equal chunks
+    (:func:`ring_ref._validate.collective_input` has checked both).
+    """
+    n, m = check_torch(x)
+    warn_if_slow(n)
+    final = run_ring(chunk_state(x, ring), torch_combine(op), schedule=ring, phases=(REDUCE_SCATTER,))
+    shape = (m // n, *x.shape[2:])
+    return finish_torch(
+        op, torch.stack([final[r][ring.owned_chunk(r, n)].reshape(shape) for r in range(n)]), n
+    )
+
+
+def gather_torch(shards: torch.Tensor, ring: RingSchedule) -> torch.Tensor:
+    """All-gather alone (clause ``agc-copy``): ``(N, S, ...)`` to worker 0's ``(N S, ...)``, shard ``r`` in slot ``r``.
+
+    Copies only: every bit of every shard, NaN payloads included, arrives unchanged.
+    """
+    n = shards.shape[0]
+    warn_if_slow(n)
+    final = run_ring(gather_state(tuple(shards)), never_combine, schedule=ring, phases=(ALL_GATHER,))
+    return torch.cat(final[0])

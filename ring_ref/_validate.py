@@ -25,12 +25,18 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from ring_ref._chunks import chunk_bounds, chunk_rows
 from ring_ref._dtypes import NUMPY_DTYPES, TORCH_DTYPES
-from ring_ref.schedule import LAYOUTS, PRESETS, SPEC, RingSchedule
+from ring_ref.schedule import LAYOUTS, PRESETS, SPEC, RingSchedule, reduce_scatter_ring
 
 __all__ = [
+    "ALL_GATHER_INPUT",
+    "ALL_REDUCE_INPUT",
+    "REDUCE_SCATTER_INPUT",
     "SCAN_ELEMENTS",
     "BadInput",
+    "Stacked",
+    "collective_input",
     "check_numpy",
     "check_numpy_structure",
     "check_ring_size",
@@ -63,10 +69,23 @@ def _raise(problem: BadInput | None) -> None:
         raise problem.error()
 
 
+class Stacked(NamedTuple):
+    """Whose stacked argument a message is about: the function, the argument and its row count's name."""
+
+    function: str
+    argument: str
+    rows: str
+
+
+ALL_REDUCE_INPUT: Final = Stacked("ring_all_reduce", "worker_tensors", "M")
+REDUCE_SCATTER_INPUT: Final = Stacked("ring_reduce_scatter", "x", "M")
+ALL_GATHER_INPUT: Final = Stacked("ring_all_gather", "shards", "S")
+
+
 # --- one message per problem -------------------------------------------------------------------
 
 
-def not_an_array(got: object) -> BadInput:
+def not_an_array(got: object, what: Stacked = ALL_REDUCE_INPUT) -> BadInput:
     """Neither a torch tensor nor a numpy array."""
     hint = (
         " Stack the per-worker tensors first, e.g. torch.stack(tensors)."
@@ -75,12 +94,14 @@ def not_an_array(got: object) -> BadInput:
     )
     return BadInput(
         TypeError,
-        "ring_all_reduce expects worker_tensors as one torch.Tensor or numpy.ndarray of shape "
-        f"(N, M, ...); got {type(got).__name__}.{hint}",
+        f"{what.function} expects {what.argument} as one torch.Tensor or numpy.ndarray of shape "
+        f"(N, {what.rows}, ...); got {type(got).__name__}.{hint}",
     )
 
 
-def _rows_problem(n: int, m: int, shape: Sequence[int], *, divisible: bool) -> BadInput | None:
+def _rows_problem(
+    n: int, m: int, shape: Sequence[int], *, divisible: bool, rows: str = "M"
+) -> BadInput | None:
     """``M`` rows split among ``N`` workers (or ranks); trailing dimensions of ``shape`` positive.
 
     ``divisible=False`` (a layout other than ``even``, clause ``schedule-layouts``)
@@ -89,7 +110,7 @@ def _rows_problem(n: int, m: int, shape: Sequence[int], *, divisible: bool) -> B
     if n < 1:
         return BadInput(ValueError, f"N = {n} workers (shape {tuple(shape)}); the ring needs at least one.")
     if m < 1:
-        return BadInput(ValueError, f"M = {m} rows (shape {tuple(shape)}); M must be positive.")
+        return BadInput(ValueError, f"{rows} = {m} rows (shape {tuple(shape)}); {rows} must be positive.")
     if any(d == 0 for d in shape):
         return BadInput(
             ValueError,
@@ -105,14 +126,16 @@ def _rows_problem(n: int, m: int, shape: Sequence[int], *, divisible: bool) -> B
     return None
 
 
-def _stacked_shape_problem(shape: Sequence[int], *, divisible: bool = True) -> BadInput | None:
+def _stacked_shape_problem(
+    shape: Sequence[int], *, divisible: bool = True, what: Stacked = ALL_REDUCE_INPUT
+) -> BadInput | None:
     if len(shape) < 2:
         return BadInput(
             ValueError,
-            f"worker_tensors must have shape (N, M, ...) with at least 2 dimensions; got shape "
+            f"{what.argument} must have shape (N, {what.rows}, ...) with at least 2 dimensions; got shape "
             f"{tuple(shape)}. Add a worker axis (x.unsqueeze(0) / x[None]) or a data axis.",
         )
-    return _rows_problem(shape[0], shape[1], shape, divisible=divisible)
+    return _rows_problem(shape[0], shape[1], shape, divisible=divisible, rows=what.rows)
 
 
 def _unsupported_dtype(dtype: object, kind: str) -> BadInput:
@@ -153,15 +176,18 @@ def _torch_metadata_problem(x: torch.Tensor) -> BadInput | None:
 # --- the simulated ring: (N, M, ...) ------------------------------------------------------------
 
 
-def check_torch_structure(x: object, *, divisible: bool = True) -> tuple[int, int]:
+def check_torch_structure(
+    x: object, *, divisible: bool = True, what: Stacked = ALL_REDUCE_INPUT
+) -> tuple[int, int]:
     """The metadata rows of the table for a stacked torch input; return ``(N, M)``.
 
-    ``divisible=False`` skips the ``M``-divisible-by-``N`` row (layouts other than ``even``).
+    ``divisible=False`` skips the ``M``-divisible-by-``N`` row (layouts other than ``even``);
+    ``what`` names the function and argument in the messages.
     """
     if not isinstance(x, torch.Tensor):
-        raise not_an_array(x).error()
+        raise not_an_array(x, what).error()
     _raise(_torch_metadata_problem(x))
-    _raise(_stacked_shape_problem(tuple(x.shape), divisible=divisible))
+    _raise(_stacked_shape_problem(tuple(x.shape), divisible=divisible, what=what))
     return int(x.shape[0]), int(x.shape[1])
 
 
@@ -218,16 +244,18 @@ def check_torch(x: object, *, divisible: bool = True) -> tuple[int, int]:
     return n, m
 
 
-def check_numpy_structure(x: object, *, divisible: bool = True) -> tuple[int, int]:
+def check_numpy_structure(
+    x: object, *, divisible: bool = True, what: Stacked = ALL_REDUCE_INPUT
+) -> tuple[int, int]:
     """The metadata rows of the table for a stacked numpy input; return ``(N, M)``.
 
     ``numpy.memmap`` is accepted (it is an array on disk with the semantics of
     a plain array); other subclasses are refused, as is non-native byte order.
     """
     if not isinstance(x, np.ndarray):
-        raise not_an_array(x).error()
+        raise not_an_array(x, what).error()
     _raise(_numpy_metadata_problem(x))
-    _raise(_stacked_shape_problem(x.shape, divisible=divisible))
+    _raise(_stacked_shape_problem(x.shape, divisible=divisible, what=what))
     return int(x.shape[0]), int(x.shape[1])
 
 
@@ -491,3 +519,60 @@ def schedule_of(schedule: object) -> RingSchedule:
         return PRESETS[schedule]
     assert isinstance(schedule, RingSchedule)
     return SPEC if schedule == SPEC else schedule
+
+
+# --- reduce-scatter and all-gather (clauses rsc-bad-input, agc-bad-input) -------------------------
+
+
+def _shards_problem(n: int, shape: Sequence[int], ring: RingSchedule, itemsize: int) -> BadInput | None:
+    """Equal shards: ``M`` divisible by ``N`` and the layout cutting a worker's ``S`` elements equally."""
+    m = shape[1]
+    if m % n:
+        return BadInput(
+            ValueError,
+            f"M = {m} is not divisible by N = {n}, so the {n} shards of a reduce-scatter cannot be "
+            f"equal. Pad M to a multiple of {n} (e.g. {m + (-m) % n}).",
+        )
+    s = math.prod(shape[1:])
+    bounds = chunk_bounds(ring.layout, n, s, itemsize=itemsize)
+    if bounds == chunk_rows(s, n):
+        return None
+    sizes = ", ".join(str(hi - lo) for lo, hi in bounds)
+    return BadInput(
+        ValueError,
+        f"the layout {ring.layout!r} cuts a worker's S = {s} elements into chunks of {sizes} for "
+        f"N = {n}, so the shards would differ in shape. Use a layout that cuts them equally: "
+        f"schedule=RingSchedule({ring.direction}, {ring.direction}, 'even') (or 'blocks').",
+    )
+
+
+def collective_input(x: object, schedule: object, what: Stacked) -> tuple[RingSchedule, int]:
+    """The table's metadata rows for ``ring_reduce_scatter``'s ``x`` or ``ring_all_gather``'s ``shards``,
+    and their ``schedule=``; return the ring (:func:`ring_ref.schedule.reduce_scatter_ring`) and ``N``.
+
+    Reduce-scatter's ``(N, M, ...)`` needs ``N`` equal shards; all-gather's ``(N, S, ...)``
+    any ``S``, and its gathered ``(N S, ...)`` buffer cut by the layout into the shards.
+    The value scan is left to the engines (all-gather has none: it copies any bits).
+
+    >>> collective_input(torch.ones(2, 4), None, REDUCE_SCATTER_INPUT)
+    (RingSchedule(direction=1, offset=1, layout='even'), 2)
+    >>> collective_input(torch.ones(4, 1), "gloo", ALL_GATHER_INPUT)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: the layout 'gloo' cuts a worker's S = 4 elements into chunks of 2, 2, 0, 0 for N = 4, ...
+    """
+    if schedule is not None:
+        _raise(_schedule_problem(schedule))
+    assert schedule is None or isinstance(schedule, (str, RingSchedule))
+    if isinstance(x, torch.Tensor):
+        n, _ = check_torch_structure(x, divisible=False, what=what)
+        itemsize = x.element_size()
+    elif isinstance(x, np.ndarray):
+        n, _ = check_numpy_structure(x, divisible=False, what=what)
+        itemsize = x.itemsize
+    else:
+        raise not_an_array(x, what).error()
+    ring = reduce_scatter_ring(schedule, n)
+    shape = tuple(x.shape) if what != ALL_GATHER_INPUT else (n, n * x.shape[1], *x.shape[2:])
+    _raise(_shards_problem(n, shape, ring, itemsize))
+    return ring, n

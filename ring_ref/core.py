@@ -25,6 +25,8 @@ from typing import TypeVar
 from ring_ref import invariants
 from ring_ref.invariants import Provenance, State
 from ring_ref.schedule import (
+    ALL_GATHER,
+    PHASES,
     REDUCE_SCATTER,
     SPEC,
     Phase,
@@ -32,6 +34,7 @@ from ring_ref.schedule import (
     ag_recv_chunk,
     all_rounds,
     left,
+    rounds_per_phase,
     rs_recv_chunk,
 )
 
@@ -41,7 +44,9 @@ __all__ = [
     "all_gather_round",
     "exchange",
     "fold",
+    "gather_state",
     "initial_state",
+    "never_combine",
     "provenance_state",
     "reduce_scatter_round",
     "run_ring",
@@ -68,6 +73,20 @@ def initial_state(buffers: Sequence[Sequence[T]]) -> State[T]:
     if n == 0 or any(len(row) != n for row in buffers):
         raise ValueError(f"a ring state needs n >= 1 workers of n chunks each; got {n} workers")
     return tuple(tuple(row) for row in buffers)
+
+
+def gather_state(shards: Sequence[T]) -> State[T]:
+    """All-gather's starting state for ``n`` ranks' shards (clause ``agc-copy``): worker ``i`` holds its shard.
+
+    Every slot of worker ``i`` starts as ``shards[i]``; the ring's invariants,
+    checked after every round (:func:`run_ring` with ``phases=(ALL_GATHER,)``),
+    confirm that only slot ``owned_chunk(i)`` (``i`` for a ring with ``k = d``)
+    is ever sent and that every other slot is overwritten before it is read.
+
+    >>> gather_state(["a", "b"])
+    (('a', 'a'), ('b', 'b'))
+    """
+    return initial_state([[shard] * len(shards) for shard in shards])
 
 
 def provenance_state(n: int) -> State[Provenance]:
@@ -109,6 +128,11 @@ def exchange(
         # Slice concatenation: measurably faster than star-unpacking for long rows.
         new_rows.append(row[:c] + (update(state[sender(i, n)][c], row[c]),) + row[c + 1 :])  # noqa: RUF005
     return tuple(new_rows)
+
+
+def never_combine(incoming: T, own: T) -> T:
+    """The combine of a run of all-gather alone, which copies and never combines: raises if called."""
+    raise AssertionError("all-gather copies what it receives; it never combines")
 
 
 def _take_incoming(incoming: T, _own: T) -> T:
@@ -155,8 +179,9 @@ def run_ring(
     observe: Observer[T] | None = None,
     *,
     schedule: RingSchedule = SPEC,
+    phases: Sequence[Phase] = PHASES,
 ) -> State[T]:
-    """Run both phases on ``state`` and return every worker's final buffer.
+    """Run ``phases`` (both, by default) on ``state`` and return every worker's final buffer.
 
     The provenance of every slot is carried alongside in lock step and checked
     against the spec's closed forms: in full before the first round and after
@@ -167,13 +192,26 @@ def run_ring(
     runs (clause ``n1-no-rounds``).  ``schedule`` picks the ring of the family
     (clause ``schedule-family``; the spec's by default); its closed forms are
     the ones checked.
+
+    ``phases=(REDUCE_SCATTER,)`` runs reduce-scatter alone (clause ``rsc-phase``):
+    the same rounds and checks, ending where all-reduce's reduce-scatter ends.
+    ``phases=(ALL_GATHER,)`` runs all-gather alone (clause ``agc-copy``) on a
+    state whose provenance starts as reduce-scatter's end (each worker's owned
+    slot complete; see :func:`gather_state`).
     """
     n = len(state)
-    provenance = provenance_state(n)
-    invariants.check(provenance, REDUCE_SCATTER, -1, schedule=schedule)
+    if tuple(phases) not in (PHASES, (REDUCE_SCATTER,), (ALL_GATHER,)):
+        raise ValueError(
+            f"phases must be both phases, reduce-scatter alone or all-gather alone; got {phases}"
+        )
     phase: Phase = REDUCE_SCATTER
-    r = -1
-    for phase, r in all_rounds(n):
+    r = -1 if phases[0] == REDUCE_SCATTER else rounds_per_phase(n) - 1
+    if r == -1:
+        provenance = provenance_state(n)
+    else:
+        provenance = invariants.expected_state(phase, r, n, schedule=schedule)
+    invariants.check(provenance, phase, r, schedule=schedule)
+    for phase, r in (round_ for round_ in all_rounds(n) if round_[0] in phases):
         state = step(state, phase, r, combine, schedule=schedule)
         before, provenance = provenance, step(provenance, phase, r, fold, schedule=schedule)
         invariants.check_round(before, provenance, phase, r, schedule=schedule)

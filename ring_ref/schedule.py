@@ -38,6 +38,7 @@ __all__ = [
     "elements_sent_per_worker",
     "left",
     "owned_chunk",
+    "reduce_scatter_ring",
     "right",
     "rounds_per_phase",
     "rs_recv_chunk",
@@ -261,3 +262,36 @@ GLOO: Final = RingSchedule(-1, -1, "gloo")
 
 PRESETS: Final[dict[str, RingSchedule]] = {"spec": SPEC, "openmpi-ring": OPENMPI_RING, "gloo": GLOO}
 """The named schedules, in the order ``reveal`` reports matches."""
+
+
+def reduce_scatter_ring(schedule: str | RingSchedule | None, n: int) -> RingSchedule:
+    """The ring a reduce-scatter or an all-gather of ``n`` ranks runs: one that leaves chunk ``r`` at rank ``r``.
+
+    A ring leaves chunk ``r`` at rank ``r`` exactly when its offset equals its
+    direction mod ``n`` (``owned_chunk(i) = i - k - (n - 1) d = i`` iff
+    ``k = d``; clause ``rsc-ring``).  ``None`` is the preset ``"spec"``; a preset
+    name gives that preset's direction and layout with ``k = d``; a
+    :class:`RingSchedule` is taken as it is if ``k = d`` (mod ``n``, any ``k`` for
+    ``n = 1``) and refused with a ``ValueError`` otherwise.  The caller has
+    checked the name and the fields (:func:`ring_ref._validate.schedule_of`).
+
+    >>> reduce_scatter_ring(None, 4), reduce_scatter_ring("gloo", 4)
+    (RingSchedule(direction=1, offset=1, layout='even'), RingSchedule(direction=-1, offset=-1, layout='gloo'))
+    >>> reduce_scatter_ring(SPEC, 4)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: reduce-scatter and all-gather leave chunk r at rank r, ... RingSchedule(1, 1, 'even') ...
+    """
+    if schedule is None or isinstance(schedule, str):
+        preset = PRESETS["spec" if schedule is None else schedule]
+        return RingSchedule(preset.direction, preset.direction, preset.layout)
+    d, k, layout = schedule
+    if n > 1 and (k - d) % n:
+        raise ValueError(
+            "reduce-scatter and all-gather leave chunk r at rank r, which a ring does only when its "
+            f"offset equals its direction mod N; the ring ({schedule.describe()}) leaves chunk "
+            f"{schedule.owned_chunk(0, n)} at rank 0 for N = {n}. Use RingSchedule({d}, {d}, {layout!r}) "
+            f"or a preset name ({', '.join(repr(name) for name in PRESETS)}), which takes the preset's "
+            "direction and layout with offset = direction."
+        )
+    return schedule
