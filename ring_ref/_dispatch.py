@@ -139,7 +139,7 @@ def ring_reduce_scatter(
     op: object = "sum",
     engine: Engine = "reference",
 ) -> torch.Tensor | npt.NDArray[_A]:
-    """Ring reduce-scatter of ``x`` (shape ``(N, M, ...)``): ``(N, M / N, ...)``, row ``r`` rank ``r``'s shard.
+    """Ring reduce-scatter of ``x`` (``(N, M, ...)``): ``(N, M / N, ...)``, row ``r`` rank ``r``'s shard.
 
     Rank ``r``'s shard is chunk ``r`` (rows ``r M / N`` onwards) of the reduction,
     the convention of ``torch.distributed.reduce_scatter_tensor``,
@@ -183,7 +183,7 @@ def ring_all_gather(
     schedule: str | RingSchedule | None = None,
     engine: Engine = "reference",
 ) -> torch.Tensor | npt.NDArray[_A]:
-    """Ring all-gather of ``shards`` (shape ``(N, S, ...)``): ``(N S, ...)``, rank ``r``'s shard in slot ``r``.
+    """Ring all-gather of ``shards`` (``(N, S, ...)``): ``(N S, ...)``, rank ``r``'s shard in slot ``r``.
 
     Every rank ends with every rank's shard; this returns that buffer (clauses
     ``agc-*``).  It is a copy: every bit arrives unchanged, NaN payloads, signed

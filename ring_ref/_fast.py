@@ -935,7 +935,7 @@ def ring_reduce_scatter_numpy(x: npt.NDArray[Any], ring: RingSchedule, op: Op = 
 
 
 def ring_all_gather_torch(shards: torch.Tensor) -> torch.Tensor:
-    """All-gather on the fast engine: one copy of the ``(N, S, ...)`` shards as ``(N S, ...)`` (clause ``agc-copy``).
+    """All-gather on the fast engine: one copy of the ``(N, S, ...)`` shards as ``(N S, ...)`` (``agc-copy``).
 
     Every ring with ``k = d`` delivers rank ``r``'s shard, unchanged, to slot
     ``r`` of every rank (proved in ``make prove``), so the gathered buffer is

@@ -63,7 +63,8 @@ def reduce_scatter_torch(x: torch.Tensor, op: Op, ring: RingSchedule) -> torch.T
 
 
 def gather_torch(shards: torch.Tensor, ring: RingSchedule) -> torch.Tensor:
-    """All-gather alone (clause ``agc-copy``): ``(N, S, ...)`` to worker 0's ``(N S, ...)``, shard ``r`` in slot ``r``.
+    """All-gather alone (clause ``agc-copy``): ``(N, S, ...)`` to worker 0's ``(N S, ...)``, shard ``r``
+    in slot ``r``.
 
     Copies only: every bit of every shard, NaN payloads included, arrives unchanged.
     """

@@ -76,7 +76,7 @@ def initial_state(buffers: Sequence[Sequence[T]]) -> State[T]:
 
 
 def gather_state(shards: Sequence[T]) -> State[T]:
-    """All-gather's starting state for ``n`` ranks' shards (clause ``agc-copy``): worker ``i`` holds its shard.
+    """All-gather's starting state for ``n`` shards (clause ``agc-copy``): worker ``i`` holds its shard.
 
     Every slot of worker ``i`` starts as ``shards[i]``; the ring's invariants,
     checked after every round (:func:`run_ring` with ``phases=(ALL_GATHER,)``),
@@ -206,10 +206,8 @@ def run_ring(
         )
     phase: Phase = REDUCE_SCATTER
     r = -1 if phases[0] == REDUCE_SCATTER else rounds_per_phase(n) - 1
-    if r == -1:
-        provenance = provenance_state(n)
-    else:
-        provenance = invariants.expected_state(phase, r, n, schedule=schedule)
+    # all-gather alone starts where reduce-scatter ends: each worker's owned slot complete
+    provenance = provenance_state(n) if r == -1 else invariants.expected_state(phase, r, n, schedule=schedule)
     invariants.check(provenance, phase, r, schedule=schedule)
     for phase, r in (round_ for round_ in all_rounds(n) if round_[0] in phases):
         state = step(state, phase, r, combine, schedule=schedule)

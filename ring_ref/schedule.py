@@ -265,7 +265,7 @@ PRESETS: Final[dict[str, RingSchedule]] = {"spec": SPEC, "openmpi-ring": OPENMPI
 
 
 def reduce_scatter_ring(schedule: str | RingSchedule | None, n: int) -> RingSchedule:
-    """The ring a reduce-scatter or an all-gather of ``n`` ranks runs: one that leaves chunk ``r`` at rank ``r``.
+    """The ring a reduce-scatter or an all-gather of ``n`` ranks runs: it leaves chunk ``r`` at rank ``r``.
 
     A ring leaves chunk ``r`` at rank ``r`` exactly when its offset equals its
     direction mod ``n`` (``owned_chunk(i) = i - k - (n - 1) d = i`` iff
