@@ -110,20 +110,19 @@ def _first_extreme(values: list[float], greater: bool) -> float:
     return best
 
 
-def ring_fold_op(x: torch.Tensor, op: str) -> torch.Tensor:
+def ring_fold_op(x: torch.Tensor, op: str, direction: int = 1, offset: int = 0) -> torch.Tensor:
     """The closed-form ring result of ``x`` (shape ``(N, M, ...)``) for ``op`` (clauses ``op-*``).
 
-    ``sum``/``prod``: the fold of chunk ``c`` over workers ``c, c+1, ..., c-1``
-    in the dtype; ``max``/``min``: the first extreme in that order, chosen in
+    ``sum``/``prod``: the fold of chunk ``c`` over workers ``c + k, c + k + d, ...``
+    (``d = direction``, ``k = offset``; the spec's ring ``c, c+1, ..., c-1`` by
+    default) in the dtype; ``max``/``min``: the first extreme in that order, chosen in
     Python floats; ``avg``: the exact quotient of the ring's sum by ``N``,
     correctly rounded (through float64, innocuous for p <= 24, exact for float64).
     """
     n, m = x.shape[0], x.shape[1]
     k = m // n
-    if op in ("sum", "avg"):
-        total = ring_fold(x)
-        if op == "sum":
-            return total
+    if op == "avg":
+        total = ring_fold_op(x, "sum", direction, offset)
         # Fraction(-0.0) is 0: the sign of a zero sum is carried over by hand (-0.0 / N is -0.0);
         # an overflowed sum stays infinite.
         sums = total.to(torch.float64).reshape(-1).tolist()
@@ -131,18 +130,28 @@ def ring_fold_op(x: torch.Tensor, op: str) -> torch.Tensor:
         return torch.tensor(exact, dtype=torch.float64).to(x.dtype).reshape(total.shape)
     pieces = []
     for c in range(n):
-        order = [(c + step) % n for step in range(n)]
+        order = [(c + offset + step * direction) % n for step in range(n)]
         rows = [x[w, c * k : (c + 1) * k] for w in order]
-        if op == "prod":
+        if op in ("sum", "prod"):
             acc = rows[0].clone()
             for row in rows[1:]:
-                acc = acc * row
+                acc = acc + row if op == "sum" else acc * row
         else:
             flat = [row.to(torch.float64).reshape(-1).tolist() for row in rows]
             chosen = [_first_extreme([f[e] for f in flat], op == "max") for e in range(len(flat[0]))]
             acc = torch.tensor(chosen, dtype=torch.float64).to(x.dtype).reshape(rows[0].shape)
         pieces.append(acc)
     return torch.cat(pieces)
+
+
+def reduce_scatter_fold(x: torch.Tensor, op: str = "sum", direction: int = 1) -> torch.Tensor:
+    """Clause ``rsc-fold-order`` typed in from the spec: ``(N, M, ...)`` to ``(N, M / N, ...)``.
+
+    Row ``r`` is chunk ``r`` (rows ``r M / N .. (r + 1) M / N - 1``) folded over the
+    workers ``r + d, r + 2d, ..., r`` (mod ``N``), each step in the dtype.
+    """
+    n, m = x.shape[0], x.shape[1]
+    return ring_fold_op(x, op, direction, direction).reshape(n, m // n, *x.shape[2:])
 
 
 def schedule_fold(
