@@ -579,6 +579,29 @@ def _ag_final(o: Ops, m: Model, s: Symbols) -> tuple[Term, Term]:
     return o.true, same(o, ag_expected(o, g, r, i, c), arc_value(o, fold_start(o, g, c), g.n))
 
 
+def _offset_is_direction(o: Ops, g: Ring) -> Term:
+    """``k = d (mod n)`` for ``0 <= k < n``: the rings of reduce-scatter and all-gather (``rsc-ring``)."""
+    return g.k == o.ite(g.d == 1, 1, g.n - 1)
+
+
+def _theorem_shard(o: Ops, m: Model, s: Symbols) -> tuple[Term, Term]:
+    """Reduce-scatter alone leaves chunk ``i`` at rank ``i``, as the whole fold ``i + d, i + 2d, ..., i``."""
+    g, r, i = s.ring, s.r, s.i
+    shard = rs_expected(o, g, r, i, i)
+    starts_after_i = fold_start(o, g, i) == o.mod(i + g.d, g.n, -1, 2)
+    whole_fold = arc_value(o, fold_start(o, g, i), g.n)
+    return _offset_is_direction(o, g), o.and_(
+        m.owned(o, g, i) == i, starts_after_i, same(o, shard, whole_fold)
+    )
+
+
+def _theorem_gather(o: Ops, m: Model, s: Symbols) -> tuple[Term, Term]:
+    """After all-gather (alone, from reduce-scatter's end) slot ``i`` of every worker ``c`` holds what
+    rank ``i`` held in slot ``i`` after reduce-scatter: all-gather after reduce-scatter is all-reduce."""
+    g, r, i, c = s.ring, s.r, s.i, s.c
+    return _offset_is_direction(o, g), same(o, ag_expected(o, g, r, c, i), rs_expected(o, g, r, i, i))
+
+
 OBLIGATIONS: Final[tuple[Obligation, ...]] = (
     Obligation("send-is-receive/rs", "a", _send_is_receive(RS)),
     Obligation("send-is-receive/ag", "a", _send_is_receive(AG)),
@@ -594,9 +617,14 @@ OBLIGATIONS: Final[tuple[Obligation, ...]] = (
     Obligation("write-not-read/ag", "d", _write_not_read(AG)),
     Obligation("changed-slot/rs", "check_round", _changed_slot(RS)),
     Obligation("changed-slot/ag", "check_round", _changed_slot(AG)),
+    Obligation("rs-ag-theorem/shard", "theorem", _theorem_shard, "last"),
+    Obligation("rs-ag-theorem/gather", "theorem", _theorem_gather, "last"),
 )
 """``property``: the issue's (a) send = receive, (b) inductive invariants, (c) end states,
-(d) written slot never read; ``check_round``: the one slot the closed form changes is the one written."""
+(d) written slot never read; ``check_round``: the one slot the closed form changes is the one written;
+``theorem``: for the rings with ``k = d``, reduce-scatter leaves rank ``r`` chunk ``r``'s whole fold and
+all-gather copies it into slot ``r`` of every worker, the all-reduce's value (spec clause ``rs-ag-theorem``).
+The other obligations show that the core, run on each phase alone, reaches these closed forms."""
 
 
 class Counterexample(NamedTuple):

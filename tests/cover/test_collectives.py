@@ -27,7 +27,8 @@ from ring_ref import (
 )
 from ring_ref.core import fold, gather_state, never_combine, provenance_state, run_ring
 from ring_ref.invariants import InvariantViolation
-from ring_ref.schedule import ALL_GATHER, REDUCE_SCATTER, SPEC, Phase
+from ring_ref.schedule import ALL_GATHER, REDUCE_SCATTER, SPEC, Phase, reduce_scatter_ring
+from tests.cover.test_spec_clauses import SPEC_PY
 from tests.oracles import INT_OF_BITS, bits, reduce_scatter_fold, ring_fold_op, same_bits
 from tests.strategies import ALL_DTYPES, worker_tensors
 
@@ -68,7 +69,7 @@ def test_reduce_scatter_is_the_left_fold_from_r_plus_d(
             assert same_bits(_numpy_twin(got_np), expected), (engine, ring, "numpy")
 
 
-@pytest.mark.clause("rsc-fold-order")
+@pytest.mark.clause("rsc-fold-order", "rs-ag-theorem")
 @pytest.mark.parametrize("engine", ENGINES)
 def test_reduce_scatter_by_hand_folds_from_r_plus_1(engine: Engine) -> None:
     """Chunk ``c``: worker ``c + 1`` holds ``2^24``, ``c + 2`` holds ``1``, ``c`` holds ``-2^24``.
@@ -423,3 +424,15 @@ def test_each_phase_alone_is_checked_by_its_invariants() -> None:
         run_ring(provenance_state(2), never_combine, phases=(REDUCE_SCATTER,))
     with pytest.raises(ValueError, match="phases must be"):
         run_ring(provenance_state(2), fold, phases=(ALL_GATHER, REDUCE_SCATTER))
+
+
+@pytest.mark.clause("rsc-ring")
+@pytest.mark.parametrize("n", range(1, 10))
+def test_shard_order_matches_spec_code(n: int) -> None:
+    for d in (1, -1):
+        for layout in ("even", "blocks", "gloo"):
+            ring = reduce_scatter_ring(RingSchedule(*SPEC_PY["collective_ring"](d, layout)), n)
+            assert ring == RingSchedule(d, d, layout)
+            for r in range(n):
+                assert ring.owned_chunk(r, n) == r
+                assert ring.fold_order(r, n) == SPEC_PY["rs_shard_order"](r, n, d)

@@ -83,6 +83,7 @@ def _arc_table(n: int, d: int) -> list[Provenance]:
     return [ring[first : first + length] for first in firsts for length in range(n + 1)]
 
 
+@pytest.mark.clause("rs-ag-theorem")
 def test_the_cli_proves_every_obligation_for_the_core_and_the_in_place_variant(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -590,3 +591,39 @@ def test_a_fault_in_the_encoding_itself_is_reported_as_a_broken_claim() -> None:
     assert res.counterexample is not None
     n, k, d, r, i, _ = res.counterexample
     assert not -n <= i - k - d * r < n
+
+
+THEOREM = {ob.name: ob for ob in prove.OBLIGATIONS if ob.name.startswith("rs-ag-theorem/")}
+
+
+@pytest.mark.clause("rs-ag-theorem")
+def test_the_theorem_needs_offset_equal_to_direction_and_the_true_owned_chunk() -> None:
+    """Without ``k = d`` the shard obligation has a counterexample (the spec's ring ``k = 0``: rank ``i``
+    owns chunk ``i + 1``), as has the gather obligation; with the owned chunk off by one (``d = -1``), the
+    shard obligation fails on a ring with ``k = d``.  Each counterexample replays on the code."""
+    for ob in THEOREM.values():
+        anyring = replace(ob, name=f"{ob.name} (any k)", build=_without_hypothesis(ob.build))
+        (res,) = prove.prove(prove.CORE, [anyring])
+        assert res.detail == "" and res.counterexample is not None, res
+        n, k, d, _r, i, c = res.counterexample
+        assert (k - d) % n != 0
+        ring = RingSchedule(d, k)
+        if ob.name.endswith("shard"):
+            assert ring.owned_chunk(i, n) != i or ring.fold_order(i, n)[0] != (i + d) % n
+        else:
+            final = core.run_ring(core.provenance_state(n), core.fold, schedule=ring)
+            after_rs = core.run_ring(
+                core.provenance_state(n), core.fold, schedule=ring, phases=(REDUCE_SCATTER,)
+            )
+            assert final[c][i] != after_rs[i][i]
+    (res,) = prove.prove(prove.FAULTS["owned-off-by-one"], [THEOREM["rs-ag-theorem/shard"]])
+    assert res.counterexample is not None and res.counterexample.d == -1
+    n, k, d, _r, i, _c = res.counterexample
+    assert RingSchedule(d, k).owned_chunk(i, n) == i != _off_by_one_owned(RingSchedule(d, k), i, n)
+
+
+def _without_hypothesis(build: prove.Build) -> prove.Build:
+    def any_offset(o: prove.Ops, m: prove.Model, s: prove.Symbols) -> tuple[Any, Any]:
+        return o.true, build(o, m, s)[1]
+
+    return any_offset
