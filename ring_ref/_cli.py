@@ -18,14 +18,14 @@ from ring_ref import _reveal, _svg
 from ring_ref._dispatch import ring_all_reduce
 from ring_ref._ops import OPS
 from ring_ref._reveal import RevealError
-from ring_ref._trace import check_trace_size, render_table, trace, trace_json
+from ring_ref._trace import ALL_REDUCE, COLLECTIVES, check_trace_size, render_table, trace, trace_json
 from ring_ref._vectors import _ops, _presets, _sums
 from ring_ref._version import __version__
 from ring_ref.core import initial_state, run_ring
 from ring_ref.difftest import DTYPES, MODES, OrderError, TargetError, _orders, difftest, load_target
 from ring_ref.difftest._vocabulary import DEFAULT_TIMEOUT_S, MAX_RANKS, MPI_MAX_RANKS, RANKS
 from ring_ref.invariants import Provenance, State
-from ring_ref.schedule import SPEC, Phase
+from ring_ref.schedule import PRESETS, SPEC, Phase, reduce_scatter_ring
 
 
 def _demo(_args: argparse.Namespace) -> int:
@@ -59,16 +59,20 @@ def _trace_command(args: argparse.Namespace) -> int:
     m = args.n if args.m is None else args.m
     try:
         ring = _orders.schedule_ring(args.schedule)
-        check_trace_size(args.n, m, args.format, ring)
+        if args.collective != ALL_REDUCE:  # a preset's name takes its direction as the offset
+            ring = reduce_scatter_ring(args.schedule if args.schedule in PRESETS else ring, args.n)
+        check_trace_size(args.n, m, args.format, ring, collective=args.collective)
+        records = trace(args.n, ring, args.op, collective=args.collective)
     except (ValueError, TypeError) as err:
         print(f"ring-ref trace: {err}", file=sys.stderr)
         return 2
-    records = trace(args.n, ring, args.op)
     if args.format == "json":
-        print(json.dumps(trace_json(records, m, ring), indent=1))
+        print(json.dumps(trace_json(records, m, ring, collective=args.collective), indent=1))
     elif args.format == "svg":
         print(_svg.rounds_svg(records), end="")
     else:
+        if args.collective != ALL_REDUCE:
+            print(f"collective: {args.collective} alone (spec section 12)")
         if ring != SPEC:
             print(f"ring: {ring.normalized(args.n).describe()} (spec section 10)\n")
         print(render_table(records))
@@ -314,6 +318,13 @@ def build_parser() -> argparse.ArgumentParser:
         choices=OPS,
         default="sum",
         help="reduction op (spec section 9): what reduce-scatter receivers store; avg ends dividing by N",
+    )
+    tr.add_argument(
+        "--collective",
+        choices=COLLECTIVES,
+        default=ALL_REDUCE,
+        help="both phases (all-reduce, the default) or one alone (spec section 12), on the ring whose "
+        "offset is its direction; M counts the rows of the whole buffer",
     )
     tr.set_defaults(func=_trace_command)
     vec = commands.add_parser("vectors", help="write the conformance vector files (spec/vectors/)")

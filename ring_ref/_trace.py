@@ -31,10 +31,26 @@ from typing import Any, Final, Literal, NamedTuple
 
 from ring_ref._chunks import chunk_bounds
 from ring_ref._ops import Op, op_name
-from ring_ref._validate import check_ring_size
-from ring_ref.core import fold, provenance_state, run_ring
-from ring_ref.invariants import Provenance, State, finished_chunks, is_complete
-from ring_ref.schedule import PHASES, REDUCE_SCATTER, SPEC, Phase, RingSchedule, Send, rounds_per_phase, sends
+from ring_ref._validate import check_collective_size, check_ring_size
+from ring_ref.core import fold, never_combine, provenance_state, run_ring
+from ring_ref.invariants import Provenance, State, expected_state, finished_chunks, is_complete
+from ring_ref.schedule import (
+    ALL_GATHER,
+    PHASES,
+    REDUCE_SCATTER,
+    SPEC,
+    Phase,
+    RingSchedule,
+    Send,
+    reduce_scatter_ring,
+    rounds_per_phase,
+    sends,
+)
+
+Collective = Literal["all-reduce", "reduce-scatter", "all-gather"]
+ALL_REDUCE: Final = "all-reduce"
+COLLECTIVES: Final[tuple[Collective, Collective, Collective]] = (ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER)
+"""What ``ring-ref trace --collective`` runs: both phases (the default), or one alone (spec section 12)."""
 
 TRACE_FORMAT = "ring-ref-trace"
 TRACE_VERSION = 1
@@ -58,20 +74,39 @@ class RoundRecord(NamedTuple):
     op: Op = "sum"
 
 
-def trace(n: int, schedule: RingSchedule = SPEC, op: str = "sum") -> tuple[RoundRecord, ...]:
+def trace(
+    n: int, schedule: RingSchedule = SPEC, op: str = "sum", *, collective: Collective = ALL_REDUCE
+) -> tuple[RoundRecord, ...]:
     """Run the reference core for ``n`` workers and record every round (of ``schedule``'s ring).
 
     ``op`` is one of ``sum``, ``prod``, ``max``, ``min``, ``avg`` (``ValueError`` otherwise).
+    ``collective`` ``"reduce-scatter"`` or ``"all-gather"`` records that phase alone (clause
+    ``collective-trace``), on a ring whose offset equals its direction
+    (:func:`ring_ref.schedule.reduce_scatter_ring`); all-gather's ``start`` is the state
+    reduce-scatter ends in, and it takes no op.
+
+    >>> [(rec.phase, rec.round) for rec in trace(3, RingSchedule(1, 1), collective="all-gather")]
+    [('start', -1), ('all-gather', 0), ('all-gather', 1)]
     """
     the_op = op_name(op)
+    if collective not in COLLECTIVES:
+        raise ValueError(f"unknown collective {collective!r}; choose one of {', '.join(COLLECTIVES)}.")
+    phases: tuple[Phase, ...] = PHASES if collective == ALL_REDUCE else (collective,)
     start = provenance_state(n)
+    if collective != ALL_REDUCE:
+        schedule = reduce_scatter_ring(schedule, n)
+    if collective == ALL_GATHER:
+        if the_op != "sum":
+            raise ValueError(f"all-gather copies and takes no op; got op={the_op!r}. Leave --op out.")
+        start = expected_state(REDUCE_SCATTER, rounds_per_phase(n) - 1, n, schedule=schedule)
     records = [RoundRecord("start", -1, (), start, the_op)]
     send_list = sends if schedule is SPEC else schedule.sends
 
     def observe(phase: Phase, r: int, _state: State[Provenance], prov: State[Provenance]) -> None:
         records.append(RoundRecord(phase, r, send_list(phase, r, n), prov, the_op))
 
-    run_ring(start, fold, observe, schedule=schedule)
+    combine = never_combine if collective == ALL_GATHER else fold
+    run_ring(start, combine, observe, schedule=schedule, phases=phases)
     if the_op == "avg":
         records.append(RoundRecord(DIVIDE, 0, (), records[-1].provenance, the_op))
     return tuple(records)
@@ -124,6 +159,11 @@ _LEGEND: Final[dict[str, str]] = {
 
 
 def _headline(rec: RoundRecord, n: int) -> str:
+    if rec.phase == "start" and rec.provenance != provenance_state(n):
+        return (
+            "start (all-gather alone): each worker holds its shard, finished, in its own slot; "
+            "the other slots show what reduce-scatter leaves there and are overwritten before they are read"
+        )
     if rec.phase == "start":
         return "start: every slot holds only its own worker's value"
     if rec.phase == DIVIDE:
@@ -190,17 +230,24 @@ wide; at ``N = 64`` the SVG would be 112 MB.
 """
 
 
-def check_trace_size(n: int, m: int, fmt: str, schedule: RingSchedule = SPEC) -> None:
+def check_trace_size(
+    n: int, m: int, fmt: str, schedule: RingSchedule = SPEC, *, collective: Collective = ALL_REDUCE
+) -> None:
     """Raise ``ValueError`` for a ring the trace cannot hold (``bad-input``) or show readably in ``fmt``.
 
-    ``M`` must be a multiple of ``N`` only for the ``even`` layout (clause ``schedule-layouts``).
+    ``M`` must be a multiple of ``N`` only for the ``even`` layout (clause ``schedule-layouts``);
+    for reduce-scatter and all-gather (``M`` rows of the whole buffer) always, and the layout must
+    cut equal chunks (clause ``rsc-bad-input``).
     """
     if n < 1 or m < 1:
         flag, value = ("-n", n) if n < 1 else ("-m", m)
         raise ValueError(
             f"{flag} {value}: a trace needs at least one worker and one row; give {flag} 1 or more."
         )
-    check_ring_size(n, m, divisible=schedule.layout == "even")
+    if collective == ALL_REDUCE:
+        check_ring_size(n, m, divisible=schedule.layout == "even")
+    else:
+        check_collective_size(n, m, schedule)
     limit = MAX_WORKERS[fmt]
     if n > limit:
         larger = [f"--format {f} (N <= {k})" for f, k in MAX_WORKERS.items() if k > limit]
@@ -239,7 +286,13 @@ def _round_json(rec: RoundRecord, sizes: list[int], n: int) -> dict[str, Any]:
     return doc
 
 
-def trace_json(records: tuple[RoundRecord, ...], m: int, schedule: RingSchedule = SPEC) -> dict[str, Any]:
+def trace_json(
+    records: tuple[RoundRecord, ...],
+    m: int,
+    schedule: RingSchedule = SPEC,
+    *,
+    collective: Collective = ALL_REDUCE,
+) -> dict[str, Any]:
     """The JSON trace (schema ``spec/trace.schema.json``) of ``records`` for ``M = m`` one-element rows.
 
     ``S = m`` elements per worker, so each send moves one chunk of ``S / N`` elements.  For another
@@ -247,11 +300,15 @@ def trace_json(records: tuple[RoundRecord, ...], m: int, schedule: RingSchedule 
     other than ``even``, each chunk's size (``gloo`` cut as for 4-byte elements); ``chunkElements``
     and ``elementsPerWorkerPerRound`` are then the largest chunk.  For an op other than ``sum``
     (clause ``op-trace``) it names the op; ``avg``'s ``divide`` step carries ``divisor`` = ``N``
-    and is not counted as a round of traffic.
+    and is not counted as a round of traffic.  A reduce-scatter or all-gather trace (``collective``,
+    clause ``collective-trace``) names its collective.
     """
     n = len(records[0].provenance)
     op = records[0].op
-    check_ring_size(n, m, divisible=schedule.layout == "even")
+    if collective == ALL_REDUCE:
+        check_ring_size(n, m, divisible=schedule.layout == "even")
+    else:
+        check_collective_size(n, m, schedule)
     sizes = [hi - lo for lo, hi in chunk_bounds(schedule.layout, n, m, itemsize=4)]
     chunk = max(sizes)
     rounds = [_round_json(rec, sizes, n) for rec in records]
@@ -260,6 +317,8 @@ def trace_json(records: tuple[RoundRecord, ...], m: int, schedule: RingSchedule 
         for s in rec.sends:
             sent[s.src] += sizes[s.chunk]
     extra: dict[str, Any] = {}
+    if collective != ALL_REDUCE:
+        extra["collective"] = collective
     if op != "sum":
         extra["op"] = op
     if schedule != SPEC:

@@ -36,6 +36,7 @@ __all__ = [
     "SCAN_ELEMENTS",
     "BadInput",
     "Stacked",
+    "check_collective_size",
     "check_numpy",
     "check_numpy_structure",
     "check_ring_size",
@@ -576,3 +577,13 @@ def collective_input(x: object, schedule: object, what: Stacked) -> tuple[RingSc
     shape = tuple(x.shape) if what != ALL_GATHER_INPUT else (n, n * x.shape[1], *x.shape[2:])
     _raise(_shards_problem(n, shape, ring, itemsize))
     return ring, n
+
+
+def check_collective_size(n: int, m: int, ring: RingSchedule) -> None:
+    """The table's rows for a reduce-scatter or all-gather of ``N`` workers of ``M`` one-element rows,
+    without any data (``ring-ref trace --collective``): equal shards, ``ring``'s layout cutting them.
+
+    >>> check_collective_size(4, 8, RingSchedule(1, 1))
+    """
+    _raise(_rows_problem(n, m, (n, m), divisible=False))
+    _raise(_shards_problem(n, (n, m), ring, 4))
