@@ -245,14 +245,14 @@ def test_gradients_flow_through_both(engine: Engine, op: str) -> None:
     n, m = 3, 6
     x = torch.randn(n, m, generator=torch.Generator().manual_seed(1), requires_grad=True)
     w = torch.arange(m, dtype=torch.float32).reshape(n, m // n) + 1
-    (ring_reduce_scatter(x, op=op, engine=engine) * w).sum().backward()
+    (ring_reduce_scatter(x, op=op, engine=engine) * w).sum().backward()  # type: ignore[no-untyped-call]
     assert x.grad is not None
     scale = 1 / n if op == "avg" else 1.0
     for i in range(n):  # every worker's element j reaches the shard holding row j with weight w
         assert torch.allclose(x.grad[i], w.reshape(m) * scale)
     shards = torch.randn(n, 2, generator=torch.Generator().manual_seed(2), requires_grad=True)
     v = torch.arange(2 * n, dtype=torch.float32)
-    (ring_all_gather(shards, engine=engine) * v).sum().backward()
+    (ring_all_gather(shards, engine=engine) * v).sum().backward()  # type: ignore[no-untyped-call]
     assert shards.grad is not None
     assert torch.equal(shards.grad, v.reshape(n, 2))
 
@@ -260,7 +260,7 @@ def test_gradients_flow_through_both(engine: Engine, op: str) -> None:
 @pytest.mark.clause("rsc-shape")
 def test_reference_differentiates_max_and_fast_refuses_it() -> None:
     x = torch.tensor([[1.0, 5.0], [3.0, 2.0]], requires_grad=True)
-    ring_reduce_scatter(x, op="max").sum().backward()
+    ring_reduce_scatter(x, op="max").sum().backward()  # type: ignore[no-untyped-call]
     assert x.grad is not None
     assert x.grad.tolist() == [[0.0, 1.0], [1.0, 0.0]]
     with pytest.raises(ValueError, match="engine='fast' differentiates op='sum' and op='avg' only"):
