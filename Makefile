@@ -76,8 +76,9 @@ vectors-check: $(STAMP)
 	$(BIN)/ring-ref vectors --out "$$tmp" >/dev/null && \
 	$(BIN)/ring-ref vectors --presets --out "$$tmp" >/dev/null && \
 	$(BIN)/ring-ref vectors --ops --out "$$tmp" >/dev/null && \
+	$(BIN)/ring-ref vectors --collectives --out "$$tmp" >/dev/null && \
 	for f in "$$tmp"/*; do \
-		cmp "$$f" "spec/vectors/$$(basename "$$f")" || { echo "spec/vectors drifted: run ring-ref vectors [--presets|--ops] --out spec/vectors"; exit 1; }; \
+		cmp "$$f" "spec/vectors/$$(basename "$$f")" || { echo "spec/vectors drifted: run ring-ref vectors [--presets|--ops|--collectives] --out spec/vectors"; exit 1; }; \
 	done && echo "vectors-check: spec/vectors matches the generator"
 
 # SPIN checks the asynchronous ring (spec/ring_all_reduce.pml) exhaustively for

@@ -19,7 +19,7 @@ from ring_ref._dispatch import ring_all_reduce
 from ring_ref._ops import OPS
 from ring_ref._reveal import RevealError
 from ring_ref._trace import ALL_REDUCE, COLLECTIVES, check_trace_size, render_table, trace, trace_json
-from ring_ref._vectors import _ops, _presets, _sums
+from ring_ref._vectors import _collectives, _ops, _presets, _sums
 from ring_ref._version import __version__
 from ring_ref.core import initial_state, run_ring
 from ring_ref.difftest import DTYPES, MODES, OrderError, TargetError, _orders, difftest, load_target
@@ -83,7 +83,9 @@ def _vectors_command(args: argparse.Namespace) -> int:
     if not args.out.strip():
         print("ring-ref vectors: --out must name a directory; got an empty path", file=sys.stderr)
         return 2
-    generator = _presets if args.presets else _ops if args.ops else _sums
+    generator = (
+        _presets if args.presets else _ops if args.ops else _collectives if args.collectives else _sums
+    )
     try:
         written = generator.write(Path(args.out))
     except OSError as err:
@@ -339,6 +341,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--ops",
         action="store_true",
         help="write the reduction ops' vectors (ring_all_reduce_ops_v1: prod, max, min, avg) instead",
+    )
+    which.add_argument(
+        "--collectives",
+        action="store_true",
+        help="write reduce-scatter's and all-gather's vectors (ring_reduce_scatter_v1, ring_all_gather_v1)",
     )
     vec.set_defaults(func=_vectors_command)
     dt = commands.add_parser(
