@@ -37,8 +37,10 @@ from ring_ref._vectors._format import (
     header,
     hex_list_schema,
     json_texts,
+    schedule_schema,
     search,
     shape_schema,
+    spread,
     strict,
     write_files,
 )
@@ -108,11 +110,6 @@ AG_NOTES: Final[dict[str, str]] = {
 }
 
 
-def _value(rng: random.Random) -> float:
-    """Both signs, full significands, 2^-6 .. 2^6: additions round, so orders differ in the bits."""
-    return rng.choice((-1.0, 1.0)) * (1.0 + rng.random()) * 2.0 ** rng.randint(-6, 6)
-
-
 def _telling(
     rng: random.Random, ring: RingSchedule, shape: tuple[int, ...], dtype: torch.dtype
 ) -> torch.Tensor:
@@ -127,7 +124,7 @@ def _telling(
         mine = ring_reduce_scatter(x, schedule=ring)
         return all(differs(mine, ring_all_reduce(x, schedule=o).reshape(mine.shape)) for o in others)
 
-    return search(rng, shape, dtype, _value, telling, tries=SEARCH_TRIES)
+    return search(rng, shape, dtype, spread, telling, tries=SEARCH_TRIES)
 
 
 def build_reduce_scatter() -> dict[str, Any]:
@@ -244,13 +241,7 @@ def schema_reduce_scatter() -> dict[str, Any]:
     group = strict(
         {
             "preset": {"enum": list(PRESETS)},
-            "schedule": strict(
-                {
-                    "direction": {"enum": [1, -1]},
-                    "offset": {"type": "integer"},
-                    "layout": {"enum": ["even", "blocks", "gloo"]},
-                }
-            ),
+            "schedule": schedule_schema(),
             "dtype": {"enum": list(FORMATS)},
             "bits": {"enum": [16, 32, 64]},
             "tests": {"type": "array", "items": _test_schema()},

@@ -61,6 +61,11 @@ def tensor(values: Sequence[float], shape: tuple[int, ...], dtype: torch.dtype) 
     return torch.tensor(values, dtype=torch.float64).to(dtype).reshape(shape)
 
 
+def spread(rng: random.Random) -> float:
+    """Both signs, full significands, 2^-6 .. 2^6: additions round, so orders differ in the bits."""
+    return rng.choice((-1.0, 1.0)) * (1.0 + rng.random()) * 2.0 ** rng.randint(-6, 6)
+
+
 def uniform(rng: random.Random) -> float:
     """A value in ``[-8, 8)``."""
     return rng.uniform(-8.0, 8.0)
@@ -189,6 +194,17 @@ def strict(properties: dict[str, Any], required: Sequence[str] | None = None) ->
         "required": list(properties if required is None else required),
         "properties": properties,
     }
+
+
+def schedule_schema() -> dict[str, Any]:
+    """A ring of the schedule family: ``{direction, offset, layout}``."""
+    return strict(
+        {
+            "direction": {"enum": [1, -1]},
+            "offset": {"type": "integer"},
+            "layout": {"enum": ["even", "blocks", "gloo"]},
+        }
+    )
 
 
 def count_schema() -> dict[str, Any]:

@@ -37,8 +37,10 @@ from ring_ref._vectors._format import (
     header,
     hex_list_schema,
     json_texts,
+    schedule_schema,
     search,
     shape_schema,
+    spread,
     strict,
     write_files,
 )
@@ -77,11 +79,6 @@ HEADER: Final = header(
 )
 
 
-def _value(rng: random.Random) -> float:
-    """Both signs, full significands, 2^-6 .. 2^6: additions round, so orders differ in the bits."""
-    return rng.choice((-1.0, 1.0)) * (1.0 + rng.random()) * 2.0 ** rng.randint(-6, 6)
-
-
 def _telling(rng: random.Random, preset: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """Random values on which ``preset``'s result differs from every preset with another order here.
 
@@ -100,7 +97,7 @@ def _telling(rng: random.Random, preset: str, shape: tuple[int, ...], dtype: tor
         mine = ring_all_reduce(x, schedule=preset)
         return all(differs(mine, ring_all_reduce(x, schedule=p)) for p in others)
 
-    return search(rng, shape, dtype, _value, telling, tries=SEARCH_TRIES)
+    return search(rng, shape, dtype, spread, telling, tries=SEARCH_TRIES)
 
 
 def build() -> dict[str, Any]:
@@ -161,13 +158,7 @@ def schema() -> dict[str, Any]:
     group = strict(
         {
             "preset": {"enum": list(PRESETS)},
-            "schedule": strict(
-                {
-                    "direction": {"enum": [1, -1]},
-                    "offset": {"type": "integer"},
-                    "layout": {"enum": ["even", "blocks", "gloo"]},
-                }
-            ),
+            "schedule": schedule_schema(),
             "dtype": {"enum": list(FORMATS)},
             "bits": {"enum": [16, 32, 64]},
             "tests": {"type": "array", "items": test},

@@ -41,6 +41,16 @@ def _rs_ring(n: int, direction: int, wraps: int, layout: Any) -> RingSchedule:
     return RingSchedule(direction, direction + wraps * n, layout)
 
 
+RING_CASES: dict[str, st.SearchStrategy[Any]] = {
+    "x": worker_tensors(max_n=6),
+    "op": st.sampled_from(OPS),
+    "direction": st.sampled_from((1, -1)),
+    "wraps": st.integers(-1, 1),
+    "layout": st.sampled_from(("even", "blocks")),
+}
+"""An input, an op and a ring with ``k = d``: offset ``d + wraps N``, a layout that cuts equal chunks."""
+
+
 def _numpy_twin(got: Any) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(got))
 
@@ -49,13 +59,7 @@ def _numpy_twin(got: Any) -> torch.Tensor:
 
 
 @pytest.mark.clause("rsc-fold-order")
-@given(
-    x=worker_tensors(max_n=6),
-    op=st.sampled_from(OPS),
-    direction=st.sampled_from((1, -1)),
-    wraps=st.integers(-1, 1),
-    layout=st.sampled_from(("even", "blocks")),
-)
+@given(**RING_CASES)
 def test_reduce_scatter_is_the_left_fold_from_r_plus_d(
     x: torch.Tensor, op: str, direction: int, wraps: int, layout: str
 ) -> None:
@@ -181,13 +185,7 @@ def test_all_gather_by_hand(engine: Engine) -> None:
 
 
 @pytest.mark.clause("rs-ag-theorem")
-@given(
-    x=worker_tensors(max_n=6),
-    op=st.sampled_from(OPS),
-    direction=st.sampled_from((1, -1)),
-    wraps=st.integers(-1, 1),
-    layout=st.sampled_from(("even", "blocks")),
-)
+@given(**RING_CASES)
 def test_all_gather_after_reduce_scatter_is_all_reduce(
     x: torch.Tensor, op: str, direction: int, wraps: int, layout: str
 ) -> None:
