@@ -434,3 +434,21 @@ def test_shard_order_matches_spec_code(n: int) -> None:
             for r in range(n):
                 assert ring.owned_chunk(r, n) == r
                 assert ring.fold_order(r, n) == SPEC_PY["rs_shard_order"](r, n, d)
+
+
+@pytest.mark.clause("rsc-shape", "agc-copy")
+@pytest.mark.gpu
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_collectives_on_cuda_keep_device_and_bits(dtype: torch.dtype, engine: Engine) -> None:
+    """Run by `make gpu-check` on a machine with CUDA; `make verify` deselects it."""
+    assert torch.cuda.is_available(), "make gpu-check needs a CUDA device"
+    x = (torch.randn(8, 64, 3, dtype=torch.float64) * 100).to(dtype)
+    shards = ring_reduce_scatter(x.cuda(), engine=engine)
+    assert shards.device == x.cuda().device
+    assert same_bits(shards.cpu(), reduce_scatter_fold(x, "sum", 1))
+    words = torch.randint(-(2**15), 2**15, (8, 5, 3), dtype=torch.int16)
+    raw = words.view(torch.float16) if dtype.itemsize == 2 else x[:, :5]
+    gathered = ring_all_gather(raw.cuda(), engine=engine)
+    assert gathered.device == x.cuda().device
+    assert torch.equal(bits(gathered.cpu()), bits(raw).reshape(40, 3))
