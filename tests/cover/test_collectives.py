@@ -447,8 +447,8 @@ def test_collectives_on_cuda_keep_device_and_bits(dtype: torch.dtype, engine: En
     shards = ring_reduce_scatter(x.cuda(), engine=engine)
     assert shards.device == x.cuda().device
     assert same_bits(shards.cpu(), reduce_scatter_fold(x, "sum", 1))
-    words = torch.randint(-(2**15), 2**15, (8, 5, 3), dtype=torch.int16)
-    raw = words.view(torch.float16) if dtype.itemsize == 2 else x[:, :5]
+    width = torch.finfo(dtype).bits
+    raw = torch.randint(-(2**15), 2**15, (8, 5, 3), dtype=INT_OF_BITS[width]).view(dtype)  # any bits
     gathered = ring_all_gather(raw.cuda(), engine=engine)
     assert gathered.device == x.cuda().device
     assert torch.equal(bits(gathered.cpu()), bits(raw).reshape(40, 3))
