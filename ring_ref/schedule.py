@@ -38,6 +38,7 @@ __all__ = [
     "elements_sent_per_worker",
     "left",
     "owned_chunk",
+    "reduce_scatter_ring",
     "right",
     "rounds_per_phase",
     "rs_recv_chunk",
@@ -261,3 +262,33 @@ GLOO: Final = RingSchedule(-1, -1, "gloo")
 
 PRESETS: Final[dict[str, RingSchedule]] = {"spec": SPEC, "openmpi-ring": OPENMPI_RING, "gloo": GLOO}
 """The named schedules, in the order ``reveal`` reports matches."""
+
+
+def reduce_scatter_ring(schedule: str | RingSchedule | None, n: int) -> RingSchedule:
+    """The ring a reduce-scatter runs for ``schedule=`` at ``n`` workers: the one that leaves chunk ``r``
+    at rank ``r`` (clause ``schedule-family``; ``owned_chunk(r) == r`` exactly when ``k = d mod n``).
+
+    A preset name keeps the preset's direction and layout and sets ``k := d``
+    (``None`` is ``"spec"``); a :class:`RingSchedule` must already have
+    ``k = d (mod n)`` for ``n > 1``.
+
+    >>> reduce_scatter_ring(None, 4), reduce_scatter_ring("gloo", 4) == GLOO
+    (RingSchedule(direction=1, offset=1, layout='even'), True)
+    >>> reduce_scatter_ring(SPEC, 3)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: a reduce-scatter leaves chunk r at rank r, which needs offset = direction (mod N); ...
+    """
+    if schedule is None or isinstance(schedule, str):
+        name = schedule or "spec"
+        if name not in PRESETS:
+            raise ValueError(f"unknown schedule {name!r}; choose a preset ({', '.join(map(repr, PRESETS))})")
+        preset = PRESETS[name]
+        return RingSchedule(preset.direction, preset.direction, preset.layout)
+    if n > 1 and (schedule.offset - schedule.direction) % n:
+        raise ValueError(
+            "a reduce-scatter leaves chunk r at rank r, which needs offset = direction (mod N); "
+            f"{schedule.describe()} does not at N = {n}: pass "
+            f"RingSchedule({schedule.direction}, {schedule.direction}, {schedule.layout!r}) or a preset name"
+        )
+    return schedule

@@ -58,9 +58,9 @@ from ring_ref._validate import schedule_of
 from ring_ref.difftest._call import kind_hint, well_formed
 from ring_ref.difftest._inputs import LAYOUTS, Case
 from ring_ref.difftest._launch import Launcher
-from ring_ref.difftest._oracles import EXACT_ORDER, ExactOrder, SavedOrder
+from ring_ref.difftest._oracles import EXACT_ORDER, ExactOrder, SavedOrder, reduce_scatter_reference
 from ring_ref.schedule import LAYOUTS as LAYOUT_NAMES
-from ring_ref.schedule import PRESETS, Layout, RingSchedule
+from ring_ref.schedule import PRESETS, Layout, RingSchedule, reduce_scatter_ring
 
 __all__ = [
     "Explained",
@@ -75,6 +75,7 @@ __all__ = [
     "per_rank_target",
     "rank_launcher",
     "read_order",
+    "reduce_scatter_order",
     "schedule_order",
     "schedule_ring",
 ]
@@ -116,6 +117,41 @@ def schedule_order(schedule: str | RingSchedule) -> ExactOrder:
         option,
         ops=OPS,
         source="schedule",
+        ring=ring,
+    )
+
+
+def reduce_scatter_order(schedule: str | RingSchedule | None, max_workers: int) -> ExactOrder:
+    """``exact`` for ``--collective reduce-scatter``: rank ``r``'s shard is chunk ``r`` of the ring that
+    finishes chunk ``r`` at rank ``r`` (:func:`~ring_ref.difftest._oracles.reduce_scatter_reference`).
+
+    ``schedule`` as for all-reduce, resolved by :func:`ring_ref.schedule.reduce_scatter_ring` (a preset
+    name takes ``k := d``; a ring must have ``k = d`` at every ``N`` up to ``max_workers``).
+
+    >>> reduce_scatter_order("gloo", 4).option, reduce_scatter_order(None, 4).ring
+    ('--schedule gloo', RingSchedule(direction=1, offset=1, layout='even'))
+    """
+    named = parse_schedule(schedule) if isinstance(schedule, str) else schedule
+    if named is not None:
+        schedule_ring(named)  # an unknown preset or an invalid ring: the usual message
+    try:
+        ring = [reduce_scatter_ring(named, n) for n in range(1, max_workers + 1)][-1]
+    except ValueError as exc:
+        raise OrderError(str(exc)) from exc
+    if isinstance(named, RingSchedule):
+        label = f"the reduce-scatter of the ring with {ring.describe()}"
+        option = f"--schedule={ring.direction},{ring.offset},{ring.layout}"
+    else:
+        label = f"the {named or 'spec'} reduce-scatter ring ({ring.describe()})"
+        option = f"--schedule {named}" if named else ""
+    return ExactOrder(
+        label,
+        lambda case: reduce_scatter_reference(case.tensor(), op=case.reduction, schedule=named).reshape(
+            case.m, *case.trailing
+        ),
+        option,
+        ops=OPS,
+        source="schedule" if named else "spec",
         ring=ring,
     )
 
