@@ -23,7 +23,7 @@ from ring_ref._vectors import _ops, _presets, _sums
 from ring_ref._version import __version__
 from ring_ref.core import initial_state, run_ring
 from ring_ref.difftest import DTYPES, MODES, OrderError, TargetError, _orders, difftest, load_target
-from ring_ref.difftest._vocabulary import DEFAULT_TIMEOUT_S, MAX_RANKS, MPI_MAX_RANKS, RANKS
+from ring_ref.difftest._vocabulary import COLLECTIVES, DEFAULT_TIMEOUT_S, MAX_RANKS, MPI_MAX_RANKS, RANKS
 from ring_ref.invariants import Provenance, State
 from ring_ref.schedule import SPEC, Phase
 
@@ -124,6 +124,14 @@ def _difftest_arguments(parser: argparse.ArgumentParser) -> None:
         help="check this reduction: TARGET is called with op= too (the name; a gloo rank gets the "
         "torch.distributed.ReduceOp) and checked with the op's oracles (default: TARGET(x), a sum)",
     )
+    parser.add_argument(
+        "--collective",
+        choices=COLLECTIVES,
+        default="all-reduce",
+        help="what TARGET computes (default all-reduce): reduce-scatter, (N, M, ...) -> (N, M/N, ...) with "
+        "chunk r at rank r; all-gather, (N, S, ...) -> (N*S, ...), every bit copied; per rank both are "
+        "TARGET(output, input) (mpi: TARGET(comm, sendbuf, recvbuf))",
+    )
     parser.add_argument("--examples", type=int, default=100, help="generated inputs per mode (default 100)")
     parser.add_argument("--seed", type=int, default=None, help="replay seed (default: random, printed)")
     parser.add_argument(
@@ -210,6 +218,7 @@ def _difftest_command(args: argparse.Namespace) -> int:
                 op=args.op,
                 schedule=args.schedule,
                 order=args.order,
+                collective=args.collective,
             )
         except OrderError as exc:
             print(f"ring-ref difftest: {exc}", file=sys.stderr)
