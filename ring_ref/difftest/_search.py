@@ -134,9 +134,11 @@ def run_mode(
     probes = None
     try:
         case = _searched(test, fails)
-        if case is None and mode == "exact" and op in (None, "sum") and collective == "all-reduce":
+        if case is None and mode == "exact" and op in (None, "sum") and collective != "all-gather":
             order = EXACT_ORDER.get()
-            case, probes = first_failing_probe(order, max_workers, dtypes, lambda c: fails(c, judge))
+            case, probes = first_failing_probe(
+                order, max_workers, dtypes, lambda c: fails(c, judge), collective
+            )
         if case is None:
             return ModeResult(mode, "pass", calls, overflow, underflow_skipped=underflow, probes=probes)
         first, second = launcher.call(case), launcher.call(case)

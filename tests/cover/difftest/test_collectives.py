@@ -240,3 +240,30 @@ def test_command_line_and_assert_matches_reference(capsys: pytest.CaptureFixture
         assert_matches_reference(
             planted_impls.reduce_scatter_next_chunk, collective="reduce-scatter", mode="bound", examples=5
         )
+
+
+@pytest.mark.clause("difftest-collectives", "difftest-order-probes")
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_exact_reduce_scatter_fails_another_order_whatever_the_seed(seed: int) -> None:
+    # one random input rarely tells two orders apart; the order probes, run on the shards, always do
+    report = difftest(
+        gloo_reduce_scatter, collective="reduce-scatter", modes="exact", examples=1, seed=seed, max_workers=4
+    )
+    result = report.modes["exact"]
+    assert result.finding is not None and result.finding.codes == ["not-ring-order"], report.render()
+    assert result.probes is not None and result.probes.calls >= 1
+    ok = difftest(
+        reduce_scatter_folded_spec,
+        collective="reduce-scatter",
+        modes="exact",
+        examples=1,
+        seed=seed,
+        max_workers=4,
+    )
+    assert ok.verdict == "pass" and ok.modes["exact"].probes is not None
+    assert ok.modes["exact"].probes.workers["float32"] == [2, 3, 4]
+
+
+def reduce_scatter_folded_spec(x: torch.Tensor) -> torch.Tensor:
+    """The planted correct reduce-scatter, importable from this module too."""
+    return planted_impls.reduce_scatter_folded(x)
