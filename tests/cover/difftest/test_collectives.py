@@ -267,3 +267,24 @@ def test_exact_reduce_scatter_fails_another_order_whatever_the_seed(seed: int) -
 def reduce_scatter_folded_spec(x: torch.Tensor) -> torch.Tensor:
     """The planted correct reduce-scatter, importable from this module too."""
     return planted_impls.reduce_scatter_folded(x)
+
+
+@pytest.mark.clause("difftest-collectives")
+def test_reveal_names_each_shards_order(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["reveal", "tests.planted_impls:reduce_scatter_folded", "-n", "4", "-m", "8"]
+    assert main([*args, "--collective", "reduce-scatter"]) == 0
+    out = capsys.readouterr().out
+    # by hand: shard r folds r + 1, r + 2, r + 3, r (the spec's reduce-scatter ring, +1 with offset +1;
+    # at N = 3 it is gloo's too, as the first addition commutes)
+    for line in (
+        "shard 0 (rank 0): fold 1,2,3,0",
+        "shard 1 (rank 1): fold 2,3,0,1",
+        "shard 2 (rank 2): fold 3,0,1,2",
+        "shard 3 (rank 3): fold 0,1,2,3",
+        "the reduce-scatter ring of preset(s): spec",
+    ):
+        assert line in out, out
+    assert "classification: ring (direction +1, offset 1, layout even)" in out
+    # without --collective the (N, M/N) shards are no all-reduce result: reveal names the shape
+    assert main(args) == 2
+    assert "ring-ref reveal: error" in capsys.readouterr().err
