@@ -49,7 +49,7 @@ def test_planted_per_rank_bug_gets_its_code(bug: RankImpl) -> None:
     assert finding.ranks  # the ranks holding the wrong chunk / slot are named
 
 
-def test_torch_reduce_scatter_is_glooss_ring_and_all_gathers_copy() -> None:
+def test_torch_reduce_scatter_is_the_gloo_ring_and_all_gathers_copy() -> None:
     rs = "torch.distributed:reduce_scatter_tensor"
     common = {"ranks": "gloo", "modes": "exact", "examples": 12, "seed": 3, "max_workers": 4}
     assert difftest(rs, collective="reduce-scatter", schedule="gloo", **common).verdict == "pass"  # type: ignore[arg-type]
@@ -101,7 +101,7 @@ def test_gloo_reduce_scatter_then_all_gather_is_its_all_reduce_bit_for_bit(n: in
     assert tried == n * 4 * len(DTYPES)
 
 
-def test_reveal_names_each_shard_of_glooss_reduce_scatter(capsys: pytest.CaptureFixture[str]) -> None:
+def test_reveal_names_each_shard_of_the_gloo_reduce_scatter(capsys: pytest.CaptureFixture[str]) -> None:
     args = ["reveal", "torch.distributed:reduce_scatter_tensor", "--ranks", "gloo", "-n", "4", "-m", "8"]
     assert main([*args, "--collective", "reduce-scatter"]) == 0
     out = capsys.readouterr().out
