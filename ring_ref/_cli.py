@@ -9,7 +9,7 @@ import json
 import operator
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -23,7 +23,7 @@ from ring_ref._vectors import _collectives, _ops, _presets, _sums
 from ring_ref._version import __version__
 from ring_ref.core import initial_state, run_ring
 from ring_ref.difftest import DTYPES, MODES, OrderError, TargetError, _orders, difftest, load_target
-from ring_ref.difftest._vocabulary import DEFAULT_TIMEOUT_S, MAX_RANKS, MPI_MAX_RANKS, RANKS
+from ring_ref.difftest._vocabulary import COLLECTIVES, DEFAULT_TIMEOUT_S, MAX_RANKS, MPI_MAX_RANKS, RANKS
 from ring_ref.invariants import Provenance, State
 from ring_ref.schedule import PRESETS, SPEC, Phase, reduce_scatter_ring
 
@@ -130,6 +130,14 @@ def _difftest_arguments(parser: argparse.ArgumentParser) -> None:
         help="check this reduction: TARGET is called with op= too (the name; a gloo rank gets the "
         "torch.distributed.ReduceOp) and checked with the op's oracles (default: TARGET(x), a sum)",
     )
+    parser.add_argument(
+        "--collective",
+        choices=COLLECTIVES,
+        default="all-reduce",
+        help="what TARGET computes (default all-reduce): reduce-scatter, (N, M, ...) -> (N, M/N, ...) with "
+        "chunk r at rank r; all-gather, (N, S, ...) -> (N*S, ...), every bit copied; per rank both are "
+        "TARGET(output, input) (mpi: TARGET(comm, sendbuf, recvbuf))",
+    )
     parser.add_argument("--examples", type=int, default=100, help="generated inputs per mode (default 100)")
     parser.add_argument("--seed", type=int, default=None, help="replay seed (default: random, printed)")
     parser.add_argument(
@@ -216,6 +224,7 @@ def _difftest_command(args: argparse.Namespace) -> int:
                 op=args.op,
                 schedule=args.schedule,
                 order=args.order,
+                collective=args.collective,
             )
         except OrderError as exc:
             print(f"ring-ref difftest: {exc}", file=sys.stderr)
@@ -258,6 +267,13 @@ def _reveal_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_TIMEOUT_S,
         help=f"with --ranks: seconds one call may take (default {DEFAULT_TIMEOUT_S:g})",
     )
+    parser.add_argument(
+        "--collective",
+        choices=("all-reduce", "reduce-scatter"),
+        default="all-reduce",
+        help="reduce-scatter: TARGET maps (N, M) to (N, M/N) (per rank TARGET(output, input)); the "
+        "shards, in rank order, are revealed as the M elements they make, and each shard's order is named",
+    )
 
 
 def _reveal_command(args: argparse.Namespace) -> int:
@@ -268,7 +284,17 @@ def _reveal_command(args: argparse.Namespace) -> int:
                 raise _reveal.RevealError(f"--checks must be 0 or more; got {args.checks}")
             _reveal.check_reveal_size(args.n, args.m, args.dtype)
             launcher = _orders.rank_launcher(args.ranks, args.target, args.timeout) if args.ranks else None
-            fn = load_target(args.target) if launcher is None else _orders.per_rank_target(launcher)
+            scatter = args.collective == "reduce-scatter"
+            if scatter and args.m % args.n:
+                raise _reveal.RevealError(
+                    f"--collective reduce-scatter needs M a multiple of N; got {args.m}"
+                )
+            fn: Callable[[torch.Tensor], object]
+            if launcher is not None:
+                fn = _orders.per_rank_target(launcher, args.collective)
+            else:
+                loaded = load_target(args.target)
+                fn = _orders.stacked_reduce_scatter(loaded) if scatter else loaded
             try:
                 if launcher is not None:
                     launcher.start()
@@ -284,6 +310,9 @@ def _reveal_command(args: argparse.Namespace) -> int:
             print(f"ring-ref reveal: error: {exc}", file=sys.stderr)
             return 2
     print(json.dumps(found.to_json()) if args.json else found.summary())
+    if args.collective == "reduce-scatter" and not args.json:
+        print("reduce-scatter, each shard's order:")
+        print("\n".join(f"  {line}" for line in _orders.shard_orders(found.trees, args.n, found.ring)))
     if found.classification != "ring":
         # reveal names an order, it gives no verdict: the exit status stays 0 (docs/guide/reveal.md)
         ranks = f"--ranks {args.ranks} " if args.ranks else ""

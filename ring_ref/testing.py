@@ -30,7 +30,7 @@ from ring_ref._tracecheck import (
     first_mismatch,
 )
 from ring_ref.difftest import Report, Target, difftest
-from ring_ref.difftest._vocabulary import DEFAULT_TIMEOUT_S, OpTarget, Ranks
+from ring_ref.difftest._vocabulary import DEFAULT_TIMEOUT_S, Collective, OpTarget, Ranks
 from ring_ref.schedule import RingSchedule
 
 __all__ = [
@@ -59,6 +59,7 @@ def assert_matches_reference(
     schedule: str | RingSchedule | None = None,
     order: str | Path | None = None,
     mca: Mapping[str, str] | None = None,
+    collective: Collective = "all-reduce",
 ) -> Report:
     """Check ``fn`` against the reference; raise ``AssertionError`` with the report on failure.
 
@@ -76,7 +77,8 @@ def assert_matches_reference(
     ``op`` for another reduction; ``schedule`` (a preset name, a
     :class:`~ring_ref.schedule.RingSchedule`, ``"DIRECTION,OFFSET,LAYOUT"`` or
     ``"auto"``) or ``order`` (a ``ring-ref reveal --json`` file) for what
-    ``exact`` checks against.
+    ``exact`` checks against; ``collective`` (``"reduce-scatter"``,
+    ``"all-gather"``) for what ``fn`` computes.
 
     >>> from ring_ref import ring_all_reduce
     >>> assert_matches_reference(ring_all_reduce, mode="order-free", examples=5, seed=0, op="max").op
@@ -99,6 +101,7 @@ def assert_matches_reference(
         schedule=schedule,
         order=order,
         mca=mca,
+        collective=collective,
     )
     if report.verdict != "pass":
         raise AssertionError(report.render()) from None

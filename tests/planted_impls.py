@@ -350,6 +350,78 @@ OP_SOAK: set[tuple[OpImpl, str]] = {
 """The entries of :data:`OP_EXPECTED` only the soak test runs (the same code and path as another op's)."""
 
 
+# --collective reduce-scatter / all-gather, stacked: (N, M, ...) -> (N, M/N, ...), (N, S, ...) -> (N*S, ...).
+
+
+def _fold_chunks(x: torch.Tensor, owner: Callable[[int, int], int]) -> torch.Tensor:
+    """Row ``r``: chunk ``owner(r, N)`` of the sum, folded left in the order ``c + 1, c + 2, ..., c``
+    (``c`` that chunk; the spec's reduce-scatter ring), every addition rounded to the dtype."""
+    n, rows = x.shape[0], x.shape[1] // x.shape[0]
+    out = []
+    for r in range(n):
+        c = owner(r, n)
+        piece = x[:, c * rows : (c + 1) * rows]
+        total = piece[(c + 1) % n].clone()
+        for j in range(2, n + 1):
+            total = total + piece[(c + j) % n]
+        out.append(total)
+    return torch.stack(out)
+
+
+def reduce_scatter_folded(x: torch.Tensor) -> torch.Tensor:
+    """A correct reduce-scatter in the spec's reduce-scatter ring order (passes every mode)."""
+    return _fold_chunks(x, lambda r, n: r)
+
+
+def reduce_scatter_next_chunk(x: torch.Tensor) -> torch.Tensor:
+    """Bug: rank r holds chunk r + 1 (``wrong-shard``)."""
+    return _fold_chunks(x, lambda r, n: (r + 1) % n)
+
+
+def reduce_scatter_by_torch_sum(x: torch.Tensor) -> torch.Tensor:
+    """``torch.sum``'s shards: a correct reduce-scatter in another order (``not-ring-order``, exact only)."""
+    n = x.shape[0]
+    return torch.sum(x, 0).reshape(n, x.shape[1] // n, *x.shape[2:])
+
+
+def all_gather_copied(x: torch.Tensor) -> torch.Tensor:
+    """A correct all-gather: the shards, in rank order, copied (passes every mode)."""
+    return x.reshape(-1, *x.shape[2:]).clone()
+
+
+def all_gather_adds_zero(x: torch.Tensor) -> torch.Tensor:
+    """Bug: the shards go through an addition of zero: -0 ends +0 (``gather-changed-bits``)."""
+    return x.reshape(-1, *x.shape[2:]) + 0.0
+
+
+def all_gather_reversed(x: torch.Tensor) -> torch.Tensor:
+    """Bug: rank r's shard lands in slot N - 1 - r (``gather-misplaced``)."""
+    return x.flip(0).reshape(-1, *x.shape[2:])
+
+
+COLLECTIVE_EXPECTED: list[tuple[Impl, str, dict[str, set[str]]]] = [
+    (reduce_scatter_folded, "reduce-scatter", {"exact": PASS, "order-free": PASS, "bound": PASS}),
+    (
+        reduce_scatter_next_chunk,
+        "reduce-scatter",
+        {m: {"wrong-shard"} for m in ("exact", "order-free", "bound")},
+    ),
+    (
+        reduce_scatter_by_torch_sum,
+        "reduce-scatter",
+        {"exact": {"not-ring-order"}, "order-free": PASS, "bound": PASS},
+    ),
+    (all_gather_copied, "all-gather", {"exact": PASS, "order-free": PASS, "bound": PASS}),
+    (
+        all_gather_adds_zero,
+        "all-gather",
+        {m: {"gather-changed-bits"} for m in ("exact", "order-free", "bound")},
+    ),
+    (all_gather_reversed, "all-gather", {m: {"gather-misplaced"} for m in ("exact", "order-free", "bound")}),
+]
+"""Stacked reduce-scatter and all-gather targets: the collective and the codes each mode must report."""
+
+
 def run_all(fn: Impl, examples: int = 15, seed: int = 20260101) -> Report:
     """The tester in every mode with a fixed seed, as the planted-implementation tests run it."""
     return difftest(fn, examples=examples, seed=seed)

@@ -108,3 +108,72 @@ EXPECTED: dict[str, str] = {
     "rank_1_raises": "raised",
 }
 """Each planted bug's name (``tests.planted_mpi:NAME``) and the code it must get."""
+
+
+# --collective reduce-scatter / all-gather: TARGET(comm, sendbuf, recvbuf), as comm.Reduce_scatter_block
+# and comm.Allgather take them.  Every rank's buffer travels as bytes (MPI has no float16 type).
+
+
+def _gathered(comm: Any, sendbuf: Array) -> Array:
+    """Every rank's ``sendbuf``, stacked in rank order (one ``Allgather`` of the bytes)."""
+    out = np.empty((comm.Get_size(), *sendbuf.shape), dtype=sendbuf.dtype)
+    comm.Allgather(np.ascontiguousarray(sendbuf).view(np.uint8), out.view(np.uint8))
+    return out
+
+
+def _fold_shard(comm: Any, sendbuf: Array, recvbuf: Array, chunk: int) -> None:
+    """``recvbuf`` := chunk ``chunk`` of the sum, folded left in the order ``chunk + 1, chunk + 2, ...,
+    chunk`` (the spec's reduce-scatter ring), every addition rounded to the dtype."""
+    n = comm.Get_size()
+    rows = sendbuf.shape[0] // n
+    stacked = _gathered(comm, sendbuf)[:, chunk * rows : (chunk + 1) * rows]
+    total = stacked[(chunk + 1) % n].copy()
+    for j in range(2, n + 1):
+        total = total + stacked[(chunk + j) % n]
+    recvbuf[...] = total
+
+
+def reduce_scatter_folded(comm: Any, sendbuf: Array, recvbuf: Array) -> None:
+    """A correct reduce-scatter in the spec's reduce-scatter ring order (passes every mode)."""
+    _fold_shard(comm, sendbuf, recvbuf, comm.Get_rank())
+
+
+def reduce_scatter_next_chunk(comm: Any, sendbuf: Array, recvbuf: Array) -> None:
+    """Bug: rank r keeps chunk r + 1 of the sum (``wrong-shard``)."""
+    _fold_shard(comm, sendbuf, recvbuf, (comm.Get_rank() + 1) % comm.Get_size())
+
+
+def allgather_bytes(comm: Any, sendbuf: Array, recvbuf: Array) -> None:
+    """A correct all-gather of the bytes (passes)."""
+    recvbuf.reshape(comm.Get_size(), *sendbuf.shape)[...] = _gathered(comm, sendbuf)
+
+
+def allgather_adds_zero(comm: Any, sendbuf: Array, recvbuf: Array) -> None:
+    """Bug: the gathered values go through an addition of zero: -0 ends +0 (``gather-changed-bits``)."""
+    allgather_bytes(comm, sendbuf, recvbuf)
+    recvbuf += 0.0
+
+
+def allgather_reversed(comm: Any, sendbuf: Array, recvbuf: Array) -> None:
+    """Bug: rank r's shard lands in slot N - 1 - r (``gather-misplaced``)."""
+    recvbuf.reshape(comm.Get_size(), *sendbuf.shape)[...] = _gathered(comm, sendbuf)[::-1]
+
+
+COLLECTIVE_EXPECTED: dict[str, tuple[str, str | None]] = {
+    "reduce_scatter_folded": ("reduce-scatter", None),
+    "reduce_scatter_next_chunk": ("reduce-scatter", "wrong-shard"),
+    "allgather_bytes": ("all-gather", None),
+    "allgather_adds_zero": ("all-gather", "gather-changed-bits"),
+    "allgather_reversed": ("all-gather", "gather-misplaced"),
+}
+"""Each reduce-scatter / all-gather target's name, its ``--collective`` and its code (``None``: passes)."""
+
+
+def openmpi_reduce_scatter_block(comm: Any, sendbuf: Array, recvbuf: Array) -> None:
+    """OpenMPI's own ``MPI_Reduce_scatter_block`` (a finding, not a bug: see testing-collectives.md)."""
+    comm.Reduce_scatter_block(sendbuf, recvbuf)
+
+
+def openmpi_allgather(comm: Any, sendbuf: Array, recvbuf: Array) -> None:
+    """OpenMPI's own ``MPI_Allgather`` (a finding, not a bug: docs/guide/testing-collectives.md)."""
+    comm.Allgather(sendbuf, recvbuf)

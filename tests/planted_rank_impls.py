@@ -188,3 +188,36 @@ OP_EXPECTED: dict[RankImpl, tuple[str, dict[str, str | None]]] = {
     max_ring_keeping_the_last_zero: ("max", {"exact": "signed-zero", "order-free": None, "bound": None}),
 }
 """Per-rank op targets (``fn(tensor, op=ReduceOp)``): the op asked and each mode's code (``None``: pass)."""
+
+
+# --collective reduce-scatter / all-gather: TARGET(output, input), as torch.distributed's own.
+
+
+def reduce_scatter_next_chunk(output: torch.Tensor, input: torch.Tensor) -> None:
+    """Bug: rank r keeps chunk r + 1 of gloo's all-reduce (``wrong-shard``)."""
+    total = input.clone()
+    dist.all_reduce(total)
+    n, rank = dist.get_world_size(), dist.get_rank()
+    output.copy_(total.chunk(n)[(rank + 1) % n])
+
+
+def all_gather_adds_zero(output: torch.Tensor, input: torch.Tensor) -> None:
+    """Bug: the gathered values go through an addition of zero: -0 ends +0 (``gather-changed-bits``)."""
+    dist.all_gather_into_tensor(output, input)
+    output += 0.0
+
+
+def all_gather_reversed(output: torch.Tensor, input: torch.Tensor) -> None:
+    """Bug: rank r's shard lands in slot N - 1 - r (``gather-misplaced``)."""
+    n = dist.get_world_size()
+    gathered = torch.empty_like(output)
+    dist.all_gather_into_tensor(gathered, input)
+    output.copy_(gathered.reshape(n, *input.shape).flip(0).reshape(output.shape))
+
+
+COLLECTIVE_EXPECTED: dict[RankImpl, tuple[str, str]] = {
+    reduce_scatter_next_chunk: ("reduce-scatter", "wrong-shard"),
+    all_gather_adds_zero: ("all-gather", "gather-changed-bits"),
+    all_gather_reversed: ("all-gather", "gather-misplaced"),
+}
+"""Per-rank reduce-scatter / all-gather bugs (``TARGET(output, input)``): the collective and the code."""

@@ -49,7 +49,10 @@ nothing the target does to its own process changes the verdict.  Each call
 has a time limit (``timed-out``); a worker that dies is ``crashed``.  With
 ``ranks="gloo"`` the target is per rank, ``fn(tensor)``, called on every rank
 of a real gloo group; every rank is checked, and the ranks against each other
-(``ranks-disagree``).  With ``ranks="mpi"`` it is ``fn(comm, array)`` on every
+(``ranks-disagree``).  ``collective="reduce-scatter"`` or ``"all-gather"``
+(``--collective``) checks those collectives instead (their own shapes,
+oracles and codes: ``wrong-shard``, ``gather-changed-bits``,
+``gather-misplaced``).  With ``ranks="mpi"`` it is ``fn(comm, array)`` on every
 rank of an ``mpirun`` job (``mpi4py`` communicator, ``numpy`` array; float16,
 float32 and float64), with the same checks.
 
@@ -79,14 +82,27 @@ from ring_ref.difftest._loading import TargetError, load_target
 from ring_ref.difftest._orders import OrderError
 from ring_ref.difftest._report import ModeResult, Report
 from ring_ref.difftest._search import difftest
-from ring_ref.difftest._vocabulary import CODES, DTYPES, MODES, OPS, Mode, Op, OpTarget, Target
+from ring_ref.difftest._vocabulary import (
+    CODES,
+    COLLECTIVES,
+    DTYPES,
+    MODES,
+    OPS,
+    Collective,
+    Mode,
+    Op,
+    OpTarget,
+    Target,
+)
 
 __all__ = [
     "CODES",
+    "COLLECTIVES",
     "DTYPES",
     "MODES",
     "OPS",
     "Case",
+    "Collective",
     "Finding",
     "Mode",
     "ModeResult",

@@ -44,6 +44,8 @@ __all__ = [
     "kind_hint",
     "observe",
     "result_tensor",
+    "results",
+    "shards",
     "stopped_note",
     "well_formed",
 ]
@@ -204,22 +206,27 @@ def observe(
     ``rank`` is ``None`` for a stacked call (``fn`` gets the ``(N, M, ...)``
     tensor in the case's layout) and a rank for a per-rank call (``fn`` gets
     that rank's fresh contiguous ``(M, ...)`` tensor; when it returns ``None``
-    the tensor itself, after the call, is the result).  With an op
+    the tensor itself, after the call, is the result; for a reduce-scatter or
+    an all-gather the call is ``fn(output, input)``, with a fresh output
+    buffer filled with NaN that is the result when it returns ``None``).  With an op
     (``case.op``) the call is ``fn(x, op=...)``: the op's name, or for a rank
     (a gloo group's) its ``torch.distributed.ReduceOp``.  Every exception the
     call raises is recorded, ``BaseException`` included (``SystemExit``;
     ``KeyboardInterrupt`` too unless ``catch_interrupt`` is false).
     """
     x = case.tensor() if rank is None else case.rank_tensor(rank)
-    result_numel = math.prod((case.m, *case.trailing))
+    result_numel = math.prod(case.result_shape(rank))
     head: dict[str, Any] = {"type": "NoneType", "raised": "", "traceback": "", "rank": rank}
     head["returned_none"] = False
     returned: object = None
+    # a rank of a reduce-scatter or an all-gather is called TARGET(output, input), as torch.distributed's
+    output = case.output_tensor(rank) if rank is not None and case.collective != "all-reduce" else None
+    args = (x,) if output is None else (output, x)
     try:
         if case.op is None:
-            returned = fn(x)
+            returned = cast(OpTarget, fn)(*args)
         else:
-            returned = cast(OpTarget, fn)(x, op=op_argument(case.op, None if rank is None else "gloo"))
+            returned = cast(OpTarget, fn)(*args, op=op_argument(case.op, None if rank is None else "gloo"))
     except BaseException as exc:
         if not catch_interrupt and _isinstance(exc, KeyboardInterrupt):
             raise
@@ -230,7 +237,7 @@ def observe(
     if not head["raised"]:
         head["type"] = type(returned).__name__
         if rank is not None and returned is None:
-            head["returned_none"], returned = True, x
+            head["returned_none"], returned = True, x if output is None else output
         if _isinstance(returned, _Tensor):
             try:
                 head["result"], blob = _view_of(cast(torch.Tensor, returned), result_numel)
@@ -238,7 +245,7 @@ def observe(
             except Exception as exc:
                 head["type"] = f"Tensor (unreadable: {type(exc).__name__}: {_safe_text(exc)})"
     try:
-        head["argument"], blob = _view_of(x, result_numel * (case.n if rank is None else 1))
+        head["argument"], blob = _view_of(x, math.prod(case.shape) // (1 if rank is None else case.n))
         payload.append(blob)
     except Exception as exc:
         head["argument_unreadable"] = f"{type(exc).__name__}: {_safe_text(exc)}"
@@ -323,7 +330,7 @@ def result_tensor(answer: Answer, case: Case) -> torch.Tensor | None:
     r = answer.result
     if answer.raised or r is None or r.values is None:
         return None
-    if r.shape != (case.m, *case.trailing) or r.dtype != str(case.dtype) or r.device != "cpu":
+    if r.shape != case.result_shape(answer.rank) or r.dtype != str(case.dtype) or r.device != "cpu":
         return None
     return r.values
 
@@ -355,23 +362,53 @@ def kind_hint(answer: Answer) -> str:
     return ""
 
 
-def well_formed(outcome: Outcome, rank: int | None = None) -> torch.Tensor | None:
-    """The values of the well-formed result of a stacked call, or of ``rank``'s (``None``: no such result)."""
+def results(outcome: Outcome) -> dict[int | None, torch.Tensor | None]:
+    """Each result of ``outcome`` by rank (``None``: stacked), as the all-reduce it stands for: a
+    reduce-scatter's shards, in rank order, make the ``(M, ...)`` reduction they are the chunks of
+    (a group's under rank ``None``; clause ``difftest-collectives``).  ``None`` for a result that is
+    not well-formed."""
+    case = outcome.case
     if outcome.failure is not None:
+        return {}
+    got = {a.rank: result_tensor(a, case) for a in outcome.answers}
+    if case.collective != "reduce-scatter":
+        return got
+    full = (case.m, *case.trailing)
+    if None in got:
+        stacked = got[None]
+        return {None: None if stacked is None else stacked.reshape(full)}
+    shards = [got.get(r) for r in range(case.n)]
+    if any(s is None for s in shards):
+        return {None: None}
+    return {None: torch.cat(cast(list[torch.Tensor], shards)).reshape(full)}
+
+
+def shards(outcome: Outcome) -> list[torch.Tensor] | None:
+    """A reduce-scatter's ``N`` shards, rank ``r``'s at index ``r`` (stacked: the result's rows), or
+    ``None`` when some rank's is not well-formed."""
+    got = {a.rank: result_tensor(a, outcome.case) for a in outcome.answers}
+    if outcome.failure is not None or any(t is None for t in got.values()):
         return None
-    for answer in outcome.answers:
-        if answer.rank == rank:
-            return result_tensor(answer, outcome.case)
-    return None
+    if None in got:
+        return list(cast(torch.Tensor, got[None]).unbind(0))
+    return [cast(torch.Tensor, got[r]) for r in range(outcome.case.n)] if len(got) == outcome.case.n else None
+
+
+def well_formed(outcome: Outcome, rank: int | None = None) -> torch.Tensor | None:
+    """The values of the well-formed result of a stacked call, or of ``rank``'s (``None``: no such result);
+    a reduce-scatter's as :func:`results` gives them."""
+    return results(outcome).get(rank)
 
 
 def input_problem(answer: Answer, case: Case) -> str:
     """How the call changed its argument (``""``: unchanged), judged against the argument that was sent.
 
-    A per-rank call that works in place (returns ``None``, or a tensor sharing
-    the argument's storage) may change its argument: that is its result.
+    A per-rank all-reduce that works in place (returns ``None``, or a tensor
+    sharing the argument's storage) may change its argument: that is its
+    result.  A rank's reduce-scatter or all-gather writes its output, never its input.
     """
-    if answer.rank is not None and (answer.returned_none or _shares(answer)):
+    in_place = case.collective == "all-reduce" and (answer.returned_none or _shares(answer))
+    if answer.rank is not None and in_place:
         return ""
     sent = case.tensor() if answer.rank is None else case.rank_tensor(answer.rank)
     shape, stride, dtype = tuple(sent.shape), sent.stride(), str(sent.dtype)

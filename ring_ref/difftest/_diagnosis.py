@@ -35,10 +35,11 @@ from ring_ref.difftest._call import (
     aliases,
     input_problem,
     kind_hint,
-    result_tensor,
+    shards,
     well_formed,
 )
-from ring_ref.difftest._inputs import Case, order_free_values, probe_cases
+from ring_ref.difftest._call import results as results_of
+from ring_ref.difftest._inputs import Case, exact_tensor, order_free_values, probe_cases
 from ring_ref.difftest._launch import InProcess, Launcher
 from ring_ref.difftest._oracles import (
     EXACT_ORDER,
@@ -48,6 +49,7 @@ from ring_ref.difftest._oracles import (
     check_values,
     exact_sums,
     flat_of,
+    gather_oracle,
     locate,
     round_to,
     zeros_as_the_oracle_wants,
@@ -85,12 +87,14 @@ __all__ = [
     "counts_by_rank",
     "diagnose",
     "difference",
+    "gather_findings",
     "op_probe_rows",
     "op_probe_values",
     "passes",
     "position_probe",
     "several_workers",
     "structural",
+    "wrong_shard",
 ]
 
 
@@ -145,7 +149,7 @@ def _structural_one(answer: Answer, case: Case) -> list[tuple[str, str]]:
             hint = f"; with --op the target is called with op= too (op={case.op!r}): does it take one?"
         return [("raised", f"raised {answer.raised} (on a valid input){hint}{kind_hint(answer)}")]
     found: list[tuple[str, str]] = []
-    want_shape = (case.m, *case.trailing)
+    want_shape = case.result_shape(answer.rank)
     result = answer.result
     if result is None:
         found.append(
@@ -153,7 +157,8 @@ def _structural_one(answer: Answer, case: Case) -> list[tuple[str, str]]:
         )
     else:
         if result.shape != want_shape:
-            hint = " (a stack of N copies?)" if result.shape == (case.n, *want_shape) else ""
+            copies = case.collective == "all-reduce" and result.shape == (case.n, *want_shape)
+            hint = " (a stack of N copies?)" if copies else ""
             found.append(("wrong-shape", f"result shape {result.shape}, expected {want_shape}{hint}"))
         if result.dtype != str(case.dtype):
             found.append(("dtype-changed", f"result dtype {result.dtype}, input dtype {case.dtype}"))
@@ -177,7 +182,7 @@ def passes(outcome: Outcome, mode: Mode) -> tuple[bool, int, int]:
     """
     if structural(outcome):
         return False, 0, 0
-    results = [result_tensor(a, outcome.case) for a in outcome.answers]
+    results = list(results_of(outcome).values())
     if any(r is None for r in results):
         return False, 0, 0
     overflow = underflow = 0
@@ -275,7 +280,7 @@ def counts_by_rank(fn: Target | Launcher, case: Case) -> dict[int | None, list[l
     op = case.reduction
     base_value, mark = PROBE_VALUES[op]
     outcome = launcher.call(replace(case, values=(base_value,) * len(case.values)))
-    bases = {a.rank: well_formed(outcome, a.rank) for a in outcome.answers}
+    bases = results_of(outcome)
     counts: dict[int | None, list[list[float]]] = {r: [] for r, b in bases.items() if b is not None}
     for probe in probe_cases(case, base_value, mark):
         if not counts:
@@ -407,10 +412,16 @@ def diagnose(fn: Target | OpTarget | Launcher, outcome: Outcome, mode: Mode) -> 
         return Finding([failure.code], failure.text, stack=failure.stack, ranks=list(failure.ranks))
     findings = [Finding([code], text) for code, text in structural(outcome)]
     launcher, case = as_launcher(fn), outcome.case
-    results = [result_tensor(a, case) for a in outcome.answers]
-    if results and all(r is not None for r in results):
+    by_rank = results_of(outcome)
+    results = list(by_rank.values())
+    shard_finding = wrong_shard(launcher, outcome) if not findings else None
+    if shard_finding is not None:
+        findings.append(shard_finding)
+    elif case.collective == "all-gather" and results and all(r is not None for r in results):
+        findings.extend(gather_findings(case, by_rank))
+    elif results and all(r is not None for r in results):
         values = cast(list[torch.Tensor], results)
-        ranks = [a.rank for a in outcome.answers]
+        ranks = list(by_rank)
         mismatches = [check_values(mode, case, t)[0] for t in values]
         failing = [k for k, m in enumerate(mismatches) if m is not None]
         passing = [k for k, m in enumerate(mismatches) if m is None]
@@ -925,3 +936,109 @@ def difference(first: Outcome, second: Outcome) -> str:
 
 def _ending(raised: str) -> str:
     return f"raised {raised}" if raised else "returned"
+
+
+def wrong_shard(fn: Launcher, outcome: Outcome) -> Finding | None:
+    """``wrong-shard``: on the shard probe a reduce-scatter's rank ``r`` holds chunk ``c != r``.
+
+    The shard probe keeps the counterexample's shape, dtype, layout and op;
+    every worker holds the op's base value (:data:`PROBE_VALUES`) but worker 0,
+    which holds ``mark * (e + 1)`` at element ``e``: every element's reduction
+    is exact in every order and differs from every other's, so each rank's
+    shard names the chunk it is, whatever the target's order.  ``None`` for
+    another collective, ``N = 1``, or when every rank holds its own chunk.
+    """
+    case = outcome.case
+    if case.collective != "reduce-scatter" or case.n < 2:
+        return None
+    base_value, mark = PROBE_VALUES[case.reduction]
+    per_worker = len(case.values) // case.n
+    probe = replace(
+        case,
+        values=tuple(mark * (e + 1) for e in range(per_worker))
+        + (base_value,) * (len(case.values) - per_worker),
+    )
+    got = shards(fn.call(probe))
+    if got is None:
+        return None
+    expected = ring_all_reduce(probe.tensor(), "fast", op=case.reduction).reshape(case.n, -1)
+    held = {
+        r: next((c for c in range(case.n) if torch.equal(bits(shard.reshape(-1)), bits(expected[c]))), None)
+        for r, shard in enumerate(got)
+    }
+    wrong = {r: c for r, c in held.items() if c is not None and c != r}
+    if not wrong:
+        return None
+    listing = ", ".join(f"rank {r} holds chunk {c}" for r, c in wrong.items())
+    return Finding(
+        ["wrong-shard"],
+        f"On the shard probe (worker 0 holds {mark:g} * (e + 1) at element e, the rest {base_value:g}: every "
+        f"element a different value, the same in every order) {listing}: a reduce-scatter leaves chunk r at "
+        "rank r (reduce_scatter_tensor, MPI_Reduce_scatter_block, NCCL; clause difftest-collectives)",
+        ranks=sorted(wrong),
+    )
+
+
+def _kind_of(value: float, fmt: FloatFormat) -> str:
+    """What a copied value is, in a few words (the values a copy most easily changes)."""
+    if math.isnan(value):
+        return "a NaN (its sign and payload must be copied too)"
+    if value == 0:
+        return f"a {'negative' if math.copysign(1.0, value) < 0 else 'positive'} zero"
+    if math.isinf(value):
+        return "an infinity"
+    return "a subnormal (flushed to zero?)" if abs(value) < fmt.smallest_normal else "a normal value"
+
+
+def gather_findings(case: Case, by_rank: dict[int | None, torch.Tensor | None]) -> list[Finding]:
+    """``gather-misplaced`` (a slot holding another rank's shard, bit for bit) and ``gather-changed-bits``
+    (a slot holding bits no rank sent) for each rank's well-formed all-gather result."""
+    sent = bits(exact_tensor(case.values, case.dtype)).reshape(case.n, -1)
+    misplaced: dict[str, list[int | None]] = {}
+    changed: dict[str, list[int | None]] = {}
+    first: ValueMismatch | None = None
+    for rank, result in by_rank.items():
+        if result is None:
+            continue
+        rows = bits(result).reshape(case.n, -1)
+        moved = {}
+        for slot in range(case.n):
+            if not torch.equal(rows[slot], sent[slot]):
+                moved[slot] = next((t for t in range(case.n) if torch.equal(rows[slot], sent[t])), None)
+        if not moved:
+            continue
+        placed = [f"slot {s} holds rank {t}'s shard" for s, t in moved.items() if t is not None]
+        if placed:
+            misplaced.setdefault(", ".join(placed), []).append(rank)
+        if any(t is None for t in moved.values()):
+            only_changed = sent.clone()  # the slots that hold bits no rank sent, the others right
+            for slot in (s for s, t in moved.items() if t is None):
+                only_changed[slot] = rows[slot]
+            m = cast(ValueMismatch, gather_oracle(case, only_changed.view(case.dtype).reshape(result.shape)))
+            first = first or m
+            was = _kind_of(m.expected, format_of(case.dtype))
+            changed.setdefault(f"element {m.index} (slot {m.chunk}) should be {was}: {m.detail}", []).append(
+                rank
+            )
+    found = [
+        Finding(
+            ["gather-misplaced"],
+            f"{_whose(ranks)}{text}: an all-gather puts rank r's shard in slot r",
+            ranks=[r for r in ranks if r is not None],
+        )
+        for text, ranks in misplaced.items()
+    ]
+    found += [
+        Finding(
+            ["gather-changed-bits"],
+            f"{_whose(ranks)}{text}",
+            first,
+            ranks=[r for r in ranks if r is not None],
+        )
+        for text, ranks in changed.items()
+    ]
+    return found
+
+
+def _whose(ranks: list[int | None]) -> str:
+    return "" if ranks == [None] else f"rank(s) {ranks}: "

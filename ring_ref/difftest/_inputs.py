@@ -26,7 +26,7 @@ import torch
 from hypothesis import strategies as st
 
 from ring_ref._dtypes import dtype_name, format_of
-from ring_ref.difftest._vocabulary import DTYPES, Mode, Op
+from ring_ref.difftest._vocabulary import DTYPES, Collective, Mode, Op
 
 __all__ = [
     "LAYOUTS",
@@ -35,6 +35,8 @@ __all__ = [
     "TIES",
     "Case",
     "cases",
+    "exact_tensor",
+    "gather_values",
     "lay_out",
     "near_one_log_bound",
     "one_worker_cases",
@@ -62,6 +64,28 @@ class Case:
     op: Op | None = None
     """The op asked for (``--op``); ``None`` when none was given: the target is called without ``op=``
     and must sum."""
+    collective: Collective = "all-reduce"
+    """What the target computes (``--collective``): the values are its input either way, ``(N, M, ...)``;
+    for ``all-gather`` ``M`` is the shard's rows ``S``."""
+
+    def result_shape(self, rank: int | None = None) -> tuple[int, ...]:
+        """The shape of a correct result, stacked (``rank`` ``None``) or of one rank.
+
+        >>> c = Case(2, 4, (3,), torch.float32, "contiguous", (0.0,) * 24, collective="reduce-scatter")
+        >>> c.result_shape(), c.result_shape(1), replace(c, collective="all-gather").result_shape(0)
+        ((2, 2, 3), (2, 3), (8, 3))
+        """
+        if self.collective == "reduce-scatter":
+            shard = (self.m // self.n, *self.trailing)
+            return shard if rank is not None else (self.n, *shard)
+        if self.collective == "all-gather":
+            return (self.n * self.m, *self.trailing)
+        return (self.m, *self.trailing)
+
+    def output_tensor(self, rank: int) -> torch.Tensor:
+        """A fresh output buffer for ``rank``'s ``TARGET(output, input)`` (reduce-scatter, all-gather),
+        filled with NaN, so that an element the target never writes cannot pass."""
+        return torch.full(self.result_shape(rank), math.nan, dtype=self.dtype)
 
     @property
     def reduction(self) -> Op:
@@ -79,8 +103,7 @@ class Case:
         >>> Case(2, 2, (), torch.float32, "sliced", (1.0, 2.0, 3.0, 4.0)).tensor().is_contiguous()
         False
         """
-        dense = torch.tensor(self.values, dtype=torch.float64).to(self.dtype).reshape(self.shape)
-        return lay_out(dense, self.layout)
+        return lay_out(exact_tensor(self.values, self.dtype).reshape(self.shape), self.layout)
 
     def rank_tensor(self, rank: int) -> torch.Tensor:
         """A fresh contiguous ``(M, ...)`` tensor holding worker ``rank``'s values (a per-rank input).
@@ -90,11 +113,11 @@ class Case:
         """
         per_rank = len(self.values) // self.n
         row = self.values[rank * per_rank : (rank + 1) * per_rank]
-        return torch.tensor(row, dtype=torch.float64).to(self.dtype).reshape(self.m, *self.trailing)
+        return exact_tensor(row, self.dtype).reshape(self.m, *self.trailing)
 
     def to_json(self) -> dict[str, Any]:
         """The input as JSON: shape, dtype, layout, op and the nested values."""
-        nested = torch.tensor(self.values, dtype=torch.float64).reshape(self.shape).tolist()
+        nested = _json_nested(torch.tensor(self.values, dtype=torch.float64).reshape(self.shape).tolist())
         return {
             "n": self.n,
             "m": self.m,
@@ -104,6 +127,28 @@ class Case:
             "op": self.reduction,
             "input": nested,
         }
+
+
+def exact_tensor(values: Sequence[float], dtype: torch.dtype) -> torch.Tensor:
+    """A 1-D tensor of ``dtype`` holding ``values`` (each representable in it) bit for bit, quiet NaNs'
+    payloads included (a bfloat16 NaN from the top half of float32's bits: converting drops its payload).
+
+    >>> nan = torch.tensor([0x7FC5], dtype=torch.int16).view(torch.bfloat16).item()
+    >>> hex(int(exact_tensor([nan, -0.0], torch.bfloat16).view(torch.int16)[0]))
+    '0x7fc5'
+    """
+    wide = torch.tensor(list(values), dtype=torch.float64)
+    if dtype != torch.bfloat16:
+        return wide.to(dtype)
+    high = torch.bitwise_right_shift(wide.to(torch.float32).view(torch.int32), 16)
+    return torch.where(torch.isnan(wide), high.to(torch.int16).view(torch.bfloat16), wide.to(dtype))
+
+
+def _json_nested(value: Any) -> Any:
+    """Nested lists of floats with each non-finite one as the string ``"inf"``, ``"-inf"`` or ``"nan"``."""
+    if isinstance(value, list):
+        return [_json_nested(v) for v in value]
+    return value if math.isfinite(value) else str(value)
 
 
 def lay_out(dense: torch.Tensor, layout: str) -> torch.Tensor:
@@ -253,6 +298,7 @@ def cases(
     *,
     op: Op | None = None,
     any_m: bool = False,
+    collective: Collective = "all-reduce",
 ) -> Case:
     """A valid ring input for ``mode``: ``M`` a multiple of ``N``, at most :data:`MAX_NUMEL` elements.
 
@@ -273,10 +319,15 @@ def cases(
     zeros, else values near one (:func:`near_one_log_bound`); ``max``,
     ``min``: :data:`TIES` and zeros of random sign (order-free), also random
     ones (exact, bound).  Every case carries ``op``.
+
+    ``collective``: every case carries it; ``all-gather`` draws shards of any
+    ``M`` rows holding any bits (:func:`gather_values`), whatever the mode.
     """
     reduction: Op = op or "sum"
     dtype = draw(st.sampled_from(tuple(dtypes)))
     n = draw(st.integers(1, max_workers))
+    if collective == "all-gather":
+        return draw(_gather_cases(dtype, n, layouts))
     if any_m and draw(st.booleans()):
         m = draw(st.integers(1, max(1, min(3 * n, MAX_NUMEL // n))))
     else:
@@ -298,7 +349,62 @@ def cases(
         values = list(_in_dtype([v * 2.0**-headroom for v in values], dtype))
     elif not order_free:
         values = list(_in_dtype(values, dtype))
-    return Case(n, m, trailing, dtype, layout, tuple(values), op)
+    return Case(n, m, trailing, dtype, layout, tuple(values), op, collective)
+
+
+def _special_values(dtype: torch.dtype) -> tuple[float, ...]:
+    """The values a copy most easily changes: zeros of both signs, infinities, the extreme subnormals,
+    quiet NaNs of both signs with the smallest and the largest payload."""
+    fmt = format_of(dtype)
+    mantissa = (1 << (fmt.precision - 1)) - 1
+    exponent = ((1 << (fmt.bits - 1)) - 1) ^ mantissa
+    quiet, sign = 1 << (fmt.precision - 2), 1 << (fmt.bits - 1)
+    patterns = (exponent | quiet | 1, exponent | mantissa, sign | exponent | quiet | 3)
+    nans = [_float_of_bits(dtype, p) for p in patterns]
+    tiny = fmt.min_subnormal
+    top = fmt.smallest_normal - tiny
+    return (0.0, -0.0, math.inf, -math.inf, tiny, -tiny, top, -top, *nans)
+
+
+def _float_of_bits(dtype: torch.dtype, pattern: int) -> float:
+    """The value of ``dtype`` whose bits are ``pattern`` (a Python float: a NaN keeps its payload)."""
+    fmt = format_of(dtype)
+    signed = pattern - (1 << fmt.bits) if pattern >= 1 << (fmt.bits - 1) else pattern
+    return float(torch.tensor([signed], dtype=torch.int64).to(fmt.int_dtype).view(dtype).to(torch.float64))
+
+
+def gather_values(dtype: torch.dtype, count: int, rng: random.Random) -> tuple[float, ...]:
+    """``count`` values for an all-gather, whose result must copy every bit: half any bit pattern of
+    ``dtype`` (NaNs with their payloads, infinities, subnormals among them), half special values
+    (zeros of both signs, infinities, subnormals, NaNs of both signs and several payloads).
+
+    >>> values = gather_values(torch.float16, 64, random.Random(0))
+    >>> any(math.isnan(v) for v in values), any(math.copysign(1.0, v) < 0 and v == 0 for v in values)
+    (True, True)
+    """
+    fmt = format_of(dtype)
+    specials = _special_values(dtype)
+    return tuple(
+        rng.choice(specials) if rng.random() < 0.5 else _float_of_bits(dtype, rng.getrandbits(fmt.bits))
+        for _ in range(count)
+    )
+
+
+@st.composite
+def _gather_cases(draw: st.DrawFn, dtype: torch.dtype, n: int, layouts: Sequence[str]) -> Case:
+    """An all-gather case: ``N`` shards of ``M`` rows (any ``M``) holding any bits, a few special."""
+    m = draw(st.integers(1, max(1, min(3, MAX_NUMEL // (n * n)))))
+    trailing: tuple[int, ...] = tuple(draw(st.lists(st.integers(1, 3), max_size=2)))
+    if n * n * m * math.prod(trailing) > MAX_NUMEL:
+        trailing = ()
+    count = n * m * math.prod(trailing)
+    rng = random.Random(draw(st.integers(0, 2**32 - 1)))
+    values = list(gather_values(dtype, count, rng) if draw(st.booleans()) else [0.0] * count)
+    specials = st.sampled_from(_special_values(dtype))
+    for index, value in draw(st.lists(st.tuples(st.integers(0, count - 1), specials), max_size=8)):
+        values[index] = value
+    layout = draw(st.sampled_from(tuple(layouts)))
+    return Case(n, m, trailing, dtype, layout, tuple(values), collective="all-gather")
 
 
 def _draw_fill(
@@ -350,7 +456,12 @@ def _draw_fill(
 
 
 def one_worker_cases(
-    mode: Mode, dtypes: Sequence[torch.dtype], *, per_rank: bool = False, op: Op | None = None
+    mode: Mode,
+    dtypes: Sequence[torch.dtype],
+    *,
+    per_rank: bool = False,
+    op: Op | None = None,
+    collective: Collective = "all-reduce",
 ) -> list[Case]:
     """Explicit ``N = 1`` cases, always run first: per dtype one contiguous and one non-contiguous input.
 
@@ -370,9 +481,15 @@ def one_worker_cases(
         values = (3.0, -1.5, 0.25, 2.0) if mode == "order-free" else (1.5, -3.0e-3, 0.1, 7.0)
     out = []
     for k, dtype in enumerate(dtypes):
-        out.append(Case(1, 2, (), dtype, "contiguous", _in_dtype(values[:2], dtype), op))
+        # all-gather: a NaN with a payload, -0, a subnormal, an infinity (every value exact in the dtype)
+        exact = (
+            tuple(_special_values(dtype)[i] for i in (8, 1, 4, 3))
+            if collective == "all-gather"
+            else _in_dtype(values, dtype)
+        )
+        out.append(Case(1, 2, (), dtype, "contiguous", exact[:2], op, collective))
         layout = "contiguous" if per_rank else ("sliced", "strided")[k % 2]
-        out.append(Case(1, 2, (2,), dtype, layout, _in_dtype(values, dtype), op))
+        out.append(Case(1, 2, (2,), dtype, layout, exact, op, collective))
     return out
 
 

@@ -10,7 +10,10 @@ use, restarted after a failure) and runs each case once on every rank: rank
 ``COMM_WORLD``; with an op (``case.op``) the call is
 ``TARGET(comm, array, op=NAME)``.  A rank's *result* is the array the target
 returns, or, when it returns ``None``, the array itself after the call (in
-place, like ``comm.Allreduce(MPI.IN_PLACE, ...)``).
+place, like ``comm.Allreduce(MPI.IN_PLACE, ...)``).  A reduce-scatter or an
+all-gather (``case.collective``) is ``TARGET(comm, sendbuf, recvbuf)``, as
+``comm.Reduce_scatter_block`` and ``comm.Allgather`` take them; ``recvbuf``
+after the call is the result when it returns ``None``.
 
 The target is imported by name in the ranks only (never in the tester), and
 each rank answers with plain data (:func:`observe_rank`: bits, shapes, dtype
@@ -69,19 +72,25 @@ def _plain(array: npt.NDArray[Any]) -> Plain:
 
 
 def observe_rank(
-    comm: Any, payload: tuple[str, str, tuple[int, ...], list[bytes], str | None]
+    comm: Any,
+    payload: tuple[str, str, tuple[int, ...], list[bytes], str | None]
+    | tuple[str, str, tuple[int, ...], list[bytes], str | None, tuple[int, ...] | None],
 ) -> dict[str, Any]:
     """On one rank: call the target on this rank's input and describe what it did, as plain data.
 
-    ``payload``: the target's name, the dtype and shape, every rank's input bytes, and the op's
-    name (``None``: call without ``op=``).  The answer: ``returned`` is ``"none"``,
+    ``payload``: the target's name, the dtype and shape, every rank's input bytes, the op's
+    name (``None``: call without ``op=``), and optionally the output's shape (``None`` or left
+    out for an all-reduce; a reduce-scatter or an all-gather is ``TARGET(comm, sendbuf,
+    recvbuf)``, ``recvbuf`` a fresh array of that shape filled with NaN, the result when the call
+    returns ``None``).  The answer: ``returned`` is ``"none"``,
     ``"argument"`` (the array it was given), ``"ndarray"`` (another array) or the type name
     of anything else; ``result`` the rank's result as :data:`Plain` (``None`` when it returned
     something that is not an array); ``argument`` the array it was given, after the call;
     ``shares_memory`` whether a returned array other than the argument overlaps it; ``raised``
     and ``traceback`` describe an exception.  ``{"load_error": ...}`` when the target cannot be loaded.
     """
-    name, dtype, shape, inputs, op = payload
+    name, dtype, shape, inputs, op = payload[:5]
+    output_shape = payload[5] if len(payload) == 6 else None
     rank = comm.Get_rank()
     try:
         fn = _LOADED[name] if name in _LOADED else _LOADED.setdefault(name, load_target(name))
@@ -89,14 +98,17 @@ def observe_rank(
         return {"load_error": str(exc)}
     array = np.frombuffer(inputs[rank], dtype=np.dtype(dtype)).reshape(shape).copy()
     raised, text, returned = "", "", None
+    out = None if output_shape is None else np.full(output_shape, np.nan, dtype=np.dtype(dtype))
+    args = (comm, array) if out is None else (comm, array, out)
     try:
-        returned = fn(comm, array) if op is None else fn(comm, array, op=op)
+        returned = fn(*args) if op is None else fn(*args, op=op)
     except BaseException as exc:  # a target's SystemExit or KeyboardInterrupt is its answer too
         raised = f"{type(exc).__name__}: {exc}"
         text = "".join(traceback.format_exception(exc))
     answer: dict[str, Any] = {"rank": rank, "raised": raised, "traceback": text, "argument": _plain(array)}
     if returned is None:
-        answer.update(returned="none", result=None if raised else _plain(array), shares_memory=False)
+        written = array if out is None else out
+        answer.update(returned="none", result=None if raised else _plain(written), shares_memory=False)
     elif returned is array:
         answer.update(returned="argument", result=_plain(array), shares_memory=False)
     elif isinstance(returned, np.ndarray) and returned.dtype.kind in _NUMERIC_KINDS:
@@ -243,6 +255,7 @@ class MpiRanks(Launcher):
             tuple(inputs[0].shape),
             [x.tobytes() for x in inputs],
             case.op,
+            None if case.collective == "all-reduce" else case.result_shape(0),
         )
         try:
             replies = ring.run(

@@ -28,10 +28,10 @@ import torch
 from hypothesis import strategies as st
 
 from ring_ref._chunks import chunk_of_elements
-from ring_ref._dispatch import ring_all_reduce
+from ring_ref._dispatch import ring_all_reduce, ring_reduce_scatter
 from ring_ref._dtypes import FloatFormat, bits, dtype_name, format_of
 from ring_ref._reveal import Tree, ring_trees
-from ring_ref.difftest._inputs import Case
+from ring_ref.difftest._inputs import Case, exact_tensor
 from ring_ref.difftest._vocabulary import OPS, Mode, Op
 from ring_ref.schedule import SPEC, Layout, RingSchedule
 
@@ -53,8 +53,10 @@ __all__ = [
     "exact_sums",
     "extreme_oracle",
     "flat_of",
+    "gather_oracle",
     "locate",
     "order_free_oracle",
+    "reduce_scatter_reference",
     "round_to",
     "zeros_as_the_oracle_wants",
 ]
@@ -455,6 +457,46 @@ EXACT_ORDER: ContextVar[ExactOrder] = ContextVar("EXACT_ORDER", default=SPEC_ORD
 """The order ``exact`` checks against; :func:`ring_ref.difftest.difftest` sets it for its run."""
 
 
+def reduce_scatter_reference(
+    worker_tensors: torch.Tensor, *, op: Op = "sum", schedule: str | RingSchedule | None = None
+) -> torch.Tensor:
+    """The reference reduce-scatter: ``(N, M, ...) -> (N, M/N, ...)``, row ``r`` rank ``r``'s shard.
+
+    By the theorem of clause ``difftest-collectives``, shard ``r`` is chunk ``r``
+    of the all-reduce on the ring that finishes chunk ``r`` at rank ``r``
+    (:func:`ring_ref.schedule.reduce_scatter_ring`: for the spec, chunk ``c``
+    folds ``c + 1, c + 2, ..., c``).  The one place the tester computes it: the
+    fast engine's :func:`ring_ref.ring_reduce_scatter`.
+
+    >>> x = torch.tensor([[1.0, 2.0], [10.0, 20.0]])
+    >>> reduce_scatter_reference(x).tolist()
+    [[11.0], [22.0]]
+    """
+    return ring_reduce_scatter(worker_tensors, schedule=schedule, op=op, engine="fast")
+
+
+def gather_oracle(case: Case, result: torch.Tensor) -> ValueMismatch | None:
+    """The all-gather oracle, every mode's: rank ``r``'s shard in slot ``r``, every bit copied."""
+    expected = exact_tensor(case.values, case.dtype).reshape(result.shape)
+    diff = (bits(expected) != bits(result)).reshape(-1).nonzero()
+    if diff.numel() == 0:
+        return None
+    e = int(diff[0])
+    index = tuple(int(v) for v in torch.unravel_index(torch.tensor(e), result.shape))
+    want, got = bits(expected).reshape(-1)[e], bits(result).reshape(-1)[e]
+    width = 2 * case.dtype.itemsize
+    hexed = [f"0x{int(v) & ((1 << (4 * width)) - 1):0{width}x}" for v in (want, got)]
+    slot = e // (len(case.values) // case.n)
+    return ValueMismatch(
+        index,
+        slot,
+        float(expected.reshape(-1)[e]),
+        float(result.reshape(-1)[e]),
+        f"bits {hexed[1]} where rank {slot}'s shard holds {hexed[0]} (an all-gather copies every bit)",
+        int(diff.numel()),
+    )
+
+
 def exact_oracle(case: Case, result: torch.Tensor) -> ValueMismatch | None:
     """``exact``: the result's bits are the order's (by default the ring's, clause ``fold-order``)."""
     order = EXACT_ORDER.get()
@@ -549,10 +591,13 @@ class Checked(NamedTuple):
 
 
 def check_values(mode: Mode, case: Case, result: torch.Tensor) -> Checked:
-    """The mode's oracle for the case's op on a well-formed result (see the module docstring)."""
+    """The mode's oracle for the case's op on a well-formed result (see the module docstring); a
+    reduce-scatter's result as the all-reduce its shards make (:func:`ring_ref.difftest._call.results`),
+    an all-gather's by :func:`gather_oracle` in every mode."""
     op = case.reduction
-    if mode == "exact":
-        return Checked(exact_oracle(case, result))
+    if mode == "exact" or case.collective == "all-gather":
+        copy = case.collective == "all-gather"
+        return Checked(gather_oracle(case, result) if copy else exact_oracle(case, result))
     if op in ("max", "min"):
         return Checked(extreme_oracle(case, result))
     if mode == "order-free":

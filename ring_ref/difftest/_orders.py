@@ -58,9 +58,10 @@ from ring_ref._validate import schedule_of
 from ring_ref.difftest._call import kind_hint, well_formed
 from ring_ref.difftest._inputs import LAYOUTS, Case
 from ring_ref.difftest._launch import Launcher
-from ring_ref.difftest._oracles import EXACT_ORDER, ExactOrder, SavedOrder
+from ring_ref.difftest._oracles import EXACT_ORDER, ExactOrder, SavedOrder, reduce_scatter_reference
+from ring_ref.difftest._vocabulary import Collective
 from ring_ref.schedule import LAYOUTS as LAYOUT_NAMES
-from ring_ref.schedule import PRESETS, Layout, RingSchedule
+from ring_ref.schedule import PRESETS, Layout, RingSchedule, reduce_scatter_ring
 
 __all__ = [
     "Explained",
@@ -75,8 +76,11 @@ __all__ = [
     "per_rank_target",
     "rank_launcher",
     "read_order",
+    "reduce_scatter_order",
     "schedule_order",
     "schedule_ring",
+    "shard_orders",
+    "stacked_reduce_scatter",
 ]
 
 AUTO_M_FACTOR: Final = 2
@@ -116,6 +120,41 @@ def schedule_order(schedule: str | RingSchedule) -> ExactOrder:
         option,
         ops=OPS,
         source="schedule",
+        ring=ring,
+    )
+
+
+def reduce_scatter_order(schedule: str | RingSchedule | None, max_workers: int) -> ExactOrder:
+    """``exact`` for ``--collective reduce-scatter``: rank ``r``'s shard is chunk ``r`` of the ring that
+    finishes chunk ``r`` at rank ``r`` (:func:`~ring_ref.difftest._oracles.reduce_scatter_reference`).
+
+    ``schedule`` as for all-reduce, resolved by :func:`ring_ref.schedule.reduce_scatter_ring` (a preset
+    name takes ``k := d``; a ring must have ``k = d`` at every ``N`` up to ``max_workers``).
+
+    >>> reduce_scatter_order("gloo", 4).option, reduce_scatter_order(None, 4).ring
+    ('--schedule gloo', RingSchedule(direction=1, offset=1, layout='even'))
+    """
+    named = parse_schedule(schedule) if isinstance(schedule, str) else schedule
+    if named is not None:
+        schedule_ring(named)  # an unknown preset or an invalid ring: the usual message
+    try:
+        ring = [reduce_scatter_ring(named, n) for n in range(1, max_workers + 1)][-1]
+    except ValueError as exc:
+        raise OrderError(str(exc)) from exc
+    if isinstance(named, RingSchedule):
+        label = f"the reduce-scatter of the ring with {ring.describe()}"
+        option = f"--schedule={ring.direction},{ring.offset},{ring.layout}"
+    else:
+        label = f"the {named or 'spec'} reduce-scatter ring ({ring.describe()})"
+        option = f"--schedule {named}" if named else ""
+    return ExactOrder(
+        label,
+        lambda case: reduce_scatter_reference(case.tensor(), op=case.reduction, schedule=named).reshape(
+            case.m, *case.trailing
+        ),
+        option,
+        ops=OPS,
+        source="schedule" if named else "spec",
         ring=ring,
     )
 
@@ -430,21 +469,27 @@ def exact_order(
     return auto_order(target, max_workers)
 
 
-def per_rank_target(launcher: Launcher) -> Callable[[torch.Tensor], torch.Tensor]:
+def per_rank_target(
+    launcher: Launcher, collective: Collective = "all-reduce"
+) -> Callable[[torch.Tensor], torch.Tensor]:
     """A stacked target for :func:`ring_ref._reveal.reveal` over a per-rank launcher (``--ranks``).
 
     Rank ``i`` gets ``x[i]``; every rank must end with the same bits (one
     all-reduce), and rank 0's result is the answer.  A rank that fails, hangs
-    or disagrees raises :class:`ring_ref._reveal.RevealError` naming it.
+    or disagrees raises :class:`ring_ref._reveal.RevealError` naming it.  A
+    ``reduce-scatter`` (``TARGET(output, input)`` on every rank) answers with
+    the ranks' shards in rank order, the reduction they are the chunks of.
     """
 
     def call(x: torch.Tensor) -> torch.Tensor:
         values = tuple(x.to(torch.float64).reshape(-1).tolist())
-        case = Case(int(x.shape[0]), int(x.shape[1]), tuple(x.shape[2:]), x.dtype, "contiguous", values)
+        shape = (int(x.shape[0]), int(x.shape[1]), tuple(x.shape[2:]))
+        case = Case(*shape, x.dtype, "contiguous", values, collective=collective)
         outcome = launcher.call(case)
         if outcome.failure is not None:
             raise RevealError(f"the target {outcome.failure.code}: {outcome.failure.text}")
-        results = [well_formed(outcome, rank) for rank in range(case.n)]
+        ranks = [None] if collective == "reduce-scatter" else range(case.n)
+        results = [well_formed(outcome, rank) for rank in ranks]
         missing = [rank for rank, got in enumerate(results) if got is None]
         if missing:
             why = "; ".join(
@@ -454,7 +499,8 @@ def per_rank_target(launcher: Launcher) -> Callable[[torch.Tensor], torch.Tensor
                 for a in outcome.answers
                 if a.rank in missing
             )
-            raise RevealError(f"rank(s) {missing} gave no well-formed ({case.m},) {x.dtype} result: {why}")
+            what = case.result_shape(0)
+            raise RevealError(f"rank(s) {missing} gave no well-formed {what} {x.dtype} result: {why}")
         first = cast(torch.Tensor, results[0])
         for rank, other in enumerate(results[1:], start=1):
             if not torch.equal(bits(cast(torch.Tensor, other)), bits(first)):
@@ -462,6 +508,45 @@ def per_rank_target(launcher: Launcher) -> Callable[[torch.Tensor], torch.Tensor
         return first
 
     return call
+
+
+def stacked_reduce_scatter(fn: Callable[[torch.Tensor], object]) -> Callable[[torch.Tensor], object]:
+    """A stacked reduce-scatter target as :func:`ring_ref._reveal.reveal` calls one: its ``(N, M/N)``
+    shards, in rank order, as the ``(M,)`` reduction they are the chunks of (anything else unchanged,
+    for reveal to name).
+
+    >>> stacked_reduce_scatter(lambda x: x.sum(0).reshape(2, 1))(torch.ones(2, 2)).tolist()
+    [2.0, 2.0]
+    """
+
+    def call(x: torch.Tensor) -> object:
+        got = fn(x)
+        n, m = int(x.shape[0]), int(x.shape[1])
+        if isinstance(got, torch.Tensor) and tuple(got.shape) == (n, m // n) and m % n == 0:
+            return got.reshape(m)
+        return got
+
+    return call
+
+
+def shard_orders(trees: list[Tree | None], n: int, ring: RingSchedule | None = None) -> list[str]:
+    """``shard r (rank r): fold 1,2,0``: each shard's order, from the trees of the ``M`` elements a
+    reduce-scatter's shards make in rank order (``reveal --collective reduce-scatter``); with the
+    fitted ``ring``, the presets whose reduce-scatter ring it is (:func:`reduce_scatter_ring`).
+
+    >>> shard_orders([((1, 2), 0), ((2, 0), 1), ((0, 1), 2)], 3)[1:]
+    ['shard 1 (rank 1): fold 2,0,1', 'shard 2 (rank 2): fold 0,1,2']
+    """
+    rows = len(trees) // n
+    lines = []
+    for r in range(n):
+        shard = trees[r * rows : (r + 1) * rows]
+        own = {format_tree(t) if t is not None else "no tree of additions" for t in shard}
+        lines.append(f"shard {r} (rank {r}): {' / '.join(sorted(own))}")
+    if ring is not None:
+        named = [p for p in PRESETS if reduce_scatter_ring(p, n).normalized(n) == ring.normalized(n)]
+        lines.append(f"the reduce-scatter ring of preset(s): {', '.join(named) if named else 'none'}")
+    return lines
 
 
 def rank_launcher(ranks: str, target: str, timeout: float) -> Launcher:

@@ -35,6 +35,7 @@ from ring_ref._dtypes import dtype_name, format_of
 from ring_ref._reveal import Tree, leaves
 from ring_ref.difftest._inputs import Case
 from ring_ref.difftest._oracles import ExactOrder
+from ring_ref.difftest._vocabulary import Collective
 
 __all__ = ["ProbeRun", "additions", "first_failing_probe", "probe_cases", "probe_limit"]
 
@@ -82,12 +83,19 @@ def _values(n: int, dtype: torch.dtype, pairs: Sequence[tuple[int, int]]) -> tup
     return tuple(v for row in rows for v in row)
 
 
-def probe_cases(order: ExactOrder, max_workers: int, dtypes: Sequence[torch.dtype]) -> Iterator[Case]:
+def probe_cases(
+    order: ExactOrder,
+    max_workers: int,
+    dtypes: Sequence[torch.dtype],
+    collective: Collective = "all-reduce",
+) -> Iterator[Case]:
     """The probes, smallest ``N`` first: per ``N``, dtype and ``M`` of :meth:`ExactOrder.probe_sizes`,
     ``N - 1`` calls, call ``k`` asking each element about the ``k``-th addition of its expected tree.
 
     ``N`` runs from 2 to ``max_workers`` in ``dtypes``; an order file's trees
-    (``order.saved``) are probed at their own ``N`` and dtype only.
+    (``order.saved``) are probed at their own ``N`` and dtype only.  A
+    ``reduce-scatter``'s probes carry it, at the sizes whose shards are the
+    order's chunks (``M = 2N``): the shards in rank order are the elements probed.
     """
     workers, dtypes = range(2, max_workers + 1), tuple(dtypes)
     if order.saved is not None:
@@ -97,13 +105,15 @@ def probe_cases(order: ExactOrder, max_workers: int, dtypes: Sequence[torch.dtyp
             if n > probe_limit(dtype):
                 continue
             for m in order.probe_sizes(n):
+                if collective == "reduce-scatter" and m % n:
+                    continue
                 trees = order.trees(n, m, dtype)
                 if trees is None:
                     continue
                 asked = [additions(tree) for tree in trees]
                 for k in range(n - 1):
                     values = _values(n, dtype, [pairs[k] for pairs in asked])
-                    yield Case(n, m, (), dtype, "contiguous", values)
+                    yield Case(n, m, (), dtype, "contiguous", values, collective=collective)
 
 
 @dataclass
@@ -126,11 +136,15 @@ class ProbeRun:
 
 
 def first_failing_probe(
-    order: ExactOrder, max_workers: int, dtypes: Sequence[torch.dtype], fails: Callable[[Case], bool]
+    order: ExactOrder,
+    max_workers: int,
+    dtypes: Sequence[torch.dtype],
+    fails: Callable[[Case], bool],
+    collective: Collective = "all-reduce",
 ) -> tuple[Case | None, ProbeRun]:
     """Run the probes until one ``fails``; that probe (``None``: all pass) and what ran."""
     run = ProbeRun()
-    for case in probe_cases(order, max_workers, dtypes):
+    for case in probe_cases(order, max_workers, dtypes, collective):
         run.calls += 1
         ns = run.workers.setdefault(dtype_name(case.dtype), [])
         if not ns or ns[-1] != case.n:

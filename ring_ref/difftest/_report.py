@@ -71,6 +71,14 @@ def _json_float(v: float) -> float | str:
     return v if math.isfinite(v) else str(v)
 
 
+_COLLECTIVE_WORDS: Final = {
+    "reduce-scatter": "reduce-scatter: (N, M, ...) -> (N, M/N, ...), rank r holding chunk r of the "
+    "reduction; per rank TARGET(output, input)",
+    "all-gather": "all-gather: (N, S, ...) -> (N*S, ...), rank r's shard in slot r, every bit copied; per "
+    "rank TARGET(output, input)",
+}
+"""What a reduce-scatter or an all-gather target was checked as, in words."""
+
 _GROUPS: Final = {"gloo": "a gloo process group", "mpi": "an MPI job"}
 """What a per-rank target's ranks were, in words, by ``--ranks``."""
 
@@ -125,6 +133,7 @@ class Report:
     def summary(self) -> str:
         """One sentence: the verdict in plain words."""
         op = f" (op {self.op})" if self.op is not None else ""
+        op += f" as {self.collective}" if self.collective != "all-reduce" else ""
         if self.verdict == "pass":
             return (
                 f"PASS: {self.target}{op} matches the reference in every mode run ({', '.join(self.modes)})."
@@ -138,7 +147,7 @@ class Report:
                     "so it is not bitwise the reference. Only an implementation of this exact schedule "
                     "must pass exact."
                 )
-            what = "all-reduce" if self.op in (None, "sum") else f"{self.op} all-reduce"
+            what = self.collective if self.op in (None, "sum") else f"{self.op} {self.collective}"
             verb = "sums" if self.op in (None, "sum", "avg") else "combines"
             how = f"{verb} in a different order than the ring"
             if exact is not None and ROUNDS_ONCE in exact.explanation:
@@ -176,6 +185,8 @@ class Report:
             lines.append(
                 f"  (op {self.op}: the target was called with op= too, and checked with {self.op}'s oracles)"
             )
+        if self.collective != "all-reduce":
+            lines.append(f"  ({_COLLECTIVE_WORDS[self.collective]})")
         if self.ranks:
             lines.append(
                 f"  (per rank: the target ran on every rank of {_GROUPS.get(self.ranks, self.ranks)} "

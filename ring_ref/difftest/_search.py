@@ -13,6 +13,7 @@ import torch
 from hypothesis import HealthCheck, Verbosity, example, given, settings
 from hypothesis import seed as hypothesis_seed
 
+from ring_ref._chunks import chunk_bounds, chunk_rows
 from ring_ref._dtypes import TORCH_DTYPES, dtype_name
 from ring_ref._ops import op_name
 from ring_ref.difftest._call import Outcome
@@ -21,25 +22,27 @@ from ring_ref.difftest._inputs import LAYOUTS, Case, cases, one_worker_cases, un
 from ring_ref.difftest._launch import InProcess, Isolated, Launcher
 from ring_ref.difftest._loading import importable_name, load_target
 from ring_ref.difftest._mpi import MPI_DTYPES, MpiRanks
-from ring_ref.difftest._oracles import EXACT_ORDER, SavedOrder
-from ring_ref.difftest._orders import checking_against, exact_order
+from ring_ref.difftest._oracles import EXACT_ORDER, SPEC_ORDER, ExactOrder, SavedOrder
+from ring_ref.difftest._orders import checking_against, exact_order, reduce_scatter_order
 from ring_ref.difftest._probes import first_failing_probe
 from ring_ref.difftest._ranks import GlooRanks
 from ring_ref.difftest._report import ModeResult, Report
 from ring_ref.difftest._vocabulary import (
+    COLLECTIVES,
     DEFAULT_TIMEOUT_S,
     DTYPES,
     MAX_RANKS,
     MODES,
     MPI_MAX_RANKS,
     RANKS,
+    Collective,
     Mode,
     Op,
     OpTarget,
     Ranks,
     Target,
 )
-from ring_ref.schedule import RingSchedule
+from ring_ref.schedule import Layout, RingSchedule
 
 __all__ = ["default_max_workers", "difftest", "option_problem", "run_mode", "zero_out"]
 
@@ -75,10 +78,12 @@ def run_mode(
     max_workers: int,
     dtypes: Sequence[torch.dtype],
     op: Op | None = None,
+    collective: Collective = "all-reduce",
 ) -> ModeResult:
     """Run one oracle on ``examples`` generated inputs (plus the ``N = 1`` ones); shrink a failure.
 
-    ``op``: the op asked for (every case carries it; ``None``, none given: a sum).
+    ``op``: the op asked for (every case carries it; ``None``, none given: a sum);
+    ``collective``: what the target computes (every case carries it).
     A call that times out or crashes, or whose group had ranks stopped after
     another rank raised (``Outcome.note``), ends the mode at once and is
     reported as found.  A failing case, once shrunk, is replayed twice: different answers
@@ -116,6 +121,7 @@ def run_mode(
         max_workers=max_workers,
         dtypes=dtypes,
         op=op,
+        collective=collective,
     )
 
     def fails(candidate: Case, run: Callable[[Case], None] = check) -> bool:
@@ -128,9 +134,11 @@ def run_mode(
     probes = None
     try:
         case = _searched(test, fails)
-        if case is None and mode == "exact" and op in (None, "sum"):
+        if case is None and mode == "exact" and op in (None, "sum") and collective != "all-gather":
             order = EXACT_ORDER.get()
-            case, probes = first_failing_probe(order, max_workers, dtypes, lambda c: fails(c, judge))
+            case, probes = first_failing_probe(
+                order, max_workers, dtypes, lambda c: fails(c, judge), collective
+            )
         if case is None:
             return ModeResult(mode, "pass", calls, overflow, underflow_skipped=underflow, probes=probes)
         first, second = launcher.call(case), launcher.call(case)
@@ -180,11 +188,23 @@ def _search_test(
     max_workers: int,
     dtypes: Sequence[torch.dtype],
     op: Op | None,
+    collective: Collective = "all-reduce",
 ) -> Callable[[], None]:
-    """The Hypothesis test that runs ``check`` on the mode's cases (the ``N = 1`` ones first)."""
+    """The Hypothesis test that runs ``check`` on the mode's cases (the ``N = 1`` ones first).
+
+    A reduce-scatter's cases have ``M`` a multiple of ``N`` that the order's layout cuts into equal
+    chunks (the shards); an all-gather's are shards of any bits (:func:`ring_ref.difftest._inputs.cases`).
+    """
     layouts = ("contiguous",) if per_rank else LAYOUTS
     order = EXACT_ORDER.get()
-    if mode == "exact" and order.cases is not None:
+    if collective != "all-reduce":
+        drawn = cases(mode, dtypes, max_workers, layouts, op=op, collective=collective)
+        if collective == "reduce-scatter" and order.layout != "even":
+            drawn = drawn.filter(lambda c: _equal_chunks(c, order.layout))
+        test = given(drawn)(check)
+        for case in reversed(one_worker_cases(mode, dtypes, per_rank=per_rank, op=op, collective=collective)):
+            test = example(case)(test)
+    elif mode == "exact" and order.cases is not None:
         # An order saved for one N, M and dtype (difftest --order) covers only those inputs.
         drawn = order.cases.map(lambda c: replace(c, layout="contiguous")) if per_rank else order.cases
         test = given(drawn)(check)
@@ -205,6 +225,12 @@ def _search_test(
         suppress_health_check=list(HealthCheck),
     )(test)
     return hypothesis_seed(seed)(test)
+
+
+def _equal_chunks(case: Case, layout: Layout) -> bool:
+    """Whether ``layout`` cuts each worker's elements of ``case`` into ``N`` equal chunks (the shards)."""
+    s = len(case.values) // case.n
+    return chunk_bounds(layout, case.n, s, itemsize=case.dtype.itemsize) == chunk_rows(s, case.n)
 
 
 ZERO_OUT_BUDGET: Final = 64
@@ -257,6 +283,7 @@ def difftest(
     op: object = None,
     schedule: str | RingSchedule | None = None,
     order: str | Path | None = None,
+    collective: Collective = "all-reduce",
 ) -> Report:
     """Check ``fn`` against the reference in each of ``modes``; return the :class:`Report`.
 
@@ -306,12 +333,27 @@ def difftest(
     ``M`` and dtype (an explicit ``max_workers`` below that ``N`` or ``dtypes``
     without that dtype is refused; otherwise they apply to the other modes).
 
+    ``collective`` (``--collective``, clause ``difftest-collectives``): what
+    the target computes.  ``"all-reduce"`` (the default) as above;
+    ``"reduce-scatter"``: a stacked target maps ``(N, M, ...)`` to
+    ``(N, M/N, ...)``, row ``r`` rank ``r``'s shard (chunk ``r`` of the
+    reduction), a rank is called ``fn(output, input)`` (``mpi``: ``fn(comm,
+    sendbuf, recvbuf)``), and ``exact`` checks the ring that finishes chunk
+    ``r`` at rank ``r`` (a preset's direction and layout with offset =
+    direction; a ring given must have them equal); ``order-free`` and
+    ``bound`` are all-reduce's, on the shards in rank order;
+    ``"all-gather"``: ``(N, S, ...)`` to ``(N*S, ...)``, rank ``r``'s shard in
+    slot ``r``, every bit copied (NaN payloads, signed zeros, subnormals), the
+    one oracle of every mode.
+
     Raises :class:`~ring_ref.difftest.TargetError` when the target cannot be loaded,
     ``ValueError`` for invalid options (:class:`OrderError`, a ``ValueError``,
     for an unusable schedule or order file, and when ``schedule="auto"`` finds no ring).
     """
     reduce_op: Op | None = None if op is None else op_name(op)
     chosen = _modes_of(modes)
+    if collective not in COLLECTIVES:
+        raise ValueError(f"collective (--collective) must be one of {list(COLLECTIVES)}; got {collective!r}")
     if ranks is not None and ranks not in RANKS:
         raise ValueError(f"ranks must be one of {list(RANKS)} or None; got {ranks!r}")
     workers = max_workers if max_workers is not None else default_max_workers(ranks)
@@ -327,7 +369,9 @@ def difftest(
             f"--op {reduce_op} checks exact against the spec's ring or a named --schedule; --schedule auto "
             "and --order reveal and name sum orders (drop them; order-free and bound need no order)"
         )
-    exact = exact_order(schedule, order, fn, workers, ranks) or EXACT_ORDER.get()
+    exact = _collective_order(collective, schedule, order, workers, reduce_op) or (
+        exact_order(schedule, order, fn, workers, ranks) or EXACT_ORDER.get()
+    )
     if order is not None and exact.saved is not None:  # order= given (not one set by checking_against)
         _check_order_file_fits(order, exact.saved, max_workers, asked_dtypes)
     if reduce_op is not None and "exact" in chosen and reduce_op not in exact.ops:
@@ -342,12 +386,15 @@ def difftest(
     options += "" if launcher.isolated else " --in-process"
     options += "".join(f" --mca {key}={value}" for key, value in (mca or {}).items())
     options += f" {exact.option}" if exact.option else ""
+    options += f" --collective {collective}" if collective != "all-reduce" else ""
     if name is None:
         name = str(getattr(fn, "__qualname__", repr(fn)))
-        replay = _replay(None, name, chosen, examples, seed, workers, dtypes, exact.option, reduce_op)
+        asked = exact.option or (f"--collective {collective}" if collective != "all-reduce" else "")
+        replay = _replay(None, name, chosen, examples, seed, workers, dtypes, asked, reduce_op)
     else:
         replay = _replay(ranks, name, chosen, examples, seed, workers, dtypes, options, reduce_op, cli=True)
     report = Report(target or name, seed, replay, isolated=launcher.isolated, ranks=ranks, op=reduce_op)
+    report.collective = collective
     report.timeout_s = timeout if launcher.isolated else None
     report.exact_against = exact if "exact" in chosen else None
     try:
@@ -362,11 +409,40 @@ def difftest(
                     max_workers=workers,
                     dtypes=dtypes,
                     op=reduce_op,
+                    collective=collective,
                 )
     finally:
         launcher.close()
     report.output_bytes, report.output = launcher.output.bytes, launcher.output.text
     return report
+
+
+def _collective_order(
+    collective: Collective,
+    schedule: str | RingSchedule | None,
+    order: str | Path | None,
+    workers: int,
+    op: Op | None,
+) -> ExactOrder | None:
+    """What ``exact`` checks for a reduce-scatter or an all-gather (``None``: an all-reduce, as usual).
+
+    ``--schedule auto`` and ``--order`` reveal and name all-reduce orders, so they are refused here.
+    """
+    if collective == "all-reduce":
+        return None
+    if schedule == "auto" or order is not None:
+        raise ValueError(
+            f"--collective {collective} checks exact against a named --schedule (or the spec's); --schedule "
+            "auto and --order reveal and name all-reduce orders (drop them; ring-ref reveal --collective "
+            "reduce-scatter names a reduce-scatter's order)"
+        )
+    if collective == "all-gather":
+        if op is not None:
+            raise ValueError(
+                "an all-gather copies, it reduces nothing: drop op (--op) for --collective all-gather"
+            )
+        return replace(SPEC_ORDER, name="a bitwise copy of every shard (all-gather)", source="spec")
+    return reduce_scatter_order(schedule, workers)
 
 
 def default_max_workers(ranks: Ranks | None) -> int:

@@ -29,10 +29,12 @@ __all__ = [
     "op_argument",
 ]
 
-Collective = Literal["all-reduce"]
-COLLECTIVES: Final[tuple[Collective, ...]] = ("all-reduce",)
-"""The collectives the tester checks.  A new one (reduce-scatter, all-gather) is a value here that
-the inputs, the oracles, the launchers and the report take as a parameter, not a copy of each."""
+Collective = Literal["all-reduce", "reduce-scatter", "all-gather"]
+COLLECTIVES: Final[tuple[Collective, ...]] = ("all-reduce", "reduce-scatter", "all-gather")
+"""The collectives the tester checks (``--collective``, clause ``difftest-collectives``): each is a
+value that the inputs, the oracles, the launchers and the report take as a parameter, not a copy of
+each.  ``reduce-scatter``: ``(N, M, ...) -> (N, M/N, ...)``, rank ``r`` ends with chunk ``r`` of the
+reduction; ``all-gather``: ``(N, S, ...) -> (N*S, ...)``, rank ``r``'s shard in slot ``r``, bit for bit."""
 
 Mode = Literal["exact", "order-free", "bound"]
 MODES: Final[tuple[Mode, ...]] = ("exact", "order-free", "bound")
@@ -56,6 +58,9 @@ CODES: Final = (
     "signed-zero",
     "not-ring-order",
     "out-of-bound",
+    "wrong-shard",
+    "gather-changed-bits",
+    "gather-misplaced",
 )
 """The fixed diagnosis vocabulary (``docs/guide/difftest.md``, *Diagnosis codes*)."""
 
