@@ -18,14 +18,14 @@ from ring_ref import _reveal, _svg
 from ring_ref._dispatch import ring_all_reduce
 from ring_ref._ops import OPS
 from ring_ref._reveal import RevealError
-from ring_ref._trace import ALL_REDUCE, COLLECTIVES, check_trace_size, render_table, trace, trace_json
+from ring_ref._trace import check_trace_size, render_table, trace, trace_json
 from ring_ref._vectors import _collectives, _ops, _presets, _sums
 from ring_ref._version import __version__
 from ring_ref.core import initial_state, run_ring
 from ring_ref.difftest import DTYPES, MODES, OrderError, TargetError, _orders, difftest, load_target
 from ring_ref.difftest._vocabulary import COLLECTIVES, DEFAULT_TIMEOUT_S, MAX_RANKS, MPI_MAX_RANKS, RANKS
 from ring_ref.invariants import Provenance, State
-from ring_ref.schedule import PRESETS, SPEC, Phase, reduce_scatter_ring
+from ring_ref.schedule import ALL_REDUCE, PRESETS, SPEC, Phase, reduce_scatter_ring
 
 
 def _demo(_args: argparse.Namespace) -> int:

@@ -36,9 +36,12 @@ from ring_ref.core import fold, never_combine, provenance_state, run_ring
 from ring_ref.invariants import Provenance, State, expected_state, finished_chunks, is_complete
 from ring_ref.schedule import (
     ALL_GATHER,
+    ALL_REDUCE,
+    COLLECTIVES,
     PHASES,
     REDUCE_SCATTER,
     SPEC,
+    Collective,
     Phase,
     RingSchedule,
     Send,
@@ -46,11 +49,6 @@ from ring_ref.schedule import (
     rounds_per_phase,
     sends,
 )
-
-Collective = Literal["all-reduce", "reduce-scatter", "all-gather"]
-ALL_REDUCE: Final = "all-reduce"
-COLLECTIVES: Final[tuple[Collective, Collective, Collective]] = (ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER)
-"""What ``ring-ref trace --collective`` runs: both phases (the default), or one alone (spec section 12)."""
 
 TRACE_FORMAT = "ring-ref-trace"
 TRACE_VERSION = 1

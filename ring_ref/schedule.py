@@ -21,6 +21,8 @@ from typing import Final, Literal, NamedTuple
 
 __all__ = [
     "ALL_GATHER",
+    "ALL_REDUCE",
+    "COLLECTIVES",
     "GLOO",
     "LAYOUTS",
     "OPENMPI_RING",
@@ -28,6 +30,7 @@ __all__ = [
     "PRESETS",
     "REDUCE_SCATTER",
     "SPEC",
+    "Collective",
     "Layout",
     "Phase",
     "RingSchedule",
@@ -52,6 +55,11 @@ Phase = Literal["reduce-scatter", "all-gather"]
 REDUCE_SCATTER: Final = "reduce-scatter"
 ALL_GATHER: Final = "all-gather"
 PHASES: Final[tuple[Phase, Phase]] = (REDUCE_SCATTER, ALL_GATHER)
+Collective = Literal["all-reduce", "reduce-scatter", "all-gather"]
+ALL_REDUCE: Final = "all-reduce"
+COLLECTIVES: Final[tuple[Collective, Collective, Collective]] = (ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER)
+"""The collectives: both phases (all-reduce), or one alone (spec section 12).  The one owner of the
+names that ``ring-ref trace``, ``difftest`` and ``reveal`` take as ``--collective``."""
 
 
 class Send(NamedTuple):

@@ -9,6 +9,7 @@ import torch
 
 from ring_ref._dtypes import FORMATS
 from ring_ref._ops import OPS, REDUCE_OP_NAMES, Op
+from ring_ref.schedule import COLLECTIVES, Collective
 
 __all__ = [
     "CODES",
@@ -29,12 +30,10 @@ __all__ = [
     "op_argument",
 ]
 
-Collective = Literal["all-reduce", "reduce-scatter", "all-gather"]
-COLLECTIVES: Final[tuple[Collective, ...]] = ("all-reduce", "reduce-scatter", "all-gather")
-"""The collectives the tester checks (``--collective``, clause ``difftest-collectives``): each is a
-value that the inputs, the oracles, the launchers and the report take as a parameter, not a copy of
-each.  ``reduce-scatter``: ``(N, M, ...) -> (N, M/N, ...)``, rank ``r`` ends with chunk ``r`` of the
-reduction; ``all-gather``: ``(N, S, ...) -> (N*S, ...)``, rank ``r``'s shard in slot ``r``, bit for bit."""
+# COLLECTIVES (owned by ring_ref.schedule) are what the tester checks (--collective, clause
+# difftest-collectives): each is a value that the inputs, the oracles, the launchers and the report
+# take as a parameter, not a copy of each.  reduce-scatter: (N, M, ...) -> (N, M/N, ...), rank r ends
+# with chunk r of the reduction; all-gather: (N, S, ...) -> (N*S, ...), rank r's shard in slot r.
 
 Mode = Literal["exact", "order-free", "bound"]
 MODES: Final[tuple[Mode, ...]] = ("exact", "order-free", "bound")
