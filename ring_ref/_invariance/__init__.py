@@ -11,7 +11,13 @@ change and a one-line summary (:mod:`._report`).  The picture is
 """
 
 from ring_ref._invariance._placement import DEFAULT_PROBE, Embedded, InvarianceError, Placement, placements
-from ring_ref._invariance._report import INVARIANCE_FORMAT, INVARIANCE_VERSION, Change, Invariance, first_changes
+from ring_ref._invariance._report import (
+    INVARIANCE_FORMAT,
+    INVARIANCE_VERSION,
+    Change,
+    Invariance,
+    first_changes,
+)
 from ring_ref._invariance._run import BITS_DRAWS, invariance
 
 __all__ = [

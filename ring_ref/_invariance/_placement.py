@@ -42,7 +42,9 @@ class Placement(NamedTuple):
         return f"M = {self.m}, offset {self.offset}"
 
 
-def placements(sizes: Sequence[int], offsets: Sequence[int], probe: int | None) -> tuple[int, list[Placement]]:
+def placements(
+    sizes: Sequence[int], offsets: Sequence[int], probe: int | None
+) -> tuple[int, list[Placement]]:
     """``(K, placements)``: every offset in every size where the ``K`` probed elements fit, by ``(M, O)``.
 
     ``probe=None`` is ``min(32, smallest M - smallest O)``.  Every size must hold the region at some offset

@@ -12,6 +12,7 @@ else the same ``M`` at the nearest offset, else the one just before ``b``.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
@@ -94,7 +95,7 @@ def _threshold(order: Sequence[Placement], outcomes: Sequence[Sequence[Hashable]
     """``(X, Y)``: all placements with ``M <= X`` give one outcome per element, all with ``M >= Y`` another,
     ``Y`` the next size tried after ``X`` (so the order depends on ``M`` only through ``M > X``)."""
     sizes = sorted({p.m for p in order})
-    for x, y in zip(sizes, sizes[1:], strict=False):
+    for x, y in itertools.pairwise(sizes):
         below = {tuple(o) for p, o in zip(order, outcomes, strict=True) if p.m <= x}
         above = {tuple(o) for p, o in zip(order, outcomes, strict=True) if p.m >= y}
         if len(below) == 1 and len(above) == 1 and below != above:
@@ -163,14 +164,15 @@ class Invariance:
                 name, found = ring
                 label = f"the {name} ring" if name else f"the ring with {found.describe()}"
                 cut = "M/N" if found.layout == "even" else f"the {found.layout} layout's chunks"
-                return f"order changes with M: at chunk boundaries, {cut} (each element its chunk's fold, {label})"
+                why = f"each element folds its chunk, {label}"
+                return f"order changes with M: at chunk boundaries, {cut} ({why})"
         threshold = _threshold(self.placements, self.outcomes)
         if threshold is not None:
             x, y = threshold
             return f"{what} {changes} above M = {x} (the same up to M = {x}, other from M = {y} on)"
         moved = _moved_at_one_size(self.placements, self.outcomes)
         if moved is not None:
-            return f"{what} {depends} on the position (the offset, or the distance to the buffer's end): {moved}"
+            return f"{what} {depends} on the position (offset, or distance to the end): {moved}"
         first = self.changes[0]
         return f"{what} {changes} with M: element {first.element} at {first.a.text()} vs {first.b.text()}"
 
@@ -181,8 +183,8 @@ class Invariance:
         """The text report: what was tried, the summary line, each change (runs of elements grouped)."""
         how = "trees revealed" if self.method == "reveal" else "bits compared (--by-bits)"
         lines = [
-            f"ring-ref invariance {self.target}  (N = {self.n}, K = {self.probe} probed elements, {self.dtype}, "
-            f"{how})",
+            f"ring-ref invariance {self.target}  (N = {self.n}, K = {self.probe} probed elements, "
+            f"{self.dtype}, {how})",
             "placements: " + "; ".join(p.text() for p in self.placements),
             ("invariant: " if self.invariant else "NOT invariant: ") + self.summary_line(),
         ]
@@ -205,8 +207,10 @@ class Invariance:
                 f"{self._outcome_text(c.now)}"
             )
         if self.counterexample is not None:
-            lines.append("  counterexample (probe values, worker by worker, in --json): N x K = "
-                         f"{self.n} x {self.probe}")
+            lines.append(
+                "  counterexample (probe values, worker by worker, in --json): N x K = "
+                f"{self.n} x {self.probe}"
+            )
         if self.method == "bits" and self.invariant:
             lines.append(
                 "  (a screen: equal bits on random inputs do not prove one order; run without --by-bits to "

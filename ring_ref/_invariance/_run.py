@@ -21,7 +21,7 @@ import torch
 
 from ring_ref._dtypes import to_hex
 from ring_ref._invariance._placement import Embedded, InvarianceError, Placement, placements
-from ring_ref._invariance._report import Invariance
+from ring_ref._invariance._report import Invariance, Method
 from ring_ref._reveal import CHECKS, LIMITS, check_reveal_size, reveal
 from ring_ref._reveal._target import DTYPES
 from ring_ref.difftest import load_target
@@ -49,6 +49,7 @@ def _random(shape: tuple[int, int], dtype: torch.dtype, generator: torch.Generat
 
 def _by_bits(
     fn: Callable[[torch.Tensor], object],
+    *,
     n: int,
     k: int,
     order: list[Placement],
@@ -74,7 +75,7 @@ def _by_bits(
     return outcomes, None, calls
 
 
-def _check(n: int, k: int, dtype: str, by_bits: bool, draws: int, checks: int) -> None:
+def _check(n: int, k: int, dtype: str, *, by_bits: bool, draws: int, checks: int) -> None:
     if dtype not in LIMITS:
         raise InvarianceError(f"invariance supports dtype float32 or float64; got {dtype!r}")
     if by_bits:
@@ -142,13 +143,15 @@ def invariance(
     :class:`~ring_ref._reveal.RevealError` for a target that misbehaves.
 
     >>> from ring_ref import ring_all_reduce
-    >>> found = invariance(lambda x: ring_all_reduce(x), 2, [2, 4], probe=2)
-    >>> found.invariant, found.summary_line()
-    (False, 'order changes with M: at chunk boundaries, M/N (each element its chunk's fold, the spec ring)')
+    >>> found = invariance(lambda x: ring_all_reduce(x), 3, [3, 6], probe=3)
+    >>> found.invariant
+    False
+    >>> print(found.summary_line())
+    order changes with M: at chunk boundaries, M/N (each element folds its chunk, the spec ring)
     """
     start = time.perf_counter()
     k, placed = placements(sizes, offsets, probe)
-    _check(n, k, dtype, by_bits, draws, checks)
+    _check(n, k, dtype, by_bits=by_bits, draws=draws, checks=checks)
     fn, launcher = _resolve(target, ranks, mca, timeout)
     name = target if isinstance(target, str) else getattr(target, "__qualname__", type(target).__name__)
     counterexample = None
@@ -157,7 +160,9 @@ def invariance(
             launcher.start()
         if by_bits:
             order = [Placement(k, 0), *(p for p in placed if p != Placement(k, 0))]
-            outcomes, counterexample, calls = _by_bits(fn, n, k, order, dtype, draws, seed)
+            outcomes, counterexample, calls = _by_bits(
+                fn, n=n, k=k, order=order, dtype=dtype, draws=draws, seed=seed
+            )
         else:
             order, outcomes, calls = placed, [], 0
             for p in placed:
@@ -167,8 +172,7 @@ def invariance(
     finally:
         if launcher is not None:
             launcher.close()
-    result = Invariance(
-        name, n, k, dtype, "bits" if by_bits else "reveal", order, outcomes, calls, time.perf_counter() - start
-    )
+    method: Method = "bits" if by_bits else "reveal"
+    result = Invariance(name, n, k, dtype, method, order, outcomes, calls, time.perf_counter() - start)
     result.counterexample = counterexample
     return result
