@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from ring_ref import _reveal, _svg
+from ring_ref import _invariance, _reveal, _svg
 from ring_ref._dispatch import ring_all_reduce
 from ring_ref._ops import OPS
 from ring_ref._reveal import RevealError
@@ -289,11 +289,124 @@ def _reveal_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _int_list(text: str) -> list[int]:
+    """``8,16,32`` as integers (argparse turns the ``ValueError`` into a usage error, exit 2)."""
+    items = [item.strip() for item in text.split(",")]
+    if not all(item.lstrip("-").isdigit() for item in items):
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 8,16,32; got {text!r}")
+    return [int(item) for item in items]
+
+
+def _invariance_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``ring-ref invariance`` options (spec section 16)."""
+    parser.add_argument(
+        "target", metavar="TARGET", help="package.module:function or path/to/file.py:function"
+    )
+    parser.add_argument("-n", type=int, required=True, help="number of workers N")
+    parser.add_argument(
+        "--sizes",
+        type=_int_list,
+        required=True,
+        metavar="M1,M2,...",
+        help="buffer sizes M (elements per worker)",
+    )
+    parser.add_argument(
+        "--offsets",
+        type=_int_list,
+        default=[0],
+        metavar="O1,O2,...",
+        help="where the probe region starts in each buffer (default 0; placed wherever it fits)",
+    )
+    parser.add_argument(
+        "--probe",
+        type=int,
+        default=None,
+        metavar="K",
+        help=f"probed elements K (default {_invariance.DEFAULT_PROBE}; fewer when the smallest size is)",
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=tuple(_reveal.LIMITS),
+        default="float32",
+        help="float32 (N <= 24 to reveal, the default) or float64 (N <= 53)",
+    )
+    parser.add_argument(
+        "--by-bits",
+        action="store_true",
+        help="a fast screen without reveal: random values' bits alone and embedded at every placement "
+        "(any N; equal bits do not prove one order)",
+    )
+    parser.add_argument(
+        "--draws",
+        type=int,
+        default=_invariance.BITS_DRAWS,
+        help=f"with --by-bits: random inputs tried (default {_invariance.BITS_DRAWS})",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    parser.add_argument(
+        "--json", action="store_true", help="print one JSON object (spec/invariance.schema.json)"
+    )
+    parser.add_argument(
+        "--svg", metavar="FILE", help="also draw probed elements x placements, coloured by tree"
+    )
+    parser.add_argument(
+        "--ranks",
+        choices=RANKS,
+        help="TARGET is per rank, as for difftest --ranks: each rank's buffer holds its probe at the offset",
+    )
+    parser.add_argument(
+        "--mca",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="with --ranks mpi: pass --mca KEY VALUE to mpirun (repeatable), e.g. "
+        "coll_tuned_use_dynamic_rules=1 --mca coll_tuned_allreduce_algorithm=4 (OpenMPI's ring)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT_S,
+        help=f"with --ranks: seconds one call may take (default {DEFAULT_TIMEOUT_S:g})",
+    )
+
+
+def _invariance_command(args: argparse.Namespace) -> int:
+    """Run ``ring-ref invariance``: 0 invariant, 1 not invariant, 2 usage error or misbehaving target."""
+    with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
+        try:
+            if any(not item.partition("=")[0] or "=" not in item for item in args.mca):
+                raise _invariance.InvarianceError(f"--mca takes KEY=VALUE; got {args.mca}")
+            if args.svg and args.by_bits:
+                raise _invariance.InvarianceError("--svg draws trees, and --by-bits reveals none: drop one")
+            found = _invariance.invariance(
+                args.target,
+                args.n,
+                args.sizes,
+                offsets=args.offsets,
+                probe=args.probe,
+                dtype=args.dtype,
+                ranks=args.ranks,
+                mca=dict(item.partition("=")[::2] for item in args.mca),
+                by_bits=args.by_bits,
+                draws=args.draws,
+                seed=args.seed,
+                timeout=args.timeout,
+            )
+            if args.svg:
+                Path(args.svg).write_text(_svg.invariance_svg(found), encoding="utf-8")
+        except (TargetError, _reveal.RevealError, _invariance.InvarianceError, OSError) as exc:
+            print(f"ring-ref invariance: error: {exc}", file=sys.stderr)
+            return 2
+    print(json.dumps(found.to_json()) if args.json else found.render())
+    return 0 if found.invariant else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with one sub-command per tool."""
     parser = argparse.ArgumentParser(
         prog="ring-ref",
-        description="Reference ring all-reduce: demo, traces, vectors, differential testing, reveal.",
+        description="Reference ring all-reduce: demo, traces, vectors, differential testing, reveal, "
+        "invariance.",
     )
     parser.add_argument("--version", action="version", version=f"ring-ref {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -340,6 +453,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _reveal_arguments(rv)
     rv.set_defaults(func=_reveal_command)
+    inv = commands.add_parser(
+        "invariance",
+        help="does an element's order change with the message size or its position in the buffer?",
+    )
+    _invariance_arguments(inv)
+    inv.set_defaults(func=_invariance_command)
     return parser
 
 
