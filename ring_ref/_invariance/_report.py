@@ -104,9 +104,10 @@ def _threshold(order: Sequence[Placement], outcomes: Sequence[Sequence[Hashable]
 
 
 def _moved_at_one_size(order: Sequence[Placement], outcomes: Sequence[Sequence[Hashable]]) -> str | None:
-    """``at M = 64, element 3 at offset 0 vs offset 5``: the first size where two offsets differ."""
+    """``at M = 64, element 3 at offset 0 vs offset 5``: the first placement whose outcomes differ from
+    another offset's at its size (the nearest such offset)."""
     for i, p in enumerate(order):
-        for q in range(i):
+        for q in reversed(range(i)):
             if order[q].m == p.m and outcomes[q] != outcomes[i]:
                 j = next(j for j, (u, v) in enumerate(zip(outcomes[q], outcomes[i], strict=True)) if u != v)
                 return f"at M = {p.m}, element {j} at offset {order[q].offset} vs offset {p.offset}"
