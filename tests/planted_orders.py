@@ -28,7 +28,7 @@ def left_fold(x: torch.Tensor) -> torch.Tensor:
 
 def pairwise(x: torch.Tensor) -> torch.Tensor:
     """Pairwise halving: ``(x0 + x1) + (x2 + x3)`` for ``N = 4`` (``N`` a power of two)."""
-    rows = list(x)
+    rows: list[torch.Tensor] = list(x)
     while len(rows) > 1:
         rows = [rows[i] + rows[i + 1] for i in range(0, len(rows), 2)]
     return rows[0].clone()
@@ -48,7 +48,7 @@ def switching(x: torch.Tensor) -> torch.Tensor:
 
 
 def tail_path(x: torch.Tensor) -> torch.Tensor:
-    """A vectorised sum: whole blocks of 8 elements pairwise, the last ``M mod 8`` elements folded backwards."""
+    """A vectorised sum: whole blocks of 8 elements pairwise, the last ``M mod 8`` folded backwards."""
     m = x.shape[1]
     whole = m - m % BLOCK
     return torch.cat([pairwise(x[:, :whole]), reverse_fold(x[:, whole:])])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import struct
 from typing import Any
 
 import jsonschema  # type: ignore[import-untyped]
@@ -39,6 +40,11 @@ def _json(found: Invariance) -> dict[str, Any]:
     doc = found.to_json()
     jsonschema.validate(doc, SCHEMA)
     return doc
+
+
+def _hex32(value: torch.Tensor) -> str:
+    """A float32's bit pattern as 8 hex digits, by ``struct`` (not by the code under test)."""
+    return struct.pack(">f", float(value)).hex()
 
 
 def _sides(doc: dict[str, Any]) -> list[tuple[int, tuple[int, int], tuple[int, int]]]:
@@ -97,11 +103,11 @@ def test_a_tail_that_takes_another_path_is_position_dependent() -> None:
     assert found.trees[-1] == [REVERSE_4] * 4 and found.trees[-2] == [PAIRWISE_4] * 4
 
 
-@pytest.mark.clause("invariance-report")
+@pytest.mark.clause("invariance-report", "invariance-findings")
 def test_the_spec_ring_changes_at_chunk_boundaries() -> None:
-    # N = 4, chunk c folds c, c+1, c+2, c+3. M = 8: elements 0..3 in chunks 0, 0, 1, 1; M = 16: all in chunk 0;
-    # M = 16 from offset 4: elements 4..7, chunk 1.
-    found = invariance(lambda x: ring_all_reduce(x), 4, [8, 16], offsets=[0, 4], probe=4)
+    # N = 4, chunk c folds c, c+1, c+2, c+3. M = 8: elements 0..3 in chunks 0, 0, 1, 1; M = 16: all in
+    # chunk 0; M = 16 from offset 4: elements 4..7, chunk 1.
+    found = invariance(ring_all_reduce, 4, [8, 16], offsets=[0, 4], probe=4)
     doc = _json(found)
     chunk1 = [[[1, 2], 3], 0]
     assert found.summary_line() == (
@@ -114,7 +120,7 @@ def test_the_spec_ring_changes_at_chunk_boundaries() -> None:
     assert doc["changes"][3]["b"]["tree"] == [[[0, 3], 1], 2]
 
 
-@pytest.mark.clause("invariance-report")
+@pytest.mark.clause("invariance-report", "invariance-findings")
 def test_the_gloo_preset_changes_at_its_own_chunk_boundaries() -> None:
     found = invariance(lambda x: ring_all_reduce(x, schedule="gloo"), 4, [8, 12, 16], offsets=[0, 2], probe=4)
     assert not found.invariant
@@ -229,8 +235,8 @@ def test_by_bits_finds_the_switch_with_a_counterexample() -> None:
     for change in doc["changes"]:
         j = change["element"]
         assert (change["a"]["m"], change["a"]["offset"], change["b"]["m"]) == (32, 0, 65)
-        assert change["a"]["bits"] == f"{alone[j].view(torch.int32).item() & 0xFFFFFFFF:08x}"
-        assert change["b"]["bits"] == f"{embedded[j].view(torch.int32).item() & 0xFFFFFFFF:08x}"
+        assert change["a"]["bits"] == _hex32(alone[j])
+        assert change["b"]["bits"] == _hex32(embedded[j])
     assert doc["changes"], "random values over 2^16 round the two orders apart somewhere"
     assert "bits change above M = 32" in doc["summary"]
 
