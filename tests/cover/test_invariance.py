@@ -143,13 +143,22 @@ def test_the_chain_preset_is_invariant() -> None:  # pragma: no cover - enabled 
 
 
 @pytest.mark.clause("invariance-findings")
-def test_torch_sum_over_workers_changes_with_m() -> None:
-    # Measured: torch.sum(x, 0) of one column (M = 1) folds the workers in order; at other M it adds them
-    # along another path (vector lanes), so the same element gets another tree.
-    found = invariance(lambda x: torch.sum(x, 0), 8, [1, 2, 3, 4, 8, 31, 32, 64], probe=1)
+def test_torch_sum_over_workers_depends_on_the_position() -> None:
+    # Measured (x86-64, this torch): torch.sum(x, 0) over N = 8 workers folds workers 0..7 in order for
+    # the elements in whole blocks of 32, and adds the last M mod 32 elements (the tail) four lanes apart:
+    # a vectorised sum whose tail takes another path. The same probe at M = 40 thus gets two trees.
+    found = invariance(lambda x: torch.sum(x, 0), 8, [32, 40, 64], offsets=[0, 32], probe=8)
+    fold = (((((((0, 1), 2), 3), 4), 5), 6), 7)
+    lanes = ((((0, 4), (1, 5)), (2, 6)), (3, 7))
     assert not found.invariant
-    assert found.trees[0] == [((((((((0, 1), 2), 3), 4), 5), 6), 7))]
-    assert any(row != found.trees[0] for row in found.trees[1:])
+    assert found.summary_line() == (
+        "order depends on the position (offset, or distance to the end): at M = 40, element 0 at offset 0 "
+        "vs offset 32"
+    )
+    by_placement = dict(zip(found.placements, found.trees, strict=True))
+    assert by_placement[Placement(40, 0)] == [fold] * 8
+    assert by_placement[Placement(40, 32)] == [lanes] * 8
+    assert by_placement[Placement(64, 32)] == [fold] * 8
 
 
 @pytest.mark.clause("invariance-embedding")
