@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 
+from ring_ref.difftest._vocabulary import Ranks
 from ring_ref.invariance import invariance
 
 pytestmark = pytest.mark.clause("invariance-findings")
@@ -60,3 +61,16 @@ def test_openmpi_orders(algorithm: str, sizes: list[int]) -> None:
         # 4 ranks on one machine: the default rules pick recursive doubling here, pairs (0, 1) and (2, 3).
         assert found.invariant, found.render()
         assert all(row == [PAIRWISE_4] * 8 for row in found.trees)
+
+
+@pytest.mark.clause("invariance-by-bits")
+@pytest.mark.parametrize("ranks", ["gloo", "mpi"])
+def test_by_bits_screens_per_rank_targets(ranks: Ranks) -> None:
+    # Both rings' chunks move between the region alone (M = 8) and M = 16, so some element's bits differ.
+    target = "torch.distributed:all_reduce" if ranks == "gloo" else "ring_ref.targets:mpi_allreduce"
+    mca = {**DYNAMIC, "coll_tuned_allreduce_algorithm": "4"} if ranks == "mpi" else None
+    found = invariance(target, 4, [16, 4096], offsets=[0, 3], probe=8, ranks=ranks, mca=mca, by_bits=True)
+    assert not found.invariant
+    assert found.counterexample is not None and len(found.counterexample) == 4
+    assert found.placements[0] == (8, 0)  # the region alone first
+    assert any(change.a == (8, 0) and change.b == (16, 0) for change in found.changes)
