@@ -90,6 +90,33 @@ def _vectors_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _mca_argument(parser: argparse.ArgumentParser) -> None:
+    """``--mca KEY=VALUE`` (repeatable), passed to ``mpirun`` under ``--ranks mpi``."""
+    parser.add_argument(
+        "--mca",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="with --ranks mpi: pass --mca KEY VALUE to mpirun (repeatable), e.g. "
+        "coll_tuned_use_dynamic_rules=1 --mca coll_tuned_allreduce_algorithm=4 (OpenMPI's ring)",
+    )
+
+
+def _mca_malformed(items: list[str]) -> bool:
+    """Whether some ``--mca`` item is not ``KEY=VALUE``."""
+    return any(not item.partition("=")[0] or "=" not in item for item in items)
+
+
+def _rank_timeout_argument(parser: argparse.ArgumentParser) -> None:
+    """``--timeout``: the time limit of one call of a per-rank target."""
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT_S,
+        help=f"with --ranks: seconds one call may take (default {DEFAULT_TIMEOUT_S:g})",
+    )
+
+
 def _difftest_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``ring-ref difftest`` options."""
     parser.add_argument(
@@ -103,14 +130,7 @@ def _difftest_arguments(parser: argparse.ArgumentParser) -> None:
         "(gloo: TARGET(tensor), torch.distributed on 127.0.0.1; mpi: TARGET(comm, array), an mpi4py "
         "communicator and a numpy array, ranks started by mpirun; float16/float32/float64 only)",
     )
-    parser.add_argument(
-        "--mca",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="with --ranks mpi: pass --mca KEY VALUE to mpirun (repeatable), e.g. "
-        "coll_tuned_use_dynamic_rules=1 --mca coll_tuned_allreduce_algorithm=4 (OpenMPI's ring)",
-    )
+    _mca_argument(parser)
     parser.add_argument(
         "--mode",
         choices=[*MODES, "all"],
@@ -183,7 +203,7 @@ def _difftest_command(args: argparse.Namespace) -> int:
         problem = "--in-process cannot be combined with --ranks (the ranks are processes of their own)"
     if args.mca and args.ranks != "mpi":
         problem = "--mca options are passed to mpirun: they need --ranks mpi"
-    if any(not item.partition("=")[0] or "=" not in item for item in args.mca):
+    if _mca_malformed(args.mca):
         problem = f"--mca takes KEY=VALUE; got {args.mca}"
     if args.ranks == "mpi" and "bfloat16" in names:
         problem = (
@@ -246,12 +266,7 @@ def _reveal_arguments(parser: argparse.ArgumentParser) -> None:
         help="TARGET is per rank: TARGET(tensor) on every rank of a gloo group (or TARGET(comm, array) in an "
         "MPI job) of N processes; every rank must end with the same bits",
     )
-    parser.add_argument(
-        "--timeout",
-        type=float,
-        default=DEFAULT_TIMEOUT_S,
-        help=f"with --ranks: seconds one call may take (default {DEFAULT_TIMEOUT_S:g})",
-    )
+    _rank_timeout_argument(parser)
 
 
 def _reveal_command(args: argparse.Namespace) -> int:
@@ -354,27 +369,15 @@ def _invariance_arguments(parser: argparse.ArgumentParser) -> None:
         choices=RANKS,
         help="TARGET is per rank, as for difftest --ranks: each rank's buffer holds its probe at the offset",
     )
-    parser.add_argument(
-        "--mca",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="with --ranks mpi: pass --mca KEY VALUE to mpirun (repeatable), e.g. "
-        "coll_tuned_use_dynamic_rules=1 --mca coll_tuned_allreduce_algorithm=4 (OpenMPI's ring)",
-    )
-    parser.add_argument(
-        "--timeout",
-        type=float,
-        default=DEFAULT_TIMEOUT_S,
-        help=f"with --ranks: seconds one call may take (default {DEFAULT_TIMEOUT_S:g})",
-    )
+    _mca_argument(parser)
+    _rank_timeout_argument(parser)
 
 
 def _invariance_command(args: argparse.Namespace) -> int:
     """Run ``ring-ref invariance``: 0 invariant, 1 not invariant, 2 usage error or misbehaving target."""
     with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
         try:
-            if any(not item.partition("=")[0] or "=" not in item for item in args.mca):
+            if _mca_malformed(args.mca):
                 raise _invariance.InvarianceError(f"--mca takes KEY=VALUE; got {args.mca}")
             if args.svg and args.by_bits:
                 raise _invariance.InvarianceError("--svg draws trees, and --by-bits reveals none: drop one")
