@@ -251,6 +251,23 @@ def test_by_bits_finds_the_switch_with_a_counterexample() -> None:
 
 
 @pytest.mark.clause("invariance-by-bits")
+def test_by_bits_embeds_the_same_values_among_random_others() -> None:
+    seen: list[torch.Tensor] = []
+
+    def recording(x: torch.Tensor) -> torch.Tensor:
+        seen.append(x.clone())
+        return planted_orders.left_fold(x)
+
+    invariance(recording, 3, [6, 20], offsets=[0, 9], probe=6, by_bits=True, draws=1)
+    alone, *embedded = seen
+    assert [tuple(b.shape) for b in seen] == [(3, 6), (3, 20), (3, 20)]
+    assert torch.equal(embedded[0][:, :6], alone) and torch.equal(embedded[1][:, 9:15], alone)
+    outside = torch.cat([embedded[0][:, 6:], embedded[1][:, :9], embedded[1][:, 15:]], dim=1)
+    assert bool((outside != 0).all()), "a bucket of other random values, not zeros"
+    assert len(torch.unique(outside)) > outside.numel() // 2
+
+
+@pytest.mark.clause("invariance-by-bits")
 def test_by_bits_passes_an_order_that_never_moves() -> None:
     found = invariance(planted_orders.pairwise, 4, [8, 100], offsets=[0, 7, 50], probe=8, by_bits=True)
     doc = _json(found)

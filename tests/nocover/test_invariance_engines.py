@@ -66,11 +66,12 @@ def test_openmpi_orders(algorithm: str, sizes: list[int]) -> None:
 @pytest.mark.clause("invariance-by-bits")
 @pytest.mark.parametrize("ranks", ["gloo", "mpi"])
 def test_by_bits_screens_per_rank_targets(ranks: Ranks) -> None:
-    # Both rings' chunks move between the region alone (M = 8) and M = 16, so some element's bits differ.
+    # Both rings' chunks move between the region alone (M = 8), M = 16 and the offsets.
     target = "torch.distributed:all_reduce" if ranks == "gloo" else "ring_ref.targets:mpi_allreduce"
     mca = {**DYNAMIC, "coll_tuned_allreduce_algorithm": "4"} if ranks == "mpi" else None
     found = invariance(target, 4, [16, 4096], offsets=[0, 3], probe=8, ranks=ranks, mca=mca, by_bits=True)
     assert not found.invariant
     assert found.counterexample is not None and len(found.counterexample) == 4
     assert found.placements[0] == (8, 0)  # the region alone first
-    assert any(change.a == (8, 0) and change.b == (16, 0) for change in found.changes)
+    # Random values round two orders alike for many elements; some element of the draw differs.
+    assert found.changes and all(c.was != c.now and c.b != (8, 0) for c in found.changes)
