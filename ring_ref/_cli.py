@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from ring_ref import _reveal, _svg
+from ring_ref import _invariance, _reveal, _svg
 from ring_ref._dispatch import ring_all_reduce
 from ring_ref._ops import OPS
 from ring_ref._reveal import RevealError
@@ -96,6 +96,33 @@ def _vectors_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _mca_argument(parser: argparse.ArgumentParser) -> None:
+    """``--mca KEY=VALUE`` (repeatable), passed to ``mpirun`` under ``--ranks mpi``."""
+    parser.add_argument(
+        "--mca",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="with --ranks mpi: pass --mca KEY VALUE to mpirun (repeatable), e.g. "
+        "coll_tuned_use_dynamic_rules=1 --mca coll_tuned_allreduce_algorithm=4 (OpenMPI's ring)",
+    )
+
+
+def _mca_malformed(items: list[str]) -> bool:
+    """Whether some ``--mca`` item is not ``KEY=VALUE``."""
+    return any(not item.partition("=")[0] or "=" not in item for item in items)
+
+
+def _rank_timeout_argument(parser: argparse.ArgumentParser) -> None:
+    """``--timeout``: the time limit of one call of a per-rank target."""
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT_S,
+        help=f"with --ranks: seconds one call may take (default {DEFAULT_TIMEOUT_S:g})",
+    )
+
+
 def _difftest_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``ring-ref difftest`` options."""
     parser.add_argument(
@@ -109,14 +136,7 @@ def _difftest_arguments(parser: argparse.ArgumentParser) -> None:
         "(gloo: TARGET(tensor), torch.distributed on 127.0.0.1; mpi: TARGET(comm, array), an mpi4py "
         "communicator and a numpy array, ranks started by mpirun; float16/float32/float64 only)",
     )
-    parser.add_argument(
-        "--mca",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="with --ranks mpi: pass --mca KEY VALUE to mpirun (repeatable), e.g. "
-        "coll_tuned_use_dynamic_rules=1 --mca coll_tuned_allreduce_algorithm=4 (OpenMPI's ring)",
-    )
+    _mca_argument(parser)
     parser.add_argument(
         "--mode",
         choices=[*MODES, "all"],
@@ -197,7 +217,7 @@ def _difftest_command(args: argparse.Namespace) -> int:
         problem = "--in-process cannot be combined with --ranks (the ranks are processes of their own)"
     if args.mca and args.ranks != "mpi":
         problem = "--mca options are passed to mpirun: they need --ranks mpi"
-    if any(not item.partition("=")[0] or "=" not in item for item in args.mca):
+    if _mca_malformed(args.mca):
         problem = f"--mca takes KEY=VALUE; got {args.mca}"
     if args.ranks == "mpi" and "bfloat16" in names:
         problem = (
@@ -261,12 +281,7 @@ def _reveal_arguments(parser: argparse.ArgumentParser) -> None:
         help="TARGET is per rank: TARGET(tensor) on every rank of a gloo group (or TARGET(comm, array) in an "
         "MPI job) of N processes; every rank must end with the same bits",
     )
-    parser.add_argument(
-        "--timeout",
-        type=float,
-        default=DEFAULT_TIMEOUT_S,
-        help=f"with --ranks: seconds one call may take (default {DEFAULT_TIMEOUT_S:g})",
-    )
+    _rank_timeout_argument(parser)
     parser.add_argument(
         "--collective",
         choices=("all-reduce", "reduce-scatter"),
@@ -324,11 +339,112 @@ def _reveal_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _int_list(text: str) -> list[int]:
+    """``8,16,32`` as integers (argparse turns the ``ValueError`` into a usage error, exit 2)."""
+    items = [item.strip() for item in text.split(",")]
+    if not all(item.lstrip("-").isdigit() for item in items):
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 8,16,32; got {text!r}")
+    return [int(item) for item in items]
+
+
+def _invariance_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``ring-ref invariance`` options (spec section 16)."""
+    parser.add_argument(
+        "target", metavar="TARGET", help="package.module:function or path/to/file.py:function"
+    )
+    parser.add_argument("-n", type=int, required=True, help="number of workers N")
+    parser.add_argument(
+        "--sizes",
+        type=_int_list,
+        required=True,
+        metavar="M1,M2,...",
+        help="buffer sizes M (elements per worker)",
+    )
+    parser.add_argument(
+        "--offsets",
+        type=_int_list,
+        default=[0],
+        metavar="O1,O2,...",
+        help="where the probe region starts in each buffer (default 0; placed wherever it fits)",
+    )
+    parser.add_argument(
+        "--probe",
+        type=int,
+        default=None,
+        metavar="K",
+        help=f"probed elements K (default {_invariance.DEFAULT_PROBE}; fewer when the smallest size is)",
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=tuple(_reveal.LIMITS),
+        default="float32",
+        help="float32 (N <= 24 to reveal, the default) or float64 (N <= 53)",
+    )
+    parser.add_argument(
+        "--by-bits",
+        action="store_true",
+        help="a fast screen without reveal: random values' bits alone and embedded at every placement "
+        "(any N; equal bits do not prove one order)",
+    )
+    parser.add_argument(
+        "--draws",
+        type=int,
+        default=_invariance.BITS_DRAWS,
+        help=f"with --by-bits: random inputs tried (default {_invariance.BITS_DRAWS})",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    parser.add_argument(
+        "--json", action="store_true", help="print one JSON object (spec/invariance.schema.json)"
+    )
+    parser.add_argument(
+        "--svg", metavar="FILE", help="also draw probed elements x placements, coloured by tree"
+    )
+    parser.add_argument(
+        "--ranks",
+        choices=RANKS,
+        help="TARGET is per rank, as for difftest --ranks: each rank's buffer holds its probe at the offset",
+    )
+    _mca_argument(parser)
+    _rank_timeout_argument(parser)
+
+
+def _invariance_command(args: argparse.Namespace) -> int:
+    """Run ``ring-ref invariance``: 0 invariant, 1 not invariant, 2 usage error or misbehaving target."""
+    with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
+        try:
+            if _mca_malformed(args.mca):
+                raise _invariance.InvarianceError(f"--mca takes KEY=VALUE; got {args.mca}")
+            if args.svg and args.by_bits:
+                raise _invariance.InvarianceError("--svg draws trees, and --by-bits reveals none: drop one")
+            found = _invariance.invariance(
+                args.target,
+                args.n,
+                args.sizes,
+                offsets=args.offsets,
+                probe=args.probe,
+                dtype=args.dtype,
+                ranks=args.ranks,
+                mca=dict(item.partition("=")[::2] for item in args.mca),
+                by_bits=args.by_bits,
+                draws=args.draws,
+                seed=args.seed,
+                timeout=args.timeout,
+            )
+            if args.svg:
+                Path(args.svg).write_text(_svg.invariance_svg(found), encoding="utf-8")
+        except (TargetError, _reveal.RevealError, _invariance.InvarianceError, OSError) as exc:
+            print(f"ring-ref invariance: error: {exc}", file=sys.stderr)
+            return 2
+    print(json.dumps(found.to_json()) if args.json else found.render())
+    return 0 if found.invariant else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with one sub-command per tool."""
     parser = argparse.ArgumentParser(
         prog="ring-ref",
-        description="Reference ring all-reduce: demo, traces, vectors, differential testing, reveal.",
+        description="Reference ring all-reduce: demo, traces, vectors, differential testing, reveal, "
+        "invariance.",
     )
     parser.add_argument("--version", action="version", version=f"ring-ref {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -387,6 +503,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _reveal_arguments(rv)
     rv.set_defaults(func=_reveal_command)
+    inv = commands.add_parser(
+        "invariance",
+        help="does an element's order change with the message size or its position in the buffer?",
+    )
+    _invariance_arguments(inv)
+    inv.set_defaults(func=_invariance_command)
     return parser
 
 

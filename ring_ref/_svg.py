@@ -21,6 +21,12 @@ every slot a ``<rect class="slot">`` with ``data-worker``, ``data-chunk`` and
 distinct tree: leaves are workers, every inner node one addition in the
 dtype, filled like a slot holding as many contributions as the workers it adds.
 
+:func:`invariance_svg` draws what ``ring-ref invariance`` found: a grid of
+probed elements (columns) by placements (rows), each cell ``<rect
+class="cell">`` (``data-element``, ``data-m``, ``data-offset``,
+``data-tree``: the distinct tree's number, ``-1`` for none) filled by its
+tree, from the same ramp, with a legend of the trees.
+
 >>> from ring_ref._trace import trace
 >>> svg = rounds_svg(trace(2))
 >>> svg.startswith("<svg") and svg.count('class="panel"')
@@ -35,12 +41,13 @@ import json
 import math
 import xml.etree.ElementTree as ET
 
-from ring_ref._reveal import Revealed, Tree, display_tree, format_tree, tree_to_json
+from ring_ref._invariance import Invariance
+from ring_ref._reveal import Revealed, Tree, display_tree, format_tree, tree_ids, tree_to_json
 from ring_ref._trace import DIVIDE, RoundRecord, operation
 from ring_ref.invariants import is_complete
 from ring_ref.schedule import REDUCE_SCATTER
 
-__all__ = ["reveal_svg", "rounds_svg", "slot_colour"]
+__all__ = ["invariance_svg", "reveal_svg", "rounds_svg", "slot_colour"]
 
 SVG_NS = "http://www.w3.org/2000/svg"
 SLOT = 16
@@ -420,4 +427,78 @@ def reveal_svg(found: Revealed) -> str:
     )
     root, _ = _document(width, y, title, _TREES_STYLE)
     root.extend(panels)
+    return _text(root)
+
+
+# --- invariance: probed elements x placements -------------------------------------------------------
+
+_CELL = 18
+_LABEL_W = 150
+
+_GRID_STYLE = f"""{_TEXT_STYLE}.heading, .placement, .tree-key {{ text-anchor: start; }}
+.cell {{ stroke: {_INK}; stroke-width: 0.5; }}
+"""
+
+
+def invariance_svg(found: Invariance) -> str:
+    """An SVG grid of the probed elements (columns) in every placement (rows), each cell coloured by its tree.
+
+    The distinct trees are numbered in the order they first appear (row by
+    row), coloured along the palette's ramp, and listed under the grid; a cell
+    with no tree is white and marked ``-``.
+
+    >>> from ring_ref._invariance import invariance
+    >>> svg = invariance_svg(invariance(lambda x: (x[0] + x[1]) + x[2], 3, [2, 4], probe=2, checks=1))
+    >>> svg.count('class="cell"'), svg.count('class="tree-key"')
+    (4, 1)
+    """
+    ids, distinct = tree_ids([tree for row in found.trees for tree in row])
+    k, rows = found.probe, len(found.placements)
+    width = max(
+        _LABEL_W + k * _CELL + 2 * PAD,
+        2 * PAD + 8 * max((len(format_tree(t)) for t in distinct), default=0) + 60,
+        2 * PAD + 8 * len(found.summary_line()),
+    )
+    height = TITLE_H + PAD + rows * _CELL + PAD + (len(distinct) + 1) * 18 + PAD
+    title = f"ring-ref invariance {found.target} (N = {found.n}, K = {k}, {found.dtype}): trees by placement"
+    root, _ = _document(width, height, title, _GRID_STYLE)
+    _add(root, "text", found.summary_line(), x=_fmt(PAD), y=_fmt(PAD + 8), class_="title heading")
+    top = PAD + TITLE_H
+    for r, placement in enumerate(found.placements):
+        y = top + r * _CELL
+        _add(root, "text", placement.text(), x=_fmt(PAD), y=_fmt(y + 13), class_="placement")
+        for j in range(k):
+            idx = int(ids[r * k + j])
+            fill = "#ffffff" if idx < 0 else slot_colour(idx + 1, len(distinct))
+            x = _LABEL_W + j * _CELL
+            _add(
+                root,
+                "rect",
+                x=_fmt(x),
+                y=_fmt(y),
+                width=str(_CELL),
+                height=str(_CELL),
+                fill=fill,
+                class_="cell",
+                data_element=str(j),
+                data_m=str(placement.m),
+                data_offset=str(placement.offset),
+                data_tree=str(idx),
+            )
+            label = "-" if idx < 0 else str(idx)
+            colour = "#000000" if idx < 0 else _text_colour(idx + 1, len(distinct))
+            _add(root, "text", label, x=_fmt(x + _CELL / 2), y=_fmt(y + 13), fill=colour, class_="worker")
+    y = top + rows * _CELL + PAD + 14
+    for t, tree in enumerate(distinct):
+        _add(
+            root,
+            "rect",
+            x=_fmt(PAD),
+            y=_fmt(y - 11),
+            width="12",
+            height="12",
+            fill=slot_colour(t + 1, len(distinct)),
+        )
+        _add(root, "text", f"{t}: {format_tree(tree)}", x=_fmt(PAD + 18), y=_fmt(y), class_="tree-key")
+        y += 18
     return _text(root)

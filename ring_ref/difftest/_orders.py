@@ -32,7 +32,7 @@ import json
 import random
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final, NamedTuple, cast
@@ -549,12 +549,13 @@ def shard_orders(trees: list[Tree | None], n: int, ring: RingSchedule | None = N
     return lines
 
 
-def rank_launcher(ranks: str, target: str, timeout: float) -> Launcher:
-    """The difftest launcher that runs ``TARGET`` on every rank of a gloo group or an MPI job."""
+def rank_launcher(ranks: str, target: str, timeout: float, mca: Mapping[str, str] | None = None) -> Launcher:
+    """The difftest launcher that runs ``TARGET`` on every rank of a gloo group or an MPI job (``mca``:
+    ``mpirun``'s ``--mca`` options, for an MPI job only)."""
     if ranks == "mpi":
         from ring_ref.difftest._mpi import MpiRanks
 
-        return MpiRanks(target, timeout)
+        return MpiRanks(target, timeout, mca)
     from ring_ref.difftest._ranks import GlooRanks
 
     return GlooRanks(target, timeout)

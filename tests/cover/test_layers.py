@@ -7,7 +7,7 @@ tool.  Each module may import only its own layer and those below; no import
 cycles (function-level imports count: a lazy import is still a dependency);
 no ``from ring_ref import X`` of anything but a submodule (the package root
 only re-exports); and only difftest itself and its users (``testing``,
-``_cli``, ``targets``) import difftest.  A table entry names a module or a
+``_cli``, ``targets``, ``_invariance``) import difftest.  A table entry names a module or a
 package and everything in it, so a new package of tools needs no entry.
 
 The checker is run on the real tree, and on copies of it with one import
@@ -46,7 +46,13 @@ LAYERS: Final[tuple[tuple[str, ...], ...]] = (
 TOOLS: Final = len(LAYERS)
 
 DIFFTEST: Final = "ring_ref.difftest"
-DIFFTEST_USERS: Final = (DIFFTEST, "ring_ref.testing", "ring_ref._cli", "ring_ref.targets")
+DIFFTEST_USERS: Final = (
+    DIFFTEST,
+    "ring_ref.testing",
+    "ring_ref._cli",
+    "ring_ref.targets",
+    "ring_ref._invariance",
+)
 """The only modules that may import difftest."""
 
 

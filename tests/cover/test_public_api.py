@@ -25,6 +25,7 @@ PUBLIC = {
     "ring_ref.mpi",
     "ring_ref.targets",
     "ring_ref.difftest",
+    "ring_ref.invariance",
 }
 
 # Every name the public modules exported in release 0.2.0, before the redesign that moved the internals

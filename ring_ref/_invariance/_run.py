@@ -1,0 +1,178 @@
+"""``invariance()``: the probe region in every placement, its trees revealed (or its bits compared), and the
+result.
+
+Reveal mode (clause ``invariance-reveal``): for every placement,
+:func:`ring_ref._reveal.reveal` on the target seen through
+:class:`~ring_ref._invariance._placement.Embedded`, so each probed element's
+tree is the target's own for that element at that size and offset.  By bits
+(clause ``invariance-by-bits``): random probe values all-reduced alone
+(``M = K``, offset 0) and inside larger buffers of random values at every
+placement, their bits compared; a few draws, no reveal, any target kind and
+any ``N``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Final
+
+import torch
+
+from ring_ref._dtypes import to_hex
+from ring_ref._invariance._placement import Embedded, InvarianceError, Placement, placements
+from ring_ref._invariance._report import Invariance, Method
+from ring_ref._reveal import CHECKS, LIMITS, check_reveal_size, reveal
+from ring_ref._reveal._target import DTYPES
+from ring_ref.difftest import load_target
+from ring_ref.difftest._launch import Launcher
+from ring_ref.difftest._orders import per_rank_target, rank_launcher
+from ring_ref.difftest._vocabulary import DEFAULT_TIMEOUT_S, RANKS, Ranks
+
+__all__ = ["BITS_DRAWS", "invariance"]
+
+BITS_DRAWS: Final = 4
+"""Random probe inputs a ``--by-bits`` screen tries (each in every placement) before it calls the bits
+invariant."""
+
+_EXPONENTS: Final = 8
+"""Random values are ``±(1 + u) 2^e``, ``e`` in ``-8 .. 8``: wide enough that most orders round apart."""
+
+
+def _random(shape: tuple[int, int], dtype: torch.dtype, generator: torch.Generator) -> torch.Tensor:
+    """Random values of both signs over ``2^16`` of magnitude, exactly representable in ``dtype``."""
+    sign = torch.randint(0, 2, shape, generator=generator, dtype=torch.float64) * 2 - 1
+    mantissa = 1 + torch.rand(shape, generator=generator, dtype=torch.float64)
+    exponent = torch.randint(-_EXPONENTS, _EXPONENTS + 1, shape, generator=generator, dtype=torch.float64)
+    return (sign * mantissa * torch.exp2(exponent)).to(dtype)
+
+
+def _by_bits(
+    fn: Callable[[torch.Tensor], object],
+    *,
+    n: int,
+    k: int,
+    order: list[Placement],
+    dtype: str,
+    draws: int,
+    seed: int,
+) -> tuple[list[list[Hashable]], list[list[float]] | None, int]:
+    """``(outcomes, counterexample, calls)``: bits per placement, from the first draw where any differ."""
+    generator = torch.Generator().manual_seed(seed)
+    torch_dtype = DTYPES[dtype]
+    outcomes: list[list[Hashable]] = []
+    calls = 0
+    for _ in range(draws):
+        x = _random((n, k), torch_dtype, generator)
+        outcomes = []
+        for p in order:
+            fill = None if p == order[0] else _random((n, p.m), torch_dtype, generator)
+            outcomes.append(list(to_hex(Embedded(fn, p, fill)(x))))
+            calls += 1
+        if any(o != outcomes[0] for o in outcomes):
+            rows: list[list[float]] = x.to(torch.float64).tolist()
+            return outcomes, rows, calls
+    return outcomes, None, calls
+
+
+def _check(n: int, k: int, dtype: str, *, by_bits: bool, draws: int, checks: int) -> None:
+    if dtype not in LIMITS:
+        raise InvarianceError(f"invariance supports dtype float32 or float64; got {dtype!r}")
+    if by_bits:
+        if n < 1:
+            raise InvarianceError(f"N = {n} must be at least 1")
+        if draws < 1:
+            raise InvarianceError(f"draws must be 1 or more; got {draws}")
+    else:
+        check_reveal_size(n, k, dtype)
+    if checks < 0:
+        raise InvarianceError(f"checks must be 0 or more; got {checks}")
+
+
+def _resolve(
+    target: Callable[[torch.Tensor], object] | str,
+    ranks: Ranks | None,
+    mca: Mapping[str, str] | None,
+    timeout: float,
+) -> tuple[Callable[[torch.Tensor], object], Launcher | None]:
+    """The stacked function to place probes into, and the rank launcher behind it (to close)."""
+    if mca and ranks != "mpi":
+        raise InvarianceError("mca options are passed to mpirun: they need ranks='mpi' (--ranks mpi)")
+    if ranks is None:
+        return (load_target(target) if isinstance(target, str) else target), None
+    if ranks not in RANKS:
+        raise InvarianceError(f"ranks must be one of {', '.join(RANKS)}; got {ranks!r}")
+    if not isinstance(target, str):
+        raise InvarianceError(
+            "a per-rank target runs in processes of its own: give it by name (package.module:function or "
+            "path/to/file.py:function), not as a function object"
+        )
+    launcher = rank_launcher(ranks, target, timeout, mca)
+    return per_rank_target(launcher), launcher
+
+
+def invariance(
+    target: Callable[[torch.Tensor], object] | str,
+    n: int,
+    sizes: Sequence[int],
+    *,
+    offsets: Sequence[int] = (0,),
+    probe: int | None = None,
+    dtype: str = "float32",
+    ranks: Ranks | None = None,
+    mca: Mapping[str, str] | None = None,
+    by_bits: bool = False,
+    draws: int = BITS_DRAWS,
+    checks: int = CHECKS,
+    seed: int = 0,
+    timeout: float = DEFAULT_TIMEOUT_S,
+) -> Invariance:
+    """Whether ``target``'s order for each element depends on the message size or where the element sits.
+
+    ``target`` is stacked (``fn(x)``, ``x`` of shape ``(N, M)``, returning the
+    ``(M,)`` sum, like :func:`ring_ref.ring_all_reduce`), or with ``ranks``
+    (``"gloo"``, ``"mpi"``) the name of a per-rank target, as ``difftest
+    --ranks`` runs it (``mca``: ``mpirun``'s ``--mca`` options).  ``K =
+    probe`` elements (default ``min(32, smallest M - smallest offset)``) are
+    placed at every offset in every size where they fit; their trees are
+    revealed in each placement (``N <= 24`` in float32, 53 in float64), or with
+    ``by_bits`` random values' bits are compared with those of the region
+    all-reduced alone (``draws`` inputs).  Raises
+    :class:`~ring_ref._invariance.InvarianceError` (a ``ValueError``) for
+    sizes, offsets or options that cannot serve, and
+    :class:`~ring_ref._reveal.RevealError` for a target that misbehaves.
+
+    >>> from ring_ref import ring_all_reduce
+    >>> found = invariance(lambda x: ring_all_reduce(x), 3, [3, 6], probe=3)
+    >>> found.invariant
+    False
+    >>> print(found.summary_line())
+    order changes with M: at chunk boundaries, M/N (each element folds its chunk, the spec ring)
+    """
+    start = time.perf_counter()
+    k, placed = placements(sizes, offsets, probe)
+    _check(n, k, dtype, by_bits=by_bits, draws=draws, checks=checks)
+    fn, launcher = _resolve(target, ranks, mca, timeout)
+    name = target if isinstance(target, str) else getattr(target, "__qualname__", type(target).__name__)
+    counterexample = None
+    try:
+        if launcher is not None:
+            launcher.start()
+        if by_bits:
+            order = [Placement(k, 0), *(p for p in placed if p != Placement(k, 0))]
+            outcomes, counterexample, calls = _by_bits(
+                fn, n=n, k=k, order=order, dtype=dtype, draws=draws, seed=seed
+            )
+        else:
+            order, outcomes, calls = placed, [], 0
+            for p in placed:
+                found = reveal(Embedded(fn, p), n, k, dtype, checks=checks, seed=seed, name=name)
+                outcomes.append(list(found.trees))
+                calls += found.calls
+    finally:
+        if launcher is not None:
+            launcher.close()
+    method: Method = "bits" if by_bits else "reveal"
+    result = Invariance(name, n, k, dtype, method, order, outcomes, calls, time.perf_counter() - start)
+    result.counterexample = counterexample
+    return result
