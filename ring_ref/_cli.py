@@ -4,25 +4,31 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
+import functools
 import itertools
 import json
 import operator
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TextIO
 
 import torch
 
 from ring_ref import _reveal, _svg
 from ring_ref._dispatch import ring_all_reduce
 from ring_ref._ops import OPS
+from ring_ref._processes._job import JobEnvError, job_environment, join_job
 from ring_ref._reveal import RevealError
 from ring_ref._trace import check_trace_size, render_table, trace, trace_json
 from ring_ref._vectors import _ops, _presets, _sums
 from ring_ref._version import __version__
 from ring_ref.core import initial_state, run_ring
 from ring_ref.difftest import DTYPES, MODES, OrderError, TargetError, _orders, difftest, load_target
+from ring_ref.difftest._job import SHOW
+from ring_ref.difftest._report import Report
 from ring_ref.difftest._vocabulary import DEFAULT_TIMEOUT_S, MAX_RANKS, MPI_MAX_RANKS, RANKS
 from ring_ref.invariants import Provenance, State
 from ring_ref.schedule import SPEC, Phase
@@ -101,7 +107,20 @@ def _difftest_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="TARGET is per rank: call it on every rank of a process group of N processes "
         "(gloo: TARGET(tensor), torch.distributed on 127.0.0.1; mpi: TARGET(comm, array), an mpi4py "
-        "communicator and a numpy array, ranks started by mpirun; float16/float32/float64 only)",
+        "communicator and a numpy array, ranks started by mpirun; float16/float32/float64 only; job: "
+        "TARGET(tensor) on every rank of the job this command runs in, under torchrun, srun or mpirun)",
+    )
+    parser.add_argument(
+        "--backend",
+        choices=("gloo", "nccl"),
+        default=None,
+        help="with --ranks job: the job's process group backend (default nccl with --device cuda, else gloo)",
+    )
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default=None,
+        help="with --ranks job: where each rank's tensors live (cuda: cuda:LOCAL_RANK; default cpu)",
     )
     parser.add_argument(
         "--mca",
@@ -183,6 +202,8 @@ def _difftest_command(args: argparse.Namespace) -> int:
         problem = "--in-process cannot be combined with --ranks (the ranks are processes of their own)"
     if args.mca and args.ranks != "mpi":
         problem = "--mca options are passed to mpirun: they need --ranks mpi"
+    if (args.backend or args.device) and args.ranks != "job":
+        problem = "--backend and --device choose the job's process group and device: they need --ranks job"
     if any(not item.partition("=")[0] or "=" not in item for item in args.mca):
         problem = f"--mca takes KEY=VALUE; got {args.mca}"
     if args.ranks == "mpi" and "bfloat16" in names:
@@ -194,30 +215,79 @@ def _difftest_command(args: argparse.Namespace) -> int:
     if problem:
         print(f"ring-ref difftest: error: {problem}", file=sys.stderr)
         return 2
+    run = functools.partial(
+        difftest,
+        args.target,
+        modes=[m for m in (*MODES, "all") if m in (args.mode or ["all"])],
+        examples=args.examples,
+        seed=args.seed,
+        max_workers=args.max_workers,
+        dtypes=[DTYPES[d] for d in dict.fromkeys(names)] if names else None,
+        timeout=args.timeout,
+        isolate=not args.in_process,
+        ranks=args.ranks,
+        mca=mca,
+        op=args.op,
+        schedule=args.schedule,
+        order=args.order,
+    )
+    if args.ranks == "job":
+        return _difftest_in_job(args, run)
     with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
         try:
-            report = difftest(
-                args.target,
-                modes=[m for m in (*MODES, "all") if m in (args.mode or ["all"])],
-                examples=args.examples,
-                seed=args.seed,
-                max_workers=args.max_workers,
-                dtypes=[DTYPES[d] for d in dict.fromkeys(names)] if names else None,
-                timeout=args.timeout,
-                isolate=not args.in_process,
-                ranks=args.ranks,
-                mca=mca,
-                op=args.op,
-                schedule=args.schedule,
-                order=args.order,
-            )
+            report = run()
         except OrderError as exc:
             print(f"ring-ref difftest: {exc}", file=sys.stderr)
             return 1 if args.schedule == "auto" else 2
         except (TargetError, RevealError, ValueError) as exc:
             print(f"ring-ref difftest: error: {exc}", file=sys.stderr)
             return 2
-    print(report.to_json_text() if args.json else report.render())
+    return _print_report(report, args.json)
+
+
+def _print_report(report: Report, as_json: bool, out: TextIO | None = None) -> int:
+    """Print ``report`` (its JSON or its text) on ``out`` (stdout); the exit status of its verdict."""
+    print(report.to_json_text() if as_json else report.render(), file=out or sys.stdout, flush=True)
+    return 0 if report.verdict == "pass" else 1
+
+
+def _difftest_in_job(args: argparse.Namespace, run: Callable[..., Report]) -> int:
+    """``--ranks job`` on this rank: join the job, run, print on rank 0; the verdict's status on every rank.
+
+    A missing or inconsistent environment, or a device that is not there, is a usage error (2) on every
+    rank.  The report is printed on the stdout this command started with, also from rank 0's driver
+    thread when a call left ranks inside the target (then every rank's process ends with the status).
+    """
+    device = args.device or "cpu"
+    backend = args.backend or ("nccl" if device == "cuda" else "gloo")
+    try:
+        job = job_environment()
+        if device == "cuda" and not torch.cuda.is_available():
+            raise JobEnvError("--device cuda: torch sees no CUDA device on this node")
+    except JobEnvError as exc:
+        print(f"ring-ref difftest: error: {exc}", file=sys.stderr)
+        return 2
+    if device == "cuda":
+        torch.cuda.set_device(job.local_rank)
+    join_job(job, backend, datetime.timedelta(seconds=2 * args.timeout + 30))
+    out = sys.stdout
+
+    def show(report: Report) -> None:
+        _print_report(report, args.json, out)
+
+    token = SHOW.set(show)
+    try:
+        with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
+            report = run(device=device)
+    except (TargetError, OrderError, ValueError) as exc:
+        if job.rank == 0:
+            print(f"ring-ref difftest: error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        SHOW.reset(token)
+        torch.distributed.destroy_process_group()
+    if job.rank == 0:
+        return _print_report(report, args.json)
     return 0 if report.verdict == "pass" else 1
 
 
@@ -242,7 +312,7 @@ def _reveal_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object (spec/reveal.schema.json)")
     parser.add_argument(
         "--ranks",
-        choices=RANKS,
+        choices=RANKS[:2],
         help="TARGET is per rank: TARGET(tensor) on every rank of a gloo group (or TARGET(comm, array) in an "
         "MPI job) of N processes; every rank must end with the same bits",
     )

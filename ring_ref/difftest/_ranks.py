@@ -34,8 +34,8 @@ import select
 import socket
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
-from typing import Final
+from collections.abc import Callable, Sequence
+from typing import Final, Protocol
 
 from torch.distributed import TCPStore  # type: ignore[attr-defined]  # re-exported at runtime, not in stubs
 
@@ -46,7 +46,7 @@ from ring_ref.difftest._launch import OUTPUT_LIMIT, Launcher, OutputLog
 from ring_ref.difftest._loading import TargetError
 from ring_ref.difftest._worker import STACK_WAIT_S, Died, Reply, Worker, trim
 
-__all__ = ["AFTER_FAILURE_GRACE_S", "ForkedGroup", "GlooRanks", "Hub"]
+__all__ = ["AFTER_FAILURE_GRACE_S", "ForkedGroup", "GlooRanks", "Hub", "Rank", "RankGroup"]
 
 AFTER_FAILURE_GRACE_S: Final = 2.0
 """After a rank raised or died, how long the other ranks get to finish before they are stopped."""
@@ -71,54 +71,59 @@ class Hub(ABC):
         """Release what the hub holds."""
 
 
-class ForkedGroup(Launcher):
-    """Groups of forked ranks, one per ``N``; subclasses say how a rank joins (:meth:`hub`)."""
+class Rank(Protocol):
+    """One rank as a :class:`RankGroup` drives it: a forked :class:`~ring_ref.difftest._worker.Worker`,
+    or a rank of a job reached through its store (:mod:`ring_ref.difftest._job`)."""
+
+    @property
+    def rank(self) -> int | None:
+        """The rank's number."""
+
+    @property
+    def watched(self) -> list[int]:
+        """Descriptors that become readable when the rank replies or ends (may be empty)."""
+
+    def send(self, request: object) -> bool:
+        """Send one case."""
+
+    def poll(self) -> Reply | Died | None:
+        """The reply, or how the rank died, or ``None`` while it is busy."""
+
+    def request_stack(self) -> None:
+        """Ask the rank for its Python stack."""
+
+    def collect_stack(self, give_up: float) -> str:
+        """The stack asked for, or what came by ``give_up``."""
+
+    def read_output(self) -> str:
+        """What the rank wrote since the last call."""
+
+
+class RankGroup(Launcher):
+    """One call on every rank of a group of ``case.n``: the case out, the replies back, one deadline.
+
+    Subclasses say where the ranks come from (:meth:`_group`) and what a
+    failed call does to them (:meth:`_teardown`); ``poll_s`` is the longest
+    wait between two looks at ranks that have no descriptor to wait on.
+    """
 
     isolated = True
     per_rank = True
+    poll_s = 0.05
 
-    def __init__(self, target: str, timeout_s: float) -> None:
-        self.target = target
+    def __init__(self, timeout_s: float) -> None:
         self.timeout_s = timeout_s
         self.output = OutputLog()
-        self._groups: dict[int, tuple[list[Worker], Hub]] = {}
 
     @abstractmethod
-    def hub(self, n: int) -> Hub:
-        """A new hub for a group of ``n`` ranks."""
+    def _group(self, n: int) -> Sequence[Rank]:
+        """The ranks of the group of ``n`` (:class:`TargetError` if they cannot start)."""
 
-    def start(self) -> None:
-        """Start a group of one and load the target in it (:class:`TargetError` if it cannot be loaded)."""
-        self._group(1)
-
-    def _group(self, n: int) -> list[Worker]:
-        if n in self._groups:
-            return self._groups[n][0]
-        hub = self.hub(n)
-        workers = [Worker(self.target, rank=r, setup=hub.rank_setup(r)) for r in range(n)]
-        try:
-            for worker in workers:
-                worker.spawn()
-            hub.started()
-            deadline = time.monotonic() + max(self.timeout_s, START_TIMEOUT_S)
-            for worker in workers:
-                worker.wait_ready(deadline)
-        except BaseException:
-            self._read_output(workers)
-            for worker in workers:
-                worker.close()
-            hub.close()
-            raise
-        self._groups[n] = (workers, hub)
-        return workers
-
+    @abstractmethod
     def _teardown(self, n: int) -> None:
-        workers, hub = self._groups.pop(n)
-        for worker in workers:
-            worker.close()
-        hub.close()
+        """After a call in which a rank raised, hung or died."""
 
-    def _read_output(self, workers: list[Worker]) -> str:
+    def _read_output(self, workers: Sequence[Rank]) -> str:
         parts = []
         for worker in workers:
             text = worker.read_output()
@@ -167,7 +172,7 @@ class ForkedGroup(Launcher):
             self._teardown(case.n)
         return outcome
 
-    def _collect(self, workers: list[Worker]) -> tuple[dict[int, Reply], dict[int, Died], list[int]]:
+    def _collect(self, workers: Sequence[Rank]) -> tuple[dict[int, Reply], dict[int, Died], list[int]]:
         """Wait for every rank's reply, until the deadline, or a short grace after a rank raised or died."""
         deadline = time.monotonic() + self.timeout_s
         grace_end = float("inf")
@@ -190,9 +195,9 @@ class ForkedGroup(Launcher):
             if not pending or remaining <= 0:
                 return replies, dead, pending
             watched = [fd for r in pending for fd in workers[r].watched]
-            select.select(watched, [], [], min(remaining, 0.05))
+            select.select(watched, [], [], min(remaining, self.poll_s))
 
-    def _timed_out(self, workers: list[Worker], pending: list[int]) -> Failure:
+    def _timed_out(self, workers: Sequence[Rank], pending: list[int]) -> Failure:
         """Take the stack of every rank still inside the call, then stop the group."""
         for rank in pending:
             workers[rank].request_stack()
@@ -207,6 +212,50 @@ class ForkedGroup(Launcher):
             "".join(f"rank {r}:\n{stacks[r] or _NO_STACK}\n" for r in pending),
             tuple(pending),
         )
+
+
+class ForkedGroup(RankGroup):
+    """Groups of forked ranks, one per ``N``; subclasses say how a rank joins (:meth:`hub`)."""
+
+    def __init__(self, target: str, timeout_s: float) -> None:
+        super().__init__(timeout_s)
+        self.target = target
+        self._groups: dict[int, tuple[list[Worker], Hub]] = {}
+
+    @abstractmethod
+    def hub(self, n: int) -> Hub:
+        """A new hub for a group of ``n`` ranks."""
+
+    def start(self) -> None:
+        """Start a group of one and load the target in it (:class:`TargetError` if it cannot be loaded)."""
+        self._group(1)
+
+    def _group(self, n: int) -> list[Worker]:
+        if n in self._groups:
+            return self._groups[n][0]
+        hub = self.hub(n)
+        workers = [Worker(self.target, rank=r, setup=hub.rank_setup(r)) for r in range(n)]
+        try:
+            for worker in workers:
+                worker.spawn()
+            hub.started()
+            deadline = time.monotonic() + max(self.timeout_s, START_TIMEOUT_S)
+            for worker in workers:
+                worker.wait_ready(deadline)
+        except BaseException:
+            self._read_output(workers)
+            for worker in workers:
+                worker.close()
+            hub.close()
+            raise
+        self._groups[n] = (workers, hub)
+        return workers
+
+    def _teardown(self, n: int) -> None:
+        workers, hub = self._groups.pop(n)
+        for worker in workers:
+            worker.close()
+        hub.close()
 
     def close(self) -> None:
         """Stop every group."""

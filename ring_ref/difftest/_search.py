@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -18,10 +19,11 @@ from ring_ref._ops import op_name
 from ring_ref.difftest._call import Outcome
 from ring_ref.difftest._diagnosis import Finding, as_launcher, diagnose, difference, passes
 from ring_ref.difftest._inputs import LAYOUTS, Case, cases, one_worker_cases, uneven_cases
+from ring_ref.difftest._job import job_size, run_in_job
 from ring_ref.difftest._launch import InProcess, Isolated, Launcher
 from ring_ref.difftest._loading import importable_name, load_target
 from ring_ref.difftest._mpi import MPI_DTYPES, MpiRanks
-from ring_ref.difftest._oracles import EXACT_ORDER, SavedOrder
+from ring_ref.difftest._oracles import EXACT_ORDER, ExactOrder, SavedOrder
 from ring_ref.difftest._orders import checking_against, exact_order
 from ring_ref.difftest._probes import first_failing_probe
 from ring_ref.difftest._ranks import GlooRanks
@@ -111,6 +113,7 @@ def run_mode(
         check,
         mode,
         per_rank=launcher.per_rank,
+        min_workers=launcher.min_workers,
         examples=examples,
         seed=seed,
         max_workers=max_workers,
@@ -130,7 +133,9 @@ def run_mode(
         case = _searched(test, fails)
         if case is None and mode == "exact" and op in (None, "sum"):
             order = EXACT_ORDER.get()
-            case, probes = first_failing_probe(order, max_workers, dtypes, lambda c: fails(c, judge))
+            case, probes = first_failing_probe(
+                order, max_workers, dtypes, lambda c: fails(c, judge), launcher.min_workers
+            )
         if case is None:
             return ModeResult(mode, "pass", calls, overflow, underflow_skipped=underflow, probes=probes)
         first, second = launcher.call(case), launcher.call(case)
@@ -180,8 +185,10 @@ def _search_test(
     max_workers: int,
     dtypes: Sequence[torch.dtype],
     op: Op | None,
+    min_workers: int = 1,
 ) -> Callable[[], None]:
-    """The Hypothesis test that runs ``check`` on the mode's cases (the ``N = 1`` ones first)."""
+    """The Hypothesis test that runs ``check`` on the mode's cases (the ``N = 1`` ones first, where
+    ``min_workers`` is 1)."""
     layouts = ("contiguous",) if per_rank else LAYOUTS
     order = EXACT_ORDER.get()
     if mode == "exact" and order.cases is not None:
@@ -190,10 +197,13 @@ def _search_test(
         test = given(drawn)(check)
     else:
         any_m = order.layout != "even"
-        test = given(cases(mode, dtypes, max_workers, layouts, op=op, any_m=any_m))(check)
-        first = one_worker_cases(mode, dtypes, per_rank=per_rank, op=op)
+        drawn = cases(mode, dtypes, max_workers, layouts, op=op, any_m=any_m, min_workers=min_workers)
+        test = given(drawn)(check)
+        first = one_worker_cases(mode, dtypes, per_rank=per_rank, op=op) if min_workers == 1 else []
         if any_m:
-            first += uneven_cases(mode, dtypes, max_workers, per_rank=per_rank, op=op)
+            first += uneven_cases(
+                mode, dtypes, max_workers, per_rank=per_rank, op=op, min_workers=min_workers
+            )
         for case in reversed(first):
             test = example(case)(test)
     test = settings(
@@ -257,6 +267,8 @@ def difftest(
     op: object = None,
     schedule: str | RingSchedule | None = None,
     order: str | Path | None = None,
+    group: object = None,
+    device: str = "cpu",
 ) -> Report:
     """Check ``fn`` against the reference in each of ``modes``; return the :class:`Report`.
 
@@ -288,6 +300,15 @@ def difftest(
     the dtypes are float16, float32 and float64 (the default drops bfloat16;
     asking for it is refused).
 
+    ``ranks="job"`` (clause ``difftest-job``): called on every rank of a job
+    whose ``torch.distributed`` process group is initialised already (the
+    default group, or ``group``), ``fn(tensor)`` on every rank as under
+    ``"gloo"``, ``N`` the group's size, tensors on ``device`` (``"cuda"``:
+    ``cuda:LOCAL_RANK``'s current device).  Rank 0 runs the search; every rank
+    returns the same report (or raises the same exception).  After a call that
+    left ranks inside the target (``timed-out``, ``crashed``, ``raised`` with
+    ranks stopped) rank 0 prints the report and every rank's process exits 1.
+
     ``dtypes`` defaults to every dtype the launcher takes.
 
     ``op`` (``"sum"``, ``"prod"``, ``"max"``, ``"min"``, ``"avg"``, or a
@@ -315,6 +336,7 @@ def difftest(
     if ranks is not None and ranks not in RANKS:
         raise ValueError(f"ranks must be one of {list(RANKS)} or None; got {ranks!r}")
     workers = max_workers if max_workers is not None else default_max_workers(ranks)
+    workers = job_size(group, max_workers) if ranks == "job" else workers
     problem = option_problem(examples=examples, seed=seed, max_workers=workers, timeout=timeout)
     if problem:
         raise ValueError(problem)
@@ -337,9 +359,15 @@ def difftest(
         )
     if seed is None:
         seed = random.SystemRandom().randrange(2**32)
-    launcher, name = _launcher(fn, isolate, timeout, ranks, mca)
+    launcher, name = (
+        _job_target(fn, workers, exact, schedule, isolate, device)
+        if ranks == "job"
+        else _launcher(fn, isolate, timeout, ranks, mca)
+    )
+    isolated = launcher is None or launcher.isolated
     options = "" if timeout == DEFAULT_TIMEOUT_S else f" --timeout {timeout:g}"
-    options += "" if launcher.isolated else " --in-process"
+    options += "" if isolated else " --in-process"
+    options += f" --device {device}" if device != "cpu" else ""
     options += "".join(f" --mca {key}={value}" for key, value in (mca or {}).items())
     options += f" {exact.option}" if exact.option else ""
     if name is None:
@@ -347,13 +375,37 @@ def difftest(
         replay = _replay(None, name, chosen, examples, seed, workers, dtypes, exact.option, reduce_op)
     else:
         replay = _replay(ranks, name, chosen, examples, seed, workers, dtypes, options, reduce_op, cli=True)
-    report = Report(target or name, seed, replay, isolated=launcher.isolated, ranks=ranks, op=reduce_op)
-    report.timeout_s = timeout if launcher.isolated else None
+    report = Report(target or name, seed, replay, isolated=isolated, ranks=ranks, op=reduce_op)
+    report.timeout_s = timeout if isolated else None
     report.exact_against = exact if "exact" in chosen else None
+    run = functools.partial(
+        _run, report, chosen, exact, examples=examples, seed=seed, workers=workers, dtypes=dtypes
+    )
+    run = functools.partial(run, op=reduce_op)
+    if launcher is None:
+        return run_in_job(fn, run, group=group, device=device, timeout_s=timeout)
+    return run(launcher)
+
+
+def _run(
+    report: Report,
+    chosen: tuple[Mode, ...],
+    exact: ExactOrder,
+    launcher: Launcher,
+    *,
+    examples: int,
+    seed: int,
+    workers: int,
+    dtypes: Sequence[torch.dtype],
+    op: Op | None,
+) -> Report:
+    """Fill ``report`` with every mode in ``chosen`` run through ``launcher`` (until it breaks)."""
     try:
         launcher.start()
         with checking_against(exact):
             for mode in chosen:
+                if launcher.broken:
+                    break
                 report.modes[mode] = run_mode(
                     launcher,
                     mode,
@@ -361,12 +413,39 @@ def difftest(
                     seed=seed,
                     max_workers=workers,
                     dtypes=dtypes,
-                    op=reduce_op,
+                    op=op,
                 )
     finally:
         launcher.close()
     report.output_bytes, report.output = launcher.output.bytes, launcher.output.text
     return report
+
+
+def _job_target(  # noqa: PLR0917 - difftest's settings, checked
+    fn: Target | OpTarget | str,
+    size: int,
+    exact: ExactOrder,
+    schedule: object,
+    isolate: bool | None,
+    device: str,
+) -> tuple[None, str | None]:
+    """No launcher yet (rank 0 makes it inside the job) and ``fn``'s name; ``ValueError`` for what
+    ``ranks="job"`` cannot do with these options."""
+    if schedule == "auto":
+        raise ValueError(
+            "--schedule auto reveals the target's order first; in a job, run `ring-ref reveal --ranks job "
+            "... --json > order.json` and then `difftest --ranks job --order order.json`"
+        )
+    if isolate is False:
+        raise ValueError("isolate=False (--in-process) does not apply to ranks='job': the job's ranks run it")
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device (--device) must be 'cpu' or 'cuda'; got {device!r}")
+    if exact.saved is not None and exact.saved.n != size:
+        raise ValueError(
+            f"order (--order) holds an order for N = {exact.saved.n}, but this job has {size} ranks: "
+            "reveal it in a job of the same size"
+        )
+    return None, fn if isinstance(fn, str) else importable_name(fn)
 
 
 def default_max_workers(ranks: Ranks | None) -> int:
