@@ -27,7 +27,7 @@ from ring_ref._vectors import _ops, _presets, _sums
 from ring_ref._version import __version__
 from ring_ref.core import initial_state, run_ring
 from ring_ref.difftest import DTYPES, MODES, OrderError, TargetError, _orders, difftest, load_target
-from ring_ref.difftest._job import SHOW
+from ring_ref.difftest._job import SHOW, after_report
 from ring_ref.difftest._report import Report
 from ring_ref.difftest._vocabulary import DEFAULT_TIMEOUT_S, MAX_RANKS, MPI_MAX_RANKS, RANKS
 from ring_ref.invariants import Provenance, State
@@ -282,13 +282,14 @@ def _difftest_in_job(args: argparse.Namespace, run: Callable[..., Report]) -> in
     except (TargetError, OrderError, ValueError) as exc:
         if job.rank == 0:
             print(f"ring-ref difftest: error: {exc}", file=sys.stderr)
-        return 2
+        status = 2
+    else:
+        status = _print_report(report, args.json) if job.rank == 0 else int(report.verdict != "pass")
     finally:
         SHOW.reset(token)
-        torch.distributed.destroy_process_group()
-    if job.rank == 0:
-        return _print_report(report, args.json)
-    return 0 if report.verdict == "pass" else 1
+    after_report(job.rank)
+    torch.distributed.destroy_process_group()
+    return status
 
 
 def _reveal_arguments(parser: argparse.ArgumentParser) -> None:

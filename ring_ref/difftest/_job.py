@@ -112,6 +112,16 @@ def job_size(group: object, max_workers: int | None) -> int:
     return size
 
 
+def after_report(rank: int) -> None:
+    """Hold every rank but 0 until rank 0 has printed the report (``torchrun`` ends a job once one exits)."""
+    store = _store()
+    if rank == 0:
+        store.set("ring-ref-difftest/reported", "")
+        return
+    with contextlib.suppress(Exception):  # rank 0 gone: nothing left to wait for
+        store.wait(["ring-ref-difftest/reported"], datetime.timedelta(seconds=JOB_GRACE_S))
+
+
 def _store() -> Any:
     """The job's default store (``torch.distributed`` keeps it for the default group)."""
     return dist.distributed_c10d._get_default_store()
@@ -257,7 +267,8 @@ def _own_stack() -> str:
     with tempfile.TemporaryFile() as dump:
         faulthandler.dump_traceback(dump, all_threads=True)
         dump.seek(0)
-        return target_frames(dump.read().decode(errors="replace"))
+        threads = target_frames(dump.read().decode(errors="replace")).split("\n\n")
+    return "\n\n".join(t.strip("\n") for t in threads if 'File "' in t) + "\n"
 
 
 def _leave(status: int) -> None:
