@@ -1,0 +1,264 @@
+"""``--ranks job``: the tester inside jobs started by ``torchrun``, by hand as SLURM would, and by ``mpirun``.
+
+Each test starts a real job (its ranks are processes of the launcher, never of
+the tester) and reads what the job printed and its exit status; the planted
+per-rank bugs of ``tests/planted_rank_impls.py`` must get the codes they get
+under ``--ranks gloo`` (``EXPECTED``, checked there by ``test_difftest_ranks.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jsonschema  # type: ignore[import-untyped]
+import pytest
+
+from ring_ref._processes._mpi_job import mpirun_path
+from ring_ref.difftest import difftest
+from ring_ref.difftest._job import JOB_GRACE_S
+from tests import job_codes, planted_rank_impls
+from tests.paths import ROOT
+
+pytestmark = pytest.mark.clause("difftest-job")
+
+SCHEMA = json.loads((ROOT / "spec" / "difftest_report.schema.json").read_text(encoding="utf-8"))
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+START_ALLOWANCE_S = 90.0
+"""What a job may take besides the calls: starting the launcher and importing torch in every rank."""
+_QUIET = {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+
+
+def _run(
+    cmd: list[str], timeout_s: float, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run a launcher in a session of its own; kill the whole session if it outlives ``timeout_s``."""
+    with subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env={**os.environ, **_QUIET, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    ) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            pytest.fail(f"{cmd} did not end within {timeout_s} s:\n{out}\n{err}")
+        return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _torchrun(n: int, args: list[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+    return _run([*TORCHRUN, "--standalone", "--nproc-per-node", str(n), *args], timeout_s)
+
+
+def _difftest(target: str, *options: str) -> list[str]:
+    return ["-m", "ring_ref", "difftest", "--ranks", "job", f"tests.planted_rank_impls:{target}", *options]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_planted_codes_in_a_job_of_four_match_gloo_at_four(tmp_path: Path) -> None:
+    """The table of the docs page: every planted per-rank bug and correct target, ``gloo`` vs ``job``, N = 4;
+    from inside the job, through the Python API, and every rank gets the same report and assertion."""
+    done = _torchrun(4, ["-m", "tests.job_codes", str(tmp_path)], 400)
+    assert done.returncode == 0, done.stderr[-4000:]
+    ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(4)]
+    assert all(r == ranks[0] for r in ranks), ranks
+    expected = {
+        f"tests.planted_rank_impls:{f.__name__}": [code] for f, code in planted_rank_impls.EXPECTED.items()
+    }
+    expected.update({f"tests.planted_rank_impls:{name}": [] for name in job_codes.CORRECT})
+    for target, codes in ranks[0]["codes"].items():
+        assert codes == expected[target], target
+        gloo = difftest(
+            target, ranks="gloo", modes=("order-free", "bound"), examples=8, seed=1, max_workers=4
+        )
+        assert gloo.diagnoses == codes, (target, gloo.render())
+    assert set(ranks[0]["codes"]) == set(expected) - {
+        f"tests.planted_rank_impls:{t}" for t in job_codes.ENDS_THE_JOB
+    }
+    assertion = ranks[0]["assertion"]
+    assert assertion.startswith("FAIL: ") and "double-counted" in assertion
+
+
+@pytest.mark.parametrize("bug", job_codes.ENDS_THE_JOB)
+def test_a_hang_a_dead_rank_and_a_raising_rank_end_the_job_with_a_report(bug: str) -> None:
+    """Each ends the job, every rank exits 1, within --timeout plus the stated grace (and the start)."""
+    timeout = 4.0
+    started = time.monotonic()
+    done = _torchrun(
+        2,
+        _difftest(
+            bug, "--mode", "bound", "--examples", "5", "--seed", "1", "--timeout", f"{timeout:g}", "--json"
+        ),
+        300,
+    )
+    took = time.monotonic() - started
+    code = planted_rank_impls.EXPECTED[getattr(planted_rank_impls, bug)]
+    doc = json.loads(done.stdout)
+    jsonschema.validate(doc, SCHEMA)
+    assert doc["diagnoses"] == [code] and doc["ranks"] == "job", done.stdout
+    assert done.returncode == 1 and took < timeout + JOB_GRACE_S + START_ALLOWANCE_S, (
+        took,
+        done.stderr[-3000:],
+    )
+    cex = doc["modes"]["bound"]["counterexample"]
+    if code == "timed-out":  # every rank's stack came through the store, stopped in recv
+        assert cex["ranks"] == [0, 1] and cex["stack"].count("in receives_first") == 2, cex
+        assert "rank 0:\n" in cex["stack"] and "rank 1:\n" in cex["stack"]
+    if code == "crashed":
+        assert cex["ranks"] == [1] and "rank 1: its process died" in doc["modes"]["bound"]["explanation"]
+    if code == "raised":
+        assert "rank(s) [1]: raised RuntimeError: rank 1 gave up" in doc["modes"]["bound"]["explanation"]
+        assert (
+            "rank(s) [0] were still inside the call 2 s after rank(s) [1] raised"
+            in doc["modes"]["bound"]["explanation"]
+        )
+
+
+def test_a_slurm_style_environment_set_by_hand() -> None:
+    """No launcher: two processes given SLURM's variables and a rendezvous, as an sbatch script sets them."""
+    port = str(_free_port())
+    cmd = [sys.executable, *_difftest("gather_adds", "--mode", "bound", "--examples", "8", "--seed", "1")]
+    procs = []
+    for rank in range(2):
+        env = {
+            **os.environ,
+            **_QUIET,
+            "SLURM_PROCID": str(rank),
+            "SLURM_NTASKS": "2",
+            "SLURM_LOCALID": str(rank),
+        }
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        procs.append(
+            subprocess.Popen(
+                cmd,
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
+        )
+    outs = []
+    try:
+        outs = [p.communicate(timeout=300) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    assert [p.returncode for p in procs] == [1, 1], outs
+    assert "double-counted" in outs[0][0] and outs[1][0] == ""  # rank 0 prints the report, once
+
+
+def test_openmpi_variables_under_mpirun() -> None:
+    """``mpirun -n 4`` starting ``--ranks job``: the rank and size from OpenMPI's variables."""
+    cmd = [mpirun_path(), "-n", "4", "--oversubscribe", "--bind-to", "none"]
+    cmd += ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    cmd += ["--mca", "btl", "self,vader", "--mca", "oob_tcp_if_include", "lo"]
+    cmd += [
+        "-x",
+        "MASTER_ADDR=127.0.0.1",
+        "-x",
+        f"MASTER_PORT={_free_port()}",
+        "-x",
+        "PYTHONPATH",
+        "-x",
+        "OMP_NUM_THREADS",
+    ]
+    done = _run([*cmd, sys.executable, *_difftest("plain_ring", "--examples", "5", "--seed", "2")], 400)
+    assert done.returncode == 0, (done.stdout, done.stderr[-3000:])
+    assert done.stdout.count("PASS: tests.planted_rank_impls:plain_ring") == 1
+    assert "--max-workers 4" in done.stdout
+
+
+@pytest.mark.soak
+def test_soak_eight_ranks_under_torchrun() -> None:
+    done = _torchrun(8, _difftest("plain_ring", "--examples", "20", "--seed", "3"), 600)
+    assert done.returncode == 0 and "PASS" in done.stdout, done.stderr[-3000:]
+
+
+@pytest.mark.soak
+def test_soak_two_simulated_nodes_of_two_ranks() -> None:
+    """Two ``torchrun`` agents on 127.0.0.1 rendezvousing through c10d: 2 x 2 ranks, one report."""
+    port = _free_port()
+    common = [
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "2",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+    ]
+    args = _difftest("constant_on_last_rank", "--mode", "bound", "--examples", "8", "--seed", "1")
+    procs = [
+        subprocess.Popen(
+            [*TORCHRUN, *common, "--node-rank", str(node), *args],
+            cwd=ROOT,
+            env={**os.environ, **_QUIET},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        for node in range(2)
+    ]
+    outs = []
+    try:
+        outs = [p.communicate(timeout=500) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    report = "".join(out for out, _ in outs)
+    assert report.count("FAIL: ") == 1 and "ranks-disagree" in report and "--max-workers 4" in report, outs
+    assert "rank(s) [3]" in report
+
+
+@pytest.mark.gpu
+def test_gpu_nccl_job_on_every_visible_device() -> None:
+    """``--device cuda`` (backend nccl by default) on one rank per GPU: the correct ring passes."""
+    import torch
+
+    n = torch.cuda.device_count()
+    assert n >= 1, "make gpu-check needs a CUDA device"
+    done = _torchrun(
+        n,
+        [
+            "-m",
+            "ring_ref",
+            "difftest",
+            "--ranks",
+            "job",
+            "torch.distributed:all_reduce",
+            "--device",
+            "cuda",
+            "--mode",
+            "bound",
+            "--examples",
+            "20",
+            "--seed",
+            "1",
+        ],
+        600,
+    )
+    assert done.returncode == 0 and "PASS" in done.stdout, (done.stdout, done.stderr[-3000:])
