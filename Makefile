@@ -126,7 +126,7 @@ bench-difftest: $(STAMP)
 # store) vs --ranks gloo (a group the tester forks, through pipes), side by side: median ms per call.
 JOB_N ?= 4
 bench-job: $(STAMP)
-	$(BIN)/python -m torch.distributed.run --standalone --nproc-per-node $(JOB_N) bench/bench_job.py
+	$(BIN)/python bench/bench_job.py --n $(JOB_N)
 
 # What a user gets from a plain `pip install .` (no dev extra), in a fresh virtualenv outside the
 # source tree: the CLI and the differential tester must run on runtime dependencies alone. CI runs it.
