@@ -27,7 +27,7 @@ from ring_ref._vectors import _ops, _presets, _sums
 from ring_ref._version import __version__
 from ring_ref.core import initial_state, run_ring
 from ring_ref.difftest import DTYPES, MODES, OrderError, TargetError, _orders, difftest, load_target
-from ring_ref.difftest._job import SHOW, after_report
+from ring_ref.difftest._job import SHOW
 from ring_ref.difftest._report import Report
 from ring_ref.difftest._vocabulary import DEFAULT_TIMEOUT_S, MAX_RANKS, MPI_MAX_RANKS, RANKS
 from ring_ref.invariants import Provenance, State
@@ -206,7 +206,7 @@ def _difftest_command(args: argparse.Namespace) -> int:
         problem = "--backend and --device choose the job's process group and device: they need --ranks job"
     if any(not item.partition("=")[0] or "=" not in item for item in args.mca):
         problem = f"--mca takes KEY=VALUE; got {args.mca}"
-    if args.ranks == "mpi" and "bfloat16" in names:
+    if args.ranks in ("mpi", "mpi-job") and "bfloat16" in names:
         problem = (
             "--ranks mpi hands each rank a numpy array, and numpy has no bfloat16: drop it from --dtypes"
         )
@@ -231,7 +231,7 @@ def _difftest_command(args: argparse.Namespace) -> int:
         schedule=args.schedule,
         order=args.order,
     )
-    if args.ranks == "job":
+    if args.ranks in ("job", "mpi-job"):
         return _difftest_in_job(args, run)
     with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
         try:
@@ -252,44 +252,47 @@ def _print_report(report: Report, as_json: bool, out: TextIO | None = None) -> i
 
 
 def _difftest_in_job(args: argparse.Namespace, run: Callable[..., Report]) -> int:
-    """``--ranks job`` on this rank: join the job, run, print on rank 0; the verdict's status on every rank.
+    """``--ranks job`` or ``mpi-job`` on this rank: join the job, run; rank 0 prints the report (or the
+    error) before the others may leave; every rank returns the verdict's status.
 
     A missing or inconsistent environment, or a device that is not there, is a usage error (2) on every
-    rank.  The report is printed on the stdout this command started with, also from rank 0's driver
-    thread when a call left ranks inside the target (then every rank's process ends with the status).
+    rank.  The report goes to the stdout this command started with, also when a call left ranks inside
+    the target (then rank 0 prints it and every rank's process ends with the status).
     """
-    device = args.device or "cpu"
-    backend = args.backend or ("nccl" if device == "cuda" else "gloo")
-    try:
-        job = job_environment()
-        if device == "cuda" and not torch.cuda.is_available():
-            raise JobEnvError("--device cuda: torch sees no CUDA device on this node")
-    except JobEnvError as exc:
-        print(f"ring-ref difftest: error: {exc}", file=sys.stderr)
-        return 2
-    if device == "cuda":
-        torch.cuda.set_device(job.local_rank)
-    join_job(job, backend, datetime.timedelta(seconds=2 * args.timeout + 30))
     out = sys.stdout
 
-    def show(report: Report) -> None:
-        _print_report(report, args.json, out)
+    def show(outcome: Report | BaseException) -> None:
+        if isinstance(outcome, Report):
+            _print_report(outcome, args.json, out)
+        else:
+            print(f"ring-ref difftest: error: {outcome}", file=sys.stderr, flush=True)
 
+    options: dict[str, str] = {}
+    job = None
+    if args.ranks == "job":
+        options["device"] = args.device or "cpu"
+        backend = args.backend or ("nccl" if options["device"] == "cuda" else "gloo")
+        try:
+            job = job_environment()
+            if options["device"] == "cuda" and not torch.cuda.is_available():
+                raise JobEnvError("--device cuda: torch sees no CUDA device on this node")
+        except JobEnvError as exc:
+            print(f"ring-ref difftest: error: {exc}", file=sys.stderr)
+            return 2
+        if options["device"] == "cuda":
+            torch.cuda.set_device(job.local_rank)
+        join_job(job, backend, datetime.timedelta(seconds=2 * args.timeout + 30))
     token = SHOW.set(show)
     try:
         with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
-            report = run(device=device)
-    except (TargetError, OrderError, ValueError) as exc:
-        if job.rank == 0:
-            print(f"ring-ref difftest: error: {exc}", file=sys.stderr)
-        status = 2
-    else:
-        status = _print_report(report, args.json) if job.rank == 0 else int(report.verdict != "pass")
+            report = run(**options)
+    except (TargetError, OrderError, ValueError):
+        return 2  # rank 0 has shown it
     finally:
         SHOW.reset(token)
-    after_report(job.rank)
-    torch.distributed.destroy_process_group()
-    return status
+        if job is not None:
+            torch.distributed.destroy_process_group()
+    return 0 if report.verdict == "pass" else 1
 
 
 def _reveal_arguments(parser: argparse.ArgumentParser) -> None:

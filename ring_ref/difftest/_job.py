@@ -51,10 +51,11 @@ from typing import Any, Final
 
 import torch.distributed as dist
 
-from ring_ref.difftest._call import observe
+from ring_ref.difftest._call import Answer, observe
 from ring_ref.difftest._inputs import Case
 from ring_ref.difftest._launch import Launcher
 from ring_ref.difftest._loading import TargetError, load_target
+from ring_ref.difftest._mpi import decode_rank, observe_rank, plain_json, plain_unjson
 from ring_ref.difftest._ranks import AFTER_FAILURE_GRACE_S, START_TIMEOUT_S, Rank, RankGroup
 from ring_ref.difftest._report import Report
 from ring_ref.difftest._vocabulary import OpTarget, Target
@@ -84,42 +85,41 @@ _runs = itertools.count()
 _DIED_FIRST: Final = "its process died (then the launcher ended the job: the live ranks said so, it did not)"
 
 
-def _show_text(report: Report) -> None:
-    print(report.render(), file=sys.stderr)
+def _show_text(report: Report | BaseException) -> None:
+    print(report.render() if isinstance(report, Report) else report, file=sys.stderr)
 
 
-SHOW: Final[contextvars.ContextVar[Callable[[Report], None]]] = contextvars.ContextVar(
-    "SHOW", default=_show_text
+SHOW: Final[contextvars.ContextVar[Callable[[Report | BaseException], None] | None]] = contextvars.ContextVar(
+    "SHOW", default=None
 )
-"""How rank 0 prints the report before the job ends early (the command line sets it for ``--json``)."""
+"""How rank 0 shows the report (or the error) before the other ranks are let go: the command line's
+printing; ``None`` (the Python API): the caller gets the report, and only a job ended early prints it
+(to stderr)."""
 
 
-def job_size(group: object, max_workers: int | None) -> int:
-    """The group's size, the only ``N`` of ``ranks="job"``; ``ValueError`` without a group or for another
-    ``max_workers``."""
+def job_size(ranks: str, group: object, max_workers: int | None) -> int:
+    """The group's size (``COMM_WORLD``'s for ``"mpi-job"``), the only ``N`` of ``ranks="job"``;
+    ``ValueError`` without a group or for another ``max_workers``."""
+    if ranks == "mpi-job":
+        from mpi4py import MPI
+
+        return _size_fits(int(MPI.COMM_WORLD.Get_size()), max_workers)
     if not (dist.is_available() and dist.is_initialized()):
         raise ValueError(
             "ranks='job' runs inside a job's torch.distributed process group, and none is initialised: "
             "call torch.distributed.init_process_group first on every rank, or run "
             "`torchrun ... -m ring_ref difftest --ranks job TARGET`"
         )
-    size = dist.get_world_size(group)  # type: ignore[arg-type]
+    return _size_fits(dist.get_world_size(group), max_workers)  # type: ignore[arg-type]
+
+
+def _size_fits(size: int, max_workers: int | None) -> int:
     if max_workers is not None and max_workers != size:
         raise ValueError(
             f"max_workers (--max-workers) {max_workers} differs from the job's {size} ranks: --ranks job "
             "tests N = the number of ranks (drop the option, or start a job of that many ranks)"
         )
     return size
-
-
-def after_report(rank: int) -> None:
-    """Hold every rank but 0 until rank 0 has printed the report (``torchrun`` ends a job once one exits)."""
-    store = _store()
-    if rank == 0:
-        store.set("ring-ref-difftest/reported", "")
-        return
-    with contextlib.suppress(Exception):  # rank 0 gone: nothing left to wait for
-        store.wait(["ring-ref-difftest/reported"], datetime.timedelta(seconds=JOB_GRACE_S))
 
 
 def _store() -> Any:
@@ -212,8 +212,16 @@ class JobRanks(RankGroup):
     kind = "job"
     poll_s = 0.002
 
-    def __init__(self, store: Any, size: int, timeout_s: float, terminated: threading.Event) -> None:
+    def __init__(
+        self,
+        store: Any,
+        size: int,
+        timeout_s: float,
+        terminated: threading.Event,
+        decode: Callable[[Reply], Answer] | None = None,
+    ) -> None:
         super().__init__(timeout_s)
+        self.decode = decode
         self.store = store
         self.size = size
         self.min_workers = size
@@ -244,6 +252,10 @@ class JobRanks(RankGroup):
             raise TargetError(self.broken)
         self.calls += 1
         return self._ranks
+
+    def decode_reply(self, reply: Reply) -> Answer:
+        """A rank's answer: ``observe``'s frame, or (``--ranks mpi-job``) an MPI rank's plain data."""
+        return super().decode_reply(reply) if self.decode is None else self.decode(reply)
 
     def _teardown(self, n: int) -> None:
         """Nothing to tear down: a call that left ranks inside the target breaks the job (:meth:`call`)."""
@@ -354,15 +366,13 @@ def _wait_key(store: Any, key: str) -> bytes:
         return data
 
 
-def _serve(fn: Target | OpTarget | None, store: Any, rank: int, device: str) -> tuple[str, object]:
+def _serve(answer: Callable[[Case], bytes], store: Any, rank: int) -> tuple[str, object]:
     """Answer cases until the stop; what the stop carries (``("report", Report)`` or ``("error", exc)``)."""
     for call in itertools.count(1):
         request = pickle.loads(_wait_key(store, f"cmd/{call}/{rank}"))
         if not isinstance(request, Case):
             return request  # type: ignore[no-any-return]
-        assert fn is not None  # rank 0 sends cases only once every rank has loaded the target
-        head, payload = observe(fn, request, rank, device=device)
-        store.set(f"answer/{call}/{rank}", frame({"kind": "answer", **head}, payload))
+        store.set(f"answer/{call}/{rank}", answer(request))
     raise AssertionError("unreachable")
 
 
@@ -384,28 +394,43 @@ def _drive(
     run: Callable[[Launcher], Report],
     launcher: JobRanks,
     store: Any,
-    show: Callable[[Report], None],
+    show: Callable[[Report | BaseException], None] | None,
     got: dict[str, object],
 ) -> None:
-    """Rank 0's driver thread: the whole difftest, then the stop (or, with ranks stuck, the exit)."""
+    """Rank 0's driver thread: the whole difftest, the report shown, then the stop (or, with ranks stuck,
+    the verdict and the exit)."""
     stop: tuple[str, object]
+    outcome: Report | BaseException
     try:
-        report = run(launcher)
-        stop = ("report", _portable(report))
-        got["report"] = report
+        outcome = got["report"] = run(launcher)
+        stop = ("report", _portable(outcome))
     except BaseException as exc:
+        outcome = got["error"] = exc
         stop = ("error", exc)
-        got["error"] = exc
-    if launcher.broken and "report" in got:
-        show(report)
-        status = 0 if report.verdict == "pass" else 1
+    if isinstance(outcome, Report) and launcher.broken:
+        (show or _show_text)(outcome)
+        status = 0 if outcome.verdict == "pass" else 1
         store.set("verdict", str(status))
         give_up = time.monotonic() + 2 * BYE_WAIT_S
         while time.monotonic() < give_up and not store.check([f"done/{r}" for r in range(1, launcher.size)]):
             time.sleep(0.02)
         _leave(status)
+    if show is not None:
+        show(outcome)  # before the other ranks may leave (torchrun ends a job once one exits)
     for rank in range(launcher.size):
         store.set(f"cmd/{launcher.calls + 1}/{rank}", pickle.dumps(stop))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Member:
+    """This process in the job: its rank, the size, the side channel, and how it answers a case."""
+
+    rank: int
+    size: int
+    store: Any
+    answer: Callable[[Case], bytes]
+    load_error: str
+    decode: Callable[[Reply], Answer] | None = None
 
 
 def run_in_job(
@@ -416,25 +441,79 @@ def run_in_job(
     device: str = "cpu",
     timeout_s: float,
 ) -> Report:
-    """On every rank of the job's group: serve the target; on rank 0, also ``run(launcher)`` (the difftest).
+    """On every rank of the job's ``torch.distributed`` group: serve the target; on rank 0, also
+    ``run(launcher)`` (the difftest).
 
     Returns the same :class:`Report` on every rank (rank 0's; the others get it through the store), or
-    raises the exception the run raised on every rank.  When a call left ranks inside the target, rank 0
-    prints the report (:data:`SHOW`) and every rank's process ends with the verdict's status instead.
+    raises the exception the run raised on every rank.  Rank 0 shows the report or the error first
+    (:data:`SHOW`).  When a call left ranks inside the target, rank 0 prints the report and every rank's
+    process ends with the verdict's status instead.
     """
-    show = SHOW.get()
     rank = dist.get_rank(group)  # type: ignore[arg-type]
-    size = dist.get_world_size(group)  # type: ignore[arg-type]
     base: Any = dist.PrefixStore(  # type: ignore[attr-defined]  # re-exported at runtime, not in stubs
         f"ring-ref-difftest/{next(_runs)}", _store()
     )
-    store = base.clone()
     error = ""
     target: Target | OpTarget | None = None
     try:
         target = load_target(fn) if isinstance(fn, str) else fn
     except TargetError as exc:
         error = str(exc)
+
+    def answer(case: Case) -> bytes:
+        assert target is not None  # rank 0 sends cases only once every rank has loaded the target
+        head, payload = observe(target, case, rank, device=device)
+        return frame({"kind": "answer", **head}, payload)
+
+    size = dist.get_world_size(group)  # type: ignore[arg-type]
+    return _run_member(_Member(rank, size, base, answer, error), run, timeout_s)
+
+
+def run_in_mpi_job(target: str, run: Callable[[Launcher], Report], *, timeout_s: float) -> Report:
+    """:func:`run_in_job` for ``TARGET(comm, array)`` on every rank of ``COMM_WORLD`` (``--ranks mpi-job``).
+
+    The target gets a duplicate of ``COMM_WORLD`` (the same for every call); the side channel is a
+    ``TCPStore`` that rank 0 hosts, its address sent to the others on a second duplicate, once.
+    """
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    side, comm = world.Dup(), world.Dup()
+    rank, size = world.Get_rank(), world.Get_size()
+    host = os.environ.get("MASTER_ADDR") or socket.gethostbyname(socket.gethostname())
+    hosted = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False) if rank == 0 else None  # type: ignore[attr-defined]
+    port = side.bcast(hosted.port if hosted is not None else 0, root=0)
+    store = hosted if hosted is not None else dist.TCPStore(host, port, is_master=False)  # type: ignore[attr-defined]
+    base: Any = dist.PrefixStore(f"ring-ref-difftest/{next(_runs)}", store)  # type: ignore[attr-defined]
+    error = ""
+    try:
+        load_target(target)
+    except TargetError as exc:
+        error = str(exc)
+
+    def answer(case: Case) -> bytes:
+        x = case.rank_tensor(rank).numpy()
+        inputs = [b""] * case.n
+        inputs[rank] = x.tobytes()
+        reply = observe_rank(comm, (target, x.dtype.name, tuple(x.shape), inputs, case.op))
+        return frame({"kind": "answer", "rank": rank, "mpi": plain_json(reply)}, b"")
+
+    def decode_mpi(reply: Reply) -> Answer:
+        return decode_rank(plain_unjson(reply.head.get("mpi")), int(reply.head["rank"]))
+
+    try:
+        return _run_member(_Member(rank, size, base, answer, error, decode_mpi), run, timeout_s)
+    finally:
+        side.Barrier()  # rank 0 keeps the store up until every rank is done with it
+        comm.Free()
+        side.Free()
+
+
+def _run_member(member: _Member, run: Callable[[Launcher], Report], timeout_s: float) -> Report:
+    """Serve on this rank (and drive on rank 0) until the stop; the report, or the run's exception."""
+    show = SHOW.get()
+    rank, size, base = member.rank, member.size, member.store
+    store = base.clone()
     terminate = _Terminate(base.clone(), rank)
     stop = threading.Event()
     watchdog = threading.Thread(target=_watchdog, args=(base.clone(), rank, stop), daemon=True)
@@ -442,12 +521,12 @@ def run_in_job(
     got: dict[str, object] = {}
     driver = None
     if rank == 0:
-        launcher = JobRanks(base.clone(), size, timeout_s, terminate.event)
+        launcher = JobRanks(base.clone(), size, timeout_s, terminate.event, member.decode)
         driver = threading.Thread(target=_drive, args=(run, launcher, base.clone(), show, got), daemon=True)
         driver.start()
-    store.set(f"ready/{rank}", error)
+    store.set(f"ready/{rank}", member.load_error)
     try:
-        kind, value = _serve(target, store, rank, device)
+        kind, value = _serve(member.answer, store, rank)
     finally:
         stop.set()
         watchdog.join()

@@ -119,6 +119,10 @@ class RankGroup(Launcher):
     def _group(self, n: int) -> Sequence[Rank]:
         """The ranks of the group of ``n`` (:class:`TargetError` if they cannot start)."""
 
+    def decode_reply(self, reply: Reply) -> Answer:
+        """A rank's answer from its reply (:func:`~ring_ref.difftest._call.decode`; :class:`Garbled`)."""
+        return decode(reply.head, reply.payload)
+
     @abstractmethod
     def _teardown(self, n: int) -> None:
         """After a call in which a rank raised, hung or died."""
@@ -150,7 +154,7 @@ class RankGroup(Launcher):
                         f"expected an answer from rank {rank}, got kind {reply.head.get('kind')!r} "
                         f"naming rank {reply.head.get('rank')!r}"
                     )
-                answers.append(decode(reply.head, reply.payload))
+                answers.append(self.decode_reply(reply))
             except Garbled as exc:
                 dead[rank] = Died(f"its reply was garbled ({exc})", "")
         outcome = Outcome(case, tuple(answers), output=output)

@@ -19,7 +19,7 @@ from ring_ref._ops import op_name
 from ring_ref.difftest._call import Outcome
 from ring_ref.difftest._diagnosis import Finding, as_launcher, diagnose, difference, passes
 from ring_ref.difftest._inputs import LAYOUTS, Case, cases, one_worker_cases, uneven_cases
-from ring_ref.difftest._job import job_size, run_in_job
+from ring_ref.difftest._job import job_size, run_in_job, run_in_mpi_job
 from ring_ref.difftest._launch import InProcess, Isolated, Launcher
 from ring_ref.difftest._loading import importable_name, load_target
 from ring_ref.difftest._mpi import MPI_DTYPES, MpiRanks
@@ -336,7 +336,7 @@ def difftest(
     if ranks is not None and ranks not in RANKS:
         raise ValueError(f"ranks must be one of {list(RANKS)} or None; got {ranks!r}")
     workers = max_workers if max_workers is not None else default_max_workers(ranks)
-    workers = job_size(group, max_workers) if ranks == "job" else workers
+    workers = job_size(ranks, group, max_workers) if ranks in ("job", "mpi-job") else workers
     problem = option_problem(examples=examples, seed=seed, max_workers=workers, timeout=timeout)
     if problem:
         raise ValueError(problem)
@@ -360,8 +360,8 @@ def difftest(
     if seed is None:
         seed = random.SystemRandom().randrange(2**32)
     launcher, name = (
-        _job_target(fn, workers, exact, schedule, isolate, device)
-        if ranks == "job"
+        _job_target(fn, ranks, workers, exact, schedule, isolate, device)
+        if ranks in ("job", "mpi-job")
         else _launcher(fn, isolate, timeout, ranks, mca)
     )
     isolated = launcher is None or launcher.isolated
@@ -382,6 +382,8 @@ def difftest(
         _run, report, chosen, exact, examples=examples, seed=seed, workers=workers, dtypes=dtypes
     )
     run = functools.partial(run, op=reduce_op)
+    if launcher is None and ranks == "mpi-job":
+        return run_in_mpi_job(name, run, timeout_s=timeout)
     if launcher is None:
         return run_in_job(fn, run, group=group, device=device, timeout_s=timeout)
     return run(launcher)
@@ -423,6 +425,7 @@ def _run(
 
 def _job_target(  # noqa: PLR0917 - difftest's settings, checked
     fn: Target | OpTarget | str,
+    ranks: str,
     size: int,
     exact: ExactOrder,
     schedule: object,
@@ -445,7 +448,13 @@ def _job_target(  # noqa: PLR0917 - difftest's settings, checked
             f"order (--order) holds an order for N = {exact.saved.n}, but this job has {size} ranks: "
             "reveal it in a job of the same size"
         )
-    return None, fn if isinstance(fn, str) else importable_name(fn)
+    name = fn if isinstance(fn, str) else importable_name(fn)
+    if name is None and not isinstance(fn, str) and ranks == "mpi-job":
+        raise ValueError(
+            f"--ranks mpi-job loads the target by name on every rank: {getattr(fn, '__qualname__', fn)!r} "
+            "must be a module-level function or a TARGET string"
+        )
+    return None, name
 
 
 def default_max_workers(ranks: Ranks | None) -> int:
@@ -496,7 +505,7 @@ def _check_order_file_fits(
 
 def _dtypes_for(ranks: Ranks | None, dtypes: Sequence[torch.dtype] | None) -> Sequence[torch.dtype]:
     """The dtypes to generate: ``dtypes``, checked, or every one the launcher takes."""
-    allowed = MPI_DTYPES if ranks == "mpi" else tuple(DTYPES.values())
+    allowed = MPI_DTYPES if ranks in ("mpi", "mpi-job") else tuple(DTYPES.values())
     if dtypes is None:
         return allowed
     if not dtypes or any(d not in TORCH_DTYPES for d in dtypes):
