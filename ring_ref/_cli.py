@@ -27,7 +27,8 @@ from ring_ref._vectors import _ops, _presets, _sums
 from ring_ref._version import __version__
 from ring_ref.core import initial_state, run_ring
 from ring_ref.difftest import DTYPES, MODES, OrderError, TargetError, _orders, difftest, load_target
-from ring_ref.difftest._job import SHOW
+from ring_ref.difftest._job import SHOW, job_size, run_in_job
+from ring_ref.difftest._launch import Launcher
 from ring_ref.difftest._report import Report
 from ring_ref.difftest._vocabulary import DEFAULT_TIMEOUT_S, MAX_RANKS, MPI_MAX_RANKS, RANKS
 from ring_ref.invariants import Provenance, State
@@ -110,18 +111,7 @@ def _difftest_arguments(parser: argparse.ArgumentParser) -> None:
         "communicator and a numpy array, ranks started by mpirun; float16/float32/float64 only; job: "
         "TARGET(tensor) on every rank of the job this command runs in, under torchrun, srun or mpirun)",
     )
-    parser.add_argument(
-        "--backend",
-        choices=("gloo", "nccl"),
-        default=None,
-        help="with --ranks job: the job's process group backend (default nccl with --device cuda, else gloo)",
-    )
-    parser.add_argument(
-        "--device",
-        choices=("cpu", "cuda"),
-        default=None,
-        help="with --ranks job: where each rank's tensors live (cuda: cuda:LOCAL_RANK; default cpu)",
-    )
+    _job_arguments(parser)
     parser.add_argument(
         "--mca",
         action="append",
@@ -251,6 +241,26 @@ def _print_report(report: Report, as_json: bool, out: TextIO | None = None) -> i
     return 0 if report.verdict == "pass" else 1
 
 
+def _join(args: argparse.Namespace) -> tuple[str, bool] | None:
+    """With ``--ranks job``: find the job in the environment and join it; the device and whether a group
+    was joined.  ``None`` after a usage error (printed).  ``--ranks mpi-job`` joins nothing here."""
+    device = getattr(args, "device", None) or "cpu"
+    if args.ranks != "job":
+        return device, False
+    backend = args.backend or ("nccl" if device == "cuda" else "gloo")
+    try:
+        job = job_environment()
+        if device == "cuda" and not torch.cuda.is_available():
+            raise JobEnvError("--device cuda: torch sees no CUDA device on this node")
+    except JobEnvError as exc:
+        print(f"ring-ref {args.command}: error: {exc}", file=sys.stderr)
+        return None
+    if device == "cuda":
+        torch.cuda.set_device(job.local_rank)
+    join_job(job, backend, datetime.timedelta(seconds=2 * args.timeout + 30))
+    return device, True
+
+
 def _difftest_in_job(args: argparse.Namespace, run: Callable[..., Report]) -> int:
     """``--ranks job`` or ``mpi-job`` on this rank: join the job, run; rank 0 prints the report (or the
     error) before the others may leave; every rank returns the verdict's status.
@@ -261,38 +271,43 @@ def _difftest_in_job(args: argparse.Namespace, run: Callable[..., Report]) -> in
     """
     out = sys.stdout
 
-    def show(outcome: Report | BaseException) -> None:
+    def show(outcome: object) -> None:
         if isinstance(outcome, Report):
             _print_report(outcome, args.json, out)
         else:
             print(f"ring-ref difftest: error: {outcome}", file=sys.stderr, flush=True)
 
-    options: dict[str, str] = {}
-    job = None
-    if args.ranks == "job":
-        options["device"] = args.device or "cpu"
-        backend = args.backend or ("nccl" if options["device"] == "cuda" else "gloo")
-        try:
-            job = job_environment()
-            if options["device"] == "cuda" and not torch.cuda.is_available():
-                raise JobEnvError("--device cuda: torch sees no CUDA device on this node")
-        except JobEnvError as exc:
-            print(f"ring-ref difftest: error: {exc}", file=sys.stderr)
-            return 2
-        if options["device"] == "cuda":
-            torch.cuda.set_device(job.local_rank)
-        join_job(job, backend, datetime.timedelta(seconds=2 * args.timeout + 30))
+    joined = _join(args)
+    if joined is None:
+        return 2
+    device, group = joined
     token = SHOW.set(show)
     try:
         with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
-            report = run(**options)
+            report = run(**({"device": device} if args.ranks == "job" else {}))
     except (TargetError, OrderError, ValueError):
         return 2  # rank 0 has shown it
     finally:
         SHOW.reset(token)
-        if job is not None:
+        if group:
             torch.distributed.destroy_process_group()
     return 0 if report.verdict == "pass" else 1
+
+
+def _job_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--backend`` and ``--device``, for ``--ranks job``."""
+    parser.add_argument(
+        "--backend",
+        choices=("gloo", "nccl"),
+        default=None,
+        help="with --ranks job: the job's process group backend (default nccl with --device cuda, else gloo)",
+    )
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default=None,
+        help="with --ranks job: where each rank's tensors live (cuda: cuda:LOCAL_RANK; default cpu)",
+    )
 
 
 def _reveal_arguments(parser: argparse.ArgumentParser) -> None:
@@ -316,10 +331,12 @@ def _reveal_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object (spec/reveal.schema.json)")
     parser.add_argument(
         "--ranks",
-        choices=RANKS[:2],
+        choices=RANKS[:3],
         help="TARGET is per rank: TARGET(tensor) on every rank of a gloo group (or TARGET(comm, array) in an "
-        "MPI job) of N processes; every rank must end with the same bits",
+        "MPI job) of N processes, or (job) of the job this command runs in, whose size must be N; every "
+        "rank must end with the same bits",
     )
+    _job_arguments(parser)
     parser.add_argument(
         "--timeout",
         type=float,
@@ -330,6 +347,8 @@ def _reveal_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _reveal_command(args: argparse.Namespace) -> int:
     """Run ``ring-ref reveal``: 0 when it ran, 2 on a usage error or a misbehaving target."""
+    if args.ranks == "job":
+        return _reveal_in_job(args)
     with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
         try:
             if args.checks < 0:
@@ -351,7 +370,12 @@ def _reveal_command(args: argparse.Namespace) -> int:
         except (TargetError, _reveal.RevealError, OSError) as exc:
             print(f"ring-ref reveal: error: {exc}", file=sys.stderr)
             return 2
-    print(json.dumps(found.to_json()) if args.json else found.summary())
+    _print_revealed(found, args)
+    return 0
+
+
+def _print_revealed(found: _reveal.Revealed, args: argparse.Namespace, out: TextIO | None = None) -> None:
+    print(json.dumps(found.to_json()) if args.json else found.summary(), file=out or sys.stdout, flush=True)
     if found.classification != "ring":
         # reveal names an order, it gives no verdict: the exit status stays 0 (docs/guide/reveal.md)
         ranks = f"--ranks {args.ranks} " if args.ranks else ""
@@ -360,6 +384,55 @@ def _reveal_command(args: argparse.Namespace) -> int:
             f"whether that is a bug, run: ring-ref difftest {ranks}{args.target}",
             file=sys.stderr,
         )
+
+
+def _reveal_in_job(args: argparse.Namespace) -> int:
+    """``reveal --ranks job``: every rank joins and serves; rank 0 reveals and prints (the order of the job's
+    own all-reduce at its N, for ``difftest --ranks job --order``)."""
+    out = sys.stdout
+
+    def show(outcome: object) -> None:
+        if isinstance(outcome, _reveal.Revealed):
+            _print_revealed(outcome, args, out)
+        else:
+            print(f"ring-ref reveal: error: {outcome}", file=sys.stderr, flush=True)
+
+    def run(launcher: Launcher) -> _reveal.Revealed:
+        launcher.start()
+        found = _reveal.reveal(
+            _orders.per_rank_target(launcher),
+            args.n,
+            args.m,
+            args.dtype,
+            checks=args.checks,
+            seed=args.seed,
+            name=args.target,
+        )
+        if args.svg:
+            Path(args.svg).write_text(_svg.reveal_svg(found), encoding="utf-8")
+        return found
+
+    joined = _join(args)
+    if joined is None:
+        return 2
+    token = SHOW.set(show)
+    try:
+        size = job_size("job", None, None)
+        if args.n != size or args.checks < 0:
+            if torch.distributed.get_rank() == 0:
+                print(
+                    f"ring-ref reveal: error: -n must be the job's {size} ranks (got {args.n}) and --checks "
+                    f"0 or more (got {args.checks})",
+                    file=sys.stderr,
+                )
+            return 2
+        with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
+            run_in_job(args.target, run, device=joined[0], timeout_s=args.timeout)
+    except (TargetError, _reveal.RevealError, OSError):
+        return 2  # rank 0 has shown it
+    finally:
+        SHOW.reset(token)
+        torch.distributed.destroy_process_group()
     return 0
 
 

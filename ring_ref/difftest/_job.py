@@ -47,7 +47,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import torch.distributed as dist
 
@@ -82,14 +82,15 @@ JOB_GRACE_S: Final = 15.0
 """The job ends within ``--timeout`` plus this (stacks, the report, the verdict's acknowledgements)."""
 _WAIT: Final = datetime.timedelta(seconds=30)
 _runs = itertools.count()
+T = TypeVar("T")
 _DIED_FIRST: Final = "its process died (then the launcher ended the job: the live ranks said so, it did not)"
 
 
-def _show_text(report: Report | BaseException) -> None:
-    print(report.render() if isinstance(report, Report) else report, file=sys.stderr)
+def _show_text(outcome: object) -> None:
+    print(outcome.render() if isinstance(outcome, Report) else outcome, file=sys.stderr)
 
 
-SHOW: Final[contextvars.ContextVar[Callable[[Report | BaseException], None] | None]] = contextvars.ContextVar(
+SHOW: Final[contextvars.ContextVar[Callable[[object], None] | None]] = contextvars.ContextVar(
     "SHOW", default=None
 )
 """How rank 0 shows the report (or the error) before the other ranks are let go: the command line's
@@ -380,27 +381,27 @@ def _unavailable(case: Case) -> Any:
     raise RuntimeError("the expected results are computed on rank 0 only")
 
 
-def _portable(report: Report) -> Report:
+def _portable(report: object) -> object:
     """``report`` without what cannot travel to the other ranks (the order's functions)."""
-    exact = report.exact_against
-    if exact is None:
+    if not isinstance(report, Report) or report.exact_against is None:
         return report
+    exact = report.exact_against
     return dataclasses.replace(
         report, exact_against=dataclasses.replace(exact, expected=_unavailable, cases=None)
     )
 
 
 def _drive(
-    run: Callable[[Launcher], Report],
+    run: Callable[[Launcher], object],
     launcher: JobRanks,
     store: Any,
-    show: Callable[[Report | BaseException], None] | None,
+    show: Callable[[object], None] | None,
     got: dict[str, object],
 ) -> None:
     """Rank 0's driver thread: the whole difftest, the report shown, then the stop (or, with ranks stuck,
     the verdict and the exit)."""
     stop: tuple[str, object]
-    outcome: Report | BaseException
+    outcome: object
     try:
         outcome = got["report"] = run(launcher)
         stop = ("report", _portable(outcome))
@@ -435,12 +436,12 @@ class _Member:
 
 def run_in_job(
     fn: Target | OpTarget | str,
-    run: Callable[[Launcher], Report],
+    run: Callable[[Launcher], T],
     *,
     group: object = None,
     device: str = "cpu",
     timeout_s: float,
-) -> Report:
+) -> T:
     """On every rank of the job's ``torch.distributed`` group: serve the target; on rank 0, also
     ``run(launcher)`` (the difftest).
 
@@ -469,7 +470,7 @@ def run_in_job(
     return _run_member(_Member(rank, size, base, answer, error), run, timeout_s)
 
 
-def run_in_mpi_job(target: str, run: Callable[[Launcher], Report], *, timeout_s: float) -> Report:
+def run_in_mpi_job(target: str, run: Callable[[Launcher], T], *, timeout_s: float) -> T:
     """:func:`run_in_job` for ``TARGET(comm, array)`` on every rank of ``COMM_WORLD`` (``--ranks mpi-job``).
 
     The target gets a duplicate of ``COMM_WORLD`` (the same for every call); the side channel is a
@@ -509,7 +510,7 @@ def run_in_mpi_job(target: str, run: Callable[[Launcher], Report], *, timeout_s:
         side.Free()
 
 
-def _run_member(member: _Member, run: Callable[[Launcher], Report], timeout_s: float) -> Report:
+def _run_member(member: _Member, run: Callable[[Launcher], T], timeout_s: float) -> T:
     """Serve on this rank (and drive on rank 0) until the stop; the report, or the run's exception."""
     show = SHOW.get()
     rank, size, base = member.rank, member.size, member.store

@@ -71,7 +71,12 @@ def _json_float(v: float) -> float | str:
     return v if math.isfinite(v) else str(v)
 
 
-_GROUPS: Final = {"gloo": "a gloo process group", "mpi": "an MPI job", "job": "the job's own process group"}
+_GROUPS: Final = {
+    "gloo": "a gloo process group",
+    "mpi": "an MPI job",
+    "job": "the job's own process group",
+    "mpi-job": "the MPI job's own COMM_WORLD",
+}
 """What a per-rank target's ranks were, in words, by ``--ranks``."""
 
 

@@ -23,7 +23,7 @@ import pytest
 from ring_ref._processes._mpi_job import mpirun_path
 from ring_ref.difftest import difftest
 from ring_ref.difftest._job import JOB_GRACE_S
-from tests import job_codes, planted_rank_impls
+from tests import job_codes, mpi_job_codes, planted_mpi, planted_rank_impls
 from tests.paths import ROOT
 
 pytestmark = pytest.mark.clause("difftest-job")
@@ -167,11 +167,15 @@ def test_a_slurm_style_environment_set_by_hand() -> None:
     assert "double-counted" in outs[0][0] and outs[1][0] == ""  # rank 0 prints the report, once
 
 
+def _mpirun(n: int) -> list[str]:
+    cmd = [mpirun_path(), "-n", str(n), "--oversubscribe", "--bind-to", "none"]
+    cmd += ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    return [*cmd, "--mca", "btl", "self,vader", "--mca", "oob_tcp_if_include", "lo"]
+
+
 def test_openmpi_variables_under_mpirun() -> None:
     """``mpirun -n 4`` starting ``--ranks job``: the rank and size from OpenMPI's variables."""
-    cmd = [mpirun_path(), "-n", "4", "--oversubscribe", "--bind-to", "none"]
-    cmd += ["--allow-run-as-root"] if os.geteuid() == 0 else []
-    cmd += ["--mca", "btl", "self,vader", "--mca", "oob_tcp_if_include", "lo"]
+    cmd = _mpirun(4)
     cmd += [
         "-x",
         "MASTER_ADDR=127.0.0.1",
@@ -186,6 +190,42 @@ def test_openmpi_variables_under_mpirun() -> None:
     assert done.returncode == 0, (done.stdout, done.stderr[-3000:])
     assert done.stdout.count("PASS: tests.planted_rank_impls:plain_ring") == 1
     assert "--max-workers 4" in done.stdout
+
+
+def test_planted_mpi_codes_in_an_mpi_job_of_four(tmp_path: Path) -> None:
+    """``--ranks mpi-job`` under ``mpirun -n 4``: each planted bug's code (``planted_mpi.EXPECTED``, which
+    ``test_difftest_mpi.py`` checks under ``--ranks mpi``), the correct ring passing, the same on every rank."""
+    cmd = [*_mpirun(4), "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS", "-x", "MASTER_ADDR=127.0.0.1"]
+    done = _run([*cmd, sys.executable, "-m", "tests.mpi_job_codes", str(tmp_path)], 500)
+    assert done.returncode == 0, (done.stdout, done.stderr[-3000:])
+    ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(4)]
+    assert all(r == ranks[0] for r in ranks), ranks
+    expected = {f"tests.planted_mpi:{name}": [code] for name, code in planted_mpi.EXPECTED.items()}
+    expected["tests.planted_mpi:plain_ring"] = []
+    assert ranks[0] == {t: expected[t] for t in mpi_job_codes.targets()}
+
+
+@pytest.mark.parametrize("bug", mpi_job_codes.ENDS_THE_JOB)
+def test_an_mpi_job_that_hangs_or_raises_ends_with_a_report(bug: str) -> None:
+    timeout = 4.0
+    cmd = [*_mpirun(4), "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS", "-x", "MASTER_ADDR=127.0.0.1"]
+    cmd += [sys.executable, "-m", "ring_ref", "difftest", "--ranks", "mpi-job", f"tests.planted_mpi:{bug}"]
+    started = time.monotonic()
+    done = _run(
+        [*cmd, "--mode", "bound", "--examples", "3", "--seed", "1", "--timeout", f"{timeout:g}", "--json"],
+        300,
+    )
+    took = time.monotonic() - started
+    doc = json.loads(done.stdout)
+    jsonschema.validate(doc, SCHEMA)
+    assert doc["diagnoses"] == [planted_mpi.EXPECTED[bug]] and doc["ranks"] == "mpi-job", done.stdout
+    assert done.returncode != 0 and took < timeout + JOB_GRACE_S + START_ALLOWANCE_S, (
+        took,
+        done.stderr[-3000:],
+    )
+    cex = doc["modes"]["bound"]["counterexample"]
+    if bug == "send_send_deadlock":
+        assert cex["ranks"] == [0, 1, 2, 3] and cex["stack"].count("in send_send_deadlock") == 4, cex
 
 
 @pytest.mark.soak
