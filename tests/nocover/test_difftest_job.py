@@ -193,8 +193,8 @@ def test_openmpi_variables_under_mpirun() -> None:
 
 
 def test_planted_mpi_codes_in_an_mpi_job_of_four(tmp_path: Path) -> None:
-    """``--ranks mpi-job`` under ``mpirun -n 4``: each planted bug's code (``planted_mpi.EXPECTED``, which
-    ``test_difftest_mpi.py`` checks under ``--ranks mpi``), the correct ring passing, the same on every rank."""
+    """``--ranks mpi-job`` under ``mpirun -n 4``: each planted bug's code (``planted_mpi.EXPECTED``, as
+    ``test_difftest_mpi.py`` checks under ``--ranks mpi``), the correct ring passing; alike on every rank."""
     cmd = [*_mpirun(4), "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS", "-x", "MASTER_ADDR=127.0.0.1"]
     done = _run([*cmd, sys.executable, "-m", "tests.mpi_job_codes", str(tmp_path)], 500)
     assert done.returncode == 0, (done.stdout, done.stderr[-3000:])
@@ -226,6 +226,47 @@ def test_an_mpi_job_that_hangs_or_raises_ends_with_a_report(bug: str) -> None:
     cex = doc["modes"]["bound"]["counterexample"]
     if bug == "send_send_deadlock":
         assert cex["ranks"] == [0, 1, 2, 3] and cex["stack"].count("in send_send_deadlock") == 4, cex
+
+
+def test_reveal_in_the_job_then_difftest_pins_its_order(tmp_path: Path) -> None:
+    """``reveal --ranks job`` gives gloo's own order at the job's N; ``difftest --order`` then passes exact
+    in a job of that N, where the spec's ring order fails it (``not-ring-order``)."""
+    order = tmp_path / "order.json"
+    revealed = _torchrun(
+        3,
+        [
+            "-m",
+            "ring_ref",
+            "reveal",
+            "--ranks",
+            "job",
+            "torch.distributed:all_reduce",
+            "-n",
+            "3",
+            "-m",
+            "6",
+            "--json",
+        ],
+        300,
+    )
+    assert revealed.returncode == 0, revealed.stderr[-3000:]
+    doc = json.loads(revealed.stdout)
+    assert doc["n"] == 3 and doc["classification"] == "ring" and doc["matches"] == ["gloo"], doc
+    order.write_text(revealed.stdout, encoding="utf-8")
+    exact = [
+        "-m",
+        "ring_ref",
+        "difftest",
+        "--ranks",
+        "job",
+        "torch.distributed:all_reduce",
+        "--mode",
+        "exact",
+    ]
+    pinned = _torchrun(3, [*exact, "--order", str(order), "--examples", "5", "--seed", "1"], 300)
+    assert pinned.returncode == 0 and "PASS" in pinned.stdout, (pinned.stdout, pinned.stderr[-3000:])
+    spec = _torchrun(3, [*exact, "--examples", "5", "--seed", "1"], 300)
+    assert spec.returncode == 1 and "not-ring-order" in spec.stdout, (spec.stdout, spec.stderr[-3000:])
 
 
 @pytest.mark.soak
