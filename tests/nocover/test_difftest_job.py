@@ -57,12 +57,43 @@ def _run(
         return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
+def _run_together(
+    commands: list[tuple[list[str], dict[str, str]]], timeout_s: float
+) -> tuple[list[int], list[tuple[str, str]]]:
+    """Start every command (with its extra environment) at once; their exit statuses and outputs."""
+    procs = [
+        subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            env={**os.environ, **_QUIET, **env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        for cmd, env in commands
+    ]
+    try:
+        outs = [p.communicate(timeout=timeout_s) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    return [p.returncode for p in procs], outs
+
+
 def _torchrun(n: int, args: list[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
     return _run([*TORCHRUN, "--standalone", "--nproc-per-node", str(n), *args], timeout_s)
 
 
+def _job_cli(command: str, target: str, *options: str) -> list[str]:
+    """``-m ring_ref COMMAND --ranks job TARGET OPTIONS...``."""
+    return ["-m", "ring_ref", command, "--ranks", "job", target, *options]
+
+
 def _difftest(target: str, *options: str) -> list[str]:
-    return ["-m", "ring_ref", "difftest", "--ranks", "job", f"tests.planted_rank_impls:{target}", *options]
+    return _job_cli("difftest", f"tests.planted_rank_impls:{target}", *options)
 
 
 def _free_port() -> int:
@@ -134,36 +165,12 @@ def test_a_slurm_style_environment_set_by_hand() -> None:
     """No launcher: two processes given SLURM's variables and a rendezvous, as an sbatch script sets them."""
     port = str(_free_port())
     cmd = [sys.executable, *_difftest("gather_adds", "--mode", "bound", "--examples", "8", "--seed", "1")]
-    procs = []
-    for rank in range(2):
-        env = {
-            **os.environ,
-            **_QUIET,
-            "SLURM_PROCID": str(rank),
-            "SLURM_NTASKS": "2",
-            "SLURM_LOCALID": str(rank),
-        }
-        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-        procs.append(
-            subprocess.Popen(
-                cmd,
-                cwd=ROOT,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                start_new_session=True,
-            )
-        )
-    outs = []
-    try:
-        outs = [p.communicate(timeout=300) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-    assert [p.returncode for p in procs] == [1, 1], outs
+    envs = [
+        {"SLURM_PROCID": str(rank), "SLURM_NTASKS": "2", "SLURM_LOCALID": str(rank), "MASTER_PORT": port}
+        for rank in range(2)
+    ]
+    codes, outs = _run_together([(cmd, {**env, "MASTER_ADDR": "127.0.0.1"}) for env in envs], 300)
+    assert codes == [1, 1], outs
     assert "double-counted" in outs[0][0] and outs[1][0] == ""  # rank 0 prints the report, once
 
 
@@ -232,37 +239,13 @@ def test_reveal_in_the_job_then_difftest_pins_its_order(tmp_path: Path) -> None:
     """``reveal --ranks job`` gives gloo's own order at the job's N; ``difftest --order`` then passes exact
     in a job of that N, where the spec's ring order fails it (``not-ring-order``)."""
     order = tmp_path / "order.json"
-    revealed = _torchrun(
-        3,
-        [
-            "-m",
-            "ring_ref",
-            "reveal",
-            "--ranks",
-            "job",
-            "torch.distributed:all_reduce",
-            "-n",
-            "3",
-            "-m",
-            "6",
-            "--json",
-        ],
-        300,
-    )
+    cli = ("torch.distributed:all_reduce", "-n", "3", "-m", "6", "--json")
+    revealed = _torchrun(3, _job_cli("reveal", *cli), 300)
     assert revealed.returncode == 0, revealed.stderr[-3000:]
     doc = json.loads(revealed.stdout)
     assert doc["n"] == 3 and doc["classification"] == "ring" and doc["matches"] == ["gloo"], doc
     order.write_text(revealed.stdout, encoding="utf-8")
-    exact = [
-        "-m",
-        "ring_ref",
-        "difftest",
-        "--ranks",
-        "job",
-        "torch.distributed:all_reduce",
-        "--mode",
-        "exact",
-    ]
+    exact = _job_cli("difftest", "torch.distributed:all_reduce", "--mode", "exact")
     pinned = _torchrun(3, [*exact, "--order", str(order), "--examples", "5", "--seed", "1"], 300)
     assert pinned.returncode == 0 and "PASS" in pinned.stdout, (pinned.stdout, pinned.stderr[-3000:])
     spec = _torchrun(3, [*exact, "--examples", "5", "--seed", "1"], 300)
@@ -290,26 +273,9 @@ def test_soak_two_simulated_nodes_of_two_ranks() -> None:
         f"127.0.0.1:{port}",
     ]
     args = _difftest("constant_on_last_rank", "--mode", "bound", "--examples", "8", "--seed", "1")
-    procs = [
-        subprocess.Popen(
-            [*TORCHRUN, *common, "--node-rank", str(node), *args],
-            cwd=ROOT,
-            env={**os.environ, **_QUIET},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
-        for node in range(2)
-    ]
-    outs = []
-    try:
-        outs = [p.communicate(timeout=500) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+    _, outs = _run_together(
+        [([*TORCHRUN, *common, "--node-rank", str(node), *args], {}) for node in range(2)], 500
+    )
     report = "".join(out for out, _ in outs)
     assert report.count("FAIL: ") == 1 and "ranks-disagree" in report and "--max-workers 4" in report, outs
     assert "rank(s) [3]" in report
@@ -322,24 +288,6 @@ def test_gpu_nccl_job_on_every_visible_device() -> None:
 
     n = torch.cuda.device_count()
     assert n >= 1, "make gpu-check needs a CUDA device"
-    done = _torchrun(
-        n,
-        [
-            "-m",
-            "ring_ref",
-            "difftest",
-            "--ranks",
-            "job",
-            "torch.distributed:all_reduce",
-            "--device",
-            "cuda",
-            "--mode",
-            "bound",
-            "--examples",
-            "20",
-            "--seed",
-            "1",
-        ],
-        600,
-    )
+    options = ("--device", "cuda", "--mode", "bound", "--examples", "20", "--seed", "1")
+    done = _torchrun(n, _job_cli("difftest", "torch.distributed:all_reduce", *options), 600)
     assert done.returncode == 0 and "PASS" in done.stdout, (done.stdout, done.stderr[-3000:])
