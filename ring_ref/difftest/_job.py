@@ -211,7 +211,7 @@ class JobRanks(RankGroup):
     """``TARGET(tensor)`` on every rank of the job, driven from rank 0 (see the module docstring)."""
 
     kind = "job"
-    poll_s = 0.002
+    poll_s = 0.01
 
     def __init__(
         self,
