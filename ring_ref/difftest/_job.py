@@ -12,7 +12,7 @@ on ``--device``) and writes the raw answer back.
 The side channel is the job's own store (``torch.distributed``'s default
 store, under a prefix of its own), never the group under test:
 
-* ``cmd/I/R``: the ``I``-th case for rank ``R`` (or the stop, with the verdict or the error);
+* ``cmd/I``: the ``I``-th case, one key read by every rank (or the stop, with the report or the error);
 * ``answer/I/R``: rank ``R``'s raw answer (the isolated worker's frame: JSON header, bits);
 * ``ready/R``: rank ``R`` loaded the target (empty) or why not;
 * ``hb/R``: rank ``R``'s heartbeat, a counter its watchdog thread adds to every
@@ -172,8 +172,9 @@ class JobRank:
         return f"{what}/{self.group.calls}/{self.rank}"
 
     def send(self, request: object) -> bool:
-        """Write the case for this rank."""
-        self.group.store.set(self._key("cmd"), pickle.dumps(request))
+        """Write the case, once for every rank (rank 0's handle writes the one key they all read)."""
+        if self.rank == 0:
+            self.group.store.set(f"cmd/{self.group.calls}", pickle.dumps(request))
         return True
 
     def poll(self) -> Reply | Died | None:
@@ -181,7 +182,6 @@ class JobRank:
         store, key = self.group.store, self._key("answer")
         if store.check([key]):
             data = store.get(key)
-            store.delete_key(key)
             try:
                 return unframe(data)
             except ValueError as exc:
@@ -211,7 +211,7 @@ class JobRanks(RankGroup):
     """``TARGET(tensor)`` on every rank of the job, driven from rank 0 (see the module docstring)."""
 
     kind = "job"
-    poll_s = 0.01
+    poll_s = 0.002
 
     def __init__(
         self,
@@ -362,15 +362,13 @@ def _wait_key(store: Any, key: str) -> bytes:
             store.wait([key], _WAIT)
         except dist.DistStoreError:
             continue
-        data = bytes(store.get(key))
-        store.delete_key(key)
-        return data
+        return bytes(store.get(key))
 
 
 def _serve(answer: Callable[[Case], bytes], store: Any, rank: int) -> tuple[str, object]:
     """Answer cases until the stop; what the stop carries (``("report", Report)`` or ``("error", exc)``)."""
     for call in itertools.count(1):
-        request = pickle.loads(_wait_key(store, f"cmd/{call}/{rank}"))
+        request = pickle.loads(_wait_key(store, f"cmd/{call}"))
         if not isinstance(request, Case):
             return request  # type: ignore[no-any-return]
         store.set(f"answer/{call}/{rank}", answer(request))
@@ -418,8 +416,7 @@ def _drive(
         _leave(status)
     if show is not None:
         show(outcome)  # before the other ranks may leave (torchrun ends a job once one exits)
-    for rank in range(launcher.size):
-        store.set(f"cmd/{launcher.calls + 1}/{rank}", pickle.dumps(stop))
+    store.set(f"cmd/{launcher.calls + 1}", pickle.dumps(stop))
 
 
 @dataclasses.dataclass(frozen=True)
