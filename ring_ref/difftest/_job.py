@@ -51,7 +51,7 @@ from typing import Any, Final, TypeVar
 
 import torch.distributed as dist
 
-from ring_ref.difftest._call import Answer, observe
+from ring_ref.difftest._call import Answer, Outcome, observe
 from ring_ref.difftest._inputs import Case
 from ring_ref.difftest._launch import Launcher
 from ring_ref.difftest._loading import TargetError, load_target
@@ -70,6 +70,7 @@ __all__ = [
     "JobRanks",
     "job_size",
     "run_in_job",
+    "run_in_mpi_job",
 ]
 
 HEARTBEAT_S: Final = 0.25
@@ -261,7 +262,7 @@ class JobRanks(RankGroup):
     def _teardown(self, n: int) -> None:
         """Nothing to tear down: a call that left ranks inside the target breaks the job (:meth:`call`)."""
 
-    def call(self, case: Case) -> Any:
+    def call(self, case: Case) -> Outcome:
         """One call on every rank; after one that left ranks inside the target, no other can be made."""
         outcome = super().call(case)
         if outcome.failure is not None or outcome.note:
