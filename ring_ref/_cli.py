@@ -109,7 +109,8 @@ def _difftest_arguments(parser: argparse.ArgumentParser) -> None:
         help="TARGET is per rank: call it on every rank of a process group of N processes "
         "(gloo: TARGET(tensor), torch.distributed on 127.0.0.1; mpi: TARGET(comm, array), an mpi4py "
         "communicator and a numpy array, ranks started by mpirun; float16/float32/float64 only; job: "
-        "TARGET(tensor) on every rank of the job this command runs in, under torchrun, srun or mpirun)",
+        "TARGET(tensor) on every rank of the job this command runs in, under torchrun, srun or mpirun; "
+        "mpi-job: TARGET(comm, array) on every rank of the MPI job this command runs in)",
     )
     _job_arguments(parser)
     parser.add_argument(
