@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 CROSSHAIR_TIMEOUT ?= 4
 
-.PHONY: install install-check system-tools demo verify lint typecheck test contracts soak gpu-check clean vectors-check model-check bench bench-dist bench-difftest prove mutation docs
+.PHONY: install install-check system-tools demo verify lint typecheck test contracts soak gpu-check clean vectors-check model-check bench bench-dist bench-difftest bench-job prove mutation docs
 
 install: $(STAMP)
 
@@ -93,7 +93,8 @@ model-check: $(STAMP) system-tools
 soak: $(STAMP) system-tools
 	HYPOTHESIS_PROFILE=soak $(BIN)/python -m pytest -q -m 'not gpu'
 
-# Both engines on a CUDA device (fails without one); extra to CI, which has no GPU.
+# Both engines, and difftest --ranks job with --device cuda on NCCL, on CUDA devices (fails without one);
+# extra to CI, which has no GPU.
 gpu-check: $(STAMP)
 	$(BIN)/python -m pytest -q -m gpu
 
@@ -121,6 +122,12 @@ bench-dist: $(BENCH_STAMP)
 # (--examples 200 on ring_ref:ring_all_reduce, Python API and command line; about two minutes).
 bench-difftest: $(STAMP)
 	$(BIN)/python bench/bench_difftest.py
+
+# One call of a per-rank target under --ranks job (inside a torchrun job of JOB_N ranks, through the job's
+# store) vs --ranks gloo (a group the tester forks, through pipes), side by side: median ms per call.
+JOB_N ?= 4
+bench-job: $(STAMP)
+	$(BIN)/python bench/bench_job.py --n $(JOB_N)
 
 # What a user gets from a plain `pip install .` (no dev extra), in a fresh virtualenv outside the
 # source tree: the CLI and the differential tester must run on runtime dependencies alone. CI runs it.

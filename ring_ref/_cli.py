@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
+import functools
 import itertools
 import json
 import operator
@@ -11,18 +13,23 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TextIO
 
 import torch
 
 from ring_ref import _invariance, _reveal, _svg
 from ring_ref._dispatch import ring_all_reduce
 from ring_ref._ops import OPS
+from ring_ref._processes._job import JobEnvError, job_environment, join_job
 from ring_ref._reveal import RevealError
 from ring_ref._trace import check_trace_size, render_table, trace, trace_json
 from ring_ref._vectors import _collectives, _ops, _presets, _sums
 from ring_ref._version import __version__
 from ring_ref.core import initial_state, run_ring
 from ring_ref.difftest import DTYPES, MODES, OrderError, TargetError, _orders, difftest, load_target
+from ring_ref.difftest._job import SHOW, job_size, run_in_job
+from ring_ref.difftest._launch import Launcher
+from ring_ref.difftest._report import Report
 from ring_ref.difftest._vocabulary import COLLECTIVES, DEFAULT_TIMEOUT_S, MAX_RANKS, MPI_MAX_RANKS, RANKS
 from ring_ref.invariants import Provenance, State
 from ring_ref.schedule import ALL_REDUCE, PRESETS, SPEC, Phase, reduce_scatter_ring
@@ -134,8 +141,11 @@ def _difftest_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="TARGET is per rank: call it on every rank of a process group of N processes "
         "(gloo: TARGET(tensor), torch.distributed on 127.0.0.1; mpi: TARGET(comm, array), an mpi4py "
-        "communicator and a numpy array, ranks started by mpirun; float16/float32/float64 only)",
+        "communicator and a numpy array, ranks started by mpirun; float16/float32/float64 only; job: "
+        "TARGET(tensor) on every rank of the job this command runs in, under torchrun, srun or mpirun; "
+        "mpi-job: TARGET(comm, array) on every rank of the MPI job this command runs in)",
     )
+    _job_arguments(parser)
     _mca_argument(parser)
     parser.add_argument(
         "--mode",
@@ -217,9 +227,11 @@ def _difftest_command(args: argparse.Namespace) -> int:
         problem = "--in-process cannot be combined with --ranks (the ranks are processes of their own)"
     if args.mca and args.ranks != "mpi":
         problem = "--mca options are passed to mpirun: they need --ranks mpi"
+    if (args.backend or args.device) and args.ranks != "job":
+        problem = "--backend and --device choose the job's process group and device: they need --ranks job"
     if _mca_malformed(args.mca):
         problem = f"--mca takes KEY=VALUE; got {args.mca}"
-    if args.ranks == "mpi" and "bfloat16" in names:
+    if args.ranks in ("mpi", "mpi-job") and "bfloat16" in names:
         problem = (
             "--ranks mpi hands each rank a numpy array, and numpy has no bfloat16: drop it from --dtypes"
         )
@@ -228,32 +240,110 @@ def _difftest_command(args: argparse.Namespace) -> int:
     if problem:
         print(f"ring-ref difftest: error: {problem}", file=sys.stderr)
         return 2
+    run = functools.partial(
+        difftest,
+        args.target,
+        modes=[m for m in (*MODES, "all") if m in (args.mode or ["all"])],
+        examples=args.examples,
+        seed=args.seed,
+        max_workers=args.max_workers,
+        dtypes=[DTYPES[d] for d in dict.fromkeys(names)] if names else None,
+        timeout=args.timeout,
+        isolate=not args.in_process,
+        ranks=args.ranks,
+        mca=mca,
+        op=args.op,
+        schedule=args.schedule,
+        order=args.order,
+        collective=args.collective,
+    )
+    if args.ranks in ("job", "mpi-job"):
+        return _difftest_in_job(args, run)
     with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
         try:
-            report = difftest(
-                args.target,
-                modes=[m for m in (*MODES, "all") if m in (args.mode or ["all"])],
-                examples=args.examples,
-                seed=args.seed,
-                max_workers=args.max_workers,
-                dtypes=[DTYPES[d] for d in dict.fromkeys(names)] if names else None,
-                timeout=args.timeout,
-                isolate=not args.in_process,
-                ranks=args.ranks,
-                mca=mca,
-                op=args.op,
-                schedule=args.schedule,
-                order=args.order,
-                collective=args.collective,
-            )
+            report = run()
         except OrderError as exc:
             print(f"ring-ref difftest: {exc}", file=sys.stderr)
             return 1 if args.schedule == "auto" else 2
         except (TargetError, RevealError, ValueError) as exc:
             print(f"ring-ref difftest: error: {exc}", file=sys.stderr)
             return 2
-    print(report.to_json_text() if args.json else report.render())
+    return _print_report(report, args.json)
+
+
+def _print_report(report: Report, as_json: bool, out: TextIO | None = None) -> int:
+    """Print ``report`` (its JSON or its text) on ``out`` (stdout); the exit status of its verdict."""
+    print(report.to_json_text() if as_json else report.render(), file=out or sys.stdout, flush=True)
     return 0 if report.verdict == "pass" else 1
+
+
+def _join(args: argparse.Namespace) -> tuple[str, bool] | None:
+    """With ``--ranks job``: find the job in the environment and join it; the device and whether a group
+    was joined.  ``None`` after a usage error (printed).  ``--ranks mpi-job`` joins nothing here."""
+    device = getattr(args, "device", None) or "cpu"
+    if args.ranks != "job":
+        return device, False
+    backend = args.backend or ("nccl" if device == "cuda" else "gloo")
+    try:
+        job = job_environment()
+        if device == "cuda" and not torch.cuda.is_available():
+            raise JobEnvError("--device cuda: torch sees no CUDA device on this node")
+    except JobEnvError as exc:
+        print(f"ring-ref {args.command}: error: {exc}", file=sys.stderr)
+        return None
+    if device == "cuda":
+        torch.cuda.set_device(job.local_rank)
+    join_job(job, backend, datetime.timedelta(seconds=2 * args.timeout + 30))
+    return device, True
+
+
+def _difftest_in_job(args: argparse.Namespace, run: Callable[..., Report]) -> int:
+    """``--ranks job`` or ``mpi-job`` on this rank: join the job, run; rank 0 prints the report (or the
+    error) before the others may leave; every rank returns the verdict's status.
+
+    A missing or inconsistent environment, or a device that is not there, is a usage error (2) on every
+    rank.  The report goes to the stdout this command started with, also when a call left ranks inside
+    the target (then rank 0 prints it and every rank's process ends with the status).
+    """
+    out = sys.stdout
+
+    def show(outcome: object) -> None:
+        if isinstance(outcome, Report):
+            _print_report(outcome, args.json, out)
+        else:
+            print(f"ring-ref difftest: error: {outcome}", file=sys.stderr, flush=True)
+
+    joined = _join(args)
+    if joined is None:
+        return 2
+    device, group = joined
+    token = SHOW.set(show)
+    try:
+        with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
+            report = run(**({"device": device} if args.ranks == "job" else {}))
+    except (TargetError, OrderError, ValueError):
+        return 2  # rank 0 has shown it
+    finally:
+        SHOW.reset(token)
+        if group:
+            torch.distributed.destroy_process_group()
+    return 0 if report.verdict == "pass" else 1
+
+
+def _job_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--backend`` and ``--device``, for ``--ranks job``."""
+    parser.add_argument(
+        "--backend",
+        choices=("gloo", "nccl"),
+        default=None,
+        help="with --ranks job: the job's process group backend (default nccl with --device cuda, else gloo)",
+    )
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default=None,
+        help="with --ranks job: where each rank's tensors live (cuda: cuda:LOCAL_RANK; default cpu)",
+    )
 
 
 def _reveal_arguments(parser: argparse.ArgumentParser) -> None:
@@ -277,11 +367,13 @@ def _reveal_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object (spec/reveal.schema.json)")
     parser.add_argument(
         "--ranks",
-        choices=RANKS,
+        choices=RANKS[:3],
         help="TARGET is per rank: TARGET(tensor) on every rank of a gloo group (or TARGET(comm, array) in an "
-        "MPI job) of N processes; every rank must end with the same bits",
+        "MPI job) of N processes, or (job) of the job this command runs in, whose size must be N; every "
+        "rank must end with the same bits",
     )
     _rank_timeout_argument(parser)
+    _job_arguments(parser)
     parser.add_argument(
         "--collective",
         choices=("all-reduce", "reduce-scatter"),
@@ -293,6 +385,15 @@ def _reveal_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _reveal_command(args: argparse.Namespace) -> int:
     """Run ``ring-ref reveal``: 0 when it ran, 2 on a usage error or a misbehaving target."""
+    if args.ranks == "job" and args.collective != "all-reduce":
+        print(
+            "ring-ref reveal: error: --collective reduce-scatter is revealed on --ranks gloo or mpi (or "
+            "stacked), not yet inside a job: drop --collective or run it on a gloo group of the same N",
+            file=sys.stderr,
+        )
+        return 2
+    if args.ranks == "job":
+        return _reveal_in_job(args)
     with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
         try:
             if args.checks < 0:
@@ -324,10 +425,20 @@ def _reveal_command(args: argparse.Namespace) -> int:
         except (TargetError, _reveal.RevealError, OSError) as exc:
             print(f"ring-ref reveal: error: {exc}", file=sys.stderr)
             return 2
-    print(json.dumps(found.to_json()) if args.json else found.summary())
-    if args.collective == "reduce-scatter" and not args.json:
-        print("reduce-scatter, each shard's order:")
-        print("\n".join(f"  {line}" for line in _orders.shard_orders(found.trees, args.n, found.ring)))
+    _print_revealed(found, args)
+    return 0
+
+
+def _print_revealed(found: _reveal.Revealed, args: argparse.Namespace, out: TextIO | None = None) -> None:
+    """The revealed order on ``out`` (the text or the JSON), each shard's order for a reduce-scatter, and
+    on stderr the pointer to difftest when the order is not one ring's fold."""
+    out = out or sys.stdout
+    print(json.dumps(found.to_json()) if args.json else found.summary(), file=out, flush=True)
+    if getattr(args, "collective", "all-reduce") == "reduce-scatter" and not args.json:
+        print("reduce-scatter, each shard's order:", file=out)
+        print(
+            "\n".join(f"  {line}" for line in _orders.shard_orders(found.trees, args.n, found.ring)), file=out
+        )
     if found.classification != "ring":
         # reveal names an order, it gives no verdict: the exit status stays 0 (docs/guide/reveal.md)
         ranks = f"--ranks {args.ranks} " if args.ranks else ""
@@ -336,6 +447,55 @@ def _reveal_command(args: argparse.Namespace) -> int:
             f"whether that is a bug, run: ring-ref difftest {ranks}{args.target}",
             file=sys.stderr,
         )
+
+
+def _reveal_in_job(args: argparse.Namespace) -> int:
+    """``reveal --ranks job``: every rank joins and serves; rank 0 reveals and prints (the order of the job's
+    own all-reduce at its N, for ``difftest --ranks job --order``)."""
+    out = sys.stdout
+
+    def show(outcome: object) -> None:
+        if isinstance(outcome, _reveal.Revealed):
+            _print_revealed(outcome, args, out)
+        else:
+            print(f"ring-ref reveal: error: {outcome}", file=sys.stderr, flush=True)
+
+    def run(launcher: Launcher) -> _reveal.Revealed:
+        launcher.start()
+        found = _reveal.reveal(
+            _orders.per_rank_target(launcher),
+            args.n,
+            args.m,
+            args.dtype,
+            checks=args.checks,
+            seed=args.seed,
+            name=args.target,
+        )
+        if args.svg:
+            Path(args.svg).write_text(_svg.reveal_svg(found), encoding="utf-8")
+        return found
+
+    joined = _join(args)
+    if joined is None:
+        return 2
+    token = SHOW.set(show)
+    try:
+        size = job_size("job", None, None)
+        if args.n != size or args.checks < 0:
+            if torch.distributed.get_rank() == 0:
+                print(
+                    f"ring-ref reveal: error: -n must be the job's {size} ranks (got {args.n}) and --checks "
+                    f"0 or more (got {args.checks})",
+                    file=sys.stderr,
+                )
+            return 2
+        with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
+            run_in_job(args.target, run, device=joined[0], timeout_s=args.timeout)
+    except (TargetError, _reveal.RevealError, OSError):
+        return 2  # rank 0 has shown it
+    finally:
+        SHOW.reset(token)
+        torch.distributed.destroy_process_group()
     return 0
 
 

@@ -60,6 +60,8 @@ def assert_matches_reference(
     order: str | Path | None = None,
     mca: Mapping[str, str] | None = None,
     collective: Collective = "all-reduce",
+    group: object = None,
+    device: str = "cpu",
 ) -> Report:
     """Check ``fn`` against the reference; raise ``AssertionError`` with the report on failure.
 
@@ -74,6 +76,8 @@ def assert_matches_reference(
     runs isolated in a worker process, each call limited to ``timeout``
     seconds, a lambda or local function in this process (``isolate``);
     ``ranks="gloo"`` or ``"mpi"`` (with ``mca``) for a per-rank target;
+    ``ranks="job"`` (with ``group``, ``device``) inside a job's process group,
+    called on every rank, which all get the same report or the same error;
     ``op`` for another reduction; ``schedule`` (a preset name, a
     :class:`~ring_ref.schedule.RingSchedule`, ``"DIRECTION,OFFSET,LAYOUT"`` or
     ``"auto"``) or ``order`` (a ``ring-ref reveal --json`` file) for what
@@ -102,6 +106,8 @@ def assert_matches_reference(
         order=order,
         mca=mca,
         collective=collective,
+        group=group,
+        device=device,
     )
     if report.verdict != "pass":
         raise AssertionError(report.render()) from None

@@ -95,6 +95,16 @@ def exits_mid_call(tensor: torch.Tensor) -> None:
     _ring(tensor)
 
 
+def rank_1_raises(tensor: torch.Tensor) -> None:
+    """Bug: rank 1 raises before it sends, while rank 0 waits in ``recv`` for it: ``raised`` (rank 1)."""
+    if dist.get_world_size() == 1:
+        return
+    if dist.get_rank() == 1:
+        raise RuntimeError("rank 1 gave up")
+    if dist.get_rank() == 0:
+        dist.recv(torch.empty_like(tensor), 1)
+
+
 def gather_adds(tensor: torch.Tensor) -> None:
     """Bug: the all-gather adds the received chunk instead of copying it."""
     _ring(tensor, gather_adds=True)
@@ -175,6 +185,7 @@ EXPECTED: dict[RankImpl, str] = {
     constant_on_last_rank: "ranks-disagree",
     receives_first: "timed-out",
     exits_mid_call: "crashed",
+    rank_1_raises: "raised",
     gather_adds: "double-counted",
     gather_drops_last_chunk: "out-of-bound",
     gather_drops_last_chunk_on_rank_0: "ranks-disagree",

@@ -198,8 +198,21 @@ def _safe_text(obj: object) -> str:
         return f"<str() failed: {type(exc).__name__}>"
 
 
+def _to_cpu(x: torch.Tensor, returned: object) -> tuple[torch.Tensor, object]:
+    """A rank's argument and result read back from its device (a result that was the argument stays it)."""
+    on_cpu = x.cpu()
+    if returned is x:
+        return on_cpu, on_cpu
+    return on_cpu, cast(torch.Tensor, returned).cpu() if _isinstance(returned, _Tensor) else returned
+
+
 def observe(
-    fn: Target | OpTarget, case: Case, rank: int | None = None, *, catch_interrupt: bool = True
+    fn: Target | OpTarget,
+    case: Case,
+    rank: int | None = None,
+    *,
+    catch_interrupt: bool = True,
+    device: str = "cpu",
 ) -> tuple[dict[str, Any], bytes]:
     """Call ``fn`` on a fresh input for ``case`` and describe what happened as a header and raw bits.
 
@@ -213,8 +226,14 @@ def observe(
     (a gloo group's) its ``torch.distributed.ReduceOp``.  Every exception the
     call raises is recorded, ``BaseException`` included (``SystemExit``;
     ``KeyboardInterrupt`` too unless ``catch_interrupt`` is false).
+
+    ``device`` (a rank's, ``--device cuda``): the input is put there, and the
+    argument and the result are read back to the CPU after the call (a result
+    that is the argument itself stays the argument).
     """
     x = case.tensor() if rank is None else case.rank_tensor(rank)
+    if device != "cpu":
+        x = x.to(device)
     result_numel = math.prod(case.result_shape(rank))
     head: dict[str, Any] = {"type": "NoneType", "raised": "", "traceback": "", "rank": rank}
     head["returned_none"] = False
@@ -233,6 +252,8 @@ def observe(
         message = _safe_text(exc)
         head["raised"] = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
         head["traceback"] = "".join(_format_exception(exc))
+    if device != "cpu":
+        x, returned = _to_cpu(x, returned)
     payload = []
     if not head["raised"]:
         head["type"] = type(returned).__name__

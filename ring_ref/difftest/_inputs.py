@@ -299,6 +299,7 @@ def cases(
     op: Op | None = None,
     any_m: bool = False,
     collective: Collective = "all-reduce",
+    min_workers: int = 1,
 ) -> Case:
     """A valid ring input for ``mode``: ``M`` a multiple of ``N``, at most :data:`MAX_NUMEL` elements.
 
@@ -318,14 +319,15 @@ def cases(
     then scaled down by a drawn headroom); ``prod``: order-free ``+-2**k`` and
     zeros, else values near one (:func:`near_one_log_bound`); ``max``,
     ``min``: :data:`TIES` and zeros of random sign (order-free), also random
-    ones (exact, bound).  Every case carries ``op``.
+    ones (exact, bound).  Every case carries ``op``.  ``N`` is drawn from
+    ``min_workers`` to ``max_workers`` (a job's ranks: its world size only).
 
     ``collective``: every case carries it; ``all-gather`` draws shards of any
     ``M`` rows holding any bits (:func:`gather_values`), whatever the mode.
     """
     reduction: Op = op or "sum"
     dtype = draw(st.sampled_from(tuple(dtypes)))
-    n = draw(st.integers(1, max_workers))
+    n = draw(st.integers(min_workers, max_workers))
     if collective == "all-gather":
         return draw(_gather_cases(dtype, n, layouts))
     if any_m and draw(st.booleans()):
@@ -505,10 +507,12 @@ def uneven_cases(
     *,
     per_rank: bool = False,
     op: Op | None = None,
+    min_workers: int = 1,
 ) -> list[Case]:
-    """Explicit cases of ``M`` not divisible by ``N`` (:data:`UNEVEN_SHAPES`, up to ``max_workers``),
-    run first when the expected order's layout takes any ``M``: a ring that mishandles the remainder
-    fails on them whatever the seed.  The values are :func:`one_worker_cases`', repeated.
+    """Explicit cases of ``M`` not divisible by ``N`` (:data:`UNEVEN_SHAPES`, ``N`` from ``min_workers``
+    to ``max_workers``), run first when the expected order's layout takes any ``M``: a ring that
+    mishandles the remainder fails on them whatever the seed.  The values are
+    :func:`one_worker_cases`', repeated.
 
     >>> [(c.n, c.m, c.layout) for c in uneven_cases("exact", [torch.float32], 3)]
     [(2, 3, 'sliced'), (3, 4, 'transposed')]
@@ -516,7 +520,7 @@ def uneven_cases(
     values = one_worker_cases(mode, dtypes[:1], op=op)[1].values
     out = []
     for k, (n, m) in enumerate(UNEVEN_SHAPES):
-        if n <= max_workers:
+        if min_workers <= n <= max_workers:
             dtype = dtypes[k % len(dtypes)]
             layout = "contiguous" if per_rank else ("sliced", "transposed")[k % 2]
             repeated = _in_dtype([values[i % len(values)] for i in range(n * m)], dtype)

@@ -64,11 +64,16 @@ class Launcher(ABC):
 
     ``kind`` names it in the report; ``per_rank`` launchers call the target on
     every rank of a group (:mod:`ring_ref.difftest._ranks`) and give one answer per rank.
+    ``min_workers`` is the smallest ``N`` it can run (a job's world size under
+    ``--ranks job``); ``broken``, once a call has left it unable to call the
+    target again (a job whose ranks are stuck in the target), says why.
     """
 
     isolated: bool
     kind: str
     per_rank: bool = False
+    min_workers: int = 1
+    broken: str = ""
     output: OutputLog
 
     @abstractmethod

@@ -36,6 +36,7 @@ float64 cases only (:data:`MPI_DTYPES`); a target that cannot reduce float16
 
 from __future__ import annotations
 
+import base64
 import traceback
 from collections.abc import Mapping
 from typing import Any, Final
@@ -51,7 +52,7 @@ from ring_ref.difftest._inputs import Case
 from ring_ref.difftest._launch import Launcher, OutputLog
 from ring_ref.difftest._loading import TargetError, load_target
 
-__all__ = ["MPI_DTYPES", "MpiRanks", "decode_rank", "observe_rank"]
+__all__ = ["MPI_DTYPES", "MpiRanks", "decode_rank", "observe_rank", "plain_json", "plain_unjson"]
 
 MPI_DTYPES: Final = (torch.float16, torch.float32, torch.float64)
 """The dtypes a case may have under ``--ranks mpi`` (``numpy`` has no bfloat16)."""
@@ -62,6 +63,9 @@ _LOADED: dict[str, Any] = {}
 """Targets already imported in this rank, by name."""
 _NUMERIC_KINDS: Final = "biufc"
 """Arrays of these dtype kinds (bool, integers, floats, complex) travel back as bits; others do not."""
+
+_ARRAYS: Final = ("result", "argument")
+"""The keys of :func:`observe_rank`'s answer that hold a :data:`Plain` array."""
 
 Plain = tuple[str, tuple[int, ...], bytes]
 """An array as plain data: its dtype's ``numpy`` name, its shape, its bits (C order)."""
@@ -117,6 +121,39 @@ def observe_rank(
     else:
         answer.update(returned=type(returned).__name__, result=None, shares_memory=False)
     return answer
+
+
+def plain_json(answer: dict[str, Any]) -> dict[str, Any]:
+    """:func:`observe_rank`'s answer as JSON values: each :data:`Plain` array's bits in base64.
+
+    >>> plain_unjson(plain_json({"rank": 1, "result": ("float32", (1,), b"\\0\\0\\0\\0")}))
+    {'rank': 1, 'result': ('float32', (1,), b'\\x00\\x00\\x00\\x00')}
+    """
+    return {
+        k: [v[0], list(v[1]), base64.b64encode(v[2]).decode()] if k in _ARRAYS and v is not None else v
+        for k, v in answer.items()
+    }
+
+
+def plain_unjson(answer: object) -> object:
+    """:func:`plain_json`'s inverse, for :func:`decode_rank` (which checks every field); garbled input
+    comes back as garbled as it came (``decode_rank`` says so)."""
+    if not isinstance(answer, dict):
+        return answer
+    out = dict(answer)
+    for key in _ARRAYS:
+        value = out.get(key)
+        if (
+            isinstance(value, list)
+            and len(value) == 3
+            and isinstance(value[1], list)
+            and isinstance(value[2], str)
+        ):
+            try:
+                out[key] = (value[0], tuple(value[1]), base64.b64decode(value[2], validate=True))
+            except (TypeError, ValueError):
+                out[key] = None if key == "result" else value
+    return out
 
 
 def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:

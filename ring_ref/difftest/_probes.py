@@ -140,11 +140,14 @@ def first_failing_probe(
     max_workers: int,
     dtypes: Sequence[torch.dtype],
     fails: Callable[[Case], bool],
+    *,
     collective: Collective = "all-reduce",
+    min_workers: int = 1,
 ) -> tuple[Case | None, ProbeRun]:
-    """Run the probes until one ``fails``; that probe (``None``: all pass) and what ran."""
+    """Run the probes (of ``N`` from ``min_workers``) until one ``fails``; that probe (``None``: all pass)
+    and what ran."""
     run = ProbeRun()
-    for case in probe_cases(order, max_workers, dtypes, collective):
+    for case in (c for c in probe_cases(order, max_workers, dtypes, collective) if c.n >= min_workers):
         run.calls += 1
         ns = run.workers.setdefault(dtype_name(case.dtype), [])
         if not ns or ns[-1] != case.n:

@@ -34,8 +34,8 @@ import select
 import socket
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
-from typing import Final
+from collections.abc import Callable, Sequence
+from typing import Final, Protocol
 
 from torch.distributed import TCPStore  # type: ignore[attr-defined]  # re-exported at runtime, not in stubs
 
@@ -46,7 +46,7 @@ from ring_ref.difftest._launch import OUTPUT_LIMIT, Launcher, OutputLog
 from ring_ref.difftest._loading import TargetError
 from ring_ref.difftest._worker import STACK_WAIT_S, Died, Reply, Worker, trim
 
-__all__ = ["AFTER_FAILURE_GRACE_S", "ForkedGroup", "GlooRanks", "Hub"]
+__all__ = ["AFTER_FAILURE_GRACE_S", "ForkedGroup", "GlooRanks", "Hub", "Rank", "RankGroup"]
 
 AFTER_FAILURE_GRACE_S: Final = 2.0
 """After a rank raised or died, how long the other ranks get to finish before they are stopped."""
@@ -71,16 +71,159 @@ class Hub(ABC):
         """Release what the hub holds."""
 
 
-class ForkedGroup(Launcher):
-    """Groups of forked ranks, one per ``N``; subclasses say how a rank joins (:meth:`hub`)."""
+class Rank(Protocol):
+    """One rank as a :class:`RankGroup` drives it: a forked :class:`~ring_ref.difftest._worker.Worker`,
+    or a rank of a job reached through its store (:mod:`ring_ref.difftest._job`)."""
+
+    @property
+    def rank(self) -> int | None:
+        """The rank's number."""
+
+    @property
+    def watched(self) -> list[int]:
+        """Descriptors that become readable when the rank replies or ends (may be empty)."""
+
+    def send(self, request: object) -> bool:
+        """Send one case."""
+
+    def poll(self) -> Reply | Died | None:
+        """The reply, or how the rank died, or ``None`` while it is busy."""
+
+    def request_stack(self) -> None:
+        """Ask the rank for its Python stack."""
+
+    def collect_stack(self, give_up: float) -> str:
+        """The stack asked for, or what came by ``give_up``."""
+
+    def read_output(self) -> str:
+        """What the rank wrote since the last call."""
+
+
+class RankGroup(Launcher):
+    """One call on every rank of a group of ``case.n``: the case out, the replies back, one deadline.
+
+    Subclasses say where the ranks come from (:meth:`_group`) and what a
+    failed call does to them (:meth:`_teardown`); ``poll_s`` is the longest
+    wait between two looks at ranks that have no descriptor to wait on.
+    """
 
     isolated = True
     per_rank = True
+    poll_s = 0.05
 
-    def __init__(self, target: str, timeout_s: float) -> None:
-        self.target = target
+    def __init__(self, timeout_s: float) -> None:
         self.timeout_s = timeout_s
         self.output = OutputLog()
+
+    @abstractmethod
+    def _group(self, n: int) -> Sequence[Rank]:
+        """The ranks of the group of ``n`` (:class:`TargetError` if they cannot start)."""
+
+    def decode_reply(self, reply: Reply) -> Answer:
+        """A rank's answer from its reply (:func:`~ring_ref.difftest._call.decode`; :class:`Garbled`)."""
+        return decode(reply.head, reply.payload)
+
+    @abstractmethod
+    def _teardown(self, n: int) -> None:
+        """After a call in which a rank raised, hung or died."""
+
+    def _read_output(self, workers: Sequence[Rank]) -> str:
+        parts = []
+        for worker in workers:
+            text = worker.read_output()
+            self.output.add(text)
+            if text:
+                parts.append(f"rank {worker.rank}:\n{text}")
+        return "".join(parts)
+
+    def call(self, case: Case) -> Outcome:
+        """Run the target on every rank of the group of ``case.n``; one answer per rank, or the failure."""
+        try:
+            workers = self._group(case.n)
+        except TargetError as exc:
+            return Outcome(case, failure=Failure("crashed", f"starting the ranks failed: {exc}"))
+        for worker in workers:
+            worker.send(case)
+        replies, dead, pending = self._collect(workers)
+        output = trim(self._read_output(workers), OUTPUT_LIMIT)
+        answers: list[Answer] = []
+        for rank, reply in sorted(replies.items()):
+            try:
+                if reply.head.get("kind") != "answer" or reply.head.get("rank") != rank:
+                    raise Garbled(
+                        f"expected an answer from rank {rank}, got kind {reply.head.get('kind')!r} "
+                        f"naming rank {reply.head.get('rank')!r}"
+                    )
+                answers.append(self.decode_reply(reply))
+            except Garbled as exc:
+                dead[rank] = Died(f"its reply was garbled ({exc})", "")
+        outcome = Outcome(case, tuple(answers), output=output)
+        if pending and not dead and not any(a.raised for a in answers):
+            outcome.failure = self._timed_out(workers, pending)
+        elif dead:
+            listing = "; ".join(f"rank {r}: {d.text}" for r, d in sorted(dead.items()))
+            others = f"; rank(s) {pending} were stopped" if pending else ""
+            outcome.failure = Failure(
+                "crashed",
+                f"rank(s) {sorted(dead)} of {case.n} died during the call ({listing}){others}",
+                "".join(f"rank {r}:\n{d.stack}" for r, d in sorted(dead.items()) if d.stack),
+                tuple(sorted(dead)),
+            )
+        elif pending:
+            raised = [a.rank for a in answers if a.raised]
+            outcome.note = stopped_note(pending, raised, AFTER_FAILURE_GRACE_S)
+        if dead or pending or any(a.raised for a in answers):
+            self._teardown(case.n)
+        return outcome
+
+    def _collect(self, workers: Sequence[Rank]) -> tuple[dict[int, Reply], dict[int, Died], list[int]]:
+        """Wait for every rank's reply, until the deadline, or a short grace after a rank raised or died."""
+        deadline = time.monotonic() + self.timeout_s
+        grace_end = float("inf")
+        replies: dict[int, Reply] = {}
+        dead: dict[int, Died] = {}
+        while True:
+            for rank, worker in enumerate(workers):
+                if rank in replies or rank in dead:
+                    continue
+                got = worker.poll()
+                if isinstance(got, Reply):
+                    replies[rank] = got
+                    if got.head.get("raised"):
+                        grace_end = min(grace_end, time.monotonic() + AFTER_FAILURE_GRACE_S)
+                elif isinstance(got, Died):
+                    dead[rank] = got
+                    grace_end = min(grace_end, time.monotonic() + AFTER_FAILURE_GRACE_S)
+            pending = [r for r in range(len(workers)) if r not in replies and r not in dead]
+            remaining = min(deadline, grace_end) - time.monotonic()
+            if not pending or remaining <= 0:
+                return replies, dead, pending
+            watched = [fd for r in pending for fd in workers[r].watched]
+            select.select(watched, [], [], min(remaining, self.poll_s))
+
+    def _timed_out(self, workers: Sequence[Rank], pending: list[int]) -> Failure:
+        """Take the stack of every rank still inside the call, then stop the group."""
+        for rank in pending:
+            workers[rank].request_stack()
+        give_up = time.monotonic() + STACK_WAIT_S
+        stacks = {rank: workers[rank].collect_stack(give_up) for rank in pending}
+        done = [r for r in range(len(workers)) if r not in pending]
+        answered = f"; rank(s) {done} had answered" if done else ""
+        return Failure(
+            "timed-out",
+            f"no answer within {self.timeout_s:g} s (--timeout): rank(s) {pending} of {len(workers)} were "
+            f"still inside the call{answered}; every rank was stopped",
+            "".join(f"rank {r}:\n{stacks[r] or _NO_STACK}\n" for r in pending),
+            tuple(pending),
+        )
+
+
+class ForkedGroup(RankGroup):
+    """Groups of forked ranks, one per ``N``; subclasses say how a rank joins (:meth:`hub`)."""
+
+    def __init__(self, target: str, timeout_s: float) -> None:
+        super().__init__(timeout_s)
+        self.target = target
         self._groups: dict[int, tuple[list[Worker], Hub]] = {}
 
     @abstractmethod
@@ -117,96 +260,6 @@ class ForkedGroup(Launcher):
         for worker in workers:
             worker.close()
         hub.close()
-
-    def _read_output(self, workers: list[Worker]) -> str:
-        parts = []
-        for worker in workers:
-            text = worker.read_output()
-            self.output.add(text)
-            if text:
-                parts.append(f"rank {worker.rank}:\n{text}")
-        return "".join(parts)
-
-    def call(self, case: Case) -> Outcome:
-        """Run the target on every rank of the group of ``case.n``; one answer per rank, or the failure."""
-        try:
-            workers = self._group(case.n)
-        except TargetError as exc:
-            return Outcome(case, failure=Failure("crashed", f"starting the ranks failed: {exc}"))
-        for worker in workers:
-            worker.send(case)
-        replies, dead, pending = self._collect(workers)
-        output = trim(self._read_output(workers), OUTPUT_LIMIT)
-        answers: list[Answer] = []
-        for rank, reply in sorted(replies.items()):
-            try:
-                if reply.head.get("kind") != "answer" or reply.head.get("rank") != rank:
-                    raise Garbled(
-                        f"expected an answer from rank {rank}, got kind {reply.head.get('kind')!r} "
-                        f"naming rank {reply.head.get('rank')!r}"
-                    )
-                answers.append(decode(reply.head, reply.payload))
-            except Garbled as exc:
-                dead[rank] = Died(f"its reply was garbled ({exc})", "")
-        outcome = Outcome(case, tuple(answers), output=output)
-        if pending and not dead and not any(a.raised for a in answers):
-            outcome.failure = self._timed_out(workers, pending)
-        elif dead:
-            listing = "; ".join(f"rank {r}: {d.text}" for r, d in sorted(dead.items()))
-            others = f"; rank(s) {pending} were stopped" if pending else ""
-            outcome.failure = Failure(
-                "crashed",
-                f"rank(s) {sorted(dead)} of {case.n} died during the call ({listing}){others}",
-                "".join(f"rank {r}:\n{d.stack}" for r, d in sorted(dead.items()) if d.stack),
-                tuple(sorted(dead)),
-            )
-        elif pending:
-            raised = [a.rank for a in answers if a.raised]
-            outcome.note = stopped_note(pending, raised, AFTER_FAILURE_GRACE_S)
-        if dead or pending or any(a.raised for a in answers):
-            self._teardown(case.n)
-        return outcome
-
-    def _collect(self, workers: list[Worker]) -> tuple[dict[int, Reply], dict[int, Died], list[int]]:
-        """Wait for every rank's reply, until the deadline, or a short grace after a rank raised or died."""
-        deadline = time.monotonic() + self.timeout_s
-        grace_end = float("inf")
-        replies: dict[int, Reply] = {}
-        dead: dict[int, Died] = {}
-        while True:
-            for rank, worker in enumerate(workers):
-                if rank in replies or rank in dead:
-                    continue
-                got = worker.poll()
-                if isinstance(got, Reply):
-                    replies[rank] = got
-                    if got.head.get("raised"):
-                        grace_end = min(grace_end, time.monotonic() + AFTER_FAILURE_GRACE_S)
-                elif isinstance(got, Died):
-                    dead[rank] = got
-                    grace_end = min(grace_end, time.monotonic() + AFTER_FAILURE_GRACE_S)
-            pending = [r for r in range(len(workers)) if r not in replies and r not in dead]
-            remaining = min(deadline, grace_end) - time.monotonic()
-            if not pending or remaining <= 0:
-                return replies, dead, pending
-            watched = [fd for r in pending for fd in workers[r].watched]
-            select.select(watched, [], [], min(remaining, 0.05))
-
-    def _timed_out(self, workers: list[Worker], pending: list[int]) -> Failure:
-        """Take the stack of every rank still inside the call, then stop the group."""
-        for rank in pending:
-            workers[rank].request_stack()
-        give_up = time.monotonic() + STACK_WAIT_S
-        stacks = {rank: workers[rank].collect_stack(give_up) for rank in pending}
-        done = [r for r in range(len(workers)) if r not in pending]
-        answered = f"; rank(s) {done} had answered" if done else ""
-        return Failure(
-            "timed-out",
-            f"no answer within {self.timeout_s:g} s (--timeout): rank(s) {pending} of {len(workers)} were "
-            f"still inside the call{answered}; every rank was stopped",
-            "".join(f"rank {r}:\n{stacks[r] or _NO_STACK}\n" for r in pending),
-            tuple(pending),
-        )
 
     def close(self) -> None:
         """Stop every group."""

@@ -79,7 +79,12 @@ _COLLECTIVE_WORDS: Final = {
 }
 """What a reduce-scatter or an all-gather target was checked as, in words."""
 
-_GROUPS: Final = {"gloo": "a gloo process group", "mpi": "an MPI job"}
+_GROUPS: Final = {
+    "gloo": "a gloo process group",
+    "mpi": "an MPI job",
+    "job": "the job's own process group",
+    "mpi-job": "the MPI job's own COMM_WORLD",
+}
 """What a per-rank target's ranks were, in words, by ``--ranks``."""
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -19,6 +20,7 @@ from ring_ref._ops import op_name
 from ring_ref.difftest._call import Outcome
 from ring_ref.difftest._diagnosis import Finding, as_launcher, diagnose, difference, passes
 from ring_ref.difftest._inputs import LAYOUTS, Case, cases, one_worker_cases, uneven_cases
+from ring_ref.difftest._job import job_size, run_in_job, run_in_mpi_job
 from ring_ref.difftest._launch import InProcess, Isolated, Launcher
 from ring_ref.difftest._loading import importable_name, load_target
 from ring_ref.difftest._mpi import MPI_DTYPES, MpiRanks
@@ -116,6 +118,7 @@ def run_mode(
         check,
         mode,
         per_rank=launcher.per_rank,
+        min_workers=launcher.min_workers,
         examples=examples,
         seed=seed,
         max_workers=max_workers,
@@ -137,7 +140,12 @@ def run_mode(
         if case is None and mode == "exact" and op in (None, "sum") and collective != "all-gather":
             order = EXACT_ORDER.get()
             case, probes = first_failing_probe(
-                order, max_workers, dtypes, lambda c: fails(c, judge), collective
+                order,
+                max_workers,
+                dtypes,
+                lambda c: fails(c, judge),
+                collective=collective,
+                min_workers=launcher.min_workers,
             )
         if case is None:
             return ModeResult(mode, "pass", calls, overflow, underflow_skipped=underflow, probes=probes)
@@ -189,8 +197,10 @@ def _search_test(
     dtypes: Sequence[torch.dtype],
     op: Op | None,
     collective: Collective = "all-reduce",
+    min_workers: int = 1,
 ) -> Callable[[], None]:
-    """The Hypothesis test that runs ``check`` on the mode's cases (the ``N = 1`` ones first).
+    """The Hypothesis test that runs ``check`` on the mode's cases (the ``N = 1`` ones first, where
+    ``min_workers`` is 1).
 
     A reduce-scatter's cases have ``M`` a multiple of ``N`` that the order's layout cuts into equal
     chunks (the shards); an all-gather's are shards of any bits (:func:`ring_ref.difftest._inputs.cases`).
@@ -198,11 +208,14 @@ def _search_test(
     layouts = ("contiguous",) if per_rank else LAYOUTS
     order = EXACT_ORDER.get()
     if collective != "all-reduce":
-        drawn = cases(mode, dtypes, max_workers, layouts, op=op, collective=collective)
+        drawn = cases(
+            mode, dtypes, max_workers, layouts, op=op, collective=collective, min_workers=min_workers
+        )
         if collective == "reduce-scatter" and order.layout != "even":
             drawn = drawn.filter(lambda c: _equal_chunks(c, order.layout))
         test = given(drawn)(check)
-        for case in reversed(one_worker_cases(mode, dtypes, per_rank=per_rank, op=op, collective=collective)):
+        ones = one_worker_cases(mode, dtypes, per_rank=per_rank, op=op, collective=collective)
+        for case in reversed(ones if min_workers == 1 else []):
             test = example(case)(test)
     elif mode == "exact" and order.cases is not None:
         # An order saved for one N, M and dtype (difftest --order) covers only those inputs.
@@ -210,10 +223,13 @@ def _search_test(
         test = given(drawn)(check)
     else:
         any_m = order.layout != "even"
-        test = given(cases(mode, dtypes, max_workers, layouts, op=op, any_m=any_m))(check)
-        first = one_worker_cases(mode, dtypes, per_rank=per_rank, op=op)
+        drawn = cases(mode, dtypes, max_workers, layouts, op=op, any_m=any_m, min_workers=min_workers)
+        test = given(drawn)(check)
+        first = one_worker_cases(mode, dtypes, per_rank=per_rank, op=op) if min_workers == 1 else []
         if any_m:
-            first += uneven_cases(mode, dtypes, max_workers, per_rank=per_rank, op=op)
+            first += uneven_cases(
+                mode, dtypes, max_workers, per_rank=per_rank, op=op, min_workers=min_workers
+            )
         for case in reversed(first):
             test = example(case)(test)
     test = settings(
@@ -284,6 +300,8 @@ def difftest(
     schedule: str | RingSchedule | None = None,
     order: str | Path | None = None,
     collective: Collective = "all-reduce",
+    group: object = None,
+    device: str = "cpu",
 ) -> Report:
     """Check ``fn`` against the reference in each of ``modes``; return the :class:`Report`.
 
@@ -314,6 +332,15 @@ def difftest(
     "coll_tuned_allreduce_algorithm": "4"}``).  ``numpy`` has no bfloat16, so
     the dtypes are float16, float32 and float64 (the default drops bfloat16;
     asking for it is refused).
+
+    ``ranks="job"`` (clause ``difftest-job``): called on every rank of a job
+    whose ``torch.distributed`` process group is initialised already (the
+    default group, or ``group``), ``fn(tensor)`` on every rank as under
+    ``"gloo"``, ``N`` the group's size, tensors on ``device`` (``"cuda"``:
+    ``cuda:LOCAL_RANK``'s current device).  Rank 0 runs the search; every rank
+    returns the same report (or raises the same exception).  After a call that
+    left ranks inside the target (``timed-out``, ``crashed``, ``raised`` with
+    ranks stopped) rank 0 prints the report and every rank's process exits 1.
 
     ``dtypes`` defaults to every dtype the launcher takes.
 
@@ -357,6 +384,7 @@ def difftest(
     if ranks is not None and ranks not in RANKS:
         raise ValueError(f"ranks must be one of {list(RANKS)} or None; got {ranks!r}")
     workers = max_workers if max_workers is not None else default_max_workers(ranks)
+    workers = job_size(ranks, group, max_workers) if ranks in ("job", "mpi-job") else workers
     problem = option_problem(examples=examples, seed=seed, max_workers=workers, timeout=timeout)
     if problem:
         raise ValueError(problem)
@@ -381,9 +409,15 @@ def difftest(
         )
     if seed is None:
         seed = random.SystemRandom().randrange(2**32)
-    launcher, name = _launcher(fn, isolate, timeout, ranks, mca)
+    launcher, name = (
+        _job_target(fn, ranks, workers, exact, schedule, isolate, device)
+        if ranks in ("job", "mpi-job")
+        else _launcher(fn, isolate, timeout, ranks, mca)
+    )
+    isolated = launcher is None or launcher.isolated
     options = "" if timeout == DEFAULT_TIMEOUT_S else f" --timeout {timeout:g}"
-    options += "" if launcher.isolated else " --in-process"
+    options += "" if isolated else " --in-process"
+    options += f" --device {device}" if device != "cpu" else ""
     options += "".join(f" --mca {key}={value}" for key, value in (mca or {}).items())
     options += f" {exact.option}" if exact.option else ""
     options += f" --collective {collective}" if collective != "all-reduce" else ""
@@ -393,14 +427,40 @@ def difftest(
         replay = _replay(None, name, chosen, examples, seed, workers, dtypes, asked, reduce_op)
     else:
         replay = _replay(ranks, name, chosen, examples, seed, workers, dtypes, options, reduce_op, cli=True)
-    report = Report(target or name, seed, replay, isolated=launcher.isolated, ranks=ranks, op=reduce_op)
+    report = Report(target or name, seed, replay, isolated=isolated, ranks=ranks, op=reduce_op)
     report.collective = collective
-    report.timeout_s = timeout if launcher.isolated else None
+    report.timeout_s = timeout if isolated else None
     report.exact_against = exact if "exact" in chosen else None
+    run = functools.partial(
+        _run, report, chosen, exact, examples=examples, seed=seed, workers=workers, dtypes=dtypes
+    )
+    run = functools.partial(run, op=reduce_op)
+    if launcher is None and ranks == "mpi-job":
+        return run_in_mpi_job(name, run, timeout_s=timeout)
+    if launcher is None:
+        return run_in_job(fn, run, group=group, device=device, timeout_s=timeout)
+    return run(launcher)
+
+
+def _run(
+    report: Report,
+    chosen: tuple[Mode, ...],
+    exact: ExactOrder,
+    launcher: Launcher,
+    *,
+    examples: int,
+    seed: int,
+    workers: int,
+    dtypes: Sequence[torch.dtype],
+    op: Op | None,
+) -> Report:
+    """Fill ``report`` with every mode in ``chosen`` run through ``launcher`` (until it breaks)."""
     try:
         launcher.start()
         with checking_against(exact):
             for mode in chosen:
+                if launcher.broken:
+                    break
                 report.modes[mode] = run_mode(
                     launcher,
                     mode,
@@ -408,8 +468,8 @@ def difftest(
                     seed=seed,
                     max_workers=workers,
                     dtypes=dtypes,
-                    op=reduce_op,
-                    collective=collective,
+                    op=op,
+                    collective=report.collective,
                 )
     finally:
         launcher.close()
@@ -443,6 +503,40 @@ def _collective_order(
             )
         return replace(SPEC_ORDER, name="a bitwise copy of every shard (all-gather)", source="spec")
     return reduce_scatter_order(schedule, workers)
+
+
+def _job_target(  # noqa: PLR0917 - difftest's settings, checked
+    fn: Target | OpTarget | str,
+    ranks: str,
+    size: int,
+    exact: ExactOrder,
+    schedule: object,
+    isolate: bool | None,
+    device: str,
+) -> tuple[None, str | None]:
+    """No launcher yet (rank 0 makes it inside the job) and ``fn``'s name; ``ValueError`` for what
+    ``ranks="job"`` cannot do with these options."""
+    if schedule == "auto":
+        raise ValueError(
+            "--schedule auto reveals the target's order first; in a job, run `ring-ref reveal --ranks job "
+            "... --json > order.json` and then `difftest --ranks job --order order.json`"
+        )
+    if isolate is False:
+        raise ValueError("isolate=False (--in-process) does not apply to ranks='job': the job's ranks run it")
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device (--device) must be 'cpu' or 'cuda'; got {device!r}")
+    if exact.saved is not None and exact.saved.n != size:
+        raise ValueError(
+            f"order (--order) holds an order for N = {exact.saved.n}, but this job has {size} ranks: "
+            "reveal it in a job of the same size"
+        )
+    name = fn if isinstance(fn, str) else importable_name(fn)
+    if name is None and not isinstance(fn, str) and ranks == "mpi-job":
+        raise ValueError(
+            f"--ranks mpi-job loads the target by name on every rank: {getattr(fn, '__qualname__', fn)!r} "
+            "must be a module-level function or a TARGET string"
+        )
+    return None, name
 
 
 def default_max_workers(ranks: Ranks | None) -> int:
@@ -493,7 +587,7 @@ def _check_order_file_fits(
 
 def _dtypes_for(ranks: Ranks | None, dtypes: Sequence[torch.dtype] | None) -> Sequence[torch.dtype]:
     """The dtypes to generate: ``dtypes``, checked, or every one the launcher takes."""
-    allowed = MPI_DTYPES if ranks == "mpi" else tuple(DTYPES.values())
+    allowed = MPI_DTYPES if ranks in ("mpi", "mpi-job") else tuple(DTYPES.values())
     if dtypes is None:
         return allowed
     if not dtypes or any(d not in TORCH_DTYPES for d in dtypes):

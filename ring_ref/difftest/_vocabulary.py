@@ -69,10 +69,12 @@ DTYPES: Final[dict[str, torch.dtype]] = {name: fmt.torch_dtype for name, fmt in 
 DEFAULT_TIMEOUT_S: Final = 60.0
 """The default time limit, in seconds, for one call of an isolated or per-rank target (``--timeout``)."""
 
-Ranks = Literal["gloo", "mpi"]
-RANKS: Final[tuple[Ranks, ...]] = ("gloo", "mpi")
+Ranks = Literal["gloo", "mpi", "job", "mpi-job"]
+RANKS: Final[tuple[Ranks, ...]] = ("gloo", "mpi", "job", "mpi-job")
 """The process groups a per-rank target can run on (``--ranks``): gloo, ``TARGET(tensor)``; mpi,
-``TARGET(comm, array)`` with an ``mpi4py`` communicator and a ``numpy`` array."""
+``TARGET(comm, array)`` with an ``mpi4py`` communicator and a ``numpy`` array; job, ``TARGET(tensor)``
+on every rank of the job the tester runs in (``torchrun``, ``srun``, ``mpirun``); mpi-job,
+``TARGET(comm, array)`` on every rank of the MPI job the tester runs in."""
 
 MAX_RANKS: Final = 8
 """The default largest group for a per-rank target (``--max-workers``; 16 for a stacked one)."""

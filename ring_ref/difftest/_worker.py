@@ -52,7 +52,7 @@ from ring_ref._processes._shared import die_with_parent
 from ring_ref.difftest._call import Garbled
 from ring_ref.difftest._loading import TargetError
 
-__all__ = ["Died", "Reply", "Stuck", "Worker", "exit_description", "trim"]
+__all__ = ["Died", "Reply", "Stuck", "Worker", "exit_description", "frame", "trim", "unframe"]
 
 MAX_HEADER: Final = 16 << 20
 MAX_PAYLOAD: Final = 64 << 20
@@ -141,6 +141,36 @@ def target_frames(dump: str) -> str:
 
 def _frame(head: bytes, payload: bytes) -> bytes:
     return len(head).to_bytes(8, "big") + len(payload).to_bytes(8, "big") + head + payload
+
+
+def frame(head: dict[str, Any], payload: bytes) -> bytes:
+    """One reply as the bytes a worker writes: lengths, the JSON header, the raw payload."""
+    return _frame(json.dumps(head).encode(), payload)
+
+
+def _reply(raw_head: bytes, payload: bytes) -> Reply:
+    """A reply from its raw header and payload; :class:`Garbled` unless the header is a JSON object."""
+    try:
+        head = json.loads(raw_head)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise Garbled(f"the header is not JSON: {exc}") from exc
+    if not isinstance(head, dict):
+        raise Garbled("the header is not a JSON object")
+    return Reply(head, payload)
+
+
+def unframe(data: bytes) -> Reply:
+    """The reply in exactly one :func:`frame` (sent by the target's process: checked, never trusted).
+
+    >>> unframe(frame({"kind": "ready"}, b"xy"))
+    Reply(head={'kind': 'ready'}, payload=b'xy')
+    """
+    if len(data) < 16:
+        raise Garbled(f"a frame of {len(data)} bytes")
+    head_len, payload_len = int.from_bytes(data[:8], "big"), int.from_bytes(data[8:16], "big")
+    if head_len > MAX_HEADER or payload_len > MAX_PAYLOAD or len(data) != 16 + head_len + payload_len:
+        raise Garbled(f"a frame of {len(data)} bytes announcing {head_len} + {payload_len}")
+    return _reply(bytes(data[16 : 16 + head_len]), bytes(data[16 + head_len :]))
 
 
 def _temp_fd(prefix: str) -> int:
@@ -308,13 +338,7 @@ class Worker:
         raw_head = bytes(buf[16 : 16 + head_len])
         payload = bytes(buf[16 + head_len : 16 + head_len + payload_len])
         del buf[: 16 + head_len + payload_len]
-        try:
-            head = json.loads(raw_head)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise Garbled(f"the header is not JSON: {exc}") from exc
-        if not isinstance(head, dict):
-            raise Garbled("the header is not a JSON object")
-        return Reply(head, payload)
+        return _reply(raw_head, payload)
 
     def _exited(self) -> bool:
         try:

@@ -1,0 +1,98 @@
+"""Where ``--ranks job`` finds the job: torchrun's, SLURM's and OpenMPI's variables, and the usage errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from ring_ref._cli import main
+from ring_ref._processes._job import JobEnv, JobEnvError, job_environment
+from ring_ref.difftest import difftest
+
+pytestmark = pytest.mark.clause("difftest-job")
+
+RENDEZVOUS = {"MASTER_ADDR": "node0", "MASTER_PORT": "29500"}
+TORCHRUN = {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", **RENDEZVOUS}
+SLURM = {"SLURM_PROCID": "6", "SLURM_NTASKS": "8", "SLURM_LOCALID": "2", **RENDEZVOUS}
+OMPI = {
+    "OMPI_COMM_WORLD_RANK": "7",
+    "OMPI_COMM_WORLD_SIZE": "8",
+    "OMPI_COMM_WORLD_LOCAL_RANK": "3",
+    **RENDEZVOUS,
+}
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        (TORCHRUN, JobEnv("torchrun", 5, 8, 1, "node0", 29500)),
+        (SLURM, JobEnv("SLURM", 6, 8, 2, "node0", 29500)),
+        (OMPI, JobEnv("OpenMPI", 7, 8, 3, "node0", 29500)),
+        ({**OMPI, **SLURM}, JobEnv("SLURM", 6, 8, 2, "node0", 29500)),  # srun's tasks before mpirun's
+        ({**SLURM, **TORCHRUN}, JobEnv("torchrun", 5, 8, 1, "node0", 29500)),  # torchrun inside srun
+    ],
+    ids=["torchrun", "slurm", "openmpi", "slurm-over-openmpi", "torchrun-over-slurm"],
+)
+def test_each_launchers_variables_give_the_rank(env: dict[str, str], expected: JobEnv) -> None:
+    assert job_environment(env) == expected
+
+
+@pytest.mark.parametrize(
+    ("env", "words"),
+    [
+        ({}, "none of RANK, WORLD_SIZE, SLURM_PROCID, SLURM_NTASKS, OMPI_COMM_WORLD_RANK"),
+        (
+            {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0"},
+            "but MASTER_ADDR, MASTER_PORT are not",
+        ),
+        ({**TORCHRUN, "LOCAL_RANK": ""}, "but LOCAL_RANK is not"),
+        ({**TORCHRUN, "RANK": "8"}, "inconsistent: RANK=8, WORLD_SIZE=8"),
+        ({**TORCHRUN, "LOCAL_RANK": "6"}, "inconsistent"),
+        ({**TORCHRUN, "WORLD_SIZE": "0", "RANK": "0", "LOCAL_RANK": "0"}, "inconsistent"),
+        ({**SLURM, "MASTER_PORT": "70000"}, "MASTER_PORT=70000"),
+        ({**OMPI, "OMPI_COMM_WORLD_SIZE": "eight"}, "OMPI_COMM_WORLD_SIZE='eight' is not an integer"),
+    ],
+    ids=[
+        "nothing",
+        "slurm-no-rendezvous",
+        "torchrun-empty",
+        "rank-too-big",
+        "local-above-rank",
+        "no-ranks",
+        "port",
+        "not-int",
+    ],
+)
+def test_a_missing_or_inconsistent_environment_names_the_variables(env: dict[str, str], words: str) -> None:
+    with pytest.raises(JobEnvError) as raised:
+        job_environment(env)
+    assert words in str(raised.value)
+
+
+def test_the_command_line_exits_2_outside_a_job(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name in (
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "SLURM_PROCID",
+        "SLURM_NTASKS",
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_SIZE",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    assert main(["difftest", "--ranks", "job", "torch.distributed:all_reduce"]) == 2
+    assert "found no job in the environment: none of RANK, WORLD_SIZE" in capsys.readouterr().err
+    monkeypatch.setenv("SLURM_PROCID", "1")
+    assert main(["difftest", "--ranks", "job", "torch.distributed:all_reduce"]) == 2
+    assert "SLURM's variables are incomplete: SLURM_PROCID is set" in capsys.readouterr().err
+    assert main(["difftest", "--ranks", "gloo", "--device", "cuda", "torch.distributed:all_reduce"]) == 2
+    assert (
+        "--backend and --device choose the job's process group and device: they need --ranks job"
+        in capsys.readouterr().err
+    )
+
+
+def test_ranks_job_outside_a_process_group_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"none is initialised: call torch\.distributed\.init_process_group"):
+        difftest("torch.distributed:all_reduce", ranks="job")

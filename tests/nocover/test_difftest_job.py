@@ -1,0 +1,293 @@
+"""``--ranks job``: the tester inside jobs started by ``torchrun``, by hand as SLURM would, and by ``mpirun``.
+
+Each test starts a real job (its ranks are processes of the launcher, never of
+the tester) and reads what the job printed and its exit status; the planted
+per-rank bugs of ``tests/planted_rank_impls.py`` must get the codes they get
+under ``--ranks gloo`` (``EXPECTED``, checked there by ``test_difftest_ranks.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jsonschema  # type: ignore[import-untyped]
+import pytest
+
+from ring_ref._processes._mpi_job import mpirun_path
+from ring_ref.difftest import difftest
+from ring_ref.difftest._job import JOB_GRACE_S
+from tests import job_codes, mpi_job_codes, planted_mpi, planted_rank_impls
+from tests.paths import ROOT
+
+pytestmark = pytest.mark.clause("difftest-job")
+
+SCHEMA = json.loads((ROOT / "spec" / "difftest_report.schema.json").read_text(encoding="utf-8"))
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+START_ALLOWANCE_S = 90.0
+"""What a job may take besides the calls: starting the launcher and importing torch in every rank."""
+_QUIET = {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+
+
+def _run(
+    cmd: list[str], timeout_s: float, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run a launcher in a session of its own; kill the whole session if it outlives ``timeout_s``."""
+    with subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env={**os.environ, **_QUIET, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    ) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            pytest.fail(f"{cmd} did not end within {timeout_s} s:\n{out}\n{err}")
+        return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _run_together(
+    commands: list[tuple[list[str], dict[str, str]]], timeout_s: float
+) -> tuple[list[int], list[tuple[str, str]]]:
+    """Start every command (with its extra environment) at once; their exit statuses and outputs."""
+    procs = [
+        subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            env={**os.environ, **_QUIET, **env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        for cmd, env in commands
+    ]
+    try:
+        outs = [p.communicate(timeout=timeout_s) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    return [p.returncode for p in procs], outs
+
+
+def _torchrun(n: int, args: list[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+    return _run([*TORCHRUN, "--standalone", "--nproc-per-node", str(n), *args], timeout_s)
+
+
+def _job_cli(command: str, target: str, *options: str) -> list[str]:
+    """``-m ring_ref COMMAND --ranks job TARGET OPTIONS...``."""
+    return ["-m", "ring_ref", command, "--ranks", "job", target, *options]
+
+
+def _difftest(target: str, *options: str) -> list[str]:
+    return _job_cli("difftest", f"tests.planted_rank_impls:{target}", *options)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_planted_codes_in_a_job_of_four_match_gloo_at_four(tmp_path: Path) -> None:
+    """The table of the docs page: every planted per-rank bug and correct target, ``gloo`` vs ``job``, N = 4;
+    from inside the job, through the Python API, and every rank gets the same report and assertion."""
+    done = _torchrun(4, ["-m", "tests.job_codes", str(tmp_path)], 400)
+    assert done.returncode == 0, done.stderr[-4000:]
+    ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(4)]
+    assert all(r == ranks[0] for r in ranks), ranks
+    expected = {
+        f"tests.planted_rank_impls:{f.__name__}": [code] for f, code in planted_rank_impls.EXPECTED.items()
+    }
+    expected.update({f"tests.planted_rank_impls:{name}": [] for name in job_codes.CORRECT})
+    for target, codes in ranks[0]["codes"].items():
+        assert codes == expected[target], target
+        gloo = difftest(
+            target, ranks="gloo", modes=("order-free", "bound"), examples=8, seed=1, max_workers=4
+        )
+        assert gloo.diagnoses == codes, (target, gloo.render())
+    assert set(ranks[0]["codes"]) == set(expected) - {
+        f"tests.planted_rank_impls:{t}" for t in job_codes.ENDS_THE_JOB
+    }
+    assertion = ranks[0]["assertion"]
+    assert assertion.startswith("FAIL: ") and "double-counted" in assertion
+
+
+@pytest.mark.parametrize("bug", job_codes.ENDS_THE_JOB)
+def test_a_hang_a_dead_rank_and_a_raising_rank_end_the_job_with_a_report(bug: str) -> None:
+    """Each ends the job, every rank exits 1, within --timeout plus the stated grace (and the start)."""
+    timeout = 4.0
+    started = time.monotonic()
+    done = _torchrun(
+        2,
+        _difftest(
+            bug, "--mode", "bound", "--examples", "5", "--seed", "1", "--timeout", f"{timeout:g}", "--json"
+        ),
+        300,
+    )
+    took = time.monotonic() - started
+    code = planted_rank_impls.EXPECTED[getattr(planted_rank_impls, bug)]
+    doc = json.loads(done.stdout)
+    jsonschema.validate(doc, SCHEMA)
+    assert doc["diagnoses"] == [code] and doc["ranks"] == "job", done.stdout
+    assert done.returncode == 1 and took < timeout + JOB_GRACE_S + START_ALLOWANCE_S, (
+        took,
+        done.stderr[-3000:],
+    )
+    cex = doc["modes"]["bound"]["counterexample"]
+    if code == "timed-out":  # every rank's stack came through the store, stopped in recv
+        assert cex["ranks"] == [0, 1] and cex["stack"].count("in receives_first") == 2, cex
+        assert "rank 0:\n" in cex["stack"] and "rank 1:\n" in cex["stack"]
+    if code == "crashed":
+        assert cex["ranks"] == [1] and "rank 1: its process died" in doc["modes"]["bound"]["explanation"]
+    if code == "raised":
+        assert "rank(s) [1]: raised RuntimeError: rank 1 gave up" in doc["modes"]["bound"]["explanation"]
+        assert (
+            "rank(s) [0] were still inside the call 2 s after rank(s) [1] raised"
+            in doc["modes"]["bound"]["explanation"]
+        )
+
+
+def test_a_slurm_style_environment_set_by_hand() -> None:
+    """No launcher: two processes given SLURM's variables and a rendezvous, as an sbatch script sets them."""
+    port = str(_free_port())
+    cmd = [sys.executable, *_difftest("gather_adds", "--mode", "bound", "--examples", "8", "--seed", "1")]
+    envs = [
+        {"SLURM_PROCID": str(rank), "SLURM_NTASKS": "2", "SLURM_LOCALID": str(rank), "MASTER_PORT": port}
+        for rank in range(2)
+    ]
+    codes, outs = _run_together([(cmd, {**env, "MASTER_ADDR": "127.0.0.1"}) for env in envs], 300)
+    assert codes == [1, 1], outs
+    assert "double-counted" in outs[0][0] and outs[1][0] == ""  # rank 0 prints the report, once
+
+
+def _mpirun(n: int) -> list[str]:
+    cmd = [mpirun_path(), "-n", str(n), "--oversubscribe", "--bind-to", "none"]
+    cmd += ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    return [*cmd, "--mca", "btl", "self,vader", "--mca", "oob_tcp_if_include", "lo"]
+
+
+def test_openmpi_variables_under_mpirun() -> None:
+    """``mpirun -n 4`` starting ``--ranks job``: the rank and size from OpenMPI's variables."""
+    cmd = _mpirun(4)
+    cmd += [
+        "-x",
+        "MASTER_ADDR=127.0.0.1",
+        "-x",
+        f"MASTER_PORT={_free_port()}",
+        "-x",
+        "PYTHONPATH",
+        "-x",
+        "OMP_NUM_THREADS",
+    ]
+    done = _run([*cmd, sys.executable, *_difftest("plain_ring", "--examples", "5", "--seed", "2")], 400)
+    assert done.returncode == 0, (done.stdout, done.stderr[-3000:])
+    assert done.stdout.count("PASS: tests.planted_rank_impls:plain_ring") == 1
+    assert "--max-workers 4" in done.stdout
+
+
+def test_planted_mpi_codes_in_an_mpi_job_of_four(tmp_path: Path) -> None:
+    """``--ranks mpi-job`` under ``mpirun -n 4``: each planted bug's code (``planted_mpi.EXPECTED``, as
+    ``test_difftest_mpi.py`` checks under ``--ranks mpi``), the correct ring passing; alike on every rank."""
+    cmd = [*_mpirun(4), "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS", "-x", "MASTER_ADDR=127.0.0.1"]
+    done = _run([*cmd, sys.executable, "-m", "tests.mpi_job_codes", str(tmp_path)], 500)
+    assert done.returncode == 0, (done.stdout, done.stderr[-3000:])
+    ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(4)]
+    assert all(r == ranks[0] for r in ranks), ranks
+    expected = {f"tests.planted_mpi:{name}": [code] for name, code in planted_mpi.EXPECTED.items()}
+    expected["tests.planted_mpi:plain_ring"] = []
+    assert ranks[0] == {t: expected[t] for t in mpi_job_codes.targets()}
+
+
+@pytest.mark.parametrize("bug", mpi_job_codes.ENDS_THE_JOB)
+def test_an_mpi_job_that_hangs_or_raises_ends_with_a_report(bug: str) -> None:
+    timeout = 4.0
+    cmd = [*_mpirun(4), "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS", "-x", "MASTER_ADDR=127.0.0.1"]
+    cmd += [sys.executable, "-m", "ring_ref", "difftest", "--ranks", "mpi-job", f"tests.planted_mpi:{bug}"]
+    started = time.monotonic()
+    done = _run(
+        [*cmd, "--mode", "bound", "--examples", "3", "--seed", "1", "--timeout", f"{timeout:g}", "--json"],
+        300,
+    )
+    took = time.monotonic() - started
+    doc = json.loads(done.stdout)
+    jsonschema.validate(doc, SCHEMA)
+    assert doc["diagnoses"] == [planted_mpi.EXPECTED[bug]] and doc["ranks"] == "mpi-job", done.stdout
+    assert done.returncode != 0 and took < timeout + JOB_GRACE_S + START_ALLOWANCE_S, (
+        took,
+        done.stderr[-3000:],
+    )
+    cex = doc["modes"]["bound"]["counterexample"]
+    if bug == "send_send_deadlock":
+        assert cex["ranks"] == [0, 1, 2, 3] and cex["stack"].count("in send_send_deadlock") == 4, cex
+
+
+def test_reveal_in_the_job_then_difftest_pins_its_order(tmp_path: Path) -> None:
+    """``reveal --ranks job`` gives gloo's own order at the job's N; ``difftest --order`` then passes exact
+    in a job of that N, where the spec's ring order fails it (``not-ring-order``)."""
+    order = tmp_path / "order.json"
+    cli = ("torch.distributed:all_reduce", "-n", "3", "-m", "6", "--json")
+    revealed = _torchrun(3, _job_cli("reveal", *cli), 300)
+    assert revealed.returncode == 0, revealed.stderr[-3000:]
+    doc = json.loads(revealed.stdout)
+    assert doc["n"] == 3 and doc["classification"] == "ring" and doc["matches"] == ["gloo"], doc
+    order.write_text(revealed.stdout, encoding="utf-8")
+    exact = _job_cli("difftest", "torch.distributed:all_reduce", "--mode", "exact")
+    pinned = _torchrun(3, [*exact, "--order", str(order), "--examples", "5", "--seed", "1"], 300)
+    assert pinned.returncode == 0 and "PASS" in pinned.stdout, (pinned.stdout, pinned.stderr[-3000:])
+    spec = _torchrun(3, [*exact, "--examples", "5", "--seed", "1"], 300)
+    assert spec.returncode == 1 and "not-ring-order" in spec.stdout, (spec.stdout, spec.stderr[-3000:])
+
+
+@pytest.mark.soak
+def test_soak_eight_ranks_under_torchrun() -> None:
+    done = _torchrun(8, _difftest("plain_ring", "--examples", "20", "--seed", "3"), 600)
+    assert done.returncode == 0 and "PASS" in done.stdout, done.stderr[-3000:]
+
+
+@pytest.mark.soak
+def test_soak_two_simulated_nodes_of_two_ranks() -> None:
+    """Two ``torchrun`` agents on 127.0.0.1 rendezvousing through c10d: 2 x 2 ranks, one report."""
+    port = _free_port()
+    common = [
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "2",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+    ]
+    args = _difftest("constant_on_last_rank", "--mode", "bound", "--examples", "8", "--seed", "1")
+    _, outs = _run_together(
+        [([*TORCHRUN, *common, "--node-rank", str(node), *args], {}) for node in range(2)], 500
+    )
+    report = "".join(out for out, _ in outs)
+    assert report.count("FAIL: ") == 1 and "ranks-disagree" in report and "--max-workers 4" in report, outs
+    assert "rank(s) [3]" in report
+
+
+@pytest.mark.gpu
+def test_gpu_nccl_job_on_every_visible_device() -> None:
+    """``--device cuda`` (backend nccl by default) on one rank per GPU: the correct ring passes."""
+    import torch
+
+    n = torch.cuda.device_count()
+    assert n >= 1, "make gpu-check needs a CUDA device"
+    options = ("--device", "cuda", "--mode", "bound", "--examples", "20", "--seed", "1")
+    done = _torchrun(n, _job_cli("difftest", "torch.distributed:all_reduce", *options), 600)
+    assert done.returncode == 0 and "PASS" in done.stdout, (done.stdout, done.stderr[-3000:])
