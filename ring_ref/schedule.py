@@ -261,3 +261,34 @@ GLOO: Final = RingSchedule(-1, -1, "gloo")
 
 PRESETS: Final[dict[str, RingSchedule]] = {"spec": SPEC, "openmpi-ring": OPENMPI_RING, "gloo": GLOO}
 """The named schedules, in the order ``reveal`` reports matches."""
+
+
+def reduce_scatter_ring(schedule: str | RingSchedule | None, n: int) -> RingSchedule:
+    """The ring of a reduce-scatter (or all-gather) with ``schedule=``: one leaving chunk ``r`` at rank ``r``.
+
+    A ring finishes chunk ``r`` at rank ``r`` exactly when its offset equals its
+    direction (``k ≡ d mod n``).  A preset name (``None`` meaning ``"spec"``)
+    takes that preset's direction and layout with ``k = d``; a
+    :class:`RingSchedule` is taken as it is, and refused if ``k ≢ d`` (``n > 1``).
+    The caller validates the argument's type and fields first
+    (:func:`ring_ref._validate.schedule_of`).
+
+    >>> reduce_scatter_ring(None, 4), reduce_scatter_ring("gloo", 4)
+    (RingSchedule(direction=1, offset=1, layout='even'), RingSchedule(direction=-1, offset=-1, layout='gloo'))
+    >>> [reduce_scatter_ring("openmpi-ring", 3).owned_chunk(i, 3) for i in range(3)]
+    [0, 1, 2]
+    >>> reduce_scatter_ring(SPEC, 4)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: RingSchedule(direction=1, offset=0, layout='even') does not leave chunk r at rank r ...
+    """
+    if schedule is None or isinstance(schedule, str):
+        preset = PRESETS[schedule or "spec"]
+        return preset._replace(offset=preset.direction)
+    if n > 1 and (schedule.offset - schedule.direction) % n:
+        raise ValueError(
+            f"{schedule!r} does not leave chunk r at rank r after reduce-scatter (its offset "
+            f"{schedule.offset} is not its direction {schedule.direction} mod N = {n}); pass "
+            f"RingSchedule({schedule.direction}, {schedule.direction}, {schedule.layout!r}) or a preset name."
+        )
+    return schedule
