@@ -133,9 +133,13 @@ from ring_ref._chunks import chunk_bounds
 from ring_ref._ops import COMMUTING_OPS, Op, finish_torch, op_name, torch_combine_into
 from ring_ref._rank_check import (
     EXACT_DIMS,
+    SHARDS_KEYS,
     Description,
+    Shards,
+    call_key,
     code,
     problem_of,
+    ring_for,
     ring_of,
     schedule_key,
     shape_words,
@@ -149,7 +153,6 @@ from ring_ref.schedule import (
     Phase,
     RingSchedule,
     all_rounds,
-    reduce_scatter_ring,
     rounds_per_phase,
 )
 
@@ -209,36 +212,6 @@ bytes must stay a multiple of every accepted dtype's size (8 at most); at a mult
 data starts on a cache line (copying 1 MiB to 144 bytes past one took about 40 % longer here)."""
 
 
-class _Pair(NamedTuple):
-    """The arguments of a reduce-scatter or an all-gather, which the check validates together
-    (where an all-reduce's check validates its one tensor)."""
-
-    collective: Phase
-    output: object
-    input: object
-
-
-def _call_name(args: object) -> str:
-    """The function a call's arguments were passed to, as error messages name it."""
-    if not isinstance(args, _Pair):
-        return "ring_all_reduce_"
-    return "ring_reduce_scatter_" if args.collective == REDUCE_SCATTER else "ring_all_gather_"
-
-
-def _ring_for(args: object, name: object, n: int) -> tuple[RingSchedule | None, BadInput | None]:
-    """The ring a call runs (:func:`ring_ref.schedule.reduce_scatter_ring` for a reduce-scatter or
-    an all-gather, whose ``schedule=None`` means ``"spec"``), or the table's verdict on ``name``."""
-    if not isinstance(args, _Pair):
-        return ring_of(name)
-    ring, bad = ring_of("spec" if name is None else name)
-    if ring is None:
-        return None, bad
-    try:
-        return reduce_scatter_ring(ring if isinstance(name, RingSchedule) else str(name or "spec"), n), None
-    except ValueError as exc:
-        return None, BadInput(ValueError, str(exc))
-
-
 def _op_problem(op: object) -> tuple[Op | None, BadInput | None]:
     """The op by its name, or the table's error for one that is not an op."""
     try:
@@ -250,9 +223,9 @@ def _op_problem(op: object) -> tuple[Op | None, BadInput | None]:
 def _problem(
     tensor: object, n: int, backend: str, ring: RingSchedule, *, finite: bool = True
 ) -> BadInput | None:
-    """The table's verdict on one rank's tensor (or :class:`_Pair`) for ``ring`` (only ``even`` needs
+    """The table's verdict on one rank's tensor (or :class:`Shards`) for ``ring`` (only ``even`` needs
     ``N`` to divide ``M``)."""
-    if isinstance(tensor, _Pair):
+    if isinstance(tensor, Shards):
         return rank_shards_problem(
             tensor.collective, tensor.output, tensor.input, n, backend, ring, finite=finite
         )
@@ -262,11 +235,11 @@ def _problem(
 def _describe(tensor: object, n: int, backend: str, op: object = "sum", name: object = "spec") -> Description:
     """Check one rank's arguments on their own; the verdict is applied on every rank after the exchange."""
     reduce_op, op_bad = _op_problem(op)
-    ring, ring_bad = _ring_for(tensor, name, n)
+    ring, ring_bad = ring_for(tensor, name, n)
     bad = ring_bad or (None if ring is None else _problem(tensor, n, backend, ring)) or op_bad
     problem = problem_of(bad)
-    key = _key(tensor, ring, n)
-    if isinstance(tensor, _Pair):
+    key = call_key(tensor, ring, n)
+    if isinstance(tensor, Shards):
         tensor = tensor.input
     if not isinstance(tensor, torch.Tensor):
         kind = type(tensor).__name__
@@ -276,19 +249,9 @@ def _describe(tensor: object, n: int, backend: str, op: object = "sum", name: ob
     if reduce_op != "sum":
         summary += f", op {reduce_op or op!r}"
     if key != schedule_key(SPEC, n):
-        summary += f", {'' if key.startswith(PAIR_KEYS) else 'schedule '}{key}"
+        summary += f", {'' if key.startswith(SHARDS_KEYS) else 'schedule '}{key}"
     signature = (shape, str(tensor.dtype), tensor.device.type, reduce_op, key)
     return Description(summary, signature, problem)
-
-
-PAIR_KEYS: Final = (f"{REDUCE_SCATTER} ", f"{ALL_GATHER} ")
-
-
-def _key(args: object, ring: RingSchedule | None, n: int) -> str:
-    """The ring's text (:func:`ring_ref._rank_check.schedule_key`), after the collective's name for
-    a reduce-scatter or all-gather: calls of different collectives have different keys."""
-    key = schedule_key(ring, n)
-    return f"{args.collective} schedule {key}" if isinstance(args, _Pair) else key
 
 
 def _verdict(descriptions: list[Description], call: str = "ring_all_reduce_") -> Exception | None:
@@ -317,9 +280,9 @@ def _metadata(
     """This rank's fixed-size signature, and whether its arguments pass every row of the table but
     finiteness (which reads the values; :func:`_signature` adds it)."""
     reduce_op, op_bad = _op_problem(op)
-    ring, _ = _ring_for(tensor, name, n)
-    key = code(_key(tensor, ring, n))
-    args, tensor = tensor, tensor.input if isinstance(tensor, _Pair) else tensor
+    ring, _ = ring_for(tensor, name, n)
+    key = code(call_key(tensor, ring, n))
+    args, tensor = tensor, tensor.input if isinstance(tensor, Shards) else tensor
     if not isinstance(tensor, torch.Tensor) or tensor.is_nested or op_bad or ring is None:
         return [0, code(type(tensor).__name__), key, *[0] * (_SIGNATURE_LENGTH - 3)], False
     signature = [
@@ -334,15 +297,15 @@ def _metadata(
     return signature, _problem(args, n, backend, ring, finite=False) is None
 
 
-def _finite(tensor: "torch.Tensor | _Pair", n: int, backend: str, ring: RingSchedule) -> bool:
+def _finite(tensor: "torch.Tensor | Shards", n: int, backend: str, ring: RingSchedule) -> bool:
     """Whether every value of a tensor that passed the other rows is finite, at the cost of one sum.
 
     A NaN or infinity anywhere makes the sum non-finite; only then (or when finite
     values overflow the sum) are the elements scanned.  An all-gather copies any value.
     """
-    if isinstance(tensor, _Pair) and tensor.collective == ALL_GATHER:
+    if isinstance(tensor, Shards) and tensor.collective == ALL_GATHER:
         return True
-    values = tensor.input if isinstance(tensor, _Pair) else tensor
+    values = tensor.input if isinstance(tensor, Shards) else tensor
     assert isinstance(values, torch.Tensor)
     total = (values.detach() if values.requires_grad else values).sum().item()
     return math.isfinite(total) or _problem(tensor, n, backend, ring) is None
@@ -370,8 +333,8 @@ def _signature(
     signature, sound = _metadata(tensor, n, backend, op, name)
     if not sound:
         return signature, False
-    ring, _ = _ring_for(tensor, name, n)
-    assert isinstance(tensor, (torch.Tensor, _Pair)) and ring is not None
+    ring, _ = ring_for(tensor, name, n)
+    assert isinstance(tensor, (torch.Tensor, Shards)) and ring is not None
     return signature, _finite(tensor, n, backend, ring)
 
 
@@ -407,7 +370,7 @@ def _known_key(
     A reduce-scatter's or all-gather's key holds both tensors' metadata.
     """
     pair: tuple[object, ...] = ()
-    if isinstance(tensor, _Pair):
+    if isinstance(tensor, Shards):
         output = tensor.output
         if not isinstance(output, torch.Tensor) or output.is_nested or output.layout != torch.strided:
             return None
@@ -448,7 +411,7 @@ def _tuning(args: object = None) -> tuple[int, int, int, int, int, int]:
     shard's combines); an all-gather sends nothing with the check (its first round copies).
     """
     swap, lead = SWAP_BYTES, LEAD_BYTES
-    if isinstance(args, _Pair):
+    if isinstance(args, Shards):
         swap, lead = -1, lead if args.collective == REDUCE_SCATTER else -1
     return SEGMENT_BYTES, EXCHANGE_SEGMENT_BYTES, MAX_SEGMENTS, swap, lead, _EXCHANGE_RANKS
 
@@ -457,7 +420,7 @@ def _buffer_size(args: object) -> tuple[int, int]:
     """Elements and element size of the buffer the ring runs on: the tensor reduced, a
     reduce-scatter's input (copied), an all-gather's output."""
     tensor = args
-    if isinstance(args, _Pair):
+    if isinstance(args, Shards):
         tensor = args.input if args.collective == REDUCE_SCATTER else args.output
     assert isinstance(tensor, torch.Tensor)
     return tensor.numel(), tensor.element_size()
@@ -472,7 +435,7 @@ def _known(tensor: object, rank: int, n: int, backend: str, *, op: object, name:
         flags = None if backend == "nccl" else _flags(signature, True, n, backend)
         ring = reduce_op = plan = None
         if sound:
-            ring, reduce_op = _ring_for(tensor, name, n)[0], op_name(op)
+            ring, reduce_op = ring_for(tensor, name, n)[0], op_name(op)
             assert ring is not None
             ring = ring.normalized(n)
             if n > 1:
@@ -605,7 +568,7 @@ def _check_everywhere(
     known = _known(tensor, waiter.rank, n, backend, op=op, name=name)
     clean = known.sound
     if clean:
-        assert isinstance(tensor, (torch.Tensor, _Pair)) and known.ring is not None
+        assert isinstance(tensor, (torch.Tensor, Shards)) and known.ring is not None
         clean = _finite(tensor, n, backend, known.ring)
     if n > 1:
         flags = known.flags
@@ -946,7 +909,7 @@ def _check_gloo(  # noqa: PLR0917 (the call's own arguments)
     n, rank, plan = waiter.n, waiter.rank, known.plan
     clean = known.sound
     if clean:
-        assert isinstance(tensor, (torch.Tensor, _Pair)) and known.ring is not None
+        assert isinstance(tensor, (torch.Tensor, Shards)) and known.ring is not None
         clean = _finite(tensor, n, "gloo", known.ring)
     payload = None
     if clean and plan is not None and plan.swap:
@@ -1284,7 +1247,7 @@ def ring_reduce_scatter_(
     call = "ring_reduce_scatter_"
     group, rank, n, backend = _group_of(group, call)
     waiter = _Waiter(rank, n, timeout, call=call)
-    args = _Pair(REDUCE_SCATTER, output, input)
+    args = Shards(REDUCE_SCATTER, output, input)
     known = _known_or_checked(args, group, backend, waiter, op=op, name=schedule)
     work = None
     if known.sound:  # copied now: on gloo, its first chunk may travel with the check
@@ -1324,7 +1287,7 @@ def ring_all_gather_(
     call = "ring_all_gather_"
     group, rank, n, backend = _group_of(group, call)
     waiter = _Waiter(rank, n, timeout, call=call)
-    args = _Pair(ALL_GATHER, output, input)
+    args = Shards(ALL_GATHER, output, input)
     known = _known_or_checked(args, group, backend, waiter, op="sum", name=schedule)
     data = work = None
     if known.sound:

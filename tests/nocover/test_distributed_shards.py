@@ -13,11 +13,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import datetime
-import math
 import re
 import time
 from collections.abc import Iterator
-from fractions import Fraction
 from typing import Any, cast
 from unittest import mock
 
@@ -28,7 +26,7 @@ from ring_ref import distributed
 from ring_ref._processes._gloo import ProcessRing
 from ring_ref.distributed import ring_all_gather_, ring_all_reduce_, ring_reduce_scatter_
 from ring_ref.schedule import RingSchedule
-from tests.oracles import bits, same_bits
+from tests.oracles import bits, same_bits, shard_fold, special_values
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 GROUP_TIMEOUT_S = 120.0
@@ -49,31 +47,6 @@ def stacked(n: int, shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> to
     full = (n, *shape)
     scale = torch.pow(10.0, torch.randint(-3, 4, full, generator=gen).to(torch.float64))
     return (torch.randn(full, generator=gen, dtype=torch.float64) * scale).to(dtype)
-
-
-def shard_fold(x: torch.Tensor, r: int, direction: int, op: str = "sum") -> torch.Tensor:
-    """Rank ``r``'s reduce-scatter shard of ``x`` ``(N, M, ...)``: rows ``r*M/N ...`` folded left over
-    the ranks ``r + d, r + 2d, ..., r`` (mod ``N``), typed in from the convention.
-
-    ``sum``/``prod`` combine in the dtype; ``max``/``min`` keep the first extreme (a tie keeps what
-    came first); ``avg`` is the fold's sum divided by ``N`` exactly and rounded once.
-    """
-    n = x.shape[0]
-    rows = x.shape[1] // n
-    terms = [x[(r + j * direction) % n, r * rows : (r + 1) * rows] for j in range(1, n + 1)]
-    acc = terms[0].clone()
-    for term in terms[1:]:
-        if op in ("sum", "avg"):
-            acc = acc + term
-        elif op == "prod":
-            acc = acc * term
-        else:
-            acc = torch.where(term > acc if op == "max" else term < acc, term, acc)
-    if op != "avg":
-        return acc
-    sums = acc.to(torch.float64).reshape(-1).tolist()
-    exact = [math.copysign(float(Fraction(v) / n), v) for v in sums]
-    return torch.tensor(exact, dtype=torch.float64).to(x.dtype).reshape(acc.shape)
 
 
 class Rings:
@@ -211,27 +184,6 @@ def gather_rows(
             ring_all_gather_(in_place, slot, schedule=cast(Any, schedule))
             results.append((out, in_place, same_bits(mine, before)))
     return results
-
-
-def special_values(n: int, dtype: torch.dtype) -> torch.Tensor:
-    """NaNs with payloads and signs, signed zeros, infinities and subnormals, as bit patterns."""
-    width = torch.finfo(dtype).bits
-    ints = {16: torch.int16, 32: torch.int32, 64: torch.int64}[width]
-    mantissa = {torch.float16: 10, torch.bfloat16: 7, torch.float32: 23, torch.float64: 52}[dtype]
-    exponent_all = ((1 << (width - 1 - mantissa)) - 1) << mantissa
-    patterns = [
-        exponent_all | 1,  # signalling-style NaN payload
-        exponent_all | (1 << (mantissa - 1)) | 5,  # quiet NaN with a payload
-        (1 << (width - 1)) | exponent_all | 3,  # negative NaN
-        1 << (width - 1),  # -0.0
-        0,
-        1,  # the smallest subnormal
-        exponent_all,  # +inf
-        (1 << (width - 1)) | exponent_all,  # -inf
-    ]
-    signed = [p - (1 << width) if p >= 1 << (width - 1) else p for p in patterns]
-    rows = [torch.tensor(signed, dtype=ints).roll(r) for r in range(n)]
-    return torch.stack(rows).view(dtype).reshape(n, 4, 2)
 
 
 @pytest.mark.clause("dist-all-gather")
