@@ -1326,8 +1326,13 @@ def ring_all_gather_(
     return output
 
 
-class _Allocating:
-    """FSDP2's ``Comm.allocate``: a fresh tensor (the ring keeps its own scratch buffers)."""
+@dataclass(frozen=True)
+class _RingComm:
+    """What FSDP2's two comms share: the ring's ``schedule`` and ``timeout``, and ``Comm.allocate``,
+    a fresh tensor (the ring keeps its own scratch buffers)."""
+
+    schedule: str | RingSchedule | None = None
+    timeout: datetime.timedelta | None = None
 
     def allocate(
         self, size: Sequence[int | torch.SymInt], *, dtype: torch.dtype, device: torch.device
@@ -1337,7 +1342,7 @@ class _Allocating:
 
 
 @dataclass(frozen=True)
-class RingReduceScatter(_Allocating, _ReduceScatter):
+class RingReduceScatter(_RingComm, _ReduceScatter):
     """FSDP2's gradient reduce-scatter through the ring: ``set_custom_reduce_scatter(RingReduceScatter())``.
 
     Implements ``torch.distributed.fsdp``'s ``ReduceScatter`` protocol (``allocate`` and
@@ -1349,9 +1354,6 @@ class RingReduceScatter(_Allocating, _ReduceScatter):
     ``PREMUL_SUM`` (FSDP's ``set_gradient_divide_factor`` with another factor) is refused on every
     rank, as any op the ring does not run.
     """
-
-    schedule: str | RingSchedule | None = None
-    timeout: datetime.timedelta | None = None
 
     def __call__(
         self,
@@ -1368,7 +1370,7 @@ class RingReduceScatter(_Allocating, _ReduceScatter):
 
 
 @dataclass(frozen=True)
-class RingAllGather(_Allocating, _AllGather):
+class RingAllGather(_RingComm, _AllGather):
     """FSDP2's parameter all-gather through the ring: ``fsdp_module.set_custom_all_gather(RingAllGather())``.
 
     Implements ``torch.distributed.fsdp``'s ``AllGather`` protocol (``allocate`` and
@@ -1376,9 +1378,6 @@ class RingAllGather(_Allocating, _AllGather):
     every bit copied (FSDP passes ``input_tensor`` as a view of ``output_tensor``'s own slot).
     Returns ``None``: the gather is complete on return.
     """
-
-    schedule: str | RingSchedule | None = None
-    timeout: datetime.timedelta | None = None
 
     def __call__(
         self,

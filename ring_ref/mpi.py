@@ -258,6 +258,22 @@ def _ring(  # noqa: PLR0917 (the ring's state)
                 np.add(incoming, slot, out=slot)  # incoming + own, as rs-add states
 
 
+def _checked(
+    comm: MPI.Comm, args: object, schedule: object, timeout: float | None
+) -> tuple[int, int, RingSchedule, _Waiter]:
+    """This rank, the size, the ring and the waiter of a call whose arguments every rank has checked
+    (:func:`_check_everywhere`, which raises the same error on every rank otherwise)."""
+    rank, n = comm.Get_rank(), comm.Get_size()
+    call = "ring_all_reduce_"
+    if isinstance(args, Shards):
+        call = "ring_reduce_scatter_" if args.collective == REDUCE_SCATTER else "ring_all_gather_"
+    waiter = _Waiter(rank, n, timeout, call=call)
+    _check_everywhere(comm, args, n, waiter, schedule)
+    ring, _ = ring_for(args, schedule, n)
+    assert ring is not None
+    return rank, n, ring, waiter
+
+
 def ring_all_reduce_(
     comm: MPI.Comm,
     array: npt.NDArray[Any],
@@ -280,11 +296,7 @@ def ring_all_reduce_(
     ``ring_all_reduce(stacked, schedule=schedule)``; a layout other than
     ``even`` accepts any ``M``.
     """
-    rank, n = comm.Get_rank(), comm.Get_size()
-    waiter = _Waiter(rank, n, timeout)
-    _check_everywhere(comm, array, n, waiter, schedule)
-    ring, _ = ring_for(array, schedule, n)
-    assert ring is not None
+    rank, n, ring, waiter = _checked(comm, array, schedule, timeout)
     if n == 1:
         return array
     work = array if array.flags.c_contiguous else np.ascontiguousarray(array)
@@ -314,12 +326,7 @@ def ring_reduce_scatter_(
     raises the same exception on every rank before anything is written; ``timeout`` (seconds)
     as for :func:`ring_all_reduce_`.
     """
-    rank, n = comm.Get_rank(), comm.Get_size()
-    args = Shards(REDUCE_SCATTER, output, input)
-    waiter = _Waiter(rank, n, timeout, call="ring_reduce_scatter_")
-    _check_everywhere(comm, args, n, waiter, schedule)
-    ring, _ = ring_for(args, schedule, n)
-    assert ring is not None
+    rank, n, ring, waiter = _checked(comm, Shards(REDUCE_SCATTER, output, input), schedule, timeout)
     work = np.array(input, order="C", copy=True)
     if n > 1:
         _ring(comm, work, rank, ring, waiter, REDUCE_SCATTER)
@@ -343,12 +350,7 @@ def ring_all_gather_(
     ``output`` of shape ``(n*S, ...)``; ``input`` may be any memory, ``output``'s own slot
     included.  Checked and timed out as :func:`ring_reduce_scatter_`.
     """
-    rank, n = comm.Get_rank(), comm.Get_size()
-    args = Shards(ALL_GATHER, output, input)
-    waiter = _Waiter(rank, n, timeout, call="ring_all_gather_")
-    _check_everywhere(comm, args, n, waiter, schedule)
-    ring, _ = ring_for(args, schedule, n)
-    assert ring is not None
+    rank, n, ring, waiter = _checked(comm, Shards(ALL_GATHER, output, input), schedule, timeout)
     work = output if output.flags.c_contiguous else np.empty(output.shape, dtype=output.dtype)
     slot = work.reshape(n, -1)[rank]
     source = np.array(input, copy=True) if np.may_share_memory(input, work) else input

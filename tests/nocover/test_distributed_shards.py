@@ -81,6 +81,15 @@ def _column_major(t: torch.Tensor) -> torch.Tensor:
     return out
 
 
+@contextlib.contextmanager
+def tuned(settings: dict[str, object]) -> Iterator[None]:
+    """``ring_ref.distributed``'s tuning constants replaced by ``settings`` (on this rank)."""
+    with contextlib.ExitStack() as stack:
+        for name, value in settings.items():
+            stack.enter_context(mock.patch.object(distributed, name, value))
+        yield
+
+
 Case = tuple[torch.Tensor, object, str, bool]
 """The stacked input, ``schedule=``, ``op=`` and whether the rank's tensors are non-contiguous."""
 
@@ -92,9 +101,7 @@ def reduce_scatter_rows(
     unchanged and the output kept its identity (``settings`` replace tuning constants)."""
     settings, cases = payload
     results = []
-    with contextlib.ExitStack() as stack:
-        for name, value in settings.items():
-            stack.enter_context(mock.patch.object(distributed, name, value))
+    with tuned(settings):
         for x, schedule, op, strided in cases:
             mine = x[rank].clone()
             out = torch.full((x.shape[1] // world_size, *x.shape[2:]), float("nan"), dtype=x.dtype)
@@ -168,9 +175,7 @@ def gather_rows(
     holds the input (FSDP2's in-place gather); return both and whether the input was unchanged."""
     settings, cases = payload
     results = []
-    with contextlib.ExitStack() as stack:
-        for name, value in settings.items():
-            stack.enter_context(mock.patch.object(distributed, name, value))
+    with tuned(settings):
         for x, schedule, _, strided in cases:
             mine = x[rank].clone()
             out = torch.full((world_size * x.shape[1], *x.shape[2:]), 7.0, dtype=x.dtype)
