@@ -320,3 +320,32 @@ def test_every_row_of_the_shards_table_is_tested() -> None:
     for cell in rows:
         pattern = re.escape(cell.split("`")[1]).replace("<N>", r"\d+")
         assert any(re.search(pattern, fragment) for fragment in tested), f"untested row: {cell}"
+
+
+@pytest.mark.clause("dist-shards-bad-input")
+def test_the_numpy_twin_words_the_shards_rows_alike() -> None:
+    """``ring_ref.mpi``'s check: the same rows for arrays, plus a read-only output; good pairs pass."""
+    from ring_ref._validate import rank_array_shards_problem
+
+    spec, f32 = RingSchedule(1, 1, "even"), np.float32
+    read_only = np.zeros(1, np.float32)
+    read_only.flags.writeable = False
+    rows = [
+        ("reduce-scatter", [0.0], np.zeros(3, f32), TypeError, "output: expects a numpy.ndarray"),
+        ("all-gather", np.zeros(3), np.zeros(1, f32), TypeError, "output: dtype float64, but the input's"),
+        ("reduce-scatter", np.zeros(2, f32), np.zeros(3, f32), ValueError, "has shape (2,)"),
+        ("reduce-scatter", np.zeros(1, f32), np.zeros(4, f32), ValueError, "by N = 3"),
+        ("reduce-scatter", read_only, np.zeros(3, f32), ValueError, "output: the sum is written in place"),
+        (
+            "reduce-scatter",
+            np.zeros(1),
+            np.array([0.0, np.inf, 1.0]),
+            ValueError,
+            "input: inputs must be finite",
+        ),
+    ]
+    for collective, output, array, error, fragment in rows:
+        problem = rank_array_shards_problem(collective, output, array, 3, spec)
+        assert problem is not None and (problem.kind, fragment in problem.message) == (error, True), problem
+    assert rank_array_shards_problem("all-gather", np.zeros(3), np.array([np.nan]), 3, spec) is None
+    assert rank_array_shards_problem("reduce-scatter", np.zeros((1, 2)), np.zeros((3, 2)), 3, spec) is None
