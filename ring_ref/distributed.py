@@ -25,7 +25,7 @@ leave chunks short or empty (an empty chunk is never sent).
 
 :func:`ring_reduce_scatter_` and :func:`ring_all_gather_` (torch's ``reduce_scatter_tensor`` and
 ``all_gather_into_tensor``, argument order included; spec section 13) run one phase each of the
-same code: the steps of :attr:`_Plan.steps` of that phase, with the same check, transports and
+same code: the rounds of that phase alone, with the same check, transports and
 timeouts, on a ring that finishes chunk ``r`` at rank ``r``
 (:func:`ring_ref.schedule.reduce_scatter_ring`).  :class:`RingReduceScatter` and
 :class:`RingAllGather` hand them to FSDP2 (``set_custom_reduce_scatter`` / ``set_custom_all_gather``).
