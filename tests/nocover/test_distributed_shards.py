@@ -26,6 +26,7 @@ from ring_ref import distributed
 from ring_ref._processes._gloo import ProcessRing
 from ring_ref.distributed import ring_all_gather_, ring_all_reduce_, ring_reduce_scatter_
 from ring_ref.schedule import RingSchedule
+from tests.faults import failing_add
 from tests.oracles import bits, same_bits, shard_fold, special_values
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -398,17 +399,7 @@ def fail_in_shards(rank: int, world_size: int, payload: tuple[str, int]) -> tupl
         return "finished", False
     if at_add == 0:
         return "did not call", True
-    calls = 0
-    real = torch.add
-
-    def failing(*args: Any, **kwargs: Any) -> Any:
-        nonlocal calls
-        calls += 1
-        if calls == at_add:
-            raise OSError(f"planted failure on rank {rank}")
-        return real(*args, **kwargs)
-
-    with mock.patch.object(torch, "add", failing):
+    with failing_add(at_add, rank):
         try:
             call(out, x, timeout=CALL_TIMEOUT)
         except OSError as exc:
