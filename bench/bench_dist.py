@@ -2,9 +2,13 @@
 
 For each world size ``N`` one group of ``N`` processes on 127.0.0.1 (``ring_ref._processes._gloo``) runs
 both all-reduces on the same float32 tensor sizes, taking turns within each repetition (which
-one goes first alternates) so that machine noise hits both alike.  A repetition's time is the
+one goes first alternates) so that machine noise hits both alike; then, alike,
+``ring_reduce_scatter_`` against gloo's ``reduce_scatter_tensor`` and ``ring_all_gather_`` against
+its ``all_gather_into_tensor`` (a size is the larger tensor of a rank: the reduce-scatter's input,
+the all-gather's output).  A repetition's time is the
 slowest rank's (ranks start together after a barrier); reported are medians over repetitions,
-and bus bandwidth ``2 (N - 1) / N * bytes / time``, as nccl-tests reports it.  Then the same
+and bus bandwidth ``2 (N - 1) / N * bytes / time`` (``(N - 1) / N`` for reduce-scatter and
+all-gather), as nccl-tests reports it.  Then the same
 processes time DDP training steps of one model with DDP's default all-reduce and with
 ``ring_ref.distributed.ring_hook``, again taking turns.  All of this is repeated on ``--runs``
 fresh groups (default 5), and every cell is the median over the runs: one run's ratios tend to
@@ -24,6 +28,7 @@ import platform
 import statistics
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -34,7 +39,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from ring_ref._processes._gloo import ProcessRing
-from ring_ref.distributed import ring_all_reduce_, ring_hook
+from ring_ref.distributed import ring_all_gather_, ring_all_reduce_, ring_hook, ring_reduce_scatter_
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -46,6 +51,14 @@ TARGETS = (  # (label, smallest and largest size in bytes it applies to, largest
 DDP_TARGET = 1.5
 MIN_REPS, MAX_REPS = 5, 60
 DDP_STEPS, DDP_WARMUP = 12, 2
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
+"""The collectives timed: each gloo's own (its ``dist`` function's name) against the ring's."""
+RESULT_KEY = {"all_reduce": "collective", "reduce_scatter": "reduce_scatter", "all_gather": "all_gather"}
+"""Where each collective's rows are in a result (the all-reduce's under its first name)."""
+RING_NAME = {"all_reduce": "ring_all_reduce_", "reduce_scatter": "ring_reduce_scatter_"}
+RING_NAME["all_gather"] = "ring_all_gather_"
+GLOO_NAME = {"all_reduce": "dist.all_reduce", "reduce_scatter": "dist.reduce_scatter_tensor"}
+GLOO_NAME["all_gather"] = "dist.all_gather_into_tensor"
 
 
 def _timed(fn: Callable[[], object]) -> float:
@@ -55,30 +68,65 @@ def _timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def collective_rank(rank: int, n: int, spec: dict[str, Any]) -> list[dict[str, Any]]:
-    """On one rank: per size, each repetition's time of ``dist.all_reduce`` and of the ring."""
-    torch.set_num_threads(spec["threads"])
-    rows = []
-    for nbytes in spec["sizes"]:
-        gen = torch.Generator().manual_seed(rank)
-        source = torch.randn(nbytes // 4, generator=gen)
+def _operations(
+    collective: str, rank: int, n: int, nbytes: int
+) -> tuple[dict[str, Callable[[], object]], Callable[[], None], torch.Tensor, torch.Tensor]:
+    """gloo's and the ring's call of ``collective`` on ``nbytes`` per rank, the reset before each
+    repetition (an all-reduce works in place), and the two results."""
+    gen = torch.Generator().manual_seed(rank)
+    elements = nbytes // 4
+    if collective == "all_reduce":
+        source = torch.randn(elements, generator=gen)
         a, b = source.clone(), source.clone()
-        dist.all_reduce(a)  # warm-up, and the sanity check below
-        ring_all_reduce_(b)
-        if not torch.allclose(a, b, rtol=1e-4, atol=1e-4):
-            raise AssertionError(f"{nbytes} bytes: the ring's sum is not dist.all_reduce's")
         ops: dict[str, Callable[[], object]] = {
             "all_reduce": partial(dist.all_reduce, a),
             "ring": partial(ring_all_reduce_, b),
         }
-        estimate = _timed(ops["all_reduce"]) + _timed(ops["ring"])
+
+        def reset() -> None:
+            a.copy_(source)
+            b.copy_(source)
+
+        return ops, reset, a, b
+    if collective == "reduce_scatter":
+        source = torch.randn(elements, generator=gen)
+        a, b = torch.empty(elements // n), torch.empty(elements // n)
+        ops = {
+            "reduce_scatter": partial(dist.reduce_scatter_tensor, a, source),
+            "ring": partial(ring_reduce_scatter_, b, source),
+        }
+    else:
+        source = torch.randn(elements // n, generator=gen)
+        a, b = torch.empty(elements), torch.empty(elements)
+        ops = {
+            "all_gather": partial(dist.all_gather_into_tensor, a, source),
+            "ring": partial(ring_all_gather_, b, source),
+        }
+    return ops, lambda: None, a, b
+
+
+def collective_rank(rank: int, n: int, spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """On one rank: per size, each repetition's time of gloo's ``spec["collective"]`` and of the ring's."""
+    torch.set_num_threads(spec["threads"])
+    # torch 2.13 deprecates both in favour of *_single; they are what the issue compares against.
+    warnings.filterwarnings(
+        "ignore", message=".*(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated"
+    )
+    collective = spec["collective"]
+    rows = []
+    for nbytes in spec["sizes"]:
+        ops, reset, a, b = _operations(collective, rank, n, nbytes)
+        for op in ops.values():  # warm-up, and the sanity check below
+            op()
+        if not torch.allclose(a, b, rtol=1e-4, atol=1e-4):
+            raise AssertionError(f"{nbytes} bytes: the ring's {collective} is not gloo's")
+        estimate = _timed(ops[collective]) + _timed(ops["ring"])
         budget = torch.tensor([estimate])
         dist.all_reduce(budget, op=dist.ReduceOp.MAX)  # every rank must run the same repetitions
         reps = int(min(MAX_REPS, max(MIN_REPS, spec["budget_s"] / max(float(budget), 1e-6))))
-        times: dict[str, list[float]] = {"all_reduce": [], "ring": []}
+        times: dict[str, list[float]] = {name: [] for name in ops}
         for rep in range(reps):
-            a.copy_(source)
-            b.copy_(source)
+            reset()
             for name in list(ops) if rep % 2 == 0 else list(ops)[::-1]:
                 times[name].append(_timed(ops[name]))
         rows.append({"bytes": nbytes, **times})
@@ -129,9 +177,9 @@ def slowest(per_rank: list[list[float]]) -> list[float]:
     return [max(times) for times in zip(*per_rank, strict=True)]
 
 
-def bus_bandwidth(n: int, nbytes: int, seconds: float) -> float:
-    """nccl-tests' bus bandwidth of an all-reduce, bytes per second."""
-    return 2 * (n - 1) / n * nbytes / seconds
+def bus_bandwidth(n: int, nbytes: int, seconds: float, collective: str = "all_reduce") -> float:
+    """nccl-tests' bus bandwidth of ``collective`` on ``nbytes`` (its larger tensor), bytes per second."""
+    return (2 if collective == "all_reduce" else 1) * (n - 1) / n * nbytes / seconds
 
 
 def fmt_bytes(nbytes: int) -> str:
@@ -151,20 +199,22 @@ def measure_once(n: int, args: argparse.Namespace) -> dict[str, Any]:
     spec = {"sizes": args.sizes, "threads": args.threads, "budget_s": args.budget}
     ddp_spec = {"threads": args.threads, "steps": args.ddp_steps, "width": args.ddp_width}
     ddp_spec |= {"depth": args.ddp_depth, "batch": args.ddp_batch}
+    result: dict[str, Any] = {"n": n}
     with ProcessRing(n, group_timeout_s=600) as ring:
-        per_rank = ring.run(collective_rank, spec, timeout_s=3600)
+        for collective in args.collectives:
+            per_rank = ring.run(collective_rank, spec | {"collective": collective}, timeout_s=3600)
+            rows = []
+            for k, nbytes in enumerate(args.sizes):
+                row: dict[str, Any] = {"n": n, "bytes": nbytes}
+                for name in (collective, "ring"):
+                    median = statistics.median(slowest([r[k][name] for r in per_rank]))
+                    row[f"{name}_s"] = median
+                    row[f"{name}_busbw_GBps"] = bus_bandwidth(n, nbytes, median, collective) / 1e9
+                row["ratio"] = row["ring_s"] / row[f"{collective}_s"]
+                row["reps"] = len(per_rank[0][k]["ring"])
+                rows.append(row)
+            result[RESULT_KEY[collective]] = rows
         ddp = ring.run(ddp_rank, ddp_spec, timeout_s=3600) if args.ddp_steps else None
-    rows = []
-    for k, nbytes in enumerate(args.sizes):
-        row: dict[str, Any] = {"n": n, "bytes": nbytes}
-        for name in ("all_reduce", "ring"):
-            median = statistics.median(slowest([r[k][name] for r in per_rank]))
-            row[f"{name}_s"] = median
-            row[f"{name}_busbw_GBps"] = bus_bandwidth(n, nbytes, median) / 1e9
-        row["ratio"] = row["ring_s"] / row["all_reduce_s"]
-        row["reps"] = len(per_rank[0][k]["ring"])
-        rows.append(row)
-    result: dict[str, Any] = {"n": n, "collective": rows}
     if ddp is not None:
         steps = {name: statistics.median(slowest([r[name] for r in ddp])) for name in ddp[0]}
         params = sum(p.numel() for p in _model(args.ddp_width, args.ddp_depth).parameters())
@@ -186,18 +236,20 @@ def measure(n: int, args: argparse.Namespace) -> dict[str, Any]:
     landed on the cores), so whole runs are repeated rather than repetitions within one.
     """
     runs = [measure_once(n, args) for _ in range(args.runs)]
-    rows = []
-    for k, first in enumerate(runs[0]["collective"]):
-        row: dict[str, Any] = {"n": n, "bytes": first["bytes"]}
-        for name in ("all_reduce", "ring"):
-            median = statistics.median(run["collective"][k][f"{name}_s"] for run in runs)
-            row[f"{name}_s"] = median
-            row[f"{name}_busbw_GBps"] = bus_bandwidth(n, first["bytes"], median) / 1e9
-        row["run_ratios"] = [run["collective"][k]["ratio"] for run in runs]
-        row["ratio"] = statistics.median(row["run_ratios"])
-        row["reps"] = sum(run["collective"][k]["reps"] for run in runs)
-        rows.append(row)
-    result: dict[str, Any] = {"n": n, "runs": args.runs, "collective": rows}
+    result: dict[str, Any] = {"n": n, "runs": args.runs}
+    for collective in args.collectives:
+        key, rows = RESULT_KEY[collective], []
+        for k, first in enumerate(runs[0][key]):
+            row: dict[str, Any] = {"n": n, "bytes": first["bytes"]}
+            for name in (collective, "ring"):
+                median = statistics.median(run[key][k][f"{name}_s"] for run in runs)
+                row[f"{name}_s"] = median
+                row[f"{name}_busbw_GBps"] = bus_bandwidth(n, first["bytes"], median, collective) / 1e9
+            row["run_ratios"] = [run[key][k]["ratio"] for run in runs]
+            row["ratio"] = statistics.median(row["run_ratios"])
+            row["reps"] = sum(run[key][k]["reps"] for run in runs)
+            rows.append(row)
+        result[key] = rows
     if "ddp" in runs[0]:
         ddps = [run["ddp"] for run in runs]
         result["ddp"] = {
@@ -212,17 +264,23 @@ def measure(n: int, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def report(results: list[dict[str, Any]]) -> list[str]:
-    lines = [
-        "| N | per rank | dist.all_reduce | ring_all_reduce_ | ratio | bus bw all_reduce | bus bw ring |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for res in results:
-        for row in res["collective"]:
-            lines.append(
-                f"| {row['n']} | {fmt_bytes(row['bytes'])} | {fmt_s(row['all_reduce_s'])} | "
-                f"{fmt_s(row['ring_s'])} | {row['ratio']:.2f}x | {row['all_reduce_busbw_GBps']:.3f} GB/s | "
-                f"{row['ring_busbw_GBps']:.3f} GB/s |"
-            )
+    lines: list[str] = []
+    for collective in COLLECTIVES:
+        if RESULT_KEY[collective] not in results[0]:
+            continue
+        gloo, ring = GLOO_NAME[collective], RING_NAME[collective]
+        lines += [""] if lines else []
+        lines += [
+            f"| N | per rank | {gloo} | {ring} | ratio | bus bw {collective} | bus bw ring |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for res in results:
+            for row in res[RESULT_KEY[collective]]:
+                lines.append(
+                    f"| {row['n']} | {fmt_bytes(row['bytes'])} | {fmt_s(row[f'{collective}_s'])} | "
+                    f"{fmt_s(row['ring_s'])} | {row['ratio']:.2f}x | "
+                    f"{row[f'{collective}_busbw_GBps']:.3f} GB/s | {row['ring_busbw_GBps']:.3f} GB/s |"
+                )
     ddp_rows = [res for res in results if "ddp" in res]
     if ddp_rows:
         lines += ["", "| N | DDP step, default hook | DDP step, ring_hook | ratio |", "|---|---|---|---|"]
@@ -237,16 +295,18 @@ def report(results: list[dict[str, Any]]) -> list[str]:
 
 def target_lines(results: list[dict[str, Any]]) -> list[str]:
     lines = []
-    for label, low, high, limit in TARGETS:
-        for res in results:
-            picked = [row for row in res["collective"] if low <= row["bytes"] <= high]
-            if picked:
-                worst = max(picked, key=lambda row: row["ratio"])
-                ratios = ", ".join(f"{fmt_bytes(r['bytes'])} {r['ratio']:.2f}x" for r in picked)
-                lines.append(
-                    f"ring / all_reduce {label}, N={res['n']}: worst {worst['ratio']:.2f}x "
-                    f"(target <= {limit}x: {verdict(worst['ratio'], limit)}); {ratios}"
-                )
+    for collective in COLLECTIVES:
+        for label, low, high, limit in TARGETS:
+            for res in results:
+                rows = res.get(RESULT_KEY[collective], [])
+                picked = [row for row in rows if low <= row["bytes"] <= high]
+                if picked:
+                    worst = max(picked, key=lambda row: row["ratio"])
+                    ratios = ", ".join(f"{fmt_bytes(r['bytes'])} {r['ratio']:.2f}x" for r in picked)
+                    lines.append(
+                        f"ring / {collective} {label}, N={res['n']}: worst {worst['ratio']:.2f}x "
+                        f"(target <= {limit}x: {verdict(worst['ratio'], limit)}); {ratios}"
+                    )
     for res in results:
         if "ddp" in res:
             ratio = res["ddp"]["ratio"]
@@ -264,18 +324,26 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # type: ignore[import-not-found, unused-ignore]
 
-    fig, axes = plt.subplots(1, len(results), figsize=(5.5 * len(results), 4), squeeze=False)
-    for ax, res in zip(axes[0], results, strict=True):
-        sizes = [row["bytes"] for row in res["collective"]]
-        for name, label in (("all_reduce", "dist.all_reduce (gloo)"), ("ring", "ring_all_reduce_")):
-            ax.plot(sizes, [row[f"{name}_busbw_GBps"] for row in res["collective"]], marker="o", label=label)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("bytes per rank (float32)")
-        ax.set_ylabel("bus bandwidth (GB/s)")
-        ax.set_title(f"N = {res['n']} gloo processes on 127.0.0.1")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
+    shown = [c for c in COLLECTIVES if RESULT_KEY[c] in results[0]]
+    fig, axes = plt.subplots(
+        len(shown), len(results), figsize=(5.5 * len(results), 4 * len(shown)), squeeze=False
+    )
+    for axes_row, collective in zip(axes, shown, strict=True):
+        for ax, res in zip(axes_row, results, strict=True):
+            rows = res[RESULT_KEY[collective]]
+            sizes = [row["bytes"] for row in rows]
+            for name, label in (
+                (collective, f"{GLOO_NAME[collective]} (gloo)"),
+                ("ring", RING_NAME[collective]),
+            ):
+                ax.plot(sizes, [row[f"{name}_busbw_GBps"] for row in rows], marker="o", label=label)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("bytes per rank (float32; the larger tensor)")
+            ax.set_ylabel("bus bandwidth (GB/s)")
+            ax.set_title(f"{collective}, N = {res['n']} gloo processes on 127.0.0.1")
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -292,6 +360,14 @@ def main(argv: list[str] | None = None) -> int:
         "--budget", type=float, default=2.0, help="seconds of repetitions per size, N and run"
     )
     parser.add_argument("--runs", type=int, default=5, help="fresh process groups per N (medians over them)")
+    parser.add_argument(
+        "--collectives",
+        type=lambda s: [
+            c for c in s.split(",") if c in COLLECTIVES or parser.error(f"unknown collective {c!r}")
+        ],
+        default=list(COLLECTIVES),
+        help="comma-separated, of " + ", ".join(COLLECTIVES),
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank (torchrun's default)")
     parser.add_argument("--ddp-steps", type=int, default=DDP_STEPS, help="timed DDP steps per hook (0: skip)")
     parser.add_argument("--ddp-width", type=int, default=1024)

@@ -19,16 +19,20 @@ import functools
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, NamedTuple
 
 from ring_ref._validate import BadInput, schedule_of
-from ring_ref.schedule import RingSchedule
+from ring_ref.schedule import ALL_GATHER, REDUCE_SCATTER, Phase, RingSchedule, reduce_scatter_ring
 
 __all__ = [
     "EXACT_DIMS",
+    "SHARDS_KEYS",
     "Description",
+    "Shards",
+    "call_key",
     "code",
     "problem_of",
+    "ring_for",
     "ring_of",
     "schedule_key",
     "shape_words",
@@ -58,6 +62,47 @@ def ring_of(name: object) -> tuple[RingSchedule | None, BadInput | None]:
 def schedule_key(ring: RingSchedule | None, n: int) -> str:
     """The same text on every rank for the same ring (offsets taken mod ``n``)."""
     return "invalid" if ring is None else ring.normalized(n).describe()
+
+
+class Shards(NamedTuple):
+    """The arguments of a reduce-scatter or an all-gather on one rank, which the check validates
+    together (where an all-reduce's check validates its one tensor or array)."""
+
+    collective: Phase
+    output: object
+    input: object
+
+
+def ring_for(args: object, name: object, n: int) -> tuple[RingSchedule | None, BadInput | None]:
+    """The ring a call runs, or the table's verdict on ``name``: :func:`ring_of` for an all-reduce,
+    :func:`ring_ref.schedule.reduce_scatter_ring` for :class:`Shards` (whose ``None`` is ``"spec"``).
+
+    >>> ring_for(Shards(REDUCE_SCATTER, None, None), None, 4)[0]
+    RingSchedule(direction=1, offset=1, layout='even')
+    >>> print(ring_for(Shards(ALL_GATHER, None, None), RingSchedule(1, 0, "even"), 4)[1].message)
+    ... # doctest: +ELLIPSIS
+    RingSchedule(direction=1, offset=0, layout='even') does not leave chunk r at rank r ...
+    """
+    if not isinstance(args, Shards):
+        return ring_of(name)
+    ring, bad = ring_of("spec" if name is None else name)
+    if ring is None:
+        return None, bad
+    try:
+        return reduce_scatter_ring(ring if isinstance(name, RingSchedule) else str(name or "spec"), n), None
+    except ValueError as exc:
+        return None, BadInput(ValueError, str(exc))
+
+
+SHARDS_KEYS: Final = (f"{REDUCE_SCATTER} ", f"{ALL_GATHER} ")
+"""How :func:`call_key` starts for a reduce-scatter and an all-gather."""
+
+
+def call_key(args: object, ring: RingSchedule | None, n: int) -> str:
+    """:func:`schedule_key`, after the collective's name for :class:`Shards`: calls of different
+    collectives have different keys, so the check refuses them."""
+    key = schedule_key(ring, n)
+    return f"{args.collective} schedule {key}" if isinstance(args, Shards) else key
 
 
 def problem_of(bad: BadInput | None) -> tuple[str, str] | None:

@@ -23,6 +23,13 @@ leave chunks short or empty (an empty chunk is never sent).
 :func:`ring_hook` plugs the same ring into ``DistributedDataParallel``
 (``model.register_comm_hook(None, ring_hook)``).
 
+:func:`ring_reduce_scatter_` and :func:`ring_all_gather_` (torch's ``reduce_scatter_tensor`` and
+``all_gather_into_tensor``, argument order included; spec section 13) run one phase each of the
+same code: the rounds of that phase alone, with the same check, transports and
+timeouts, on a ring that finishes chunk ``r`` at rank ``r``
+(:func:`ring_ref.schedule.reduce_scatter_ring`).  :class:`RingReduceScatter` and
+:class:`RingAllGather` hand them to FSDP2 (``set_custom_reduce_scatter`` / ``set_custom_all_gather``).
+
 **Speed.**  On gloo each chunk travels in segments (at least
 :data:`SEGMENT_BYTES`, or :data:`EXCHANGE_SEGMENT_BYTES` on two ranks, at most
 :data:`MAX_SEGMENTS` per chunk; every chunk of a call is cut into the same
@@ -115,28 +122,46 @@ import functools
 import math
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Final, NamedTuple
+from typing import TYPE_CHECKING, Final, NamedTuple
 
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import GradBucket  # dist.GradBucket, which the stubs do not export
 
+if TYPE_CHECKING:  # importing FSDP takes about a second: the classes below implement it structurally
+    from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather as _AllGather
+    from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter as _ReduceScatter
+else:
+    _AllGather = _ReduceScatter = object
+
 from ring_ref._chunks import chunk_bounds
 from ring_ref._ops import COMMUTING_OPS, Op, finish_torch, op_name, torch_combine_into
 from ring_ref._rank_check import (
     EXACT_DIMS,
+    SHARDS_KEYS,
     Description,
+    Shards,
+    call_key,
     code,
     problem_of,
+    ring_for,
     ring_of,
     schedule_key,
     shape_words,
     verdict,
 )
-from ring_ref._validate import BadInput, rank_tensor_problem, schedule_of
-from ring_ref.schedule import REDUCE_SCATTER, SPEC, Phase, RingSchedule, all_rounds, rounds_per_phase
+from ring_ref._validate import BadInput, rank_shards_problem, rank_tensor_problem
+from ring_ref.schedule import (
+    ALL_GATHER,
+    REDUCE_SCATTER,
+    SPEC,
+    Phase,
+    RingSchedule,
+    all_rounds,
+    rounds_per_phase,
+)
 
 __all__ = [
     "EXCHANGE_SEGMENT_BYTES",
@@ -144,9 +169,13 @@ __all__ = [
     "MAX_SEGMENTS",
     "SEGMENT_BYTES",
     "SWAP_BYTES",
+    "RingAllGather",
     "RingHookState",
+    "RingReduceScatter",
+    "ring_all_gather_",
     "ring_all_reduce_",
     "ring_hook",
+    "ring_reduce_scatter_",
 ]
 
 SEGMENT_BYTES: Final = 1 << 20
@@ -201,17 +230,24 @@ def _op_problem(op: object) -> tuple[Op | None, BadInput | None]:
 def _problem(
     tensor: object, n: int, backend: str, ring: RingSchedule, *, finite: bool = True
 ) -> BadInput | None:
-    """The table's verdict on one rank's tensor for ``ring`` (only ``even`` needs ``N`` to divide ``M``)."""
+    """The table's verdict on one rank's tensor (or :class:`Shards`) for ``ring`` (only ``even`` needs
+    ``N`` to divide ``M``)."""
+    if isinstance(tensor, Shards):
+        return rank_shards_problem(
+            tensor.collective, tensor.output, tensor.input, n, backend, ring, finite=finite
+        )
     return rank_tensor_problem(tensor, n, backend, finite=finite, divisible=ring.layout == "even")
 
 
 def _describe(tensor: object, n: int, backend: str, op: object = "sum", name: object = "spec") -> Description:
     """Check one rank's arguments on their own; the verdict is applied on every rank after the exchange."""
     reduce_op, op_bad = _op_problem(op)
-    ring, ring_bad = ring_of(name)
+    ring, ring_bad = ring_for(tensor, name, n)
     bad = ring_bad or (None if ring is None else _problem(tensor, n, backend, ring)) or op_bad
     problem = problem_of(bad)
-    key = schedule_key(ring, n)
+    key = call_key(tensor, ring, n)
+    if isinstance(tensor, Shards):
+        tensor = tensor.input
     if not isinstance(tensor, torch.Tensor):
         kind = type(tensor).__name__
         return Description(kind, (kind, key), problem)
@@ -220,12 +256,12 @@ def _describe(tensor: object, n: int, backend: str, op: object = "sum", name: ob
     if reduce_op != "sum":
         summary += f", op {reduce_op or op!r}"
     if key != schedule_key(SPEC, n):
-        summary += f", schedule {key}"
+        summary += f", {'' if key.startswith(SHARDS_KEYS) else 'schedule '}{key}"
     signature = (shape, str(tensor.dtype), tensor.device.type, reduce_op, key)
     return Description(summary, signature, problem)
 
 
-def _verdict(descriptions: list[Description]) -> Exception | None:
+def _verdict(descriptions: list[Description], call: str = "ring_all_reduce_") -> Exception | None:
     """The one exception every rank raises for this set of descriptions, or ``None`` if all is well.
 
     >>> _verdict([_describe(torch.zeros(6), 3, "gloo")] * 3) is None
@@ -239,7 +275,7 @@ def _verdict(descriptions: list[Description]) -> Exception | None:
     """
     return verdict(
         descriptions,
-        call="ring_all_reduce_",
+        call=call,
         things="tensors, ops or schedules",
         same="shape, dtype and device type, the same op and the same schedule",
     )
@@ -251,8 +287,9 @@ def _metadata(
     """This rank's fixed-size signature, and whether its arguments pass every row of the table but
     finiteness (which reads the values; :func:`_signature` adds it)."""
     reduce_op, op_bad = _op_problem(op)
-    ring, _ = ring_of(name)
-    key = code(schedule_key(ring, n))
+    ring, _ = ring_for(tensor, name, n)
+    key = code(call_key(tensor, ring, n))
+    args, tensor = tensor, tensor.input if isinstance(tensor, Shards) else tensor
     if not isinstance(tensor, torch.Tensor) or tensor.is_nested or op_bad or ring is None:
         return [0, code(type(tensor).__name__), key, *[0] * (_SIGNATURE_LENGTH - 3)], False
     signature = [
@@ -264,16 +301,20 @@ def _metadata(
         code(str(reduce_op)),
         key,
     ]
-    return signature, _problem(tensor, n, backend, ring, finite=False) is None
+    return signature, _problem(args, n, backend, ring, finite=False) is None
 
 
-def _finite(tensor: torch.Tensor, n: int, backend: str, ring: RingSchedule) -> bool:
+def _finite(tensor: "torch.Tensor | Shards", n: int, backend: str, ring: RingSchedule) -> bool:
     """Whether every value of a tensor that passed the other rows is finite, at the cost of one sum.
 
     A NaN or infinity anywhere makes the sum non-finite; only then (or when finite
-    values overflow the sum) are the elements scanned.
+    values overflow the sum) are the elements scanned.  An all-gather copies any value.
     """
-    total = (tensor.detach() if tensor.requires_grad else tensor).sum().item()
+    if isinstance(tensor, Shards) and tensor.collective == ALL_GATHER:
+        return True
+    values = tensor.input if isinstance(tensor, Shards) else tensor
+    assert isinstance(values, torch.Tensor)
+    total = (values.detach() if values.requires_grad else values).sum().item()
     return math.isfinite(total) or _problem(tensor, n, backend, ring) is None
 
 
@@ -299,8 +340,9 @@ def _signature(
     signature, sound = _metadata(tensor, n, backend, op, name)
     if not sound:
         return signature, False
-    assert isinstance(tensor, torch.Tensor)
-    return signature, _finite(tensor, n, backend, schedule_of(name))
+    ring, _ = ring_for(tensor, name, n)
+    assert isinstance(tensor, (torch.Tensor, Shards)) and ring is not None
+    return signature, _finite(tensor, n, backend, ring)
 
 
 class _Known(NamedTuple):
@@ -328,26 +370,67 @@ def _known_key(
 ) -> tuple[object, ...] | None:
     """The key of a call's metadata, or ``None`` when it cannot be told apart by equality alone.
 
-    Only dense tensors with a ``str`` op and a preset name, or a ``RingSchedule``
+    Only dense tensors with a ``str`` op and a preset name (or ``None``), or a ``RingSchedule``
     of exactly ``int``, ``int``, ``str`` fields, qualify (``1.0 == 1`` and
     ``True == 1``, but the table refuses those fields).  The tuning constants and the
     backends that pipeline are part of the key (the plan and the check's row depend on them).
+    A reduce-scatter's or all-gather's key holds both tensors' metadata.
     """
+    pair: tuple[object, ...] = ()
+    if isinstance(tensor, Shards):
+        output = tensor.output
+        if not isinstance(output, torch.Tensor) or output.is_nested or output.layout != torch.strided:
+            return None
+        pair = (tensor.collective, output.shape, output.stride(), output.dtype, output.device)
+        tensor = tensor.input
     if not isinstance(tensor, torch.Tensor) or tensor.is_nested or tensor.layout != torch.strided:
         return None
     if type(op) is not str:
         return None
-    if type(name) is not str and not (
-        type(name) is RingSchedule and all(type(v) is t for v, t in zip(name, _EXACT_FIELDS, strict=True))
+    if (
+        name is not None
+        and type(name) is not str
+        and not (
+            type(name) is RingSchedule and all(type(v) is t for v, t in zip(name, _EXACT_FIELDS, strict=True))
+        )
     ):
         return None
     tuning = (*_tuning(), _PIPELINED_BACKENDS)
-    return (tensor.shape, tensor.stride(), tensor.dtype, tensor.device, rank, n, backend, op, name, tuning)
+    return (
+        tensor.shape,
+        tensor.stride(),
+        tensor.dtype,
+        tensor.device,
+        rank,
+        n,
+        backend,
+        op,
+        name,
+        tuning,
+        *pair,
+    )
 
 
-def _tuning() -> tuple[int, int, int, int, int, int]:
-    """The tuning constants :func:`_plan` takes, read when called (tests replace them)."""
-    return SEGMENT_BYTES, EXCHANGE_SEGMENT_BYTES, MAX_SEGMENTS, SWAP_BYTES, LEAD_BYTES, _EXCHANGE_RANKS
+def _tuning(args: object = None) -> tuple[int, int, int, int, int, int]:
+    """The tuning constants :func:`_plan` takes, read when called (tests replace them).
+
+    A reduce-scatter or an all-gather never swaps whole tensors (each rank makes only its own
+    shard's combines); an all-gather sends nothing with the check (its first round copies).
+    """
+    swap, lead = SWAP_BYTES, LEAD_BYTES
+    if isinstance(args, Shards):
+        swap, lead = -1, lead if args.collective == REDUCE_SCATTER else -1
+    return SEGMENT_BYTES, EXCHANGE_SEGMENT_BYTES, MAX_SEGMENTS, swap, lead, _EXCHANGE_RANKS
+
+
+def _buffer_size(args: object) -> tuple[int, int]:
+    """Elements and element size of the buffer the ring runs on: the tensor reduced, a
+    reduce-scatter's input (copied), an all-gather's output."""
+    tensor = args
+    if isinstance(args, Shards):
+        tensor = args.input if args.collective == REDUCE_SCATTER else args.output
+    assert isinstance(tensor, torch.Tensor)
+    return tensor.numel(), tensor.element_size()
 
 
 def _known(tensor: object, rank: int, n: int, backend: str, *, op: object, name: object) -> _Known:
@@ -359,10 +442,11 @@ def _known(tensor: object, rank: int, n: int, backend: str, *, op: object, name:
         flags = None if backend == "nccl" else _flags(signature, True, n, backend)
         ring = reduce_op = plan = None
         if sound:
-            assert isinstance(tensor, torch.Tensor)
-            ring, reduce_op = schedule_of(name).normalized(n), op_name(op)
+            ring, reduce_op = ring_for(tensor, name, n)[0], op_name(op)
+            assert ring is not None
+            ring = ring.normalized(n)
             if n > 1:
-                plan = _plan(ring, rank, n, tensor.numel(), tensor.element_size(), *_tuning())
+                plan = _plan(ring, rank, n, *_buffer_size(tensor), *_tuning(tensor))
         known = _Known(signature, sound, flags, ring, reduce_op, plan)
         if key is not None:
             if len(_KNOWN) >= _KNOWN_MAX:
@@ -392,15 +476,22 @@ class _Waiter:
     """Waits on works with the call's ``timeout``; rewords any failure with the rank and the round."""
 
     def __init__(
-        self, rank: int, n: int, timeout: datetime.timedelta | None, right: int = 0, left: int = 0
+        self,
+        rank: int,
+        n: int,
+        timeout: datetime.timedelta | None,
+        right: int = 0,
+        left: int = 0,
+        *,
+        call: str = "ring_all_reduce_",
     ) -> None:
         self.rank, self.n, self.timeout = rank, n, timeout
-        self.right, self.left = right, left
+        self.right, self.left, self.call = right, left, call
 
     def _failed(self, where: str, exc: RuntimeError) -> RuntimeError:
         return RuntimeError(
-            f"ring_all_reduce_: rank {self.rank} of {self.n}{where} failed or timed out; a peer "
-            f"probably raised, exited or did not call ring_all_reduce_. Cause: {exc}"
+            f"{self.call}: rank {self.rank} of {self.n}{where} failed or timed out; a peer "
+            f"probably raised, exited or did not call {self.call}. Cause: {exc}"
         )
 
     def wait(self, work: dist.Work, where: str) -> None:
@@ -484,7 +575,7 @@ def _check_everywhere(
     known = _known(tensor, waiter.rank, n, backend, op=op, name=name)
     clean = known.sound
     if clean:
-        assert isinstance(tensor, torch.Tensor) and known.ring is not None
+        assert isinstance(tensor, (torch.Tensor, Shards)) and known.ring is not None
         clean = _finite(tensor, n, backend, known.ring)
     if n > 1:
         flags = known.flags
@@ -509,18 +600,18 @@ def _refuse_everywhere(
     name: object,
 ) -> None:
     """Exchange full descriptions and raise the one error they call for, the same on every rank."""
-    n = waiter.n
+    n, call = waiter.n, waiter.call
     descriptions: list[Description | None] = [None] * n
     mine = _describe(tensor, n, backend, op, name)
     try:
         dist.all_gather_object(descriptions, mine, group=group)
     except RuntimeError as exc:
         raise RuntimeError(
-            f"ring_all_reduce_: rank {waiter.rank} of {n}: exchanging tensor descriptions before the "
+            f"{call}: rank {waiter.rank} of {n}: exchanging tensor descriptions before the "
             f"ring failed or timed out; a peer probably raised, exited or did not call "
-            f"ring_all_reduce_. Cause: {exc}"
+            f"{call}. Cause: {exc}"
         ) from exc
-    error = _verdict([d for d in descriptions if d is not None])
+    error = _verdict([d for d in descriptions if d is not None], call)
     if error is not None:
         raise error
 
@@ -690,8 +781,9 @@ def _ring_pipelined(
     *,
     combine_into: Callable[[torch.Tensor, torch.Tensor], None],
     lead: tuple[torch.Tensor, ...] | None = None,
+    steps: range,
 ) -> None:
-    """The schedule's rounds on the segments ``slots`` of a flat buffer, pipelined.
+    """The schedule's rounds ``steps`` on the segments ``slots`` of a flat buffer, pipelined.
 
     ``slots[c * per_chunk + s]`` is segment ``s`` of chunk ``c`` and
     ``stages[t * (per_chunk + 1) + s]`` its staging at step ``t`` (:class:`_Plan`).
@@ -709,8 +801,9 @@ def _ring_pipelined(
     slot segment: it cannot land on bytes still to be sent.
     Empty segments (of short or empty chunks) are neither sent nor received.  ``lead``, when
     given, holds the segments of step 0, already come with the check (:func:`_check_gloo`).
+    ``steps`` are the steps to run: all of them (all-reduce), or one phase's.
     """
-    count, received, steps, filled, rs_steps = (
+    count, received, rounds, filled, rs_steps = (
         plan.per_chunk,
         plan.received,
         plan.steps,
@@ -727,24 +820,25 @@ def _ring_pipelined(
     def post_send(t: int, piece: int, s: int) -> None:
         sending.append((t, group.send([slots[piece]], right, t * count + s)))
 
-    for t in range(0 if lead is None else 1, len(steps)):
+    first = steps.start
+    for t in steps[0 if lead is None else 1 :]:
         for s in filled[received[t]]:
             into = stages[t * (count + 1) + s] if t < rs_steps else slots[received[t] * count + s]
             receiving[t * count + s] = group.recv([into], left, t * count + s)
-    for s in filled[plan.sent[0]] if lead is None else ():
-        post_send(0, plan.sent[0] * count + s, s)
+    for s in filled[plan.sent[first]] if lead is None else ():
+        post_send(first, plan.sent[first] * count + s, s)
 
     def arrive(t: int, piece: int, s: int) -> None:
         """Segment ``s`` of step ``t`` has come: in reduce-scatter, add it into its slot."""
         came = None if t or lead is None else lead[s]
         if came is None:
-            waiter.round(receiving.pop(t * count + s), *steps[t])
+            waiter.round(receiving.pop(t * count + s), *rounds[t])
         if t < rs_steps:
             stage = stages[t * (count + 1) + s] if came is None else came
             combine_into(stage, slots[piece])  # incoming + own (or the op's): rs-add
 
-    last = len(steps) - 1
-    for t in range(len(steps)):
+    last = steps.stop - 1
+    for t in steps:
         c = received[t]
         for s in range(count):
             piece = c * count + s
@@ -753,7 +847,7 @@ def _ring_pipelined(
                 if t < last:
                     post_send(t + 1, piece, s)
     for step, work in sending:
-        waiter.round(work, *steps[step])
+        waiter.round(work, *rounds[step])
 
 
 class _Layout(NamedTuple):
@@ -822,7 +916,7 @@ def _check_gloo(  # noqa: PLR0917 (the call's own arguments)
     n, rank, plan = waiter.n, waiter.rank, known.plan
     clean = known.sound
     if clean:
-        assert isinstance(tensor, torch.Tensor) and known.ring is not None
+        assert isinstance(tensor, (torch.Tensor, Shards)) and known.ring is not None
         clean = _finite(tensor, n, "gloo", known.ring)
     payload = None
     if clean and plan is not None and plan.swap:
@@ -881,8 +975,9 @@ def _ring_exchanges(
     *,
     combine_into: Callable[[torch.Tensor, torch.Tensor], None],
     lead: tuple[torch.Tensor, ...] | None = None,
+    steps: range,
 ) -> None:
-    """The schedule's rounds, each segment of each round one ``alltoall`` collective, pipelined.
+    """The schedule's rounds ``steps``, each segment of each round one ``alltoall`` collective, pipelined.
 
     Segment ``s`` of step ``t``: this rank's piece of chunk ``sent[t]`` goes to the
     right neighbour and the left neighbour's piece of chunk ``received[t]`` comes
@@ -894,7 +989,7 @@ def _ring_exchanges(
     (the same slot: :func:`_ring_pipelined`), while the other segments are under way.
     ``lead``, when given, holds the segments of step 0, already come with the check (:func:`_check_gloo`).
     """
-    count, received, sent, steps, pieces = plan.per_chunk, plan.received, plan.sent, plan.steps, plan.pieces
+    count, received, sent, pieces = plan.per_chunk, plan.received, plan.sent, plan.pieces
     works: dict[int, dist.Work] = {}
 
     def start(t: int, s: int) -> None:
@@ -906,9 +1001,10 @@ def _ring_exchanges(
         )
 
     for s in range(count if lead is None else 0):
-        start(0, s)
-    last = len(steps) - 1
-    for t, (phase, r) in enumerate(steps):
+        start(steps.start, s)
+    last = steps.stop - 1
+    for t in steps:
+        phase, r = plan.steps[t]
         for s in range(count):
             came = None if t or lead is None else lead[s]
             if came is None:
@@ -929,9 +1025,12 @@ def _ring_rounds(
     waiter: _Waiter,
     *,
     combine_into: Callable[[torch.Tensor, torch.Tensor], None],
+    steps: range,
 ) -> None:
-    """The schedule's rounds, one ``batch_isend_irecv`` each (backends that need grouped sends: NCCL)."""
-    for t, (phase, r) in enumerate(plan.steps):
+    """The schedule's rounds ``steps``, one ``batch_isend_irecv`` each (backends that need grouped
+    sends: NCCL)."""
+    for t in steps:
+        phase, r = plan.steps[t]
         out, slot = chunks[plan.sent[t]], chunks[plan.received[t]]
         into = staging[: slot.numel()] if phase == REDUCE_SCATTER else slot
         ops = []
@@ -956,20 +1055,19 @@ def _rounds(  # noqa: PLR0917 (the call's own arguments)
     *,
     combine_into: Callable[[torch.Tensor, torch.Tensor], None],
     lead: tuple[torch.Tensor, ...] | None,
+    steps: range,
 ) -> None:
-    """The ring's rounds on ``flat`` over the transport the backend calls for: on gloo (``slots``,
-    its segments) ``alltoall`` exchanges or point-to-point sends, elsewhere one batch per round."""
+    """The ring's rounds ``steps`` on ``flat`` over the transport the backend calls for: on gloo
+    (``slots``, its segments) ``alltoall`` exchanges or point-to-point sends, elsewhere one batch
+    per round.  Only reduce-scatter's steps receive into staging."""
     if slots is None:
         staging = _SCRATCH.get("staging", max(plan.chunks), work)
-        _ring_rounds(
-            flat.split_with_sizes(plan.chunks), staging, plan, group, waiter, combine_into=combine_into
-        )
+        chunks = flat.split_with_sizes(plan.chunks)
+        _ring_rounds(chunks, staging, plan, group, waiter, combine_into=combine_into, steps=steps)
         return
-    stages = _SCRATCH.split("staging", plan.staging, work)
-    if waiter.n <= _EXCHANGE_RANKS:
-        _ring_exchanges(slots, stages, plan, group, waiter, combine_into=combine_into, lead=lead)
-    else:
-        _ring_pipelined(slots, stages, plan, group, waiter, combine_into=combine_into, lead=lead)
+    stages = _SCRATCH.split("staging", plan.staging, work) if steps.start < plan.rs_steps else ()
+    ring = _ring_exchanges if waiter.n <= _EXCHANGE_RANKS else _ring_pipelined
+    ring(slots, stages, plan, group, waiter, combine_into=combine_into, lead=lead, steps=steps)
 
 
 _GROUPS: Final[weakref.WeakKeyDictionary[dist.ProcessGroup, tuple[int, int, str]]] = (
@@ -977,23 +1075,25 @@ _GROUPS: Final[weakref.WeakKeyDictionary[dist.ProcessGroup, tuple[int, int, str]
 )
 
 
-def _group_of(group: dist.ProcessGroup | None) -> tuple[dist.ProcessGroup, int, int, str]:
+def _group_of(
+    group: dist.ProcessGroup | None, call: str = "ring_all_reduce_"
+) -> tuple[dist.ProcessGroup, int, int, str]:
     """The group (default: the world), this process's rank in it, its size and its backend."""
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError(
-            "ring_all_reduce_ needs an initialised default process group; call "
+            f"{call} needs an initialised default process group; call "
             "torch.distributed.init_process_group(...) first (or launch with torchrun)."
         )
     group = group if group is not None else dist.group.WORLD
     if group is None:
-        raise RuntimeError("ring_all_reduce_: the default process group has been destroyed.")
+        raise RuntimeError(f"{call}: the default process group has been destroyed.")
     known = _GROUPS.get(group) if isinstance(group, dist.ProcessGroup) else None
     if known is None:
         rank, n = dist.get_rank(group), dist.get_world_size(group)
         if rank < 0:
             raise ValueError(
                 f"this process (global rank {dist.get_rank()}) is not a member of the given group; "
-                "only the group's ranks may call ring_all_reduce_ with it."
+                f"only the group's ranks may call {call} with it."
             )
         known = rank, n, str(dist.get_backend(group))
         if isinstance(group, dist.ProcessGroup):
@@ -1042,46 +1142,261 @@ def ring_all_reduce_(
     """
     group, rank, n, backend = _group_of(group)
     waiter = _Waiter(rank, n, timeout)
-    gloo = backend in _PIPELINED_BACKENDS and n > 1  # checked by _check_gloo's exchange
-    if gloo:
-        known = _known(tensor, rank, n, backend, op=op, name=schedule)
-    else:
-        known = _check_everywhere(tensor, group, backend, waiter, op=op, name=schedule)
-        if known.plan is None:  # one rank: nothing to exchange
-            return tensor
+    known = _known_or_checked(tensor, group, backend, waiter, op=op, name=schedule)
+    if n == 1:  # checked: nothing to exchange
+        return tensor
     data = work = flat = None
     if known.sound:  # on every rank, once the check has passed
         assert isinstance(tensor, torch.Tensor)
         data = tensor.detach() if tensor.requires_grad else tensor
         work = data if data.is_contiguous() else data.contiguous()
         flat = work if work.dim() == 1 else work.view(-1)
+    _run(tensor, flat, work, known, group, waiter, backend, op=op, name=schedule)
+    assert data is not None and work is not None
+    if work is not data:
+        data.copy_(work)
+    if known.reduce_op == "avg":
+        data.copy_(finish_torch(known.reduce_op, data, n))
+    return tensor
+
+
+def _known_or_checked(
+    args: object, group: dist.ProcessGroup, backend: str, waiter: _Waiter, *, op: object, name: object
+) -> _Known:
+    """What a call's metadata decides; checked on every rank now, unless :func:`_check_gloo` checks
+    it with the first exchange (gloo, ``N > 1``: :func:`_run`)."""
+    if backend in _PIPELINED_BACKENDS and waiter.n > 1:
+        return _known(args, waiter.rank, waiter.n, backend, op=op, name=name)
+    return _check_everywhere(args, group, backend, waiter, op=op, name=name)
+
+
+def _run(  # noqa: PLR0917 (the call's own state)
+    args: object,
+    flat: torch.Tensor | None,
+    work: torch.Tensor | None,
+    known: _Known,
+    group: dist.ProcessGroup,
+    waiter: _Waiter,
+    backend: str,
+    *,
+    op: object,
+    name: object,
+    phase: Phase | None = None,
+    fill: Callable[[], None] | None = None,
+) -> None:
+    """The check (on gloo, :func:`_check_gloo`) and then the ring's rounds on ``flat``: both phases
+    (``phase=None``, all-reduce) or one.  ``fill`` runs once the check has passed, before the
+    rounds (all-gather's copy of its input into its slot).  On any failure the scratch buffers
+    that a receive may still write into are dropped."""
     combine_into = None if known.reduce_op is None else torch_combine_into(known.reduce_op)
     plan = known.plan
     pipelined = backend in _PIPELINED_BACKENDS
     slots = None if flat is None or plan is None or not pipelined else flat.split_with_sizes(plan.pieces)
     try:
         done, lead = (
-            _check_gloo(tensor, flat, known, group, waiter, combine_into, op=op, name=schedule)
-            if gloo
+            _check_gloo(args, flat, known, group, waiter, combine_into, op=op, name=name)
+            if pipelined
             else (False, None)
         )
-        reduce_op = known.reduce_op
-        assert plan is not None and reduce_op is not None and combine_into is not None
-        assert data is not None and work is not None and flat is not None
+        assert plan is not None and combine_into is not None
+        assert work is not None and flat is not None
         waiter.right, waiter.left = plan.right, plan.left
+        if fill is not None:
+            fill()
+        steps = {
+            None: range(len(plan.steps)),
+            REDUCE_SCATTER: range(plan.rs_steps),
+            ALL_GATHER: range(plan.rs_steps, len(plan.steps)),
+        }[phase]
         if not done:
-            _rounds(flat, slots, work, plan, group, waiter, combine_into=combine_into, lead=lead)
+            _rounds(flat, slots, work, plan, group, waiter, combine_into=combine_into, lead=lead, steps=steps)
     except BaseException:
-        if work is not None:
-            _SCRATCH.forget("staging", work)
+        for purpose in ("staging", "input", "output"):
+            if work is not None:
+                _SCRATCH.forget(purpose, work)
         _SCRATCH.forget("check-in", _BYTES)
         _SCRATCH.forget("check-out", _BYTES)
         raise
-    if work is not data:
-        data.copy_(work)
-    if reduce_op == "avg":
-        data.copy_(finish_torch(reduce_op, data, n))
-    return tensor
+
+
+def ring_reduce_scatter_(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    *,
+    group: dist.ProcessGroup | None = None,
+    timeout: datetime.timedelta | None = None,
+    schedule: str | RingSchedule | None = None,
+    op: object = "sum",
+) -> torch.Tensor:
+    """Reduce ``input`` across the ranks of ``group`` with the ring's reduce-scatter; rank ``r``'s
+    ``output`` gets chunk ``r`` of the reduction.  Returns ``output``.
+
+    A deterministic drop-in for ``torch.distributed.reduce_scatter_tensor(output, input)``
+    (argument order included): every rank passes an ``input`` of the same shape ``(M, ...)``,
+    dtype and device type, ``M`` divisible by the group size ``n``, and an ``output`` of shape
+    ``(M / n, ...)`` of the same dtype and device; chunk ``c`` is rows ``c*M/n ... (c+1)*M/n - 1``.
+    Rank ``r``'s output holds the bits of ``ring_reduce_scatter(torch.stack(inputs), schedule=...,
+    op=...)[r]``: the left fold of chunk ``r`` in the order ``r + d, r + 2d, ..., r`` (group
+    ranks mod ``n``) of the ring's direction ``d``, every combine rounded to the dtype (spec
+    section 13).  ``input`` is left unchanged (it is reduced in a private copy) and may be
+    ``output``'s own memory.
+
+    ``schedule`` (default ``None``: ``"spec"``) is resolved by
+    :func:`ring_ref.schedule.reduce_scatter_ring`: a preset name takes that preset's direction
+    and layout with the offset equal to the direction (so that chunk ``r`` finishes at rank
+    ``r``); a :class:`ring_ref.schedule.RingSchedule` whose offset is not its direction mod ``n``
+    is refused, as is a layout that does not cut ``input`` into ``n`` equal shards.  ``op`` is any
+    op of :func:`ring_all_reduce_` (``"avg"`` divides each rank's finished shard once by ``n``).
+    Bad input, on any rank, raises the same ``TypeError``/``ValueError`` on every rank before
+    anything is written; ``timeout`` bounds every wait for a peer, as for :func:`ring_all_reduce_`
+    (after a failure ``output`` is unchanged: the shard is written only at the end).
+    """
+    call = "ring_reduce_scatter_"
+    group, rank, n, backend = _group_of(group, call)
+    waiter = _Waiter(rank, n, timeout, call=call)
+    args = Shards(REDUCE_SCATTER, output, input)
+    known = _known_or_checked(args, group, backend, waiter, op=op, name=schedule)
+    work = None
+    if known.sound:  # copied now: on gloo, its first chunk may travel with the check
+        work = _SCRATCH.get("input", input.numel(), input)
+        work.view(input.shape).copy_(input.detach())
+    if n > 1:
+        _run(args, work, work, known, group, waiter, backend, op=op, name=schedule, phase=REDUCE_SCATTER)
+        assert work is not None
+        shard = work.view(input.shape).chunk(n)[rank]  # k = d: the ring finishes chunk r at rank r
+    else:
+        shard = input.detach()
+    target = output.detach()
+    target.copy_(finish_torch(known.reduce_op, shard, n) if known.reduce_op == "avg" else shard)
+    return output
+
+
+def ring_all_gather_(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    *,
+    group: dist.ProcessGroup | None = None,
+    timeout: datetime.timedelta | None = None,
+    schedule: str | RingSchedule | None = None,
+) -> torch.Tensor:
+    """Gather every rank's ``input`` into ``output`` with the ring's all-gather, rank ``r``'s in
+    rows ``r*S ... (r+1)*S - 1``.  Returns ``output``.
+
+    A drop-in for ``torch.distributed.all_gather_into_tensor(output, input)``: every rank passes an
+    ``input`` of the same shape ``(S, ...)``, dtype and device type and an ``output`` of shape
+    ``(n*S, ...)``.  Every bit is copied (NaN payloads, signed zeros, subnormals and infinities
+    included: an all-gather checks no values); the schedule (resolved as for
+    :func:`ring_reduce_scatter_`) only decides which round carries which shard.  ``input`` may be
+    ``output``'s own slot (FSDP2 gathers in place) or any other memory.  Bad input raises the same
+    exception on every rank before anything is written; ``timeout`` as for :func:`ring_all_reduce_`
+    (after a failure mid-ring, ``output`` holds a mix of shards: treat it as garbage).
+    """
+    call = "ring_all_gather_"
+    group, rank, n, backend = _group_of(group, call)
+    waiter = _Waiter(rank, n, timeout, call=call)
+    args = Shards(ALL_GATHER, output, input)
+    known = _known_or_checked(args, group, backend, waiter, op="sum", name=schedule)
+    data = work = None
+    if known.sound:
+        data = output.detach()
+        work = data.view(-1) if data.is_contiguous() else _SCRATCH.get("output", data.numel(), data)
+
+    def fill() -> None:
+        """Rank ``r``'s shard into slot ``r`` (read whole first when it shares memory with the output)."""
+        assert work is not None and data is not None
+        slot = work.view(n, -1)[rank].view(input.shape)
+        source = input.detach()
+        if source.data_ptr() != slot.data_ptr() or source.stride() != slot.stride():
+            if source.untyped_storage().data_ptr() == data.untyped_storage().data_ptr():
+                source = source.clone()
+            slot.copy_(source)
+
+    if n > 1:
+        _run(
+            args,
+            work,
+            work,
+            known,
+            group,
+            waiter,
+            backend,
+            op="sum",
+            name=schedule,
+            phase=ALL_GATHER,
+            fill=fill,
+        )
+    else:
+        fill()
+    assert data is not None and work is not None
+    if work.data_ptr() != data.data_ptr():
+        data.copy_(work.view(data.shape))
+    return output
+
+
+@dataclass(frozen=True)
+class _RingComm:
+    """What FSDP2's two comms share: the ring's ``schedule`` and ``timeout``, and ``Comm.allocate``,
+    a fresh tensor (the ring keeps its own scratch buffers)."""
+
+    schedule: str | RingSchedule | None = None
+    timeout: datetime.timedelta | None = None
+
+    def allocate(
+        self, size: Sequence[int | torch.SymInt], *, dtype: torch.dtype, device: torch.device
+    ) -> torch.Tensor:
+        """An uninitialised tensor of ``size``, ``dtype`` on ``device``, as FSDP2's default does."""
+        return torch.empty(size, dtype=dtype, device=device)
+
+
+@dataclass(frozen=True)
+class RingReduceScatter(_RingComm, _ReduceScatter):
+    """FSDP2's gradient reduce-scatter through the ring: ``set_custom_reduce_scatter(RingReduceScatter())``.
+
+    Implements ``torch.distributed.fsdp``'s ``ReduceScatter`` protocol (``allocate`` and
+    ``__call__(output_tensor, input_tensor, group, op, async_op=False)``, without importing FSDP):
+    each gradient reduce-scatter runs :func:`ring_reduce_scatter_` with FSDP's ``op`` (on the CPU,
+    float32 and bfloat16 gradients come with ``ReduceOp.AVG``: the ring's sum divided once by the
+    group size) and this object's ``schedule`` and ``timeout``.  The ring completes before the call
+    returns, so it returns ``None`` (no pending work), also when ``async_op`` is asked for.
+    ``PREMUL_SUM`` (FSDP's ``set_gradient_divide_factor`` with another factor) is refused on every
+    rank, as any op the ring does not run.
+    """
+
+    def __call__(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor: torch.Tensor,
+        group: dist.ProcessGroup,
+        op: object,
+        async_op: bool = False,
+    ) -> None:
+        """Reduce-scatter ``input_tensor`` into ``output_tensor`` over ``group`` with the ring."""
+        ring_reduce_scatter_(
+            output_tensor, input_tensor, group=group, op=op, schedule=self.schedule, timeout=self.timeout
+        )
+
+
+@dataclass(frozen=True)
+class RingAllGather(_RingComm, _AllGather):
+    """FSDP2's parameter all-gather through the ring: ``fsdp_module.set_custom_all_gather(RingAllGather())``.
+
+    Implements ``torch.distributed.fsdp``'s ``AllGather`` protocol (``allocate`` and
+    ``__call__(output_tensor, input_tensor, group, async_op=False)``): :func:`ring_all_gather_`,
+    every bit copied (FSDP passes ``input_tensor`` as a view of ``output_tensor``'s own slot).
+    Returns ``None``: the gather is complete on return.
+    """
+
+    def __call__(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor: torch.Tensor,
+        group: dist.ProcessGroup,
+        async_op: bool = False,
+    ) -> None:
+        """All-gather ``input_tensor`` into ``output_tensor`` over ``group`` with the ring."""
+        ring_all_gather_(
+            output_tensor, input_tensor, group=group, schedule=self.schedule, timeout=self.timeout
+        )
 
 
 @dataclass(frozen=True)

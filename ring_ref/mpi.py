@@ -62,22 +62,30 @@ from ring_ref._chunks import layout_views
 from ring_ref._rank_check import (
     EXACT_DIMS,
     Description,
+    Shards,
+    call_key,
     code,
     problem_of,
-    ring_of,
-    schedule_key,
+    ring_for,
     shape_words,
     verdict,
 )
-from ring_ref._validate import BadInput, rank_array_problem, schedule_of
-from ring_ref.schedule import RingSchedule
+from ring_ref._validate import BadInput, rank_array_problem, rank_array_shards_problem
+from ring_ref.schedule import ALL_GATHER, REDUCE_SCATTER, Phase, RingSchedule
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from mpi4py import MPI
 
-__all__ = ["OPENMPI_ALLREDUCE_ALGORITHMS", "openmpi_allreduce_mca", "ring_all_reduce_", "ring_allreduce_"]
+__all__ = [
+    "OPENMPI_ALLREDUCE_ALGORITHMS",
+    "openmpi_allreduce_mca",
+    "ring_all_gather_",
+    "ring_all_reduce_",
+    "ring_allreduce_",
+    "ring_reduce_scatter_",
+]
 
 OPENMPI_ALLREDUCE_ALGORITHMS: Final = {
     "basic_linear": 1,
@@ -98,21 +106,26 @@ _ABANDONED: Final[list[object]] = []
 
 
 def _problem(array: object, n: int, name: object, *, finite: bool = True) -> BadInput | None:
-    ring, bad = ring_of(name)
+    """The table's verdict on one rank's array (or :class:`ring_ref._rank_check.Shards`)."""
+    ring, bad = ring_for(array, name, n)
     if ring is None:
         return bad
+    if isinstance(array, Shards):
+        return rank_array_shards_problem(array.collective, array.output, array.input, n, ring, finite=finite)
     return rank_array_problem(array, n, finite=finite, divisible=ring.layout == "even")
 
 
-def _schedule_key(name: object, n: int) -> str:
-    """The same text on every rank for the same ring (offsets taken mod ``n``)."""
-    return schedule_key(ring_of(name)[0], n)
+def _schedule_key(array: object, name: object, n: int) -> str:
+    """The same text on every rank for the same collective and ring (offsets taken mod ``n``)."""
+    return call_key(array, ring_for(array, name, n)[0], n)
 
 
 def _describe(array: object, n: int, name: object = "spec") -> Description:
     bad = _problem(array, n, name)
     problem = problem_of(bad)
-    key = _schedule_key(name, n)
+    key = _schedule_key(array, name, n)
+    if isinstance(array, Shards):
+        array = array.input
     if not isinstance(array, np.ndarray):
         kind = type(array).__name__
         return Description(f"{kind}, schedule {key}", (kind, key), problem)
@@ -120,7 +133,7 @@ def _describe(array: object, n: int, name: object = "spec") -> Description:
     return Description(summary, (array.shape, array.dtype.str, key), problem)
 
 
-def _verdict(descriptions: Sequence[Description]) -> Exception | None:
+def _verdict(descriptions: Sequence[Description], call: str = "ring_all_reduce_") -> Exception | None:
     """The one exception every rank raises for these descriptions, or ``None`` if all is well.
 
     >>> _verdict([_describe(np.zeros(6), 3)] * 3) is None
@@ -130,9 +143,7 @@ def _verdict(descriptions: Sequence[Description]) -> Exception | None:
     >>> print(_verdict([_describe(np.zeros(6), 3), _describe(np.zeros(3), 3)]))  # doctest: +ELLIPSIS
     ring_all_reduce_ rejected ...: the ranks passed different arrays (rank 0: shape (6,) float64, schedule ...
     """
-    return verdict(
-        descriptions, call="ring_all_reduce_", things="arrays", same="shape and dtype, and the same schedule"
-    )
+    return verdict(descriptions, call=call, things="arrays", same="shape and dtype, and the same schedule")
 
 
 def _signature(array: object, n: int, name: object = "spec") -> tuple[list[int], bool]:
@@ -147,23 +158,26 @@ def _signature(array: object, n: int, name: object = "spec") -> tuple[list[int],
     >>> _signature(np.array([1.0, np.nan, 0.0]), 3)[1]
     False
     """
-    key = code(_schedule_key(name, n))
+    key = code(_schedule_key(array, name, n))
+    args, array = array, array.input if isinstance(array, Shards) else array
     if not isinstance(array, np.ndarray):
         return [0, code(type(array).__name__), key, *[0] * (_SIGNATURE_LENGTH - 3)], False
     words = shape_words(tuple(array.shape), array.size, exact_dims=EXACT_DIMS)
     signature = [1, code(array.dtype.str), key, *words]
-    if _problem(array, n, name, finite=False) is not None:
+    if _problem(args, n, name, finite=False) is not None:
         return signature, False
+    if isinstance(args, Shards) and args.collective == ALL_GATHER:
+        return signature, True  # a copy: any value
     with np.errstate(over="ignore", invalid="ignore"):
         total_finite = bool(np.isfinite(np.add.reduce(array, axis=None)))
-    return signature, total_finite or _problem(array, n, name) is None
+    return signature, total_finite or _problem(args, n, name) is None
 
 
 class _Waiter:
     """Completes requests, within ``timeout`` if given; rewords any failure with the rank and the step."""
 
-    def __init__(self, rank: int, n: int, timeout: float | None) -> None:
-        self.rank, self.n, self.timeout = rank, n, timeout
+    def __init__(self, rank: int, n: int, timeout: float | None, call: str = "ring_all_reduce_") -> None:
+        self.rank, self.n, self.timeout, self.call = rank, n, timeout, call
 
     def wait(self, requests: list[MPI.Request], where: str) -> None:
         from mpi4py import MPI
@@ -178,16 +192,14 @@ class _Waiter:
                 if time.monotonic() >= deadline:
                     _ABANDONED.append(requests)
                     raise RuntimeError(
-                        f"ring_all_reduce_: rank {self.rank} of {self.n}{where} timed out after "
+                        f"{self.call}: rank {self.rank} of {self.n}{where} timed out after "
                         f"{self.timeout:g} s; a peer probably raised, stopped or did not call "
-                        "ring_all_reduce_. Abort the job (comm.Abort()) rather than reuse the communicator."
+                        f"{self.call}. Abort the job (comm.Abort()) rather than reuse the communicator."
                     )
                 time.sleep(pause)
                 pause = min(2 * pause, _POLL_MAX_S)
         except MPI.Exception as exc:
-            raise RuntimeError(
-                f"ring_all_reduce_: rank {self.rank} of {self.n}{where} failed: {exc}"
-            ) from exc
+            raise RuntimeError(f"{self.call}: rank {self.rank} of {self.n}{where} failed: {exc}") from exc
 
 
 def _check_everywhere(comm: MPI.Comm, array: object, n: int, waiter: _Waiter, name: object = "spec") -> None:
@@ -201,7 +213,7 @@ def _check_everywhere(comm: MPI.Comm, array: object, n: int, waiter: _Waiter, na
     k = len(signature)
     if flags[2 * k] == 0 and np.array_equal(flags[:k], -flags[k : 2 * k]):
         return
-    error = _verdict(comm.allgather(_describe(array, n, name)))
+    error = _verdict(comm.allgather(_describe(array, n, name)), waiter.call)
     if error is not None:
         raise error
 
@@ -212,14 +224,23 @@ def _bytes(chunk: npt.NDArray[Any]) -> list[Any]:
     return [chunk.view(np.uint8), MPI.BYTE]
 
 
-def _ring(
-    comm: MPI.Comm, chunks: tuple[npt.NDArray[Any], ...], rank: int, ring: RingSchedule, waiter: _Waiter
+def _ring(  # noqa: PLR0917 (the ring's state)
+    comm: MPI.Comm,
+    work: npt.NDArray[Any],
+    rank: int,
+    ring: RingSchedule,
+    waiter: _Waiter,
+    only: Phase | None = None,
 ) -> None:
-    """The schedule's rounds on flat contiguous ``chunks``: per round one receive and one send."""
-    n = len(chunks)
+    """The schedule's rounds on the C-contiguous ``work`` cut into the ring's chunks, both phases or
+    ``only`` one: per round one receive and one send."""
+    n = comm.Get_size()
+    chunks = layout_views(work.reshape(-1), ring.layout, n, itemsize=work.itemsize)
     right, left = ring.right(rank, n), ring.left(rank, n)
     staging = np.empty(max(len(c) for c in chunks), dtype=chunks[0].dtype)
     for phase, r in schedule.all_rounds(n):
+        if only not in (None, phase):
+            continue
         out, inc = ring.send_chunk(phase, rank, r, n), ring.recv_chunk(phase, rank, r, n)
         slot = chunks[inc]
         incoming = staging[: len(slot)]
@@ -235,6 +256,22 @@ def _ring(
         if phase == schedule.REDUCE_SCATTER:
             with np.errstate(over="ignore"):  # overflow to +-inf is the rounded sum (input-finite)
                 np.add(incoming, slot, out=slot)  # incoming + own, as rs-add states
+
+
+def _checked(
+    comm: MPI.Comm, args: object, schedule: object, timeout: float | None
+) -> tuple[int, int, RingSchedule, _Waiter]:
+    """This rank, the size, the ring and the waiter of a call whose arguments every rank has checked
+    (:func:`_check_everywhere`, which raises the same error on every rank otherwise)."""
+    rank, n = comm.Get_rank(), comm.Get_size()
+    call = "ring_all_reduce_"
+    if isinstance(args, Shards):
+        call = "ring_reduce_scatter_" if args.collective == REDUCE_SCATTER else "ring_all_gather_"
+    waiter = _Waiter(rank, n, timeout, call=call)
+    _check_everywhere(comm, args, n, waiter, schedule)
+    ring, _ = ring_for(args, schedule, n)
+    assert ring is not None
+    return rank, n, ring, waiter
 
 
 def ring_all_reduce_(
@@ -259,18 +296,70 @@ def ring_all_reduce_(
     ``ring_all_reduce(stacked, schedule=schedule)``; a layout other than
     ``even`` accepts any ``M``.
     """
-    rank, n = comm.Get_rank(), comm.Get_size()
-    waiter = _Waiter(rank, n, timeout)
-    _check_everywhere(comm, array, n, waiter, schedule)
-    ring = schedule_of(schedule)
+    rank, n, ring, waiter = _checked(comm, array, schedule, timeout)
     if n == 1:
         return array
     work = array if array.flags.c_contiguous else np.ascontiguousarray(array)
-    chunks = layout_views(work.reshape(-1), ring.layout, n, itemsize=work.itemsize)
-    _ring(comm, chunks, rank, ring, waiter)
+    _ring(comm, work, rank, ring, waiter)
     if work is not array:
         array[...] = work
     return array
+
+
+def ring_reduce_scatter_(
+    comm: MPI.Comm,
+    output: npt.NDArray[Any],
+    input: npt.NDArray[Any],
+    *,
+    timeout: float | None = None,
+    schedule: str | RingSchedule | None = None,
+) -> npt.NDArray[Any]:
+    """Reduce-scatter ``input`` across the ranks of ``comm`` with the ring; rank ``r``'s ``output``
+    gets chunk ``r`` of the sum.  Returns ``output``.
+
+    The twin of :func:`ring_ref.distributed.ring_reduce_scatter_` (its argument order, ``output``
+    first; ``MPI_Reduce_scatter_block`` takes the send buffer first) for the sum: every rank
+    passes an ``input`` of the same shape ``(M, ...)`` and dtype, ``M`` divisible by the size
+    ``n``, and a writeable ``output`` of shape ``(M / n, ...)``; rank ``r`` ends with chunk ``r``
+    folded over the ranks ``r + d, r + 2d, ..., r``.  ``schedule`` as there
+    (:func:`ring_ref.schedule.reduce_scatter_ring`); ``input`` is left unchanged.  Bad input
+    raises the same exception on every rank before anything is written; ``timeout`` (seconds)
+    as for :func:`ring_all_reduce_`.
+    """
+    rank, n, ring, waiter = _checked(comm, Shards(REDUCE_SCATTER, output, input), schedule, timeout)
+    work = np.array(input, order="C", copy=True)
+    if n > 1:
+        _ring(comm, work, rank, ring, waiter, REDUCE_SCATTER)
+    output[...] = work.reshape(n, -1)[rank].reshape(output.shape)  # k = d: chunk r finishes at rank r
+    return output
+
+
+def ring_all_gather_(
+    comm: MPI.Comm,
+    output: npt.NDArray[Any],
+    input: npt.NDArray[Any],
+    *,
+    timeout: float | None = None,
+    schedule: str | RingSchedule | None = None,
+) -> npt.NDArray[Any]:
+    """All-gather every rank's ``input`` into ``output`` with the ring, rank ``r``'s in rows
+    ``r*S ... (r+1)*S - 1``, every bit copied (the twin of
+    :func:`ring_ref.distributed.ring_all_gather_`, ``output`` first).  Returns ``output``.
+
+    Every rank passes an ``input`` of the same shape ``(S, ...)`` and dtype and a writeable
+    ``output`` of shape ``(n*S, ...)``; ``input`` may be any memory, ``output``'s own slot
+    included.  Checked and timed out as :func:`ring_reduce_scatter_`.
+    """
+    rank, n, ring, waiter = _checked(comm, Shards(ALL_GATHER, output, input), schedule, timeout)
+    work = output if output.flags.c_contiguous else np.empty(output.shape, dtype=output.dtype)
+    slot = work.reshape(n, -1)[rank]
+    source = np.array(input, copy=True) if np.may_share_memory(input, work) else input
+    slot[...] = source.reshape(-1)
+    if n > 1:
+        _ring(comm, work, rank, ring, waiter, ALL_GATHER)
+    if work is not output:
+        output[...] = work
+    return output
 
 
 def ring_allreduce_(

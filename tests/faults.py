@@ -1,11 +1,14 @@
 """Planted faults: wrong variants of the core's round functions, for showing that checks bite.
 
-Each has the signature of a round, ``(state, r, combine) -> state``.
+Each has the signature of a round, ``(state, r, combine) -> state``; and a rank that fails mid-ring
+(:func:`failing_add`).
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
+from unittest import mock
 
 from ring_ref.core import Combine, exchange
 from ring_ref.invariants import State
@@ -37,3 +40,21 @@ def forwarding_reduce_scatter(state: State[Any], r: int, combine: Combine[Any]) 
         c = rs_recv_chunk(sender if sender < i else i, r, n)
         rows[i][c] = combine(rows[sender][c], rows[i][c])
     return tuple(tuple(row) for row in rows)
+
+
+def failing_add(at: int, rank: int) -> contextlib.AbstractContextManager[object]:
+    """``torch.add`` patched to raise ``OSError`` at its ``at``-th call on this rank (a peer that
+    fails mid-ring, at its ``at``-th reduce-scatter addition)."""
+    import torch
+
+    calls = 0
+    real = torch.add
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == at:
+            raise OSError(f"planted failure on rank {rank}")
+        return real(*args, **kwargs)
+
+    return mock.patch.object(torch, "add", failing)

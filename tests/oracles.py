@@ -197,3 +197,49 @@ def gloo_bounds(n: int, s: int, itemsize: int) -> list[tuple[int, int]]:
         hi = min((c + 1) * per_rank * segment_bytes, total)
         ranges.append((lo // itemsize, hi // itemsize))
     return ranges
+
+
+def shard_fold(x: torch.Tensor, r: int, direction: int, op: str = "sum") -> torch.Tensor:
+    """Rank ``r``'s reduce-scatter shard of ``x`` ``(N, M, ...)``: rows ``r*M/N ...`` folded left over
+    the ranks ``r + d, r + 2d, ..., r`` (mod ``N``), typed in from the convention.
+
+    ``sum``/``prod`` combine in the dtype; ``max``/``min`` keep the first extreme (a tie keeps what
+    came first); ``avg`` is the fold's sum divided by ``N`` exactly and rounded once.
+    """
+    n = x.shape[0]
+    rows = x.shape[1] // n
+    terms = [x[(r + j * direction) % n, r * rows : (r + 1) * rows] for j in range(1, n + 1)]
+    acc = terms[0].clone()
+    for term in terms[1:]:
+        if op in ("sum", "avg"):
+            acc = acc + term
+        elif op == "prod":
+            acc = acc * term
+        else:
+            acc = torch.where(term > acc if op == "max" else term < acc, term, acc)
+    if op != "avg":
+        return acc
+    sums = acc.to(torch.float64).reshape(-1).tolist()
+    exact = [math.copysign(float(Fraction(v) / n), v) for v in sums]
+    return torch.tensor(exact, dtype=torch.float64).to(x.dtype).reshape(acc.shape)
+
+
+def special_values(n: int, dtype: torch.dtype) -> torch.Tensor:
+    """NaNs with payloads and signs, signed zeros, infinities and subnormals, as bit patterns."""
+    width = torch.finfo(dtype).bits
+    ints = {16: torch.int16, 32: torch.int32, 64: torch.int64}[width]
+    mantissa = {torch.float16: 10, torch.bfloat16: 7, torch.float32: 23, torch.float64: 52}[dtype]
+    exponent_all = ((1 << (width - 1 - mantissa)) - 1) << mantissa
+    patterns = [
+        exponent_all | 1,  # signalling-style NaN payload
+        exponent_all | (1 << (mantissa - 1)) | 5,  # quiet NaN with a payload
+        (1 << (width - 1)) | exponent_all | 3,  # negative NaN
+        1 << (width - 1),  # -0.0
+        0,
+        1,  # the smallest subnormal
+        exponent_all,  # +inf
+        (1 << (width - 1)) | exponent_all,  # -inf
+    ]
+    signed = [p - (1 << width) if p >= 1 << (width - 1) else p for p in patterns]
+    rows = [torch.tensor(signed, dtype=ints).roll(r) for r in range(n)]
+    return torch.stack(rows).view(dtype).reshape(n, 4, 2)

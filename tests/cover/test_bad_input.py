@@ -13,6 +13,7 @@ import torch
 
 from ring_ref import ring_all_reduce
 from ring_ref._validate import rank_tensor_problem
+from ring_ref.schedule import RingSchedule
 from tests.paths import SPEC
 
 pytestmark = pytest.mark.clause(
@@ -190,3 +191,161 @@ def test_non_finite_message_counts_every_bad_element_and_names_the_first() -> No
         ValueError, match=re.escape("2 element(s) are NaN or infinite, the first at index (0, 1)")
     ):
         ring_all_reduce(np.array([[0.0, np.nan], [np.inf, 0.0]]))
+
+
+# --- reduce-scatter and all-gather on ranks (spec section 13, dist-shards-bad-input) ------------
+
+SHARD_CASES: list[tuple[str, str, Any, Any, object, type[Exception], str]] = [
+    # (id, collective, output, input, schedule=, exception, message fragment), on N = 3 ranks
+    (
+        "output-list",
+        "reduce-scatter",
+        [0.0],
+        torch.zeros(3),
+        None,
+        TypeError,
+        "output: expects a torch.Tensor",
+    ),
+    (
+        "output-dtype",
+        "all-gather",
+        torch.zeros(3, dtype=torch.float64),
+        torch.zeros(1),
+        None,
+        TypeError,
+        "output: a torch.strided torch.float64 tensor on cpu, but the input is a torch.strided torch.float32",
+    ),
+    (
+        "rs-shape",
+        "reduce-scatter",
+        torch.zeros(2),
+        torch.zeros(3),
+        None,
+        ValueError,
+        "the output has shape (2,)",
+    ),
+    ("ag-shape", "all-gather", torch.zeros(3, 2), torch.zeros(1), None, ValueError, "gives shape (3,)"),
+    ("rows", "reduce-scatter", torch.zeros(1), torch.zeros(4), None, ValueError, "is not divisible by N = 3"),
+    (
+        "offset",
+        "reduce-scatter",
+        torch.zeros(1),
+        torch.zeros(3),
+        RingSchedule(1, 0, "even"),
+        ValueError,
+        "does not leave chunk r at rank r after reduce-scatter",
+    ),
+    (  # gloo's layout cuts 3 float32 elements into chunks of 2, 1 and 0
+        "layout",
+        "reduce-scatter",
+        torch.zeros(1),
+        torch.zeros(3),
+        "gloo",
+        ValueError,
+        "into chunks of [2, 1, 0] elements, not 3 equal shards",
+    ),
+    (
+        "output-overlap",
+        "all-gather",
+        torch.zeros(1, 2).expand(3, 2),
+        torch.zeros(1, 2),
+        None,
+        ValueError,
+        "lets elements share memory",
+    ),
+    (
+        "rs-nan",
+        "reduce-scatter",
+        torch.zeros(1),
+        torch.tensor([0.0, float("nan"), 1.0]),
+        None,
+        ValueError,
+        "finite",
+    ),
+]
+
+
+def _shards_problem(
+    collective: str, output: Any, tensor: Any, schedule: object
+) -> tuple[type[Exception], str]:
+    from ring_ref._rank_check import Shards, ring_for
+    from ring_ref._validate import rank_shards_problem
+
+    ring, bad = ring_for(Shards(collective, output, tensor), schedule, 3)  # type: ignore[arg-type]
+    problem = bad if ring is None else rank_shards_problem(collective, output, tensor, 3, "gloo", ring)
+    assert problem is not None
+    return problem.kind, problem.message
+
+
+@pytest.mark.clause("dist-shards-bad-input")
+@pytest.mark.parametrize("case", SHARD_CASES, ids=[c[0] for c in SHARD_CASES])
+def test_each_shards_row_gets_its_exception_and_message(
+    case: tuple[str, str, Any, Any, object, type[Exception], str],
+) -> None:
+    _, collective, output, tensor, schedule, error, fragment = case
+    kind, message = _shards_problem(collective, output, tensor, schedule)
+    assert (kind, fragment in message) == (error, True), message
+
+
+@pytest.mark.clause("dist-shards-bad-input")
+def test_good_shards_pass_and_inputs_are_only_read() -> None:
+    """Well-shaped pairs pass, on every preset whose layout cuts equal shards; an all-gather takes
+    any value and an input whose elements share memory (it is only read)."""
+    from ring_ref._rank_check import Shards, ring_for
+    from ring_ref._validate import rank_shards_problem
+
+    pairs = [
+        ("reduce-scatter", torch.zeros(2, 2), torch.zeros(6, 2)),
+        ("all-gather", torch.zeros(6, 2), torch.full((2, 2), float("nan"))),
+        ("all-gather", torch.zeros(3, 2), torch.zeros(1, 1).expand(1, 2)),
+    ]
+    for collective, output, tensor in pairs:
+        for schedule in (None, "spec", "openmpi-ring", RingSchedule(-1, -1, "even")):
+            ring, bad = ring_for(Shards(collective, output, tensor), schedule, 3)  # type: ignore[arg-type]
+            assert bad is None and ring is not None
+            assert rank_shards_problem(collective, output, tensor, 3, "gloo", ring) is None
+
+
+@pytest.mark.clause("dist-shards-bad-input")
+def test_every_row_of_the_shards_table_is_tested() -> None:
+    text = SPEC.read_text(encoding="utf-8")
+    table = text[text.index("### `dist-shards-bad-input`") :].split("\n### ")[0]
+    rows = [
+        line.split("|")[3].strip()
+        for line in table.splitlines()
+        if line.startswith("| ") and not line.startswith("| case")
+    ]
+    assert len(rows) >= 7
+    tested = [c[-1] for c in SHARD_CASES]
+    for cell in rows:
+        pattern = re.escape(cell.split("`")[1]).replace("<N>", r"\d+")
+        assert any(re.search(pattern, fragment) for fragment in tested), f"untested row: {cell}"
+
+
+@pytest.mark.clause("dist-shards-bad-input")
+def test_the_numpy_twin_words_the_shards_rows_alike() -> None:
+    """``ring_ref.mpi``'s check: the same rows for arrays, plus a read-only output; good pairs pass."""
+    from ring_ref._validate import rank_array_shards_problem
+
+    spec, f32 = RingSchedule(1, 1, "even"), np.float32
+    read_only = np.zeros(1, np.float32)
+    read_only.flags.writeable = False
+    rows = [
+        ("reduce-scatter", [0.0], np.zeros(3, f32), TypeError, "output: expects a numpy.ndarray"),
+        ("all-gather", np.zeros(3), np.zeros(1, f32), TypeError, "output: dtype float64, but the input's"),
+        ("reduce-scatter", np.zeros(2, f32), np.zeros(3, f32), ValueError, "has shape (2,)"),
+        ("reduce-scatter", np.zeros(1, f32), np.zeros(4, f32), ValueError, "by N = 3"),
+        ("reduce-scatter", read_only, np.zeros(3, f32), ValueError, "output: the sum is written in place"),
+        (
+            "reduce-scatter",
+            np.zeros(1),
+            np.array([0.0, np.inf, 1.0]),
+            ValueError,
+            "input: inputs must be finite",
+        ),
+    ]
+    for collective, output, array, error, fragment in rows:
+        problem = rank_array_shards_problem(collective, output, array, 3, spec)
+        assert problem is not None and (problem.kind, fragment in problem.message) == (error, True), problem
+    assert rank_array_shards_problem("all-gather", np.zeros(3), np.array([np.nan]), 3, spec) is None
+    assert rank_array_shards_problem("reduce-scatter", np.zeros((1, 2)), np.zeros((3, 2)), 3, spec) is None

@@ -308,3 +308,24 @@ def test_traces_cover_the_family(capsys: pytest.CaptureFixture[str]) -> None:
     assert "M = 4 is not divisible by N = 3" in capsys.readouterr().err
     assert main(["trace", "-n", "3", "--schedule", "ring"]) == 2
     assert "unknown schedule 'ring'" in capsys.readouterr().err
+
+
+@pytest.mark.clause("dist-reduce-scatter")
+def test_reduce_scatter_ring_takes_k_equal_d_and_leaves_chunk_r_at_rank_r() -> None:
+    """Presets keep their direction and layout with ``k = d`` (typed in from RS_CONVENTION); a
+    ``RingSchedule`` with ``k ≡ d`` passes as it is, another is refused naming the ring to pass."""
+    from ring_ref.schedule import reduce_scatter_ring
+
+    assert reduce_scatter_ring(None, 4) == RingSchedule(1, 1, "even")
+    assert reduce_scatter_ring("spec", 4) == RingSchedule(1, 1, "even")
+    assert reduce_scatter_ring("openmpi-ring", 4) == RingSchedule(1, 1, "blocks")
+    assert reduce_scatter_ring("gloo", 4) == RingSchedule(-1, -1, "gloo")
+    assert reduce_scatter_ring(RingSchedule(-1, 3, "even"), 4) == RingSchedule(-1, 3, "even")
+    assert reduce_scatter_ring(RingSchedule(1, 0, "even"), 1) == RingSchedule(1, 0, "even")
+    with pytest.raises(ValueError, match=re.escape("Use RingSchedule(-1, -1, 'blocks') or a preset name")):
+        reduce_scatter_ring(RingSchedule(-1, 0, "blocks"), 3)
+    for name in (None, "spec", "openmpi-ring", "gloo"):
+        for n in range(1, 7):
+            ring = reduce_scatter_ring(name, n)
+            # schedule-family's owned chunk, i - k - (N - 1) d, typed in from the spec
+            assert [(i - ring.offset - (n - 1) * ring.direction) % n for i in range(n)] == list(range(n))

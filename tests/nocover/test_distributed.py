@@ -31,6 +31,7 @@ from ring_ref import distributed, ring_all_reduce
 from ring_ref._processes._gloo import ProcessRing, RankError
 from ring_ref.distributed import ring_all_reduce_
 from ring_ref.testing import assert_matches_reference
+from tests.faults import failing_add
 from tests.oracles import ring_fold, same_bits
 from tests.paths import ROOT
 
@@ -646,17 +647,7 @@ def fail_in_ring(rank: int, world_size: int, at_add: int) -> tuple[str, bool]:
         return "finished", same_bits(x, before)
     if at_add == 0:
         return "did not call", True
-    calls = 0
-    real = torch.add
-
-    def failing(*args: Any, **kwargs: Any) -> Any:
-        nonlocal calls
-        calls += 1
-        if calls == at_add:
-            raise OSError(f"planted failure on rank {rank}")
-        return real(*args, **kwargs)
-
-    with mock.patch.object(torch, "add", failing):
+    with failing_add(at_add, rank):
         try:
             ring_all_reduce_(x, timeout=CALL_TIMEOUT)
         except OSError as exc:
