@@ -245,7 +245,7 @@ BAD_CASES: dict[str, BadCase] = {
         "reduce-scatter",
         lambda r, n: _rs(torch.zeros(1), torch.zeros(n), RingSchedule(1, 0, "even")),
         ValueError,
-        "pass RingSchedule(1, 1, 'even') or a preset name",
+        "Use RingSchedule(1, 1, 'even') or a preset name",
     ),
     "rs-gloo-layout-unequal": (  # gloo's layout cuts 3 float32 elements of 3 ranks into 2, 1, 0
         "reduce-scatter",

@@ -163,7 +163,7 @@ def gather_only(comm: Any, cases: list[Case]) -> list[Array | None]:
 BAD: dict[str, tuple[str, type[Exception], str]] = {
     # name: (collective, exception, part of its message); the arguments are made in bad_arguments
     "rs-output-shape-on-rank-1": ("reduce-scatter", ValueError, "rank 1: the output has shape (3,)"),
-    "rs-offset-not-direction": ("reduce-scatter", ValueError, "pass RingSchedule(1, 1, 'even')"),
+    "rs-offset-not-direction": ("reduce-scatter", ValueError, "Use RingSchedule(1, 1, 'even')"),
     "rs-nan-on-rank-0": ("reduce-scatter", ValueError, "rank 0: input: inputs must be finite"),
     "rs-read-only-output": ("reduce-scatter", ValueError, "output: the sum is written in place"),
     "ag-output-dtype": ("all-gather", TypeError, "output: dtype float64, but the input's is float32"),
