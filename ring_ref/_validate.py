@@ -25,12 +25,13 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from ring_ref._dtypes import NUMPY_DTYPES, TORCH_DTYPES
+from ring_ref._dtypes import FORMATS, NUMPY_DTYPES, TORCH_DTYPES
 from ring_ref.schedule import LAYOUTS, PRESETS, SPEC, RingSchedule
 
 __all__ = [
     "SCAN_ELEMENTS",
     "BadInput",
+    "check_jax_structure",
     "check_numpy",
     "check_numpy_structure",
     "check_ring_size",
@@ -115,10 +116,15 @@ def _stacked_shape_problem(shape: Sequence[int], *, divisible: bool = True) -> B
     return _rows_problem(shape[0], shape[1], shape, divisible=divisible)
 
 
+_SUPPORTED: Final = {
+    "torch": "torch.float16, bfloat16, float32, float64",
+    "numpy": "numpy.float16, float32, float64",
+    "jax": "jax.numpy.float16, bfloat16, float32, float64 (float64 with jax_enable_x64)",
+}
+
+
 def _unsupported_dtype(dtype: object, kind: str) -> BadInput:
-    supported = (
-        "torch.float16, bfloat16, float32, float64" if kind == "torch" else "numpy.float16, float32, float64"
-    )
+    supported = _SUPPORTED[kind]
     return BadInput(
         TypeError,
         f"unsupported dtype {dtype}; the ring sums floating-point values only ({supported}). "
@@ -216,6 +222,16 @@ def check_torch(x: object, *, divisible: bool = True) -> tuple[int, int]:
     assert isinstance(x, torch.Tensor)
     torch_finite(x)
     return n, m
+
+
+def check_jax_structure(shape: Sequence[int], dtype: np.dtype[Any], *, divisible: bool = True) -> None:
+    """The metadata rows of the table for a stacked ``jax.Array`` (its ``shape`` and ``dtype``).
+
+    Reads no values, so it also checks a traced array (under ``jax.jit``).
+    """
+    if dtype.name not in FORMATS:
+        raise _unsupported_dtype(dtype, "jax").error()
+    _raise(_stacked_shape_problem(tuple(shape), divisible=divisible))
 
 
 def check_numpy_structure(x: object, *, divisible: bool = True) -> tuple[int, int]:
