@@ -23,7 +23,7 @@ from ring_ref._vectors import _ops, _presets, _sums
 from ring_ref._version import __version__
 from ring_ref.core import initial_state, run_ring
 from ring_ref.difftest import DTYPES, MODES, OrderError, TargetError, _orders, difftest, load_target
-from ring_ref.difftest._vocabulary import DEFAULT_TIMEOUT_S, MAX_RANKS, MPI_MAX_RANKS, RANKS
+from ring_ref.difftest._vocabulary import DEFAULT_TIMEOUT_S, FRAMEWORKS, MAX_RANKS, MPI_MAX_RANKS, RANKS
 from ring_ref.invariants import Provenance, State
 from ring_ref.schedule import SPEC, Phase
 
@@ -102,6 +102,13 @@ def _difftest_arguments(parser: argparse.ArgumentParser) -> None:
         help="TARGET is per rank: call it on every rank of a process group of N processes "
         "(gloo: TARGET(tensor), torch.distributed on 127.0.0.1; mpi: TARGET(comm, array), an mpi4py "
         "communicator and a numpy array, ranks started by mpirun; float16/float32/float64 only)",
+    )
+    parser.add_argument(
+        "--framework",
+        choices=FRAMEWORKS,
+        default="torch",
+        help="what TARGET takes and returns: torch (a torch.Tensor, the default) or jax (a jax.Array "
+        "with the same bits; the extra ring-ref[jax])",
     )
     parser.add_argument(
         "--mca",
@@ -210,6 +217,7 @@ def _difftest_command(args: argparse.Namespace) -> int:
                 op=args.op,
                 schedule=args.schedule,
                 order=args.order,
+                framework=args.framework,
             )
         except OrderError as exc:
             print(f"ring-ref difftest: {exc}", file=sys.stderr)
@@ -247,6 +255,13 @@ def _reveal_arguments(parser: argparse.ArgumentParser) -> None:
         "MPI job) of N processes; every rank must end with the same bits",
     )
     parser.add_argument(
+        "--framework",
+        choices=FRAMEWORKS,
+        default="torch",
+        help="what TARGET takes and returns: torch (a torch.Tensor, the default) or jax (a jax.Array "
+        "with the same bits; the extra ring-ref[jax])",
+    )
+    parser.add_argument(
         "--timeout",
         type=float,
         default=DEFAULT_TIMEOUT_S,
@@ -262,7 +277,13 @@ def _reveal_command(args: argparse.Namespace) -> int:
                 raise _reveal.RevealError(f"--checks must be 0 or more; got {args.checks}")
             _reveal.check_reveal_size(args.n, args.m, args.dtype)
             launcher = _orders.rank_launcher(args.ranks, args.target, args.timeout) if args.ranks else None
-            fn = load_target(args.target) if launcher is None else _orders.per_rank_target(launcher)
+            if launcher is not None and args.framework != "torch":
+                raise TargetError("--framework jax is for a stacked TARGET: drop --ranks")
+            fn = (
+                load_target(args.target, args.framework)
+                if launcher is None
+                else _orders.per_rank_target(launcher)
+            )
             try:
                 if launcher is not None:
                     launcher.start()

@@ -37,7 +37,7 @@ from ring_ref._ops import Op
 from ring_ref._validate import check_jax_structure
 from ring_ref.schedule import SPEC, RingSchedule
 
-__all__ = ["GRADIENT_OPS", "reduce_jax"]
+__all__ = ["GRADIENT_OPS", "host_of", "reduce_jax", "tensor_of"]
 
 GRADIENT_OPS: tuple[Op, ...] = _fast.DIFFERENTIABLE_OPS
 """The ops ``jax.grad`` goes through: the sum's gradient (``avg``'s divided by ``N``)."""
@@ -52,22 +52,25 @@ class _How(NamedTuple):
     n: int
 
 
-def _to_torch(a: np.ndarray[Any, Any]) -> torch.Tensor:
+def tensor_of(a: np.ndarray[Any, Any]) -> torch.Tensor:
     """A host array of a supported dtype as a tensor of the same dtype (a writeable copy if it is not)."""
     fmt = FORMATS[a.dtype.name]
     ints = np.require(a, requirements=["C", "W"]).view(np.dtype(f"int{fmt.bits}"))
     return torch.from_numpy(ints).view(fmt.torch_dtype)
 
 
+def host_of(t: torch.Tensor) -> np.ndarray[Any, Any]:
+    """A tensor of a supported dtype as a host array of the same jax dtype and bits (a copy when strided)."""
+    ints = t.detach().contiguous().view(INT_OF_SIZE[t.element_size()]).numpy()
+    return ints.view(jnp.dtype(str(t.dtype).removeprefix("torch.")))
+
+
 def _host(a: np.ndarray[Any, Any], how: _How) -> np.ndarray[Any, Any]:
     """The engine on a host array; the result as a host array of the input's dtype."""
-    x = _to_torch(a)
+    x = tensor_of(a)
     if how.engine == "fast":
-        result = _fast.ring_all_reduce_torch(x, how.ring, how.op)
-    else:
-        result = _torch_adapter.reduce_torch(x, how.op, how.ring)
-    ints = result.contiguous().view(INT_OF_SIZE[result.element_size()]).numpy()
-    return ints.view(a.dtype)
+        return host_of(_fast.ring_all_reduce_torch(x, how.ring, how.op))
+    return host_of(_torch_adapter.reduce_torch(x, how.op, how.ring))
 
 
 def _forward(x: jax.Array, how: _How) -> jax.Array:

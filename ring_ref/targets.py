@@ -22,6 +22,14 @@ runs ``dist.all_reduce(..., op=ReduceOp.MAX)`` (``prod``: ``PRODUCT``;
 (``MPI.PROD``, ``MPI.MIN``); MPI has no average, so ``op="avg"`` raises
 ``ValueError`` there (``difftest`` reports ``raised``).
 
+``jax_psum`` is a JAX target (``difftest --framework jax``, extra
+``ring-ref[jax]``): ``jax.lax.psum`` under ``jax.shard_map`` over ``N`` CPU
+devices of this process, device ``i`` holding ``worker_tensors[i]``
+(``op``: ``pmax``, ``pmin``, ``pmean``; JAX has no product collective, so
+``op="prod"`` raises ``ValueError``)::
+
+    ring-ref difftest --framework jax ring_ref.targets:jax_psum --max-workers 8
+
 ``mpi_allreduce`` is a per-rank target: ``comm.Allreduce(MPI.IN_PLACE, array,
 op=MPI.SUM)`` on each rank's own ``numpy`` array, MPI's own all-reduce.  Which
 algorithm OpenMPI runs is chosen when ``mpirun`` starts, by the ``--mca``
@@ -34,7 +42,7 @@ from __future__ import annotations
 
 import atexit
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy.typing as npt
 import torch
@@ -44,11 +52,13 @@ from ring_ref._ops import REDUCE_OP_NAMES
 from ring_ref._processes._gloo import ProcessRing
 
 if TYPE_CHECKING:
+    import jax
     from mpi4py import MPI
 
 __all__ = [
     "close",
     "gloo_all_reduce",
+    "jax_psum",
     "mpi_allreduce",
 ]
 
@@ -101,6 +111,38 @@ def close() -> None:
 
 
 atexit.register(close)
+
+
+_JAX_OPS = {"sum": "psum", "avg": "pmean", "max": "pmax", "min": "pmin"}
+
+
+def jax_psum(worker_tensors: jax.Array, op: str = "sum") -> jax.Array:
+    """``jax.lax.psum`` of ``worker_tensors[i]`` on CPU device ``i``, under ``jax.shard_map``; ``(M, ...)``.
+
+    ``op``: ``sum``, ``avg``, ``max``, ``min`` (``psum``, ``pmean``, ``pmax``,
+    ``pmin``).  It needs ``N`` CPU devices: difftest and reveal give a JAX
+    target's process 64 (:data:`ring_ref.difftest._jax.CPU_DEVICES`); a
+    process with fewer gets a ``RuntimeError`` naming the fix.
+    """
+    import jax  # the optional extra, imported only by a JAX run
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    collective = getattr(jax.lax, _op_key(op, _JAX_OPS, "jax.lax (psum, pmean, pmax, pmin)"))
+    n = int(worker_tensors.shape[0])
+    devices = jax.devices("cpu")
+    if len(devices) < n:
+        raise RuntimeError(
+            f"jax_psum needs N = {n} CPU devices and this process has {len(devices)}: call "
+            f'jax.config.update("jax_num_cpu_devices", {n}) before jax is first used, or let difftest run '
+            "the target in its isolated worker"
+        )
+    mesh = jax.make_mesh((n,), ("w",), devices=devices[:n], axis_types=(jax.sharding.AxisType.Explicit,))
+    by_worker, replicated = PartitionSpec("w"), PartitionSpec()  # type: ignore[no-untyped-call]
+    per_device = jax.shard_map(
+        lambda block: collective(block[0], "w"), mesh=mesh, in_specs=by_worker, out_specs=replicated
+    )
+    placed = jax.device_put(worker_tensors, NamedSharding(mesh, by_worker))
+    return cast("jax.Array", per_device(placed))  # type: ignore[no-untyped-call]
 
 
 def mpi_allreduce(comm: MPI.Comm, array: npt.NDArray[Any], op: str = "sum") -> None:

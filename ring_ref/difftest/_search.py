@@ -19,7 +19,7 @@ from ring_ref.difftest._call import Outcome
 from ring_ref.difftest._diagnosis import Finding, as_launcher, diagnose, difference, passes
 from ring_ref.difftest._inputs import LAYOUTS, Case, cases, one_worker_cases, uneven_cases
 from ring_ref.difftest._launch import InProcess, Isolated, Launcher
-from ring_ref.difftest._loading import importable_name, load_target
+from ring_ref.difftest._loading import importable_name, load_target, with_framework
 from ring_ref.difftest._mpi import MPI_DTYPES, MpiRanks
 from ring_ref.difftest._oracles import EXACT_ORDER, SavedOrder
 from ring_ref.difftest._orders import checking_against, exact_order
@@ -29,10 +29,12 @@ from ring_ref.difftest._report import ModeResult, Report
 from ring_ref.difftest._vocabulary import (
     DEFAULT_TIMEOUT_S,
     DTYPES,
+    FRAMEWORKS,
     MAX_RANKS,
     MODES,
     MPI_MAX_RANKS,
     RANKS,
+    Framework,
     Mode,
     Op,
     OpTarget,
@@ -257,6 +259,7 @@ def difftest(
     op: object = None,
     schedule: str | RingSchedule | None = None,
     order: str | Path | None = None,
+    framework: Framework = "torch",
 ) -> Report:
     """Check ``fn`` against the reference in each of ``modes``; return the :class:`Report`.
 
@@ -288,6 +291,10 @@ def difftest(
     the dtypes are float16, float32 and float64 (the default drops bfloat16;
     asking for it is refused).
 
+    ``framework="jax"`` (clause ``jax-difftest``): a stacked ``fn`` takes the
+    case as a ``jax.Array`` and returns a ``jax.Array`` (the extra ``ring-ref[jax]``;
+    :mod:`ring_ref.difftest._jax`); everything else is as for a torch target.
+
     ``dtypes`` defaults to every dtype the launcher takes.
 
     ``op`` (``"sum"``, ``"prod"``, ``"max"``, ``"min"``, ``"avg"``, or a
@@ -314,6 +321,11 @@ def difftest(
     chosen = _modes_of(modes)
     if ranks is not None and ranks not in RANKS:
         raise ValueError(f"ranks must be one of {list(RANKS)} or None; got {ranks!r}")
+    if framework not in FRAMEWORKS or (framework != "torch" and ranks is not None):
+        raise ValueError(
+            f"framework (--framework) must be one of {list(FRAMEWORKS)}, and jax is for stacked targets "
+            f"(drop ranks); got framework={framework!r}, ranks={ranks!r}"
+        )
     workers = max_workers if max_workers is not None else default_max_workers(ranks)
     problem = option_problem(examples=examples, seed=seed, max_workers=workers, timeout=timeout)
     if problem:
@@ -327,7 +339,7 @@ def difftest(
             f"--op {reduce_op} checks exact against the spec's ring or a named --schedule; --schedule auto "
             "and --order reveal and name sum orders (drop them; order-free and bound need no order)"
         )
-    exact = exact_order(schedule, order, fn, workers, ranks) or EXACT_ORDER.get()
+    exact = exact_order(schedule, order, fn, workers, ranks, framework=framework) or EXACT_ORDER.get()
     if order is not None and exact.saved is not None:  # order= given (not one set by checking_against)
         _check_order_file_fits(order, exact.saved, max_workers, asked_dtypes)
     if reduce_op is not None and "exact" in chosen and reduce_op not in exact.ops:
@@ -337,8 +349,9 @@ def difftest(
         )
     if seed is None:
         seed = random.SystemRandom().randrange(2**32)
-    launcher, name = _launcher(fn, isolate, timeout, ranks, mca)
-    options = "" if timeout == DEFAULT_TIMEOUT_S else f" --timeout {timeout:g}"
+    launcher, name = _launcher(fn, isolate, timeout, ranks, mca, framework=framework)
+    options = "" if framework == "torch" else f" --framework {framework}"
+    options += "" if timeout == DEFAULT_TIMEOUT_S else f" --timeout {timeout:g}"
     options += "" if launcher.isolated else " --in-process"
     options += "".join(f" --mca {key}={value}" for key, value in (mca or {}).items())
     options += f" {exact.option}" if exact.option else ""
@@ -473,6 +486,8 @@ def _launcher(
     timeout: float,
     ranks: Ranks | None,
     mca: Mapping[str, str] | None = None,
+    *,
+    framework: Framework = "torch",
 ) -> tuple[Launcher, str | None]:
     """The launcher for ``fn`` and its importable name (``None`` for a lambda or local function)."""
     name = fn if isinstance(fn, str) else importable_name(fn)
@@ -486,19 +501,16 @@ def _launcher(
         if ranks == "mpi":
             return MpiRanks(name, timeout, mca), name
         return GlooRanks(name, timeout), name
-    if isinstance(fn, str):
-        return (InProcess(load_target(fn)) if isolate is False else Isolated(fn, timeout)), fn
-    if isolate is False:
-        return InProcess(fn), name
-    if name is None:
-        if isolate:
-            raise ValueError(
-                f"{getattr(fn, '__qualname__', fn)!r} cannot be isolated: the worker imports the target by "
-                "name, and a lambda or local function has none; define it at module level, or pass "
-                "isolate=False to run it in this process"
-            )
-        return InProcess(fn), None
-    return Isolated(name, timeout), name
+    if name is None and isolate:
+        raise ValueError(
+            f"{getattr(fn, '__qualname__', fn)!r} cannot be isolated: the worker imports the target by "
+            "name, and a lambda or local function has none; define it at module level, or pass "
+            "isolate=False to run it in this process"
+        )
+    if name is not None and isolate is not False:
+        return Isolated(name, timeout, framework), name
+    here = load_target(fn, framework) if isinstance(fn, str) else with_framework(fn, framework)
+    return InProcess(here), name
 
 
 def option_problem(
