@@ -302,6 +302,7 @@ def _reveal_command(args: argparse.Namespace) -> int:
     if found.classification != "ring":
         # reveal names an order, it gives no verdict: the exit status stays 0 (docs/guide/reveal.md)
         ranks = f"--ranks {args.ranks} " if args.ranks else ""
+        ranks += "" if args.framework == "torch" else f"--framework {args.framework} "
         print(
             f"ring-ref reveal: the order is not one ring's fold ({found.classification}); to find out "
             f"whether that is a bug, run: ring-ref difftest {ranks}{args.target}",
