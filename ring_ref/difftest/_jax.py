@@ -26,7 +26,7 @@ import torch
 
 from ring_ref._dtypes import FORMATS
 from ring_ref._jax_adapter import host_of, tensor_of
-from ring_ref.difftest._vocabulary import Target
+from ring_ref.difftest._vocabulary import OpTarget, Target
 
 __all__ = ["CPU_DEVICES", "on_jax", "to_tensor"]
 
@@ -42,7 +42,7 @@ def to_tensor(returned: object) -> object:
     return tensor_of(host) if host.dtype.name in FORMATS else torch.from_numpy(host)
 
 
-def on_jax(fn: Target) -> Target:
+def on_jax(fn: OpTarget) -> Target:
     """``fn``, a JAX target, as the tester calls a torch one: ``jax.Array`` in, tensor out."""
     jax.config.update("jax_enable_x64", True)  # type: ignore[no-untyped-call]
     with contextlib.suppress(RuntimeError):  # refused once jax is in use: it keeps its devices

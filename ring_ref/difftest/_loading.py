@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Final, cast
 
-from ring_ref.difftest._vocabulary import Framework, Target
+from ring_ref.difftest._vocabulary import Framework, OpTarget, Target
 
 __all__ = ["TargetError", "importable_name", "load_target", "with_framework"]
 
@@ -84,7 +84,7 @@ def load_target(spec: str, framework: Framework = "torch") -> Target:
     return cast(Target, fn)
 
 
-def with_framework(fn: Target, framework: Framework) -> Target:
+def with_framework(fn: Target | OpTarget, framework: Framework) -> Target:
     """``fn`` as the tester calls a target: a JAX one wrapped (:mod:`ring_ref.difftest._jax`), else itself."""
     if framework == "torch":
         return fn
