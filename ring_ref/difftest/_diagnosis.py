@@ -88,6 +88,7 @@ __all__ = [
     "op_probe_rows",
     "op_probe_values",
     "passes",
+    "plus_zeros_only",
     "position_probe",
     "several_workers",
     "structural",
@@ -623,12 +624,8 @@ def _op_finding(
     divided = _divided_first(fn, case, result, rank) if op == "avg" else ""
     if divided:
         return "avg-divided-first", divided
-    if op in ("sum", "avg") and mode == "exact":
-        fixed = zeros_as_the_oracle_wants(mode, case, result)
-        values, ring = result.reshape(-1), EXACT_ORDER.get().expected(case).reshape(-1)
-        only_plus_zeros = not bool(((values == 0) & values.signbit() & ~ring.signbit()).any())
-        if only_plus_zeros and fixed is not None and check_values(mode, case, fixed).mismatch is None:
-            return "signed-zero", _signed_zero_words(mode, op, tie=True)
+    if op in ("sum", "avg") and mode == "exact" and plus_zeros_only(case, result):
+        return "signed-zero", _signed_zero_words(mode, op, tie=True)
     if op in ("prod", "max", "min"):
         fixed = zeros_as_the_oracle_wants(mode, case, result)
         if fixed is not None and check_values(mode, case, fixed).mismatch is None:
@@ -638,6 +635,16 @@ def _op_finding(
                 tie = check_values("bound", case, result).mismatch is None
                 return "signed-zero", _signed_zero_words(mode, op, tie=tie)
     return None
+
+
+def plus_zeros_only(case: Case, result: torch.Tensor) -> bool:
+    """Whether a ``sum`` or ``avg`` result differs from the ring's (``exact``) only by ``+0.0`` where the
+    ring has ``-0.0``: where every worker holds ``-0.0``, a fold that starts from ``+0.0``."""
+    values, ring = result.reshape(-1), EXACT_ORDER.get().expected(case).reshape(-1)
+    if bool(((values == 0) & values.signbit() & ~ring.signbit()).any()):
+        return False
+    fixed = zeros_as_the_oracle_wants("exact", case, result)
+    return fixed is not None and check_values("exact", case, fixed).mismatch is None
 
 
 def position_probe(case: Case) -> Case:
