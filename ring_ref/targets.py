@@ -41,7 +41,8 @@ itself (``MPI_ERR_TYPE``).
 from __future__ import annotations
 
 import atexit
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy.typing as npt
@@ -125,9 +126,8 @@ def jax_psum(worker_tensors: jax.Array, op: str = "sum") -> jax.Array:
     process with fewer gets a ``RuntimeError`` naming the fix.
     """
     import jax  # the optional extra, imported only by a JAX run
-    from jax.sharding import NamedSharding, PartitionSpec
 
-    collective = getattr(jax.lax, _op_key(op, _JAX_OPS, "jax.lax (psum, pmean, pmax, pmin)"))
+    name = _op_key(op, _JAX_OPS, "jax.lax (psum, pmean, pmax, pmin)")
     n = int(worker_tensors.shape[0])
     devices = jax.devices("cpu")
     if len(devices) < n:
@@ -136,13 +136,25 @@ def jax_psum(worker_tensors: jax.Array, op: str = "sum") -> jax.Array:
             f'jax.config.update("jax_num_cpu_devices", {n}) before jax is first used, or let difftest run '
             "the target in its isolated worker"
         )
-    mesh = jax.make_mesh((n,), ("w",), devices=devices[:n], axis_types=(jax.sharding.AxisType.Explicit,))
+    sharding, collective = _jax_collective(n, name)
+    return cast("jax.Array", collective(jax.device_put(worker_tensors, sharding)))
+
+
+@functools.cache
+def _jax_collective(n: int, name: str) -> tuple[Any, Callable[[Any], Any]]:
+    """The sharding of ``(N, M, ...)`` over CPU devices ``0 .. N-1`` and the jitted collective ``name``
+    under ``shard_map`` (one per ``N`` and op, so that jax compiles once per shape)."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    devices = jax.devices("cpu")[:n]
+    mesh = jax.make_mesh((n,), ("w",), devices=devices, axis_types=(jax.sharding.AxisType.Explicit,))
     by_worker, replicated = PartitionSpec("w"), PartitionSpec()  # type: ignore[no-untyped-call]
+    collective = getattr(jax.lax, name)
     per_device = jax.shard_map(
         lambda block: collective(block[0], "w"), mesh=mesh, in_specs=by_worker, out_specs=replicated
     )
-    placed = jax.device_put(worker_tensors, NamedSharding(mesh, by_worker))
-    return cast("jax.Array", per_device(placed))  # type: ignore[no-untyped-call]
+    return NamedSharding(mesh, by_worker), jax.jit(per_device)
 
 
 def mpi_allreduce(comm: MPI.Comm, array: npt.NDArray[Any], op: str = "sum") -> None:
