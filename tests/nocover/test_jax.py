@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 import pytest
+from filelock import FileLock
 
 from tests.paths import ROOT
 from tests.planted_jax import PLANTED
@@ -66,10 +67,17 @@ print(json.dumps(found))
 
 
 @pytest.fixture(scope="module")
-def measured() -> Any:
+def measured(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Any:
     """Everything measured on ``jax_psum`` and the planted JAX bugs, in one fresh process (in-process
-    difftest: one jax, one compilation per shape)."""
-    return _python(f"PLANTED = {sorted(PLANTED)!r}\n" + _MEASURE, timeout_s=1500.0)
+    difftest: one jax, one compilation per shape), once per run: pytest-xdist's workers share it."""
+    code = f"PLANTED = {sorted(PLANTED)!r}\n" + _MEASURE
+    if worker_id == "master":
+        return _python(code, timeout_s=1500.0)
+    path = tmp_path_factory.getbasetemp().parent / "jax-measured.json"
+    with FileLock(f"{path}.lock"):
+        if not path.exists():
+            path.write_text(json.dumps(_python(code, timeout_s=1500.0)))
+        return json.loads(path.read_text())
 
 
 @pytest.mark.clause("jax-findings")
