@@ -90,6 +90,17 @@ def _vectors_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _framework_argument(parser: argparse.ArgumentParser) -> None:
+    """``--framework``, for difftest and reveal alike."""
+    parser.add_argument(
+        "--framework",
+        choices=FRAMEWORKS,
+        default="torch",
+        help="what TARGET takes and returns: torch (a torch.Tensor, the default) or jax (a jax.Array "
+        "with the same bits; the extra ring-ref[jax])",
+    )
+
+
 def _difftest_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``ring-ref difftest`` options."""
     parser.add_argument(
@@ -103,13 +114,7 @@ def _difftest_arguments(parser: argparse.ArgumentParser) -> None:
         "(gloo: TARGET(tensor), torch.distributed on 127.0.0.1; mpi: TARGET(comm, array), an mpi4py "
         "communicator and a numpy array, ranks started by mpirun; float16/float32/float64 only)",
     )
-    parser.add_argument(
-        "--framework",
-        choices=FRAMEWORKS,
-        default="torch",
-        help="what TARGET takes and returns: torch (a torch.Tensor, the default) or jax (a jax.Array "
-        "with the same bits; the extra ring-ref[jax])",
-    )
+    _framework_argument(parser)
     parser.add_argument(
         "--mca",
         action="append",
@@ -254,13 +259,7 @@ def _reveal_arguments(parser: argparse.ArgumentParser) -> None:
         help="TARGET is per rank: TARGET(tensor) on every rank of a gloo group (or TARGET(comm, array) in an "
         "MPI job) of N processes; every rank must end with the same bits",
     )
-    parser.add_argument(
-        "--framework",
-        choices=FRAMEWORKS,
-        default="torch",
-        help="what TARGET takes and returns: torch (a torch.Tensor, the default) or jax (a jax.Array "
-        "with the same bits; the extra ring-ref[jax])",
-    )
+    _framework_argument(parser)
     parser.add_argument(
         "--timeout",
         type=float,
