@@ -127,20 +127,30 @@ def run_mode(
             return True
         return False
 
-    probes = None
-    try:
-        case = _searched(test, fails)
-        if mode == "exact" and op in (None, "sum") and (case is None or _zero_signs_only(launcher, case)):
-            # a fold from +0.0 fails first on zeros, the simplest inputs: an order beats it (signed-zero)
-            order = EXACT_ORDER.get()
-            probe, probes = first_failing_probe(order, max_workers, dtypes, lambda c: fails(c, judge))
-            case = probe or case
-        if case is None:
-            return ModeResult(mode, "pass", calls, overflow, underflow_skipped=underflow, probes=probes)
+    def replayed(case: Case) -> tuple[Outcome, Outcome]:
         first, second = launcher.call(case), launcher.call(case)
         for outcome in (first, second):
             if outcome.failure is not None:
                 raise _NoAnswer(outcome)
+        return first, second
+
+    probes = None
+    order_probed = mode == "exact" and op in (None, "sum")
+    try:
+        case = _searched(test, fails)
+        if case is None and order_probed:
+            order = EXACT_ORDER.get()
+            case, probes = first_failing_probe(order, max_workers, dtypes, lambda c: fails(c, judge))
+        if case is None:
+            return ModeResult(mode, "pass", calls, overflow, underflow_skipped=underflow, probes=probes)
+        first, second = replayed(case)
+        if order_probed and probes is None and _zero_signs_only(first):
+            # a fold from +0.0 fails first on zeros, the simplest inputs: an order beats it (signed-zero)
+            order = EXACT_ORDER.get()
+            probe, probes = first_failing_probe(order, max_workers, dtypes, lambda c: fails(c, judge))
+            if probe is not None:
+                case = probe
+                first, second = replayed(case)
     except _NoAnswer as stopped:
         got = stopped.outcome
         finding = diagnose(launcher, got, mode)
@@ -160,10 +170,10 @@ def run_mode(
     return ModeResult(mode, "fail", calls, overflow, finding, case, first.output, underflow, probes)
 
 
-def _zero_signs_only(launcher: Launcher, case: Case) -> bool:
-    """Whether the target's answer on ``case`` differs from the ring's only by ``+0.0`` for ``-0.0``."""
-    result = well_formed(launcher.call(case))
-    return result is not None and plus_zeros_only(case, result)
+def _zero_signs_only(outcome: Outcome) -> bool:
+    """Whether a stacked answer differs from the ring's only by ``+0.0`` for ``-0.0``."""
+    result = well_formed(outcome)
+    return result is not None and plus_zeros_only(outcome.case, result)
 
 
 def _searched(test: Callable[[], None], fails: Callable[[Case], bool]) -> Case | None:
