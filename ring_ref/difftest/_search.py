@@ -375,7 +375,9 @@ def difftest(
     options += f" {exact.option}" if exact.option else ""
     if name is None:
         name = str(getattr(fn, "__qualname__", repr(fn)))
-        replay = _replay(None, name, chosen, examples, seed, workers, dtypes, exact.option, reduce_op)
+        replay = _replay(
+            None, name, chosen, examples, seed, workers, dtypes, exact.option, reduce_op, framework=framework
+        )
     else:
         replay = _replay(ranks, name, chosen, examples, seed, workers, dtypes, options, reduce_op, cli=True)
     report = Report(target or name, seed, replay, isolated=launcher.isolated, ranks=ranks, op=reduce_op)
@@ -473,6 +475,7 @@ def _replay(  # noqa: PLR0917 - one line made of every option
     op: Op | None,
     *,
     cli: bool = False,
+    framework: Framework = "torch",
 ) -> str:
     """The command line (``cli``) or Python call that replays this run.
 
@@ -489,6 +492,7 @@ def _replay(  # noqa: PLR0917 - one line made of every option
             f"--max-workers {workers} --dtypes {' '.join(dtype_name(d) for d in dtypes)}{options}"
         )
     asked = f", op={op!r}" if op is not None else ""
+    asked += f", framework={framework!r}" if framework != "torch" else ""
     if options:
         key, _, value = options.lstrip("-").replace("=", " ", 1).partition(" ")
         asked += f", {key}={value!r}"

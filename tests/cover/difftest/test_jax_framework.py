@@ -59,6 +59,13 @@ def test_the_jax_adapter_passes_difftest_as_a_jax_target() -> None:
     report = difftest(jax_reference, examples=15, seed=11, max_workers=4, isolate=False, framework="jax")
     assert report.verdict == "pass", report.render()
     assert not report.isolated
+    assert report.replay.endswith("--framework jax --in-process")
+
+    def local_reference(x: jax.Array) -> jax.Array:  # not importable: runs here, replayed in Python
+        return ring_all_reduce(x)
+
+    local = difftest(local_reference, modes="bound", examples=1, seed=1, framework="jax")
+    assert local.verdict == "pass" and local.replay.endswith("], framework='jax')")
 
 
 def test_framework_jax_with_ranks_is_refused() -> None:
