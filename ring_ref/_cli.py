@@ -30,7 +30,14 @@ from ring_ref.difftest import DTYPES, MODES, OrderError, TargetError, _orders, d
 from ring_ref.difftest._job import SHOW, job_size, run_in_job
 from ring_ref.difftest._launch import Launcher
 from ring_ref.difftest._report import Report
-from ring_ref.difftest._vocabulary import COLLECTIVES, DEFAULT_TIMEOUT_S, MAX_RANKS, MPI_MAX_RANKS, RANKS
+from ring_ref.difftest._vocabulary import (
+    COLLECTIVES,
+    DEFAULT_TIMEOUT_S,
+    FRAMEWORKS,
+    MAX_RANKS,
+    MPI_MAX_RANKS,
+    RANKS,
+)
 from ring_ref.invariants import Provenance, State
 from ring_ref.schedule import ALL_REDUCE, PRESETS, SPEC, Phase, reduce_scatter_ring
 
@@ -130,6 +137,17 @@ def _rank_timeout_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _framework_argument(parser: argparse.ArgumentParser) -> None:
+    """``--framework``, for difftest and reveal alike."""
+    parser.add_argument(
+        "--framework",
+        choices=FRAMEWORKS,
+        default="torch",
+        help="what TARGET takes and returns: torch (a torch.Tensor, the default) or jax (a jax.Array "
+        "with the same bits; the extra ring-ref[jax])",
+    )
+
+
 def _difftest_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``ring-ref difftest`` options."""
     parser.add_argument(
@@ -147,6 +165,7 @@ def _difftest_arguments(parser: argparse.ArgumentParser) -> None:
     )
     _job_arguments(parser)
     _mca_argument(parser)
+    _framework_argument(parser)
     parser.add_argument(
         "--mode",
         choices=[*MODES, "all"],
@@ -256,6 +275,7 @@ def _difftest_command(args: argparse.Namespace) -> int:
         schedule=args.schedule,
         order=args.order,
         collective=args.collective,
+        framework=args.framework,
     )
     if args.ranks in ("job", "mpi-job"):
         return _difftest_in_job(args, run)
@@ -374,6 +394,7 @@ def _reveal_arguments(parser: argparse.ArgumentParser) -> None:
     )
     _rank_timeout_argument(parser)
     _job_arguments(parser)
+    _framework_argument(parser)
     parser.add_argument(
         "--collective",
         choices=("all-reduce", "reduce-scatter"),
@@ -405,11 +426,13 @@ def _reveal_command(args: argparse.Namespace) -> int:
                 raise _reveal.RevealError(
                     f"--collective reduce-scatter needs M a multiple of N; got {args.m}"
                 )
+            if launcher is not None and args.framework != "torch":
+                raise TargetError("--framework jax is for a stacked TARGET: drop --ranks")
             fn: Callable[[torch.Tensor], object]
             if launcher is not None:
                 fn = _orders.per_rank_target(launcher, args.collective)
             else:
-                loaded = load_target(args.target)
+                loaded = load_target(args.target, args.framework)
                 fn = _orders.stacked_reduce_scatter(loaded) if scatter else loaded
             try:
                 if launcher is not None:
@@ -442,6 +465,7 @@ def _print_revealed(found: _reveal.Revealed, args: argparse.Namespace, out: Text
     if found.classification != "ring":
         # reveal names an order, it gives no verdict: the exit status stays 0 (docs/guide/reveal.md)
         ranks = f"--ranks {args.ranks} " if args.ranks else ""
+        ranks += "" if args.framework == "torch" else f"--framework {args.framework} "
         print(
             f"ring-ref reveal: the order is not one ring's fold ({found.classification}); to find out "
             f"whether that is a bug, run: ring-ref difftest {ranks}{args.target}",

@@ -15,7 +15,8 @@ tensor([4., 6.])
 
 from __future__ import annotations
 
-from typing import Final, Literal, TypeVar, overload
+import sys
+from typing import TYPE_CHECKING, Final, Literal, TypeVar, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -31,6 +32,9 @@ from ring_ref._validate import (
     schedule_of,
 )
 from ring_ref.schedule import RingSchedule
+
+if TYPE_CHECKING:
+    import jax
 
 __all__ = ["ENGINES", "Engine", "ring_all_gather", "ring_all_reduce", "ring_reduce_scatter"]
 
@@ -66,13 +70,21 @@ def ring_all_reduce(
     op: object = "sum",
     schedule: str | RingSchedule = "spec",
 ) -> npt.NDArray[_A]: ...
+@overload
 def ring_all_reduce(
-    worker_tensors: torch.Tensor | npt.NDArray[_A],
+    worker_tensors: jax.Array,
     engine: Engine = "reference",
     *,
     op: object = "sum",
     schedule: str | RingSchedule = "spec",
-) -> torch.Tensor | npt.NDArray[_A]:
+) -> jax.Array: ...
+def ring_all_reduce(
+    worker_tensors: torch.Tensor | npt.NDArray[_A] | jax.Array,
+    engine: Engine = "reference",
+    *,
+    op: object = "sum",
+    schedule: str | RingSchedule = "spec",
+) -> torch.Tensor | npt.NDArray[_A] | jax.Array:
     """Ring all-reduce of ``worker_tensors`` (shape ``(N, M, ...)``); returns worker 0's ``(M, ...)`` sum.
 
     ``op`` is ``"sum"`` (the default), ``"prod"``, ``"max"``, ``"min"`` or ``"avg"``
@@ -83,7 +95,10 @@ def ring_all_reduce(
     Accepts a ``torch.Tensor`` (float16, bfloat16, float32, float64; any device;
     autograd kept) or a ``numpy.ndarray`` (float16, float32, float64) and returns
     the same kind, dtype and device.  The input is never modified and the result
-    never shares its storage.  See ``spec/ring_all_reduce.md``.
+    never shares its storage.  See ``spec/ring_all_reduce.md``.  A ``jax.Array``
+    (float16, bfloat16, float32, float64; the extra ``ring-ref[jax]``) gives a
+    ``jax.Array`` on its device; ``jax.grad`` and ``jax.jit`` go through it
+    (:mod:`ring_ref._jax_adapter`).
 
     ``engine="reference"`` (the default) runs the pure-functional core and asserts
     the spec's invariants after every round; ``engine="fast"`` runs the same
@@ -108,6 +123,11 @@ def ring_all_reduce(
         if engine == "fast":
             return _fast.ring_all_reduce_numpy(worker_tensors, ring, reduce_op)
         return _numpy_adapter.reduce_numpy(worker_tensors, reduce_op, ring)
+    jax_module = sys.modules.get("jax")  # a jax.Array exists only once jax has been imported
+    if jax_module is not None and isinstance(worker_tensors, jax_module.Array):
+        from ring_ref._jax_adapter import reduce_jax  # (jax is an optional extra)
+
+        return reduce_jax(worker_tensors, reduce_op, ring, engine)
     raise not_an_array(worker_tensors).error()
 
 

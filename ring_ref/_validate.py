@@ -26,7 +26,7 @@ import numpy.typing as npt
 import torch
 
 from ring_ref._chunks import chunk_bounds, chunk_rows
-from ring_ref._dtypes import NUMPY_DTYPES, TORCH_DTYPES
+from ring_ref._dtypes import FORMATS, NUMPY_DTYPES, TORCH_DTYPES
 from ring_ref.schedule import LAYOUTS, PRESETS, SPEC, RingSchedule, reduce_scatter_ring
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "BadInput",
     "Stacked",
     "check_collective_size",
+    "check_jax_structure",
     "check_numpy",
     "check_numpy_structure",
     "check_ring_size",
@@ -142,10 +143,15 @@ def _stacked_shape_problem(
     return _rows_problem(shape[0], shape[1], shape, divisible=divisible, rows=what.rows)
 
 
+_SUPPORTED: Final = {
+    "torch": "torch.float16, bfloat16, float32, float64",
+    "numpy": "numpy.float16, float32, float64",
+    "jax": "jax.numpy.float16, bfloat16, float32, float64 (float64 with jax_enable_x64)",
+}
+
+
 def _unsupported_dtype(dtype: object, kind: str) -> BadInput:
-    supported = (
-        "torch.float16, bfloat16, float32, float64" if kind == "torch" else "numpy.float16, float32, float64"
-    )
+    supported = _SUPPORTED[kind]
     return BadInput(
         TypeError,
         f"unsupported dtype {dtype}; the ring sums floating-point values only ({supported}). "
@@ -246,6 +252,16 @@ def check_torch(x: object, *, divisible: bool = True) -> tuple[int, int]:
     assert isinstance(x, torch.Tensor)
     torch_finite(x)
     return n, m
+
+
+def check_jax_structure(shape: Sequence[int], dtype: np.dtype[Any], *, divisible: bool = True) -> None:
+    """The metadata rows of the table for a stacked ``jax.Array`` (its ``shape`` and ``dtype``).
+
+    Reads no values, so it also checks a traced array (under ``jax.jit``).
+    """
+    if dtype.name not in FORMATS:
+        raise _unsupported_dtype(dtype, "jax").error()
+    _raise(_stacked_shape_problem(tuple(shape), divisible=divisible))
 
 
 def check_numpy_structure(

@@ -22,6 +22,14 @@ runs ``dist.all_reduce(..., op=ReduceOp.MAX)`` (``prod``: ``PRODUCT``;
 (``MPI.PROD``, ``MPI.MIN``); MPI has no average, so ``op="avg"`` raises
 ``ValueError`` there (``difftest`` reports ``raised``).
 
+``jax_psum`` is a JAX target (``difftest --framework jax``, extra
+``ring-ref[jax]``): ``jax.lax.psum`` under ``jax.shard_map`` over ``N`` CPU
+devices of this process, device ``i`` holding ``worker_tensors[i]``
+(``op``: ``pmax``, ``pmin``, ``pmean``; JAX has no product collective, so
+``op="prod"`` raises ``ValueError``)::
+
+    ring-ref difftest --framework jax ring_ref.targets:jax_psum --max-workers 8
+
 ``mpi_allreduce`` is a per-rank target: ``comm.Allreduce(MPI.IN_PLACE, array,
 op=MPI.SUM)`` on each rank's own ``numpy`` array, MPI's own all-reduce.  Which
 algorithm OpenMPI runs is chosen when ``mpirun`` starts, by the ``--mca``
@@ -33,8 +41,9 @@ itself (``MPI_ERR_TYPE``).
 from __future__ import annotations
 
 import atexit
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+import functools
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy.typing as npt
 import torch
@@ -44,11 +53,13 @@ from ring_ref._ops import REDUCE_OP_NAMES
 from ring_ref._processes._gloo import ProcessRing
 
 if TYPE_CHECKING:
+    import jax
     from mpi4py import MPI
 
 __all__ = [
     "close",
     "gloo_all_reduce",
+    "jax_psum",
     "mpi_allreduce",
 ]
 
@@ -101,6 +112,49 @@ def close() -> None:
 
 
 atexit.register(close)
+
+
+_JAX_OPS = {"sum": "psum", "avg": "pmean", "max": "pmax", "min": "pmin"}
+
+
+def jax_psum(worker_tensors: jax.Array, op: str = "sum") -> jax.Array:
+    """``jax.lax.psum`` of ``worker_tensors[i]`` on CPU device ``i``, under ``jax.shard_map``; ``(M, ...)``.
+
+    ``op``: ``sum``, ``avg``, ``max``, ``min`` (``psum``, ``pmean``, ``pmax``,
+    ``pmin``).  It needs ``N`` CPU devices: difftest and reveal give a JAX
+    target's process 64 (:data:`ring_ref.difftest._jax.CPU_DEVICES`); a
+    process with fewer gets a ``RuntimeError`` naming the fix.
+    """
+    import jax  # the optional extra, imported only by a JAX run
+
+    name = _op_key(op, _JAX_OPS, "jax.lax (psum, pmean, pmax, pmin)")
+    n = int(worker_tensors.shape[0])
+    devices = jax.devices("cpu")
+    if len(devices) < n:
+        raise RuntimeError(
+            f"jax_psum needs N = {n} CPU devices and this process has {len(devices)}: call "
+            f'jax.config.update("jax_num_cpu_devices", {n}) before jax is first used, or let difftest run '
+            "the target in its isolated worker"
+        )
+    sharding, collective = _jax_collective(n, name)
+    return cast("jax.Array", collective(jax.device_put(worker_tensors, sharding)))
+
+
+@functools.cache
+def _jax_collective(n: int, name: str) -> tuple[Any, Callable[[Any], Any]]:
+    """The sharding of ``(N, M, ...)`` over CPU devices ``0 .. N-1`` and the jitted collective ``name``
+    under ``shard_map`` (one per ``N`` and op, so that jax compiles once per shape)."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    devices = jax.devices("cpu")[:n]
+    mesh = jax.make_mesh((n,), ("w",), devices=devices, axis_types=(jax.sharding.AxisType.Explicit,))
+    by_worker, replicated = PartitionSpec("w"), PartitionSpec()  # type: ignore[no-untyped-call]
+    collective = getattr(jax.lax, name)
+    per_device = jax.shard_map(
+        lambda block: collective(block[0], "w"), mesh=mesh, in_specs=by_worker, out_specs=replicated
+    )
+    return NamedSharding(mesh, by_worker), jax.jit(per_device)
 
 
 def mpi_allreduce(comm: MPI.Comm, array: npt.NDArray[Any], op: str = "sum") -> None:

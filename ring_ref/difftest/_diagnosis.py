@@ -91,6 +91,7 @@ __all__ = [
     "op_probe_rows",
     "op_probe_values",
     "passes",
+    "plus_zeros_only",
     "position_probe",
     "several_workers",
     "structural",
@@ -634,6 +635,8 @@ def _op_finding(
     divided = _divided_first(fn, case, result, rank) if op == "avg" else ""
     if divided:
         return "avg-divided-first", divided
+    if op in ("sum", "avg") and mode == "exact" and plus_zeros_only(case, result):
+        return "signed-zero", _signed_zero_words(mode, op, tie=True)
     if op in ("prod", "max", "min"):
         fixed = zeros_as_the_oracle_wants(mode, case, result)
         if fixed is not None and check_values(mode, case, fixed).mismatch is None:
@@ -643,6 +646,16 @@ def _op_finding(
                 tie = check_values("bound", case, result).mismatch is None
                 return "signed-zero", _signed_zero_words(mode, op, tie=tie)
     return None
+
+
+def plus_zeros_only(case: Case, result: torch.Tensor) -> bool:
+    """Whether a ``sum`` or ``avg`` result differs from the ring's (``exact``) only by ``+0.0`` where the
+    ring has ``-0.0``: where every worker holds ``-0.0``, a fold that starts from ``+0.0``."""
+    values, ring = result.reshape(-1), EXACT_ORDER.get().expected(case).reshape(-1)
+    if bool(((values == 0) & values.signbit() & ~ring.signbit()).any()):
+        return False
+    fixed = zeros_as_the_oracle_wants("exact", case, result)
+    return fixed is not None and check_values("exact", case, fixed).mismatch is None
 
 
 def position_probe(case: Case) -> Case:
@@ -686,6 +699,13 @@ def _signed_zero_words(mode: Mode, op: Op, *, tie: bool) -> str:
             "Every element has the right value, but a zero has the wrong sign: the sign of a product is "
             "the exclusive or of the signs in every order (IEEE 754), zeros included (a product "
             "computed from magnitudes, or a zero written as +0?)"
+        )
+    if op in ("sum", "avg"):
+        return (
+            f"Every element has the ring's value, but the sign of a zero differs: where every worker holds "
+            "-0.0, every order of IEEE 754 additions, the ring's included, gives -0.0, and a fold that "
+            "starts from the identity +0.0 (XLA's psum, torch.sum, numpy.sum) gives +0.0: a correct "
+            f"{op} by value, which order-free and bound accept; only --mode exact requires the ring's zeros"
         )
     if mode == "exact" and tie:
         return (

@@ -446,14 +446,14 @@ def _draw_fill(
         values = [0.0] * count if fill == "zeros" else list(_near_one(dtype, n, count, rng))
         near = st.tuples(st.booleans(), st.floats(-t_max, t_max)).map(lambda t: _signed(t[0], 2.0 ** t[1]))
         return values, st.one_of(near, st.sampled_from((0.0, -0.0)))
+    # zeros of one sign: all -0.0 is where a fold from +0.0 and the ring's differ (clause difftest-oracles)
+    zeros = [rng.choice((0.0, -0.0))] * count
     if order_free:
         bound = order_free_k_bound(dtype, n)
         scale = 2.0 ** draw(st.integers(*ORDER_FREE_EXPONENTS))
-        values = (
-            [0.0] * count if fill == "zeros" else [rng.randint(-bound, bound) * scale for _ in range(count)]
-        )
-        return values, st.integers(-bound, bound).map(lambda k: k * scale)
-    values = [0.0] * count if fill == "zeros" else list(_random_floats(dtype, fill, count, rng))
+        values = zeros if fill == "zeros" else [rng.randint(-bound, bound) * scale for _ in range(count)]
+        return values, st.one_of(st.integers(-bound, bound).map(lambda k: k * scale), st.just(-0.0))
+    values = zeros if fill == "zeros" else list(_random_floats(dtype, fill, count, rng))
     return values, floats
 
 

@@ -23,7 +23,7 @@ from abc import ABC, abstractmethod
 from ring_ref.difftest._call import Failure, Garbled, Outcome, call_target, decode
 from ring_ref.difftest._inputs import Case
 from ring_ref.difftest._loading import TargetError
-from ring_ref.difftest._vocabulary import Target
+from ring_ref.difftest._vocabulary import Framework, Target
 from ring_ref.difftest._worker import Died, Stuck, Worker, trim
 
 __all__ = ["InProcess", "Isolated", "Launcher", "OutputLog"]
@@ -111,13 +111,16 @@ class InProcess(Launcher):
 
 
 class Isolated(Launcher):
-    """The target, imported by name, in a worker process; ``timeout_s`` bounds each call."""
+    """The target, imported by name, in a worker process; ``timeout_s`` bounds each call.
+
+    ``framework``: what the target takes (``jax``: a ``jax.Array``, :mod:`ring_ref.difftest._jax`).
+    """
 
     isolated = True
     kind = "isolated"
 
-    def __init__(self, target: str, timeout_s: float) -> None:
-        self.worker = Worker(target)
+    def __init__(self, target: str, timeout_s: float, framework: Framework = "torch") -> None:
+        self.worker = Worker(target, framework=framework)
         self.timeout_s = timeout_s
         self.output = OutputLog()
 

@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 from typing import Final, cast
 
-from ring_ref.difftest._vocabulary import Target
+from ring_ref.difftest._vocabulary import Framework, OpTarget, Target
 
-__all__ = ["TargetError", "importable_name", "load_target"]
+__all__ = ["TargetError", "importable_name", "load_target", "with_framework"]
 
 
 def importable_name(fn: Target) -> str | None:
@@ -38,10 +38,12 @@ class TargetError(ValueError):
     """A ``TARGET`` that cannot be loaded (``ring-ref difftest`` exits 2 with this message)."""
 
 
-def load_target(spec: str) -> Target:
+def load_target(spec: str, framework: Framework = "torch") -> Target:
     """Import ``package.module:function`` or ``path/to/file.py:function`` and return the function.
 
     A dotted module is looked up on ``sys.path`` plus the current directory.
+    ``framework="jax"``: the function takes and returns ``jax.Array``; it is
+    returned wrapped to take and return tensors (:func:`~ring_ref.difftest._jax.on_jax`).
 
     >>> load_target("ring_ref:ring_all_reduce").__name__
     'ring_all_reduce'
@@ -77,4 +79,19 @@ def load_target(spec: str) -> Target:
         raise TargetError(f"{where!r} has no attribute {name!r}")
     if not callable(fn):
         raise TargetError(f"{spec!r} is not a function but an object of type {type(fn).__name__}")
+    if framework == "jax":
+        return with_framework(cast(Target, fn), framework)
     return cast(Target, fn)
+
+
+def with_framework(fn: Target | OpTarget, framework: Framework) -> Target:
+    """``fn`` as the tester calls a target: a JAX one wrapped (:mod:`ring_ref.difftest._jax`), else itself."""
+    if framework == "torch":
+        return fn
+    try:
+        from ring_ref.difftest._jax import on_jax  # jax, the optional extra, only for a JAX run
+    except ImportError as exc:
+        raise TargetError(
+            f"--framework jax needs jax ({exc}); install the extra: pip install 'ring-ref[jax]'"
+        ) from exc
+    return on_jax(fn)

@@ -18,7 +18,7 @@ case carries:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from fractions import Fraction
@@ -43,6 +43,7 @@ __all__ = [
     "ExactOrder",
     "SavedOrder",
     "ValueMismatch",
+    "all_negative_zeros",
     "as_float_list",
     "check_avg_bound",
     "check_bound",
@@ -503,13 +504,35 @@ def exact_oracle(case: Case, result: torch.Tensor) -> ValueMismatch | None:
     return _first_bitwise(case, order.expected(case), result, order.name)
 
 
+def all_negative_zeros(xs: Sequence[float]) -> bool:
+    """Whether every value is ``-0.0``: then every order of IEEE additions gives ``-0.0``, a fold that
+    starts from the sum's identity ``+0.0`` gives ``+0.0``, and the two are accepted outside ``exact``
+    (clause ``difftest-oracles``).  Any other zero sum is ``+0.0`` in every order (round to nearest).
+
+    >>> all_negative_zeros([-0.0, -0.0]), all_negative_zeros([-0.0, 0.0])
+    (True, False)
+    """
+    return all(x == 0 and math.copysign(1.0, x) < 0 for x in xs)
+
+
+def _zero_sum_signs(case: Case, expected: list[float], result: torch.Tensor) -> torch.Tensor:
+    """``expected`` (the exact sums, zeros ``+0.0``) with the sign rule for zero sums: where every worker
+    holds ``-0.0``, the result's own zero, else the ring's ``-0.0``."""
+    got = result.detach().reshape(-1)
+    for e, xs in enumerate(columns(case)):
+        if all_negative_zeros(xs):
+            expected[e] = float(got[e]) if bool(got[e] == 0) else -0.0
+    return torch.tensor(expected, dtype=torch.float64).to(case.dtype).reshape(result.shape)
+
+
 def order_free_oracle(case: Case, result: torch.Tensor) -> ValueMismatch | None:
-    """``order-free``: where every partial sum is exact, the result is the exact sum, bit for bit."""
+    """``order-free``: where every partial sum is exact, the result is the exact sum, bit for bit
+    (a zero sum of ``-0.0`` values: either zero, :func:`all_negative_zeros`)."""
     sums, _ = exact_sums(case)
-    exact = torch.tensor([float(s) for s in sums], dtype=torch.float64).to(case.dtype)
-    if any(Fraction(float(v)) != s for v, s in zip(exact.tolist(), sums, strict=True)):
+    exact = [float(v) for v in torch.tensor([float(s) for s in sums], dtype=torch.float64).to(case.dtype)]
+    if any(Fraction(v) != s for v, s in zip(exact, sums, strict=True)):
         raise AssertionError("order-free generator produced a sum that rounds; this is a ring_ref bug")
-    return _first_bitwise(case, exact.reshape(result.shape), result, "the exact sum")
+    return _first_bitwise(case, _zero_sum_signs(case, exact, result), result, "the exact sum")
 
 
 def _avg_order_free(case: Case, result: torch.Tensor) -> ValueMismatch | None:
@@ -520,7 +543,7 @@ def _avg_order_free(case: Case, result: torch.Tensor) -> ValueMismatch | None:
         if Fraction(round_to(fmt, s)) != s:
             raise AssertionError("order-free generator produced a sum that rounds; this is a ring_ref bug")
     quotients = [round_to(fmt, s / case.n) for s in sums]
-    expected = torch.tensor(quotients, dtype=torch.float64).to(case.dtype).reshape(result.shape)
+    expected = _zero_sum_signs(case, quotients, result)
     return _first_bitwise(case, expected, result, "the exact sum divided by N, rounded once")
 
 

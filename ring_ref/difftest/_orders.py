@@ -58,8 +58,9 @@ from ring_ref._validate import schedule_of
 from ring_ref.difftest._call import kind_hint, well_formed
 from ring_ref.difftest._inputs import LAYOUTS, Case
 from ring_ref.difftest._launch import Launcher
+from ring_ref.difftest._loading import with_framework
 from ring_ref.difftest._oracles import EXACT_ORDER, ExactOrder, SavedOrder, reduce_scatter_reference
-from ring_ref.difftest._vocabulary import Collective
+from ring_ref.difftest._vocabulary import Collective, Framework
 from ring_ref.schedule import LAYOUTS as LAYOUT_NAMES
 from ring_ref.schedule import PRESETS, Layout, RingSchedule, reduce_scatter_ring
 
@@ -358,7 +359,11 @@ def _auto_fit(reveal_at: Callable[[int, int], dict[str, Any] | str], max_workers
 
 
 def auto_order_isolated(
-    target: str, max_workers: int, timeout: float = 600.0, ranks: str | None = None
+    target: str,
+    max_workers: int,
+    timeout: float = 600.0,
+    ranks: str | None = None,
+    framework: Framework = "torch",
 ) -> ExactOrder:
     """:func:`auto_order` for a ``TARGET`` name, revealed by ``ring-ref reveal --json`` in its own process.
 
@@ -370,6 +375,8 @@ def auto_order_isolated(
         argv = [sys.executable, "-m", "ring_ref", "reveal", target, "-n", str(n), "-m", str(m), "--json"]
         if ranks is not None:
             argv += ["--ranks", ranks]
+        if framework != "torch":
+            argv += ["--framework", framework]
         try:
             done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
         except subprocess.TimeoutExpired:
@@ -445,6 +452,8 @@ def exact_order(
     target: Callable[[torch.Tensor], object] | str,
     max_workers: int,
     ranks: str | None = None,
+    *,
+    framework: Framework = "torch",
 ) -> ExactOrder | None:
     """What ``exact`` checks against for ``difftest(schedule=..., order=...)`` (``None``: the spec's ring).
 
@@ -465,8 +474,8 @@ def exact_order(
     if schedule != "auto":
         return schedule_order(schedule)
     if isinstance(target, str):
-        return auto_order_isolated(target, max_workers, ranks=ranks)
-    return auto_order(target, max_workers)
+        return auto_order_isolated(target, max_workers, ranks=ranks, framework=framework)
+    return auto_order(with_framework(target, framework), max_workers)
 
 
 def per_rank_target(

@@ -16,12 +16,14 @@ __all__ = [
     "COLLECTIVES",
     "DEFAULT_TIMEOUT_S",
     "DTYPES",
+    "FRAMEWORKS",
     "MAX_RANKS",
     "MODES",
     "MPI_MAX_RANKS",
     "OPS",
     "RANKS",
     "Collective",
+    "Framework",
     "Mode",
     "Op",
     "OpTarget",
@@ -68,6 +70,11 @@ DTYPES: Final[dict[str, torch.dtype]] = {name: fmt.torch_dtype for name, fmt in 
 
 DEFAULT_TIMEOUT_S: Final = 60.0
 """The default time limit, in seconds, for one call of an isolated or per-rank target (``--timeout``)."""
+
+Framework = Literal["torch", "jax"]
+FRAMEWORKS: Final[tuple[Framework, ...]] = ("torch", "jax")
+"""What a stacked target is handed (``--framework``): a ``torch.Tensor`` (the default), or a ``jax.Array``
+with the same bits, returning a ``jax.Array`` (the extra ``ring-ref[jax]``; :mod:`ring_ref.difftest._jax`)."""
 
 Ranks = Literal["gloo", "mpi", "job", "mpi-job"]
 RANKS: Final[tuple[Ranks, ...]] = ("gloo", "mpi", "job", "mpi-job")

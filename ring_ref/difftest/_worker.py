@@ -51,6 +51,7 @@ import torch
 from ring_ref._processes._shared import die_with_parent
 from ring_ref.difftest._call import Garbled
 from ring_ref.difftest._loading import TargetError
+from ring_ref.difftest._vocabulary import Framework
 
 __all__ = ["Died", "Reply", "Stuck", "Worker", "exit_description", "frame", "trim", "unframe"]
 
@@ -194,13 +195,20 @@ class Worker:
 
     ``rank`` is ``None`` for a stacked target and the worker's rank for a
     per-rank one; ``setup`` runs in the worker before the target is imported
-    (joining a process group, for a rank).
+    (joining a process group, for a rank); ``framework`` is what the target
+    takes (``jax``: :mod:`ring_ref.difftest._jax`).
     """
 
     def __init__(
-        self, target: str, *, rank: int | None = None, setup: Callable[[], None] | None = None
+        self,
+        target: str,
+        *,
+        rank: int | None = None,
+        setup: Callable[[], None] | None = None,
+        framework: Framework = "torch",
     ) -> None:
         self.target = target
+        self.framework = framework
         self.rank = rank
         self.setup = setup
         self.pid = 0
@@ -247,7 +255,14 @@ class Worker:
             try:
                 _close_all_but(req_r, rep_w, out, stack)
                 _forget_inherited_helpers()
-                _child(self.target, self.rank, self.setup, parent, (req_r, rep_w, out, stack))
+                _child(
+                    self.target,
+                    self.rank,
+                    self.setup,
+                    parent,
+                    (req_r, rep_w, out, stack),
+                    framework=self.framework,
+                )
                 status = 0
             finally:
                 os._exit(status)
@@ -479,6 +494,8 @@ def _child(
     setup: Callable[[], None] | None,
     parent: int,
     fds: tuple[int, int, int, int],
+    *,
+    framework: Framework = "torch",
 ) -> None:
     """The worker's life: isolate, load the target, then answer requests until the pipe closes.
 
@@ -524,7 +541,7 @@ def _child(
             reply({"kind": "setup-error", "message": traceback.format_exc()})
             return
     try:
-        fn = load_target(target)
+        fn = load_target(target, framework)
     except TargetError as exc:
         reply({"kind": "load-error", "message": str(exc)})
         return

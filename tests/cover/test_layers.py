@@ -38,7 +38,13 @@ LAYERS: Final[tuple[tuple[str, ...], ...]] = (
         "ring_ref._cost",
         "ring_ref._version",
     ),
-    ("ring_ref._torch_adapter", "ring_ref._numpy_adapter", "ring_ref._fast", "ring_ref._kernel"),
+    (
+        "ring_ref._torch_adapter",
+        "ring_ref._numpy_adapter",
+        "ring_ref._jax_adapter",
+        "ring_ref._fast",
+        "ring_ref._kernel",
+    ),
     ("ring_ref._dispatch",),
 )
 """Bottom first; a module of the package in no entry is a tool, the layer above ``_dispatch``."""

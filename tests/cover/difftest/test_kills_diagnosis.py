@@ -720,9 +720,11 @@ def _plus_zero_avg(x: torch.Tensor, op: str) -> torch.Tensor:
     return torch.where(result == 0, torch.zeros_like(result), result)
 
 
-def test_an_averages_zero_is_not_a_sign_problem_but_its_order() -> None:
-    codes, _ = find(_plus_zero_avg, case((-0.0, 2.0, -0.0, 4.0), "avg"), "exact")
-    assert codes == ["not-ring-order"]
+def test_an_averages_plus_zero_of_minus_zeros_is_a_fold_from_plus_zero() -> None:
+    # every worker holds -0.0 at element 0: the ring's average is -0.0, a fold from +0.0 gives +0.0
+    codes, text = find(_plus_zero_avg, case((-0.0, 2.0, -0.0, 4.0), "avg"), "exact")
+    assert codes == ["signed-zero"]
+    assert "a fold that starts from the identity +0.0" in text
 
 
 def _zero_as_plus_and_seven_thrice(x: torch.Tensor, op: str) -> torch.Tensor:
