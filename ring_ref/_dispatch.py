@@ -18,7 +18,7 @@ import torch
 from ring_ref import _fast, _numpy_adapter, _torch_adapter
 from ring_ref._ops import op_name
 from ring_ref._validate import not_an_array, schedule_of
-from ring_ref.schedule import RingSchedule
+from ring_ref.schedule import Schedule
 
 __all__ = ["ENGINES", "Engine", "ring_all_reduce"]
 
@@ -36,7 +36,7 @@ def ring_all_reduce(
     engine: Engine = "reference",
     *,
     op: object = "sum",
-    schedule: str | RingSchedule = "spec",
+    schedule: str | Schedule = "spec",
 ) -> torch.Tensor: ...
 @overload
 def ring_all_reduce(
@@ -44,14 +44,14 @@ def ring_all_reduce(
     engine: Engine = "reference",
     *,
     op: object = "sum",
-    schedule: str | RingSchedule = "spec",
+    schedule: str | Schedule = "spec",
 ) -> npt.NDArray[_A]: ...
 def ring_all_reduce(
     worker_tensors: torch.Tensor | npt.NDArray[_A],
     engine: Engine = "reference",
     *,
     op: object = "sum",
-    schedule: str | RingSchedule = "spec",
+    schedule: str | Schedule = "spec",
 ) -> torch.Tensor | npt.NDArray[_A]:
     """Ring all-reduce of ``worker_tensors`` (shape ``(N, M, ...)``); returns worker 0's ``(M, ...)`` sum.
 
@@ -76,6 +76,9 @@ def ring_all_reduce(
     ``"gloo"``) or a :class:`RingSchedule` (direction, offset, chunk layout).
     With the layouts ``blocks`` and ``gloo`` ``M`` need not be divisible by ``N``.
     Both engines run every ring of the family, with the same bits.
+    ``schedule="chain"`` (a :class:`~ring_ref.schedule.ChainSchedule`, clauses
+    ``chain-*``) is not a ring: a pipelined chain reduce and broadcast whose
+    result is the left fold ``((x_0 + x_1) + x_2) + ...`` for every ``M``.
     """
     if engine not in ENGINES:
         raise ValueError(

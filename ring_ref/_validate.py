@@ -26,7 +26,7 @@ import numpy.typing as npt
 import torch
 
 from ring_ref._dtypes import NUMPY_DTYPES, TORCH_DTYPES
-from ring_ref.schedule import LAYOUTS, PRESETS, SPEC, RingSchedule
+from ring_ref.schedule import LAYOUTS, PRESETS, SPEC, ChainSchedule, RingSchedule, Schedule
 
 __all__ = [
     "SCAN_ELEMENTS",
@@ -440,7 +440,7 @@ def check_ring_size(n: int, m: int, *, divisible: bool = True) -> None:
 
 _CHOOSE_SCHEDULE = (
     f"choose a preset ({', '.join(repr(name) for name in PRESETS)}) or a "
-    "ring_ref.schedule.RingSchedule(direction, offset, layout)"
+    "ring_ref.schedule.RingSchedule(direction, offset, layout) or ChainSchedule(layout)"
 )
 
 
@@ -460,6 +460,14 @@ def _fields_problem(schedule: RingSchedule) -> BadInput | None:
     return None
 
 
+def _chain_problem(chain: ChainSchedule) -> BadInput | None:
+    if chain.layout not in LAYOUTS:
+        return BadInput(
+            ValueError, f"unknown chain layout {chain.layout!r}; choose one of {', '.join(LAYOUTS)}."
+        )
+    return None
+
+
 def _schedule_problem(schedule: object) -> BadInput | None:
     if isinstance(schedule, str):
         return (
@@ -467,27 +475,30 @@ def _schedule_problem(schedule: object) -> BadInput | None:
             if schedule in PRESETS
             else BadInput(ValueError, f"unknown schedule {schedule!r}; {_CHOOSE_SCHEDULE}.")
         )
+    if isinstance(schedule, ChainSchedule):
+        return _chain_problem(schedule)
     if not isinstance(schedule, RingSchedule):
         return BadInput(
             TypeError,
-            f"schedule must be a preset name or a RingSchedule; got {type(schedule).__name__}; "
+            f"schedule must be a preset name, a RingSchedule or a ChainSchedule; got {type(schedule).__name__}; "
             f"{_CHOOSE_SCHEDULE}.",
         )
     return _fields_problem(schedule)
 
 
-def schedule_of(schedule: object) -> RingSchedule:
-    """The ring a ``schedule=`` argument names: a preset name or a valid :class:`RingSchedule`.
+def schedule_of(schedule: object) -> Schedule:
+    """The schedule a ``schedule=`` argument names: a preset name, a valid :class:`RingSchedule` or
+    :class:`ChainSchedule`.
 
     >>> schedule_of("gloo")
     RingSchedule(direction=-1, offset=-1, layout='gloo')
     >>> schedule_of("ring")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    ValueError: unknown schedule 'ring'; choose a preset ('spec', 'openmpi-ring', 'gloo') or a ...
+    ValueError: unknown schedule 'ring'; choose a preset ('spec', 'openmpi-ring', 'gloo', 'chain') or a ...
     """
     _raise(_schedule_problem(schedule))
     if isinstance(schedule, str):
         return PRESETS[schedule]
-    assert isinstance(schedule, RingSchedule)
+    assert isinstance(schedule, RingSchedule | ChainSchedule)
     return SPEC if schedule == SPEC else schedule
