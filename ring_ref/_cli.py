@@ -25,7 +25,7 @@ from ring_ref.core import initial_state, run_ring
 from ring_ref.difftest import DTYPES, MODES, OrderError, TargetError, _orders, difftest, load_target
 from ring_ref.difftest._vocabulary import DEFAULT_TIMEOUT_S, MAX_RANKS, MPI_MAX_RANKS, RANKS
 from ring_ref.invariants import Provenance, State
-from ring_ref.schedule import SPEC, Phase
+from ring_ref.schedule import SPEC, ChainSchedule, Phase
 
 
 def _demo(_args: argparse.Namespace) -> int:
@@ -69,7 +69,9 @@ def _trace_command(args: argparse.Namespace) -> int:
     elif args.format == "svg":
         print(_svg.rounds_svg(records), end="")
     else:
-        if ring != SPEC:
+        if isinstance(ring, ChainSchedule):
+            print(f"schedule: {ring.describe()} (spec section 15: not a ring; rounds are its steps)\n")
+        elif ring != SPEC:
             print(f"ring: {ring.normalized(args.n).describe()} (spec section 10)\n")
         print(render_table(records))
     return 0

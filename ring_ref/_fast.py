@@ -526,8 +526,16 @@ def chain_order(n: int, chain: ChainSchedule) -> tuple[int, ...]:
     orders = {tuple(f) for f in folded} if n > 1 else {(0,)}
     order = next(iter(orders))
     if len(orders) != 1 or sorted(order) != list(range(n)):
-        raise InvariantViolation(f"after the chain reduce the segments fold as {sorted(orders)}, not one order")
-    complete = [{order[-1]} for _ in range(n)]
+        raise InvariantViolation(
+            f"after the chain reduce the segments fold as {sorted(orders)}, not in one order"
+        )
+    _check_chain_broadcast(n, chain, order[-1])
+    return order
+
+
+def _check_chain_broadcast(n: int, chain: ChainSchedule, holder: int) -> None:
+    """The chain's broadcast forwards only completed segments (all at ``holder``) and hands worker 0 all."""
+    complete = [{holder} for _ in range(n)]
     for t in range(chain.steps_per_phase(n)):
         sends = chain.sends(ALL_GATHER, t, n)
         for send in sends:
@@ -540,7 +548,6 @@ def chain_order(n: int, chain: ChainSchedule) -> tuple[int, ...]:
     missing = [c for c in range(n) if 0 not in complete[c]]
     if missing:
         raise InvariantViolation(f"after the chain broadcast worker 0 lacks segments {missing}")
-    return order
 
 
 # --- the batched path ----------------------------------------------------------------------------
@@ -702,7 +709,8 @@ def _chain_fold(x2d: Array, out: Array, order: tuple[int, ...], op: Op) -> bool:
     """
     n, length = x2d.shape
     split = length - length % n
-    cycle = Cycle(np.array(order, dtype=np.int64), np.array([[c, c + 1, 0] for c in range(n)], dtype=np.int64))
+    entries = np.array([[c, c + 1, 0] for c in range(n)], dtype=np.int64)  # every chunk enters at order[0]
+    cycle = Cycle(np.array(order, dtype=np.int64), entries)
     finite = _fold(x2d[:, :split], out[:split], cycle, op) if split else True
     if split == length:
         return finite

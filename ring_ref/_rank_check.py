@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from ring_ref._validate import BadInput, schedule_of
-from ring_ref.schedule import RingSchedule
+from ring_ref.schedule import Schedule
 
 __all__ = [
     "EXACT_DIMS",
@@ -47,16 +47,16 @@ class Description:
     problem: tuple[str, str] | None  # (exception kind, message)
 
 
-def ring_of(name: object) -> tuple[RingSchedule | None, BadInput | None]:
-    """The ring a ``schedule=`` argument names, or the table's verdict on it."""
+def ring_of(name: object) -> tuple[Schedule | None, BadInput | None]:
+    """The schedule (a ring or the chain) a ``schedule=`` argument names, or the table's verdict on it."""
     try:
         return schedule_of(name), None
     except (TypeError, ValueError) as exc:
         return None, BadInput(type(exc), str(exc))
 
 
-def schedule_key(ring: RingSchedule | None, n: int) -> str:
-    """The same text on every rank for the same ring (offsets taken mod ``n``)."""
+def schedule_key(ring: Schedule | None, n: int) -> str:
+    """The same text on every rank for the same schedule (offsets taken mod ``n``)."""
     return "invalid" if ring is None else ring.normalized(n).describe()
 
 

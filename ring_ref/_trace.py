@@ -34,7 +34,17 @@ from ring_ref._ops import Op, op_name
 from ring_ref._validate import check_ring_size
 from ring_ref.core import fold, provenance_state, run_ring
 from ring_ref.invariants import Provenance, State, finished_chunks, is_complete
-from ring_ref.schedule import PHASES, REDUCE_SCATTER, SPEC, Phase, RingSchedule, Send, rounds_per_phase, sends
+from ring_ref.schedule import (
+    PHASES,
+    REDUCE_SCATTER,
+    SPEC,
+    ChainSchedule,
+    Phase,
+    Schedule,
+    Send,
+    rounds_per_phase,
+    sends,
+)
 
 TRACE_FORMAT = "ring-ref-trace"
 TRACE_VERSION = 1
@@ -58,8 +68,9 @@ class RoundRecord(NamedTuple):
     op: Op = "sum"
 
 
-def trace(n: int, schedule: RingSchedule = SPEC, op: str = "sum") -> tuple[RoundRecord, ...]:
-    """Run the reference core for ``n`` workers and record every round (of ``schedule``'s ring).
+def trace(n: int, schedule: Schedule = SPEC, op: str = "sum") -> tuple[RoundRecord, ...]:
+    """Run the reference core for ``n`` workers and record every round (of ``schedule``'s ring; the
+    chain's steps, clause ``chain-trace``).
 
     ``op`` is one of ``sum``, ``prod``, ``max``, ``min``, ``avg`` (``ValueError`` otherwise).
     """
@@ -190,7 +201,7 @@ wide; at ``N = 64`` the SVG would be 112 MB.
 """
 
 
-def check_trace_size(n: int, m: int, fmt: str, schedule: RingSchedule = SPEC) -> None:
+def check_trace_size(n: int, m: int, fmt: str, schedule: Schedule = SPEC) -> None:
     """Raise ``ValueError`` for a ring the trace cannot hold (``bad-input``) or show readably in ``fmt``.
 
     ``M`` must be a multiple of ``N`` only for the ``even`` layout (clause ``schedule-layouts``).
@@ -239,7 +250,7 @@ def _round_json(rec: RoundRecord, sizes: list[int], n: int) -> dict[str, Any]:
     return doc
 
 
-def trace_json(records: tuple[RoundRecord, ...], m: int, schedule: RingSchedule = SPEC) -> dict[str, Any]:
+def trace_json(records: tuple[RoundRecord, ...], m: int, schedule: Schedule = SPEC) -> dict[str, Any]:
     """The JSON trace (schema ``spec/trace.schema.json``) of ``records`` for ``M = m`` one-element rows.
 
     ``S = m`` elements per worker, so each send moves one chunk of ``S / N`` elements.  For another
@@ -247,7 +258,8 @@ def trace_json(records: tuple[RoundRecord, ...], m: int, schedule: RingSchedule 
     other than ``even``, each chunk's size (``gloo`` cut as for 4-byte elements); ``chunkElements``
     and ``elementsPerWorkerPerRound`` are then the largest chunk.  For an op other than ``sum``
     (clause ``op-trace``) it names the op; ``avg``'s ``divide`` step carries ``divisor`` = ``N``
-    and is not counted as a round of traffic.
+    and is not counted as a round of traffic.  The chain (clause ``chain-trace``) is named as
+    ``{"kind": "chain", "layout": ...}``, and its rounds are its steps.
     """
     n = len(records[0].provenance)
     op = records[0].op
@@ -262,7 +274,9 @@ def trace_json(records: tuple[RoundRecord, ...], m: int, schedule: RingSchedule 
     extra: dict[str, Any] = {}
     if op != "sum":
         extra["op"] = op
-    if schedule != SPEC:
+    if isinstance(schedule, ChainSchedule):
+        extra["schedule"] = {"kind": "chain", "layout": schedule.layout}
+    elif schedule != SPEC:
         ring = schedule.normalized(n)
         extra["schedule"] = {"direction": ring.direction, "offset": ring.offset, "layout": ring.layout}
     if schedule.layout != "even":
@@ -278,7 +292,9 @@ def trace_json(records: tuple[RoundRecord, ...], m: int, schedule: RingSchedule 
         "rounds": rounds,
         "traffic": {
             "rounds": sum(1 for rec in records if rec.phase in PHASES),
-            "roundsPerPhase": rounds_per_phase(n),
+            "roundsPerPhase": (
+                schedule.steps_per_phase(n) if isinstance(schedule, ChainSchedule) else rounds_per_phase(n)
+            ),
             "elementsPerWorkerPerRound": chunk,
             "elementsSentByWorker": sent,
             "elementsPerWorkerTotal": max(sent),

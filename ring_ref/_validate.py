@@ -480,7 +480,8 @@ def _schedule_problem(schedule: object) -> BadInput | None:
     if not isinstance(schedule, RingSchedule):
         return BadInput(
             TypeError,
-            f"schedule must be a preset name, a RingSchedule or a ChainSchedule; got {type(schedule).__name__}; "
+            "schedule must be a preset name, a RingSchedule or a ChainSchedule; got "
+            f"{type(schedule).__name__}; "
             f"{_CHOOSE_SCHEDULE}.",
         )
     return _fields_problem(schedule)

@@ -167,7 +167,9 @@ def ag_expected(n: int, r: int, i: int, c: int, *, schedule: RingSchedule = SPEC
 
 
 def chain_expected(phase: Phase, t: int, n: int, i: int, c: int) -> Provenance:
-    """The chain's closed form of segment ``c`` of worker ``i`` after step ``t`` of ``phase`` (``chain-invariants``).
+    """The chain's closed form of segment ``c`` of worker ``i`` after step ``t`` of ``phase``.
+
+    Clause ``chain-invariants``.
 
     After reduce step ``t`` (``t = -1``: the start) worker ``i`` holds the prefix
     ``(0, 1, ..., i)`` once segment ``c`` has reached it (``i = 0``, or
@@ -212,9 +214,7 @@ def expected_state(phase: Phase, r: int, n: int, *, schedule: Schedule = SPEC) -
     return tuple(tuple(slot(n, r, i, c, schedule=schedule) for c in range(n)) for i in range(n))
 
 
-def expected_state_before(
-    phase: Phase, r: int, n: int, *, schedule: Schedule = SPEC
-) -> State[Provenance]:
+def expected_state_before(phase: Phase, r: int, n: int, *, schedule: Schedule = SPEC) -> State[Provenance]:
     """The whole provenance state just before round ``r`` of ``phase``: after round ``r - 1``, and
     before all-gather's first round the reduce-scatter's end state.
 

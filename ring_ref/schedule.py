@@ -29,12 +29,12 @@ __all__ = [
     "PRESETS",
     "REDUCE_SCATTER",
     "SPEC",
+    "ChainSchedule",
     "Layout",
     "Phase",
     "RingSchedule",
     "Schedule",
     "Send",
-    "ChainSchedule",
     "ag_recv_chunk",
     "ag_send_chunk",
     "all_rounds",
@@ -267,7 +267,6 @@ GLOO: Final = RingSchedule(-1, -1, "gloo")
 """gloo's ring allreduce (``torch.distributed`` on the gloo backend): the ring run the other way."""
 
 
-
 # --- The chain (clauses chain-*): not a ring ------------------------------------------------------
 
 
@@ -317,11 +316,13 @@ class ChainSchedule(NamedTuple):
         return tuple((phase, t) for phase in PHASES for t in range(self.steps_per_phase(n)))
 
     def position(self, phase: Phase, i: int, n: int) -> int:
-        """Worker ``i``'s place along ``phase``'s chain: ``i`` in the reduce, ``(i + 1) mod n`` in the broadcast."""
+        """Worker ``i``'s place along ``phase``'s chain: ``i`` in the reduce, ``(i + 1) mod n`` in the
+        broadcast."""
         return i if phase == REDUCE_SCATTER else (i + 1) % n
 
     def send_segment(self, phase: Phase, i: int, t: int, n: int) -> int | None:
-        """The segment worker ``i`` sends in step ``t`` of ``phase``: ``t - p``, or ``None`` (``chain-steps``)."""
+        """The segment worker ``i`` sends in step ``t`` of ``phase``: ``t - p``, or ``None`` when it idles
+        (``chain-steps``)."""
         p = self.position(phase, i, n)
         s = t - p
         return s if p < n - 1 and 0 <= s < n else None

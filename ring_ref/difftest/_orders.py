@@ -60,7 +60,7 @@ from ring_ref.difftest._inputs import LAYOUTS, Case
 from ring_ref.difftest._launch import Launcher
 from ring_ref.difftest._oracles import EXACT_ORDER, ExactOrder, SavedOrder
 from ring_ref.schedule import LAYOUTS as LAYOUT_NAMES
-from ring_ref.schedule import PRESETS, Layout, RingSchedule
+from ring_ref.schedule import PRESETS, ChainSchedule, Layout, RingSchedule, Schedule
 
 __all__ = [
     "Explained",
@@ -96,7 +96,7 @@ class OrderError(ValueError):
     """An order that cannot be used: an unknown schedule, an unreadable or invalid order file."""
 
 
-def schedule_order(schedule: str | RingSchedule) -> ExactOrder:
+def schedule_order(schedule: str | Schedule) -> ExactOrder:
     """``exact`` against ``ring_all_reduce(x, schedule=schedule, op=...)``, for every op.
 
     ``schedule`` is a preset name, a :class:`RingSchedule` or its text
@@ -106,6 +106,8 @@ def schedule_order(schedule: str | RingSchedule) -> ExactOrder:
     name = next((key for key, preset in PRESETS.items() if preset == ring), None)
     if name is not None:
         label, option = f"the {name} schedule's order", f"--schedule {name}"
+    elif isinstance(ring, ChainSchedule):
+        raise OrderError(f"difftest checks against the chain preset only ('--schedule chain'); got {ring}")
     else:
         label = f"the order of the ring with {ring.describe()}"
         # with '=': argparse would read "-1,2,blocks" after a space as an option of its own
@@ -120,8 +122,9 @@ def schedule_order(schedule: str | RingSchedule) -> ExactOrder:
     )
 
 
-def schedule_ring(schedule: str | RingSchedule) -> RingSchedule:
-    """The ring ``schedule`` names: a preset name, a :class:`RingSchedule` or its text (``-1,2,blocks``).
+def schedule_ring(schedule: str | Schedule) -> Schedule:
+    """The schedule ``schedule`` names: a preset name (``chain`` too), a :class:`RingSchedule` or its text
+    (``-1,2,blocks``).
 
     >>> schedule_ring("nope")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
