@@ -480,7 +480,7 @@ def _schedule_problem(schedule: object) -> BadInput | None:
     if not isinstance(schedule, RingSchedule):
         return BadInput(
             TypeError,
-            "schedule must be a preset name, a RingSchedule or a ChainSchedule; got "
+            "schedule must be a preset name or a RingSchedule (or a ChainSchedule); got "
             f"{type(schedule).__name__}; "
             f"{_CHOOSE_SCHEDULE}.",
         )
