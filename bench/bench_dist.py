@@ -6,7 +6,10 @@ one goes first alternates) so that machine noise hits both alike.  A repetition'
 slowest rank's (ranks start together after a barrier); reported are medians over repetitions,
 and bus bandwidth ``2 (N - 1) / N * bytes / time``, as nccl-tests reports it.  Then the same
 processes time DDP training steps of one model with DDP's default all-reduce and with
-``ring_ref.distributed.ring_hook``, again taking turns.  All of this is repeated on ``--runs``
+``ring_ref.distributed.ring_hook``, again taking turns.  The chain (``schedule="chain"``, spec
+section 15: a pipelined chain reduce and broadcast, N segments, 2 (N - 1) steps of S / N elements per
+phase) takes turns with them on the same tensors; its bus bandwidth is computed with the same
+all-reduce formula, so that the columns compare times.  All of this is repeated on ``--runs``
 fresh groups (default 5), and every cell is the median over the runs: one run's ratios tend to
 move together, by up to about 1.5x between runs on this 2-core machine (with 3 groups, one
 unlucky pair of them moved a cell by about 0.1x).
@@ -44,6 +47,7 @@ TARGETS = (  # (label, smallest and largest size in bytes it applies to, largest
     ("below 64 KiB per rank", 0, (64 << 10) - 1, 2.0),
 )
 DDP_TARGET = 1.5
+COLLECTIVES = ("all_reduce", "ring", "chain")
 MIN_REPS, MAX_REPS = 5, 60
 DDP_STEPS, DDP_WARMUP = 12, 2
 
@@ -62,23 +66,25 @@ def collective_rank(rank: int, n: int, spec: dict[str, Any]) -> list[dict[str, A
     for nbytes in spec["sizes"]:
         gen = torch.Generator().manual_seed(rank)
         source = torch.randn(nbytes // 4, generator=gen)
-        a, b = source.clone(), source.clone()
+        a, b, c = source.clone(), source.clone(), source.clone()
         dist.all_reduce(a)  # warm-up, and the sanity check below
         ring_all_reduce_(b)
-        if not torch.allclose(a, b, rtol=1e-4, atol=1e-4):
-            raise AssertionError(f"{nbytes} bytes: the ring's sum is not dist.all_reduce's")
+        ring_all_reduce_(c, schedule="chain")
+        if not (torch.allclose(a, b, rtol=1e-4, atol=1e-4) and torch.allclose(a, c, rtol=1e-4, atol=1e-4)):
+            raise AssertionError(f"{nbytes} bytes: the ring's or the chain's sum is not dist.all_reduce's")
         ops: dict[str, Callable[[], object]] = {
             "all_reduce": partial(dist.all_reduce, a),
             "ring": partial(ring_all_reduce_, b),
+            "chain": partial(ring_all_reduce_, c, schedule="chain"),
         }
-        estimate = _timed(ops["all_reduce"]) + _timed(ops["ring"])
+        estimate = sum(_timed(op) for op in ops.values())
         budget = torch.tensor([estimate])
         dist.all_reduce(budget, op=dist.ReduceOp.MAX)  # every rank must run the same repetitions
         reps = int(min(MAX_REPS, max(MIN_REPS, spec["budget_s"] / max(float(budget), 1e-6))))
-        times: dict[str, list[float]] = {"all_reduce": [], "ring": []}
+        times: dict[str, list[float]] = {name: [] for name in ops}
         for rep in range(reps):
-            a.copy_(source)
-            b.copy_(source)
+            for tensor in (a, b, c):
+                tensor.copy_(source)
             for name in list(ops) if rep % 2 == 0 else list(ops)[::-1]:
                 times[name].append(_timed(ops[name]))
         rows.append({"bytes": nbytes, **times})
@@ -157,11 +163,12 @@ def measure_once(n: int, args: argparse.Namespace) -> dict[str, Any]:
     rows = []
     for k, nbytes in enumerate(args.sizes):
         row: dict[str, Any] = {"n": n, "bytes": nbytes}
-        for name in ("all_reduce", "ring"):
+        for name in COLLECTIVES:
             median = statistics.median(slowest([r[k][name] for r in per_rank]))
             row[f"{name}_s"] = median
             row[f"{name}_busbw_GBps"] = bus_bandwidth(n, nbytes, median) / 1e9
         row["ratio"] = row["ring_s"] / row["all_reduce_s"]
+        row["chain_ratio"] = row["chain_s"] / row["all_reduce_s"]
         row["reps"] = len(per_rank[0][k]["ring"])
         rows.append(row)
     result: dict[str, Any] = {"n": n, "collective": rows}
@@ -189,12 +196,14 @@ def measure(n: int, args: argparse.Namespace) -> dict[str, Any]:
     rows = []
     for k, first in enumerate(runs[0]["collective"]):
         row: dict[str, Any] = {"n": n, "bytes": first["bytes"]}
-        for name in ("all_reduce", "ring"):
+        for name in COLLECTIVES:
             median = statistics.median(run["collective"][k][f"{name}_s"] for run in runs)
             row[f"{name}_s"] = median
             row[f"{name}_busbw_GBps"] = bus_bandwidth(n, first["bytes"], median) / 1e9
         row["run_ratios"] = [run["collective"][k]["ratio"] for run in runs]
         row["ratio"] = statistics.median(row["run_ratios"])
+        row["chain_run_ratios"] = [run["collective"][k]["chain_ratio"] for run in runs]
+        row["chain_ratio"] = statistics.median(row["chain_run_ratios"])
         row["reps"] = sum(run["collective"][k]["reps"] for run in runs)
         rows.append(row)
     result: dict[str, Any] = {"n": n, "runs": args.runs, "collective": rows}
@@ -213,15 +222,17 @@ def measure(n: int, args: argparse.Namespace) -> dict[str, Any]:
 
 def report(results: list[dict[str, Any]]) -> list[str]:
     lines = [
-        "| N | per rank | dist.all_reduce | ring_all_reduce_ | ratio | bus bw all_reduce | bus bw ring |",
-        "|---|---|---|---|---|---|---|",
+        "| N | per rank | dist.all_reduce | ring_all_reduce_ | ratio | chain | chain ratio "
+        "| bus bw all_reduce | bus bw ring | bus bw chain |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for res in results:
         for row in res["collective"]:
             lines.append(
                 f"| {row['n']} | {fmt_bytes(row['bytes'])} | {fmt_s(row['all_reduce_s'])} | "
-                f"{fmt_s(row['ring_s'])} | {row['ratio']:.2f}x | {row['all_reduce_busbw_GBps']:.3f} GB/s | "
-                f"{row['ring_busbw_GBps']:.3f} GB/s |"
+                f"{fmt_s(row['ring_s'])} | {row['ratio']:.2f}x | {fmt_s(row['chain_s'])} | "
+                f"{row['chain_ratio']:.2f}x | {row['all_reduce_busbw_GBps']:.3f} GB/s | "
+                f"{row['ring_busbw_GBps']:.3f} GB/s | {row['chain_busbw_GBps']:.3f} GB/s |"
             )
     ddp_rows = [res for res in results if "ddp" in res]
     if ddp_rows:
@@ -248,6 +259,9 @@ def target_lines(results: list[dict[str, Any]]) -> list[str]:
                     f"(target <= {limit}x: {verdict(worst['ratio'], limit)}); {ratios}"
                 )
     for res in results:
+        ratios = ", ".join(f"{fmt_bytes(r['bytes'])} {r['chain_ratio']:.2f}x" for r in res["collective"])
+        lines.append(f"chain / all_reduce, N={res['n']} (reported; no target): {ratios}")
+    for res in results:
         if "ddp" in res:
             ratio = res["ddp"]["ratio"]
             lines.append(
@@ -267,7 +281,11 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     fig, axes = plt.subplots(1, len(results), figsize=(5.5 * len(results), 4), squeeze=False)
     for ax, res in zip(axes[0], results, strict=True):
         sizes = [row["bytes"] for row in res["collective"]]
-        for name, label in (("all_reduce", "dist.all_reduce (gloo)"), ("ring", "ring_all_reduce_")):
+        for name, label in (
+            ("all_reduce", "dist.all_reduce (gloo)"),
+            ("ring", "ring_all_reduce_"),
+            ("chain", 'ring_all_reduce_(schedule="chain")'),
+        ):
             ax.plot(sizes, [row[f"{name}_busbw_GBps"] for row in res["collective"]], marker="o", label=label)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")

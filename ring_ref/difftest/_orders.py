@@ -256,14 +256,14 @@ def _fitted(ring: RingSchedule | None, matches: list[str], n: int) -> ExactOrder
 
 
 def _fit_of(doc: dict[str, Any], n: int, *, even_only: bool = False) -> ExactOrder | None:
-    """The order of the ring a reveal's JSON fitted (``even_only``: that ring on the even layout)."""
-    if doc["ring"] is None:
-        return None
-    ring = RingSchedule(**doc["ring"])
+    """The order of the preset a reveal's JSON matched, else of the ring it fitted (``even_only``: that
+    ring on the even layout); the chain, no ring, comes only as a matched preset."""
+    ring = None if doc["ring"] is None else RingSchedule(**doc["ring"])
     matches = list(doc["matches"])
     if even_only:
-        ring = ring._replace(layout="even")
-        matches = [name for name in matches if PRESETS[name].layout == "even"]
+        ring = None if ring is None else ring._replace(layout="even")
+        # the chain's order does not depend on its layout
+        matches = [name for name in matches if PRESETS[name].layout == "even" or name == "chain"]
     return _fitted(ring, matches, n)
 
 
@@ -404,7 +404,7 @@ def checking_against(order: ExactOrder | None) -> Iterator[None]:
 
 
 def exact_order(
-    schedule: str | RingSchedule | None,
+    schedule: str | Schedule | None,
     order: str | Path | None,
     target: Callable[[torch.Tensor], object] | str,
     max_workers: int,

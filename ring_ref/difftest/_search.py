@@ -39,7 +39,7 @@ from ring_ref.difftest._vocabulary import (
     Ranks,
     Target,
 )
-from ring_ref.schedule import RingSchedule
+from ring_ref.schedule import Schedule
 
 __all__ = ["default_max_workers", "difftest", "option_problem", "run_mode", "zero_out"]
 
@@ -255,7 +255,7 @@ def difftest(
     ranks: Ranks | None = None,
     mca: Mapping[str, str] | None = None,
     op: object = None,
-    schedule: str | RingSchedule | None = None,
+    schedule: str | Schedule | None = None,
     order: str | Path | None = None,
 ) -> Report:
     """Check ``fn`` against the reference in each of ``modes``; return the :class:`Report`.

@@ -19,11 +19,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ring_ref import ring_all_reduce
+from ring_ref._dispatch import Engine
 from ring_ref._fast import chain_order
+from ring_ref._reveal import reveal
 from ring_ref._trace import trace, trace_json
 from ring_ref._validate import schedule_of
-from ring_ref.core import initial_state, run_ring
+from ring_ref.core import fold, provenance_state, run_ring
+from ring_ref.difftest import difftest
 from ring_ref.difftest._inputs import LAYOUTS, lay_out
+from ring_ref.difftest._orders import _fit_of, schedule_order
 from ring_ref.invariants import InvariantViolation, expected_finished, expected_state
 from ring_ref.schedule import ALL_GATHER, CHAIN, PRESETS, REDUCE_SCATTER, ChainSchedule, Phase, Send
 from tests.oracles import left_fold, same_bits
@@ -54,9 +58,9 @@ def chain_inputs(draw: st.DrawFn, dtypes: tuple[torch.dtype, ...], op: str) -> t
 @pytest.mark.parametrize("op", OPS)
 @settings(max_examples=40, deadline=None)
 @given(data=st.data())
-def test_chain_is_the_left_fold_for_every_m_torch(engine: str, op: str, data: st.DataObject) -> None:
+def test_chain_is_the_left_fold_for_every_m_torch(engine: Engine, op: str, data: st.DataObject) -> None:
     x = data.draw(chain_inputs(ALL_DTYPES, op))
-    got = ring_all_reduce(x, engine, schedule="chain", op=op)  # type: ignore[arg-type]
+    got = ring_all_reduce(x, engine, schedule="chain", op=op)
     assert same_bits(got, left_fold(x, op)), (x.shape, x.dtype)
 
 
@@ -65,17 +69,17 @@ def test_chain_is_the_left_fold_for_every_m_torch(engine: str, op: str, data: st
 @pytest.mark.parametrize("op", OPS)
 @settings(max_examples=25, deadline=None)
 @given(data=st.data())
-def test_chain_is_the_left_fold_for_every_m_numpy(engine: str, op: str, data: st.DataObject) -> None:
+def test_chain_is_the_left_fold_for_every_m_numpy(engine: Engine, op: str, data: st.DataObject) -> None:
     x = data.draw(chain_inputs(NUMPY_DTYPES, op))
     array = x.numpy()
-    got = ring_all_reduce(array, engine, schedule=CHAIN, op=op)  # type: ignore[arg-type]
+    got = ring_all_reduce(array, engine, schedule=CHAIN, op=op)
     assert isinstance(got, np.ndarray) and got.dtype == array.dtype
     assert same_bits(torch.from_numpy(got), left_fold(x, op)), (x.shape, x.dtype)
 
 
 @pytest.mark.clause("chain-order")
 @pytest.mark.parametrize("engine", ["reference", "fast"])
-def test_chain_element_keeps_its_bits_at_every_size_and_offset(engine: str) -> None:
+def test_chain_element_keeps_its_bits_at_every_size_and_offset(engine: Engine) -> None:
     """The same 5 columns embedded at every offset of buffers of every size give the same bits."""
     gen = torch.Generator().manual_seed(7)
     n = 5
@@ -86,7 +90,7 @@ def test_chain_element_keeps_its_bits_at_every_size_and_offset(engine: str) -> N
         for offset in range(m - 5 + 1):
             x = torch.randn(n, m, generator=gen)
             x[:, offset : offset + 5] = probe
-            got = ring_all_reduce(x, engine, schedule="chain")  # type: ignore[arg-type]
+            got = ring_all_reduce(x, engine, schedule="chain")
             assert same_bits(got[offset : offset + 5], want), (m, offset)
 
 
@@ -103,7 +107,8 @@ def test_chain_differs_from_every_ring_preset_somewhere() -> None:
 
 # --- the schedule -------------------------------------------------------------------------------
 
-R, A = REDUCE_SCATTER, ALL_GATHER
+R: Phase = REDUCE_SCATTER
+A: Phase = ALL_GATHER
 # N = 3, typed in from the spec's chain-steps: reduce 0 -> 1 -> 2, broadcast 2 -> 0 -> 1.
 HAND_SENDS: dict[tuple[Phase, int], tuple[tuple[int, int, int], ...]] = {
     (R, 0): ((0, 1, 0),),
@@ -171,8 +176,7 @@ def test_the_core_runs_the_chain_through_its_closed_forms(n: int) -> None:
         )
         seen.append((phase, t))
 
-    start = initial_state([[(i,)] * n for i in range(n)])
-    final = run_ring(start, lambda a, b: a + b, observe, schedule=CHAIN)
+    final = run_ring(provenance_state(n), fold, observe, schedule=CHAIN)
     assert final == tuple((tuple(range(n)),) * n for _ in range(n))
     assert len(seen) == 4 * (n - 1)
 
@@ -197,9 +201,8 @@ class _BroadcastsEarly(ChainSchedule):
 @pytest.mark.parametrize("broken", [_SkipsAWorker(), _BroadcastsEarly()], ids=["skips", "early"])
 def test_a_broken_chain_is_caught_by_both_engines(broken: ChainSchedule) -> None:
     n = 4
-    start = initial_state([[(i,)] * n for i in range(n)])
     with pytest.raises(InvariantViolation):
-        run_ring(start, lambda a, b: a + b, schedule=broken)
+        run_ring(provenance_state(n), fold, schedule=broken)
     chain_order.cache_clear()
     with pytest.raises(InvariantViolation):
         chain_order(n, broken)
@@ -228,3 +231,40 @@ def test_chain_trace_json_names_the_chain_and_its_steps() -> None:
     # workers 0 .. n - 3 send every segment once in each phase; n - 2 only in the reduce, n - 1 only
     # in the broadcast.
     assert doc["traffic"]["elementsSentByWorker"] == [2 * m, 2 * m, m, m]
+
+
+# --- reveal and difftest ------------------------------------------------------------------------
+
+
+def _left_fold_target(x: torch.Tensor) -> torch.Tensor:
+    """A target that sums worker after worker, as a user's batch-invariant reduction would."""
+    acc = x[0].clone()
+    for w in range(1, x.shape[0]):
+        acc = acc + x[w]
+    return acc
+
+
+def _openmpi_ring_target(x: torch.Tensor) -> torch.Tensor:
+    return ring_all_reduce(x, "fast", schedule="openmpi-ring")
+
+
+@pytest.mark.clause("chain-tools")
+def test_reveal_names_the_chain_and_difftest_checks_against_it() -> None:
+    revealed = reveal(_left_fold_target, 4, 9)
+    assert revealed.matches == ["chain"] and revealed.ring is None
+    assert reveal(_openmpi_ring_target, 4, 9).matches == ["openmpi-ring"]
+    kwargs: dict[str, object] = {"modes": ("exact",), "examples": 15, "seed": 3, "max_workers": 5}
+    passed = difftest(_left_fold_target, isolate=False, schedule="chain", **kwargs)  # type: ignore[arg-type]
+    failed = difftest(_openmpi_ring_target, isolate=False, schedule="chain", **kwargs)  # type: ignore[arg-type]
+    assert passed.verdict == "pass", passed.render()
+    assert failed.verdict == "fail" and failed.diagnoses == ["not-ring-order"], failed.render()
+    assert schedule_order("chain").option == "--schedule chain"
+
+
+@pytest.mark.clause("chain-tools")
+def test_schedule_auto_takes_a_matched_chain_even_where_no_ring_fits() -> None:
+    doc = {"ring": None, "matches": ["chain"]}
+    for even_only in (True, False):
+        fitted = _fit_of(doc, 4, even_only=even_only)
+        assert fitted is not None and fitted.ring == CHAIN and fitted.option == "--schedule chain"
+    assert _fit_of({"ring": None, "matches": []}, 4) is None

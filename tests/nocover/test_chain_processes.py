@@ -193,8 +193,9 @@ def mpi_rows(comm: Any, cases: list[tuple[Array, str | ChainSchedule]]) -> list[
 def test_chain_on_mpi_ranks_is_the_left_fold(jobs: Jobs, world4: MpiRing, data: st.DataObject) -> None:
     cases: list[tuple[Array, str | ChainSchedule]] = []
     for n in (1, 2, 3, 4):
-        x = data.draw(stacked(n, (torch.float16, torch.float32, torch.float64)))
-        cases.append((x.numpy(), data.draw(st.sampled_from(["chain", ChainSchedule("gloo")]))))
+        stack = data.draw(stacked(n, (torch.float16, torch.float32, torch.float64)))
+        schedules: list[str | ChainSchedule] = ["chain", ChainSchedule("gloo")]
+        cases.append((stack.numpy(), data.draw(st.sampled_from(schedules))))
     per_rank = jobs.run(world4, mpi_rows, cases, timeout_s=CALL_TIMEOUT_S)
     for k, (x, schedule) in enumerate(cases):
         want = left_fold(torch.from_numpy(x), "sum")
