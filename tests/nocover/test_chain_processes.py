@@ -32,7 +32,7 @@ from tests.processes import Jobs
 CALL_TIMEOUT_S = 120.0
 OPS = ("sum", "prod", "max", "min", "avg")
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-PER_ROUND: dict[str, object] = {"_PIPELINED_BACKENDS": frozenset()}
+PER_ROUND: dict[str, Any] = {"_PIPELINED_BACKENDS": frozenset()}
 """The check as for NCCL (one gathering collective of its own) instead of gloo's ``alltoall`` check."""
 
 Case = tuple[torch.Tensor, str, bool]  # stacked input, op, column-major per-rank tensor
@@ -44,11 +44,13 @@ PROCESS_SETTINGS = settings(
 
 @pytest.fixture(scope="module")
 def rings() -> Iterator[dict[int, ProcessRing]]:
-    pool: dict[int, ProcessRing] = {}
-    with contextlib.ExitStack() as stack:
-        for n in (2, 3, 4):
-            pool[n] = stack.enter_context(ProcessRing(n, group_timeout_s=CALL_TIMEOUT_S))
-        yield pool
+    """Gloo groups of 2, 3 and 4 processes, reused by every test of the module."""
+    with (
+        ProcessRing(2, group_timeout_s=CALL_TIMEOUT_S) as two,
+        ProcessRing(3, group_timeout_s=CALL_TIMEOUT_S) as three,
+        ProcessRing(4, group_timeout_s=CALL_TIMEOUT_S) as four,
+    ):
+        yield {2: two, 3: three, 4: four}
 
 
 @st.composite
@@ -66,14 +68,12 @@ def stacked(draw: st.DrawFn, n: int, dtypes: tuple[torch.dtype, ...] = DTYPES) -
 
 
 def reduce_cases(
-    rank: int, world_size: int, payload: tuple[dict[str, object], list[Case]]
+    rank: int, world_size: int, payload: tuple[dict[str, Any], list[Case]]
 ) -> list[torch.Tensor]:
     """On each rank: ``ring_all_reduce_(x[rank], schedule="chain", op=...)`` in place, per case."""
     patches, cases = payload
     results = []
-    with contextlib.ExitStack() as stack:
-        for name, value in patches.items():
-            stack.enter_context(mock.patch.object(distributed, name, value))
+    with mock.patch.multiple(distributed, **patches) if patches else contextlib.nullcontext():
         for x, op, column_major in cases:
             mine = x[rank].clone()
             if column_major:
@@ -89,7 +89,7 @@ def reduce_cases(
 @PROCESS_SETTINGS
 @given(data=st.data())
 def test_chain_on_gloo_ranks_is_the_left_fold(
-    rings: dict[int, ProcessRing], n: int, patches: dict[str, object], data: st.DataObject
+    rings: dict[int, ProcessRing], n: int, patches: dict[str, Any], data: st.DataObject
 ) -> None:
     cases: list[Case] = [
         (data.draw(stacked(n)), data.draw(st.sampled_from(OPS)), data.draw(st.booleans())) for _ in range(6)
@@ -157,15 +157,11 @@ def test_a_chain_on_one_rank_only_is_refused_on_every_rank(rings: dict[int, Proc
 
 
 @pytest.fixture(scope="module")
-def jobs() -> Iterator[Jobs]:
+def mpi4() -> Iterator[tuple[Jobs, MpiRing]]:
+    """One MPI job of 4 ranks; every process it started is gone afterwards."""
     pool = Jobs()
-    yield pool
+    yield pool, pool.ring(4)
     pool.close()
-
-
-@pytest.fixture(scope="module")
-def world4(jobs: Jobs) -> MpiRing:
-    return jobs.ring(4)
 
 
 def mpi_rows(comm: Any, cases: list[tuple[Array, str | ChainSchedule]]) -> list[Array | None]:
@@ -190,7 +186,8 @@ def mpi_rows(comm: Any, cases: list[tuple[Array, str | ChainSchedule]]) -> list[
 @pytest.mark.clause("chain-processes")
 @PROCESS_SETTINGS
 @given(data=st.data())
-def test_chain_on_mpi_ranks_is_the_left_fold(jobs: Jobs, world4: MpiRing, data: st.DataObject) -> None:
+def test_chain_on_mpi_ranks_is_the_left_fold(mpi4: tuple[Jobs, MpiRing], data: st.DataObject) -> None:
+    jobs, world4 = mpi4
     cases: list[tuple[Array, str | ChainSchedule]] = []
     for n in (1, 2, 3, 4):
         stack = data.draw(stacked(n, (torch.float16, torch.float32, torch.float64)))
