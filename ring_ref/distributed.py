@@ -20,6 +20,10 @@ gives the bits of ``torch.distributed.all_reduce`` on the gloo backend,
 cut the tensor's elements (row-major) and accept any ``M``; gloo's layout may
 leave chunks short or empty (an empty chunk is never sent).
 
+``schedule="chain"`` runs the chain instead (spec section 15: a pipelined chain
+reduce and broadcast, not a ring), every rank ending with the left fold over the
+ranks.
+
 :func:`ring_hook` plugs the same ring into ``DistributedDataParallel``
 (``model.register_comm_hook(None, ring_hook)``).
 
@@ -1078,7 +1082,7 @@ def ring_all_reduce_(
     group: dist.ProcessGroup | None = None,
     *,
     op: object = "sum",
-    schedule: str | RingSchedule = "spec",
+    schedule: str | Schedule = "spec",
     timeout: datetime.timedelta | None = None,
 ) -> torch.Tensor:
     """Sum ``tensor`` across the ranks of ``group`` in place with the spec's ring; return ``tensor``.
@@ -1104,7 +1108,9 @@ def ring_all_reduce_(
     all raise) runs another ring of the family, every rank ending with the bits
     of ``ring_all_reduce(torch.stack(inputs), schedule=schedule, op=op)``; the
     layouts ``blocks`` and ``gloo`` accept any ``M``.  ``schedule="gloo"`` gives
-    the bits of ``torch.distributed.all_reduce`` on gloo.
+    the bits of ``torch.distributed.all_reduce`` on gloo.  ``schedule="chain"``
+    (spec section 15, not a ring) gives every rank the left fold over the ranks
+    for any ``M``; its steps run one ``batch_isend_irecv`` each, after the same check.
 
     ``timeout`` bounds every wait for a peer (the check before the ring, and
     each send and receive): a peer that never calls, or fails mid-ring, makes
@@ -1168,7 +1174,7 @@ class RingHookState:
 
     group: dist.ProcessGroup | None = None
     timeout: datetime.timedelta | None = None
-    schedule: str | RingSchedule = "spec"
+    schedule: str | Schedule = "spec"
 
 
 def ring_hook(
