@@ -160,8 +160,8 @@ def _difftest_arguments(parser: argparse.ArgumentParser) -> None:
     order.add_argument(
         "--schedule",
         metavar="NAME",
-        help="check exact against this ring: a preset (spec, openmpi-ring, gloo), =DIRECTION,OFFSET,LAYOUT, "
-        "or auto (reveal the target's order first)",
+        help="check exact against this order: a preset (spec, openmpi-ring, gloo, chain), "
+        "=DIRECTION,OFFSET,LAYOUT, or auto (reveal the target's order first)",
     )
     order.add_argument(
         "--order",
@@ -309,7 +309,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--schedule",
         default="spec",
         metavar="NAME",
-        help="the ring: a preset (spec, the default; openmpi-ring; gloo) or =DIRECTION,OFFSET,LAYOUT",
+        help="the ring: a preset (spec, the default; openmpi-ring; gloo; chain, not a ring) or "
+        "=DIRECTION,OFFSET,LAYOUT",
     )
     tr.add_argument(
         "--op",
