@@ -480,8 +480,7 @@ def _schedule_problem(schedule: object) -> BadInput | None:
     if not isinstance(schedule, RingSchedule):
         return BadInput(
             TypeError,
-            "schedule must be a preset name or a RingSchedule (or a ChainSchedule); got "
-            f"{type(schedule).__name__}; "
+            f"schedule must be a preset name or a RingSchedule; got {type(schedule).__name__}; "
             f"{_CHOOSE_SCHEDULE}.",
         )
     return _fields_problem(schedule)
