@@ -51,14 +51,18 @@ TARGETS = (  # (label, smallest and largest size in bytes it applies to, largest
 DDP_TARGET = 1.5
 MIN_REPS, MAX_REPS = 5, 60
 DDP_STEPS, DDP_WARMUP = 12, 2
-COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
-"""The collectives timed: each gloo's own (its ``dist`` function's name) against the ring's."""
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "chain")
+"""The collectives timed: each gloo's own (its ``dist`` function's name) against the ring's; ``chain``
+is ``ring_all_reduce_(schedule="chain")`` (spec section 15) against ``dist.all_reduce``, with no target."""
 RESULT_KEY = {"all_reduce": "collective", "reduce_scatter": "reduce_scatter", "all_gather": "all_gather"}
+RESULT_KEY["chain"] = "chain"
 """Where each collective's rows are in a result (the all-reduce's under its first name)."""
 RING_NAME = {"all_reduce": "ring_all_reduce_", "reduce_scatter": "ring_reduce_scatter_"}
 RING_NAME["all_gather"] = "ring_all_gather_"
+RING_NAME["chain"] = 'ring_all_reduce_(schedule="chain")'
 GLOO_NAME = {"all_reduce": "dist.all_reduce", "reduce_scatter": "dist.reduce_scatter_tensor"}
 GLOO_NAME["all_gather"] = "dist.all_gather_into_tensor"
+GLOO_NAME["chain"] = "dist.all_reduce"
 
 
 def _timed(fn: Callable[[], object]) -> float:
@@ -75,12 +79,12 @@ def _operations(
     repetition (an all-reduce works in place), and the two results."""
     gen = torch.Generator().manual_seed(rank)
     elements = nbytes // 4
-    if collective == "all_reduce":
+    if collective in ("all_reduce", "chain"):
         source = torch.randn(elements, generator=gen)
         a, b = source.clone(), source.clone()
         ops: dict[str, Callable[[], object]] = {
-            "all_reduce": partial(dist.all_reduce, a),
-            "ring": partial(ring_all_reduce_, b),
+            collective: partial(dist.all_reduce, a),
+            "ring": partial(ring_all_reduce_, b, schedule="chain" if collective == "chain" else "spec"),
         }
 
         def reset() -> None:
@@ -179,7 +183,7 @@ def slowest(per_rank: list[list[float]]) -> list[float]:
 
 def bus_bandwidth(n: int, nbytes: int, seconds: float, collective: str = "all_reduce") -> float:
     """nccl-tests' bus bandwidth of ``collective`` on ``nbytes`` (its larger tensor), bytes per second."""
-    return (2 if collective == "all_reduce" else 1) * (n - 1) / n * nbytes / seconds
+    return (2 if collective in ("all_reduce", "chain") else 1) * (n - 1) / n * nbytes / seconds
 
 
 def fmt_bytes(nbytes: int) -> str:
@@ -295,7 +299,7 @@ def report(results: list[dict[str, Any]]) -> list[str]:
 
 def target_lines(results: list[dict[str, Any]]) -> list[str]:
     lines = []
-    for collective in COLLECTIVES:
+    for collective in COLLECTIVES[:3]:  # the chain has no target (docs/guide/chain.md)
         for label, low, high, limit in TARGETS:
             for res in results:
                 rows = res.get(RESULT_KEY[collective], [])

@@ -39,7 +39,7 @@ from ring_ref.difftest._vocabulary import (
     RANKS,
 )
 from ring_ref.invariants import Provenance, State
-from ring_ref.schedule import ALL_REDUCE, PRESETS, SPEC, Phase, reduce_scatter_ring
+from ring_ref.schedule import ALL_REDUCE, PRESETS, SPEC, ChainSchedule, Phase, reduce_scatter_ring
 
 
 def _demo(_args: argparse.Namespace) -> int:
@@ -87,7 +87,9 @@ def _trace_command(args: argparse.Namespace) -> int:
     else:
         if args.collective != ALL_REDUCE:
             print(f"collective: {args.collective} alone (spec section 12)")
-        if ring != SPEC:
+        if isinstance(ring, ChainSchedule):
+            print(f"schedule: {ring.describe()} (spec section 15: not a ring; rounds are its steps)\n")
+        elif ring != SPEC:
             print(f"ring: {ring.normalized(args.n).describe()} (spec section 10)\n")
         print(render_table(records))
     return 0
@@ -221,8 +223,8 @@ def _difftest_arguments(parser: argparse.ArgumentParser) -> None:
     order.add_argument(
         "--schedule",
         metavar="NAME",
-        help="check exact against this ring: a preset (spec, openmpi-ring, gloo), =DIRECTION,OFFSET,LAYOUT, "
-        "or auto (reveal the target's order first)",
+        help="check exact against this order: a preset (spec, openmpi-ring, gloo, chain), "
+        "=DIRECTION,OFFSET,LAYOUT, or auto (reveal the target's order first)",
     )
     order.add_argument(
         "--order",
@@ -642,7 +644,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--schedule",
         default="spec",
         metavar="NAME",
-        help="the ring: a preset (spec, the default; openmpi-ring; gloo) or =DIRECTION,OFFSET,LAYOUT",
+        help="the ring: a preset (spec, the default; openmpi-ring; gloo; chain, not a ring) or "
+        "=DIRECTION,OFFSET,LAYOUT",
     )
     tr.add_argument(
         "--op",

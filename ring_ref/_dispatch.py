@@ -31,7 +31,7 @@ from ring_ref._validate import (
     not_an_array,
     schedule_of,
 )
-from ring_ref.schedule import RingSchedule
+from ring_ref.schedule import Schedule
 
 if TYPE_CHECKING:
     import jax
@@ -60,7 +60,7 @@ def ring_all_reduce(
     engine: Engine = "reference",
     *,
     op: object = "sum",
-    schedule: str | RingSchedule = "spec",
+    schedule: str | Schedule = "spec",
 ) -> torch.Tensor: ...
 @overload
 def ring_all_reduce(
@@ -68,7 +68,7 @@ def ring_all_reduce(
     engine: Engine = "reference",
     *,
     op: object = "sum",
-    schedule: str | RingSchedule = "spec",
+    schedule: str | Schedule = "spec",
 ) -> npt.NDArray[_A]: ...
 @overload
 def ring_all_reduce(
@@ -76,14 +76,14 @@ def ring_all_reduce(
     engine: Engine = "reference",
     *,
     op: object = "sum",
-    schedule: str | RingSchedule = "spec",
+    schedule: str | Schedule = "spec",
 ) -> jax.Array: ...
 def ring_all_reduce(
     worker_tensors: torch.Tensor | npt.NDArray[_A] | jax.Array,
     engine: Engine = "reference",
     *,
     op: object = "sum",
-    schedule: str | RingSchedule = "spec",
+    schedule: str | Schedule = "spec",
 ) -> torch.Tensor | npt.NDArray[_A] | jax.Array:
     """Ring all-reduce of ``worker_tensors`` (shape ``(N, M, ...)``); returns worker 0's ``(M, ...)`` sum.
 
@@ -111,6 +111,9 @@ def ring_all_reduce(
     ``"gloo"``) or a :class:`RingSchedule` (direction, offset, chunk layout).
     With the layouts ``blocks`` and ``gloo`` ``M`` need not be divisible by ``N``.
     Both engines run every ring of the family, with the same bits.
+    ``schedule="chain"`` (a :class:`~ring_ref.schedule.ChainSchedule`, clauses
+    ``chain-*``) is not a ring: a pipelined chain reduce and broadcast whose
+    result is the left fold ``((x_0 + x_1) + x_2) + ...`` for every ``M``.
     """
     _check_engine(engine)
     reduce_op = op_name(op)
@@ -140,7 +143,7 @@ ring_all_reduce.__module__ = (
 def ring_reduce_scatter(
     x: torch.Tensor,
     *,
-    schedule: str | RingSchedule | None = None,
+    schedule: str | Schedule | None = None,
     op: object = "sum",
     engine: Engine = "reference",
 ) -> torch.Tensor: ...
@@ -148,14 +151,14 @@ def ring_reduce_scatter(
 def ring_reduce_scatter(
     x: npt.NDArray[_A],
     *,
-    schedule: str | RingSchedule | None = None,
+    schedule: str | Schedule | None = None,
     op: object = "sum",
     engine: Engine = "reference",
 ) -> npt.NDArray[_A]: ...
 def ring_reduce_scatter(
     x: torch.Tensor | npt.NDArray[_A],
     *,
-    schedule: str | RingSchedule | None = None,
+    schedule: str | Schedule | None = None,
     op: object = "sum",
     engine: Engine = "reference",
 ) -> torch.Tensor | npt.NDArray[_A]:
@@ -191,16 +194,16 @@ def ring_reduce_scatter(
 
 @overload
 def ring_all_gather(
-    shards: torch.Tensor, *, schedule: str | RingSchedule | None = None, engine: Engine = "reference"
+    shards: torch.Tensor, *, schedule: str | Schedule | None = None, engine: Engine = "reference"
 ) -> torch.Tensor: ...
 @overload
 def ring_all_gather(
-    shards: npt.NDArray[_A], *, schedule: str | RingSchedule | None = None, engine: Engine = "reference"
+    shards: npt.NDArray[_A], *, schedule: str | Schedule | None = None, engine: Engine = "reference"
 ) -> npt.NDArray[_A]: ...
 def ring_all_gather(
     shards: torch.Tensor | npt.NDArray[_A],
     *,
-    schedule: str | RingSchedule | None = None,
+    schedule: str | Schedule | None = None,
     engine: Engine = "reference",
 ) -> torch.Tensor | npt.NDArray[_A]:
     """Ring all-gather of ``shards`` (``(N, S, ...)``): ``(N S, ...)``, rank ``r``'s shard in slot ``r``.

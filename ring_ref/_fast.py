@@ -98,7 +98,7 @@ from ring_ref import _validate, schedule
 from ring_ref._chunks import chunk_bounds
 from ring_ref._ops import Op, finish_numpy, finish_torch, numpy_combine_out, torch_combine_out
 from ring_ref.invariants import InvariantViolation
-from ring_ref.schedule import SPEC, RingSchedule
+from ring_ref.schedule import ALL_GATHER, REDUCE_SCATTER, SPEC, ChainSchedule, RingSchedule, Schedule
 
 TILE_BYTES = 2 << 20
 """Bytes of partial sums per CPU tile on the batched path with torch operations (see ``make bench``)."""
@@ -486,6 +486,70 @@ def plan(n: int, ring: RingSchedule = SPEC) -> Plan:
     return Plan(rounds, cycle)
 
 
+@lru_cache(maxsize=16)
+def chain_order(n: int, chain: ChainSchedule) -> tuple[int, ...]:
+    """The one fold order every segment of ``chain`` follows, checked by simulating every step.
+
+    Step by step, from the chain's own sends: a segment's partial sum travels as
+    one value from worker to worker, is sent once per step at most, and every
+    addition adds a contribution it does not hold yet; after the reduce every
+    segment holds all ``n`` contributions in one and the same order (the
+    engine folds every element alike); the broadcast forwards only completed
+    segments and hands worker 0 every one of them.  A chain that broke these
+    raises :class:`ring_ref.invariants.InvariantViolation`.  The result is cached.
+
+    >>> chain_order(4, ChainSchedule())
+    (0, 1, 2, 3)
+    """
+    holder: list[int | None] = [None] * n  # who holds segment c's partial sum; None: not yet sent
+    folded: list[list[int]] = [[] for _ in range(n)]  # the contributions of segment c's partial
+    for t in range(chain.steps_per_phase(n)):
+        sends = chain.sends(REDUCE_SCATTER, t, n)
+        if len({send.chunk for send in sends}) != len(sends):
+            raise InvariantViolation(f"chain reduce step {t}: a segment is sent twice")
+        for send in sends:
+            c = send.chunk
+            if holder[c] is not None and holder[c] != send.src:
+                raise InvariantViolation(
+                    f"chain reduce step {t}: worker {send.src} sends segment {c}, "
+                    f"but its partial sum is at worker {holder[c]}"
+                )
+            if send.dst in folded[c] or send.dst == send.src:
+                raise InvariantViolation(
+                    f"chain reduce step {t}: worker {send.dst} adds into segment {c} twice"
+                )
+        for send in sends:
+            if not folded[send.chunk]:
+                folded[send.chunk].append(send.src)
+            folded[send.chunk].append(send.dst)
+            holder[send.chunk] = send.dst
+    orders = {tuple(f) for f in folded} if n > 1 else {(0,)}
+    order = next(iter(orders))
+    if len(orders) != 1 or sorted(order) != list(range(n)):
+        raise InvariantViolation(
+            f"after the chain reduce the segments fold as {sorted(orders)}, not in one order"
+        )
+    _check_chain_broadcast(n, chain, order[-1])
+    return order
+
+
+def _check_chain_broadcast(n: int, chain: ChainSchedule, holder: int) -> None:
+    """The chain's broadcast forwards only completed segments (all at ``holder``) and hands worker 0 all."""
+    complete = [{holder} for _ in range(n)]
+    for t in range(chain.steps_per_phase(n)):
+        sends = chain.sends(ALL_GATHER, t, n)
+        for send in sends:
+            if send.src not in complete[send.chunk]:
+                raise InvariantViolation(
+                    f"chain broadcast step {t}: worker {send.src} forwards incomplete segment {send.chunk}"
+                )
+        for send in sends:
+            complete[send.chunk].add(send.dst)
+    missing = [c for c in range(n) if 0 not in complete[c]]
+    if missing:
+        raise InvariantViolation(f"after the chain broadcast worker 0 lacks segments {missing}")
+
+
 # --- the batched path ----------------------------------------------------------------------------
 
 A = TypeVar("A", torch.Tensor, npt.NDArray[Any])
@@ -635,6 +699,35 @@ def _fold(x2d: Array, out: Array, cycle: Cycle, op: Op) -> bool:
     )
 
 
+def _chain_fold(x2d: Array, out: Array, order: tuple[int, ...], op: Op) -> bool:
+    """The chain's fold (``order`` for every element) of ``x2d`` (``(N, L)``) into ``out`` (flat), compiled.
+
+    Every element folds alike, so the first ``N K`` elements (``K = L // N``) go
+    through :func:`_fold` as ``N`` chunks of ``K`` that all enter the cycle
+    ``order`` at its start, and the last ``L mod N`` through one batched
+    combine per worker.  Returns whether the input is proven finite.
+    """
+    n, length = x2d.shape
+    split = length - length % n
+    entries = np.array([[c, c + 1, 0] for c in range(n)], dtype=np.int64)  # every chunk enters at order[0]
+    cycle = Cycle(np.array(order, dtype=np.int64), entries)
+    finite = _fold(x2d[:, :split], out[:split], cycle, op) if split else True
+    if split == length:
+        return finite
+    rest = out[split:]
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        _chain_batched(x2d[:, split:], rest, order, numpy_combine_out(op))
+    return finite and _numpy_all_finite(rest if _result_proves_finite(op) else x2d[:, split:])
+
+
+def _chain_batched(x: A, out: A, order: tuple[int, ...], combine: Callable[[A, A, A], object]) -> None:
+    """The chain's fold of the workers of ``x`` into ``out``: one combine over the whole buffer per worker,
+    ``out = x[order[0]] ∘ x[order[1]]``, then ``out = out ∘ x[w]`` for the rest of ``order`` (``N >= 2``)."""
+    combine(x[order[0]], x[order[1]], out)
+    for w in order[2:]:
+        combine(out, x[w], out)
+
+
 def _uneven_torch(x: torch.Tensor, ring: RingSchedule, op: Op) -> tuple[torch.Tensor, bool]:
     """Unequal chunks (layouts ``blocks``, ``gloo``) run as even ones: each padded to the longest.
 
@@ -656,14 +749,14 @@ def _uneven_torch(x: torch.Tensor, ring: RingSchedule, op: Op) -> tuple[torch.Te
     return torch.cat(pieces).reshape(x.shape[1:]), finite
 
 
-def _torch_forward(x: torch.Tensor, ring: RingSchedule = SPEC, op: Op = "sum") -> tuple[torch.Tensor, bool]:
+def _torch_forward(x: torch.Tensor, ring: Schedule = SPEC, op: Op = "sum") -> tuple[torch.Tensor, bool]:
     """The ring's fold for a tensor that passed ``check_torch_structure``, and whether the input is
     proven finite (``avg``: the sum, not yet divided).
 
     The result is a tensor of its own, never a view (autograd allows in-place
     operations on it).
     """
-    if ring.layout != "even":
+    if not isinstance(ring, ChainSchedule) and ring.layout != "even":
         return _uneven_torch(x, ring, op)
     n, m = x.shape[0], x.shape[1]
     k = m // n
@@ -678,7 +771,14 @@ def _torch_forward(x: torch.Tensor, ring: RingSchedule = SPEC, op: Op = "sum") -
         flat = x.as_strided((n, m * math.prod(trailing)), (x.stride(0), inner)).numpy()
         flat.flags.writeable = False
         if flat.flags.aligned:
-            return result, _fold(flat, result.numpy().reshape(-1), plan(n, ring).cycle, op)
+            out = result.numpy().reshape(-1)
+            if isinstance(ring, ChainSchedule):
+                return result, _chain_fold(flat, out, chain_order(n, ring), op)
+            return result, _fold(flat, out, plan(n, ring).cycle, op)
+    if isinstance(ring, ChainSchedule):
+        _chain_batched(x, result, chain_order(n, ring), torch_combine_out(op))
+        on_result = _result_proves_finite(op)
+        return result, _torch_all_finite(result if on_result else x)
     s_worker, s_row, *s_trailing = x.stride()
     base = x.storage_offset()
 
@@ -744,7 +844,7 @@ class _RingSum(torch.autograd.Function):
         return _ring_sum(x.movedim(in_dims[0], -1), check, ring), -1
 
 
-_ring_sum: Callable[[torch.Tensor, bool, RingSchedule], torch.Tensor] = _RingSum.apply
+_ring_sum: Callable[[torch.Tensor, bool, Schedule], torch.Tensor] = _RingSum.apply
 """``_RingSum.apply`` with its type stated (torch leaves it untyped)."""
 
 
@@ -814,11 +914,11 @@ class _RingOp(torch.autograd.Function):
         return _ring_op(x.movedim(in_dims[0], -1), check, ring, op), -1
 
 
-_ring_op: Callable[[torch.Tensor, bool, RingSchedule, Op], torch.Tensor] = _RingOp.apply
+_ring_op: Callable[[torch.Tensor, bool, Schedule, Op], torch.Tensor] = _RingOp.apply
 """``_RingOp.apply`` with its type stated."""
 
 
-def ring_all_reduce_torch(x: torch.Tensor, ring: RingSchedule = SPEC, op: Op = "sum") -> torch.Tensor:
+def ring_all_reduce_torch(x: torch.Tensor, ring: Schedule = SPEC, op: Op = "sum") -> torch.Tensor:
     """The fast engine on a ``torch.Tensor`` of shape ``(N, M, ...)``; returns ``(M, ...)``.
 
     ``ring``: a ring of the schedule family (clause ``schedule-fold-order``), the spec's by default;
@@ -840,7 +940,7 @@ def ring_all_reduce_torch(x: torch.Tensor, ring: RingSchedule = SPEC, op: Op = "
     return finish_torch(op, result, n)
 
 
-def ring_all_reduce_numpy(x: npt.NDArray[Any], ring: RingSchedule = SPEC, op: Op = "sum") -> npt.NDArray[Any]:
+def ring_all_reduce_numpy(x: npt.NDArray[Any], ring: Schedule = SPEC, op: Op = "sum") -> npt.NDArray[Any]:
     """The fast engine on a ``numpy.ndarray`` of shape ``(N, M, ...)``; returns ``(M, ...)``."""
     _validate.check_numpy_structure(x, divisible=ring.layout == "even")
     x = _validate.plain_array(x)
@@ -865,11 +965,11 @@ def _uneven_numpy(x: npt.NDArray[Any], ring: RingSchedule, op: Op) -> tuple[npt.
 
 
 def _numpy_forward(
-    x: npt.NDArray[Any], ring: RingSchedule = SPEC, op: Op = "sum"
+    x: npt.NDArray[Any], ring: Schedule = SPEC, op: Op = "sum"
 ) -> tuple[npt.NDArray[Any], bool]:
     """The ring's fold for an array that passed ``check_numpy_structure``, and whether the input is
     proven finite."""
-    if ring.layout != "even":
+    if not isinstance(ring, ChainSchedule) and ring.layout != "even":
         return _uneven_numpy(x, ring, op)
     n, m = x.shape[0], x.shape[1]
     k = m // n
@@ -884,7 +984,13 @@ def _numpy_forward(
         flat = np.lib.stride_tricks.as_strided(
             x, (n, x[0].size), (x.strides[0], inner * x.itemsize), writeable=False
         )
+        if isinstance(ring, ChainSchedule):
+            return result, _chain_fold(flat, result.reshape(-1), chain_order(n, ring), op)
         return result, _fold(flat, result.reshape(-1), plan(n, ring).cycle, op)
+    if isinstance(ring, ChainSchedule):
+        with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+            _chain_batched(x, result, chain_order(n, ring), numpy_combine_out(op))
+        return result, _numpy_all_finite(result if _result_proves_finite(op) else x)
     s_worker, s_row, *s_trailing = x.strides
 
     def diagonal(offset: int, start: int, stop: int) -> npt.NDArray[Any]:

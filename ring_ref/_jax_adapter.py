@@ -35,7 +35,7 @@ from ring_ref import _fast, _torch_adapter
 from ring_ref._dtypes import FORMATS, INT_OF_SIZE
 from ring_ref._ops import Op
 from ring_ref._validate import check_jax_structure
-from ring_ref.schedule import SPEC, RingSchedule
+from ring_ref.schedule import SPEC, Schedule
 
 __all__ = ["GRADIENT_OPS", "host_of", "reduce_jax", "tensor_of"]
 
@@ -48,7 +48,7 @@ class _How(NamedTuple):
 
     engine: Literal["reference", "fast"]
     op: Op
-    ring: RingSchedule
+    ring: Schedule
     n: int
 
 
@@ -109,7 +109,7 @@ _reduce.defvjp(_reduce_fwd, _reduce_bwd)
 def reduce_jax(
     x: jax.Array,
     op: Op = "sum",
-    schedule: RingSchedule = SPEC,
+    schedule: Schedule = SPEC,
     engine: Literal["reference", "fast"] = "reference",
 ) -> jax.Array:
     """Reduce ``(N, M, ...)`` over the worker axis with ``schedule``'s ring; worker 0's ``(M, ...)``.

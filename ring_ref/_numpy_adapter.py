@@ -23,14 +23,14 @@ from ring_ref._cost import warn_if_slow
 from ring_ref._ops import Op, finish_numpy, numpy_combine
 from ring_ref._validate import check_numpy, plain_array
 from ring_ref.core import gather_state, initial_state, never_combine, run_ring
-from ring_ref.schedule import ALL_GATHER, REDUCE_SCATTER, SPEC, RingSchedule
+from ring_ref.schedule import ALL_GATHER, REDUCE_SCATTER, SPEC, RingSchedule, Schedule
 
 __all__ = ["gather_numpy", "reduce_numpy", "reduce_scatter_numpy"]
 
 Array = npt.NDArray[Any]
 
 
-def reduce_numpy(worker_tensors: Array, op: Op = "sum", schedule: RingSchedule = SPEC) -> Array:
+def reduce_numpy(worker_tensors: Array, op: Op = "sum", schedule: Schedule = SPEC) -> Array:
     """Reduce ``(N, M, ...)`` over the worker axis with ``schedule``'s ring; return worker 0's ``(M, ...)``.
 
     Layouts other than ``even`` cut each worker's elements in row-major order

@@ -22,7 +22,15 @@ from dataclasses import dataclass
 from typing import Final, NamedTuple
 
 from ring_ref._validate import BadInput, schedule_of
-from ring_ref.schedule import ALL_GATHER, REDUCE_SCATTER, Phase, RingSchedule, reduce_scatter_ring
+from ring_ref.schedule import (
+    ALL_GATHER,
+    REDUCE_SCATTER,
+    ChainSchedule,
+    Phase,
+    RingSchedule,
+    Schedule,
+    reduce_scatter_ring,
+)
 
 __all__ = [
     "EXACT_DIMS",
@@ -51,16 +59,16 @@ class Description:
     problem: tuple[str, str] | None  # (exception kind, message)
 
 
-def ring_of(name: object) -> tuple[RingSchedule | None, BadInput | None]:
-    """The ring a ``schedule=`` argument names, or the table's verdict on it."""
+def ring_of(name: object) -> tuple[Schedule | None, BadInput | None]:
+    """The schedule (a ring or the chain) a ``schedule=`` argument names, or the table's verdict on it."""
     try:
         return schedule_of(name), None
     except (TypeError, ValueError) as exc:
         return None, BadInput(type(exc), str(exc))
 
 
-def schedule_key(ring: RingSchedule | None, n: int) -> str:
-    """The same text on every rank for the same ring (offsets taken mod ``n``)."""
+def schedule_key(ring: Schedule | None, n: int) -> str:
+    """The same text on every rank for the same schedule (offsets taken mod ``n``)."""
     return "invalid" if ring is None else ring.normalized(n).describe()
 
 
@@ -73,7 +81,7 @@ class Shards(NamedTuple):
     input: object
 
 
-def ring_for(args: object, name: object, n: int) -> tuple[RingSchedule | None, BadInput | None]:
+def ring_for(args: object, name: object, n: int) -> tuple[Schedule | None, BadInput | None]:
     """The ring a call runs, or the table's verdict on ``name``: :func:`ring_of` for an all-reduce,
     :func:`ring_ref.schedule.reduce_scatter_ring` for :class:`Shards` (whose ``None`` is ``"spec"``).
 
@@ -89,7 +97,8 @@ def ring_for(args: object, name: object, n: int) -> tuple[RingSchedule | None, B
     if ring is None:
         return None, bad
     try:
-        return reduce_scatter_ring(ring if isinstance(name, RingSchedule) else str(name or "spec"), n), None
+        named = ring if isinstance(name, RingSchedule | ChainSchedule) else str(name or "spec")
+        return reduce_scatter_ring(named, n), None
     except ValueError as exc:
         return None, BadInput(ValueError, str(exc))
 
@@ -98,7 +107,7 @@ SHARDS_KEYS: Final = (f"{REDUCE_SCATTER} ", f"{ALL_GATHER} ")
 """How :func:`call_key` starts for a reduce-scatter and an all-gather."""
 
 
-def call_key(args: object, ring: RingSchedule | None, n: int) -> str:
+def call_key(args: object, ring: Schedule | None, n: int) -> str:
     """:func:`schedule_key`, after the collective's name for :class:`Shards`: calls of different
     collectives have different keys, so the check refuses them."""
     key = schedule_key(ring, n)

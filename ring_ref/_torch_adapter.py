@@ -21,12 +21,12 @@ from ring_ref._ops import Op, finish_torch, torch_combine
 from ring_ref._validate import check_torch
 from ring_ref.core import gather_state, initial_state, never_combine, run_ring
 from ring_ref.invariants import State
-from ring_ref.schedule import ALL_GATHER, REDUCE_SCATTER, SPEC, RingSchedule
+from ring_ref.schedule import ALL_GATHER, REDUCE_SCATTER, SPEC, RingSchedule, Schedule
 
 __all__ = ["chunk_state", "gather_torch", "reduce_scatter_torch", "reduce_torch"]
 
 
-def chunk_state(worker_tensors: torch.Tensor, schedule: RingSchedule = SPEC) -> State[torch.Tensor]:
+def chunk_state(worker_tensors: torch.Tensor, schedule: Schedule = SPEC) -> State[torch.Tensor]:
     """Split each worker's tensor into ``N`` chunks (clauses ``chunk-layout``, ``schedule-layouts``).
 
     ``even``: views of ``M / N`` rows.  ``blocks`` and ``gloo``: ranges of the
@@ -38,7 +38,7 @@ def chunk_state(worker_tensors: torch.Tensor, schedule: RingSchedule = SPEC) -> 
     )
 
 
-def reduce_torch(worker_tensors: torch.Tensor, op: Op = "sum", schedule: RingSchedule = SPEC) -> torch.Tensor:
+def reduce_torch(worker_tensors: torch.Tensor, op: Op = "sum", schedule: Schedule = SPEC) -> torch.Tensor:
     """Reduce ``(N, M, ...)`` over the worker axis with ``schedule``'s ring; worker 0's ``(M, ...)``."""
     n, _ = check_torch(worker_tensors, divisible=schedule.layout == "even")
     warn_if_slow(n)

@@ -41,9 +41,10 @@ from ring_ref.schedule import (
     PHASES,
     REDUCE_SCATTER,
     SPEC,
+    ChainSchedule,
     Collective,
     Phase,
-    RingSchedule,
+    Schedule,
     Send,
     reduce_scatter_ring,
     rounds_per_phase,
@@ -73,9 +74,10 @@ class RoundRecord(NamedTuple):
 
 
 def trace(
-    n: int, schedule: RingSchedule = SPEC, op: str = "sum", *, collective: Collective = ALL_REDUCE
+    n: int, schedule: Schedule = SPEC, op: str = "sum", *, collective: Collective = ALL_REDUCE
 ) -> tuple[RoundRecord, ...]:
-    """Run the reference core for ``n`` workers and record every round (of ``schedule``'s ring).
+    """Run the reference core for ``n`` workers and record every round (of ``schedule``'s ring; the
+    chain's steps, clause ``chain-trace``).
 
     ``op`` is one of ``sum``, ``prod``, ``max``, ``min``, ``avg`` (``ValueError`` otherwise).
     ``collective`` ``"reduce-scatter"`` or ``"all-gather"`` records that phase alone (clause
@@ -229,7 +231,7 @@ wide; at ``N = 64`` the SVG would be 112 MB.
 
 
 def check_trace_size(
-    n: int, m: int, fmt: str, schedule: RingSchedule = SPEC, *, collective: Collective = ALL_REDUCE
+    n: int, m: int, fmt: str, schedule: Schedule = SPEC, *, collective: Collective = ALL_REDUCE
 ) -> None:
     """Raise ``ValueError`` for a ring the trace cannot hold (``bad-input``) or show readably in ``fmt``.
 
@@ -287,7 +289,7 @@ def _round_json(rec: RoundRecord, sizes: list[int], n: int) -> dict[str, Any]:
 def trace_json(
     records: tuple[RoundRecord, ...],
     m: int,
-    schedule: RingSchedule = SPEC,
+    schedule: Schedule = SPEC,
     *,
     collective: Collective = ALL_REDUCE,
 ) -> dict[str, Any]:
@@ -299,7 +301,8 @@ def trace_json(
     and ``elementsPerWorkerPerRound`` are then the largest chunk.  For an op other than ``sum``
     (clause ``op-trace``) it names the op; ``avg``'s ``divide`` step carries ``divisor`` = ``N``
     and is not counted as a round of traffic.  A reduce-scatter or all-gather trace (``collective``,
-    clause ``collective-trace``) names its collective.
+    clause ``collective-trace``) names its collective.  The chain (clause ``chain-trace``) is named as
+    ``{"kind": "chain", "layout": ...}``, and its rounds are its steps.
     """
     n = len(records[0].provenance)
     op = records[0].op
@@ -319,7 +322,9 @@ def trace_json(
         extra["collective"] = collective
     if op != "sum":
         extra["op"] = op
-    if schedule != SPEC:
+    if isinstance(schedule, ChainSchedule):
+        extra["schedule"] = {"kind": "chain", "layout": schedule.layout}
+    elif schedule != SPEC:
         ring = schedule.normalized(n)
         extra["schedule"] = {"direction": ring.direction, "offset": ring.offset, "layout": ring.layout}
     if schedule.layout != "even":
@@ -335,7 +340,9 @@ def trace_json(
         "rounds": rounds,
         "traffic": {
             "rounds": sum(1 for rec in records if rec.phase in PHASES),
-            "roundsPerPhase": rounds_per_phase(n),
+            "roundsPerPhase": (
+                schedule.steps_per_phase(n) if isinstance(schedule, ChainSchedule) else rounds_per_phase(n)
+            ),
             "elementsPerWorkerPerRound": chunk,
             "elementsSentByWorker": sent,
             "elementsPerWorkerTotal": max(sent),

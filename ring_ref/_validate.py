@@ -27,7 +27,15 @@ import torch
 
 from ring_ref._chunks import chunk_bounds, chunk_rows
 from ring_ref._dtypes import FORMATS, NUMPY_DTYPES, TORCH_DTYPES
-from ring_ref.schedule import LAYOUTS, PRESETS, SPEC, RingSchedule, reduce_scatter_ring
+from ring_ref.schedule import (
+    LAYOUTS,
+    PRESETS,
+    SPEC,
+    ChainSchedule,
+    RingSchedule,
+    Schedule,
+    reduce_scatter_ring,
+)
 
 __all__ = [
     "ALL_GATHER_INPUT",
@@ -481,7 +489,7 @@ def _array_finite_problem(array: npt.NDArray[Any]) -> BadInput | None:
 
 
 def shards_problem(
-    collective: str, n: int, input_shape: tuple[int, ...], output_shape: tuple[int, ...], ring: RingSchedule
+    collective: str, n: int, input_shape: tuple[int, ...], output_shape: tuple[int, ...], ring: Schedule
 ) -> BadInput | None:
     """Whether an output of ``output_shape`` fits a reduce-scatter or all-gather of an input of
     ``input_shape`` over ``n`` ranks on ``ring`` (whose layout must cut the reduce-scatter's input,
@@ -535,7 +543,7 @@ def rank_shards_problem(  # noqa: PLR0917 (the call's own arguments)
     tensor: object,
     n: int,
     backend: str,
-    ring: RingSchedule,
+    ring: Schedule,
     *,
     finite: bool = True,
 ) -> BadInput | None:
@@ -580,7 +588,7 @@ def rank_shards_problem(  # noqa: PLR0917 (the call's own arguments)
 
 
 def rank_array_shards_problem(
-    collective: str, output: object, array: object, n: int, ring: RingSchedule, *, finite: bool = True
+    collective: str, output: object, array: object, n: int, ring: Schedule, *, finite: bool = True
 ) -> BadInput | None:
     """:func:`rank_shards_problem` for ``numpy`` arrays (``ring_ref.mpi``).
 
@@ -622,7 +630,7 @@ def check_ring_size(n: int, m: int, *, divisible: bool = True) -> None:
 
 _CHOOSE_SCHEDULE = (
     f"choose a preset ({', '.join(repr(name) for name in PRESETS)}) or a "
-    "ring_ref.schedule.RingSchedule(direction, offset, layout)"
+    "ring_ref.schedule.RingSchedule(direction, offset, layout) or ChainSchedule(layout)"
 )
 
 
@@ -642,6 +650,14 @@ def _fields_problem(schedule: RingSchedule) -> BadInput | None:
     return None
 
 
+def _chain_problem(chain: ChainSchedule) -> BadInput | None:
+    if chain.layout not in LAYOUTS:
+        return BadInput(
+            ValueError, f"unknown chain layout {chain.layout!r}; choose one of {', '.join(LAYOUTS)}."
+        )
+    return None
+
+
 def _schedule_problem(schedule: object) -> BadInput | None:
     if isinstance(schedule, str):
         return (
@@ -649,6 +665,8 @@ def _schedule_problem(schedule: object) -> BadInput | None:
             if schedule in PRESETS
             else BadInput(ValueError, f"unknown schedule {schedule!r}; {_CHOOSE_SCHEDULE}.")
         )
+    if isinstance(schedule, ChainSchedule):
+        return _chain_problem(schedule)
     if not isinstance(schedule, RingSchedule):
         return BadInput(
             TypeError,
@@ -658,28 +676,31 @@ def _schedule_problem(schedule: object) -> BadInput | None:
     return _fields_problem(schedule)
 
 
-def schedule_of(schedule: object) -> RingSchedule:
-    """The ring a ``schedule=`` argument names: a preset name or a valid :class:`RingSchedule`.
+def schedule_of(schedule: object) -> Schedule:
+    """The schedule a ``schedule=`` argument names: a preset name, a valid :class:`RingSchedule` or
+    :class:`ChainSchedule`.
 
     >>> schedule_of("gloo")
     RingSchedule(direction=-1, offset=-1, layout='gloo')
     >>> schedule_of("ring")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    ValueError: unknown schedule 'ring'; choose a preset ('spec', 'openmpi-ring', 'gloo') or a ...
+    ValueError: unknown schedule 'ring'; choose a preset ('spec', 'openmpi-ring', 'gloo', 'chain') or a ...
     """
     _raise(_schedule_problem(schedule))
     if isinstance(schedule, str):
         return PRESETS[schedule]
-    assert isinstance(schedule, RingSchedule)
+    assert isinstance(schedule, RingSchedule | ChainSchedule)
     return SPEC if schedule == SPEC else schedule
 
 
 # --- reduce-scatter and all-gather (clauses rsc-bad-input, agc-bad-input) -------------------------
 
 
-def _shards_problem(n: int, shape: Sequence[int], ring: RingSchedule, itemsize: int) -> BadInput | None:
+def _shards_problem(n: int, shape: Sequence[int], ring: Schedule, itemsize: int) -> BadInput | None:
     """Equal shards: ``M`` divisible by ``N`` and the layout cutting a worker's ``S`` elements equally."""
+    if not isinstance(ring, RingSchedule):
+        return BadInput(ValueError, "reduce-scatter and all-gather run on a ring; the chain is not one.")
     m = shape[1]
     if m % n:
         return BadInput(
@@ -732,7 +753,7 @@ def collective_input(x: object, schedule: object, what: Stacked) -> tuple[RingSc
     return ring, n
 
 
-def check_collective_size(n: int, m: int, ring: RingSchedule) -> None:
+def check_collective_size(n: int, m: int, ring: Schedule) -> None:
     """The table's rows for a reduce-scatter or all-gather of ``N`` workers of ``M`` one-element rows,
     without any data (``ring-ref trace --collective``): equal shards, ``ring``'s layout cutting them.
 

@@ -29,10 +29,11 @@ from ring_ref.schedule import (
     PHASES,
     REDUCE_SCATTER,
     SPEC,
+    ChainSchedule,
     Phase,
     RingSchedule,
+    Schedule,
     ag_recv_chunk,
-    all_rounds,
     left,
     rounds_per_phase,
     rs_recv_chunk,
@@ -42,6 +43,7 @@ __all__ = [
     "Combine",
     "Observer",
     "all_gather_round",
+    "chain_step",
     "exchange",
     "fold",
     "gather_state",
@@ -109,14 +111,15 @@ def fold(incoming: Provenance, own: Provenance) -> Provenance:
 
 def exchange(
     state: State[T],
-    recv_chunk: Callable[[int], int],
+    recv_chunk: Callable[[int], int | None],
     update: Combine[T],
     *,
-    schedule: RingSchedule = SPEC,
+    schedule: Schedule = SPEC,
 ) -> State[T]:
     """One simultaneous round: worker ``i`` receives slot ``recv_chunk(i)`` from its left neighbour.
 
-    The new slot is ``update(incoming, own)``; every other slot is kept.  All
+    The new slot is ``update(incoming, own)``; every other slot is kept (all of
+    them when ``recv_chunk(i)`` is ``None``: a chain step in which ``i`` idles).  All
     reads are from ``state``, the buffers at the start of the round.  The left
     neighbour is ``schedule``'s (``i - d``; the spec's ``i - 1`` by default).
     """
@@ -125,6 +128,9 @@ def exchange(
     new_rows = []
     for i, row in enumerate(state):
         c = recv_chunk(i)
+        if c is None:
+            new_rows.append(row)
+            continue
         # Slice concatenation: measurably faster than star-unpacking for long rows.
         new_rows.append(row[:c] + (update(state[sender(i, n)][c], row[c]),) + row[c + 1 :])  # noqa: RUF005
     return tuple(new_rows)
@@ -164,10 +170,28 @@ def all_gather_round(state: State[T], r: int, *, schedule: RingSchedule = SPEC) 
     return exchange(state, lambda i: recv(i, r, n), _take_incoming, schedule=schedule)
 
 
+def chain_step(state: State[T], phase: Phase, t: int, combine: Combine[T], chain: ChainSchedule) -> State[T]:
+    """Step ``t`` of the chain's ``phase`` (clause ``chain-steps``).
+
+    In the reduce, worker ``i`` stores ``combine(incoming, own)`` in the segment
+    its left neighbour sends (``rs-add``, as a ring does); in the broadcast it
+    copies it.  A worker that receives nothing in step ``t`` keeps its buffer.
+
+    >>> from ring_ref.schedule import CHAIN
+    >>> chain_step(initial_state([[1, 2], [3, 4]]), "reduce-scatter", 0, lambda a, b: a + b, CHAIN)
+    ((1, 2), (4, 4))
+    """
+    n = len(state)
+    update = combine if phase == REDUCE_SCATTER else _take_incoming
+    return exchange(state, lambda i: chain.recv_segment(phase, i, t, n), update, schedule=chain)
+
+
 def step(
-    state: State[T], phase: Phase, r: int, combine: Combine[T], *, schedule: RingSchedule = SPEC
+    state: State[T], phase: Phase, r: int, combine: Combine[T], *, schedule: Schedule = SPEC
 ) -> State[T]:
-    """Round ``r`` of ``phase``."""
+    """Round ``r`` of ``phase`` (for the chain: step ``r``)."""
+    if isinstance(schedule, ChainSchedule):
+        return chain_step(state, phase, r, combine, schedule)
     if phase == REDUCE_SCATTER:
         return reduce_scatter_round(state, r, combine, schedule=schedule)
     return all_gather_round(state, r, schedule=schedule)
@@ -178,7 +202,7 @@ def run_ring(
     combine: Combine[T],
     observe: Observer[T] | None = None,
     *,
-    schedule: RingSchedule = SPEC,
+    schedule: Schedule = SPEC,
     phases: Sequence[Phase] = PHASES,
 ) -> State[T]:
     """Run ``phases`` (both, by default) on ``state`` and return every worker's final buffer.
@@ -190,26 +214,29 @@ def run_ring(
     round was.  A violation raises
     :class:`ring_ref.invariants.InvariantViolation`.  With one worker no round
     runs (clause ``n1-no-rounds``).  ``schedule`` picks the ring of the family
-    (clause ``schedule-family``; the spec's by default); its closed forms are
-    the ones checked.
+    (clause ``schedule-family``; the spec's by default), or the chain
+    (:class:`~ring_ref.schedule.ChainSchedule`, clauses ``chain-*``), whose rounds
+    are its steps; its closed forms are the ones checked.
 
     ``phases=(REDUCE_SCATTER,)`` runs reduce-scatter alone (clause ``rsc-phase``):
     the same rounds and checks, ending where all-reduce's reduce-scatter ends.
     ``phases=(ALL_GATHER,)`` runs all-gather alone (clause ``agc-copy``) on a
     state whose provenance starts as reduce-scatter's end (each worker's owned
-    slot complete; see :func:`gather_state`).
+    slot complete; see :func:`gather_state`).  The chain runs both phases only.
     """
     n = len(state)
     if tuple(phases) not in (PHASES, (REDUCE_SCATTER,), (ALL_GATHER,)):
         raise ValueError(
             f"phases must be both phases, reduce-scatter alone or all-gather alone; got {phases}"
         )
+    if isinstance(schedule, ChainSchedule) and tuple(phases) != PHASES:
+        raise ValueError(f"the chain is not a ring: it runs both phases together; got phases={phases}")
     phase: Phase = REDUCE_SCATTER
     r = -1 if phases[0] == REDUCE_SCATTER else rounds_per_phase(n) - 1
     # all-gather alone starts where reduce-scatter ends: each worker's owned slot complete
     provenance = provenance_state(n) if r == -1 else invariants.expected_state(phase, r, n, schedule=schedule)
     invariants.check(provenance, phase, r, schedule=schedule)
-    for phase, r in (round_ for round_ in all_rounds(n) if round_[0] in phases):
+    for phase, r in (round_ for round_ in schedule.all_rounds(n) if round_[0] in phases):
         state = step(state, phase, r, combine, schedule=schedule)
         before, provenance = provenance, step(provenance, phase, r, fold, schedule=schedule)
         invariants.check_round(before, provenance, phase, r, schedule=schedule)

@@ -20,6 +20,10 @@ gives the bits of ``torch.distributed.all_reduce`` on the gloo backend,
 cut the tensor's elements (row-major) and accept any ``M``; gloo's layout may
 leave chunks short or empty (an empty chunk is never sent).
 
+``schedule="chain"`` runs the chain instead (spec section 15: a pipelined chain
+reduce and broadcast, not a ring), every rank ending with the left fold over the
+ranks.
+
 :func:`ring_hook` plugs the same ring into ``DistributedDataParallel``
 (``model.register_comm_hook(None, ring_hook)``).
 
@@ -157,8 +161,10 @@ from ring_ref.schedule import (
     ALL_GATHER,
     REDUCE_SCATTER,
     SPEC,
+    ChainSchedule,
     Phase,
     RingSchedule,
+    Schedule,
     all_rounds,
     rounds_per_phase,
 )
@@ -227,9 +233,7 @@ def _op_problem(op: object) -> tuple[Op | None, BadInput | None]:
         return None, BadInput(ValueError, str(exc))
 
 
-def _problem(
-    tensor: object, n: int, backend: str, ring: RingSchedule, *, finite: bool = True
-) -> BadInput | None:
+def _problem(tensor: object, n: int, backend: str, ring: Schedule, *, finite: bool = True) -> BadInput | None:
     """The table's verdict on one rank's tensor (or :class:`Shards`) for ``ring`` (only ``even`` needs
     ``N`` to divide ``M``)."""
     if isinstance(tensor, Shards):
@@ -304,7 +308,7 @@ def _metadata(
     return signature, _problem(args, n, backend, ring, finite=False) is None
 
 
-def _finite(tensor: "torch.Tensor | Shards", n: int, backend: str, ring: RingSchedule) -> bool:
+def _finite(tensor: "torch.Tensor | Shards", n: int, backend: str, ring: Schedule) -> bool:
     """Whether every value of a tensor that passed the other rows is finite, at the cost of one sum.
 
     A NaN or infinity anywhere makes the sum non-finite; only then (or when finite
@@ -353,11 +357,11 @@ class _Known(NamedTuple):
     """Every row of the table but finiteness passes."""
     flags: torch.Tensor | None
     """The clean rank's contribution to the check (:func:`_flags`; ``None`` for NCCL)."""
-    ring: RingSchedule | None
-    """The ring (offset taken mod ``n``), when ``sound``."""
+    ring: Schedule | None
+    """The ring (offset taken mod ``n``) or the chain, when ``sound``."""
     reduce_op: Op | None
-    plan: "_Plan | None"
-    """The ring's steps for this rank, when ``sound`` and ``n > 1``."""
+    plan: "_Plan | _ChainPlan | None"
+    """The ring's (or the chain's) steps for this rank, when ``sound`` and ``n > 1``."""
 
 
 _KNOWN: Final[dict[tuple[object, ...], _Known]] = {}
@@ -440,12 +444,15 @@ def _known(tensor: object, rank: int, n: int, backend: str, *, op: object, name:
     if known is None:
         signature, sound = _metadata(tensor, n, backend, op, name)
         flags = None if backend == "nccl" else _flags(signature, True, n, backend)
-        ring = reduce_op = plan = None
+        ring = reduce_op = None
+        plan: _Plan | _ChainPlan | None = None
         if sound:
             ring, reduce_op = ring_for(tensor, name, n)[0], op_name(op)
             assert ring is not None
             ring = ring.normalized(n)
-            if n > 1:
+            if n > 1 and isinstance(ring, ChainSchedule):
+                plan = _chain_plan(ring, rank, n, *_buffer_size(tensor))
+            elif n > 1:
                 plan = _plan(ring, rank, n, *_buffer_size(tensor), *_tuning(tensor))
         known = _Known(signature, sound, flags, ring, reduce_op, plan)
         if key is not None:
@@ -763,6 +770,33 @@ def _plan(  # noqa: PLR0917 (cached by its positional arguments)
     )
 
 
+class _ChainPlan(NamedTuple):
+    """A chain call's index arithmetic for one rank (clause ``chain-steps``): per step the segment it
+    sends to its right neighbour and the one it receives from its left, ``None`` when it idles."""
+
+    right: int
+    left: int
+    steps: tuple[tuple[Phase, int], ...]
+    sent: tuple[int | None, ...]
+    received: tuple[int | None, ...]
+    bounds: tuple[tuple[int, int], ...]
+    """Each segment's ``(start, stop)`` in the flat buffer (``chain.layout``)."""
+
+
+@functools.lru_cache(maxsize=64)
+def _chain_plan(chain: ChainSchedule, rank: int, n: int, numel: int, itemsize: int) -> _ChainPlan:
+    """The chain's steps for ``rank`` (cached: they depend on nothing else)."""
+    steps = chain.all_rounds(n)
+    return _ChainPlan(
+        right=chain.right(rank, n),
+        left=chain.left(rank, n),
+        steps=steps,
+        sent=tuple(chain.send_segment(phase, rank, t, n) for phase, t in steps),
+        received=tuple(chain.recv_segment(phase, rank, t, n) for phase, t in steps),
+        bounds=tuple(chunk_bounds(chain.layout, n, numel, itemsize=itemsize)),
+    )
+
+
 def _swap_runs(
     bounds: list[tuple[int, int]], itemsize: int, combined_here: int, swap_bytes: int
 ) -> tuple[tuple[int, int, bool], ...]:
@@ -913,7 +947,8 @@ def _check_gloo(  # noqa: PLR0917 (the call's own arguments)
     staging of reduce-scatter's first receive, which the rounds then add in.  Otherwise the ranks
     exchange full descriptions (:func:`_refuse_everywhere`).
     """
-    n, rank, plan = waiter.n, waiter.rank, known.plan
+    n, rank = waiter.n, waiter.rank
+    plan = known.plan if isinstance(known.plan, _Plan) else None  # the chain sends no data with the check
     clean = known.sound
     if clean:
         assert isinstance(tensor, (torch.Tensor, Shards)) and known.ring is not None
@@ -1045,6 +1080,40 @@ def _ring_rounds(
             combine_into(into, slot)
 
 
+def _chain_steps(
+    flat: torch.Tensor,
+    work: torch.Tensor,
+    plan: _ChainPlan,
+    group: dist.ProcessGroup,
+    waiter: _Waiter,
+    *,
+    combine_into: Callable[[torch.Tensor, torch.Tensor], None],
+) -> None:
+    """The chain's steps on ``flat``, one ``batch_isend_irecv`` each (clause ``chain-steps``).
+
+    In a reduce step the segment received lands in staging and is then added
+    into its slot (``incoming + own``); in a broadcast step it lands in the
+    slot.  Sender and receiver of a step compute the same segment, and empty
+    segments are neither sent nor received.  Every step's links form a chain
+    (no cycle), so waiting on each step before the next cannot deadlock.
+    """
+    segments = [flat[start:stop] for start, stop in plan.bounds]
+    staging = _SCRATCH.get("staging", max(stop - start for start, stop in plan.bounds), work)
+    for (phase, t), out, slot in zip(plan.steps, plan.sent, plan.received, strict=True):
+        ops = []
+        if out is not None and segments[out].numel():
+            ops.append(dist.P2POp(dist.isend, segments[out], group=group, group_peer=plan.right))
+        into = None
+        if slot is not None and segments[slot].numel():
+            into = staging[: segments[slot].numel()] if phase == REDUCE_SCATTER else segments[slot]
+            ops.append(dist.P2POp(dist.irecv, into, group=group, group_peer=plan.left))
+        if ops:
+            for request in dist.batch_isend_irecv(ops):
+                waiter.round(request, phase, t)
+        if phase == REDUCE_SCATTER and into is not None and slot is not None:
+            combine_into(into, segments[slot])
+
+
 def _rounds(  # noqa: PLR0917 (the call's own arguments)
     flat: torch.Tensor,
     slots: tuple[torch.Tensor, ...] | None,
@@ -1106,7 +1175,7 @@ def ring_all_reduce_(
     group: dist.ProcessGroup | None = None,
     *,
     op: object = "sum",
-    schedule: str | RingSchedule = "spec",
+    schedule: str | Schedule = "spec",
     timeout: datetime.timedelta | None = None,
 ) -> torch.Tensor:
     """Sum ``tensor`` across the ranks of ``group`` in place with the spec's ring; return ``tensor``.
@@ -1132,7 +1201,9 @@ def ring_all_reduce_(
     all raise) runs another ring of the family, every rank ending with the bits
     of ``ring_all_reduce(torch.stack(inputs), schedule=schedule, op=op)``; the
     layouts ``blocks`` and ``gloo`` accept any ``M``.  ``schedule="gloo"`` gives
-    the bits of ``torch.distributed.all_reduce`` on gloo.
+    the bits of ``torch.distributed.all_reduce`` on gloo.  ``schedule="chain"``
+    (spec section 15, not a ring) gives every rank the left fold over the ranks
+    for any ``M``; its steps run one ``batch_isend_irecv`` each, after the same check.
 
     ``timeout`` bounds every wait for a peer (the check before the ring, and
     each send and receive): a peer that never calls, or fails mid-ring, makes
@@ -1191,7 +1262,11 @@ def _run(  # noqa: PLR0917 (the call's own state)
     combine_into = None if known.reduce_op is None else torch_combine_into(known.reduce_op)
     plan = known.plan
     pipelined = backend in _PIPELINED_BACKENDS
-    slots = None if flat is None or plan is None or not pipelined else flat.split_with_sizes(plan.pieces)
+    slots = (
+        None
+        if flat is None or not isinstance(plan, _Plan) or not pipelined
+        else flat.split_with_sizes(plan.pieces)
+    )
     try:
         done, lead = (
             _check_gloo(args, flat, known, group, waiter, combine_into, op=op, name=name)
@@ -1203,12 +1278,14 @@ def _run(  # noqa: PLR0917 (the call's own state)
         waiter.right, waiter.left = plan.right, plan.left
         if fill is not None:
             fill()
-        steps = {
-            None: range(len(plan.steps)),
-            REDUCE_SCATTER: range(plan.rs_steps),
-            ALL_GATHER: range(plan.rs_steps, len(plan.steps)),
-        }[phase]
-        if not done:
+        if isinstance(plan, _ChainPlan):
+            _chain_steps(flat, work, plan, group, waiter, combine_into=combine_into)
+        elif not done:
+            steps = {
+                None: range(len(plan.steps)),
+                REDUCE_SCATTER: range(plan.rs_steps),
+                ALL_GATHER: range(plan.rs_steps, len(plan.steps)),
+            }[phase]
             _rounds(flat, slots, work, plan, group, waiter, combine_into=combine_into, lead=lead, steps=steps)
     except BaseException:
         for purpose in ("staging", "input", "output"):
@@ -1405,7 +1482,7 @@ class RingHookState:
 
     group: dist.ProcessGroup | None = None
     timeout: datetime.timedelta | None = None
-    schedule: str | RingSchedule = "spec"
+    schedule: str | Schedule = "spec"
 
 
 def ring_hook(

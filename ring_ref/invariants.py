@@ -26,6 +26,10 @@ first ``t + 1`` workers of the fold ``c + k, c + k + d, ...`` when
 the whole fold when ``(t + 1) mod n <= r + 1``.  For the spec's ring
 (``d = 1, k = 0``) these are the closed forms above.
 
+The chain (:class:`~ring_ref.schedule.ChainSchedule`, clause ``chain-invariants``)
+is not a ring and has closed forms of its own, per step ``t`` of each phase:
+:func:`chain_expected` and :func:`chain_finished`.
+
 From one round to the next the closed form changes in exactly one slot per
 worker (:func:`changed_slot`), so :func:`check_round` can confirm a round in
 ``O(n)`` closed-form evaluations and ``O(n^2)`` C-level tuple comparisons, given
@@ -47,7 +51,16 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import NamedTuple, TypeVar
 
-from ring_ref.schedule import ALL_GATHER, REDUCE_SCATTER, SPEC, Phase, RingSchedule, rounds_per_phase
+from ring_ref.schedule import (
+    ALL_GATHER,
+    REDUCE_SCATTER,
+    SPEC,
+    ChainSchedule,
+    Phase,
+    RingSchedule,
+    Schedule,
+    rounds_per_phase,
+)
 
 __all__ = [
     "InvariantViolation",
@@ -56,6 +69,8 @@ __all__ = [
     "Violation",
     "ag_expected",
     "arc",
+    "chain_expected",
+    "chain_finished",
     "changed_slot",
     "check",
     "check_round",
@@ -151,15 +166,55 @@ def ag_expected(n: int, r: int, i: int, c: int, *, schedule: RingSchedule = SPEC
     return rs_expected(n, rounds_per_phase(n) - 1, i, c, schedule=schedule)
 
 
-def expected_state(phase: Phase, r: int, n: int, *, schedule: RingSchedule = SPEC) -> State[Provenance]:
+def chain_expected(phase: Phase, t: int, n: int, i: int, c: int) -> Provenance:
+    """The chain's closed form of segment ``c`` of worker ``i`` after step ``t`` of ``phase``.
+
+    Clause ``chain-invariants``.
+
+    After reduce step ``t`` (``t = -1``: the start) worker ``i`` holds the prefix
+    ``(0, 1, ..., i)`` once segment ``c`` has reached it (``i = 0``, or
+    ``c + i - 1 <= t``), else only ``(i,)``.  After broadcast step ``t`` worker
+    ``i``, at position ``p = (i + 1) mod n``, holds the whole fold ``(0, ..., n - 1)``
+    once ``p = 0`` or ``c + p - 1 <= t``, else its prefix ``(0, ..., i)``.
+
+    >>> [chain_expected("reduce-scatter", 1, 3, i, 0) for i in range(3)]
+    [(0,), (0, 1), (0, 1, 2)]
+    >>> [chain_expected("all-gather", 0, 3, i, 1) for i in range(3)]
+    [(0,), (0, 1), (0, 1, 2)]
+    """
+    if phase == REDUCE_SCATTER:
+        return _doubled_ring(n)[: i + 1] if i == 0 or c + i - 1 <= t else (i,)
+    p = (i + 1) % n
+    return _doubled_ring(n)[: n if p == 0 or c + p - 1 <= t else i + 1]
+
+
+def chain_finished(phase: Phase, t: int, n: int) -> tuple[frozenset[int], ...]:
+    """The segments each worker holds complete after step ``t`` of ``phase`` (``chain-invariants``).
+
+    In the reduce only worker ``n - 1`` finishes segments, ``c`` once
+    ``c + n - 2 <= t`` (with ``n = 1``, worker 0 from the start); in the broadcast
+    worker ``i`` at position ``p = (i + 1) mod n`` has every ``c`` with ``p = 0``
+    or ``c + p - 1 <= t``.
+
+    >>> chain_finished("reduce-scatter", 2, 3)
+    (frozenset(), frozenset(), frozenset({0, 1}))
+    """
+    if phase == REDUCE_SCATTER:
+        return tuple(frozenset(c for c in range(n) if i == n - 1 and c + i - 1 <= t) for i in range(n))
+    return tuple(
+        frozenset(c for c in range(n) if (i + 1) % n == 0 or c + (i + 1) % n - 1 <= t) for i in range(n)
+    )
+
+
+def expected_state(phase: Phase, r: int, n: int, *, schedule: Schedule = SPEC) -> State[Provenance]:
     """The whole provenance state after round ``r`` of ``phase`` (reduce-scatter ``r = -1``: start)."""
+    if isinstance(schedule, ChainSchedule):
+        return tuple(tuple(chain_expected(phase, r, n, i, c) for c in range(n)) for i in range(n))
     slot = rs_expected if phase == REDUCE_SCATTER else ag_expected
     return tuple(tuple(slot(n, r, i, c, schedule=schedule) for c in range(n)) for i in range(n))
 
 
-def expected_state_before(
-    phase: Phase, r: int, n: int, *, schedule: RingSchedule = SPEC
-) -> State[Provenance]:
+def expected_state_before(phase: Phase, r: int, n: int, *, schedule: Schedule = SPEC) -> State[Provenance]:
     """The whole provenance state just before round ``r`` of ``phase``: after round ``r - 1``, and
     before all-gather's first round the reduce-scatter's end state.
 
@@ -167,12 +222,13 @@ def expected_state_before(
     True
     """
     if phase == ALL_GATHER and r == 0:
-        return expected_state(REDUCE_SCATTER, rounds_per_phase(n) - 1, n, schedule=schedule)
+        last = schedule.steps_per_phase(n) if isinstance(schedule, ChainSchedule) else rounds_per_phase(n)
+        return expected_state(REDUCE_SCATTER, last - 1, n, schedule=schedule)
     return expected_state(phase, r - 1, n, schedule=schedule)
 
 
 def first_violation(
-    state: State[Provenance], phase: Phase, r: int, *, schedule: RingSchedule = SPEC
+    state: State[Provenance], phase: Phase, r: int, *, schedule: Schedule = SPEC
 ) -> Violation | None:
     """The first ``(worker, slot)`` whose provenance breaks the closed form, or ``None``."""
     n = len(state)
@@ -188,12 +244,12 @@ def first_violation(
     raise AssertionError("unreachable: states differ but no slot does")
 
 
-def holds_rs_invariant(state: State[Provenance], r: int, *, schedule: RingSchedule = SPEC) -> bool:
+def holds_rs_invariant(state: State[Provenance], r: int, *, schedule: Schedule = SPEC) -> bool:
     """``inv-rs-provenance``: ``state`` is exactly the closed form after reduce-scatter round ``r``."""
     return first_violation(state, REDUCE_SCATTER, r, schedule=schedule) is None
 
 
-def holds_ag_invariant(state: State[Provenance], r: int, *, schedule: RingSchedule = SPEC) -> bool:
+def holds_ag_invariant(state: State[Provenance], r: int, *, schedule: Schedule = SPEC) -> bool:
     """``inv-ag-provenance``: ``state`` is exactly the closed form after all-gather round ``r``."""
     return first_violation(state, ALL_GATHER, r, schedule=schedule) is None
 
@@ -209,7 +265,7 @@ def finished_chunks(state: State[Provenance]) -> tuple[frozenset[int], ...]:
 
 
 def expected_finished(
-    phase: Phase, r: int, n: int, *, schedule: RingSchedule = SPEC
+    phase: Phase, r: int, n: int, *, schedule: Schedule = SPEC
 ) -> tuple[frozenset[int], ...]:
     """``inv-finished-chunks`` in closed form.
 
@@ -220,6 +276,8 @@ def expected_finished(
     schedule ``(i + 1 - c)`` reads ``t + 1``, with ``t`` worker ``i``'s position along
     chunk ``c``'s fold.
     """
+    if isinstance(schedule, ChainSchedule):
+        return chain_finished(phase, r, n)
     reach = r + 1 if phase == ALL_GATHER else (0 if r == n - 2 else -1)
     return tuple(
         frozenset(c for c in range(n) if (schedule.position(i, c, n) + 1) % n <= reach) for i in range(n)
@@ -227,13 +285,13 @@ def expected_finished(
 
 
 def holds_finished_chunks(
-    state: State[Provenance], phase: Phase, r: int, *, schedule: RingSchedule = SPEC
+    state: State[Provenance], phase: Phase, r: int, *, schedule: Schedule = SPEC
 ) -> bool:
     """``inv-finished-chunks``: workers have finished exactly the chunks the closed form says."""
     return finished_chunks(state) == expected_finished(phase, r, len(state), schedule=schedule)
 
 
-def check(state: State[Provenance], phase: Phase, r: int, *, schedule: RingSchedule = SPEC) -> None:
+def check(state: State[Provenance], phase: Phase, r: int, *, schedule: Schedule = SPEC) -> None:
     """Raise :class:`InvariantViolation` naming the first broken slot, if any."""
     violation = first_violation(state, phase, r, schedule=schedule)
     who = "the spec" if schedule == SPEC else f"the schedule ({schedule.describe()})"
@@ -268,13 +326,33 @@ def changed_slot(phase: Phase, r: int, i: int, n: int, *, schedule: RingSchedule
     return (i - r - 1) % n if phase == REDUCE_SCATTER else (i - r) % n
 
 
+def _chain_step_holds(
+    before: State[Provenance], after: State[Provenance], phase: Phase, t: int, chain: ChainSchedule
+) -> bool:
+    """Whether chain step ``t`` changed only the segments it delivers, each to its closed form."""
+    n = len(after)
+    for i, (row, old) in enumerate(zip(after, before, strict=True)):
+        c = chain.recv_segment(phase, i, t, n)
+        if c is None:
+            if row != old:
+                return False
+        elif (
+            len(row) != n
+            or row[:c] != old[:c]
+            or row[c + 1 :] != old[c + 1 :]
+            or row[c] != chain_expected(phase, t, n, i, c)
+        ):
+            return False
+    return True
+
+
 def check_round(
     before: State[Provenance],
     after: State[Provenance],
     phase: Phase,
     r: int,
     *,
-    schedule: RingSchedule = SPEC,
+    schedule: Schedule = SPEC,
 ) -> None:
     """Raise :class:`InvariantViolation` unless ``after`` is the closed form after round ``r``.
 
@@ -282,9 +360,14 @@ def check_round(
     all-gather round 0: the end of reduce-scatter).  Then it suffices that each
     worker's :func:`changed_slot` holds its closed form and every other slot is
     unchanged.  When that shortcut fails, the full :func:`check` decides and
-    names the first broken slot.
+    names the first broken slot.  In a chain step a worker that receives
+    nothing must keep every slot (:meth:`~ring_ref.schedule.ChainSchedule.recv_segment`).
     """
     n = len(after)
+    if isinstance(schedule, ChainSchedule):
+        if not _chain_step_holds(before, after, phase, r, schedule):
+            check(after, phase, r, schedule=schedule)
+        return
     expected = rs_expected if phase == REDUCE_SCATTER else ag_expected
     for i, (row, old) in enumerate(zip(after, before, strict=True)):
         c = changed_slot(phase, r, i, n, schedule=schedule)

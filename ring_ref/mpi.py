@@ -71,7 +71,7 @@ from ring_ref._rank_check import (
     verdict,
 )
 from ring_ref._validate import BadInput, rank_array_problem, rank_array_shards_problem
-from ring_ref.schedule import ALL_GATHER, REDUCE_SCATTER, Phase, RingSchedule
+from ring_ref.schedule import ALL_GATHER, REDUCE_SCATTER, ChainSchedule, Phase, RingSchedule, Schedule
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -224,43 +224,52 @@ def _bytes(chunk: npt.NDArray[Any]) -> list[Any]:
     return [chunk.view(np.uint8), MPI.BYTE]
 
 
+def _step(ring: Schedule, phase: schedule.Phase, rank: int, r: int, n: int) -> tuple[int | None, int | None]:
+    """The chunk (the chain: segment) ``rank`` sends and the one it receives in round (step) ``r``."""
+    if isinstance(ring, ChainSchedule):
+        return ring.send_segment(phase, rank, r, n), ring.recv_segment(phase, rank, r, n)
+    return ring.send_chunk(phase, rank, r, n), ring.recv_chunk(phase, rank, r, n)
+
+
 def _ring(  # noqa: PLR0917 (the ring's state)
     comm: MPI.Comm,
     work: npt.NDArray[Any],
     rank: int,
-    ring: RingSchedule,
+    ring: Schedule,
     waiter: _Waiter,
     only: Phase | None = None,
 ) -> None:
-    """The schedule's rounds on the C-contiguous ``work`` cut into the ring's chunks, both phases or
-    ``only`` one: per round one receive and one send."""
+    """The schedule's rounds on the C-contiguous ``work`` cut into its chunks (the chain: segments), both
+    phases or ``only`` one: per round one receive and one send (the chain's steps: each only where the
+    rank does not idle, clause ``chain-steps``)."""
     n = comm.Get_size()
     chunks = layout_views(work.reshape(-1), ring.layout, n, itemsize=work.itemsize)
     right, left = ring.right(rank, n), ring.left(rank, n)
     staging = np.empty(max(len(c) for c in chunks), dtype=chunks[0].dtype)
-    for phase, r in schedule.all_rounds(n):
+    for phase, r in ring.all_rounds(n):
         if only not in (None, phase):
             continue
-        out, inc = ring.send_chunk(phase, rank, r, n), ring.recv_chunk(phase, rank, r, n)
-        slot = chunks[inc]
-        incoming = staging[: len(slot)]
-        into = incoming if phase == schedule.REDUCE_SCATTER else slot
-        requests = [
-            comm.Irecv(_bytes(into), source=left, tag=_TAG),
-            comm.Isend(_bytes(chunks[out]), dest=right, tag=_TAG),
-        ]
+        out, inc = _step(ring, phase, rank, r, n)
+        requests = []
+        if inc is not None:
+            slot = chunks[inc]
+            incoming = staging[: len(slot)]
+            into = incoming if phase == schedule.REDUCE_SCATTER else slot
+            requests.append(comm.Irecv(_bytes(into), source=left, tag=_TAG))
+        if out is not None:
+            requests.append(comm.Isend(_bytes(chunks[out]), dest=right, tag=_TAG))
         waiter.wait(
             requests,
             f", {phase} round {r}: exchanging chunks with rank {right} (send) and rank {left} (receive)",
         )
-        if phase == schedule.REDUCE_SCATTER:
+        if phase == schedule.REDUCE_SCATTER and inc is not None:
             with np.errstate(over="ignore"):  # overflow to +-inf is the rounded sum (input-finite)
                 np.add(incoming, slot, out=slot)  # incoming + own, as rs-add states
 
 
 def _checked(
     comm: MPI.Comm, args: object, schedule: object, timeout: float | None
-) -> tuple[int, int, RingSchedule, _Waiter]:
+) -> tuple[int, int, Schedule, _Waiter]:
     """This rank, the size, the ring and the waiter of a call whose arguments every rank has checked
     (:func:`_check_everywhere`, which raises the same error on every rank otherwise)."""
     rank, n = comm.Get_rank(), comm.Get_size()
@@ -279,7 +288,7 @@ def ring_all_reduce_(
     array: npt.NDArray[Any],
     *,
     timeout: float | None = None,
-    schedule: str | RingSchedule = "spec",
+    schedule: str | Schedule = "spec",
 ) -> npt.NDArray[Any]:
     """Sum ``array`` across the ranks of ``comm`` in place with the spec's ring; return ``array``.
 
@@ -294,7 +303,8 @@ def ring_all_reduce_(
     preset name or a :class:`ring_ref.schedule.RingSchedule`, the same on every
     rank) picks another ring of the family, with the bits of
     ``ring_all_reduce(stacked, schedule=schedule)``; a layout other than
-    ``even`` accepts any ``M``.
+    ``even`` accepts any ``M``.  ``schedule="chain"`` runs the chain (clauses
+    ``chain-*``, not a ring): every rank ends with the left fold over the ranks.
     """
     rank, n, ring, waiter = _checked(comm, array, schedule, timeout)
     if n == 1:
@@ -367,7 +377,7 @@ def ring_allreduce_(
     array: npt.NDArray[Any],
     *,
     timeout: float | None = None,
-    schedule: str | RingSchedule = "spec",
+    schedule: str | Schedule = "spec",
 ) -> npt.NDArray[Any]:
     """Deprecated: the old name of :func:`ring_all_reduce_` (the same function, named like
     :func:`ring_ref.distributed.ring_all_reduce_`); warns with ``DeprecationWarning``."""

@@ -22,6 +22,7 @@ from typing import Final, Literal, NamedTuple
 __all__ = [
     "ALL_GATHER",
     "ALL_REDUCE",
+    "CHAIN",
     "COLLECTIVES",
     "GLOO",
     "LAYOUTS",
@@ -30,10 +31,12 @@ __all__ = [
     "PRESETS",
     "REDUCE_SCATTER",
     "SPEC",
+    "ChainSchedule",
     "Collective",
     "Layout",
     "Phase",
     "RingSchedule",
+    "Schedule",
     "Send",
     "ag_recv_chunk",
     "ag_send_chunk",
@@ -242,6 +245,10 @@ class RingSchedule(NamedTuple):
         """All ``n`` transfers of round ``r`` of ``phase``, ordered by sender."""
         return tuple(Send(phase, r, i, self.right(i, n), self.send_chunk(phase, i, r, n)) for i in range(n))
 
+    def all_rounds(self, n: int) -> tuple[tuple[Phase, int], ...]:
+        """Every ``(phase, round)`` pair in execution order (:func:`all_rounds`)."""
+        return all_rounds(n)
+
     def normalized(self, n: int) -> RingSchedule:
         """The same ring for ``n`` workers with the offset in ``0 .. n - 1``.
 
@@ -268,11 +275,112 @@ OPENMPI_RING: Final = RingSchedule(1, 0, "blocks")
 GLOO: Final = RingSchedule(-1, -1, "gloo")
 """gloo's ring allreduce (``torch.distributed`` on the gloo backend): the ring run the other way."""
 
-PRESETS: Final[dict[str, RingSchedule]] = {"spec": SPEC, "openmpi-ring": OPENMPI_RING, "gloo": GLOO}
+
+# --- The chain (clauses chain-*): not a ring ------------------------------------------------------
+
+
+class ChainSchedule(NamedTuple):
+    """The chain: every segment folds over the workers ``0, 1, ..., n - 1``, whatever ``M`` (``chain-order``).
+
+    It is not a ring of the family.  Each worker's elements are cut into ``n``
+    segments under ``layout`` (``blocks`` by default, so any ``M`` works).
+    Phase ``reduce-scatter`` is a pipelined chain reduce: in step ``t`` worker
+    ``i < n - 1`` sends segment ``t - i`` (its partial sum ``x_0 + ... + x_i``)
+    to worker ``i + 1``, which adds its own segment to it; worker ``n - 1``
+    ends with every segment complete.  Phase ``all-gather`` is a pipelined
+    broadcast along ``n - 1 -> 0 -> 1 -> ... -> n - 2``: worker ``i`` stands at
+    position ``p = (i + 1) mod n`` and in step ``t`` forwards segment
+    ``t - p``.  Each phase has ``2 n - 2`` steps (``chain-steps``); a worker
+    with nothing to send or receive in a step idles.
+
+    >>> CHAIN.fold_order(2, 4)
+    (0, 1, 2, 3)
+    >>> [CHAIN.send_segment(REDUCE_SCATTER, i, 1, 3) for i in range(3)]
+    [1, 0, None]
+    >>> for s in CHAIN.sends(ALL_GATHER, 0, 3):
+    ...     print(s)
+    Send(phase='all-gather', round=0, src=2, dst=0, chunk=0)
+    """
+
+    layout: Layout = "blocks"
+
+    def right(self, i: int, n: int) -> int:
+        """The worker that ``i`` sends to: ``i + 1`` (``n - 1`` sends to ``0`` in the broadcast only)."""
+        return (i + 1) % n
+
+    def left(self, i: int, n: int) -> int:
+        """The worker that ``i`` receives from: ``i - 1``."""
+        return (i - 1) % n
+
+    def steps_per_phase(self, n: int) -> int:
+        """``2 n - 2`` steps per phase: ``n`` segments through ``n - 1`` links; none when ``n == 1``.
+
+        >>> CHAIN.steps_per_phase(1), CHAIN.steps_per_phase(4)
+        (0, 6)
+        """
+        return 2 * n - 2
+
+    def all_rounds(self, n: int) -> tuple[tuple[Phase, int], ...]:
+        """Every ``(phase, step)`` pair in execution order: ``4 (n - 1)`` of them."""
+        return tuple((phase, t) for phase in PHASES for t in range(self.steps_per_phase(n)))
+
+    def position(self, phase: Phase, i: int, n: int) -> int:
+        """Worker ``i``'s place along ``phase``'s chain: ``i`` in the reduce, ``(i + 1) mod n`` in the
+        broadcast."""
+        return i if phase == REDUCE_SCATTER else (i + 1) % n
+
+    def send_segment(self, phase: Phase, i: int, t: int, n: int) -> int | None:
+        """The segment worker ``i`` sends in step ``t`` of ``phase``: ``t - p``, or ``None`` when it idles
+        (``chain-steps``)."""
+        p = self.position(phase, i, n)
+        s = t - p
+        return s if p < n - 1 and 0 <= s < n else None
+
+    def recv_segment(self, phase: Phase, i: int, t: int, n: int) -> int | None:
+        """The segment worker ``i`` receives in step ``t`` of ``phase``: ``t - p + 1``, or ``None``."""
+        return self.send_segment(phase, self.left(i, n), t, n)
+
+    def sends(self, phase: Phase, t: int, n: int) -> tuple[Send, ...]:
+        """The transfers of step ``t`` of ``phase``, ordered by sender (idle workers send nothing)."""
+        return tuple(
+            Send(phase, t, i, self.right(i, n), s)
+            for i in range(n)
+            if (s := self.send_segment(phase, i, t, n)) is not None
+        )
+
+    def fold_order(self, c: int, n: int) -> tuple[int, ...]:
+        """The workers whose segments ``c`` are added, in order: ``0, 1, ..., n - 1`` for every ``c``."""
+        return tuple(range(n))
+
+    def normalized(self, n: int) -> ChainSchedule:
+        """The chain itself: it has no offset to normalise."""
+        return self
+
+    def describe(self) -> str:
+        """``chain 0 -> N-1, layout blocks``.
+
+        >>> CHAIN.describe()
+        'chain 0 -> N-1, layout blocks'
+        """
+        return f"chain 0 -> N-1, layout {self.layout}"
+
+
+CHAIN: Final = ChainSchedule("blocks")
+"""The chain (``chain-order``): the left fold ``((x_0 + x_1) + x_2) + ...`` for every element."""
+
+Schedule = RingSchedule | ChainSchedule
+"""Any schedule the engines run: a ring of the family or the chain."""
+
+PRESETS: Final[dict[str, Schedule]] = {
+    "spec": SPEC,
+    "openmpi-ring": OPENMPI_RING,
+    "gloo": GLOO,
+    "chain": CHAIN,
+}
 """The named schedules, in the order ``reveal`` reports matches."""
 
 
-def reduce_scatter_ring(schedule: str | RingSchedule | None, n: int) -> RingSchedule:
+def reduce_scatter_ring(schedule: str | Schedule | None, n: int) -> RingSchedule:
     """The ring a reduce-scatter or an all-gather of ``n`` ranks runs: it leaves chunk ``r`` at rank ``r``.
 
     A ring leaves chunk ``r`` at rank ``r`` exactly when its offset equals its
@@ -290,8 +398,15 @@ def reduce_scatter_ring(schedule: str | RingSchedule | None, n: int) -> RingSche
     ...
     ValueError: reduce-scatter and all-gather leave chunk r at rank r, ... RingSchedule(1, 1, 'even') ...
     """
+    if isinstance(schedule, ChainSchedule) or schedule == "chain":
+        rings = ", ".join(repr(k) for k, v in PRESETS.items() if isinstance(v, RingSchedule))
+        raise ValueError(
+            "reduce-scatter and all-gather run on a ring; the chain (spec section 15) is not one: use "
+            f"a ring preset ({rings}) or a RingSchedule(d, d, layout)"
+        )
     if schedule is None or isinstance(schedule, str):
         preset = PRESETS["spec" if schedule is None else schedule]
+        assert isinstance(preset, RingSchedule)
         return RingSchedule(preset.direction, preset.direction, preset.layout)
     d, k, layout = schedule
     if n > 1 and (k - d) % n:

@@ -243,3 +243,24 @@ def special_values(n: int, dtype: torch.dtype) -> torch.Tensor:
     signed = [p - (1 << width) if p >= 1 << (width - 1) else p for p in patterns]
     rows = [torch.tensor(signed, dtype=ints).roll(r) for r in range(n)]
     return torch.stack(rows).view(dtype).reshape(n, 4, 2)
+
+
+def left_fold(x: torch.Tensor, op: str) -> torch.Tensor:
+    """``((x_0 ∘ x_1) ∘ x_2) ∘ ...`` over the workers of ``x`` (``(N, M, ...)``), as spec section 9 defines
+    each op: sums and products in the dtype; ``max``/``min`` the first extreme met (``own`` replaces
+    the partial only when strictly greater or less); ``avg`` the sum divided once by ``N``, correctly
+    rounded (through float64: exact for float64, innocuous double rounding for the narrower formats)."""
+    n = x.shape[0]
+    acc = x[0].clone()
+    for w in range(1, n):
+        own = x[w]
+        if op in ("sum", "avg"):
+            acc = acc + own
+        elif op == "prod":
+            acc = acc * own
+        else:
+            take = own > acc if op == "max" else own < acc
+            acc = torch.where(take, own, acc)
+    if op == "avg":
+        acc = (acc.to(torch.float64) / n).to(x.dtype)
+    return acc

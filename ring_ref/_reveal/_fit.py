@@ -19,7 +19,7 @@ from ring_ref._chunks import chunk_bounds
 from ring_ref._dispatch import ring_all_reduce
 from ring_ref._dtypes import FORMATS, bits
 from ring_ref._reveal._trees import Tree, fold_tree, tree_ids
-from ring_ref.schedule import LAYOUTS, PRESETS, Layout, RingSchedule
+from ring_ref.schedule import LAYOUTS, PRESETS, Layout, RingSchedule, Schedule
 
 __all__ = ["RingFit", "chunk_index", "fit_ring", "ring_trees"]
 
@@ -34,12 +34,12 @@ def chunk_index(layout: Layout, n: int, m: int, dtype_name: str) -> npt.NDArray[
     return np.repeat(np.arange(n, dtype=np.int64), [hi - lo for lo, hi in bounds])
 
 
-def _chunk_folds(ring: RingSchedule, n: int) -> list[Tree]:
+def _chunk_folds(ring: Schedule, n: int) -> list[Tree]:
     """Each chunk's tree under ``ring``: the fold of its order."""
     return [fold_tree(ring.fold_order(c, n)) for c in range(n)]
 
 
-def ring_trees(ring: RingSchedule, n: int, m: int, dtype_name: str) -> list[Tree] | None:
+def ring_trees(ring: Schedule, n: int, m: int, dtype_name: str) -> list[Tree] | None:
     """The tree of every element under ``ring`` (``None`` when its layout cannot cut ``M``)."""
     if ring.layout == "even" and m % n:
         return None
@@ -56,7 +56,7 @@ class RingFit:
         self.ids = {t: k for k, t in enumerate(distinct)}
         self.chunk_of: dict[Layout, npt.NDArray[np.int64]] = {}
 
-    def fits(self, ring: RingSchedule) -> bool:
+    def fits(self, ring: Schedule) -> bool:
         """Whether every element's tree is its chunk's fold under ``ring``."""
         if (self.found < 0).any() or (ring.layout == "even" and self.m % self.n):
             return False
@@ -66,14 +66,15 @@ class RingFit:
         return bool(np.array_equal(np.array(per_chunk)[self.chunk_of[ring.layout]], self.found))
 
     def first_ring(self) -> RingSchedule | None:
-        """The first ring of the family that fits: presets, then ``d = +1, -1``, ``k = 0 .. N - 1``,
+        """The first ring of the family that fits: the ring presets, then ``d = +1, -1``, ``k = 0 .. N - 1``,
         layouts ``even``, ``blocks``, ``gloo`` (small rings fit several; for ``N <= 2`` all are one)."""
-        candidates = [p.normalized(self.n) for p in PRESETS.values()]
+        candidates = [p.normalized(self.n) for p in PRESETS.values() if isinstance(p, RingSchedule)]
         candidates += [RingSchedule(d, k, lay) for d in (1, -1) for k in range(self.n) for lay in LAYOUTS]
         return next((ring for ring in dict.fromkeys(candidates) if self.fits(ring)), None)
 
     def matching_presets(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> list[str]:
-        """The presets whose tree is every element's revealed tree and whose bits equal the target's on
+        """The presets (``chain`` too: it fits when every element is the left fold ``0, 1, ..., N - 1``)
+        whose tree is every element's revealed tree and whose bits equal the target's on
         every checking input (random inputs alone tell small trees apart only now and then)."""
         return [
             name

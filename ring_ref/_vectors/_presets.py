@@ -1,10 +1,11 @@
 """Conformance vectors for the schedule presets (spec section 10), a file apart from the v1 vectors.
 
 ``ring_all_reduce_presets_v1.json`` (schema ``ring_all_reduce_presets_schema_v1.json``)
-holds, for each preset (``spec``, ``openmpi-ring``, ``gloo``) and dtype, inputs
-on which the preset's bits differ from every other preset whose order differs
-there, with ``M`` divisible by ``N`` and not, empty chunks (gloo) and trailing
-dimensions.  Each vector names its
+holds, for each preset (``spec``, ``openmpi-ring``, ``gloo``, ``chain``) and dtype,
+inputs on which the preset's bits differ from every other preset whose order
+differs there (a ring's vectors from every other ring's, as published before
+the chain came; the chain's from every ring's), with ``M`` divisible by ``N``
+and not, empty chunks (gloo) and trailing dimensions.  Each vector names its
 schedule and each chunk's size, and gives the input and the expected result
 as bit patterns (the format of ``spec/vectors/README.md``).  Expected values
 come from ``ring_all_reduce(x, schedule=preset)``; ``tests/cover/test_preset_vectors.py``
@@ -44,7 +45,7 @@ from ring_ref._vectors._format import (
     strict,
     write_files,
 )
-from ring_ref.schedule import PRESETS
+from ring_ref.schedule import PRESETS, RingSchedule, Schedule
 
 __all__ = ["JSON_NAME", "SCHEMA_NAME", "VERSION", "build", "contents", "schema", "write"]
 
@@ -65,7 +66,8 @@ SHAPES: Final[tuple[tuple[int, int, tuple[int, ...], str], ...]] = (
 )
 
 NOTES: Final[dict[str, str]] = {
-    "schedule": "{direction, offset, layout}: the ring of spec section 10 (offset as the preset defines it).",
+    "schedule": "{direction, offset, layout}: the ring of spec section 10 (offset as the preset defines it); "
+    "{kind: chain, layout}: the chain of spec section 15 (every element the left fold over workers).",
     "chunkSizes": "elements of each worker in each chunk, row-major over (m, *trailingShape).",
     "input": "shape (n, m, *trailingShape), IEEE bit patterns as fixed-width lowercase hex, row-major.",
     "expected": "shape (m, *trailingShape): ring_all_reduce(input, schedule=<the group's preset>).",
@@ -74,7 +76,8 @@ NOTES: Final[dict[str, str]] = {
 
 HEADER: Final = header(
     VERSION,
-    "the ring schedule presets of spec/ring_all_reduce.md section 10 (spec, openmpi-ring, gloo).",
+    "the schedule presets of spec/ring_all_reduce.md: the rings of section 10 (spec, openmpi-ring, gloo) "
+    "and the chain of section 15.",
     COMMAND,
 )
 
@@ -83,14 +86,19 @@ def _telling(rng: random.Random, preset: str, shape: tuple[int, ...], dtype: tor
     """Random values on which ``preset``'s result differs from every preset with another order here.
 
     (Presets can coincide: OpenMPI's blocks are the spec's chunks when ``N`` divides ``M``, and for
-    ``N <= 2`` every ring is the same.)
+    ``N <= 2`` every ring is the same.)  A ring's vectors are told apart from the other rings only,
+    as they were published before the chain came (so they stay byte for byte); the chain's from
+    every ring.
     """
     name, n, per_worker = dtype_name(dtype), shape[0], math.prod(shape) // shape[0]
-    mine_trees = ring_trees(PRESETS[preset], n, per_worker, name)
+    mine = PRESETS[preset]
+    mine_trees = ring_trees(mine, n, per_worker, name)
     others = [
         p
         for p, ring in PRESETS.items()
-        if (trees := ring_trees(ring, n, per_worker, name)) is not None and trees != mine_trees
+        if (isinstance(ring, RingSchedule) or not isinstance(mine, RingSchedule))
+        and (trees := ring_trees(ring, n, per_worker, name)) is not None
+        and trees != mine_trees
     ]
 
     def telling(x: torch.Tensor) -> bool:
@@ -98,6 +106,12 @@ def _telling(rng: random.Random, preset: str, shape: tuple[int, ...], dtype: tor
         return all(differs(mine, ring_all_reduce(x, schedule=p)) for p in others)
 
     return search(rng, shape, dtype, spread, telling, tries=SEARCH_TRIES)
+
+
+def _schedule_json(ring: Schedule) -> dict[str, Any]:
+    if isinstance(ring, RingSchedule):
+        return {"direction": ring.direction, "offset": ring.offset, "layout": ring.layout}
+    return {"kind": "chain", "layout": ring.layout}
 
 
 def build() -> dict[str, Any]:
@@ -126,7 +140,7 @@ def build() -> dict[str, Any]:
             groups.append(
                 {
                     "preset": preset,
-                    "schedule": {"direction": ring.direction, "offset": ring.offset, "layout": ring.layout},
+                    "schedule": _schedule_json(ring),
                     "dtype": name,
                     "bits": fmt.bits,
                     "tests": tests,
@@ -158,7 +172,12 @@ def schema() -> dict[str, Any]:
     group = strict(
         {
             "preset": {"enum": list(PRESETS)},
-            "schedule": schedule_schema(),
+            "schedule": {
+                "oneOf": [
+                    schedule_schema(),
+                    strict({"kind": {"const": "chain"}, "layout": {"enum": ["even", "blocks", "gloo"]}}),
+                ]
+            },
             "dtype": {"enum": list(FORMATS)},
             "bits": {"enum": [16, 32, 64]},
             "tests": {"type": "array", "items": test},

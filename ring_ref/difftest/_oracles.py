@@ -33,7 +33,7 @@ from ring_ref._dtypes import FloatFormat, bits, dtype_name, format_of
 from ring_ref._reveal import Tree, ring_trees
 from ring_ref.difftest._inputs import Case, exact_tensor
 from ring_ref.difftest._vocabulary import OPS, Mode, Op
-from ring_ref.schedule import SPEC, Layout, RingSchedule
+from ring_ref.schedule import SPEC, Layout, Schedule
 
 __all__ = [
     "EXACT_ORDER",
@@ -390,7 +390,7 @@ class ExactOrder:
     cases: st.SearchStrategy[Case] | None = None
     ops: tuple[Op, ...] = ("sum",)
     source: str = "spec"
-    ring: RingSchedule | None = None
+    ring: Schedule | None = None
     saved: SavedOrder | None = None
     revealed: str = ""
 
@@ -459,7 +459,7 @@ EXACT_ORDER: ContextVar[ExactOrder] = ContextVar("EXACT_ORDER", default=SPEC_ORD
 
 
 def reduce_scatter_reference(
-    worker_tensors: torch.Tensor, *, op: Op = "sum", schedule: str | RingSchedule | None = None
+    worker_tensors: torch.Tensor, *, op: Op = "sum", schedule: str | Schedule | None = None
 ) -> torch.Tensor:
     """The reference reduce-scatter: ``(N, M, ...) -> (N, M/N, ...)``, row ``r`` rank ``r``'s shard.
 

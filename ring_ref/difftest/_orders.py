@@ -62,7 +62,7 @@ from ring_ref.difftest._loading import with_framework
 from ring_ref.difftest._oracles import EXACT_ORDER, ExactOrder, SavedOrder, reduce_scatter_reference
 from ring_ref.difftest._vocabulary import Collective, Framework
 from ring_ref.schedule import LAYOUTS as LAYOUT_NAMES
-from ring_ref.schedule import PRESETS, Layout, RingSchedule, reduce_scatter_ring
+from ring_ref.schedule import PRESETS, ChainSchedule, Layout, RingSchedule, Schedule, reduce_scatter_ring
 
 __all__ = [
     "Explained",
@@ -101,7 +101,7 @@ class OrderError(ValueError):
     """An order that cannot be used: an unknown schedule, an unreadable or invalid order file."""
 
 
-def schedule_order(schedule: str | RingSchedule) -> ExactOrder:
+def schedule_order(schedule: str | Schedule) -> ExactOrder:
     """``exact`` against ``ring_all_reduce(x, schedule=schedule, op=...)``, for every op.
 
     ``schedule`` is a preset name, a :class:`RingSchedule` or its text
@@ -111,6 +111,8 @@ def schedule_order(schedule: str | RingSchedule) -> ExactOrder:
     name = next((key for key, preset in PRESETS.items() if preset == ring), None)
     if name is not None:
         label, option = f"the {name} schedule's order", f"--schedule {name}"
+    elif isinstance(ring, ChainSchedule):
+        raise OrderError(f"difftest checks against the chain preset only ('--schedule chain'); got {ring}")
     else:
         label = f"the order of the ring with {ring.describe()}"
         # with '=': argparse would read "-1,2,blocks" after a space as an option of its own
@@ -125,7 +127,7 @@ def schedule_order(schedule: str | RingSchedule) -> ExactOrder:
     )
 
 
-def reduce_scatter_order(schedule: str | RingSchedule | None, max_workers: int) -> ExactOrder:
+def reduce_scatter_order(schedule: str | Schedule | None, max_workers: int) -> ExactOrder:
     """``exact`` for ``--collective reduce-scatter``: rank ``r``'s shard is chunk ``r`` of the ring that
     finishes chunk ``r`` at rank ``r`` (:func:`~ring_ref.difftest._oracles.reduce_scatter_reference`).
 
@@ -160,8 +162,9 @@ def reduce_scatter_order(schedule: str | RingSchedule | None, max_workers: int) 
     )
 
 
-def schedule_ring(schedule: str | RingSchedule) -> RingSchedule:
-    """The ring ``schedule`` names: a preset name, a :class:`RingSchedule` or its text (``-1,2,blocks``).
+def schedule_ring(schedule: str | Schedule) -> Schedule:
+    """The schedule ``schedule`` names: a preset name (``chain`` too), a :class:`RingSchedule` or its text
+    (``-1,2,blocks``).
 
     >>> schedule_ring("nope")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
@@ -293,14 +296,14 @@ def _fitted(ring: RingSchedule | None, matches: list[str], n: int) -> ExactOrder
 
 
 def _fit_of(doc: dict[str, Any], n: int, *, even_only: bool = False) -> ExactOrder | None:
-    """The order of the ring a reveal's JSON fitted (``even_only``: that ring on the even layout)."""
-    if doc["ring"] is None:
-        return None
-    ring = RingSchedule(**doc["ring"])
+    """The order of the preset a reveal's JSON matched, else of the ring it fitted (``even_only``: that
+    ring on the even layout); the chain, no ring, comes only as a matched preset."""
+    ring = None if doc["ring"] is None else RingSchedule(**doc["ring"])
     matches = list(doc["matches"])
     if even_only:
-        ring = ring._replace(layout="even")
-        matches = [name for name in matches if PRESETS[name].layout == "even"]
+        ring = None if ring is None else ring._replace(layout="even")
+        # the chain's order does not depend on its layout
+        matches = [name for name in matches if PRESETS[name].layout == "even" or name == "chain"]
     return _fitted(ring, matches, n)
 
 
@@ -447,7 +450,7 @@ def checking_against(order: ExactOrder | None) -> Iterator[None]:
 
 
 def exact_order(
-    schedule: str | RingSchedule | None,
+    schedule: str | Schedule | None,
     order: str | Path | None,
     target: Callable[[torch.Tensor], object] | str,
     max_workers: int,

@@ -46,7 +46,7 @@ from ring_ref.difftest._vocabulary import (
     Ranks,
     Target,
 )
-from ring_ref.schedule import Layout, RingSchedule
+from ring_ref.schedule import Layout, Schedule
 
 __all__ = ["default_max_workers", "difftest", "option_problem", "run_mode", "zero_out"]
 
@@ -318,7 +318,7 @@ def difftest(
     ranks: Ranks | None = None,
     mca: Mapping[str, str] | None = None,
     op: object = None,
-    schedule: str | RingSchedule | None = None,
+    schedule: str | Schedule | None = None,
     order: str | Path | None = None,
     collective: Collective = "all-reduce",
     group: object = None,
@@ -526,7 +526,7 @@ def _run(
 
 def _collective_order(
     collective: Collective,
-    schedule: str | RingSchedule | None,
+    schedule: str | Schedule | None,
     order: str | Path | None,
     workers: int,
     op: Op | None,

@@ -31,7 +31,12 @@ def test_every_send_of_every_round_of_both_phases_is_the_spec_formula(n: int) ->
 
 @pytest.mark.clause("schedule-family", "schedule-fold-order")
 @pytest.mark.parametrize(
-    "ring", [*PRESETS.values(), RingSchedule(1, 3, "even"), RingSchedule(-1, 2, "blocks")]
+    "ring",
+    [
+        *(ring for ring in PRESETS.values() if isinstance(ring, RingSchedule)),
+        RingSchedule(1, 3, "even"),
+        RingSchedule(-1, 2, "blocks"),
+    ],
 )
 def test_each_chunks_fold_starts_at_worker_c_plus_k(ring: RingSchedule) -> None:
     for n in range(1, 8):

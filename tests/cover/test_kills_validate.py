@@ -334,8 +334,8 @@ def test_the_even_layout_is_the_default_and_only_it_needs_m_divisible_by_n() -> 
 # --- schedule= (clause schedule-bad-input) ------------------------------------------------------
 
 CHOOSE = (
-    "choose a preset ('spec', 'openmpi-ring', 'gloo') or a "
-    "ring_ref.schedule.RingSchedule(direction, offset, layout)."
+    "choose a preset ('spec', 'openmpi-ring', 'gloo', 'chain') or a "
+    "ring_ref.schedule.RingSchedule(direction, offset, layout) or ChainSchedule(layout)."
 )
 
 

@@ -3,7 +3,7 @@
 Every expected value is re-derived without ``ring_ref``: bit patterns decoded
 by reinterpreting integers, chunks from ``tests.oracles.blocks_bounds`` /
 ``gloo_bounds`` (gloo's arithmetic in bytes, as its source does), results
-from ``tests.oracles.schedule_fold``.
+from ``tests.oracles.schedule_fold`` (the chain's from ``tests.oracles.left_fold``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import jsonschema  # type: ignore[import-untyped]
 import pytest
 
 from ring_ref._cli import main
-from tests.oracles import blocks_bounds, gloo_bounds, same_bits, schedule_fold
+from tests.oracles import blocks_bounds, gloo_bounds, left_fold, same_bits, schedule_fold
 from tests.vector_files import VECTORS, check_regenerated, expected_of, input_of, load
 
 JSON_FILE = VECTORS / "ring_all_reduce_presets_v1.json"
@@ -34,7 +34,7 @@ def _bounds(layout: str, n: int, s: int, itemsize: int) -> list[tuple[int, int]]
     return [(c * s // n, (c + 1) * s // n) for c in range(n)]
 
 
-@pytest.mark.clause("schedule-presets")
+@pytest.mark.clause("schedule-presets", "chain-vectors")
 def test_committed_files_are_what_the_generator_writes_and_validate(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -42,13 +42,19 @@ def test_committed_files_are_what_the_generator_writes_and_validate(
     check_regenerated(tmp_path, capsys.readouterr().out, ("--presets",), GENERATED)
     jsonschema.validate(DOC, load(SCHEMA_FILE))
     assert DOC["numberOfTests"] == len(VECTOR_LIST) == len({t["tcId"] for _, t in VECTOR_LIST})
-    assert {g["preset"] for g in DOC["testGroups"]} == set(RINGS)
+    assert {g["preset"] for g in DOC["testGroups"]} == {*RINGS, "chain"}
 
 
-@pytest.mark.clause("schedule-presets", "schedule-layouts", "schedule-fold-order")
+@pytest.mark.clause("schedule-presets", "schedule-layouts", "schedule-fold-order", "chain-vectors")
 @pytest.mark.parametrize("vector", VECTOR_LIST, ids=lambda v: f"{v[0]['preset']}-{v[1]['tcId']}")
 def test_expected_results_match_the_independent_fold(vector: tuple[dict[str, Any], dict[str, Any]]) -> None:
     group, t = vector
+    if group["preset"] == "chain":
+        assert group["schedule"] == {"kind": "chain", "layout": "blocks"}
+        x = input_of(group["dtype"], t)
+        assert t["chunkSizes"] == [hi - lo for lo, hi in blocks_bounds(t["n"], x[0].numel())]
+        assert same_bits(expected_of(group["dtype"], t), left_fold(x, "sum"))
+        return
     d, k, layout = RINGS[group["preset"]]
     assert group["schedule"] == {"direction": d, "offset": k, "layout": layout}
     x = input_of(group["dtype"], t)
@@ -58,13 +64,25 @@ def test_expected_results_match_the_independent_fold(vector: tuple[dict[str, Any
     assert same_bits(expected_of(group["dtype"], t), want)
 
 
-@pytest.mark.clause("schedule-presets")
+@pytest.mark.clause("schedule-presets", "chain-vectors")
 def test_every_vector_tells_its_preset_from_the_others() -> None:
-    """Each vector's bits differ from those of every preset whose fold order differs on that shape."""
+    """Each vector's bits differ from those of every ring preset whose fold order differs on that shape
+    (a ring's vectors predate the chain; the chain's differ from every ring's)."""
     for group, t in VECTOR_LIST:
         x = input_of(group["dtype"], t)
         s, size = x[0].numel(), group["bits"] // 8
         expected = expected_of(group["dtype"], t)
+        if group["preset"] == "chain":
+            for preset, (d, k, layout) in RINGS.items():
+                chain_order = [(frozenset((0, 1)), *(frozenset([w]) for w in range(2, t["n"])))] * s
+                if (layout == "even" and t["m"] % t["n"]) or _orders(
+                    (d, k, layout), t["n"], s, size
+                ) == chain_order:
+                    continue
+                assert not same_bits(expected, schedule_fold(x, d, k, _bounds(layout, t["n"], s, size))), (
+                    preset
+                )
+            continue
         mine = RINGS[group["preset"]]
         for preset, (d, k, layout) in RINGS.items():
             if layout == "even" and t["m"] % t["n"]:

@@ -120,9 +120,11 @@ def test_reveal_a_sequential_fold() -> None:
     found = reveal(_fold([0, 1, 2, 3]), 4, 8)
     doc = _json(found)
     assert doc["trees"] == [[[[0, 1], 2], 3]] * 8
-    assert doc["classification"] == "folds" and doc["ring"] is None and doc["matches"] == []
+    # no ring, but the chain (spec section 15): the left fold in rank order
+    assert doc["classification"] == "folds" and doc["ring"] is None and doc["matches"] == ["chain"]
     found = reveal(_fold([5, 2, 4, 0, 3, 1]), 6, 2, dtype="float64")
     assert _json(found)["trees"] == [[[[[[2, 5], 4], 0], 3], 1]] * 2
+    assert found.matches == []
     assert "elements 0..1: fold 2,5,4,0,3,1" in found.summary()
 
 
@@ -211,8 +213,11 @@ def test_one_and_two_workers(n: int) -> None:
     found = reveal(lambda x: ring_all_reduce(x, "fast", schedule="gloo"), n, 3)
     assert found.trees == ([0] * 3 if n == 1 else [(0, 1)] * 3)
     assert found.probe_calls == 0 and found.check_calls == 4
-    # Every ring is the same for N <= 2; only N = 1 divides M = 3, as the spec's layout needs.
-    assert found.matches == (["spec", "openmpi-ring", "gloo"] if n == 1 else ["openmpi-ring", "gloo"])
+    # Every ring (and the chain) is the same for N <= 2; only N = 1 divides M = 3, as the spec's layout
+    # needs.
+    assert found.matches == (
+        ["spec", "openmpi-ring", "gloo", "chain"] if n == 1 else ["openmpi-ring", "gloo", "chain"]
+    )
 
 
 @pytest.mark.clause("reveal-limits")
