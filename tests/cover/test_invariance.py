@@ -17,7 +17,6 @@ import jsonschema  # type: ignore[import-untyped]
 import pytest
 import torch
 
-import ring_ref
 from ring_ref import ring_all_reduce
 from ring_ref._cli import main
 from ring_ref._invariance import Embedded, Placement, placements
@@ -131,10 +130,7 @@ def test_the_gloo_preset_changes_at_its_own_chunk_boundaries() -> None:
 
 
 @pytest.mark.clause("invariance-reveal")
-@pytest.mark.skipif(
-    "chain" not in ring_ref.PRESETS, reason="the chain preset is not merged yet (helper chain)"
-)
-def test_the_chain_preset_is_invariant() -> None:  # pragma: no cover - enabled once chain is merged
+def test_the_chain_preset_is_invariant() -> None:
     found = invariance(
         lambda x: ring_all_reduce(x, schedule="chain"), 4, [4, 7, 8, 16, 33], offsets=[0, 1, 3], probe=4
     )
