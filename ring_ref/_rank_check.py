@@ -89,7 +89,7 @@ def ring_for(args: object, name: object, n: int) -> tuple[Schedule | None, BadIn
     RingSchedule(direction=1, offset=1, layout='even')
     >>> print(ring_for(Shards(ALL_GATHER, None, None), RingSchedule(1, 0, "even"), 4)[1].message)
     ... # doctest: +ELLIPSIS
-    RingSchedule(direction=1, offset=0, layout='even') does not leave chunk r at rank r ...
+    reduce-scatter and all-gather leave chunk r at rank r, ... RingSchedule(1, 1, 'even') ...
     """
     if not isinstance(args, Shards):
         return ring_of(name)

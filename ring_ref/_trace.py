@@ -85,6 +85,7 @@ def trace(
     (:func:`ring_ref.schedule.reduce_scatter_ring`); all-gather's ``start`` is the state
     reduce-scatter ends in, and it takes no op.
 
+    >>> from ring_ref.schedule import RingSchedule
     >>> [(rec.phase, rec.round) for rec in trace(3, RingSchedule(1, 1), collective="all-gather")]
     [('start', -1), ('all-gather', 0), ('all-gather', 1)]
     """

@@ -398,8 +398,8 @@ def reduce_scatter_ring(schedule: str | Schedule | None, n: int) -> RingSchedule
     ...
     ValueError: reduce-scatter and all-gather leave chunk r at rank r, ... RingSchedule(1, 1, 'even') ...
     """
+    rings = ", ".join(repr(name) for name, ring in PRESETS.items() if isinstance(ring, RingSchedule))
     if isinstance(schedule, ChainSchedule) or schedule == "chain":
-        rings = ", ".join(repr(k) for k, v in PRESETS.items() if isinstance(v, RingSchedule))
         raise ValueError(
             "reduce-scatter and all-gather run on a ring; the chain (spec section 15) is not one: use "
             f"a ring preset ({rings}) or a RingSchedule(d, d, layout)"
@@ -414,7 +414,7 @@ def reduce_scatter_ring(schedule: str | Schedule | None, n: int) -> RingSchedule
             "reduce-scatter and all-gather leave chunk r at rank r, which a ring does only when its "
             f"offset equals its direction mod N; the ring ({schedule.describe()}) leaves chunk "
             f"{schedule.owned_chunk(0, n)} at rank 0 for N = {n}. Use RingSchedule({d}, {d}, {layout!r}) "
-            f"or a preset name ({', '.join(repr(name) for name in PRESETS)}), which takes the preset's "
-            "direction and layout with offset = direction."
+            f"or a preset name ({rings}), which takes the preset's direction and layout with "
+            "offset = direction."
         )
     return schedule

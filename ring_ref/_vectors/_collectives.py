@@ -240,7 +240,7 @@ def schema_reduce_scatter() -> dict[str, Any]:
     """The JSON schema (draft 2020-12) of :func:`build_reduce_scatter`'s output."""
     group = strict(
         {
-            "preset": {"enum": list(PRESETS)},
+            "preset": {"enum": [name for name, ring in PRESETS.items() if isinstance(ring, RingSchedule)]},
             "schedule": schedule_schema(),
             "dtype": {"enum": list(FORMATS)},
             "bits": {"enum": [16, 32, 64]},

@@ -94,6 +94,7 @@ def locate(case: Case, flat: int) -> tuple[tuple[int, ...], int]:
     ``--order``), so every report labels an element's chunk the same way.
 
     >>> case = Case(4, 10, (), torch.float32, "contiguous", (0.0,) * 40)
+    >>> from ring_ref.schedule import RingSchedule
     >>> blocks = ExactOrder("blocks", lambda c: torch.zeros(10), ring=RingSchedule(1, 0, "blocks"))
     >>> token = EXACT_ORDER.set(blocks)
     >>> locate(case, 9)

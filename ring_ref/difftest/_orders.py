@@ -556,7 +556,12 @@ def shard_orders(trees: list[Tree | None], n: int, ring: RingSchedule | None = N
         own = {format_tree(t) if t is not None else "no tree of additions" for t in shard}
         lines.append(f"shard {r} (rank {r}): {' / '.join(sorted(own))}")
     if ring is not None:
-        named = [p for p in PRESETS if reduce_scatter_ring(p, n).normalized(n) == ring.normalized(n)]
+        named = [
+            p
+            for p, preset in PRESETS.items()
+            if isinstance(preset, RingSchedule)
+            and reduce_scatter_ring(p, n).normalized(n) == ring.normalized(n)
+        ]
         lines.append(f"the reduce-scatter ring of preset(s): {', '.join(named) if named else 'none'}")
     return lines
 

@@ -233,7 +233,7 @@ SHARD_CASES: list[tuple[str, str, Any, Any, object, type[Exception], str]] = [
         torch.zeros(3),
         RingSchedule(1, 0, "even"),
         ValueError,
-        "does not leave chunk r at rank r after reduce-scatter",
+        "leave chunk r at rank r, which a ring does only when its offset equals its direction",
     ),
     (  # gloo's layout cuts 3 float32 elements into chunks of 2, 1 and 0
         "layout",
