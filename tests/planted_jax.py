@@ -9,6 +9,7 @@ this module is imported.
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING
 
 from ring_ref.targets import jax_psum, jax_psum_ranks
@@ -49,6 +50,15 @@ def psum_ranks_last_process_adds_one(x: jax.Array) -> jax.Array:
     total = jax_psum_ranks(x)
     last = jax.process_count() > 1 and jax.process_index() == jax.process_count() - 1
     return total + 1 if last else total
+
+
+def psum_ranks_process_1_hangs(x: jax.Array) -> jax.Array:
+    """Bug (per process): process 1 never joins the psum, so every process waits (``timed-out``)."""
+    import jax
+
+    if jax.process_index() == 1:
+        threading.Event().wait()
+    return jax_psum_ranks(x)
 
 
 PLANTED_RANKS = {"psum_ranks_last_process_adds_one": "ranks-disagree"}

@@ -97,3 +97,15 @@ def test_ops_reach_a_jax_rank_by_name() -> None:
         *args, "order-free", "--examples", "3", "--max-workers", "3", "--dtypes", "float32", status=0
     )
     assert doc["op"] == "max" and doc["verdict"] == "pass"
+
+
+@pytest.mark.clause("jax-ranks")
+def test_a_hung_process_is_timed_out_with_every_ranks_stack() -> None:
+    args = ["difftest", "--ranks", "jax", "tests.planted_jax:psum_ranks_process_1_hangs", "--timeout", "5"]
+    doc = _ring_ref(
+        *args, "--mode", "bound", "--examples", "2", "--seed", "3", "--max-workers", "2", status=1
+    )
+    assert doc["diagnoses"] == ["timed-out"]
+    cex = doc["modes"]["bound"]["counterexample"]
+    assert cex["n"] == 2 and cex["ranks"] == [0, 1]  # rank 0 waits in the psum for rank 1
+    assert "in psum_ranks_process_1_hangs" in cex["stack"] and "in jax_psum_ranks" in cex["stack"]
