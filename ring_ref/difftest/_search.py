@@ -368,6 +368,12 @@ def difftest(
     case as a ``jax.Array`` and returns a ``jax.Array`` (the extra ``ring-ref[jax]``;
     :mod:`ring_ref.difftest._jax`); everything else is as for a torch target.
 
+    ``ranks="jax"`` (clause ``jax-ranks``): ``fn(x)`` in every process of a
+    ``jax.distributed`` group of ``N`` over gloo on ``127.0.0.1``, ``x`` that
+    process's ``(M, ...)`` input as a ``jax.Array`` on its one CPU device,
+    checked as under ``"gloo"`` (:class:`~ring_ref.difftest._ranks.JaxRanks`;
+    this process must not have imported jax).
+
     ``dtypes`` defaults to every dtype the launcher takes.
 
     ``op`` (``"sum"``, ``"prod"``, ``"max"``, ``"min"``, ``"avg"``, or a
