@@ -163,7 +163,9 @@ def _difftest_arguments(parser: argparse.ArgumentParser) -> None:
         "(gloo: TARGET(tensor), torch.distributed on 127.0.0.1; mpi: TARGET(comm, array), an mpi4py "
         "communicator and a numpy array, ranks started by mpirun; float16/float32/float64 only; job: "
         "TARGET(tensor) on every rank of the job this command runs in, under torchrun, srun or mpirun; "
-        "mpi-job: TARGET(comm, array) on every rank of the MPI job this command runs in)",
+        "mpi-job: TARGET(comm, array) on every rank of the MPI job this command runs in; jax: TARGET(x), "
+        "x a jax.Array, in every process of a jax.distributed group over gloo on 127.0.0.1, the extra "
+        "ring-ref[jax])",
     )
     _job_arguments(parser)
     _mca_argument(parser)
@@ -196,7 +198,8 @@ def _difftest_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help=f"largest N generated (default 16; {MAX_RANKS} with --ranks gloo; {MPI_MAX_RANKS} with --ranks "
-        "mpi, where a correct ring took about 50 s in all three modes, and 1.5-3 minutes with 8)",
+        "jax and --ranks mpi, where a correct ring took about 50 s in all three modes, and 1.5-3 minutes "
+        "with 8)",
     )
     parser.add_argument(
         "--dtypes",
@@ -389,10 +392,10 @@ def _reveal_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object (spec/reveal.schema.json)")
     parser.add_argument(
         "--ranks",
-        choices=RANKS[:3],
+        choices=[r for r in RANKS if r != "mpi-job"],
         help="TARGET is per rank: TARGET(tensor) on every rank of a gloo group (or TARGET(comm, array) in an "
-        "MPI job) of N processes, or (job) of the job this command runs in, whose size must be N; every "
-        "rank must end with the same bits",
+        "MPI job, or TARGET(x), x a jax.Array, in a jax.distributed group) of N processes, or (job) of the "
+        "job this command runs in, whose size must be N; every rank must end with the same bits",
     )
     _rank_timeout_argument(parser)
     _job_arguments(parser)
@@ -428,8 +431,8 @@ def _reveal_command(args: argparse.Namespace) -> int:
                 raise _reveal.RevealError(
                     f"--collective reduce-scatter needs M a multiple of N; got {args.m}"
                 )
-            if launcher is not None and args.framework != "torch":
-                raise TargetError("--framework jax is for a stacked TARGET: drop --ranks")
+            if launcher is not None and args.framework != "torch" and args.ranks != "jax":
+                raise TargetError("--framework jax is for a stacked TARGET or --ranks jax: drop --ranks")
             fn: Callable[[torch.Tensor], object]
             if launcher is not None:
                 fn = _orders.per_rank_target(launcher, args.collective)

@@ -60,6 +60,7 @@ __all__ = [
     "close",
     "gloo_all_reduce",
     "jax_psum",
+    "jax_psum_ranks",
     "mpi_allreduce",
 ]
 
@@ -136,18 +137,43 @@ def jax_psum(worker_tensors: jax.Array, op: str = "sum") -> jax.Array:
             f'jax.config.update("jax_num_cpu_devices", {n}) before jax is first used, or let difftest run '
             "the target in its isolated worker"
         )
-    sharding, collective = _jax_collective(n, name)
+    sharding, collective = _jax_collective(tuple(devices[:n]), name)
     return cast("jax.Array", collective(jax.device_put(worker_tensors, sharding)))
 
 
+def jax_psum_ranks(x: jax.Array, op: str = "sum") -> jax.Array:
+    """``jax.lax.psum`` across the processes of a ``jax.distributed`` group: ``difftest --ranks jax``.
+
+    ``x`` is this process's ``(M, ...)`` input on its one CPU device; the
+    inputs of the ``N`` processes, in process order, make one global ``(N, M,
+    ...)`` array over the mesh of the ``N`` devices, reduced under
+    ``jax.shard_map`` as in :func:`jax_psum` (its collectives run over the
+    group's CPU collectives: gloo under difftest).  Returns this process's
+    copy of the result.  ``op`` as for :func:`jax_psum`.
+    """
+    import jax
+
+    name = _op_key(op, _JAX_OPS, "jax.lax (psum, pmean, pmax, pmin)")
+    devices = tuple(sorted(jax.devices(), key=lambda d: (d.process_index, d.id)))
+    if len(jax.local_devices()) != 1:
+        raise RuntimeError(
+            f"jax_psum_ranks takes one device per process; this one has {len(jax.local_devices())}: "
+            'call jax.config.update("jax_num_cpu_devices", 1) before jax is first used'
+        )
+    sharding, collective = _jax_collective(devices, name)
+    own = jax.make_array_from_single_device_arrays((len(devices), *x.shape), sharding, [x[None]])
+    return cast("jax.Array", collective(own).addressable_data(0))
+
+
 @functools.cache
-def _jax_collective(n: int, name: str) -> tuple[Any, Callable[[Any], Any]]:
-    """The sharding of ``(N, M, ...)`` over CPU devices ``0 .. N-1`` and the jitted collective ``name``
-    under ``shard_map`` (one per ``N`` and op, so that jax compiles once per shape)."""
+def _jax_collective(devices: tuple[Any, ...], name: str) -> tuple[Any, Callable[[Any], Any]]:
+    """The sharding of ``(N, M, ...)`` over ``devices`` (``N`` of them, in that order) and the jitted
+    collective ``name`` under ``shard_map`` (one per group of devices and op, so that jax compiles
+    once per shape)."""
     import jax
     from jax.sharding import NamedSharding, PartitionSpec
 
-    devices = jax.devices("cpu")[:n]
+    n = len(devices)
     mesh = jax.make_mesh((n,), ("w",), devices=devices, axis_types=(jax.sharding.AxisType.Explicit,))
     by_worker, replicated = PartitionSpec("w"), PartitionSpec()  # type: ignore[no-untyped-call]
     collective = getattr(jax.lax, name)

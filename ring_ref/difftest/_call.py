@@ -29,7 +29,7 @@ import torch
 
 from ring_ref._dtypes import INT_OF_SIZE, TORCH_DTYPES
 from ring_ref.difftest._inputs import Case
-from ring_ref.difftest._vocabulary import OpTarget, Target, op_argument
+from ring_ref.difftest._vocabulary import Framework, OpTarget, Ranks, Target, op_argument
 
 __all__ = [
     "Answer",
@@ -213,6 +213,7 @@ def observe(
     *,
     catch_interrupt: bool = True,
     device: str = "cpu",
+    framework: Framework = "torch",
 ) -> tuple[dict[str, Any], bytes]:
     """Call ``fn`` on a fresh input for ``case`` and describe what happened as a header and raw bits.
 
@@ -223,8 +224,8 @@ def observe(
     an all-gather the call is ``fn(output, input)``, with a fresh output
     buffer filled with NaN that is the result when it returns ``None``).  With an op
     (``case.op``) the call is ``fn(x, op=...)``: the op's name, or for a rank
-    (a gloo group's) its ``torch.distributed.ReduceOp``.  Every exception the
-    call raises is recorded, ``BaseException`` included (``SystemExit``;
+    (a gloo group's) its ``torch.distributed.ReduceOp`` (a ``framework="jax"`` rank's: the name).
+    Every exception the call raises is recorded, ``BaseException`` included (``SystemExit``;
     ``KeyboardInterrupt`` too unless ``catch_interrupt`` is false).
 
     ``device`` (a rank's, ``--device cuda``): the input is put there, and the
@@ -232,6 +233,7 @@ def observe(
     that is the argument itself stays the argument).
     """
     x = case.tensor() if rank is None else case.rank_tensor(rank)
+    ranks: Ranks = "jax" if framework == "jax" else "gloo"
     if device != "cpu":
         x = x.to(device)
     result_numel = math.prod(case.result_shape(rank))
@@ -245,7 +247,7 @@ def observe(
         if case.op is None:
             returned = cast(OpTarget, fn)(*args)
         else:
-            returned = cast(OpTarget, fn)(*args, op=op_argument(case.op, None if rank is None else "gloo"))
+            returned = cast(OpTarget, fn)(*args, op=op_argument(case.op, None if rank is None else ranks))
     except BaseException as exc:
         if not catch_interrupt and _isinstance(exc, KeyboardInterrupt):
             raise

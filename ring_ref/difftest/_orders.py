@@ -567,12 +567,12 @@ def shard_orders(trees: list[Tree | None], n: int, ring: RingSchedule | None = N
 
 
 def rank_launcher(ranks: str, target: str, timeout: float, mca: Mapping[str, str] | None = None) -> Launcher:
-    """The difftest launcher that runs ``TARGET`` on every rank of a gloo group or an MPI job (``mca``:
-    ``mpirun``'s ``--mca`` options, for an MPI job only)."""
+    """The difftest launcher that runs ``TARGET`` on every rank of a gloo group, an MPI job or a
+    ``jax.distributed`` group (``mca``: ``mpirun``'s ``--mca`` options, for an MPI job only)."""
     if ranks == "mpi":
         from ring_ref.difftest._mpi import MpiRanks
 
         return MpiRanks(target, timeout, mca)
-    from ring_ref.difftest._ranks import GlooRanks
+    from ring_ref.difftest._ranks import GlooRanks, JaxRanks
 
-    return GlooRanks(target, timeout)
+    return (JaxRanks if ranks == "jax" else GlooRanks)(target, timeout)

@@ -22,7 +22,11 @@ rank ``r`` of ``N`` joins it before the target is imported (:meth:`ForkedGroup.h
 :class:`GlooRanks` hosts a ``TCPStore`` on ``127.0.0.1`` and each rank joins
 a gloo group through it (:mod:`ring_ref._processes._shared`), so
 ``TARGET`` may use the default group freely (``torch.distributed:all_reduce``
-is a valid target).
+is a valid target); :class:`JaxRanks` picks a free port on ``127.0.0.1`` for
+``jax.distributed``'s coordinator, and each rank imports jax only after it was
+forked (the tester never imports it), turns on gloo CPU collectives and joins
+(:func:`join_jax`), so that a ``jax`` collective over the global mesh of the
+``N`` processes' CPU devices (:func:`ring_ref.targets.jax_psum_ranks`) runs over gloo.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import datetime
 import functools
 import select
 import socket
+import sys
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -44,9 +49,19 @@ from ring_ref.difftest._call import Answer, Failure, Garbled, Outcome, decode, s
 from ring_ref.difftest._inputs import Case
 from ring_ref.difftest._launch import OUTPUT_LIMIT, Launcher, OutputLog
 from ring_ref.difftest._loading import TargetError
+from ring_ref.difftest._vocabulary import Framework
 from ring_ref.difftest._worker import STACK_WAIT_S, Died, Reply, Worker, trim
 
-__all__ = ["AFTER_FAILURE_GRACE_S", "ForkedGroup", "GlooRanks", "Hub", "Rank", "RankGroup"]
+__all__ = [
+    "AFTER_FAILURE_GRACE_S",
+    "ForkedGroup",
+    "GlooRanks",
+    "Hub",
+    "JaxRanks",
+    "Rank",
+    "RankGroup",
+    "join_jax",
+]
 
 AFTER_FAILURE_GRACE_S: Final = 2.0
 """After a rank raised or died, how long the other ranks get to finish before they are stopped."""
@@ -219,7 +234,10 @@ class RankGroup(Launcher):
 
 
 class ForkedGroup(RankGroup):
-    """Groups of forked ranks, one per ``N``; subclasses say how a rank joins (:meth:`hub`)."""
+    """Groups of forked ranks, one per ``N``; subclasses say how a rank joins (:meth:`hub`) and what
+    the target is handed (``framework``)."""
+
+    framework: Framework = "torch"
 
     def __init__(self, target: str, timeout_s: float) -> None:
         super().__init__(timeout_s)
@@ -238,7 +256,9 @@ class ForkedGroup(RankGroup):
         if n in self._groups:
             return self._groups[n][0]
         hub = self.hub(n)
-        workers = [Worker(self.target, rank=r, setup=hub.rank_setup(r)) for r in range(n)]
+        workers = [
+            Worker(self.target, rank=r, setup=hub.rank_setup(r), framework=self.framework) for r in range(n)
+        ]
         try:
             for worker in workers:
                 worker.spawn()
@@ -308,3 +328,73 @@ class GlooRanks(ForkedGroup):
     def hub(self, n: int) -> Hub:
         """A store for ``n`` ranks."""
         return _GlooHub(n, 2 * self.timeout_s + 30)
+
+
+def join_jax(port: int, rank: int, n: int, timeout_s: int) -> None:
+    """Join ``jax.distributed`` as process ``rank`` of ``n``: coordinator at ``127.0.0.1:port``, gloo.
+
+    Run in the rank's own process before the target is imported.  It also
+    starts jax's CPU backend (one device per process), so that the target
+    cannot change the device count afterwards (:func:`ring_ref.difftest._jax.on_jax`).
+    """
+    import jax  # in the forked rank only: the tester never imports jax
+
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")  # type: ignore[no-untyped-call]
+    jax.config.update("jax_num_cpu_devices", 1)  # type: ignore[no-untyped-call]
+    address = f"127.0.0.1:{port}"
+    jax.distributed.initialize(
+        coordinator_address=address,
+        num_processes=n,
+        process_id=rank,
+        coordinator_bind_address=address,
+        initialization_timeout=timeout_s,
+    )
+    if jax.process_count() != n or len(jax.devices()) != n:
+        raise RuntimeError(
+            f"jax.distributed joined {jax.process_count()} processes with {len(jax.devices())} devices; "
+            f"expected {n} and {n}"
+        )
+
+
+class _JaxHub(Hub):
+    """A free port on ``127.0.0.1`` for ``jax.distributed``'s coordinator, which rank 0 serves."""
+
+    def __init__(self, n: int, group_timeout_s: int) -> None:
+        self.n = n
+        self.timeout_s = group_timeout_s
+        with contextlib.closing(loopback_listener()) as probe:
+            self.port = probe.getsockname()[1]
+
+    def rank_setup(self, rank: int) -> Callable[[], None]:
+        """Join ``jax.distributed`` as ``rank`` (:func:`join_jax`)."""
+        return functools.partial(join_jax, self.port, rank, self.n, self.timeout_s)
+
+    def started(self) -> None:
+        """Nothing to serve: rank 0 hosts the coordinator."""
+
+    def close(self) -> None:
+        """Nothing held: the coordinator ends with rank 0."""
+
+
+class JaxRanks(ForkedGroup):
+    """``TARGET(x)`` on every process of a ``jax.distributed`` group over gloo, ``x`` a ``jax.Array``.
+
+    ``x`` is the rank's ``(M, ...)`` input on its process's one CPU device
+    (:mod:`ring_ref.difftest._jax`); the processes join through a coordinator
+    on ``127.0.0.1`` and run their collectives over gloo.  The ranks are
+    forked from the tester, which must not have imported jax (jax is multithreaded and
+    warns that a fork of it may deadlock): ``RuntimeError`` if it has.
+    """
+
+    kind = "jax"
+    framework: Framework = "jax"
+
+    def hub(self, n: int) -> Hub:
+        """A coordinator port for ``n`` processes (``RuntimeError`` if this process has imported jax)."""
+        if "jax" in sys.modules:
+            raise RuntimeError(
+                "ranks='jax' forks its ranks from this process, which has imported jax (a forked jax "
+                "process may hang): run difftest --ranks jax from a process that does not import jax "
+                "(the ring-ref command), or test the target stacked with framework='jax'"
+            )
+        return _JaxHub(n, int(2 * self.timeout_s + 30))

@@ -84,6 +84,7 @@ _GROUPS: Final = {
     "mpi": "an MPI job",
     "job": "the job's own process group",
     "mpi-job": "the MPI job's own COMM_WORLD",
+    "jax": "a jax.distributed group over gloo",
 }
 """What a per-rank target's ranks were, in words, by ``--ranks``."""
 

@@ -27,7 +27,7 @@ from ring_ref.difftest._mpi import MPI_DTYPES, MpiRanks
 from ring_ref.difftest._oracles import EXACT_ORDER, SPEC_ORDER, ExactOrder, SavedOrder
 from ring_ref.difftest._orders import checking_against, exact_order, reduce_scatter_order
 from ring_ref.difftest._probes import ProbeRun, first_failing_probe
-from ring_ref.difftest._ranks import GlooRanks
+from ring_ref.difftest._ranks import GlooRanks, JaxRanks
 from ring_ref.difftest._report import ModeResult, Report
 from ring_ref.difftest._vocabulary import (
     COLLECTIVES,
@@ -368,6 +368,12 @@ def difftest(
     case as a ``jax.Array`` and returns a ``jax.Array`` (the extra ``ring-ref[jax]``;
     :mod:`ring_ref.difftest._jax`); everything else is as for a torch target.
 
+    ``ranks="jax"`` (clause ``jax-ranks``): ``fn(x)`` in every process of a
+    ``jax.distributed`` group of ``N`` over gloo on ``127.0.0.1``, ``x`` that
+    process's ``(M, ...)`` input as a ``jax.Array`` on its one CPU device,
+    checked as under ``"gloo"`` (:class:`~ring_ref.difftest._ranks.JaxRanks`;
+    this process must not have imported jax).
+
     ``dtypes`` defaults to every dtype the launcher takes.
 
     ``op`` (``"sum"``, ``"prod"``, ``"max"``, ``"min"``, ``"avg"``, or a
@@ -474,10 +480,10 @@ def _refused(
         return f"collective (--collective) must be one of {list(COLLECTIVES)}; got {collective!r}"
     if ranks is not None and ranks not in RANKS:
         return f"ranks must be one of {list(RANKS)} or None; got {ranks!r}"
-    if framework not in FRAMEWORKS or (framework != "torch" and ranks is not None):
+    if framework not in FRAMEWORKS or (framework != "torch" and ranks not in (None, "jax")):
         return (
             f"framework (--framework) must be one of {list(FRAMEWORKS)}, and jax is for stacked targets "
-            f"(drop ranks); got framework={framework!r}, ranks={ranks!r}"
+            f"or ranks='jax' (--ranks jax); got framework={framework!r}, ranks={ranks!r}"
         )
     if mca and ranks != "mpi":
         return f"mca (--mca) options are for ranks='mpi' (mpirun) only; got ranks={ranks!r}"
@@ -587,12 +593,13 @@ def _job_target(  # noqa: PLR0917 - difftest's settings, checked
 
 
 def default_max_workers(ranks: Ranks | None) -> int:
-    """The largest ``N`` when none is given: 16 stacked, 8 on gloo ranks, 4 in MPI jobs (slower to call).
+    """The largest ``N`` when none is given: 16 stacked, 8 on gloo ranks, 4 in MPI jobs and jax groups
+    (slower to start: every process imports jax).
 
-    >>> [default_max_workers(r) for r in (None, "gloo", "mpi")]
-    [16, 8, 4]
+    >>> [default_max_workers(r) for r in (None, "gloo", "mpi", "jax")]
+    [16, 8, 4, 4]
     """
-    return MPI_MAX_RANKS if ranks == "mpi" else MAX_RANKS if ranks else 16
+    return MPI_MAX_RANKS if ranks in ("mpi", "jax") else MAX_RANKS if ranks else 16
 
 
 def _modes_of(modes: str | Iterable[str]) -> tuple[Mode, ...]:
@@ -706,7 +713,7 @@ def _launcher(
             )
         if ranks == "mpi":
             return MpiRanks(name, timeout, mca), name
-        return GlooRanks(name, timeout), name
+        return (JaxRanks if ranks == "jax" else GlooRanks)(name, timeout), name
     if name is None and isolate:
         raise ValueError(
             f"{getattr(fn, '__qualname__', fn)!r} cannot be isolated: the worker imports the target by "

@@ -76,12 +76,14 @@ FRAMEWORKS: Final[tuple[Framework, ...]] = ("torch", "jax")
 """What a stacked target is handed (``--framework``): a ``torch.Tensor`` (the default), or a ``jax.Array``
 with the same bits, returning a ``jax.Array`` (the extra ``ring-ref[jax]``; :mod:`ring_ref.difftest._jax`)."""
 
-Ranks = Literal["gloo", "mpi", "job", "mpi-job"]
-RANKS: Final[tuple[Ranks, ...]] = ("gloo", "mpi", "job", "mpi-job")
+Ranks = Literal["gloo", "mpi", "job", "mpi-job", "jax"]
+RANKS: Final[tuple[Ranks, ...]] = ("gloo", "mpi", "job", "mpi-job", "jax")
 """The process groups a per-rank target can run on (``--ranks``): gloo, ``TARGET(tensor)``; mpi,
 ``TARGET(comm, array)`` with an ``mpi4py`` communicator and a ``numpy`` array; job, ``TARGET(tensor)``
 on every rank of the job the tester runs in (``torchrun``, ``srun``, ``mpirun``); mpi-job,
-``TARGET(comm, array)`` on every rank of the MPI job the tester runs in."""
+``TARGET(comm, array)`` on every rank of the MPI job the tester runs in; jax, ``TARGET(x)`` with a
+``jax.Array`` on every process of a ``jax.distributed`` group over gloo
+(:class:`~ring_ref.difftest._ranks.JaxRanks`)."""
 
 MAX_RANKS: Final = 8
 """The default largest group for a per-rank target (``--max-workers``; 16 for a stacked one)."""
@@ -103,7 +105,7 @@ OpTarget = Callable[..., object]
 def op_argument(op: Op, ranks: Ranks | None) -> object:
     """The ``op=`` a target is called with (clause ``difftest-ops``).
 
-    A stacked target and an MPI rank get the op's name, as
+    A stacked target, an MPI rank and a JAX rank get the op's name, as
     :func:`ring_ref.ring_all_reduce` takes it; a gloo rank gets the
     ``torch.distributed.ReduceOp`` (``SUM``, ``PRODUCT``, ``MAX``, ``MIN``, ``AVG``), so that
     ``torch.distributed.all_reduce`` and :func:`ring_ref.distributed.ring_all_reduce_` are

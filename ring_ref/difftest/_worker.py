@@ -552,5 +552,5 @@ def _child(
     incoming = os.fdopen(requests, "rb")
     while len(size := incoming.read(8)) == 8:
         case = pickle.loads(incoming.read(int.from_bytes(size, "big")))
-        head, payload = observe(fn, case, rank)
+        head, payload = observe(fn, case, rank, framework=framework)
         reply({"kind": "answer", **head}, payload)

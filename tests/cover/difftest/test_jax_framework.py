@@ -7,6 +7,8 @@ difftest as a JAX target, in this process.
 
 from __future__ import annotations
 
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -69,5 +71,13 @@ def test_the_jax_adapter_passes_difftest_as_a_jax_target() -> None:
 
 
 def test_framework_jax_with_ranks_is_refused() -> None:
-    with pytest.raises(ValueError, match=r"jax is for stacked targets \(drop ranks\)"):
+    with pytest.raises(ValueError, match=r"jax is for stacked targets or ranks='jax' \(--ranks jax\)"):
         difftest("ring_ref.targets:jax_psum", ranks="gloo", framework="jax")
+
+
+@pytest.mark.clause("jax-ranks")
+def test_ranks_jax_refuses_to_fork_a_process_that_imported_jax() -> None:
+    assert "jax" in sys.modules  # this module imported it
+    for framework in ("torch", "jax"):
+        with pytest.raises(RuntimeError, match="forks its ranks from this process, which has imported jax"):
+            difftest("ring_ref.targets:jax_psum_ranks", ranks="jax", framework=framework, examples=1)

@@ -1,0 +1,111 @@
+"""``--ranks jax``: ``jax.distributed`` processes over gloo, the finding about their ``psum``, a planted bug.
+
+Every run is the ``ring-ref`` command in a fresh process (the tester must not
+have imported jax: it forks the ranks).  Expected folds and codes are typed in
+from the measurements written in ``docs/guide/jax.md``, never computed by the
+code under test.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+import jsonschema  # type: ignore[import-untyped]
+import pytest
+
+from tests.paths import ROOT
+from tests.planted_jax import PLANTED_RANKS
+
+SCHEMA = json.loads((ROOT / "spec" / "difftest_report.schema.json").read_text(encoding="utf-8"))
+
+
+def _ring_ref(*args: str, status: int) -> Any:
+    """``ring-ref ARGS --json`` in a fresh process; its JSON, once the exit status is ``status``."""
+    done = subprocess.run(
+        [sys.executable, "-m", "ring_ref", *args, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=500,
+        cwd=ROOT,
+        check=False,
+    )
+    assert done.returncode == status, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+def _reveal(n: int) -> Any:
+    return _ring_ref(
+        "reveal",
+        "--ranks",
+        "jax",
+        "ring_ref.targets:jax_psum_ranks",
+        "-n",
+        str(n),
+        "-m",
+        str(2 * n),
+        status=0,
+    )
+
+
+@pytest.mark.clause("jax-findings", "jax-ranks")
+def test_multi_process_psum_over_gloo_is_the_gloo_preset_at_n_2_to_4() -> None:
+    # N = 2: two values add the same way in every order, so every ring preset matches
+    assert set(_reveal(2)["matches"]) >= {"spec", "openmpi-ring", "gloo"}
+    # typed in: chunk c folds ranks c-1, c-2, ..., c (mod N), gloo's ring (-1, N-1, gloo); the first
+    # two operands of a fold are written in increasing order, as reveal writes every tree
+    by_chunk = {
+        3: [[[1, 2], 0], [[0, 2], 1], [[0, 1], 2]],
+        4: [[[[2, 3], 1], 0], [[[0, 3], 2], 1], [[[0, 1], 3], 2], [[[1, 2], 0], 3]],
+    }
+    for n, trees in by_chunk.items():
+        found = _reveal(n)
+        assert found["classification"] == "ring" and found["matches"] == ["gloo"], found
+        assert found["ring"] == {"direction": -1, "offset": n - 1, "layout": "gloo"}
+        assert found["trees"] == [tree for tree in trees for _ in range(2)]
+
+
+@pytest.mark.clause("jax-findings", "jax-ranks")
+def test_multi_process_psum_passes_exact_against_gloo_but_in_bfloat16() -> None:
+    args = ["difftest", "--ranks", "jax", "ring_ref.targets:jax_psum_ranks", "--schedule", "gloo"]
+    args += ["--mode", "exact", "--examples", "5", "--seed", "1"]
+    same = _ring_ref(*args, "--dtypes", "float16", "float32", "float64", status=0)
+    jsonschema.validate(same, SCHEMA)
+    assert same["ranks"] == "jax" and same["verdict"] == "pass"
+    bf16 = _ring_ref(*args, "--dtypes", "bfloat16", status=1)
+    assert bf16["diagnoses"] == ["not-ring-order"]
+
+
+@pytest.mark.clause("jax-planted", "jax-ranks")
+def test_a_process_returning_other_bits_is_ranks_disagree() -> None:
+    for name, code in PLANTED_RANKS.items():
+        args = ["difftest", "--ranks", "jax", f"tests.planted_jax:{name}", "--mode", "order-free"]
+        doc = _ring_ref(*args, "--examples", "10", "--seed", "3", "--max-workers", "3", status=1)
+        jsonschema.validate(doc, SCHEMA)
+        assert doc["diagnoses"] == [code]
+        cex = doc["modes"]["order-free"]["counterexample"]
+        assert cex["ranks"] == [cex["n"] - 1]  # the last process, the one the bug is planted in
+        assert doc["replay"].startswith(f"ring-ref difftest --ranks jax tests.planted_jax:{name}")
+
+
+@pytest.mark.clause("jax-ranks")
+def test_ops_reach_a_jax_rank_by_name() -> None:
+    args = ["difftest", "--ranks", "jax", "ring_ref.targets:jax_psum_ranks", "--op", "max", "--mode"]
+    doc = _ring_ref(
+        *args, "order-free", "--examples", "3", "--max-workers", "3", "--dtypes", "float32", status=0
+    )
+    assert doc["op"] == "max" and doc["verdict"] == "pass"
+
+
+@pytest.mark.clause("jax-ranks")
+def test_a_hung_process_is_timed_out_with_every_ranks_stack() -> None:
+    args = ["difftest", "--ranks", "jax", "tests.planted_jax:psum_ranks_process_1_hangs", "--timeout", "5"]
+    doc = _ring_ref(
+        *args, "--mode", "bound", "--examples", "2", "--seed", "3", "--max-workers", "2", status=1
+    )
+    assert doc["diagnoses"] == ["timed-out"]
+    cex = doc["modes"]["bound"]["counterexample"]
+    assert cex["n"] == 2 and cex["ranks"] == [0, 1]  # rank 0 waits in the psum for rank 1
+    assert "in psum_ranks_process_1_hangs" in cex["stack"] and "in jax_psum_ranks" in cex["stack"]
