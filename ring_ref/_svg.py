@@ -336,11 +336,18 @@ def _place(tree: Tree, x: float, nodes: list[_Node], edges: list[tuple[_Node, _N
         leaf = (x, 0, 1, tree)
         nodes.append(leaf)
         return leaf, x + _LEAF_GAP
-    left, x = _place(tree[0], x, nodes, edges)
-    right, x = _place(tree[1], x, nodes, edges)
-    node = ((left[0] + right[0]) / 2, 1 + max(left[1], right[1]), left[2] + right[2], None)
+    children = []
+    for child in tree:
+        placed, x = _place(child, x, nodes, edges)
+        children.append(placed)
+    node = (
+        (children[0][0] + children[-1][0]) / 2,
+        1 + max(c[1] for c in children),
+        sum(c[2] for c in children),
+        None,
+    )
     nodes.append(node)
-    edges += [(node, left), (node, right)]
+    edges += [(node, child) for child in children]
     return node, x
 
 
