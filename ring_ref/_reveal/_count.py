@@ -85,6 +85,7 @@ class CountSearch:
     next_pid: int = 1
     failure: str | None = None
     asked: int = 0
+    spliced: bool = False
 
     @classmethod
     def start(cls, n: int) -> CountSearch:
@@ -107,6 +108,7 @@ class CountSearch:
             self.next_pid,
             self.failure,
             self.asked,
+            self.spliced,
         )
 
     def question(self) -> tuple[int, int] | None:
@@ -193,11 +195,14 @@ class CountSearch:
         self.forests[problem.pid] = (-1 - sub, self._new(rest, 0 if len(rest) == d else d))
 
     def _subtree(self, pid: int, members: list[int], pivot: int, counts: dict[int, int]) -> None:
-        """The path from ``pivot`` up through ``members``: levels of groups by ``L``, each searched later."""
+        """The path from ``pivot`` up through ``members``: levels of groups by ``L``, each searched later.
+
+        Nodes are built in canonical order: every child's leaves and smallest leaf are known here.
+        """
         by_count: dict[int, list[int]] = {}
         for j in sorted(counts):
             by_count.setdefault(counts[j], []).append(j)
-        levels: list[tuple[int, list[Tree]]] = []
+        levels: list[tuple[int, list[tuple[Tree, int, int]]]] = []
         size = 1
         for c in sorted(by_count):
             group = by_count[c]
@@ -206,17 +211,28 @@ class CountSearch:
                 return
             d, base = c - size, levels[-1][0] if levels else -1
             if d >= 1 and len(group) % d == 0:
-                levels.append((size, [self._new(group, 0 if d == len(group) else d)]))
+                levels.append((size, self._terms(group, d)))
             elif levels and c - base >= 1 and len(group) % (c - base) == 0:
-                levels[-1][1].append(self._new(group, 0 if c - base == len(group) else c - base))
+                levels[-1][1].extend(self._terms(group, c - base))
             else:
                 self._fail(pivot, counts, "a tree")
                 return
             size += len(group)
-        node: Tree = pivot
+        node: tuple[Tree, int, int] = (pivot, 1, pivot)
         for _, children in levels:
-            node = (node, *children)
-        self.built[pid] = node
+            terms = sorted([node, *children], key=lambda t: (-t[1], t[2]))
+            node = (tuple(t[0] for t in terms), sum(t[1] for t in terms), min(t[2] for t in terms))
+        self.built[pid] = node[0]
+
+    def _terms(self, group: list[int], d: int) -> list[tuple[Tree, int, int]]:
+        """``group`` as terms of ``d`` leaves each: ``(tree or reference, leaves, smallest leaf)``."""
+        if d == 1:
+            return [(w, 1, w) for w in group]
+        if d == len(group) == 2:
+            return [((group[0], group[1]), 2, group[0])]
+        if d < len(group):
+            self.spliced = True
+        return [(self._new(group, 0 if d == len(group) else d), d, group[0])]
 
     def _fail(self, pivot: int, counts: dict[int, int], what: str) -> None:
         shown = ", ".join(f"{j}: {c}" for j, c in sorted(counts.items())[:8])
@@ -238,7 +254,10 @@ class CountSearch:
                 return [node]
             return [tuple(t for child in node for t in resolve(child))]
 
-        return canonical(resolve(self.built[0])[0])
+        if self.next_pid == 1:
+            return self.built[0]
+        tree = resolve(self.built[0])[0]
+        return canonical(tree) if self.spliced else tree
 
 
 Counter = Callable[[torch.Tensor], object]

@@ -75,11 +75,6 @@ def leaves(tree: Tree) -> Leaves:
     return frozenset(_leaf_list(tree))
 
 
-def _size_and_min(tree: Tree) -> tuple[int, int]:
-    found = leaves(tree)
-    return len(found), min(found)
-
-
 def canonical(tree: Tree) -> Tree:
     """The one spelling of a tree: in every node the children with more leaves first, ties by smallest leaf.
 
@@ -89,11 +84,21 @@ def canonical(tree: Tree) -> Tree:
     >>> canonical((3, (1, (2, 0)))), canonical((4, (1, 0), 2, 3))
     ((((0, 2), 1), 3), ((0, 1), 2, 3, 4))
     """
-    if isinstance(tree, int):
-        return tree
-    children = [canonical(child) for child in tree]
-    keyed = sorted((-size, low, k) for k, (size, low) in enumerate(map(_size_and_min, children)))
-    return tuple(children[k] for _, _, k in keyed)
+    done: list[tuple[Tree, int, int]] = []
+    stack: list[tuple[Tree, bool]] = [(tree, False)]
+    while stack:
+        node, ready = stack.pop()
+        if isinstance(node, int):
+            done.append((node, 1, node))
+        elif not ready:
+            stack.append((node, True))
+            stack.extend((child, False) for child in reversed(node))
+        else:
+            children = sorted(done[len(done) - len(node) :], key=lambda c: (-c[1], c[2]))
+            del done[len(done) - len(node) :]
+            size, low = sum(c[1] for c in children), min(c[2] for c in children)
+            done.append((tuple(c[0] for c in children), size, low))
+    return done[0][0]
 
 
 def fold_tree(order: Sequence[int]) -> Tree:
