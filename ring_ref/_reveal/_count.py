@@ -209,14 +209,19 @@ class CountSearch:
             if c > len(members):
                 self._fail(pivot, counts, f"one subtree of {len(members)} leaves")
                 return
-            d, base = c - size, levels[-1][0] if levels else -1
-            if d >= 1 and len(group) % d == 0:
-                levels.append((size, self._terms(group, d)))
-            elif levels and c - base >= 1 and len(group) % (c - base) == 0:
-                levels[-1][1].extend(self._terms(group, c - base))
-            else:
+            # Its terms hang off a new node on the path (L = size + d) or off the last one (L = base + d);
+            # one term before several (a subtree before a multiway node's terms), a new node first.
+            new, last = c - size, c - levels[-1][0] if levels else 0
+            readings = [(new, True), (last, False)]
+            fitting = [(d, fresh) for d, fresh in readings if d >= 1 and len(group) % d == 0]
+            if not fitting:
                 self._fail(pivot, counts, "a tree")
                 return
+            d, fresh = min(fitting, key=lambda r: (r[0] != len(group), not r[1]))
+            if fresh:
+                levels.append((size, self._terms(group, d)))
+            else:
+                levels[-1][1].extend(self._terms(group, d))
             size += len(group)
         node: tuple[Tree, int, int] = (pivot, 1, pivot)
         for _, children in levels:
@@ -285,10 +290,10 @@ def count_rounds(
             return searches, member, calls
         plus = np.array([p[0] if p else -1 for p in pairs])[member]
         minus = np.array([p[1] if p else -1 for p in pairs])[member]
-        x = torch.full((n, m), unit, dtype=dtype)
-        cols = torch.from_numpy(np.flatnonzero(plus >= 0))
-        x[torch.from_numpy(plus)[cols], cols] = big
-        x[torch.from_numpy(minus)[cols], cols] = -big
+        cols = np.flatnonzero(plus >= 0)
+        values = np.full((n, m), unit, dtype=np.float32 if dtype != torch.float64 else np.float64)
+        values[plus[cols], cols], values[minus[cols], cols] = big, -big
+        x = torch.from_numpy(values).to(dtype)
         out = call_target(target, x, m).to(torch.float64).numpy() / unit
         calls += 1
         whole = np.isfinite(out) & (out == np.round(out)) & (out >= 0) & (out <= n)
