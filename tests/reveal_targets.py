@@ -11,6 +11,7 @@ measures the same targets.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -171,6 +172,12 @@ def three_chains_fused_tree(n: int, e: int) -> Spelt:
 def wide_accumulator(x: torch.Tensor) -> torch.Tensor:
     """Float64 accumulation of narrower data, rounded once: the exact sum correctly rounded here."""
     return x.to(torch.float64).sum(0).to(x.dtype)
+
+
+def fsum_accumulator(x: torch.Tensor) -> torch.Tensor:
+    """``math.fsum`` per element: the exact sum correctly rounded in float64 (a compensated sum)."""
+    columns = x.to(torch.float64).T.tolist()
+    return torch.tensor([math.fsum(column) for column in columns], dtype=torch.float64).to(x.dtype)
 
 
 def sorted_sum(x: torch.Tensor) -> torch.Tensor:

@@ -14,9 +14,9 @@ subtrees hanging off the path from ``i`` to the root, in order, and each group
 is searched the same way.  A group of ``g`` leaves at ``L = base + d`` with
 ``d < g`` is ``g / d`` sibling terms of ``d`` leaves each at one multiway
 node.  Every pair is asked at most once (``N (N - 1) / 2`` calls at most);
-the first pivot is chosen from two questions, ``(0, 1)`` and ``(1, 2)``, so
-that a fold of any ring of the family starts at its first worker and costs
-``N + 1`` calls.  Elements whose answers agree so far share one search, and
+the first pivot is chosen from two questions, ``(0, 1)`` and ``(1, 2)`` (and
+``(2, 3)`` where both directions fit them), so that a fold of any ring of the
+family starts at its first worker and costs at most ``N + 2`` calls.  Elements whose answers agree so far share one search, and
 every search asks its next question in the same call.
 """
 
@@ -119,6 +119,9 @@ class CountSearch:
             if self.current is None:
                 if not self.pending:
                     return None
+                if self.pending[-1].pid == 0 and self.n >= 5 and len(self.known) == 2 and len(self._folds()) > 1:
+                    self.hints.append((2, 3))  # both directions fit: one more hint tells them apart
+                    continue
                 self._begin(self.pending.pop())
                 continue
             if self.to_ask:
@@ -163,19 +166,23 @@ class CountSearch:
         self.to_ask = sorted((w for w in members if w != self.pivot), reverse=True)
         self.counts = {}
 
+    def _folds(self) -> list[int]:
+        """The first workers of the folds of the ring family (step +1, then -1) that fit the hints."""
+        n, s = self.n, np.arange(self.n)
+        starts = []
+        for step in (1, -1):
+            fits = np.ones(n, dtype=bool)
+            for (a, b), swamped in self.known.items():
+                fits &= np.maximum((step * (a - s)) % n, (step * (b - s)) % n) + 1 == swamped
+            starts += np.flatnonzero(fits).tolist()
+        return starts
+
     def _pivot(self, problem: _Problem) -> int:
-        """The first worker of a fold of the ring family that fits the hint answers, else the smallest."""
+        """The first worker of a fold of the ring family that fits the hints, else the smallest."""
         if problem.pid != 0 or self.n < 4:
             return min(problem.members)
-        n, s = self.n, np.arange(self.n)
-        for step in (1, -1):
-            pos = [(step * (w - s)) % n for w in range(3)]
-            fits = np.ones(n, dtype=bool)
-            for a, b in _HINTS:
-                fits &= np.maximum(pos[a], pos[b]) + 1 == self.known[(a, b)]
-            if fits.any():
-                return int(np.flatnonzero(fits)[0])
-        return 0
+        starts = self._folds()
+        return starts[0] if starts else 0
 
     def _finish(self) -> None:
         problem, pivot, counts = self.current, self.pivot, self.counts
