@@ -39,7 +39,7 @@ def _leaves(tree: Spelt) -> list[int]:
     return [tree] if isinstance(tree, int) else [w for child in tree for w in _leaves(child)]
 
 
-def chain(order: list[int]) -> Spelt:
+def chain(order: list[Spelt]) -> Spelt:
     """The left fold of ``order`` as nested lists."""
     tree: Spelt = order[0]
     for w in order[1:]:
@@ -142,14 +142,13 @@ def _fused(parts: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
 def fused_groups(x: torch.Tensor) -> torch.Tensor:
     """Each group of 8 consecutive workers added in one fused (multiway) addition, then a ring across
     the groups' sums starting at group ``e mod G`` (NVLS-like: a switch reduces a node's GPUs at once)."""
-    n, m = x.shape
-    groups = _groups(n, 8)
+    groups = _groups(x.shape[0], 8)
     partial = torch.stack([_fused([x[w] for w in members], x.dtype) for members in groups])
     return ring_fold(partial)
 
 
 def fused_groups_tree(n: int, e: int) -> Spelt:
-    groups = [list(members) if len(members) >= 3 else chain(members) for members in _groups(n, 8)]
+    groups: list[Spelt] = [members if len(members) >= 3 else chain(members) for members in _groups(n, 8)]
     big = len(groups)
     return spelt(chain([groups[(e % big + u) % big] for u in range(big)]))
 

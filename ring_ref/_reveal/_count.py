@@ -16,8 +16,9 @@ is searched the same way.  A group of ``g`` leaves at ``L = base + d`` with
 node.  Every pair is asked at most once (``N (N - 1) / 2`` calls at most);
 the first pivot is chosen from two questions, ``(0, 1)`` and ``(1, 2)`` (and
 ``(2, 3)`` where both directions fit them), so that a fold of any ring of the
-family starts at its first worker and costs at most ``N + 2`` calls.  Elements whose answers agree so far share one search, and
-every search asks its next question in the same call.
+family starts at its first worker and costs at most ``N + 2`` calls.
+Elements whose answers agree so far share one search, and every search asks
+its next question in the same call.
 """
 
 from __future__ import annotations
@@ -119,7 +120,12 @@ class CountSearch:
             if self.current is None:
                 if not self.pending:
                     return None
-                if self.pending[-1].pid == 0 and self.n >= 5 and len(self.known) == 2 and len(self._folds()) > 1:
+                if (
+                    self.pending[-1].pid == 0
+                    and self.n >= 5
+                    and len(self.known) == 2
+                    and len(self._folds()) > 1
+                ):
                     self.hints.append((2, 3))  # both directions fit: one more hint tells them apart
                     continue
                 self._begin(self.pending.pop())

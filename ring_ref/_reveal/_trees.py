@@ -9,10 +9,9 @@ spelling (clause ``reveal-trees``); a fold of workers in some order is a chain.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
-
-import math
 
 import numpy as np
 import numpy.typing as npt
@@ -241,7 +240,8 @@ def evaluate(tree: Tree, x: torch.Tensor) -> torch.Tensor:
 def _quantum(values: npt.NDArray[np.float64], fmt: FloatFormat) -> npt.NDArray[np.float64]:
     """The spacing of ``fmt``'s values at each of ``values`` (its subnormal spacing below ``2**emin``)."""
     _, exponent = np.frexp(np.where(values == 0, 1.0, values))
-    return np.ldexp(1.0, np.maximum(exponent - 1, fmt.emin) - fmt.precision + 1)
+    quantum: npt.NDArray[np.float64] = np.ldexp(1.0, np.maximum(exponent - 1, fmt.emin) - fmt.precision + 1)
+    return quantum
 
 
 def _round_to(values: npt.NDArray[np.float64], fmt: FloatFormat) -> npt.NDArray[np.float64]:

@@ -169,7 +169,9 @@ def read_order(path: Path) -> tuple[int, int, str, list[Tree], Layout]:
     kinds = doc.get("kinds", ["tree"] * m)
     if not isinstance(kinds, list) or len(kinds) != m:
         raise OrderError(f"{str(path)!r}: kinds must list one kind per element (m = {m})")
-    trees = [list(range(n)) if kind == "exact" and n >= 3 else t for t, kind in zip(trees, kinds, strict=True)]
+    trees = [
+        list(range(n)) if kind == "exact" and n >= 3 else t for t, kind in zip(trees, kinds, strict=True)
+    ]
     missing = [e for e, t in enumerate(trees) if t is None]
     if missing:
         raise OrderError(
