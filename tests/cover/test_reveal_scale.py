@@ -21,6 +21,7 @@ import torch
 from ring_ref import RingSchedule, ring_all_reduce
 from ring_ref._cli import main
 from ring_ref._reveal import RevealError, reveal
+from ring_ref._svg import reveal_svg
 from ring_ref.difftest._orders import read_order
 from tests import reveal_targets as rt
 from tests.paths import ROOT
@@ -198,3 +199,17 @@ def test_hand_built_trees_at_n_1024(name: str) -> None:
         assert reveal(rt.sorted_sum, n, 2).kinds == ["none"] * 2
     else:
         _check_all(name, n, 3)
+
+
+@pytest.mark.clause("reveal-report")
+def test_pictures_stay_readable_at_large_n() -> None:
+    """A fold drawn as its chain (start and direction), a tree by level, runs sharing a tree once."""
+    n = 100
+    ring = reveal(rt.ring_fold, n, 2 * n + 1, checks=1)
+    svg = reveal_svg(ring)
+    assert svg.count('class="tree"') == n and svg.count('class="leaf"') == 0
+    assert "a fold (chain) of 100 workers: starts 0, 1, steps +1 around the ring, ends 99" in svg
+    assert "elements 0, 100, 200: fold 0,1,2," in svg
+    tree = reveal_svg(reveal(rt.fused_groups, n, 1, checks=1))
+    assert "depth 1: 2 additions of 1 x 96 leaves, 1 x 4 leaves (4 terms at once)" in tree
+    assert "depth 2: 2 additions of 1 x 88 leaves, 1 x 8 leaves (8 terms at once)" in tree
