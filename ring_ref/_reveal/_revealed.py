@@ -168,8 +168,9 @@ class Revealed:
         lines.append(f"classification: {self.classification}{ring}")
         lines.append(f"matches presets: {', '.join(self.matches) if self.matches else 'none'}")
         lines.append(
-            f"calls: {self.calls} ({self.probe_calls} probing, {self.count_calls} of them counting, "
-            f"{self.confirm_calls} confirming, "
+            f"calls: {self.calls} ({self.probe_calls} probing, "
+            + (f"{self.count_calls} of them counting, " if self.count_calls else "")
+            + f"{self.confirm_calls} confirming, "
             f"{self.check_calls} checking on random inputs); time {self.seconds:.2f} s"
         )
         return "\n".join(lines)
