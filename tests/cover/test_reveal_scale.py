@@ -157,7 +157,7 @@ def test_count_probes_in_every_dtype(dtype: str, n: int) -> None:
     assert trees == [rt.ring_fold_tree(n, e) for e in range(3)] and found.dtype == dtype
 
 
-@pytest.mark.clause("reveal-counts")
+@pytest.mark.clause("reveal-counts", "reveal-limits")
 def test_a_target_that_does_not_count_is_named() -> None:
     found = reveal(lambda x: rt.linear_fold(x) * 1.5, 30, 2)
     reason = found.reasons[0]
@@ -167,7 +167,7 @@ def test_a_target_that_does_not_count_is_named() -> None:
         reveal(rt.linear_fold, 257, 1, "bfloat16")
 
 
-@pytest.mark.clause("reveal-report", "difftest-exact-orders")
+@pytest.mark.clause("reveal-report", "difftest-exact-orders", "reveal-multiway")
 def test_order_files_of_version_2_serve_multiway_and_exact(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
