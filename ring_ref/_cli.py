@@ -382,7 +382,7 @@ def _reveal_arguments(parser: argparse.ArgumentParser) -> None:
         "--dtype",
         choices=tuple(_reveal.LIMITS),
         default="float32",
-        help="float32 (N <= 24, the default) or float64 (N <= 53)",
+        help="float32 (the default) or float64 (N <= 65536), float16 (N <= 2048), bfloat16 (N <= 256)",
     )
     parser.add_argument(
         "--checks", type=int, default=_reveal.CHECKS, help="random-input bitwise checks (default 4)"

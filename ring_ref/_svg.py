@@ -37,12 +37,22 @@ tree, from the same ramp, with a legend of the trees.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import xml.etree.ElementTree as ET
 
 from ring_ref._invariance import Invariance
-from ring_ref._reveal import Revealed, Tree, display_tree, format_tree, tree_ids, tree_to_json
+from ring_ref._reveal import (
+    Revealed,
+    Tree,
+    chain_order,
+    display_tree,
+    format_tree,
+    leaves,
+    tree_ids,
+    tree_to_json,
+)
 from ring_ref._trace import DIVIDE, RoundRecord, operation
 from ring_ref.invariants import is_complete
 from ring_ref.schedule import REDUCE_SCATTER
@@ -343,12 +353,54 @@ def _place(tree: Tree, x: float, nodes: list[_Node], edges: list[tuple[_Node, _N
         leaf = (x, 0, 1, tree)
         nodes.append(leaf)
         return leaf, x + _LEAF_GAP
-    left, x = _place(tree[0], x, nodes, edges)
-    right, x = _place(tree[1], x, nodes, edges)
-    node = ((left[0] + right[0]) / 2, 1 + max(left[1], right[1]), left[2] + right[2], None)
+    children = []
+    for child in tree:
+        placed, x = _place(child, x, nodes, edges)
+        children.append(placed)
+    node = (
+        (children[0][0] + children[-1][0]) / 2,
+        1 + max(c[1] for c in children),
+        sum(c[2] for c in children),
+        None,
+    )
     nodes.append(node)
-    edges += [(node, left), (node, right)]
+    edges += [(node, child) for child in children]
     return node, x
+
+
+_DRAWN_LEAVES = 64
+"""Trees of more leaves are drawn collapsed: a fold as its chain, any other tree by level."""
+
+
+def _collapsed(tree: Tree, n: int) -> list[str]:
+    """A large tree in a few lines: a fold's start, direction and end; else each depth's additions."""
+    chain = chain_order(tree)
+    if chain is not None:
+        step = (chain[1] - chain[0]) % n
+        direction = {1: "+1", n - 1: "-1"}.get(step) if len(chain) == n else None
+        steady = direction is not None and all((b - a) % n == step for a, b in itertools.pairwise(chain))
+        how = f"steps {direction} around the ring" if steady else "goes on in its own order"
+        return [
+            f"a fold (chain) of {len(chain)} workers: starts {chain[0]}, {chain[1]}, {how}, ends {chain[-1]}"
+        ]
+    lines: list[str] = []
+    level, depth = [tree], 0
+    while level and len(lines) < 16:
+        inner = [node for node in level if not isinstance(node, int)]
+        if inner:
+            sizes: dict[tuple[int, int], int] = {}
+            for node in inner:
+                key = (len(leaves(node)), len(node))
+                sizes[key] = sizes.get(key, 0) + 1
+            shown = ", ".join(
+                f"{count} x {size} leaves" + (f" ({terms} terms at once)" if terms > 2 else "")
+                for (size, terms), count in sorted(sizes.items(), reverse=True)[:6]
+            )
+            lines.append(f"depth {depth}: {len(inner)} additions of {shown}")
+        level, depth = [child for node in inner for child in node], depth + 1
+    if level and len(lines) == 16:
+        lines.append("... (deeper levels left out)")
+    return lines
 
 
 def _heading(found: Revealed, tree: Tree) -> str:
@@ -368,7 +420,16 @@ def _tree_panel(
         panel, "rect", x=_fmt(PAD), y=_fmt(y0), width="0", height="0", rx="6", fill=_PANEL, stroke=_PANEL_EDGE
     )
     heading = _heading(found, tree)
+    if len(heading) > 160:
+        heading = heading[:157] + "..."
     _add(panel, "text", heading, x=_fmt(2 * PAD), y=_fmt(y0 + 16), class_="title heading")
+    if len(leaves(tree)) > _DRAWN_LEAVES:
+        lines = _collapsed(tree, found.n)
+        for k, line in enumerate(lines):
+            _add(panel, "text", line, x=_fmt(2 * PAD), y=_fmt(y0 + TITLE_H + 16 * (k + 1)), class_="title")
+        tall = float(TITLE_H + 16 * len(lines) + PAD)
+        box.set("height", _fmt(tall))
+        return box, 8.0 * max(len(heading), *map(len, lines)) + 2 * PAD, tall
     nodes: list[_Node] = []
     edges: list[tuple[_Node, _Node]] = []
     root, right = _place(display_tree(tree), 2 * PAD + 20, nodes, edges)
@@ -411,6 +472,7 @@ def reveal_svg(found: Revealed) -> str:
     """
     panels = ET.Element("g")
     boxes: list[ET.Element] = []
+    # runs of elements sharing a tree are one panel, titled with their runs (clause reveal-report)
     y, width = float(PAD), 2.0 * PAD + 200
     for tree in found.distinct():
         box, panel_width, height = _tree_panel(panels, found, tree, y)

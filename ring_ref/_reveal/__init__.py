@@ -25,31 +25,37 @@ survived, one pair of workers per call (``N^2`` calls).  Here:
   makes a ring fold cost about ``N`` calls.
 * **Checked.**  A subtree that was inferred rather than seen is asked once
   more (its two sides must swamp everything else in it), and the trees are then
-  evaluated on random inputs and compared with the target bit for bit.  An
-  element whose answers fit no binary tree of additions in the dtype -- a
-  wider accumulator rounding once, a fused or compensated sum -- gets no
-  tree (``None``), never a wrong one.
+  evaluated on random inputs and compared with the target bit for bit.
+* **Counts beyond.**  Where ``N`` exceeds the significand, and for elements
+  whose set answers fit no binary tree, FPRev's count probes (units instead
+  of powers of two; clause ``reveal-counts``) with its pivot recursion, every
+  element its own question per call: a ring's fold in at most ``N + 2`` calls.
+  They also read multiway nodes (``k >= 3`` terms rounded once) and name an
+  element whose outputs are the exact sum correctly rounded ``exact``; any
+  other element that no tree explains gets none (``None``), with the reason.
 
-Limits: the small values must add exactly (``N`` bits of the significand), so
-``N <= 24`` in float32 and ``N <= 53`` in float64 (clause ``reveal-limits``).
+Limits (clause ``reveal-limits``): ``N <= 65536`` in float32 and float64,
+2048 in float16, 256 in bfloat16 (counts of ``N`` units must be exact).
 
-The modules, each one job: ``_trees`` (tree algebra and its JSON),
+The modules, each one job: ``_trees`` (tree algebra, exact sums and JSON),
 ``_target`` (the limits and a checked call of the target), ``_probe`` (the
-probing search), ``_check`` (the random-input check), ``_fit`` (ring
-fitting), ``_revealed`` (``reveal()`` and its report).  The picture is
+set-probe search, then counts), ``_count`` (the count-probe search),
+``_check`` (the random-input check), ``_fit`` (ring fitting), ``_revealed``
+(``reveal()`` and its report).  The picture is
 :func:`ring_ref._svg.reveal_svg`.
 """
 
 from ring_ref._reveal._check import CHECKS
 from ring_ref._reveal._fit import fit_ring, ring_trees
-from ring_ref._reveal._revealed import REVEAL_FORMAT, REVEAL_VERSION, Classification, Revealed, reveal
-from ring_ref._reveal._target import LIMITS, RevealError, check_reveal_size
+from ring_ref._reveal._revealed import REVEAL_FORMAT, REVEAL_VERSION, Classification, Kind, Revealed, reveal
+from ring_ref._reveal._target import LIMITS, SET_LIMITS, RevealError, check_reveal_size
 from ring_ref._reveal._trees import (
     Tree,
     canonical,
     chain_order,
     display_tree,
     evaluate,
+    exact_sum,
     fold_tree,
     format_tree,
     leaves,
@@ -63,7 +69,9 @@ __all__ = [
     "LIMITS",
     "REVEAL_FORMAT",
     "REVEAL_VERSION",
+    "SET_LIMITS",
     "Classification",
+    "Kind",
     "RevealError",
     "Revealed",
     "Tree",
@@ -72,6 +80,7 @@ __all__ = [
     "check_reveal_size",
     "display_tree",
     "evaluate",
+    "exact_sum",
     "fit_ring",
     "fold_tree",
     "format_tree",

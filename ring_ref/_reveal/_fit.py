@@ -9,6 +9,7 @@ equal the target's on the checking inputs.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import numpy as np
@@ -18,8 +19,8 @@ import torch
 from ring_ref._chunks import chunk_bounds
 from ring_ref._dispatch import ring_all_reduce
 from ring_ref._dtypes import FORMATS, bits
-from ring_ref._reveal._trees import Tree, fold_tree, tree_ids
-from ring_ref.schedule import LAYOUTS, PRESETS, Layout, RingSchedule, Schedule
+from ring_ref._reveal._trees import Tree, chain_order, fold_tree, tree_ids
+from ring_ref.schedule import LAYOUTS, PRESETS, ChainSchedule, Layout, RingSchedule, Schedule
 
 __all__ = ["RingFit", "chunk_index", "fit_ring", "ring_trees"]
 
@@ -47,23 +48,54 @@ def ring_trees(ring: Schedule, n: int, m: int, dtype_name: str) -> list[Tree] | 
     return [per_chunk[c] for c in chunk_index(ring.layout, n, m, dtype_name).tolist()]
 
 
+def _fold_key(tree: Tree, n: int) -> int:
+    """For ``N >= 4``, a fold stepping ``d = +-1`` through the workers as ``2 w + (d < 0)``, ``w`` its
+    third worker (which, with ``d``, names the fold); ``-1`` for any other tree.
+
+    >>> _fold_key(fold_tree([2, 3, 0, 1]), 4), _fold_key(fold_tree([2, 1, 0, 3]), 4)
+    (0, 1)
+    """
+    chain = chain_order(tree)
+    if chain is None or len(chain) != n:
+        return -1
+    step = (chain[1] - chain[0]) % n
+    if step not in (1, n - 1) or any((b - a) % n != step for a, b in itertools.pairwise(chain)):
+        return -1
+    return 2 * chain[2] + (step != 1)
+
+
 class RingFit:
-    """Each element's tree as an id (``-1``: none), to test whole rings against them in one comparison."""
+    """Each element's tree as an id (``-1``: none), to test whole rings against them in one comparison.
+
+    For ``N >= 4`` a ring's fold of chunk ``c`` is named by its third worker
+    ``c + k + 2 d`` and ``d`` (:func:`_fold_key`), so a ring is tested without
+    building its ``N`` trees; smaller rings compare the trees themselves.
+    """
 
     def __init__(self, ids: npt.NDArray[np.int64], distinct: Sequence[Tree], n: int, dtype_name: str) -> None:
         self.n, self.m, self.dtype = n, len(ids), dtype_name
-        self.found = ids
         self.ids = {t: k for k, t in enumerate(distinct)}
+        keys = np.array([_fold_key(t, n) for t in distinct] if n >= 4 else range(len(distinct)), np.int64)
+        self.found = np.where(ids >= 0, keys[np.maximum(ids, 0)] if len(keys) else -1, -1)
+        self.complete = bool((ids >= 0).all())
         self.chunk_of: dict[Layout, npt.NDArray[np.int64]] = {}
+
+    def _per_chunk(self, ring: Schedule) -> npt.NDArray[np.int64]:
+        if self.n >= 4 and isinstance(ring, ChainSchedule):
+            # every chunk the fold 0, 1, 2, ...: third worker 2, direction +1
+            return np.full(self.n, 2 * 2, np.int64)
+        if self.n >= 4 and isinstance(ring, RingSchedule):
+            third = (np.arange(self.n) + ring.offset + 2 * ring.direction) % self.n
+            return 2 * third + (ring.direction < 0)
+        return np.array([self.ids.get(tree, -1) for tree in _chunk_folds(ring, self.n)], np.int64)
 
     def fits(self, ring: Schedule) -> bool:
         """Whether every element's tree is its chunk's fold under ``ring``."""
-        if (self.found < 0).any() or (ring.layout == "even" and self.m % self.n):
+        if not self.complete or (ring.layout == "even" and self.m % self.n):
             return False
         if ring.layout not in self.chunk_of:
             self.chunk_of[ring.layout] = chunk_index(ring.layout, self.n, self.m, self.dtype)
-        per_chunk = [self.ids.get(tree, -1) for tree in _chunk_folds(ring, self.n)]
-        return bool(np.array_equal(np.array(per_chunk)[self.chunk_of[ring.layout]], self.found))
+        return bool(np.array_equal(self._per_chunk(ring)[self.chunk_of[ring.layout]], self.found))
 
     def first_ring(self) -> RingSchedule | None:
         """The first ring of the family that fits: the ring presets, then ``d = +1, -1``, ``k = 0 .. N - 1``,

@@ -22,7 +22,8 @@ import numpy.typing as npt
 import torch
 
 from ring_ref._dtypes import FORMATS
-from ring_ref._reveal._target import DTYPES, call_target
+from ring_ref._reveal._count import CountSearch, count_rounds
+from ring_ref._reveal._target import DTYPES, SET_LIMITS, call_target
 from ring_ref._reveal._trees import Leaves, Tree, canonical
 
 __all__ = ["Verdict", "probe"]
@@ -306,10 +307,10 @@ Verdict = tuple[Tree | None, str | None]
 """An element's tree, or ``None`` and the reason why none."""
 
 
-def probe(
+def _set_probe(
     target: Callable[[torch.Tensor], object], n: int, m: int, dtype_name: str, seed: int
-) -> tuple[list[Verdict], npt.NDArray[np.int64], int, int]:
-    """The probing and confirming calls: the distinct verdicts, each element's, and the two call counts."""
+) -> tuple[_Groups, int, int]:
+    """The set probes and their confirming calls: the final groups and the two call counts."""
     first = _Knowledge(n)
     if n >= 2:
         first.nodes.add(frozenset(range(n)))
@@ -320,9 +321,44 @@ def probe(
     confirm_calls = _rounds(
         target, groups, n, dtype_name, plan=_plan_confirm, learn=_learn_confirm, limit=4 * n + 8
     )
+    return groups, probe_calls, confirm_calls
+
+
+def probe(
+    target: Callable[[torch.Tensor], object], n: int, m: int, dtype_name: str, seed: int
+) -> tuple[list[Verdict], npt.NDArray[np.int64], int, int, int]:
+    """The probing and confirming calls: the distinct verdicts, each element's, and the call counts
+    (probing, of which counting, and confirming).
+
+    Set probes where ``N`` fits the significand (clause ``reveal-probes``);
+    count probes (clause ``reveal-counts``) beyond, and for the elements whose
+    set-probe answers fit no binary tree (a multiway node, an exact sum).
+    """
     index: dict[Verdict, int] = {}
-    of_group = [
-        index.setdefault((None, s.failure) if s.failure is not None else (s.tree(), None), len(index))
-        for s in groups.states
+    if n <= SET_LIMITS.get(dtype_name, 0):
+        groups, probe_calls, confirm_calls = _set_probe(target, n, m, dtype_name, seed)
+        of_group = [
+            index.setdefault((None, s.failure) if s.failure is not None else (s.tree(), None), len(index))
+            for s in groups.states
+        ]
+        of = np.array(of_group, dtype=np.int64)[groups.member]
+        failed = np.array([tree is None for tree, _ in index], dtype=bool)[of]
+    else:
+        probe_calls = confirm_calls = 0
+        of, failed = np.zeros(m, dtype=np.int64), np.ones(m, dtype=bool)
+    if not failed.any():
+        return list(index), of, probe_calls, 0, confirm_calls
+    searches, member, count_calls = count_rounds(
+        target, [None, CountSearch.start(n)], failed.astype(np.int64), n, dtype_name
+    )
+    by_search = [
+        -1
+        if search is None
+        else index.setdefault(
+            (None, search.failure) if search.failure is not None else (search.tree(), None), len(index)
+        )
+        for search in searches
     ]
-    return list(index), np.array(of_group, dtype=np.int64)[groups.member], probe_calls, confirm_calls
+    found = np.array(by_search, dtype=np.int64)[member]
+    of = np.where(failed, found, of)
+    return list(index), of, probe_calls + count_calls, count_calls, confirm_calls

@@ -8,9 +8,10 @@
 from __future__ import annotations
 
 import itertools
+import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 import numpy as np
@@ -24,12 +25,31 @@ from ring_ref._reveal._target import check_reveal_size
 from ring_ref._reveal._trees import Tree, chain_order, format_tree, tree_ids, tree_to_json
 from ring_ref.schedule import RingSchedule
 
-__all__ = ["REVEAL_FORMAT", "REVEAL_VERSION", "Classification", "Revealed", "reveal"]
+__all__ = ["REVEAL_FORMAT", "REVEAL_VERSION", "Classification", "Kind", "Revealed", "reveal"]
 
 REVEAL_FORMAT: Final = "ring-ref-reveal"
-REVEAL_VERSION: Final = 1
+REVEAL_VERSION: Final = 2
 
 Classification = Literal["ring", "folds", "trees", "partly-trees", "no-tree"]
+
+Kind = Literal["tree", "exact", "none"]
+"""An element's kind: a tree of additions, the ``exact`` sum rounded once, or ``none`` (with the reason)."""
+
+
+def _exact_verdicts(verdicts: list[Verdict], n: int, dtype: str, checks: int, calls: int) -> frozenset[int]:
+    """Turn the verdicts whose tree is one multiway node of every worker into ``exact`` (clause
+    ``reveal-exact``): no tree, the evidence as the reason; their indices."""
+    exact = []
+    for v, (tree, _) in enumerate(verdicts):
+        if n >= 3 and isinstance(tree, tuple) and len(tree) == n:
+            verdicts[v] = (
+                None,
+                f"on every probe ({calls} calls) and on {checks} random inputs the output is the exact sum "
+                f"correctly rounded to {dtype} (a wider or compensated accumulator, or one fused "
+                f"{n}-term addition)",
+            )
+            exact.append(v)
+    return frozenset(exact)
 
 
 def _element_ids(
@@ -56,6 +76,8 @@ class Revealed:
     confirm_calls: int
     check_calls: int
     seconds: float
+    count_calls: int = 0
+    exact: frozenset[int] = field(default_factory=frozenset)
 
     @property
     def calls(self) -> int:
@@ -72,6 +94,15 @@ class Revealed:
     def reasons(self) -> list[str | None]:
         """Why an element has no tree (``None`` where it has one)."""
         per = [reason for _, reason in self.verdicts]
+        return [per[v] for v in self.of.tolist()]
+
+    @property
+    def kinds(self) -> list[Kind]:
+        """Each element's kind: ``tree``, ``exact`` (the exact sum correctly rounded) or ``none``."""
+        per: list[Kind] = [
+            "exact" if v in self.exact else "none" if tree is None else "tree"
+            for v, (tree, _) in enumerate(self.verdicts)
+        ]
         return [per[v] for v in self.of.tolist()]
 
     def tree_index(self) -> tuple[npt.NDArray[np.int64], list[Tree]]:
@@ -124,8 +155,9 @@ class Revealed:
             if chunk is not None:
                 span += f" (chunk {chunk[first]})"
             if tree is None:
-                why = reasons[int(self.of[first])]
-                lines.append(f"  {span}: no tree of {self.dtype} additions explains it ({why})")
+                v = int(self.of[first])
+                kind = "exact: " if v in self.exact else ""
+                lines.append(f"  {span}: {kind}no tree of {self.dtype} additions explains it ({reasons[v]})")
             else:
                 lines.append(f"  {span}: {format_tree(tree)}")
         ring = (
@@ -136,7 +168,9 @@ class Revealed:
         lines.append(f"classification: {self.classification}{ring}")
         lines.append(f"matches presets: {', '.join(self.matches) if self.matches else 'none'}")
         lines.append(
-            f"calls: {self.calls} ({self.probe_calls} probing, {self.confirm_calls} confirming, "
+            f"calls: {self.calls} ({self.probe_calls} probing, "
+            + (f"{self.count_calls} of them counting, " if self.count_calls else "")
+            + f"{self.confirm_calls} confirming, "
             f"{self.check_calls} checking on random inputs); time {self.seconds:.2f} s"
         )
         return "\n".join(lines)
@@ -159,11 +193,22 @@ class Revealed:
             "m": self.m,
             "dtype": self.dtype,
             "trees": self.json_trees(),
+            "kinds": self.kinds,
+            "notes": [
+                {"first": first, "last": last, "reason": self.verdicts[int(self.of[first])][1]}
+                for first, last, tree in self.runs()
+                if tree is None
+            ],
             "ring": ring,
             "matches": list(self.matches),
             "classification": self.classification,
             "calls": self.calls,
-            "callsBy": {"probe": self.probe_calls, "confirm": self.confirm_calls, "check": self.check_calls},
+            "callsBy": {
+                "probe": self.probe_calls,
+                "count": self.count_calls,
+                "confirm": self.confirm_calls,
+                "check": self.check_calls,
+            },
             "seconds": round(self.seconds, 4),
         }
 
@@ -180,15 +225,19 @@ def reveal(
 ) -> Revealed:
     """The summation tree of each of the ``m`` result elements of ``target`` on ``(n, m)`` inputs.
 
-    ``target`` takes a ``(n, m)`` tensor of ``dtype`` (``"float32"`` or
-    ``"float64"``) and returns the ``(m,)`` sum over workers, like
-    :func:`ring_ref.ring_all_reduce`.  Raises :class:`RevealError` beyond the
-    limits or when the target raises or returns the wrong shape or dtype.
+    ``target`` takes a ``(n, m)`` tensor of ``dtype`` (``"float32"``,
+    ``"float64"``, ``"float16"`` or ``"bfloat16"``) and returns the ``(m,)`` sum
+    over workers, like :func:`ring_ref.ring_all_reduce`.  Raises
+    :class:`RevealError` beyond the limits or when the target raises or returns
+    the wrong shape or dtype.
     """
     check_reveal_size(n, m, dtype)
+    # A fold of N workers is a tree N deep; comparing, hashing and printing it recurse that far.
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 8 * n + 1000))
     start = time.perf_counter()
-    verdicts, of, probe_calls, confirm_calls = probe(target, n, m, dtype, seed)
+    verdicts, of, probe_calls, count_calls, confirm_calls = probe(target, n, m, dtype, seed)
     inputs, outputs = check_on_random_inputs(target, verdicts, of, n, dtype, checks=checks, seed=seed)
+    exact = _exact_verdicts(verdicts, n, dtype, len(inputs), probe_calls + confirm_calls)
     fit = RingFit(*_element_ids(verdicts, of), n, dtype)
     return Revealed(
         target=name,
@@ -203,4 +252,6 @@ def reveal(
         confirm_calls=confirm_calls,
         check_calls=len(inputs),
         seconds=time.perf_counter() - start,
+        count_calls=count_calls,
+        exact=exact,
     )

@@ -1,7 +1,9 @@
 """What reveal asks of a target: the sizes it can probe (clause ``reveal-limits``) and a checked call.
 
-The ``N`` small probe values ``2^0 .. 2^(N-1)`` must add exactly, so ``N``
-is at most the significand's bits: 24 in float32, 53 in float64.  A target is
+Set probes need the ``N`` small values ``2^0 .. 2^(N-1)`` to add exactly, so
+``N`` at most the significand's bits: 24 in float32, 53 in float64.  Count
+probes need counts of up to ``N`` units to be exact: ``N <= 2^p``, so 2048 in
+float16 and 256 in bfloat16; float32 and float64 are capped at 65536.  A target is
 called on ``(N, M)`` tensors and must return the ``(M,)`` sum over workers in
 the same dtype; one that raises or returns anything else is a
 :class:`RevealError`, never a wrong tree.
@@ -16,13 +18,28 @@ import torch
 
 from ring_ref._dtypes import FORMATS
 
-__all__ = ["DTYPES", "LIMITS", "RevealError", "call_target", "check_reveal_size"]
+__all__ = ["DTYPES", "LIMITS", "SET_LIMITS", "RevealError", "call_target", "check_reveal_size"]
 
-LIMITS: Final[dict[str, int]] = {
+SET_LIMITS: Final[dict[str, int]] = {
     "float32": FORMATS["float32"].precision,
     "float64": FORMATS["float64"].precision,
 }
-"""The largest ``N`` per dtype: the ``N`` small probe values must add exactly."""
+"""The largest ``N`` of set probes per dtype: the ``N`` small probe values must add exactly."""
+
+LIMITS: Final[dict[str, int]] = {
+    "float16": 2 ** FORMATS["float16"].precision,
+    "bfloat16": 2 ** FORMATS["bfloat16"].precision,
+    "float32": 65536,
+    "float64": 65536,
+}
+"""The largest ``N`` per dtype: counts of up to ``N`` units exact (``2^p``), float32 and float64 capped."""
+
+_WHY: Final[dict[str, str]] = {
+    "float16": "counts of up to N units must be exact in the 11-bit significand",
+    "bfloat16": "counts of up to N units must be exact in the 8-bit significand",
+    "float32": "reveal caps N there (the probes are N x M inputs; float64 has the same cap)",
+    "float64": "reveal caps N there (the probes are N x M inputs)",
+}
 
 DTYPES: Final[dict[str, torch.dtype]] = {name: FORMATS[name].torch_dtype for name in LIMITS}
 
@@ -34,15 +51,15 @@ class RevealError(ValueError):
 def check_reveal_size(n: int, m: int, dtype_name: str) -> None:
     """Refuse sizes the probes cannot serve (clause ``reveal-limits``)."""
     if dtype_name not in LIMITS:
-        raise RevealError(f"reveal supports dtype float32 or float64; got {dtype_name!r}")
+        raise RevealError(f"reveal supports dtype {', '.join(LIMITS)}; got {dtype_name!r}")
     if n < 1 or m < 1:
         raise RevealError(f"N = {n} and M = {m} must both be at least 1")
     limit = LIMITS[dtype_name]
     if n > limit:
-        other = " (float64 reaches N = 53)" if dtype_name == "float32" else ""
+        other = " (float32 reaches N = 65536)" if limit < LIMITS["float32"] else ""
         raise RevealError(
-            f"N = {n} is beyond reveal's limit for {dtype_name}: N <= {limit}, because the {n} small probe "
-            f"values 2^0 .. 2^{n - 1} must add exactly in the {limit}-bit significand{other}"
+            f"N = {n} is beyond reveal's limit for {dtype_name}: N <= {limit}, because "
+            f"{_WHY[dtype_name]}{other}"
         )
 
 

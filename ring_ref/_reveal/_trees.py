@@ -1,18 +1,23 @@
 """Summation trees: their algebra (leaves, canonical spelling, folds), their text and JSON, their sums.
 
 A tree is a worker id, or ``(left, right)`` meaning ``left + right`` in the
-dtype.  Addition is commutative, so a tree has one canonical spelling
-(clause ``reveal-trees``); a fold of workers in some order is a chain.
+dtype, or ``(a, b, c, ...)``: a multiway node adding ``k >= 3`` terms in one
+rounding (the exact sum of its terms, correctly rounded; clause
+``reveal-multiway``).  Addition is commutative, so a tree has one canonical
+spelling (clause ``reveal-trees``); a fold of workers in some order is a chain.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import torch
+
+from ring_ref._dtypes import FORMATS, FloatFormat
 
 __all__ = [
     "Leaves",
@@ -21,6 +26,7 @@ __all__ = [
     "chain_order",
     "display_tree",
     "evaluate",
+    "exact_sum",
     "fold_tree",
     "format_tree",
     "leaves",
@@ -29,8 +35,9 @@ __all__ = [
     "tree_to_json",
 ]
 
-Tree = int | tuple["Tree", "Tree"]
-"""A summation tree: a worker id, or ``(left, right)`` meaning ``left + right``."""
+Tree = int | tuple["Tree", ...]
+"""A summation tree: a worker id, ``(left, right)`` meaning ``left + right``, or a multiway node of
+``k >= 3`` terms rounded once."""
 
 Leaves = frozenset[int]
 """The workers of a subtree."""
@@ -64,30 +71,33 @@ def leaves(tree: Tree) -> Leaves:
     >>> sorted(leaves(((2, 0), 1)))
     [0, 1, 2]
     """
-    if isinstance(tree, int):
-        return frozenset((tree,))
-    return leaves(tree[0]) | leaves(tree[1])
-
-
-def _size_and_min(tree: Tree) -> tuple[int, int]:
-    found = leaves(tree)
-    return len(found), min(found)
+    return frozenset(_leaf_list(tree))
 
 
 def canonical(tree: Tree) -> Tree:
-    """The one spelling of a tree: in every node the child with more leaves first, ties by smallest leaf.
+    """The one spelling of a tree: in every node the children with more leaves first, ties by smallest leaf.
 
     Addition is commutative, so ``(a, b)`` and ``(b, a)`` give the same bits and
     no output can tell them apart; this picks one.
 
-    >>> canonical((3, (1, (2, 0))))
-    (((0, 2), 1), 3)
+    >>> canonical((3, (1, (2, 0)))), canonical((4, (1, 0), 2, 3))
+    ((((0, 2), 1), 3), ((0, 1), 2, 3, 4))
     """
-    if isinstance(tree, int):
-        return tree
-    a, b = canonical(tree[0]), canonical(tree[1])
-    sa, sb = _size_and_min(a), _size_and_min(b)
-    return (a, b) if (-sa[0], sa[1]) <= (-sb[0], sb[1]) else (b, a)
+    done: list[tuple[Tree, int, int]] = []
+    stack: list[tuple[Tree, bool]] = [(tree, False)]
+    while stack:
+        node, ready = stack.pop()
+        if isinstance(node, int):
+            done.append((node, 1, node))
+        elif not ready:
+            stack.append((node, True))
+            stack.extend((child, False) for child in reversed(node))
+        else:
+            children = sorted(done[len(done) - len(node) :], key=lambda c: (-c[1], c[2]))
+            del done[len(done) - len(node) :]
+            size, low = sum(c[1] for c in children), min(c[2] for c in children)
+            done.append((tuple(c[0] for c in children), size, low))
+    return done[0][0]
 
 
 def fold_tree(order: Sequence[int]) -> Tree:
@@ -118,6 +128,8 @@ def chain_order(tree: Tree) -> list[int] | None:
     """
     tail: list[int] = []
     while not isinstance(tree, int):
+        if len(tree) != 2:
+            return None
         a, b = tree
         if isinstance(b, int):
             tail.append(b)
@@ -157,8 +169,8 @@ def format_tree(tree: Tree) -> str:
 
     >>> format_tree((((0, 3), 1), 2)), format_tree((((3, 2), 1), 0))
     ('fold 3,0,1,2', 'fold 3,2,1,0')
-    >>> format_tree(((0, 1), (2, 3)))
-    '((0+1)+(2+3))'
+    >>> format_tree(((0, 1), (2, 3))), format_tree(((0, 1), 2, 3))
+    ('((0+1)+(2+3))', '((0+1)+2+3)')
     """
     chain = chain_order(tree)
     if chain is not None and len(chain) > 1:
@@ -169,21 +181,22 @@ def format_tree(tree: Tree) -> str:
 def _parenthesised(tree: Tree) -> str:
     if isinstance(tree, int):
         return str(tree)
-    return f"({_parenthesised(tree[0])}+{_parenthesised(tree[1])})"
+    return "(" + "+".join(map(_parenthesised, tree)) + ")"
 
 
 def tree_to_json(tree: Tree | None) -> Any:
-    """A leaf as its worker id, an inner node as ``[left, right]``; ``None`` as ``null``."""
+    """A leaf as its worker id, an inner node as ``[left, right]`` (``[a, b, c, ...]`` multiway); ``None`` as
+    ``null``."""
     if tree is None or isinstance(tree, int):
         return tree
-    return [tree_to_json(tree[0]), tree_to_json(tree[1])]
+    return [tree_to_json(child) for child in tree]
 
 
 def tree_from_json(doc: Any, n: int) -> Tree:
     """The tree a ``reveal --json`` entry spells, checked: every worker ``0 .. n - 1`` exactly once.
 
-    >>> tree_from_json([[0, 1], 2], 3)
-    ((0, 1), 2)
+    >>> tree_from_json([[0, 1], 2], 3), tree_from_json([0, 1, 2], 3)
+    (((0, 1), 2), (0, 1, 2))
     """
     tree = _parse(doc, n)
     got = sorted(_leaf_list(tree))
@@ -195,17 +208,69 @@ def tree_from_json(doc: Any, n: int) -> Tree:
 def _parse(doc: Any, n: int) -> Tree:
     if isinstance(doc, int) and not isinstance(doc, bool) and 0 <= doc < n:
         return doc
-    if isinstance(doc, list) and len(doc) == 2:
-        return (_parse(doc[0], n), _parse(doc[1], n))
-    raise ValueError(f"a tree node must be a worker id in 0 .. {n - 1} or a [left, right] pair; got {doc!r}")
+    if isinstance(doc, list) and len(doc) >= 2:
+        return tuple(_parse(child, n) for child in doc)
+    raise ValueError(
+        f"a tree node must be a worker id in 0 .. {n - 1} or a list of two or more nodes; got {doc!r}"
+    )
 
 
 def _leaf_list(tree: Tree) -> list[int]:
-    return [tree] if isinstance(tree, int) else _leaf_list(tree[0]) + _leaf_list(tree[1])
+    found: list[int] = []
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, int):
+            found.append(node)
+        else:
+            stack.extend(reversed(node))
+    return found
 
 
 def evaluate(tree: Tree, x: torch.Tensor) -> torch.Tensor:
-    """The tree's additions on ``x`` of shape ``(N, ...)``, each rounded to ``x``'s dtype."""
+    """The tree's additions on ``x`` of shape ``(N, ...)``, each rounded to ``x``'s dtype; a multiway
+    node the :func:`exact_sum` of its terms."""
     if isinstance(tree, int):
         return x[tree].clone()
-    return torch.add(evaluate(tree[0], x), evaluate(tree[1], x))
+    if len(tree) == 2:
+        return torch.add(evaluate(tree[0], x), evaluate(tree[1], x))
+    return exact_sum(torch.stack([evaluate(child, x) for child in tree]))
+
+
+def _quantum(values: npt.NDArray[np.float64], fmt: FloatFormat) -> npt.NDArray[np.float64]:
+    """The spacing of ``fmt``'s values at each of ``values`` (its subnormal spacing below ``2**emin``)."""
+    _, exponent = np.frexp(np.where(values == 0, 1.0, values))
+    quantum: npt.NDArray[np.float64] = np.ldexp(1.0, np.maximum(exponent - 1, fmt.emin) - fmt.precision + 1)
+    return quantum
+
+
+def _round_to(values: npt.NDArray[np.float64], fmt: FloatFormat) -> npt.NDArray[np.float64]:
+    """Float64 ``values`` correctly rounded to ``fmt`` (to nearest, ties to even; beyond it +-inf)."""
+    quantum = _quantum(values, fmt)
+    rounded = np.round(values / quantum) * quantum
+    return np.where(np.abs(rounded) > fmt.max_finite, np.copysign(np.inf, values), rounded)
+
+
+def exact_sum(parts: torch.Tensor) -> torch.Tensor:
+    """The exact sum over the first axis of ``parts``, correctly rounded once to its dtype.
+
+    Summed in float64 where that is exact (the terms' finest spacing and total
+    magnitude within 53 bits), else per element with ``math.fsum`` (and, where
+    that lands on a tie of a narrower dtype, the sign of its residual).
+
+    >>> exact_sum(torch.tensor([[1.0], [2.0**-24], [2.0**-60]])).item() == 1 + 2.0**-23
+    True
+    """
+    fmt = FORMATS[str(parts.dtype).removeprefix("torch.")]
+    wide = parts.to(torch.float64).reshape(parts.shape[0], -1).numpy()
+    total = wide.sum(axis=0)
+    exact = np.abs(wide).sum(axis=0) < _quantum(wide, fmt).min(axis=0) * 2.0**53
+    for e in np.flatnonzero(~exact & np.isfinite(wide).all(axis=0)).tolist():
+        column = wide[:, e].tolist()
+        total[e] = math.fsum(column)
+        tie = fmt.precision < 53 and abs(total[e] / _quantum(total[e : e + 1], fmt)[0] % 1) == 0.5
+        residual = math.fsum([*column, -total[e]]) if tie else 0.0
+        if residual:
+            total[e] = np.nextafter(total[e], math.copysign(math.inf, residual))
+    rounded = _round_to(total, fmt) if fmt.precision < 53 else total
+    return torch.from_numpy(rounded.reshape(parts.shape[1:])).to(parts.dtype)

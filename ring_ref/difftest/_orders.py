@@ -185,11 +185,11 @@ def _load(path: Path) -> dict[str, Any]:
     if (
         not isinstance(doc, dict)
         or doc.get("format") != REVEAL_FORMAT
-        or doc.get("version") != REVEAL_VERSION
+        or doc.get("version") not in range(1, REVEAL_VERSION + 1)
     ):
         raise OrderError(
             f"{str(path)!r} is not a `ring-ref reveal --json` file (format {REVEAL_FORMAT!r}, "
-            f"version {REVEAL_VERSION})"
+            f"version 1 .. {REVEAL_VERSION})"
         )
     return doc
 
@@ -199,7 +199,9 @@ def read_order(path: Path) -> tuple[int, int, str, list[Tree], Layout]:
 
     ``layout`` is the fitted ring's; a file that names no ring cuts its
     elements as the spec does when ``N`` divides ``M``, else as OpenMPI's
-    ``blocks`` (so that chunk labels stay within ``0 .. N - 1``).
+    ``blocks`` (so that chunk labels stay within ``0 .. N - 1``).  An element
+    of kind ``exact`` (version 2) is checked against the exact sum rounded once:
+    one multiway node of every worker.
     """
     doc = _load(path)
     n, m, dtype, trees = doc.get("n"), doc.get("m"), doc.get("dtype"), doc.get("trees")
@@ -207,6 +209,12 @@ def read_order(path: Path) -> tuple[int, int, str, list[Tree], Layout]:
         raise OrderError(f"{str(path)!r}: n, m and dtype must be positive integers and a dtype name")
     if not isinstance(trees, list) or len(trees) != m:
         raise OrderError(f"{str(path)!r}: trees must list one tree per element (m = {m})")
+    kinds = doc.get("kinds", ["tree"] * m)
+    if not isinstance(kinds, list) or len(kinds) != m:
+        raise OrderError(f"{str(path)!r}: kinds must list one kind per element (m = {m})")
+    trees = [
+        list(range(n)) if kind == "exact" and n >= 3 else t for t, kind in zip(trees, kinds, strict=True)
+    ]
     missing = [e for e, t in enumerate(trees) if t is None]
     if missing:
         raise OrderError(

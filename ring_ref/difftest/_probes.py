@@ -63,15 +63,17 @@ def _scales(n: int, dtype: torch.dtype) -> tuple[float, float]:
 
 @functools.lru_cache(maxsize=4096)
 def additions(tree: Tree) -> tuple[tuple[int, int], ...]:
-    """Each addition of ``tree`` (post-order) as the pair ``(min L, min R)`` of its operands' first workers.
+    """Each addition of ``tree`` (post-order) as the pair ``(min L, min R)`` of its operands' first workers;
+    a multiway node of ``k`` terms as ``k - 1`` pairs, its first term with each other.
 
-    >>> additions(((0, 2), 1))
-    ((0, 2), (0, 1))
+    >>> additions(((0, 2), 1)), additions(((0, 2), 1, 3))
+    (((0, 2), (0, 1)), ((0, 2), (0, 1), (0, 3)))
     """
     if isinstance(tree, int):
         return ()
-    left, right = tree
-    return (*additions(left), *additions(right), (min(leaves(left)), min(leaves(right))))
+    first = min(leaves(tree[0]))
+    inner = [pair for child in tree for pair in additions(child)]
+    return (*inner, *((first, min(leaves(child))) for child in tree[1:]))
 
 
 def _values(n: int, dtype: torch.dtype, pairs: Sequence[tuple[int, int]]) -> tuple[float, ...]:

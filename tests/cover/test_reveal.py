@@ -222,12 +222,16 @@ def test_one_and_two_workers(n: int) -> None:
 
 @pytest.mark.clause("reveal-limits")
 def test_sizes_beyond_the_limits_are_refused_by_name() -> None:
-    with pytest.raises(RevealError, match=r"N = 25 is beyond reveal's limit for float32: N <= 24"):
-        reveal(_wider, 25, 1)
-    with pytest.raises(RevealError, match=r"N = 54 is beyond reveal's limit for float64: N <= 53"):
-        reveal(_wider, 54, 1, dtype="float64")
-    with pytest.raises(RevealError, match="float32 or float64"):
-        reveal(_wider, 4, 1, dtype="float16")
+    with pytest.raises(RevealError, match=r"N = 65537 is beyond reveal's limit for float32: N <= 65536"):
+        reveal(_wider, 65537, 1)
+    with pytest.raises(RevealError, match=r"N = 65537 is beyond reveal's limit for float64: N <= 65536"):
+        reveal(_wider, 65537, 1, dtype="float64")
+    with pytest.raises(RevealError, match=r"float16: N <= 2048, because counts .* 11-bit significand"):
+        reveal(_wider, 2049, 1, dtype="float16")
+    with pytest.raises(RevealError, match=r"bfloat16: N <= 256, because counts .* 8-bit significand"):
+        reveal(_wider, 257, 1, dtype="bfloat16")
+    with pytest.raises(RevealError, match="float16, bfloat16, float32, float64; got 'int32'"):
+        reveal(_wider, 4, 1, dtype="int32")
     with pytest.raises(RevealError, match="M = 0"):
         reveal(_wider, 4, 0)
 
@@ -260,7 +264,7 @@ def test_tree_spelling() -> None:
     assert tree_from_json([[[0, 2], 1], 3], 4) == (((0, 2), 1), 3)
     assert format_tree(((0, 1), (2, 3))) == "((0+1)+(2+3))"
     assert format_tree((((0, 3), 1), 2)) == "fold 3,0,1,2"
-    for bad in ([[0, 1], 1], [0, 1, 2], [[0, 1], 5], True, [[0], 1]):
+    for bad in ([[0, 1], 1], [[0, 1, 2]], [[0, 1], 5], True, [[0], 1, 2]):
         with pytest.raises(ValueError, match="tree"):
             tree_from_json(bad, 3)
 
@@ -327,8 +331,8 @@ def test_the_command_line(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> 
     doc = json.loads(capsys.readouterr().out)
     jsonschema.validate(doc, SCHEMA)
     assert doc["trees"] == [[[0, 1], 2], [[1, 2], 0], [[0, 2], 1]] and doc["dtype"] == "float64"
-    assert main(["reveal", "ring_ref:ring_all_reduce", "-n", "25", "-m", "4"]) == 2
-    assert "N <= 24" in capsys.readouterr().err
+    assert main(["reveal", "ring_ref:ring_all_reduce", "-n", "257", "-m", "4", "--dtype", "bfloat16"]) == 2
+    assert "N <= 256" in capsys.readouterr().err
     assert main(["reveal", "ring_ref:nothing_here", "-n", "2", "-m", "2"]) == 2
     assert "has no attribute 'nothing_here'" in capsys.readouterr().err
     # the spec's ring refuses M = 5 with N = 2 itself: a target that raises on valid input

@@ -1,0 +1,327 @@
+"""Count probes (clause ``reveal-counts``): FPRev's counting question, every element its own, at any ``N``.
+
+Summand ``i`` holds ``+B``, summand ``j`` holds ``-B`` and every other summand
+the unit ``u``; ``B`` swamps ``N u`` and counts of ``u`` are exact in the dtype.
+In a tree of additions the ``u`` below the node where ``+B`` meets ``-B`` are
+swamped and the rest survive, so ``L(i, j) = N - output / u`` is the number
+of leaves under that node; at a multiway node (``k >= 3`` terms rounded once)
+only the two terms holding ``i`` and ``j`` are swamped, so ``L(i, j)`` is
+their leaves together.
+
+The search is FPRev's recursion (Xie et al., USENIX ATC 2025): a pivot ``i``
+asks every other ``j`` of its subtree; the ``j`` grouped by ``L`` are the
+subtrees hanging off the path from ``i`` to the root, in order, and each group
+is searched the same way.  A group of ``g`` leaves at ``L = base + d`` with
+``d < g`` is ``g / d`` sibling terms of ``d`` leaves each at one multiway
+node.  Every pair is asked at most once (``N (N - 1) / 2`` calls at most);
+the first pivot is chosen from two questions, ``(0, 1)`` and ``(1, 2)`` (and
+``(2, 3)`` where both directions fit them), so that a fold of any ring of the
+family starts at its first worker and costs at most ``N + 2`` calls.
+Elements whose answers agree so far share one search, and every search asks
+its next question in the same call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from ring_ref._dtypes import FORMATS
+from ring_ref._reveal._target import call_target
+from ring_ref._reveal._trees import Tree, canonical
+
+__all__ = ["CountSearch", "count_rounds", "count_values"]
+
+_HINTS = ((0, 1), (1, 2))
+"""The two questions asked before the first pivot is chosen (``N >= 4``)."""
+
+
+def count_values(n: int, dtype_name: str) -> tuple[float, float]:
+    """The unit ``u`` and the swamping magnitude ``B`` of count probes in ``dtype_name``.
+
+    ``u`` is 1 where ``B = 2^(p + ceil(log2 N) + 1)`` fits the dtype, else its
+    smallest normal number (float16, bfloat16): ``B``'s half spacing then exceeds
+    ``N u``, and sums of up to ``N`` units are exact.
+
+    >>> count_values(4096, "float32"), count_values(1000, "float16")
+    ((1.0, 68719476736.0), (6.103515625e-05, 32768.0))
+    """
+    fmt = FORMATS[dtype_name]
+    scale = fmt.precision + max(n - 1, 1).bit_length() + 1
+    unit = 1.0 if scale <= fmt.emax else fmt.smallest_normal
+    return unit, float(unit * 2.0**scale)
+
+
+@dataclass(frozen=True)
+class _Problem:
+    """Leaves known to form one subtree (``size == 0``) or sibling terms of ``size`` leaves each."""
+
+    pid: int
+    members: tuple[int, ...]
+    size: int
+
+
+@dataclass
+class CountSearch:
+    """One group's search: problems to solve, the current pivot's answers, and what is built.
+
+    Results name sub-problems by ``-1 - pid``; a sub-problem of sibling terms
+    (a forest) is spliced into its parent's children.
+    """
+
+    n: int
+    pending: list[_Problem] = field(default_factory=list)
+    current: _Problem | None = None
+    pivot: int = -1
+    to_ask: list[int] = field(default_factory=list)
+    counts: dict[int, int] = field(default_factory=dict)
+    built: dict[int, Tree] = field(default_factory=dict)
+    forests: dict[int, tuple[Tree, ...]] = field(default_factory=dict)
+    known: dict[tuple[int, int], int] = field(default_factory=dict)
+    hints: list[tuple[int, int]] = field(default_factory=list)
+    next_pid: int = 1
+    failure: str | None = None
+    asked: int = 0
+    spliced: bool = False
+
+    @classmethod
+    def start(cls, n: int) -> CountSearch:
+        search = cls(n, pending=[_Problem(0, tuple(range(n)), 0)])
+        search.hints = list(_HINTS) if n >= 4 else []
+        return search
+
+    def copy(self) -> CountSearch:
+        return CountSearch(
+            self.n,
+            list(self.pending),
+            self.current,
+            self.pivot,
+            list(self.to_ask),
+            dict(self.counts),
+            dict(self.built),
+            dict(self.forests),
+            dict(self.known),
+            list(self.hints),
+            self.next_pid,
+            self.failure,
+            self.asked,
+            self.spliced,
+        )
+
+    def question(self) -> tuple[int, int] | None:
+        """The next pair to ask (``None``: done or failed), taking in answers already known."""
+        while self.failure is None:
+            if self.hints:
+                return self.hints[0]
+            if self.current is None:
+                if not self.pending:
+                    return None
+                if (
+                    self.pending[-1].pid == 0
+                    and self.n >= 5
+                    and len(self.known) == 2
+                    and len(self._folds()) > 1
+                ):
+                    self.hints.append((2, 3))  # both directions fit: one more hint tells them apart
+                    continue
+                self._begin(self.pending.pop())
+                continue
+            if self.to_ask:
+                pair = (self.pivot, self.to_ask[-1])
+                if (key := (min(pair), max(pair))) in self.known:
+                    self.counts[self.to_ask.pop()] = self.known[key]
+                    continue
+                return pair
+            self._finish()
+        return None
+
+    def learn(self, pair: tuple[int, int], swamped: int) -> None:
+        """Take in ``L`` for the pair just asked (``-1``: the output was not a count)."""
+        self.asked += 1
+        if swamped < 2:
+            what = "is not a count of surviving units" if swamped < 0 else "counts more units than the others"
+            self.failure = (
+                f"with +B at worker {pair[0]} and -B at worker {pair[1]} the output {what} "
+                "(no tree of additions in the dtype gives that)"
+            )
+            return
+        if self.hints:
+            self.known[(min(pair), max(pair))] = swamped
+            self.hints.pop(0)
+            return
+        self.counts[self.to_ask.pop()] = swamped
+
+    def _new(self, members: list[int], size: int) -> int:
+        pid, self.next_pid = self.next_pid, self.next_pid + 1
+        self.pending.append(_Problem(pid, tuple(members), size))
+        return -1 - pid
+
+    def _begin(self, problem: _Problem) -> None:
+        members = problem.members
+        if problem.size == 1:
+            self.forests[problem.pid] = members
+            return
+        if problem.size == 0 and len(members) <= 2:
+            self.built[problem.pid] = members[0] if len(members) == 1 else (members[0], members[1])
+            return
+        self.current, self.pivot = problem, self._pivot(problem)
+        self.to_ask = sorted((w for w in members if w != self.pivot), reverse=True)
+        self.counts = {}
+
+    def _folds(self) -> list[int]:
+        """The first workers of the folds of the ring family (step +1, then -1) that fit the hints."""
+        n, s = self.n, np.arange(self.n)
+        starts = []
+        for step in (1, -1):
+            fits = np.ones(n, dtype=bool)
+            for (a, b), swamped in self.known.items():
+                fits &= np.maximum((step * (a - s)) % n, (step * (b - s)) % n) + 1 == swamped
+            starts += np.flatnonzero(fits).tolist()
+        return starts
+
+    def _pivot(self, problem: _Problem) -> int:
+        """The first worker of a fold of the ring family that fits the hints, else the smallest."""
+        if problem.pid != 0 or self.n < 4:
+            return min(problem.members)
+        starts = self._folds()
+        return starts[0] if starts else 0
+
+    def _finish(self) -> None:
+        problem, pivot, counts = self.current, self.pivot, self.counts
+        assert problem is not None
+        self.current = None
+        if problem.size == 0:
+            self._subtree(problem.pid, [pivot, *counts], pivot, counts)
+            return
+        d = problem.size
+        first = [pivot, *(j for j, c in counts.items() if c <= d)]
+        rest = [j for j, c in counts.items() if c == 2 * d]
+        if len(first) != d or len(first) + len(rest) != len(problem.members):
+            self._fail(pivot, counts, f"terms of {d} leaves each")
+            return
+        sub, self.next_pid = self.next_pid, self.next_pid + 1
+        self._subtree(sub, first, pivot, {j: counts[j] for j in first[1:]})
+        self.forests[problem.pid] = (-1 - sub, self._new(rest, 0 if len(rest) == d else d))
+
+    def _subtree(self, pid: int, members: list[int], pivot: int, counts: dict[int, int]) -> None:
+        """The path from ``pivot`` up through ``members``: levels of groups by ``L``, each searched later.
+
+        Nodes are built in canonical order: every child's leaves and smallest leaf are known here.
+        """
+        by_count: dict[int, list[int]] = {}
+        for j in sorted(counts):
+            by_count.setdefault(counts[j], []).append(j)
+        levels: list[tuple[int, list[tuple[Tree, int, int]]]] = []
+        size = 1
+        for c in sorted(by_count):
+            group = by_count[c]
+            if c > len(members):
+                self._fail(pivot, counts, f"one subtree of {len(members)} leaves")
+                return
+            # Its terms hang off a new node on the path (L = size + d) or off the last one (L = base + d);
+            # one term before several (a subtree before a multiway node's terms), a new node first.
+            new, last = c - size, c - levels[-1][0] if levels else 0
+            readings = [(new, True), (last, False)]
+            fitting = [(d, fresh) for d, fresh in readings if d >= 1 and len(group) % d == 0]
+            if not fitting:
+                self._fail(pivot, counts, "a tree")
+                return
+            d, fresh = min(fitting, key=lambda r: (r[0] != len(group), not r[1]))
+            if fresh:
+                levels.append((size, self._terms(group, d)))
+            else:
+                levels[-1][1].extend(self._terms(group, d))
+            size += len(group)
+        node: tuple[Tree, int, int] = (pivot, 1, pivot)
+        for _, children in levels:
+            terms = sorted([node, *children], key=lambda t: (-t[1], t[2]))
+            node = (tuple(t[0] for t in terms), sum(t[1] for t in terms), min(t[2] for t in terms))
+        self.built[pid] = node[0]
+
+    def _terms(self, group: list[int], d: int) -> list[tuple[Tree, int, int]]:
+        """``group`` as terms of ``d`` leaves each: ``(tree or reference, leaves, smallest leaf)``."""
+        if d == 1:
+            return [(w, 1, w) for w in group]
+        if d == len(group) == 2:
+            return [((group[0], group[1]), 2, group[0])]
+        if d < len(group):
+            self.spliced = True
+        return [(self._new(group, 0 if d == len(group) else d), d, group[0])]
+
+    def _fail(self, pivot: int, counts: dict[int, int], what: str) -> None:
+        shown = ", ".join(f"{j}: {c}" for j, c in sorted(counts.items())[:8])
+        self.failure = (
+            f"the counts with +B at worker {pivot} ({shown}{', ...' if len(counts) > 8 else ''}) "
+            f"fit no {what} of additions"
+        )
+
+    def tree(self) -> Tree:
+        """The tree found, canonical (every problem solved)."""
+
+        def resolve(node: Tree) -> list[Tree]:
+            if isinstance(node, int) and node < 0:
+                pid = -1 - node
+                if pid in self.forests:
+                    return [t for part in self.forests[pid] for t in resolve(part)]
+                return resolve(self.built[pid])
+            if isinstance(node, int):
+                return [node]
+            return [tuple(t for child in node for t in resolve(child))]
+
+        if self.next_pid == 1:
+            return self.built[0]
+        tree = resolve(self.built[0])[0]
+        return canonical(tree) if self.spliced else tree
+
+
+Counter = Callable[[torch.Tensor], object]
+
+
+def count_rounds(
+    target: Counter,
+    searches: list[CountSearch | None],
+    member: npt.NDArray[np.int64],
+    n: int,
+    dtype_name: str,
+) -> tuple[list[CountSearch | None], npt.NDArray[np.int64], int]:
+    """Ask until no search has a question; elements split as their answers differ.
+
+    ``searches[member[e]]`` is element ``e``'s search (``None``: it takes no
+    part and gets the units alone).  Returns the final searches, each
+    element's, and the number of calls.
+    """
+    unit, big = count_values(n, dtype_name)
+    dtype = FORMATS[dtype_name].torch_dtype
+    m, calls = len(member), 0
+    while True:
+        pairs = [s.question() if s is not None else None for s in searches]
+        if not any(p is not None for p in pairs):
+            return searches, member, calls
+        plus = np.array([p[0] if p else -1 for p in pairs])[member]
+        minus = np.array([p[1] if p else -1 for p in pairs])[member]
+        cols = np.flatnonzero(plus >= 0)
+        values = np.full((n, m), unit, dtype=np.float32 if dtype != torch.float64 else np.float64)
+        values[plus[cols], cols], values[minus[cols], cols] = big, -big
+        x = torch.from_numpy(values).to(dtype)
+        out = call_target(target, x, m).to(torch.float64).numpy() / unit
+        calls += 1
+        whole = np.isfinite(out) & (out == np.round(out)) & (out >= 0) & (out <= n)
+        swamped = np.where(whole, n - np.where(whole, out, 0), -1).astype(np.int64)
+        swamped[plus < 0] = 0
+        keys, inverse = np.unique(member * (n + 2) + swamped + 1, return_inverse=True)
+        group_of = keys // (n + 2)
+        shared = np.bincount(group_of, minlength=len(searches))
+        regrouped: list[CountSearch | None] = []
+        for key, g in zip(keys.tolist(), group_of.tolist(), strict=True):
+            old, pair = searches[g], pairs[g]
+            if old is None or pair is None:
+                regrouped.append(old)
+                continue
+            new = old.copy() if shared[g] > 1 else old
+            new.learn(pair, key % (n + 2) - 1)
+            regrouped.append(new)
+        searches, member = regrouped, inverse.reshape(-1).astype(np.int64)
