@@ -135,7 +135,7 @@ def invariance(
     --ranks`` runs it (``mca``: ``mpirun``'s ``--mca`` options).  ``K =
     probe`` elements (default ``min(32, smallest M - smallest offset)``) are
     placed at every offset in every size where they fit; their trees are
-    revealed in each placement (``N <= 24`` in float32, 53 in float64), or with
+    revealed in each placement (``N <= 65536``, reveal's limit), or with
     ``by_bits`` random values' bits are compared with those of the region
     all-reduced alone (``draws`` inputs).  Raises
     :class:`~ring_ref._invariance.InvarianceError` (a ``ValueError``) for

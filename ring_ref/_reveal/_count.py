@@ -48,7 +48,7 @@ def count_values(n: int, dtype_name: str) -> tuple[float, float]:
     ``N u``, and sums of up to ``N`` units are exact.
 
     >>> count_values(4096, "float32"), count_values(1000, "float16")
-    ((1.0, 68719476736.0), (6.103515625e-05, 32768.0))
+    ((1.0, 137438953472.0), (6.103515625e-05, 256.0))
     """
     fmt = FORMATS[dtype_name]
     scale = fmt.precision + max(n - 1, 1).bit_length() + 1

@@ -216,7 +216,7 @@ def test_placements_that_cannot_serve_are_refused(
 @pytest.mark.clause("invariance-placements")
 def test_options_that_cannot_serve_are_refused() -> None:
     with pytest.raises(RevealError, match="beyond reveal's limit"):
-        invariance(planted_orders.left_fold, 25, [8], probe=4)
+        invariance(planted_orders.left_fold, 65537, [8], probe=4)
     with pytest.raises(InvarianceError, match="float32 or float64"):
         invariance(planted_orders.left_fold, 4, [8], dtype="float16")
     with pytest.raises(InvarianceError, match="give it by name"):
