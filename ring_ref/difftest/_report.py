@@ -107,6 +107,9 @@ class Report:
     """The collective the target was checked as."""
     exact_against: ExactOrder | None = None
     """What ``exact`` checked against (``None`` when ``exact`` did not run)."""
+    tested_n: list[int] | None = None
+    """``--ranks job`` / ``mpi-job``: the ``N`` that were called (the world size; with ``--subgroups``
+    the smaller ones too); ``None`` for the other launchers."""
 
     @property
     def verdict(self) -> str:
@@ -189,7 +192,7 @@ class Report:
             "exact_against": None if self.exact_against is None else self.exact_against.to_json(),
             "output": {"bytes": self.output_bytes, "text": self.output},
             "modes": {name: r.to_json(self.seed) for name, r in self.modes.items()},
-        }
+        } | ({} if self.tested_n is None else {"tested_n": self.tested_n})
 
     def render(self) -> str:
         """The human-readable report."""
@@ -212,6 +215,8 @@ class Report:
             )
         else:
             lines.append("  (not isolated: the target ran in the tester's own process, with no time limit)")
+        if self.tested_n is not None:
+            lines.append(f"  (N tested: {', '.join(map(str, self.tested_n)) or 'none'})")
         if self.exact_against is not None:
             lines.append(f"  ({_against(self.exact_against)})")
         for name, r in self.modes.items():
