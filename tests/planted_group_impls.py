@@ -15,6 +15,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from tests.planted_mpi import plain_ring
+
 __all__ = ["ODD_GROUP_CODE"]
 
 ODD_GROUP_CODE = "ranks-disagree"
@@ -45,9 +47,7 @@ def takes_no_group(tensor: torch.Tensor) -> None:
 
 def mpi_odd_group_last_rank_keeps_input(comm: Any, array: np.ndarray[Any, Any]) -> None:
     """BUG (``mpi4py``): the same, in a communicator of odd size above 1."""
-    from mpi4py import MPI
-
     own = array.copy()
-    comm.Allreduce(MPI.IN_PLACE, array, op=MPI.SUM)
+    plain_ring(comm, array)
     if _odd_and_last(comm.Get_rank(), comm.Get_size()):
         array[...] = own

@@ -59,7 +59,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, cast
 
 import torch.distributed as dist
 
@@ -81,9 +81,9 @@ __all__ = [
     "JobRank",
     "JobRanks",
     "job_size",
-    "takes_group",
     "run_in_job",
     "run_in_mpi_job",
+    "takes_group",
 ]
 
 HEARTBEAT_S: Final = 0.25
@@ -518,13 +518,13 @@ def run_in_job(
             "the collective on it, or drop --subgroups)"
         )
     whole = group if group is not None else dist.group.WORLD
-    groups = dict.fromkeys(range(1, size + 1), whole)
+    groups: dict[int, Any] = dict.fromkeys(range(1, size + 1), whole)
     if subgroups:  # every rank, in the same order, as new_group requires; outside one: NON_GROUP_MEMBER
         groups.update({k: dist.new_group(ranks=list(range(k))) for k in range(1, size)})
 
     def answer(case: Case) -> bytes:
         assert target is not None  # rank 0 sends cases only once every rank has loaded the target
-        call = functools.partial(target, group=groups[case.n]) if subgroups else target
+        call = functools.partial(cast(Any, target), group=groups[case.n]) if subgroups else target
         head, payload = observe(call, case, rank, device=device)
         return frame({"kind": "answer", **head}, payload)
 
@@ -551,7 +551,7 @@ def run_in_mpi_job(
     world = MPI.COMM_WORLD
     side, comm = world.Dup(), world.Dup()
     rank, size = world.Get_rank(), world.Get_size()
-    comms = {size: comm}
+    comms: dict[int, Any] = {size: comm}
     if subgroups:  # MPI.UNDEFINED: this rank is outside; it gets COMM_NULL and idles for that N
         comms.update({k: comm.Split(0 if rank < k else MPI.UNDEFINED, rank) for k in range(1, size)})
     host = os.environ.get("MASTER_ADDR") or socket.gethostbyname(socket.gethostname())

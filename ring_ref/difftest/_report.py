@@ -204,10 +204,11 @@ class Report:
         if self.collective != "all-reduce":
             lines.append(f"  ({_COLLECTIVE_WORDS[self.collective]})")
         if self.ranks:
+            tested = "" if self.tested_n is None else f"; N tested: {', '.join(map(str, self.tested_n))}"
             lines.append(
                 f"  (per rank: the target ran on every rank of {_GROUPS.get(self.ranks, self.ranks)} "
                 "of N processes, "
-                f"at most {self.timeout_s:g} s per call)"
+                f"at most {self.timeout_s:g} s per call{tested})"
             )
         elif self.isolated:
             lines.append(
@@ -215,8 +216,6 @@ class Report:
             )
         else:
             lines.append("  (not isolated: the target ran in the tester's own process, with no time limit)")
-        if self.tested_n is not None:
-            lines.append(f"  (N tested: {', '.join(map(str, self.tested_n)) or 'none'})")
         if self.exact_against is not None:
             lines.append(f"  ({_against(self.exact_against)})")
         for name, r in self.modes.items():
