@@ -5,6 +5,7 @@ array)``; under ``--subgroups`` a case of ``N`` below the job's size gets the
 subgroup of ranks ``0 .. N-1``.  The planted bug shows only in a group of odd
 size above 1: the last rank keeps its own input instead of the sum, so a job
 of 4 ranks finds it only at ``N = 3``, through a subgroup.
+Another hangs only in a group of two (a fault in a subgroup case).
 """
 
 from __future__ import annotations
@@ -51,3 +52,10 @@ def mpi_odd_group_last_rank_keeps_input(comm: Any, array: np.ndarray[Any, Any]) 
     plain_ring(comm, array)
     if _odd_and_last(comm.Get_rank(), comm.Get_size()):
         array[...] = own
+
+
+def pair_rank_0_skips_the_call(tensor: torch.Tensor, group: Any = None) -> None:
+    """BUG: in a group of two, rank 0 returns without joining the all-reduce; rank 1 waits (``timed-out``)."""
+    if dist.get_world_size(group) == 2 and dist.get_rank(group) == 0:
+        return
+    dist.all_reduce(tensor, group=group)

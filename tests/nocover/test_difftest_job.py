@@ -271,6 +271,23 @@ def test_subgroups_find_a_bug_that_only_a_subgroup_of_three_shows() -> None:
     _odd_group_bug_found_at_three(json.loads(done.stdout))
 
 
+def test_a_hang_in_a_subgroup_ends_the_job_with_a_report() -> None:
+    """A fault in a subgroup case is reported like any other: rank 1 of the pair left waiting is
+    ``timed-out`` with its stack, the ranks outside the pair are let go too, and every rank exits 1."""
+    timeout = 4.0
+    bug = "tests.planted_group_impls:pair_rank_0_skips_the_call"
+    options = ("--subgroups", "--mode", "bound", "--examples", "20", "--seed", "1", "--json")
+    started = time.monotonic()
+    done = _torchrun(4, _job_cli("difftest", bug, *options, "--timeout", f"{timeout:g}"), 300)
+    took = time.monotonic() - started
+    doc = json.loads(done.stdout)
+    jsonschema.validate(doc, SCHEMA)
+    cex = doc["modes"]["bound"]["counterexample"]
+    assert doc["diagnoses"] == ["timed-out"] and cex["n"] == 2 and cex["ranks"] == [1], doc
+    assert "in pair_rank_0_skips_the_call" in cex["stack"] and 2 in doc["tested_n"], cex
+    assert done.returncode == 1 and took < timeout + JOB_GRACE_S + START_ALLOWANCE_S, (took, done.stderr)
+
+
 def test_subgroups_from_every_rank_through_the_python_api(tmp_path: Path) -> None:
     """Inside a job of 4 (``tests/subgroup_codes.py``): the bug passes at N = 4 alone and fails with
     ``subgroups=True``; the correct target passes at every N; a group of 2 of the 4 ranks is refused."""
