@@ -168,6 +168,13 @@ def _difftest_arguments(parser: argparse.ArgumentParser) -> None:
         "ring-ref[jax])",
     )
     _job_arguments(parser)
+    parser.add_argument(
+        "--subgroups",
+        action="store_true",
+        help="with --ranks job or mpi-job: test every N from 1 to the job's size, a smaller N on the "
+        "subgroup of ranks 0..N-1 (torch.distributed.new_group: TARGET(tensor, group=G); mpi-job: "
+        "TARGET(comm_N, array)); the report says which N were tested",
+    )
     _mca_argument(parser)
     _framework_argument(parser)
     parser.add_argument(
@@ -281,6 +288,7 @@ def _difftest_command(args: argparse.Namespace) -> int:
         order=args.order,
         collective=args.collective,
         framework=args.framework,
+        subgroups=args.subgroups,
     )
     if args.ranks in ("job", "mpi-job"):
         return _difftest_in_job(args, run)

@@ -62,6 +62,7 @@ def assert_matches_reference(
     collective: Collective = "all-reduce",
     group: object = None,
     device: str = "cpu",
+    subgroups: bool = False,
 ) -> Report:
     """Check ``fn`` against the reference; raise ``AssertionError`` with the report on failure.
 
@@ -76,7 +77,8 @@ def assert_matches_reference(
     runs isolated in a worker process, each call limited to ``timeout``
     seconds, a lambda or local function in this process (``isolate``);
     ``ranks="gloo"`` or ``"mpi"`` (with ``mca``) for a per-rank target;
-    ``ranks="job"`` (with ``group``, ``device``) inside a job's process group,
+    ``ranks="job"`` (with ``group``, ``device``, ``subgroups``: every smaller
+    ``N`` too, on subgroups, ``fn(tensor, group=G)``) inside a job's process group,
     called on every rank, which all get the same report or the same error;
     ``op`` for another reduction; ``schedule`` (a preset name, a
     :class:`~ring_ref.schedule.RingSchedule`, ``"DIRECTION,OFFSET,LAYOUT"`` or
@@ -108,6 +110,7 @@ def assert_matches_reference(
         collective=collective,
         group=group,
         device=device,
+        subgroups=subgroups,
     )
     if report.verdict != "pass":
         raise AssertionError(report.render()) from None

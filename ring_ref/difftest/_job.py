@@ -13,7 +13,9 @@ The side channel is the job's own store (``torch.distributed``'s default
 store, under a prefix of its own), never the group under test:
 
 * ``cmd/I``: the ``I``-th case, one key read by every rank (or the stop, with the report or the error);
-* ``answer/I/R``: rank ``R``'s raw answer (the isolated worker's frame: JSON header, bits);
+* ``answer/I/R``: rank ``R``'s raw answer (the isolated worker's frame: JSON header, bits), from the
+  ranks ``R < N`` of the case (with ``subgroups``, a case of ``N`` below the world size runs on the
+  subgroup of ranks ``0 .. N-1``; the other ranks idle until the next case);
 * ``ready/R``: rank ``R`` loaded the target (empty) or why not;
 * ``hb/R``: rank ``R``'s heartbeat, a counter its watchdog thread adds to every
   :data:`HEARTBEAT_S`; a rank whose counter stops for :data:`DEAD_AFTER_S` is ``crashed``;
@@ -28,6 +30,14 @@ store, under a prefix of its own), never the group under test:
 
 So every rank exits with the verdict's status (0, 1, 2), and the job ends
 within ``--timeout`` plus :data:`JOB_GRACE_S` whatever the target does.
+
+``--subgroups`` (``subgroups=True``): every ``N`` from 1 to the world size is
+drawn, as under ``--ranks gloo``.  Before the first case every rank creates,
+in the same order, the subgroups of ranks ``0 .. k-1`` for ``k = 1 .. N-1``
+(``torch.distributed.new_group``; under MPI ``Split``), and a case of ``N``
+calls ``TARGET(tensor, group=G)`` (``TARGET(comm_N, array)``) on ranks
+``0 .. N-1``, ``G`` the whole group for ``N`` = the world size.  The report's
+``tested_n`` lists the ``N`` that were called.
 """
 
 from __future__ import annotations
@@ -37,6 +47,8 @@ import contextvars
 import dataclasses
 import datetime
 import faulthandler
+import functools
+import inspect
 import itertools
 import os
 import pickle
@@ -47,7 +59,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, cast
 
 import torch.distributed as dist
 
@@ -71,6 +83,7 @@ __all__ = [
     "job_size",
     "run_in_job",
     "run_in_mpi_job",
+    "takes_group",
 ]
 
 HEARTBEAT_S: Final = 0.25
@@ -122,6 +135,24 @@ def _size_fits(size: int, max_workers: int | None) -> int:
             "tests N = the number of ranks (drop the option, or start a job of that many ranks)"
         )
     return size
+
+
+def takes_group(fn: object) -> bool:
+    """Whether ``fn`` can be called with ``group=`` (a parameter of that name, or ``**kwargs``); ``True``
+    when its signature cannot be read (the call then says).
+
+    >>> import torch.distributed
+    >>> takes_group(torch.distributed.all_reduce), takes_group(lambda tensor: tensor)
+    (True, False)
+    """
+    try:
+        parameters = inspect.signature(fn).parameters.values()  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return True
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return any(
+        (p.name == "group" and p.kind in named) or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters
+    )
 
 
 def _store() -> Any:
@@ -221,12 +252,16 @@ class JobRanks(RankGroup):
         timeout_s: float,
         terminated: threading.Event,
         decode: Callable[[Reply], Answer] | None = None,
+        *,
+        subgroups: bool = False,
     ) -> None:
         super().__init__(timeout_s)
         self.decode = decode
         self.store = store
         self.size = size
-        self.min_workers = size
+        self.min_workers = 1 if subgroups else size
+        self.tested: set[int] = set()
+        """The ``N`` of the cases called."""
         self.calls = 0
         self.watch = _Watch(store, size, terminated)
         self._ranks: Sequence[Rank] = [JobRank(self, r) for r in range(size)]
@@ -246,14 +281,16 @@ class JobRanks(RankGroup):
                 raise TargetError(f"rank {rank}: {why}")
 
     def _group(self, n: int) -> Sequence[Rank]:
-        if n != self.size:
+        if not self.min_workers <= n <= self.size:
             raise ValueError(
-                f"--ranks job runs N = {self.size} (the job's world size) only; got a case of {n}"
+                f"--ranks job runs N from {self.min_workers} to {self.size} (the job's world size; below it "
+                f"only with --subgroups); got a case of {n}"
             )
         if self.broken:
             raise TargetError(self.broken)
         self.calls += 1
-        return self._ranks
+        self.tested.add(n)
+        return self._ranks[:n]
 
     def decode_reply(self, reply: Reply) -> Answer:
         """A rank's answer: ``observe``'s frame, or (``--ranks mpi-job``) an MPI rank's plain data."""
@@ -372,7 +409,8 @@ def _serve(answer: Callable[[Case], bytes], store: Any, rank: int) -> tuple[str,
         request = pickle.loads(_wait_key(store, f"cmd/{call}"))
         if not isinstance(request, Case):
             return request  # type: ignore[no-any-return]
-        store.set(f"answer/{call}/{rank}", answer(request))
+        if rank < request.n:  # the others are outside this case's subgroup
+            store.set(f"answer/{call}/{rank}", answer(request))
     raise AssertionError("unreachable")
 
 
@@ -403,6 +441,8 @@ def _drive(
     outcome: object
     try:
         outcome = got["report"] = run(launcher)
+        if isinstance(outcome, Report):
+            outcome.tested_n = sorted(launcher.tested)
         stop = ("report", _portable(outcome))
     except BaseException as exc:
         outcome = got["error"] = exc
@@ -430,6 +470,7 @@ class _Member:
     answer: Callable[[Case], bytes]
     load_error: str
     decode: Callable[[Reply], Answer] | None = None
+    subgroups: bool = False
 
 
 def run_in_job(
@@ -439,16 +480,28 @@ def run_in_job(
     group: object = None,
     device: str = "cpu",
     timeout_s: float,
+    subgroups: bool = False,
 ) -> T:
     """On every rank of the job's ``torch.distributed`` group: serve the target; on rank 0, also
     ``run(launcher)`` (the difftest).
+
+    ``subgroups``: also every smaller ``N``, ``TARGET(tensor, group=G)`` on the subgroup of ranks
+    ``0 .. N-1`` (see the module docstring); ``ValueError`` for a ``group`` that is not the whole job
+    (every rank of the job creates the subgroups), :class:`TargetError` on every rank for a target
+    that does not take ``group=``.
 
     Returns the same :class:`Report` on every rank (rank 0's; the others get it through the store), or
     raises the exception the run raised on every rank.  Rank 0 shows the report or the error first
     (:data:`SHOW`).  When a call left ranks inside the target, rank 0 prints the report and every rank's
     process ends with the verdict's status instead.
     """
-    rank = dist.get_rank(group)  # type: ignore[arg-type]
+    rank, size = dist.get_rank(group), dist.get_world_size(group)  # type: ignore[arg-type]
+    if subgroups and size != dist.get_world_size():
+        raise ValueError(
+            f"subgroups (--subgroups) creates its subgroups with new_group on every rank of the job, but "
+            f"group has {size} of the job's {dist.get_world_size()} ranks: drop group= (test the whole job) "
+            "or drop subgroups"
+        )
     base: Any = dist.PrefixStore(  # type: ignore[attr-defined]  # re-exported at runtime, not in stubs
         f"ring-ref-difftest/{next(_runs)}", _store()
     )
@@ -458,27 +511,49 @@ def run_in_job(
         target = load_target(fn) if isinstance(fn, str) else fn
     except TargetError as exc:
         error = str(exc)
+    if subgroups and target is not None and not takes_group(target):
+        error = (
+            f"{getattr(target, '__qualname__', target)!r} does not take group=: --subgroups calls "
+            "TARGET(tensor, group=G) on the subgroup G of each smaller N (add a group parameter and run "
+            "the collective on it, or drop --subgroups)"
+        )
+    whole = group if group is not None else dist.group.WORLD
+    groups: dict[int, Any] = dict.fromkeys(range(1, size + 1), whole)
+    if subgroups:  # every rank, in the same order, as new_group requires; outside one: NON_GROUP_MEMBER
+        groups.update({k: dist.new_group(ranks=list(range(k))) for k in range(1, size)})
 
     def answer(case: Case) -> bytes:
         assert target is not None  # rank 0 sends cases only once every rank has loaded the target
-        head, payload = observe(target, case, rank, device=device)
+        call = functools.partial(cast(Any, target), group=groups[case.n]) if subgroups else target
+        head, payload = observe(call, case, rank, device=device)
         return frame({"kind": "answer", **head}, payload)
 
-    size = dist.get_world_size(group)  # type: ignore[arg-type]
-    return _run_member(_Member(rank, size, base, answer, error), run, timeout_s)
+    member = _Member(rank, size, base, answer, error, subgroups=subgroups)
+    try:
+        return _run_member(member, run, timeout_s)
+    finally:
+        for k in range(rank + 1, size if subgroups else 0):  # the subgroups this rank is in
+            dist.destroy_process_group(groups[k])
 
 
-def run_in_mpi_job(target: str, run: Callable[[Launcher], T], *, timeout_s: float) -> T:
+def run_in_mpi_job(
+    target: str, run: Callable[[Launcher], T], *, timeout_s: float, subgroups: bool = False
+) -> T:
     """:func:`run_in_job` for ``TARGET(comm, array)`` on every rank of ``COMM_WORLD`` (``--ranks mpi-job``).
 
     The target gets a duplicate of ``COMM_WORLD`` (the same for every call); the side channel is a
     ``TCPStore`` that rank 0 hosts, its address sent to the others on a second duplicate, once.
+    ``subgroups``: a case of a smaller ``N`` gets the communicator of ranks ``0 .. N-1`` (``Split``
+    from the duplicate, on every rank, once).
     """
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD
     side, comm = world.Dup(), world.Dup()
     rank, size = world.Get_rank(), world.Get_size()
+    comms: dict[int, Any] = {size: comm}
+    if subgroups:  # MPI.UNDEFINED: this rank is outside; it gets COMM_NULL and idles for that N
+        comms.update({k: comm.Split(0 if rank < k else MPI.UNDEFINED, rank) for k in range(1, size)})
     host = os.environ.get("MASTER_ADDR") or socket.gethostbyname(socket.gethostname())
     hosted = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False) if rank == 0 else None  # type: ignore[attr-defined]
     port = side.bcast(hosted.port if hosted is not None else 0, root=0)
@@ -494,17 +569,20 @@ def run_in_mpi_job(target: str, run: Callable[[Launcher], T], *, timeout_s: floa
         x = case.rank_tensor(rank).numpy()
         inputs = [b""] * case.n
         inputs[rank] = x.tobytes()
-        reply = observe_rank(comm, (target, x.dtype.name, tuple(x.shape), inputs, case.op))
+        reply = observe_rank(comms[case.n], (target, x.dtype.name, tuple(x.shape), inputs, case.op))
         return frame({"kind": "answer", "rank": rank, "mpi": plain_json(reply)}, b"")
 
     def decode_mpi(reply: Reply) -> Answer:
         return decode_rank(plain_unjson(reply.head.get("mpi")), int(reply.head["rank"]))
 
     try:
-        return _run_member(_Member(rank, size, base, answer, error, decode_mpi), run, timeout_s)
+        member = _Member(rank, size, base, answer, error, decode_mpi, subgroups)
+        return _run_member(member, run, timeout_s)
     finally:
         side.Barrier()  # rank 0 keeps the store up until every rank is done with it
-        comm.Free()
+        for each in comms.values():
+            if each != MPI.COMM_NULL:
+                each.Free()
         side.Free()
 
 
@@ -520,7 +598,9 @@ def _run_member(member: _Member, run: Callable[[Launcher], T], timeout_s: float)
     got: dict[str, object] = {}
     driver = None
     if rank == 0:
-        launcher = JobRanks(base.clone(), size, timeout_s, terminate.event, member.decode)
+        launcher = JobRanks(
+            base.clone(), size, timeout_s, terminate.event, member.decode, subgroups=member.subgroups
+        )
         driver = threading.Thread(target=_drive, args=(run, launcher, base.clone(), show, got), daemon=True)
         driver.start()
     store.set(f"ready/{rank}", member.load_error)

@@ -108,6 +108,9 @@ class Report:
     """The collective the target was checked as."""
     exact_against: ExactOrder | None = None
     """What ``exact`` checked against (``None`` when ``exact`` did not run)."""
+    tested_n: list[int] | None = None
+    """``--ranks job`` / ``mpi-job``: the ``N`` that were called (the world size; with ``--subgroups``
+    the smaller ones too); ``None`` for the other launchers."""
 
     @property
     def verdict(self) -> str:
@@ -190,7 +193,7 @@ class Report:
             "exact_against": None if self.exact_against is None else self.exact_against.to_json(),
             "output": {"bytes": self.output_bytes, "text": self.output},
             "modes": {name: r.to_json(self.seed) for name, r in self.modes.items()},
-        }
+        } | ({} if self.tested_n is None else {"tested_n": self.tested_n})
 
     def render(self) -> str:
         """The human-readable report."""
@@ -202,10 +205,11 @@ class Report:
         if self.collective != "all-reduce":
             lines.append(f"  ({_COLLECTIVE_WORDS[self.collective]})")
         if self.ranks:
+            tested = "" if self.tested_n is None else f"; N tested: {', '.join(map(str, self.tested_n))}"
             lines.append(
                 f"  (per rank: the target ran on every rank of {_GROUPS.get(self.ranks, self.ranks)} "
                 "of N processes, "
-                f"at most {self.timeout_s:g} s per call)"
+                f"at most {self.timeout_s:g} s per call{tested})"
             )
         elif self.isolated:
             lines.append(

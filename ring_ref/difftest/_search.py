@@ -324,6 +324,7 @@ def difftest(
     group: object = None,
     device: str = "cpu",
     framework: Framework = "torch",
+    subgroups: bool = False,
 ) -> Report:
     """Check ``fn`` against the reference in each of ``modes``; return the :class:`Report`.
 
@@ -363,6 +364,11 @@ def difftest(
     returns the same report (or raises the same exception).  After a call that
     left ranks inside the target (``timed-out``, ``crashed``, ``raised`` with
     ranks stopped) rank 0 prints the report and every rank's process exits 1.
+    ``subgroups=True`` (``--subgroups``, with ``"job"`` or ``"mpi-job"``): every
+    ``N`` from 1 to the world size is drawn, a smaller one on the subgroup of
+    ranks ``0 .. N-1`` (``new_group``; ``Split`` under MPI), ``fn(tensor,
+    group=G)`` (``fn(comm_N, array)``); ``fn`` must take ``group=``.  The
+    report's ``tested_n`` says which ``N`` were called.
 
     ``framework="jax"`` (clause ``jax-difftest``): a stacked ``fn`` takes the
     case as a ``jax.Array`` and returns a ``jax.Array`` (the extra ``ring-ref[jax]``;
@@ -413,7 +419,7 @@ def difftest(
     chosen = _modes_of(modes)
     refused = _refused(
         collective, ranks, framework, mca, reduce_op, auto=schedule == "auto" or order is not None
-    )
+    ) or _subgroups_refused(subgroups, ranks)
     if refused:
         raise ValueError(refused)
     workers = max_workers if max_workers is not None else default_max_workers(ranks)
@@ -445,6 +451,7 @@ def difftest(
     options += "" if timeout == DEFAULT_TIMEOUT_S else f" --timeout {timeout:g}"
     options += "" if isolated else " --in-process"
     options += f" --device {device}" if device != "cpu" else ""
+    options += " --subgroups" if subgroups else ""
     options += "".join(f" --mca {key}={value}" for key, value in (mca or {}).items())
     options += f" {exact.option}" if exact.option else ""
     options += f" --collective {collective}" if collective != "all-reduce" else ""
@@ -465,9 +472,9 @@ def difftest(
     )
     run = functools.partial(run, op=reduce_op)
     if launcher is None and ranks == "mpi-job":
-        return run_in_mpi_job(name, run, timeout_s=timeout)
+        return run_in_mpi_job(name, run, timeout_s=timeout, subgroups=subgroups)
     if launcher is None:
-        return run_in_job(fn, run, group=group, device=device, timeout_s=timeout)
+        return run_in_job(fn, run, group=group, device=device, timeout_s=timeout, subgroups=subgroups)
     return run(launcher)
 
 
@@ -491,6 +498,23 @@ def _refused(
         return (
             f"--op {reduce_op} checks exact against the spec's ring or a named --schedule; --schedule auto "
             "and --order reveal and name sum orders (drop them; order-free and bound need no order)"
+        )
+    return None
+
+
+def _subgroups_refused(subgroups: object, ranks: str | None) -> str | None:
+    """Why ``subgroups`` cannot be used with ``ranks``, or ``None``.
+
+    >>> _subgroups_refused(True, "gloo")[:40]
+    'subgroups (--subgroups) tests every smal'
+    """
+    if not isinstance(subgroups, bool):
+        return f"subgroups (--subgroups) must be True or False; got {subgroups!r}"
+    if subgroups and ranks not in ("job", "mpi-job"):
+        return (
+            "subgroups (--subgroups) tests every smaller N inside a job, through subgroups of its ranks: it "
+            f"needs ranks='job' or 'mpi-job' (--ranks job / mpi-job); got ranks={ranks!r} (--ranks gloo and "
+            "mpi draw every N up to --max-workers already)"
         )
     return None
 

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import json
+
+import jsonschema  # type: ignore[import-untyped]
 import pytest
 
 from ring_ref._cli import main
 from ring_ref._processes._job import JobEnv, JobEnvError, job_environment
 from ring_ref.difftest import difftest
+from ring_ref.difftest._job import takes_group
+from ring_ref.difftest._report import ModeResult, Report
+from tests.paths import ROOT
+
+SCHEMA = json.loads((ROOT / "spec" / "difftest_report.schema.json").read_text(encoding="utf-8"))
 
 pytestmark = pytest.mark.clause("difftest-job")
 
@@ -96,3 +104,40 @@ def test_the_command_line_exits_2_outside_a_job(
 def test_ranks_job_outside_a_process_group_is_refused() -> None:
     with pytest.raises(ValueError, match=r"none is initialised: call torch\.distributed\.init_process_group"):
         difftest("torch.distributed:all_reduce", ranks="job")
+
+
+def test_subgroups_need_a_job_and_a_boolean(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--subgroups`` is for ``--ranks job`` / ``mpi-job`` only: a usage error (exit 2) elsewhere."""
+    for ranks in (None, "gloo", "mpi"):
+        with pytest.raises(ValueError, match=r"subgroups \(--subgroups\) tests every smaller N inside a job"):
+            difftest("tests.planted_rank_impls:plain_ring", ranks=ranks, subgroups=True)
+    with pytest.raises(ValueError, match=r"must be True or False; got 'yes'"):
+        difftest("torch.distributed:all_reduce", ranks="job", subgroups="yes")  # type: ignore[arg-type]
+    assert main(["difftest", "--ranks", "gloo", "--subgroups", "tests.planted_rank_impls:plain_ring"]) == 2
+    assert "it needs ranks='job' or 'mpi-job'" in capsys.readouterr().err
+
+
+def _keyword_only(tensor: object, *, group: object = None) -> None: ...
+def _any_keyword(tensor: object, **options: object) -> None: ...
+def _positional_only(tensor: object, group: object = None, /) -> None: ...
+def _other_name(tensor: object, process_group: object = None) -> None: ...
+
+
+@pytest.mark.parametrize(
+    ("fn", "takes"),
+    [(_keyword_only, True), (_any_keyword, True), (_positional_only, False), (_other_name, False)],
+)
+def test_a_target_takes_group_by_that_keyword(fn: object, takes: bool) -> None:
+    assert takes_group(fn) is takes
+
+
+def test_a_job_report_says_which_n_were_tested() -> None:
+    """``tested_n`` in the JSON (valid against the schema) and in the text; absent outside a job."""
+    report = Report("t:f", 1, "replay", isolated=True, ranks="job", timeout_s=60.0, tested_n=[1, 2, 3, 4])
+    report.modes["bound"] = ModeResult("bound", "pass", 5)
+    doc = report.to_json()
+    jsonschema.validate(doc, SCHEMA)
+    assert doc["tested_n"] == [1, 2, 3, 4]
+    assert "at most 60 s per call; N tested: 1, 2, 3, 4)" in report.render()
+    plain = Report("t:f", 1, "replay", isolated=True, ranks="gloo", timeout_s=60.0)
+    assert "tested_n" not in plain.to_json() and "N tested" not in plain.render()

@@ -23,7 +23,7 @@ import pytest
 from ring_ref._processes._mpi_job import mpirun_path
 from ring_ref.difftest import difftest
 from ring_ref.difftest._job import JOB_GRACE_S
-from tests import job_codes, mpi_job_codes, planted_mpi, planted_rank_impls
+from tests import job_codes, mpi_job_codes, planted_group_impls, planted_mpi, planted_rank_impls
 from tests.paths import ROOT
 
 pytestmark = pytest.mark.clause("difftest-job")
@@ -250,6 +250,95 @@ def test_reveal_in_the_job_then_difftest_pins_its_order(tmp_path: Path) -> None:
     assert pinned.returncode == 0 and "PASS" in pinned.stdout, (pinned.stdout, pinned.stderr[-3000:])
     spec = _torchrun(3, [*exact, "--examples", "5", "--seed", "1"], 300)
     assert spec.returncode == 1 and "not-ring-order" in spec.stdout, (spec.stdout, spec.stderr[-3000:])
+
+
+def _odd_group_bug_found_at_three(doc: dict[str, object]) -> None:
+    """The odd-group bug's report: its code, on rank 2 of the subgroup of 3 (the only odd size above 1)."""
+    jsonschema.validate(doc, SCHEMA)
+    bound = doc["modes"]["bound"]  # type: ignore[index]
+    assert doc["diagnoses"] == [planted_group_impls.ODD_GROUP_CODE], doc
+    assert bound["counterexample"]["n"] == 3 and bound["counterexample"]["ranks"] == [2], bound
+    assert 3 in doc["tested_n"] and str(doc["replay"]).endswith(" --subgroups"), doc  # type: ignore[operator]
+
+
+def test_subgroups_find_a_bug_that_only_a_subgroup_of_three_shows() -> None:
+    """``torchrun`` N = 4 with ``--subgroups``: the bug of odd group sizes is found at N = 3, on a
+    ``new_group`` subgroup; the report says which N were tested."""
+    bug = "tests.planted_group_impls:odd_group_last_rank_keeps_input"
+    options = ("--subgroups", "--mode", "bound", "--examples", "20", "--seed", "1", "--json")
+    done = _torchrun(4, _job_cli("difftest", bug, *options), 300)
+    assert done.returncode == 1, done.stderr[-3000:]
+    _odd_group_bug_found_at_three(json.loads(done.stdout))
+
+
+def test_a_hang_in_a_subgroup_ends_the_job_with_a_report() -> None:
+    """A fault in a subgroup case is reported like any other: rank 1 of the pair left waiting is
+    ``timed-out`` with its stack, the ranks outside the pair are let go too, and every rank exits 1."""
+    timeout = 4.0
+    bug = "tests.planted_group_impls:pair_rank_0_skips_the_call"
+    options = ("--subgroups", "--mode", "bound", "--examples", "20", "--seed", "1", "--json")
+    started = time.monotonic()
+    done = _torchrun(4, _job_cli("difftest", bug, *options, "--timeout", f"{timeout:g}"), 300)
+    took = time.monotonic() - started
+    doc = json.loads(done.stdout)
+    jsonschema.validate(doc, SCHEMA)
+    cex = doc["modes"]["bound"]["counterexample"]
+    assert doc["diagnoses"] == ["timed-out"] and cex["n"] == 2 and cex["ranks"] == [1], doc
+    assert "in pair_rank_0_skips_the_call" in cex["stack"] and 2 in doc["tested_n"], cex
+    assert done.returncode == 1 and took < timeout + JOB_GRACE_S + START_ALLOWANCE_S, (took, done.stderr)
+
+
+def test_subgroups_from_every_rank_through_the_python_api(tmp_path: Path) -> None:
+    """Inside a job of 4 (``tests/subgroup_codes.py``): the bug passes at N = 4 alone and fails with
+    ``subgroups=True``; the correct target passes at every N; a group of 2 of the 4 ranks is refused."""
+    done = _torchrun(4, ["-m", "tests.subgroup_codes", str(tmp_path)], 400)
+    assert done.returncode == 0, done.stderr[-4000:]
+    ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(4)]
+    assert [{k: v for k, v in r.items() if k != "pair"} for r in ranks[1:]] == [
+        {k: v for k, v in ranks[0].items() if k != "pair"}
+    ] * 3
+    assert ranks[0]["without"] == ["pass", [4]] and ranks[0]["correct"] == ["pass", [1, 2, 3, 4]], ranks[0]
+    failed = ranks[0]["with"]
+    assert failed.startswith("FAIL: ") and "counterexample: N = 3," in failed and "N tested: " in failed
+    assert [r.get("pair", "") for r in ranks[2:]] == ["", ""]
+    assert all("group has 2 of the job's 4 ranks" in r["pair"] for r in ranks[:2]), ranks
+
+
+def test_subgroups_refuse_a_target_without_group_on_every_rank() -> None:
+    """A target that cannot take ``group=`` is a usage error: exit 2 on every rank, the reason named."""
+    port = str(_free_port())
+    target = "tests.planted_group_impls:takes_no_group"
+    cmd = [sys.executable, *_job_cli("difftest", target, "--subgroups", "--examples", "3")]
+    envs = [
+        {"SLURM_PROCID": str(rank), "SLURM_NTASKS": "2", "SLURM_LOCALID": str(rank), "MASTER_PORT": port}
+        for rank in range(2)
+    ]
+    codes, outs = _run_together([(cmd, {**env, "MASTER_ADDR": "127.0.0.1"}) for env in envs], 300)
+    assert codes == [2, 2], outs
+    assert "'takes_no_group' does not take group=: --subgroups calls" in outs[0][1], outs
+    assert outs[0][0] == outs[1][0] == "", outs
+
+
+@pytest.mark.parametrize(
+    ("target", "status"),
+    [
+        ("tests.planted_group_impls:mpi_odd_group_last_rank_keeps_input", 1),
+        ("tests.planted_mpi:plain_ring", 0),
+    ],
+)
+def test_subgroups_in_an_mpi_job_of_four(target: str, status: int) -> None:
+    """``--ranks mpi-job --subgroups`` under ``mpirun -n 4``: smaller N on ``Split`` communicators; the
+    odd-group bug is found at N = 3, the correct ring passes at every N."""
+    cmd = [*_mpirun(4), "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS", "-x", "MASTER_ADDR=127.0.0.1"]
+    cmd += [sys.executable, "-m", "ring_ref", "difftest", "--ranks", "mpi-job", target, "--subgroups"]
+    done = _run([*cmd, "--mode", "bound", "--examples", "20", "--seed", "1", "--json"], 300)
+    assert (done.returncode != 0) == bool(status), (done.stdout, done.stderr[-3000:])
+    doc = json.loads(done.stdout)
+    if status:
+        _odd_group_bug_found_at_three(doc)
+    else:
+        jsonschema.validate(doc, SCHEMA)
+        assert doc["verdict"] == "pass" and doc["tested_n"] == [1, 2, 3, 4], doc
 
 
 @pytest.mark.soak
