@@ -88,7 +88,8 @@ def test_in_process_psum_folds_in_device_order_at_n_3_to_8(measured: Any) -> Non
         fold = ",".join(str(w) for w in range(n))  # device 0, 1, ..., N - 1: typed in, not derived
         assert f"elements 0..{2 * n - 1}: fold {fold}\n" in measured["reveal"][str(n)]
         assert "classification: folds" in measured["reveal"][str(n)]
-        assert "matches presets: none" in measured["reveal"][str(n)]
+        # no ring; the fold in device order is the chain preset's (spec section 15)
+        assert "matches presets: chain\n" in measured["reveal"][str(n)]
 
 
 @pytest.mark.clause("jax-findings")
@@ -132,3 +133,17 @@ def test_cli_difftest_framework_jax_isolates_psum_and_names_its_order() -> None:
     assert report["modes"]["exact"]["verdict"] == "fail"
     assert report["modes"]["exact"]["diagnoses"] == ["not-ring-order"]
     assert "--framework jax" in report["replay"]
+
+
+@pytest.mark.clause("jax-findings")
+def test_in_process_psum_is_the_chain_but_for_the_sign_of_a_zero_sum() -> None:
+    # Against the chain (the fold in device order) every order probe passes; what is left is the sum of
+    # -0.0 values, which psum folds from +0.0.
+    argv = [sys.executable, "-m", "ring_ref", "difftest", "--framework", "jax", "ring_ref.targets:jax_psum"]
+    argv += ["--schedule", "chain", "--mode", "exact", "--max-workers", "4", "--examples", "20"]
+    argv += ["--seed", "3", "--dtypes", "float32", "--json"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=900, cwd=ROOT, check=False)
+    assert done.returncode == 1, done.stderr[-3000:]
+    exact = json.loads(done.stdout)["modes"]["exact"]
+    assert exact["diagnoses"] == ["signed-zero"]
+    assert exact["counterexample"]["input"] == [[-0.0, -0.0], [-0.0, -0.0]]
