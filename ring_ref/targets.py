@@ -61,6 +61,7 @@ __all__ = [
     "gloo_all_reduce",
     "jax_psum",
     "jax_psum_ranks",
+    "jax_psum_scatter",
     "mpi_allreduce",
 ]
 
@@ -139,6 +140,46 @@ def jax_psum(worker_tensors: jax.Array, op: str = "sum") -> jax.Array:
         )
     sharding, collective = _jax_collective(tuple(devices[:n]), name)
     return cast("jax.Array", collective(jax.device_put(worker_tensors, sharding)))
+
+
+def jax_psum_scatter(worker_tensors: jax.Array) -> jax.Array:
+    """``jax.lax.psum_scatter`` (``tiled``) of ``worker_tensors[i]`` on CPU device ``i`` under
+    ``jax.shard_map``: the reduce-scatter ``(N, M, ...) -> (N, M / N, ...)``, row ``r`` device ``r``'s
+    shard (``difftest --framework jax --collective reduce-scatter``).  Needs ``N`` CPU devices, as
+    :func:`jax_psum`.
+    """
+    import jax
+
+    n = int(worker_tensors.shape[0])
+    devices = jax.devices("cpu")
+    if len(devices) < n:
+        raise RuntimeError(
+            f"jax_psum_scatter needs N = {n} CPU devices and this process has {len(devices)}: call "
+            f'jax.config.update("jax_num_cpu_devices", {n}) before jax is first used, or let difftest run '
+            "the target in its isolated worker"
+        )
+    sharding, scatter = _jax_scatter(tuple(devices[:n]))
+    shards = scatter(jax.device_put(worker_tensors, sharding))
+    return cast("jax.Array", shards.reshape(n, -1, *worker_tensors.shape[2:]))
+
+
+@functools.cache
+def _jax_scatter(devices: tuple[Any, ...]) -> tuple[Any, Callable[[Any], Any]]:
+    """The sharding of ``(N, M, ...)`` over ``devices``; the jitted ``psum_scatter`` under ``shard_map``."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    mesh = jax.make_mesh(
+        (len(devices),), ("w",), devices=devices, axis_types=(jax.sharding.AxisType.Explicit,)
+    )
+    by_worker = PartitionSpec("w")  # type: ignore[no-untyped-call]
+    per_device = jax.shard_map(
+        lambda block: jax.lax.psum_scatter(block[0], "w", scatter_dimension=0, tiled=True),
+        mesh=mesh,
+        in_specs=by_worker,
+        out_specs=by_worker,
+    )
+    return NamedSharding(mesh, by_worker), jax.jit(per_device)
 
 
 def jax_psum_ranks(x: jax.Array, op: str = "sum") -> jax.Array:

@@ -147,3 +147,25 @@ def test_in_process_psum_is_the_chain_but_for_the_sign_of_a_zero_sum() -> None:
     exact = json.loads(done.stdout)["modes"]["exact"]
     assert exact["diagnoses"] == ["signed-zero"]
     assert exact["counterexample"]["input"] == [[-0.0, -0.0], [-0.0, -0.0]]
+
+
+@pytest.mark.clause("jax-findings")
+def test_psum_scatter_folds_in_device_order_and_flushes_subnormals() -> None:
+    argv = [
+        sys.executable,
+        "-m",
+        "ring_ref",
+        "difftest",
+        "--framework",
+        "jax",
+        "ring_ref.targets:jax_psum_scatter",
+    ]
+    argv += ["--collective", "reduce-scatter", "--max-workers", "4", "--examples", "30", "--seed", "4"]
+    argv += ["--dtypes", "float32", "--json"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=900, cwd=ROOT, check=False)
+    assert done.returncode == 1, done.stderr[-3000:]
+    modes = json.loads(done.stdout)["modes"]
+    assert modes["exact"]["diagnoses"] == ["not-ring-order"]
+    assert "fold 0,1,2" in modes["exact"]["explanation"]  # device order, typed in
+    assert modes["order-free"]["verdict"] == "pass"
+    assert modes["bound"]["diagnoses"] == ["out-of-bound"]  # a subnormal comes back as 0.0
