@@ -173,8 +173,9 @@ def _jax_scatter(devices: tuple[Any, ...]) -> tuple[Any, Callable[[Any], Any]]:
         (len(devices),), ("w",), devices=devices, axis_types=(jax.sharding.AxisType.Explicit,)
     )
     by_worker = PartitionSpec("w")  # type: ignore[no-untyped-call]
+    scatter: Callable[..., Any] = jax.lax.psum_scatter  # untyped in jax 0.10.2
     per_device = jax.shard_map(
-        lambda block: jax.lax.psum_scatter(block[0], "w", scatter_dimension=0, tiled=True),
+        lambda block: scatter(block[0], "w", scatter_dimension=0, tiled=True),
         mesh=mesh,
         in_specs=by_worker,
         out_specs=by_worker,
