@@ -17,7 +17,7 @@ Under ``jax.jit`` (or any other trace) the ring runs on the host through
 traced, finiteness when it runs).
 
 >>> import jax.numpy as jnp
->>> reduce_jax(jnp.array([[1.0, 2.0], [3.0, 4.0]]))
+>>> reduce_jax(jnp.array([[1.0, 2.0], [3.0, 4.0]], dtype=jnp.float32))
 Array([4., 6.], dtype=float32)
 """
 
