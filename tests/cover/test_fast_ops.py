@@ -35,10 +35,11 @@ Result = torch.Tensor | npt.NDArray[Any]
 
 
 def as_tensor(result: Result) -> torch.Tensor:
-    """A result (or input) as a tensor of the same values; numpy arrays are copied."""
+    """A result (or input) as a tensor of the same values; numpy arrays are copied (into fresh C-order
+    memory: ``ascontiguousarray`` keeps a negative stride along an axis of length 1, which torch refuses)."""
     if isinstance(result, torch.Tensor):
         return result
-    return torch.from_numpy(np.ascontiguousarray(result))
+    return torch.from_numpy(np.array(result, order="C", copy=True))
 
 
 VIEWS: dict[str, Callable[[torch.Tensor], Result]] = {
