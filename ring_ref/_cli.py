@@ -573,9 +573,9 @@ def _invariance_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--dtype",
-        choices=tuple(_reveal.LIMITS),
+        choices=("float32", "float64"),
         default="float32",
-        help="float32 (N <= 24 to reveal, the default) or float64 (N <= 53)",
+        help="float32 (the default) or float64 (N <= 65536 to reveal)",
     )
     parser.add_argument(
         "--by-bits",

@@ -130,15 +130,7 @@ def jax_psum(worker_tensors: jax.Array, op: str = "sum") -> jax.Array:
     import jax  # the optional extra, imported only by a JAX run
 
     name = _op_key(op, _JAX_OPS, "jax.lax (psum, pmean, pmax, pmin)")
-    n = int(worker_tensors.shape[0])
-    devices = jax.devices("cpu")
-    if len(devices) < n:
-        raise RuntimeError(
-            f"jax_psum needs N = {n} CPU devices and this process has {len(devices)}: call "
-            f'jax.config.update("jax_num_cpu_devices", {n}) before jax is first used, or let difftest run '
-            "the target in its isolated worker"
-        )
-    sharding, collective = _jax_collective(tuple(devices[:n]), name)
+    sharding, collective = _jax_collective(_cpu_devices(int(worker_tensors.shape[0]), "jax_psum"), name)
     return cast("jax.Array", collective(jax.device_put(worker_tensors, sharding)))
 
 
@@ -151,14 +143,7 @@ def jax_psum_scatter(worker_tensors: jax.Array) -> jax.Array:
     import jax
 
     n = int(worker_tensors.shape[0])
-    devices = jax.devices("cpu")
-    if len(devices) < n:
-        raise RuntimeError(
-            f"jax_psum_scatter needs N = {n} CPU devices and this process has {len(devices)}: call "
-            f'jax.config.update("jax_num_cpu_devices", {n}) before jax is first used, or let difftest run '
-            "the target in its isolated worker"
-        )
-    sharding, scatter = _jax_scatter(tuple(devices[:n]))
+    sharding, scatter = _jax_scatter(_cpu_devices(n, "jax_psum_scatter"))
     shards = scatter(jax.device_put(worker_tensors, sharding))
     return cast("jax.Array", shards.reshape(n, -1, *worker_tensors.shape[2:]))
 
@@ -205,6 +190,20 @@ def jax_psum_ranks(x: jax.Array, op: str = "sum") -> jax.Array:
     sharding, collective = _jax_collective(devices, name)
     own = jax.make_array_from_single_device_arrays((len(devices), *x.shape), sharding, [x[None]])
     return cast("jax.Array", collective(own).addressable_data(0))
+
+
+def _cpu_devices(n: int, target: str) -> tuple[Any, ...]:
+    """The first ``n`` CPU devices of this process; a ``RuntimeError`` naming the fix when it has fewer."""
+    import jax
+
+    devices = jax.devices("cpu")
+    if len(devices) < n:
+        raise RuntimeError(
+            f"{target} needs N = {n} CPU devices and this process has {len(devices)}: call "
+            f'jax.config.update("jax_num_cpu_devices", {n}) before jax is first used, or let difftest run '
+            "the target in its isolated worker"
+        )
+    return tuple(devices[:n])
 
 
 @functools.cache
