@@ -59,10 +59,10 @@ depend on the segment size, nor on how the segments travel:
   took far less variable time than sends and receives driven from Python.
   Each is a trip through that thread, so two-rank segments are larger.
   Reduce-scatter receives into staging, all-gather straight into the slot.
-* when no chunk is larger than :data:`LEAD_BYTES`, reduce-scatter's first round
-  travels with the check below: each rank's signature message to its right
-  neighbour also carries the chunk it sends first, so that round costs no
-  exchange of its own.
+* when no chunk is larger than :data:`LEAD_BYTES`, the first round (reduce-scatter's,
+  or a lone all-gather's) travels with the check below: each rank's signature
+  message to its right neighbour also carries the chunk it sends first, so that
+  round costs no exchange of its own.
 * two ranks reducing at most :data:`SWAP_BYTES` need no rounds at all: a
   two-rank ring's only neighbour is the other rank, and each element's result
   is one combine of the two inputs, made by the rank that receives its chunk in
@@ -203,9 +203,10 @@ it.  Every gloo call receives its neighbours' signatures into room for this many
 :data:`LEAD_BYTES`, the larger), so it must be the same on every rank (as must every tuning
 constant here)."""
 LEAD_BYTES: Final = 1 << 20
-"""gloo calls that run the rounds send the chunk of reduce-scatter's first round with their
-signature when no chunk is larger than this (:attr:`_Plan.lead`): that round then costs no
-exchange of its own.  Larger chunks travel after the check."""
+"""gloo calls that run the rounds send the chunk of their first round (reduce-scatter's; a lone
+all-gather's, its input) with their signature when no chunk is larger than this
+(:attr:`_Plan.lead`): that round then costs no exchange of its own.  Larger chunks travel after
+the check."""
 _EXCHANGE_RANKS: Final = 2
 """gloo groups of at most this many ranks run every round as ``alltoall`` collectives.
 
@@ -419,12 +420,10 @@ def _tuning(args: object = None) -> tuple[int, int, int, int, int, int]:
     """The tuning constants :func:`_plan` takes, read when called (tests replace them).
 
     A reduce-scatter or an all-gather never swaps whole tensors (each rank makes only its own
-    shard's combines); an all-gather sends nothing with the check (its first round copies).
+    shard's combines); both send their first round with the check, as an all-reduce does.
     """
-    swap, lead = SWAP_BYTES, LEAD_BYTES
-    if isinstance(args, Shards):
-        swap, lead = -1, lead if args.collective == REDUCE_SCATTER else -1
-    return SEGMENT_BYTES, EXCHANGE_SEGMENT_BYTES, MAX_SEGMENTS, swap, lead, _EXCHANGE_RANKS
+    swap = -1 if isinstance(args, Shards) else SWAP_BYTES
+    return SEGMENT_BYTES, EXCHANGE_SEGMENT_BYTES, MAX_SEGMENTS, swap, LEAD_BYTES, _EXCHANGE_RANKS
 
 
 def _buffer_size(args: object) -> tuple[int, int]:
@@ -702,8 +701,9 @@ class _Plan(NamedTuple):
     here)``, ``here`` when this rank makes that chunk's combine (it receives the chunk in
     reduce-scatter); empty for ``N > 2`` and above :data:`SWAP_BYTES`."""
     lead: bool
-    """Step 0 (reduce-scatter's first round) travels with the check (:func:`_check_gloo`): no chunk
-    is larger than :data:`LEAD_BYTES`, which every rank decides alike (it depends on no rank)."""
+    """The first step a call runs (reduce-scatter's first round, or a lone all-gather's) travels with
+    the check (:func:`_check_gloo`): no chunk is larger than :data:`LEAD_BYTES`, which every rank
+    decides alike (it depends on no rank)."""
 
 
 @functools.lru_cache(maxsize=64)
@@ -834,8 +834,8 @@ def _ring_pipelined(
     to it has been received, this rank's included, which was sent from the same
     slot segment: it cannot land on bytes still to be sent.
     Empty segments (of short or empty chunks) are neither sent nor received.  ``lead``, when
-    given, holds the segments of step 0, already come with the check (:func:`_check_gloo`).
-    ``steps`` are the steps to run: all of them (all-reduce), or one phase's.
+    given, holds the segments of the first step, already come with the check
+    (:func:`_check_gloo`).  ``steps`` are the steps to run: all of them (all-reduce), or one phase's.
     """
     count, received, rounds, filled, rs_steps = (
         plan.per_chunk,
@@ -863,13 +863,16 @@ def _ring_pipelined(
         post_send(first, plan.sent[first] * count + s, s)
 
     def arrive(t: int, piece: int, s: int) -> None:
-        """Segment ``s`` of step ``t`` has come: in reduce-scatter, add it into its slot."""
-        came = None if t or lead is None else lead[s]
+        """Segment ``s`` of step ``t`` has come: in reduce-scatter, add it into its slot; in
+        all-gather, copy it there when it came with the check."""
+        came = lead[s] if lead is not None and t == first else None
         if came is None:
             waiter.round(receiving.pop(t * count + s), *rounds[t])
         if t < rs_steps:
             stage = stages[t * (count + 1) + s] if came is None else came
             combine_into(stage, slots[piece])  # incoming + own (or the op's): rs-add
+        elif came is not None:
+            slots[piece].copy_(came)  # ag-copy-not-add
 
     last = steps.stop - 1
     for t in steps:
@@ -912,6 +915,25 @@ def _check_layout(n: int, rank: int, head: int, room: int) -> _Layout:
     return _Layout(receiving, offsets, tuple(runs))
 
 
+def _payload(
+    flat: torch.Tensor | None, plan: _Plan, first: int, source: torch.Tensor | None
+) -> torch.Tensor | None:
+    """What a clean call sends with the check (:func:`_check_gloo`): its whole ``flat`` buffer
+    (:attr:`_Plan.swap`), the chunk it sends at step ``first`` (:attr:`_Plan.lead`; ``source``
+    when given, else read from ``flat``), or nothing."""
+    if plan.swap:
+        return flat
+    if not plan.lead:
+        return None
+    if source is not None:
+        payload = source.detach().reshape(-1)
+        assert payload.numel() == plan.chunks[plan.sent[first]], "a lone all-gather sends its input first"
+        return payload
+    assert flat is not None
+    start = sum(plan.chunks[: plan.sent[first]])
+    return flat[start : start + plan.chunks[plan.sent[first]]]
+
+
 def _check_gloo(  # noqa: PLR0917 (the call's own arguments)
     tensor: object,
     flat: torch.Tensor | None,
@@ -922,18 +944,22 @@ def _check_gloo(  # noqa: PLR0917 (the call's own arguments)
     *,
     op: object,
     name: object,
+    first: int = 0,
+    source: torch.Tensor | None = None,
 ) -> tuple[bool, tuple[torch.Tensor, ...] | None]:
     """gloo: the check before the ring in one ``alltoall`` that also carries the first piece of
     data.  Returns whether the reduction is done and, when the rounds are still to run, the
-    segments of the left neighbour's first reduce-scatter chunk if it came with the check
-    (:attr:`_Plan.lead`).
+    segments of the chunk the left neighbour sends at step ``first`` (the first step the call
+    runs) if it came with the check (:attr:`_Plan.lead`).  ``source``, when given, is what this
+    rank sends at that step (a lone all-gather's input, not yet in its slot); otherwise it is
+    read from ``flat``.
 
     Every rank sends every other rank its signature and verdict (:func:`_signature`), all
     messages at once (an ``allgather`` or ``allreduce`` would pass them round the ring in
     ``N - 1`` or more steps).  When its tensor is clean, its message to its right neighbour
     also carries either the bytes of its whole ``flat`` buffer (two ranks, at most
-    :data:`SWAP_BYTES`) or the chunk it sends first in reduce-scatter (at most
-    :data:`LEAD_BYTES`).  Each rank receives from its two neighbours (the only ranks a ring of
+    :data:`SWAP_BYTES`) or the chunk it sends first (at most :data:`LEAD_BYTES`).  Each rank
+    receives from its two neighbours (the only ranks a ring of
     the family sends to first, whatever its direction) into room for the larger of the two
     after the row, so unequal tensors cannot overrun it, and nothing is written before every
     row is compared.  Equal clean rows mean equal tensors and rings.
@@ -953,13 +979,7 @@ def _check_gloo(  # noqa: PLR0917 (the call's own arguments)
     if clean:
         assert isinstance(tensor, (torch.Tensor, Shards)) and known.ring is not None
         clean = _finite(tensor, n, "gloo", known.ring)
-    payload = None
-    if clean and plan is not None and plan.swap:
-        payload = flat
-    elif clean and plan is not None and plan.lead:
-        assert flat is not None
-        start = sum(plan.chunks[: plan.sent[0]])
-        payload = flat[start : start + plan.chunks[plan.sent[0]]]
+    payload = _payload(flat, plan, first, source) if clean and plan is not None else None
     flags = known.flags if clean and known.flags is not None else _flags(known.signature, clean, n, "gloo")
     rows = flags.view(torch.uint8)  # this rank's row N times (cached for clean calls)
     head = rows.numel() // n
@@ -985,7 +1005,7 @@ def _check_gloo(  # noqa: PLR0917 (the call's own arguments)
         assert plan is not None and combine_into is not None
         came = inbox[layout.offsets[plan.left] + head :]
         if not plan.swap:
-            count, chunk = plan.per_chunk, plan.received[0]
+            count, chunk = plan.per_chunk, plan.received[first]
             arrived = came[: plan.chunks[chunk] * payload.element_size()].view(payload.dtype)
             return False, arrived.split_with_sizes(plan.pieces[chunk * count : (chunk + 1) * count])
         staging = came[: payload.numel() * payload.element_size()].view(payload.dtype)
@@ -1022,7 +1042,8 @@ def _ring_exchanges(
     together, so no send is pending when a slot is overwritten.  Segment ``s`` of
     step ``t + 1`` is started as soon as segment ``s`` of step ``t`` is done
     (the same slot: :func:`_ring_pipelined`), while the other segments are under way.
-    ``lead``, when given, holds the segments of step 0, already come with the check (:func:`_check_gloo`).
+    ``lead``, when given, holds the segments of the first step, already come with the check
+    (:func:`_check_gloo`).
     """
     count, received, sent, pieces = plan.per_chunk, plan.received, plan.sent, plan.pieces
     works: dict[int, dist.Work] = {}
@@ -1041,13 +1062,15 @@ def _ring_exchanges(
     for t in steps:
         phase, r = plan.steps[t]
         for s in range(count):
-            came = None if t or lead is None else lead[s]
+            came = lead[s] if lead is not None and t == steps.start else None
             if came is None:
                 waiter.round(works.pop(t * count + s), phase, r)
             if t < plan.rs_steps and pieces[received[t] * count + s]:
                 # incoming + own (or the op's), as rs-add states
                 incoming = stages[t * (count + 1) + s] if came is None else came
                 combine_into(incoming, slots[received[t] * count + s])
+            elif came is not None and pieces[received[t] * count + s]:
+                slots[received[t] * count + s].copy_(came)  # ag-copy-not-add
             if t < last:
                 start(t + 1, s)
 
@@ -1254,10 +1277,12 @@ def _run(  # noqa: PLR0917 (the call's own state)
     name: object,
     phase: Phase | None = None,
     fill: Callable[[], None] | None = None,
+    source: torch.Tensor | None = None,
 ) -> None:
     """The check (on gloo, :func:`_check_gloo`) and then the ring's rounds on ``flat``: both phases
     (``phase=None``, all-reduce) or one.  ``fill`` runs once the check has passed, before the
-    rounds (all-gather's copy of its input into its slot).  On any failure the scratch buffers
+    rounds (all-gather's copy of its input into its slot); ``source`` is what this rank sends
+    first when that is not yet in ``flat`` (all-gather's input).  On any failure the scratch buffers
     that a receive may still write into are dropped."""
     combine_into = None if known.reduce_op is None else torch_combine_into(known.reduce_op)
     plan = known.plan
@@ -1268,8 +1293,26 @@ def _run(  # noqa: PLR0917 (the call's own state)
         else flat.split_with_sizes(plan.pieces)
     )
     try:
+        steps = range(0)
+        if isinstance(plan, _Plan):
+            steps = {
+                None: range(len(plan.steps)),
+                REDUCE_SCATTER: range(plan.rs_steps),
+                ALL_GATHER: range(plan.rs_steps, len(plan.steps)),
+            }[phase]
         done, lead = (
-            _check_gloo(args, flat, known, group, waiter, combine_into, op=op, name=name)
+            _check_gloo(
+                args,
+                flat,
+                known,
+                group,
+                waiter,
+                combine_into,
+                op=op,
+                name=name,
+                first=steps.start,
+                source=source,
+            )
             if pipelined
             else (False, None)
         )
@@ -1281,11 +1324,6 @@ def _run(  # noqa: PLR0917 (the call's own state)
         if isinstance(plan, _ChainPlan):
             _chain_steps(flat, work, plan, group, waiter, combine_into=combine_into)
         elif not done:
-            steps = {
-                None: range(len(plan.steps)),
-                REDUCE_SCATTER: range(plan.rs_steps),
-                ALL_GATHER: range(plan.rs_steps, len(plan.steps)),
-            }[phase]
             _rounds(flat, slots, work, plan, group, waiter, combine_into=combine_into, lead=lead, steps=steps)
     except BaseException:
         for purpose in ("staging", "input", "output"):
@@ -1401,6 +1439,7 @@ def ring_all_gather_(
             name=schedule,
             phase=ALL_GATHER,
             fill=fill,
+            source=input if known.sound else None,
         )
     else:
         fill()

@@ -195,8 +195,16 @@ def gather_rows(
 @pytest.mark.clause("dist-all-gather")
 @pytest.mark.parametrize(
     ("n", "settings"),
-    [(2, {}), (3, {}), (4, {}), (2, EXCHANGE_SEGMENTS), (4, SMALL_SEGMENTS), (3, PER_ROUND)],
-    ids=["n2", "n3", "n4", "n2-segments", "n4-segments", "n3-per-round"],
+    [
+        (2, {}),
+        (3, {}),
+        (4, {}),
+        (2, EXCHANGE_SEGMENTS | AFTER_THE_CHECK),
+        (4, SMALL_SEGMENTS),
+        (3, AFTER_THE_CHECK),
+        (3, PER_ROUND),
+    ],
+    ids=["n2", "n3", "n4", "n2-segments-after-check", "n4-segments", "n3-after-check", "n3-per-round"],
 )
 def test_all_gather_copies_every_bit_into_rank_order_on_every_rank(
     rings: Rings, n: int, settings: dict[str, object]
@@ -216,6 +224,59 @@ def test_all_gather_copies_every_bit_into_rank_order_on_every_rank(
             assert unchanged, (rank, k)
             assert torch.equal(bits(out), expected), f"rank {rank}, case {k} ({x.dtype}, {schedule})"
             assert torch.equal(bits(in_place), expected), f"rank {rank}, case {k} in place"
+
+
+def count_gather_exchanges(rank: int, world_size: int, settings: dict[str, object]) -> tuple[list[int], int]:
+    """On each rank: one all-gather of 1024 float32; the bytes each ``alltoall`` sent and the
+    point-to-point sends made."""
+    sizes: list[int] = []
+    sends = 0
+    real_all_to_all = distributed._all_to_all
+
+    def all_to_all(*args: Any, **kwargs: Any) -> Any:
+        sizes.append(args[2].numel() * args[2].element_size())
+        return real_all_to_all(*args, **kwargs)
+
+    def counting_send(real: Any) -> Any:
+        def send(*args: Any, **kwargs: Any) -> Any:
+            nonlocal sends
+            sends += 1
+            return real(*args, **kwargs)
+
+        return send
+
+    group = torch.distributed.group.WORLD
+    assert group is not None
+    shard = torch.arange(1024, dtype=torch.float32) + rank
+    out = torch.empty(world_size * 1024)
+    with (
+        tuned(settings),
+        mock.patch.object(distributed, "_all_to_all", all_to_all),
+        mock.patch.object(type(group), "send", counting_send(type(group).send)),
+    ):
+        ring_all_gather_(out, shard)
+    expected = torch.cat([torch.arange(1024, dtype=torch.float32) + r for r in range(world_size)])
+    assert torch.equal(out, expected)
+    return sizes, sends
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_all_gathers_first_round_travels_with_the_check(rings: Rings, n: int) -> None:
+    """A shard within :data:`ring_ref.distributed.LEAD_BYTES` rides in the check's message to the
+    right neighbour, as reduce-scatter's first chunk does: on two ranks the whole all-gather is
+    that one exchange; on three, one point-to-point round remains.  With the lead turned off the
+    first round costs an exchange of its own (two ``alltoall`` calls on two ranks, two sends on
+    three)."""
+    shard_bytes = 1024 * 4
+    for settings, rounds_after in [({}, n - 2), (AFTER_THE_CHECK, n - 1)]:
+        for sizes, sends in rings(n).run(count_gather_exchanges, settings, timeout_s=CALL_TIMEOUT_S):
+            check, *others = sizes
+            carried = check >= shard_bytes
+            assert carried == (not settings), (settings, sizes)
+            if n == 2:
+                assert (len(others), sends) == (rounds_after, 0), (settings, sizes, sends)
+            else:
+                assert (others, sends) == ([], rounds_after), (settings, sizes, sends)
 
 
 # --- bad input ----------------------------------------------------------------------------------
