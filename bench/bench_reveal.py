@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import resource
 import subprocess
 import sys
 import time
@@ -60,6 +61,11 @@ def _row(name: str, n: int, m: int, doc: dict[str, object], *, kind: str, second
     )
 
 
+def _peak_mib() -> str:
+    """This process's peak resident memory so far (the row's own when a run has one row)."""
+    return f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10} MiB"
+
+
 def _per_rank(ranks: str, target: str, n: int, m: int, kind: str) -> str:
     command = [sys.executable, "-m", "ring_ref", "reveal", "--ranks", ranks, target]
     command += ["-n", str(n), "-m", str(m)]
@@ -67,8 +73,9 @@ def _per_rank(ranks: str, target: str, n: int, m: int, kind: str) -> str:
     done = subprocess.run([*command, "--json"], capture_output=True, text=True, check=False, cwd=ROOT)
     seconds = time.perf_counter() - start
     if done.returncode != 0:
-        return f"| {ranks} per rank `{target}` | {n} | {m} | failed: {done.stderr.strip()[-200:]} | | | |"
-    return _row(f"{ranks} per rank `{target}`", n, m, json.loads(done.stdout), kind=kind, seconds=seconds)
+        return f"| {ranks} per rank `{target}` | {n} | {m} | failed: {done.stderr.strip()[-200:]} | | | | |"
+    row = _row(f"{ranks} per rank `{target}`", n, m, json.loads(done.stdout), kind=kind, seconds=seconds)
+    return f"{row} (its own processes) |"
 
 
 def main() -> None:
@@ -76,16 +83,19 @@ def main() -> None:
     parser.add_argument("--sizes", default="32,64,256,1024", help="N values, comma-separated (4096: minutes)")
     parser.add_argument("--targets", default=",".join(TARGETS), help="target names, comma-separated")
     parser.add_argument("--ranks", action="store_true", help="add the per-rank gloo and MPI runs")
+    parser.add_argument("--m", type=int, default=0, help="M for every row (default: M = N)")
     args = parser.parse_args()
-    print("| target | N | M | calls | bound | classification | time |")
-    print("|---|---|---|---|---|---|---|")
+    print("| target | N | M | calls | bound | classification | time | peak memory |")
+    print("|---|---|---|---|---|---|---|---|")
     for name in args.targets.split(","):
         target, kind = TARGETS[name]
         for n in map(int, args.sizes.split(",")):
+            m = args.m or n
             start = time.perf_counter()
-            found = reveal(target, n, n, name=name)
+            found = reveal(target, n, m, name=name)
             seconds = time.perf_counter() - start
-            print(_row(name, n, n, found.to_json(), kind=kind, seconds=seconds), flush=True)
+            row = _row(name, n, m, found.to_json(), kind=kind, seconds=seconds)
+            print(f"{row} {_peak_mib()} |", flush=True)
     if args.ranks:
         print(_per_rank("gloo", "torch.distributed:all_reduce", 16, 34, FOLD), flush=True)
         print(_per_rank("mpi", "ring_ref.targets:mpi_allreduce", 32, 64, TREE), flush=True)

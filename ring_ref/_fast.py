@@ -98,7 +98,7 @@ from ring_ref import _validate, schedule
 from ring_ref._chunks import chunk_bounds
 from ring_ref._ops import Op, finish_numpy, finish_torch, numpy_combine_out, torch_combine_out
 from ring_ref.invariants import InvariantViolation
-from ring_ref.schedule import ALL_GATHER, REDUCE_SCATTER, SPEC, ChainSchedule, RingSchedule, Schedule
+from ring_ref.schedule import ALL_GATHER, REDUCE_SCATTER, SPEC, ChainSchedule, Layout, RingSchedule, Schedule
 
 TILE_BYTES = 2 << 20
 """Bytes of partial sums per CPU tile on the batched path with torch operations (see ``make bench``)."""
@@ -739,14 +739,25 @@ def _uneven_torch(x: torch.Tensor, ring: RingSchedule, op: Op) -> tuple[torch.Te
     """
     n = x.shape[0]
     flat = x.detach().reshape(n, -1)
-    bounds = chunk_bounds(ring.layout, n, flat.shape[1], itemsize=x.element_size())
-    k = max(1, *(hi - lo for lo, hi in bounds))
+    k, at = _padded_columns(ring.layout, n, flat.shape[1], x.element_size())
+    columns = torch.from_numpy(at)
     padded = flat.new_zeros((n, n * k))
-    for c, (lo, hi) in enumerate(bounds):
-        padded[:, c * k : c * k + hi - lo] = flat[:, lo:hi]
+    padded[:, columns] = flat
     out, finite = _torch_forward(padded, ring._replace(layout="even"), op)
-    pieces = [out[c * k : c * k + hi - lo] for c, (lo, hi) in enumerate(bounds)]
-    return torch.cat(pieces).reshape(x.shape[1:]), finite
+    return out[columns].reshape(x.shape[1:]), finite
+
+
+@lru_cache(maxsize=16)
+def _padded_columns(layout: Layout, n: int, m: int, itemsize: int) -> tuple[int, npt.NDArray[np.int64]]:
+    """:func:`_uneven_torch`'s padding: the longest chunk ``K`` and, per element ``j`` (in chunk
+    ``c`` at ``lo``), its column ``c K + j - lo`` of the padded buffer (one gather instead of a copy
+    per chunk)."""
+    bounds = np.array(chunk_bounds(layout, n, m, itemsize=itemsize), dtype=np.int64).reshape(n, 2)
+    sizes = bounds[:, 1] - bounds[:, 0]
+    k = max(1, int(sizes.max()))
+    chunk = np.repeat(np.arange(n, dtype=np.int64), sizes)
+    columns = chunk * k + np.arange(m, dtype=np.int64) - np.repeat(bounds[:, 0], sizes)
+    return k, columns
 
 
 def _torch_forward(x: torch.Tensor, ring: Schedule = SPEC, op: Op = "sum") -> tuple[torch.Tensor, bool]:
@@ -954,14 +965,11 @@ def _uneven_numpy(x: npt.NDArray[Any], ring: RingSchedule, op: Op) -> tuple[npt.
     """:func:`_uneven_torch` for numpy arrays."""
     n = x.shape[0]
     flat = x.reshape(n, -1)
-    bounds = chunk_bounds(ring.layout, n, flat.shape[1], itemsize=x.itemsize)
-    k = max(1, *(hi - lo for lo, hi in bounds))
+    k, columns = _padded_columns(ring.layout, n, flat.shape[1], x.itemsize)
     padded = np.zeros((n, n * k), dtype=x.dtype)
-    for c, (lo, hi) in enumerate(bounds):
-        padded[:, c * k : c * k + hi - lo] = flat[:, lo:hi]
+    padded[:, columns] = flat
     out, finite = _numpy_forward(padded, ring._replace(layout="even"), op)
-    pieces = [out[c * k : c * k + hi - lo] for c, (lo, hi) in enumerate(bounds)]
-    return np.concatenate(pieces).reshape(x.shape[1:]), finite
+    return out[columns].reshape(x.shape[1:]), finite
 
 
 def _numpy_forward(

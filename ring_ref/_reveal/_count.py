@@ -32,9 +32,12 @@ import torch
 
 from ring_ref._dtypes import FORMATS
 from ring_ref._reveal._target import call_target
-from ring_ref._reveal._trees import Tree, canonical
+from ring_ref._reveal._trees import Fold, Tree, canonical
 
 __all__ = ["CountSearch", "count_rounds", "count_values"]
+
+_NONE: npt.NDArray[np.int32] = np.zeros(0, dtype=np.int32)
+_NONE.flags.writeable = False
 
 _HINTS = ((0, 1), (1, 2))
 """The two questions asked before the first pivot is chosen (``N >= 4``)."""
@@ -77,8 +80,13 @@ class CountSearch:
     pending: list[_Problem] = field(default_factory=list)
     current: _Problem | None = None
     pivot: int = -1
-    to_ask: list[int] = field(default_factory=list)
+    asking: npt.NDArray[np.int32] = field(default_factory=lambda: _NONE)
+    """The pivot's sweep: the workers it asks, ascending (shared by copies: never written)."""
+    answers: npt.NDArray[np.int32] = field(default_factory=lambda: _NONE)
+    """``L`` for ``asking[:asked_here]``."""
+    asked_here: int = 0
     counts: dict[int, int] = field(default_factory=dict)
+    """Answers for the pivot known before its sweep (the hints')."""
     built: dict[int, Tree] = field(default_factory=dict)
     forests: dict[int, tuple[Tree, ...]] = field(default_factory=dict)
     known: dict[tuple[int, int], int] = field(default_factory=dict)
@@ -100,7 +108,9 @@ class CountSearch:
             list(self.pending),
             self.current,
             self.pivot,
-            list(self.to_ask),
+            self.asking,
+            self.answers.copy(),
+            self.asked_here,
             dict(self.counts),
             dict(self.built),
             dict(self.forests),
@@ -114,6 +124,8 @@ class CountSearch:
 
     def question(self) -> tuple[int, int] | None:
         """The next pair to ask (``None``: done or failed), taking in answers already known."""
+        if self.asked_here < len(self.asking) and self.failure is None:  # a pivot's sweep
+            return self.pivot, int(self.asking[self.asked_here])
         while self.failure is None:
             if self.hints:
                 return self.hints[0]
@@ -130,12 +142,8 @@ class CountSearch:
                     continue
                 self._begin(self.pending.pop())
                 continue
-            if self.to_ask:
-                pair = (self.pivot, self.to_ask[-1])
-                if (key := (min(pair), max(pair))) in self.known:
-                    self.counts[self.to_ask.pop()] = self.known[key]
-                    continue
-                return pair
+            if self.asked_here < len(self.asking):
+                return self.pivot, int(self.asking[self.asked_here])
             self._finish()
         return None
 
@@ -153,7 +161,8 @@ class CountSearch:
             self.known[(min(pair), max(pair))] = swamped
             self.hints.pop(0)
             return
-        self.counts[self.to_ask.pop()] = swamped
+        self.answers[self.asked_here] = swamped
+        self.asked_here += 1
 
     def _new(self, members: list[int], size: int) -> int:
         pid, self.next_pid = self.next_pid, self.next_pid + 1
@@ -169,8 +178,15 @@ class CountSearch:
             self.built[problem.pid] = members[0] if len(members) == 1 else (members[0], members[1])
             return
         self.current, self.pivot = problem, self._pivot(problem)
-        self.to_ask = sorted((w for w in members if w != self.pivot), reverse=True)
         self.counts = {}
+        for (a, b), swamped in self.known.items():  # the hints' answers for this pivot, known already
+            other = b if a == self.pivot else a if b == self.pivot else -1
+            if other in members:
+                self.counts[other] = swamped
+        self.asking = np.array(
+            sorted(w for w in members if w != self.pivot and w not in self.counts), dtype=np.int32
+        )
+        self.answers, self.asked_here = np.zeros(len(self.asking), dtype=np.int32), 0
 
     def _folds(self) -> list[int]:
         """The first workers of the folds of the ring family (step +1, then -1) that fit the hints."""
@@ -191,7 +207,11 @@ class CountSearch:
         return starts[0] if starts else 0
 
     def _finish(self) -> None:
-        problem, pivot, counts = self.current, self.pivot, self.counts
+        problem, pivot = self.current, self.pivot
+        counts = dict(
+            sorted([*self.counts.items(), *zip(self.asking.tolist(), self.answers.tolist(), strict=True)])
+        )
+        self.asking = self.answers = _NONE
         assert problem is not None
         self.current = None
         if problem.size == 0:
@@ -211,7 +231,12 @@ class CountSearch:
         """The path from ``pivot`` up through ``members``: levels of groups by ``L``, each searched later.
 
         Nodes are built in canonical order: every child's leaves and smallest leaf are known here.
+        A path of one worker per level is a fold, kept as a :class:`Fold`.
         """
+        if len(members) >= 3 and sorted(counts.values()) == list(range(2, len(members) + 1)):
+            order = sorted(counts, key=counts.__getitem__)
+            self.built[pid] = Fold([*sorted((pivot, order[0])), *order[1:]])
+            return
         by_count: dict[int, list[int]] = {}
         for j in sorted(counts):
             by_count.setdefault(counts[j], []).append(j)
@@ -263,6 +288,8 @@ class CountSearch:
         """The tree found, canonical (every problem solved)."""
 
         def resolve(node: Tree) -> list[Tree]:
+            if isinstance(node, Fold):  # workers only
+                return [node]
             if isinstance(node, int) and node < 0:
                 pid = -1 - node
                 if pid in self.forests:
@@ -297,6 +324,9 @@ def count_rounds(
     unit, big = count_values(n, dtype_name)
     dtype = FORMATS[dtype_name].torch_dtype
     m, calls = len(member), 0
+    # One buffer for every call's input, refilled whole each time (so a target that writes into
+    # its input changes nothing that follows).
+    values = np.empty((n, m), dtype=np.float32 if dtype != torch.float64 else np.float64)
     while True:
         pairs = [s.question() if s is not None else None for s in searches]
         if not any(p is not None for p in pairs):
@@ -304,7 +334,7 @@ def count_rounds(
         plus = np.array([p[0] if p else -1 for p in pairs])[member]
         minus = np.array([p[1] if p else -1 for p in pairs])[member]
         cols = np.flatnonzero(plus >= 0)
-        values = np.full((n, m), unit, dtype=np.float32 if dtype != torch.float64 else np.float64)
+        values.fill(unit)
         values[plus[cols], cols], values[minus[cols], cols] = big, -big
         x = torch.from_numpy(values).to(dtype)
         out = call_target(target, x, m).to(torch.float64).numpy() / unit

@@ -9,7 +9,6 @@ equal the target's on the checking inputs.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 
 import numpy as np
@@ -59,7 +58,7 @@ def _fold_key(tree: Tree, n: int) -> int:
     if chain is None or len(chain) != n:
         return -1
     step = (chain[1] - chain[0]) % n
-    if step not in (1, n - 1) or any((b - a) % n != step for a, b in itertools.pairwise(chain)):
+    if step not in (1, n - 1) or (np.diff(chain) % n != step).any():
         return -1
     return 2 * chain[2] + (step != 1)
 

@@ -5,13 +5,17 @@ dtype, or ``(a, b, c, ...)``: a multiway node adding ``k >= 3`` terms in one
 rounding (the exact sum of its terms, correctly rounded; clause
 ``reveal-multiway``).  Addition is commutative, so a tree has one canonical
 spelling (clause ``reveal-trees``); a fold of workers in some order is a chain.
+A fold of three or more workers may be held as a :class:`Fold`: its order in
+one array, equal to (and hashing as) the nested pairs it stands for, so that
+``N`` distinct folds of ``N`` workers take ``4 N^2`` bytes, not ``N^2`` tuples.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import Any, Final, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -20,6 +24,7 @@ import torch
 from ring_ref._dtypes import FORMATS, FloatFormat
 
 __all__ = [
+    "Fold",
     "Leaves",
     "Tree",
     "canonical",
@@ -35,9 +40,94 @@ __all__ = [
     "tree_to_json",
 ]
 
-Tree = int | tuple["Tree", ...]
+
+class Fold(Sequence["Tree"]):
+    """The canonical left fold of ``order`` (three or more workers, the first two ascending), held as
+    that order: the pair ``(head, order[-1])``, ``head`` the fold of ``order[:-1]`` (a plain pair
+    for two workers), made when asked for.
+
+    It is equal to the nested pairs it stands for, and hashes as they do, so it can stand wherever
+    a tree does; walking it makes its heads one at a time, as views of one array.
+
+    >>> f = Fold([0, 3, 1, 2])
+    >>> f == (((0, 3), 1), 2), hash(f) == hash((((0, 3), 1), 2)), f[0], len(f)
+    (True, True, ((0, 3), 1), 2)
+    """
+
+    __slots__ = ("_hash", "order")
+
+    def __init__(self, order: Sequence[int] | npt.NDArray[np.integer[Any]]) -> None:
+        array = np.array(order, dtype=np.int32)
+        if array.ndim != 1 or len(array) < 3 or array[0] >= array[1] or len(np.unique(array)) != len(array):
+            raise ValueError(
+                f"a Fold holds three or more distinct workers, the first two ascending; got {array.tolist()}"
+            )
+        array.flags.writeable = False
+        self.order: npt.NDArray[np.int32] = array
+        self._hash: int | None = None
+
+    @classmethod
+    def _view(cls, order: npt.NDArray[np.int32]) -> Fold:
+        """A fold of a prefix of another fold's (checked) order, sharing its memory."""
+        fold = cls.__new__(cls)
+        fold.order, fold._hash = order, None
+        return fold
+
+    def _head(self) -> Tree:
+        if len(self.order) == 3:
+            return (int(self.order[0]), int(self.order[1]))
+        return Fold._view(self.order[:-1])
+
+    def __len__(self) -> int:
+        return 2
+
+    @overload
+    def __getitem__(self, index: int) -> Tree: ...
+    @overload
+    def __getitem__(self, index: slice) -> tuple[Tree, ...]: ...
+    def __getitem__(self, index: int | slice) -> Tree | tuple[Tree, ...]:
+        if isinstance(index, slice):
+            return tuple(self)[index]
+        if index in (0, -2):
+            return self._head()
+        if index in (1, -1):
+            return int(self.order[-1])
+        raise IndexError("a fold is a pair")
+
+    def __iter__(self) -> Iterator[Tree]:
+        yield self._head()
+        yield int(self.order[-1])
+
+    def nested(self) -> tuple[Tree, ...]:
+        """The nested pairs this fold stands for."""
+        workers = self.order.tolist()
+        tree: tuple[Tree, ...] = (workers[0], workers[1])
+        for w in workers[2:]:
+            tree = (tree, w)
+        return tree
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Fold):
+            return bool(np.array_equal(self.order, other.order))
+        if isinstance(other, tuple):
+            return self.nested() == other
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        if self._hash is None:
+            self._hash = hash(self.nested())
+        return self._hash
+
+    def __repr__(self) -> str:
+        return repr(self.nested())
+
+    def __reduce__(self) -> tuple[type[Fold], tuple[list[int]]]:
+        return Fold, (self.order.tolist(),)
+
+
+Tree = int | tuple["Tree", ...] | Fold
 """A summation tree: a worker id, ``(left, right)`` meaning ``left + right``, or a multiway node of
-``k >= 3`` terms rounded once."""
+``k >= 3`` terms rounded once (a fold may be a :class:`Fold`)."""
 
 Leaves = frozenset[int]
 """The workers of a subtree."""
@@ -83,6 +173,8 @@ def canonical(tree: Tree) -> Tree:
     >>> canonical((3, (1, (2, 0)))), canonical((4, (1, 0), 2, 3))
     ((((0, 2), 1), 3), ((0, 1), 2, 3, 4))
     """
+    if isinstance(tree, Fold):
+        return tree
     done: list[tuple[Tree, int, int]] = []
     stack: list[tuple[Tree, bool]] = [(tree, False)]
     while stack:
@@ -106,6 +198,9 @@ def fold_tree(order: Sequence[int]) -> Tree:
     >>> fold_tree([3, 2, 1, 0])
     (((2, 3), 1), 0)
     """
+    if len(order) >= 3:
+        first, second = sorted(order[:2])
+        return Fold([first, second, *order[2:]])
     tree: Tree = order[0]
     for w in order[1:]:
         tree = (tree, w)
@@ -127,6 +222,9 @@ def chain_order(tree: Tree) -> list[int] | None:
     ([1, 2, 0], [2, 0, 1], [0, 1])
     """
     tail: list[int] = []
+    if isinstance(tree, Fold):
+        tail = tree.order[:0:-1].tolist()
+        tree = int(tree.order[0])
     while not isinstance(tree, int):
         if len(tree) != 2:
             return None
@@ -164,18 +262,50 @@ def display_tree(tree: Tree) -> Tree:
     return shown
 
 
+SPELT_IN_FULL: Final = 32
+"""The most workers a tree's text names one by one; larger trees are told in brief (a fold by its
+first and last workers and its step, any other tree by its size and depth)."""
+
+
 def format_tree(tree: Tree) -> str:
-    """``fold 3,0,1,2`` for a fold (its :func:`chain_order`), else parentheses.
+    """``fold 3,0,1,2`` for a fold (its :func:`chain_order`), else parentheses; in brief beyond
+    :data:`SPELT_IN_FULL` workers (the JSON spells every tree in full).
 
     >>> format_tree((((0, 3), 1), 2)), format_tree((((3, 2), 1), 0))
     ('fold 3,0,1,2', 'fold 3,2,1,0')
     >>> format_tree(((0, 1), (2, 3))), format_tree(((0, 1), 2, 3))
     ('((0+1)+(2+3))', '((0+1)+2+3)')
+    >>> format_tree(fold_tree([*range(5, 40), *range(5)]))
+    'fold 5,6,7,8,9,10,...,3,4 (40 workers, stepping +1 around the ring)'
     """
     chain = chain_order(tree)
+    if chain is not None and len(chain) > SPELT_IN_FULL:
+        n = len(chain)
+        steps = {(b - a) % n for a, b in itertools.pairwise(chain)}
+        how = {1: "stepping +1 around the ring", n - 1: "stepping -1 around the ring"}.get(
+            steps.pop() if len(steps) == 1 else 0, "in its own order"
+        )
+        shown = ",".join(map(str, chain[:6])) + ",...," + ",".join(map(str, chain[-2:]))
+        return f"fold {shown} ({n} workers, {how})"
     if chain is not None and len(chain) > 1:
         return "fold " + ",".join(map(str, chain))
+    count = len(_leaf_list(tree))
+    if count > SPELT_IN_FULL:
+        return f"a tree of {count} workers, {_depth(tree)} additions deep (not a fold)"
     return _parenthesised(tree)
+
+
+def _depth(tree: Tree) -> int:
+    """The most additions on a path from a worker to the root."""
+    deepest, stack = 0, [(tree, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, Fold):
+            deepest = max(deepest, depth + len(node.order) - 1)
+        elif not isinstance(node, int):
+            stack.extend((child, depth + 1) for child in node)
+        deepest = max(deepest, depth)
+    return deepest
 
 
 def _parenthesised(tree: Tree) -> str:
@@ -189,6 +319,12 @@ def tree_to_json(tree: Tree | None) -> Any:
     ``null``."""
     if tree is None or isinstance(tree, int):
         return tree
+    if isinstance(tree, Fold):
+        workers = tree.order.tolist()
+        spelt: list[Any] = [workers[0], workers[1]]
+        for w in workers[2:]:
+            spelt = [spelt, w]
+        return spelt
     return [tree_to_json(child) for child in tree]
 
 
@@ -222,6 +358,8 @@ def _leaf_list(tree: Tree) -> list[int]:
         node = stack.pop()
         if isinstance(node, int):
             found.append(node)
+        elif isinstance(node, Fold):
+            found.extend(node.order.tolist())
         else:
             stack.extend(reversed(node))
     return found
@@ -232,6 +370,12 @@ def evaluate(tree: Tree, x: torch.Tensor) -> torch.Tensor:
     node the :func:`exact_sum` of its terms."""
     if isinstance(tree, int):
         return x[tree].clone()
+    if isinstance(tree, Fold):
+        workers = tree.order.tolist()
+        total = torch.add(x[workers[0]], x[workers[1]])
+        for w in workers[2:]:
+            total = torch.add(total, x[w])
+        return total
     if len(tree) == 2:
         return torch.add(evaluate(tree[0], x), evaluate(tree[1], x))
     return exact_sum(torch.stack([evaluate(child, x) for child in tree]))
