@@ -262,7 +262,7 @@ def display_tree(tree: Tree) -> Tree:
     return shown
 
 
-SPELT_IN_FULL: Final = 32
+SPELT_IN_FULL: Final = 64
 """The most workers a tree's text names one by one; larger trees are told in brief (a fold by its
 first and last workers and its step, any other tree by its size and depth)."""
 
@@ -275,8 +275,8 @@ def format_tree(tree: Tree) -> str:
     ('fold 3,0,1,2', 'fold 3,2,1,0')
     >>> format_tree(((0, 1), (2, 3))), format_tree(((0, 1), 2, 3))
     ('((0+1)+(2+3))', '((0+1)+2+3)')
-    >>> format_tree(fold_tree([*range(5, 40), *range(5)]))
-    'fold 5,6,7,8,9,10,...,3,4 (40 workers, stepping +1 around the ring)'
+    >>> format_tree(fold_tree([*range(5, 70), *range(5)]))
+    'fold 5,6,7,8,9,10,...,3,4 (70 workers, stepping +1 around the ring)'
     """
     chain = chain_order(tree)
     if chain is not None and len(chain) > SPELT_IN_FULL:

@@ -1,0 +1,125 @@
+"""How ``reveal`` holds large results: folds as one array each, trees told in brief, checking inputs replayed.
+
+The nested pairs every expectation compares with are built here by plain
+loops (never by ``ring_ref._reveal``); ``Fold`` must be equal to them, hash as
+they do and walk as they do, so that nothing downstream can tell the two apart.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from ring_ref import ring_all_reduce
+from ring_ref._reveal import format_tree, reveal, tree_to_json
+from ring_ref._reveal._check import check_on_random_inputs
+from ring_ref._reveal._trees import Fold, canonical, chain_order, evaluate, leaves
+from tests import reveal_targets as rt
+
+
+def nested(order: list[int]) -> Any:
+    """The left fold of ``order``, the first two ascending, as nested tuples."""
+    tree: Any = (min(order[:2]), max(order[:2]))
+    for w in order[2:]:
+        tree = (tree, w)
+    return tree
+
+
+ORDERS = [[0, 1, 2], [1, 3, 0, 2], [2, 5, 4, 3, 1, 0], list(range(40))]
+
+
+@pytest.mark.clause("reveal-trees", "reveal-counts")
+@pytest.mark.parametrize("order", ORDERS, ids=lambda o: f"n{len(o)}")
+def test_a_fold_is_equal_to_its_nested_pairs_and_hashes_as_they_do(order: list[int]) -> None:
+    fold, pairs = Fold(order), nested(order)
+    assert fold == pairs and pairs == fold and fold == Fold(order)
+    assert hash(fold) == hash(pairs)
+    assert {pairs: "found"}[fold] == "found"
+    assert len(fold) == 2 and fold[1] == order[-1] and fold[-1] == order[-1]
+    assert fold[0] == pairs[0] and list(fold) == list(pairs) and fold[:] == pairs[:]
+    assert repr(fold) == repr(pairs)
+    assert canonical(fold) is fold and canonical(pairs) == fold
+    assert chain_order(fold) == chain_order(pairs)
+    assert sorted(leaves(fold)) == sorted(order)
+    assert tree_to_json(fold) == tree_to_json(pairs) == json_fold(order)
+    assert pickle.loads(pickle.dumps(fold)) == pairs
+
+
+def json_fold(order: list[int]) -> Any:
+    spelt: Any = sorted(order[:2])
+    for w in order[2:]:
+        spelt = [spelt, w]
+    return spelt
+
+
+def test_a_fold_differs_from_other_trees() -> None:
+    fold = Fold([0, 1, 2, 3])
+    assert fold != Fold([0, 1, 3, 2])
+    assert fold not in ((((0, 1), 3), 2), ((0, 1), (2, 3)), "fold", 3)
+
+
+@pytest.mark.parametrize("order", [[0, 1], [1, 0, 2], [0, 1, 1], [[0, 1], [2, 3]]])
+def test_a_fold_refuses_what_is_not_one(order: Any) -> None:
+    with pytest.raises(ValueError, match="a Fold holds three or more distinct workers"):
+        Fold(order)
+
+
+def test_a_fold_evaluates_as_its_nested_pairs() -> None:
+    x = torch.randn(6, 50)
+    order = [2, 5, 4, 3, 1, 0]
+    expected = x[2] + x[5]
+    for w in order[2:]:
+        expected = expected + x[w]
+    assert torch.equal(evaluate(Fold(order), x), expected)
+
+
+@pytest.mark.clause("reveal-report")
+def test_trees_beyond_64_workers_are_told_in_brief() -> None:
+    ring = [(5 + t) % 70 for t in range(70)]
+    assert format_tree(Fold(ring)) == "fold 5,6,7,8,9,10,...,3,4 (70 workers, stepping +1 around the ring)"
+    down = [(5 - t) % 70 for t in range(70)]
+    assert format_tree(Fold(sorted(down[:2]) + down[2:])).endswith(
+        "(70 workers, stepping -1 around the ring)"
+    )
+    scattered = [0, 2, 1, *range(3, 70)]
+    assert format_tree(Fold(scattered)).endswith("(70 workers, in its own order)")
+    balanced: Any = list(range(128))
+    while len(balanced) > 1:
+        balanced = [(balanced[i], balanced[i + 1]) for i in range(0, len(balanced), 2)]
+    assert format_tree(balanced[0]) == "a tree of 128 workers, 7 additions deep (not a fold)"
+    assert format_tree(nested(list(range(64)))) == "fold " + ",".join(map(str, range(64)))
+
+
+@pytest.mark.clause("reveal-counts")
+def test_revealed_folds_are_held_as_one_array_each() -> None:
+    """Every element of the spec's ring at ``N = 64`` (count probes; element ``e`` folds ``e, e + 1,
+    ...``) has its own fold, held as a ``Fold``; the JSON spells each in full, as the loops of
+    ``tests/reveal_targets.py`` do."""
+    n = 64
+    found = reveal(lambda x: ring_all_reduce(x, "fast"), n, n, checks=1)
+    assert all(isinstance(tree, Fold) for tree in found.distinct())
+    assert found.to_json()["trees"] == [rt.ring_fold_tree(n, e) for e in range(n)]
+
+
+@pytest.mark.clause("reveal-counts")
+def test_the_checking_inputs_are_replayed_bit_for_bit() -> None:
+    """The inputs are not held: they are made again from the generator's state, equal to those the
+    target was called on."""
+    seen: list[torch.Tensor] = []
+
+    def target(x: torch.Tensor) -> torch.Tensor:
+        seen.append(x.clone())
+        return rt.linear_fold(x)
+
+    verdicts: list[Any] = [(Fold(list(range(5))), None)]
+    inputs, _ = check_on_random_inputs(
+        target, verdicts, np.zeros(7, np.int64), 5, "float16", checks=3, seed=11
+    )
+    assert len(inputs) == 3 and len(seen) == 3
+    for made, called in zip(inputs, seen, strict=True):
+        assert made.dtype == torch.float16 and torch.equal(made.view(torch.int16), called.view(torch.int16))
+    assert verdicts == [(nested(list(range(5))), None)], "the tree was right: no verdict added"
