@@ -94,7 +94,7 @@ def main() -> None:
             start = time.perf_counter()
             found = reveal(target, n, m, name=name)
             seconds = time.perf_counter() - start
-            row = _row(name, n, m, found.to_json(), kind=kind, seconds=seconds)
+            row = _row(name, n, m, found.to_json(trees=False), kind=kind, seconds=seconds)
             print(f"{row} {_peak_mib()} |", flush=True)
     if args.ranks:
         print(_per_rank("gloo", "torch.distributed:all_reduce", 16, 34, FOLD), flush=True)

@@ -38,7 +38,6 @@ tree, from the same ramp, with a legend of the trees.
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import xml.etree.ElementTree as ET
 
@@ -51,7 +50,7 @@ from ring_ref._reveal import (
     format_tree,
     leaves,
     tree_ids,
-    tree_to_json,
+    tree_json_text,
 )
 from ring_ref._trace import DIVIDE, RoundRecord, operation
 from ring_ref.invariants import is_complete
@@ -403,23 +402,33 @@ def _collapsed(tree: Tree, n: int) -> list[str]:
     return lines
 
 
-def _heading(found: Revealed, tree: Tree) -> str:
-    """``elements 0..1, 4: fold 2,3,1,0``: the elements that have ``tree`` (the first six runs), and it."""
-    mine = [(a, b) for a, b, t in found.runs() if t == tree]
-    spans = [f"{a}..{b}" if a != b else f"{a}" for a, b in mine]
-    heading = "elements " + ", ".join(spans[:6]) + (", ..." if len(spans) > 6 else "")
-    return heading + ": " + format_tree(tree)
+_PANELS = 256
+"""The most distinct trees a reveal picture draws (the first ones; ``--json`` has every tree)."""
+
+
+def _runs_by_tree(found: Revealed) -> dict[int, list[str]]:
+    """Per distinct tree (its index in :meth:`Revealed.tree_index`, in the order of the first element
+    that has it), the runs of elements that have it, as ``0..1`` or ``4``."""
+    ids, _ = found.tree_index()
+    spans: dict[int, list[str]] = {}
+    for a, b, _ in found.runs():
+        if ids[a] >= 0:
+            spans.setdefault(int(ids[a]), []).append(f"{a}..{b}" if a != b else f"{a}")
+    return spans
 
 
 def _tree_panel(
-    parent: ET.Element, found: Revealed, tree: Tree, y0: float
+    parent: ET.Element, found: Revealed, tree: Tree, spans: list[str], y0: float
 ) -> tuple[ET.Element, float, float]:
-    """One tree's panel from ``y0``: its background ``<rect>`` (width set by the caller), width, height."""
-    panel = _add(parent, "g", class_="tree", data_tree=json.dumps(tree_to_json(tree)))
+    """One tree's panel from ``y0``, titled with the first six of ``spans`` (the runs of elements
+    that have it): its background ``<rect>`` (width set by the caller), width, height."""
+    panel = _add(parent, "g", class_="tree", data_tree=tree_json_text(tree))
     box = _add(
         panel, "rect", x=_fmt(PAD), y=_fmt(y0), width="0", height="0", rx="6", fill=_PANEL, stroke=_PANEL_EDGE
     )
-    heading = _heading(found, tree)
+    heading = (
+        "elements " + ", ".join(spans[:6]) + (", ..." if len(spans) > 6 else "") + ": " + format_tree(tree)
+    )
     if len(heading) > 160:
         heading = heading[:157] + "..."
     _add(panel, "text", heading, x=_fmt(2 * PAD), y=_fmt(y0 + 16), class_="title heading")
@@ -474,11 +483,17 @@ def reveal_svg(found: Revealed) -> str:
     boxes: list[ET.Element] = []
     # runs of elements sharing a tree are one panel, titled with their runs (clause reveal-report)
     y, width = float(PAD), 2.0 * PAD + 200
-    for tree in found.distinct():
-        box, panel_width, height = _tree_panel(panels, found, tree, y)
+    _, trees = found.tree_index()
+    spans = _runs_by_tree(found)
+    for k in list(spans)[:_PANELS]:
+        box, panel_width, height = _tree_panel(panels, found, trees[k], spans[k], y)
         boxes.append(box)
         width = max(width, panel_width + 2 * PAD)
         y += height + PAD
+    if len(spans) > _PANELS:
+        more = f"... and {len(spans) - _PANELS} more distinct trees, not drawn (--json spells every one)"
+        _add(panels, "text", more, x=_fmt(2 * PAD), y=_fmt(y + 16), class_="title heading")
+        y += TITLE_H + PAD
     if not boxes:
         _add(panels, "text", "no element has a tree", x=_fmt(2 * PAD), y=_fmt(y + 16), class_="title heading")
         y += TITLE_H + PAD

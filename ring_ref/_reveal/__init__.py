@@ -61,6 +61,7 @@ from ring_ref._reveal._trees import (
     leaves,
     tree_from_json,
     tree_ids,
+    tree_json_text,
     tree_to_json,
 )
 
@@ -89,5 +90,6 @@ __all__ = [
     "ring_trees",
     "tree_from_json",
     "tree_ids",
+    "tree_json_text",
     "tree_to_json",
 ]

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import sys
 import time
 from collections.abc import Callable
@@ -22,7 +23,7 @@ from ring_ref._reveal._check import CHECKS, check_on_random_inputs
 from ring_ref._reveal._fit import RingFit, chunk_index
 from ring_ref._reveal._probe import Verdict, probe
 from ring_ref._reveal._target import check_reveal_size
-from ring_ref._reveal._trees import Tree, chain_order, format_tree, tree_ids, tree_to_json
+from ring_ref._reveal._trees import Tree, chain_order, format_tree, tree_ids, tree_json_text, tree_to_json
 from ring_ref.schedule import RingSchedule
 
 __all__ = ["REVEAL_FORMAT", "REVEAL_VERSION", "Classification", "Kind", "Revealed", "reveal"]
@@ -180,8 +181,17 @@ class Revealed:
         spelt = [tree_to_json(tree) for tree, _ in self.verdicts]
         return [spelt[v] for v in self.of.tolist()]
 
-    def to_json(self) -> dict[str, Any]:
-        """The ``--json`` object (schema ``spec/reveal.schema.json``)."""
+    def to_json_text(self) -> str:
+        """:meth:`to_json` as text, each distinct tree spelt once and a fold straight from its order,
+        so that ``M`` distinct folds of ``N`` workers never become ``N M`` nested lists."""
+        doc = self.to_json(trees=False)
+        spelt = [tree_json_text(tree) for tree, _ in self.verdicts]
+        trees = ", ".join(spelt[v] for v in self.of.tolist())
+        return json.dumps(doc)[:-1] + f', "trees": [{trees}]}}'
+
+    def to_json(self, *, trees: bool = True) -> dict[str, Any]:
+        """The ``--json`` object (schema ``spec/reveal.schema.json``; ``trees=False`` leaves the trees
+        out, for :meth:`to_json_text`)."""
         ring = None
         if self.ring is not None:
             ring = {"direction": self.ring.direction, "offset": self.ring.offset, "layout": self.ring.layout}
@@ -192,7 +202,7 @@ class Revealed:
             "n": self.n,
             "m": self.m,
             "dtype": self.dtype,
-            "trees": self.json_trees(),
+            **({"trees": self.json_trees()} if trees else {}),
             "kinds": self.kinds,
             "notes": [
                 {"first": first, "last": last, "reason": self.verdicts[int(self.of[first])][1]}

@@ -13,6 +13,7 @@ one array, equal to (and hashing as) the nested pairs it stands for, so that
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from collections.abc import Iterator, Sequence
 from typing import Any, Final, overload
@@ -37,6 +38,7 @@ __all__ = [
     "leaves",
     "tree_from_json",
     "tree_ids",
+    "tree_json_text",
     "tree_to_json",
 ]
 
@@ -326,6 +328,18 @@ def tree_to_json(tree: Tree | None) -> Any:
             spelt = [spelt, w]
         return spelt
     return [tree_to_json(child) for child in tree]
+
+
+def tree_json_text(tree: Tree | None) -> str:
+    """``json.dumps(tree_to_json(tree))``, a fold written straight from its order (no nested lists).
+
+    >>> tree_json_text(Fold([0, 2, 1])), tree_json_text(((0, 1), (2, 3))), tree_json_text(None)
+    ('[[0, 2], 1]', '[[0, 1], [2, 3]]', 'null')
+    """
+    if not isinstance(tree, Fold):
+        return json.dumps(tree_to_json(tree))
+    workers = tree.order.tolist()
+    return "[" * (len(workers) - 1) + f"{workers[0]}, {workers[1]}]" + "".join(f", {w}]" for w in workers[2:])
 
 
 def tree_from_json(doc: Any, n: int) -> Tree:

@@ -7,9 +7,11 @@ they do and walk as they do, so that nothing downstream can tell the two apart.
 
 from __future__ import annotations
 
+import json
 import pickle
 from typing import Any
 
+import jsonschema  # type: ignore[import-untyped]
 import numpy as np
 import pytest
 import torch
@@ -18,7 +20,11 @@ from ring_ref import ring_all_reduce
 from ring_ref._reveal import format_tree, reveal, tree_to_json
 from ring_ref._reveal._check import check_on_random_inputs
 from ring_ref._reveal._trees import Fold, canonical, chain_order, evaluate, leaves
+from ring_ref._svg import reveal_svg
 from tests import reveal_targets as rt
+from tests.paths import ROOT
+
+SCHEMA = json.loads((ROOT / "spec" / "reveal.schema.json").read_text(encoding="utf-8"))
 
 
 def nested(order: list[int]) -> Any:
@@ -123,3 +129,28 @@ def test_the_checking_inputs_are_replayed_bit_for_bit() -> None:
     for made, called in zip(inputs, seen, strict=True):
         assert made.dtype == torch.float16 and torch.equal(made.view(torch.int16), called.view(torch.int16))
     assert verdicts == [(nested(list(range(5))), None)], "the tree was right: no verdict added"
+
+
+@pytest.mark.clause("reveal-report")
+@pytest.mark.parametrize(
+    "target",
+    [rt.ring_fold, rt.recursive_doubling, rt.fused_groups, rt.wide_accumulator, rt.sorted_sum],
+    ids=lambda t: t.__name__,
+)
+def test_the_json_text_is_the_json_object(target: rt.Target) -> None:
+    """``reveal --json`` writes folds straight from their orders; the document read back is the one
+    :meth:`Revealed.to_json` builds with nested lists, and it conforms to the schema."""
+    found = reveal(target, 40, 9, checks=1)
+    doc = json.loads(found.to_json_text())
+    assert doc == found.to_json()
+    jsonschema.validate(doc, SCHEMA)
+
+
+@pytest.mark.clause("reveal-report")
+def test_a_picture_draws_the_first_256_distinct_trees_and_counts_the_rest() -> None:
+    n = 300
+    found = reveal(rt.ring_fold, n, n, checks=1)
+    svg = reveal_svg(found)
+    assert svg.count('class="tree"') == 256
+    assert "... and 44 more distinct trees, not drawn (--json spells every one)" in svg
+    assert "elements 255: fold 255,256,257,258,259,260,...,253,254 (300 workers, stepping +1" in svg
