@@ -81,6 +81,7 @@ tensor([3., 4.])
 
 from __future__ import annotations
 
+import array
 import itertools
 import math
 from collections.abc import Callable, Sequence
@@ -501,51 +502,58 @@ def chain_order(n: int, chain: ChainSchedule) -> tuple[int, ...]:
     >>> chain_order(4, ChainSchedule())
     (0, 1, 2, 3)
     """
-    holder: list[int | None] = [None] * n  # who holds segment c's partial sum; None: not yet sent
-    folded: list[list[int]] = [[] for _ in range(n)]  # the contributions of segment c's partial
+    holder = [-1] * n  # who holds segment c's partial sum; -1: not yet sent
+    # The contributions of segment c's partial in order, and as an n x n table of flags (compact:
+    # at n = 4096, sets and lists of Python ints took gigabytes and made every collection slow).
+    folded = [array.array("i") for _ in range(n)]
+    held = bytearray(n * n)
     for t in range(chain.steps_per_phase(n)):
         sends = chain.sends(REDUCE_SCATTER, t, n)
         if len({send.chunk for send in sends}) != len(sends):
             raise InvariantViolation(f"chain reduce step {t}: a segment is sent twice")
         for send in sends:
             c = send.chunk
-            if holder[c] is not None and holder[c] != send.src:
+            if holder[c] >= 0 and holder[c] != send.src:
                 raise InvariantViolation(
                     f"chain reduce step {t}: worker {send.src} sends segment {c}, "
                     f"but its partial sum is at worker {holder[c]}"
                 )
-            if send.dst in folded[c] or send.dst == send.src:
+            if held[c * n + send.dst] or send.dst == send.src:
                 raise InvariantViolation(
                     f"chain reduce step {t}: worker {send.dst} adds into segment {c} twice"
                 )
         for send in sends:
-            if not folded[send.chunk]:
-                folded[send.chunk].append(send.src)
-            folded[send.chunk].append(send.dst)
-            holder[send.chunk] = send.dst
-    orders = {tuple(f) for f in folded} if n > 1 else {(0,)}
-    order = next(iter(orders))
+            c = send.chunk
+            if not folded[c]:
+                folded[c].append(send.src)
+                held[c * n + send.src] = 1
+            folded[c].append(send.dst)
+            held[c * n + send.dst] = 1
+            holder[c] = send.dst
+    orders = {f.tobytes() for f in folded} if n > 1 else {array.array("i", [0]).tobytes()}
+    order = tuple(array.array("i", next(iter(orders))))
     if len(orders) != 1 or sorted(order) != list(range(n)):
-        raise InvariantViolation(
-            f"after the chain reduce the segments fold as {sorted(orders)}, not in one order"
-        )
+        shown = sorted(tuple(array.array("i", f)) for f in orders)
+        raise InvariantViolation(f"after the chain reduce the segments fold as {shown}, not in one order")
     _check_chain_broadcast(n, chain, order[-1])
     return order
 
 
 def _check_chain_broadcast(n: int, chain: ChainSchedule, holder: int) -> None:
     """The chain's broadcast forwards only completed segments (all at ``holder``) and hands worker 0 all."""
-    complete = [{holder} for _ in range(n)]
+    complete = bytearray(n * n)  # complete[c * n + w]: worker w holds segment c complete
+    for c in range(n):
+        complete[c * n + holder] = 1
     for t in range(chain.steps_per_phase(n)):
         sends = chain.sends(ALL_GATHER, t, n)
         for send in sends:
-            if send.src not in complete[send.chunk]:
+            if not complete[send.chunk * n + send.src]:
                 raise InvariantViolation(
                     f"chain broadcast step {t}: worker {send.src} forwards incomplete segment {send.chunk}"
                 )
         for send in sends:
-            complete[send.chunk].add(send.dst)
-    missing = [c for c in range(n) if 0 not in complete[c]]
+            complete[send.chunk * n + send.dst] = 1
+    missing = [c for c in range(n) if not complete[c * n]]
     if missing:
         raise InvariantViolation(f"after the chain broadcast worker 0 lacks segments {missing}")
 

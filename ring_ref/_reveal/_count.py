@@ -327,6 +327,7 @@ def count_rounds(
     # One buffer for every call's input, refilled whole each time (so a target that writes into
     # its input changes nothing that follows).
     values = np.empty((n, m), dtype=np.float32 if dtype != torch.float64 else np.float64)
+    filled = torch.from_numpy(values)  # the same memory: torch fills it on all its threads
     while True:
         pairs = [s.question() if s is not None else None for s in searches]
         if not any(p is not None for p in pairs):
@@ -334,7 +335,7 @@ def count_rounds(
         plus = np.array([p[0] if p else -1 for p in pairs])[member]
         minus = np.array([p[1] if p else -1 for p in pairs])[member]
         cols = np.flatnonzero(plus >= 0)
-        values.fill(unit)
+        filled.fill_(unit)
         values[plus[cols], cols], values[minus[cols], cols] = big, -big
         x = torch.from_numpy(values).to(dtype)
         out = call_target(target, x, m).to(torch.float64).numpy() / unit
