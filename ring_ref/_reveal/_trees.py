@@ -345,14 +345,33 @@ def tree_json_text(tree: Tree | None) -> str:
 def tree_from_json(doc: Any, n: int) -> Tree:
     """The tree a ``reveal --json`` entry spells, checked: every worker ``0 .. n - 1`` exactly once.
 
+    A fold whose first two workers ascend (as reveal writes every fold) is read as a :class:`Fold`.
+
     >>> tree_from_json([[0, 1], 2], 3), tree_from_json([0, 1, 2], 3)
     (((0, 1), 2), (0, 1, 2))
     """
-    tree = _parse(doc, n)
+    tree = _parse_fold(doc, n) or _parse(doc, n)
     got = sorted(_leaf_list(tree))
     if got != list(range(n)):
         raise ValueError(f"a tree must add every worker 0 .. {n - 1} exactly once; this one adds {got}")
     return tree
+
+
+def _parse_fold(doc: Any, n: int) -> Fold | None:
+    """``doc`` as a :class:`Fold` when it spells a left fold of three or more distinct workers whose
+    first two ascend, read without recursion; else ``None``."""
+    tail: list[Any] = []
+    while isinstance(doc, list) and len(doc) == 2 and isinstance(doc[0], list):
+        tail.append(doc[1])
+        doc = doc[0]
+    if not (isinstance(doc, list) and len(doc) == 2 and tail):
+        return None
+    order = [*doc, *reversed(tail)]
+    if not all(isinstance(w, int) and not isinstance(w, bool) and 0 <= w < n for w in order):
+        return None
+    if order[0] >= order[1] or len(set(order)) != len(order):
+        return None
+    return Fold(order)
 
 
 def _parse(doc: Any, n: int) -> Tree:

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from ring_ref import ring_all_reduce
-from ring_ref._reveal import format_tree, reveal, tree_to_json
+from ring_ref._reveal import format_tree, reveal, tree_from_json, tree_to_json
 from ring_ref._reveal._check import check_on_random_inputs
 from ring_ref._reveal._trees import Fold, canonical, chain_order, evaluate, leaves
 from ring_ref._svg import reveal_svg
@@ -154,3 +154,16 @@ def test_a_picture_draws_the_first_256_distinct_trees_and_counts_the_rest() -> N
     assert svg.count('class="tree"') == 256
     assert "... and 44 more distinct trees, not drawn (--json spells every one)" in svg
     assert "elements 255: fold 255,256,257,258,259,260,...,253,254 (300 workers, stepping +1" in svg
+
+
+def test_a_saved_fold_is_read_back_as_a_fold() -> None:
+    """``difftest --order`` reads a fold of a saved reveal as one array; any other spelling as it is."""
+    order = [2, 5, 4, 3, 1, 0]
+    read = tree_from_json(json_fold(order), 6)
+    assert isinstance(read, Fold) and read == nested(order)
+    swapped = tree_from_json([[[1, 0], 2], 3], 4)
+    assert not isinstance(swapped, Fold) and swapped == (((1, 0), 2), 3)
+    with pytest.raises(ValueError, match=r"must add every worker 0 \.\. 3 exactly once"):
+        tree_from_json([[[0, 1], 2], 2], 4)
+    with pytest.raises(ValueError, match=r"a tree node must be a worker id in 0 \.\. 3"):
+        tree_from_json([[[0, 1], 2], 4], 4)
