@@ -134,6 +134,52 @@ def recursive_doubling_tree(n: int, e: int) -> Spelt:
     return spelt(level[0])
 
 
+def _remainder_pairs(n: int) -> tuple[int, int]:
+    """MPICH's first step at any ``N``: the largest power of two ``2^k <= N`` and ``r = N - 2^k``; the
+    first ``2 r`` workers add in pairs ``(2i, 2i + 1)``."""
+    pof2 = 1 << (n.bit_length() - 1)
+    return pof2, n - pof2
+
+
+def recursive_halving(x: torch.Tensor) -> torch.Tensor:
+    """Rabenseifner's reduce-scatter by recursive halving (then an all-gather, which copies): after
+    the remainder pairs, value ``i`` adds value ``i + 2^(k-1)``, then ``i + 2^(k-2)``, ... (the
+    highest distance first); every element the same tree."""
+    pof2, rem = _remainder_pairs(x.shape[0])
+    values = [x[2 * i] + x[2 * i + 1] for i in range(rem)] + [x[w] for w in range(2 * rem, x.shape[0])]
+    half = pof2 // 2
+    while half:
+        values = [values[i] + values[i + half] for i in range(half)]
+        half //= 2
+    return values[0]
+
+
+def recursive_halving_tree(n: int, e: int) -> Spelt:
+    pof2, rem = _remainder_pairs(n)
+    level: list[Spelt] = [[2 * i, 2 * i + 1] for i in range(rem)] + list(range(2 * rem, n))
+    half = pof2 // 2
+    while half:
+        level = [[level[i], level[i + half]] for i in range(half)]
+        half //= 2
+    return spelt(level[0])
+
+
+def tree_of_chains(x: torch.Tensor) -> torch.Tensor:
+    """Each group of 8 consecutive workers folded in order (a chain inside a node), then the groups'
+    sums combined by recursive doubling (a binary tree over the groups)."""
+    sums = [linear_fold(x[members[0] : members[-1] + 1]) for members in _groups(x.shape[0], 8)]
+    return recursive_doubling(torch.stack(sums))
+
+
+def tree_of_chains_tree(n: int, e: int) -> Spelt:
+    chains: list[Spelt] = [chain(list(members)) for members in _groups(n, 8)]
+    _, rem = _remainder_pairs(len(chains))
+    level = [[chains[2 * i], chains[2 * i + 1]] for i in range(rem)] + chains[2 * rem :]
+    while len(level) > 1:
+        level = [[level[i], level[i + 1]] for i in range(0, len(level), 2)]
+    return spelt(level[0])
+
+
 def _fused(parts: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
     """One addition of several terms: their exact sum (float64 holds it here), rounded once."""
     return torch.stack(parts).to(torch.float64).sum(0).to(dtype)
@@ -190,6 +236,8 @@ TREES: dict[str, tuple[Target, Callable[[int, int], Spelt]]] = {
     "ring fold": (ring_fold, ring_fold_tree),
     "hierarchical ring": (hierarchical_ring, hierarchical_ring_tree),
     "recursive doubling": (recursive_doubling, recursive_doubling_tree),
+    "recursive halving": (recursive_halving, recursive_halving_tree),
+    "tree of chains": (tree_of_chains, tree_of_chains_tree),
     "fused groups": (fused_groups, fused_groups_tree),
     "three chains fused": (three_chains_fused, three_chains_fused_tree),
 }

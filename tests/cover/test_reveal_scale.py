@@ -115,7 +115,9 @@ def test_a_fold_of_any_ring_costs_at_most_n_plus_two_calls(n: int) -> None:
 
 
 @pytest.mark.clause("reveal-counts")
-@pytest.mark.parametrize("name", ["hierarchical ring", "recursive doubling", "fused groups"])
+@pytest.mark.parametrize(
+    "name", ["hierarchical ring", "recursive doubling", "recursive halving", "tree of chains", "fused groups"]
+)
 def test_balanced_and_hierarchical_trees_cost_at_most_n_log_n(name: str) -> None:
     n = 96
     target, tree = rt.TREES[name]
