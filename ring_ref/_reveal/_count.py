@@ -93,7 +93,6 @@ class CountSearch:
     hints: list[tuple[int, int]] = field(default_factory=list)
     next_pid: int = 1
     failure: str | None = None
-    asked: int = 0
     spliced: bool = False
 
     @classmethod
@@ -118,7 +117,6 @@ class CountSearch:
             list(self.hints),
             self.next_pid,
             self.failure,
-            self.asked,
             self.spliced,
         )
 
@@ -149,7 +147,6 @@ class CountSearch:
 
     def learn(self, pair: tuple[int, int], swamped: int) -> None:
         """Take in ``L`` for the pair just asked (``-1``: the output was not a count)."""
-        self.asked += 1
         if swamped < 2:
             what = "is not a count of surviving units" if swamped < 0 else "counts more units than the others"
             self.failure = (
@@ -308,6 +305,72 @@ class CountSearch:
 Counter = Callable[[torch.Tensor], object]
 
 
+class _Sweeps:
+    """The pivot sweeps under way, run in bulk: per group being swept, a row of two tables holding
+    the workers its pivot asks and the answers so far, its position, its end and its pivot.
+
+    While a search's sweep runs here its own ``asking``, ``answers`` and ``asked_here`` are stale;
+    they are written back when the sweep ends (or an answer fails it).  Each call then costs a few
+    array operations, not a method call per group.
+    """
+
+    def __init__(self, n: int, groups: int) -> None:
+        self.n = n
+        self.ask = np.zeros((0, n), dtype=np.int32)
+        self.ans = np.zeros((0, n), dtype=np.int32)
+        self.free: list[int] = []
+        self.row = np.full(groups, -1, dtype=np.int64)
+        self.pos = np.zeros(groups, dtype=np.int64)
+        self.end = np.zeros(groups, dtype=np.int64)
+        self.pivot = np.zeros(groups, dtype=np.int64)
+
+    def _rows(self, count: int) -> list[int]:
+        while len(self.free) < count:
+            grow = max(len(self.ask), 16)
+            self.ask = np.concatenate([self.ask, np.zeros((grow, self.n), dtype=np.int32)])
+            self.ans = np.concatenate([self.ans, np.zeros((grow, self.n), dtype=np.int32)])
+            self.free += range(len(self.ask) - 1, len(self.ask) - grow - 1, -1)
+        taken, self.free = self.free[len(self.free) - count :], self.free[: len(self.free) - count]
+        return taken
+
+    def join(self, g: int, search: CountSearch) -> None:
+        """Group ``g``'s search has just begun a sweep: it runs here from now on."""
+        (row,) = self._rows(1)
+        k, end = search.asked_here, len(search.asking)
+        self.ask[row, :end], self.ans[row, :k] = search.asking, search.answers[:k]
+        self.row[g], self.pos[g], self.end[g], self.pivot[g] = row, k, end, search.pivot
+
+    def questions(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """Per group, the pair it asks (``-1, -1`` for groups not swept here)."""
+        swept = self.row >= 0
+        plus, minus = np.full(len(self.row), -1, np.int64), np.full(len(self.row), -1, np.int64)
+        plus[swept] = self.pivot[swept]
+        minus[swept] = self.ask[self.row[swept], self.pos[swept]]
+        return plus, minus
+
+    def write_back(self, g: int, search: CountSearch) -> None:
+        """Group ``g``'s sweep into its search (done, or failed by an answer); its row is freed."""
+        row, end = int(self.row[g]), int(self.end[g])
+        search.asking, search.answers = self.ask[row, :end].copy(), self.ans[row, :end].copy()
+        search.asked_here = int(self.pos[g])
+        self.free.append(row)
+        self.row[g] = -1
+
+    def regroup(self, group_of: npt.NDArray[np.int64], first: npt.NDArray[np.bool_]) -> None:
+        """The groups are now one per key, key ``k`` of old group ``group_of[k]`` (``first`` for the
+        first key of each): a split sweep's further keys get rows of their own, copies."""
+        alive = np.zeros(len(self.row), dtype=bool)
+        alive[group_of] = True
+        self.free += self.row[~alive & (self.row >= 0)].tolist()
+        row, pos, end, pivot = (a[group_of] for a in (self.row, self.pos, self.end, self.pivot))
+        again = np.flatnonzero(~first & (row >= 0))
+        if len(again):
+            fresh = np.array(self._rows(len(again)), dtype=np.int64)
+            self.ask[fresh], self.ans[fresh] = self.ask[row[again]], self.ans[row[again]]
+            row[again] = fresh
+        self.row, self.pos, self.end, self.pivot = row, pos, end, pivot
+
+
 def count_rounds(
     target: Counter,
     searches: list[CountSearch | None],
@@ -319,7 +382,7 @@ def count_rounds(
 
     ``searches[member[e]]`` is element ``e``'s search (``None``: it takes no
     part and gets the units alone).  Returns the final searches, each
-    element's, and the number of calls.
+    element's, and the number of calls.  Pivot sweeps run in bulk (:class:`_Sweeps`).
     """
     unit, big = count_values(n, dtype_name)
     dtype = FORMATS[dtype_name].torch_dtype
@@ -328,12 +391,21 @@ def count_rounds(
     # its input changes nothing that follows).
     values = np.empty((n, m), dtype=np.float32 if dtype != torch.float64 else np.float64)
     filled = torch.from_numpy(values)  # the same memory: torch fills it on all its threads
+    sweeps = _Sweeps(n, len(searches))
     while True:
-        pairs = [s.question() if s is not None else None for s in searches]
-        if not any(p is not None for p in pairs):
+        pairs: list[tuple[int, int] | None] = [None] * len(searches)
+        for g in np.flatnonzero(sweeps.row < 0).tolist():
+            search = searches[g]
+            pairs[g] = None if search is None else search.question()
+            if search is not None and pairs[g] is not None and search.asked_here < len(search.asking):
+                sweeps.join(g, search)  # the question just asked is the sweep's first
+        plus, minus = sweeps.questions()
+        for g, pair in enumerate(pairs):
+            if pair is not None and sweeps.row[g] < 0:
+                plus[g], minus[g] = pair
+        if not (plus >= 0).any():
             return searches, member, calls
-        plus = np.array([p[0] if p else -1 for p in pairs])[member]
-        minus = np.array([p[1] if p else -1 for p in pairs])[member]
+        plus, minus = plus[member], minus[member]
         cols = np.flatnonzero(plus >= 0)
         filled.fill_(unit)
         values[plus[cols], cols], values[minus[cols], cols] = big, -big
@@ -344,15 +416,43 @@ def count_rounds(
         swamped = np.where(whole, n - np.where(whole, out, 0), -1).astype(np.int64)
         swamped[plus < 0] = 0
         keys, inverse = np.unique(member * (n + 2) + swamped + 1, return_inverse=True)
-        group_of = keys // (n + 2)
-        shared = np.bincount(group_of, minlength=len(searches))
-        regrouped: list[CountSearch | None] = []
-        for key, g in zip(keys.tolist(), group_of.tolist(), strict=True):
-            old, pair = searches[g], pairs[g]
-            if old is None or pair is None:
-                regrouped.append(old)
-                continue
-            new = old.copy() if shared[g] > 1 else old
-            new.learn(pair, key % (n + 2) - 1)
-            regrouped.append(new)
-        searches, member = regrouped, inverse.reshape(-1).astype(np.int64)
+        group_of, answer = keys // (n + 2), keys % (n + 2) - 1
+        searches = _learn(searches, pairs, sweeps, group_of, answer)
+        member = inverse.reshape(-1).astype(np.int64)
+
+
+def _learn(
+    searches: list[CountSearch | None],
+    pairs: list[tuple[int, int] | None],
+    sweeps: _Sweeps,
+    group_of: npt.NDArray[np.int64],
+    answer: npt.NDArray[np.int64],
+) -> list[CountSearch | None]:
+    """One search per key (old group ``group_of[k]``, which got ``answer[k]``): copies where a group
+    split, every answer taken in (in bulk for the sweeps)."""
+    first = np.ones(len(group_of), dtype=bool)
+    first[1:] = group_of[1:] != group_of[:-1]  # keys are sorted: a group's keys are adjacent
+    was_swept = sweeps.row[group_of] >= 0
+    regrouped = [searches[g] for g in group_of.tolist()]
+    for k in np.flatnonzero(~first).tolist():  # a group whose elements answered apart
+        old = regrouped[k]
+        regrouped[k] = None if old is None else old.copy()
+    sweeps.regroup(group_of, first)
+    swept = np.flatnonzero(was_swept & (answer >= 2))
+    sweeps.ans[sweeps.row[swept], sweeps.pos[swept]] = answer[swept]
+    sweeps.pos[swept] += 1
+    for k in np.flatnonzero(was_swept & (answer < 2)).tolist():  # a failed answer: learnt one by one
+        search = regrouped[k]
+        assert search is not None
+        pair = (int(sweeps.pivot[k]), int(sweeps.ask[sweeps.row[k], sweeps.pos[k]]))
+        sweeps.write_back(k, search)
+        search.learn(pair, int(answer[k]))
+    for k in swept[sweeps.pos[swept] == sweeps.end[swept]].tolist():  # a sweep done
+        search = regrouped[k]
+        assert search is not None
+        sweeps.write_back(k, search)
+    for k in np.flatnonzero(~was_swept).tolist():
+        search, asked = regrouped[k], pairs[int(group_of[k])]
+        if search is not None and asked is not None:
+            search.learn(asked, int(answer[k]))
+    return regrouped
