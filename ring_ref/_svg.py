@@ -37,7 +37,6 @@ tree, from the same ramp, with a legend of the trees.
 
 from __future__ import annotations
 
-import itertools
 import math
 import xml.etree.ElementTree as ET
 
@@ -49,6 +48,7 @@ from ring_ref._reveal import (
     display_tree,
     format_tree,
     leaves,
+    ring_step,
     tree_ids,
     tree_json_text,
 )
@@ -375,10 +375,8 @@ def _collapsed(tree: Tree, n: int) -> list[str]:
     """A large tree in a few lines: a fold's start, direction and end; else each depth's additions."""
     chain = chain_order(tree)
     if chain is not None:
-        step = (chain[1] - chain[0]) % n
-        direction = {1: "+1", n - 1: "-1"}.get(step) if len(chain) == n else None
-        steady = direction is not None and all((b - a) % n == step for a, b in itertools.pairwise(chain))
-        how = f"steps {direction} around the ring" if steady else "goes on in its own order"
+        step = ring_step(chain) if len(chain) == n else 0
+        how = f"steps {step:+d} around the ring" if step else "goes on in its own order"
         return [
             f"a fold (chain) of {len(chain)} workers: starts {chain[0]}, {chain[1]}, {how}, ends {chain[-1]}"
         ]

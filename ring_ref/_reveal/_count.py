@@ -121,9 +121,8 @@ class CountSearch:
         )
 
     def question(self) -> tuple[int, int] | None:
-        """The next pair to ask (``None``: done or failed), taking in answers already known."""
-        if self.asked_here < len(self.asking) and self.failure is None:  # a pivot's sweep
-            return self.pivot, int(self.asking[self.asked_here])
+        """The next pair to ask (``None``: done or failed), taking in answers already known.  A pair of
+        a pivot's sweep starts the sweep, which :func:`count_rounds` then runs in bulk (:class:`_Sweeps`)."""
         while self.failure is None:
             if self.hints:
                 return self.hints[0]
@@ -146,7 +145,8 @@ class CountSearch:
         return None
 
     def learn(self, pair: tuple[int, int], swamped: int) -> None:
-        """Take in ``L`` for the pair just asked (``-1``: the output was not a count)."""
+        """Take in ``L`` for a hint just asked, or an answer that fails the search (``-1``: the output
+        was not a count); a sweep's good answers go into :class:`_Sweeps` instead."""
         if swamped < 2:
             what = "is not a count of surviving units" if swamped < 0 else "counts more units than the others"
             self.failure = (
@@ -154,12 +154,9 @@ class CountSearch:
                 "(no tree of additions in the dtype gives that)"
             )
             return
-        if self.hints:
-            self.known[(min(pair), max(pair))] = swamped
-            self.hints.pop(0)
-            return
-        self.answers[self.asked_here] = swamped
-        self.asked_here += 1
+        assert self.hints, "a sweep's answers are taken in bulk by _Sweeps"
+        self.known[(min(pair), max(pair))] = swamped
+        self.hints.pop(0)
 
     def _new(self, members: list[int], size: int) -> int:
         pid, self.next_pid = self.next_pid, self.next_pid + 1
@@ -393,16 +390,17 @@ def count_rounds(
     filled = torch.from_numpy(values)  # the same memory: torch fills it on all its threads
     sweeps = _Sweeps(n, len(searches))
     while True:
-        pairs: list[tuple[int, int] | None] = [None] * len(searches)
+        pairs: dict[int, tuple[int, int]] = {}  # the questions of groups not being swept
         for g in np.flatnonzero(sweeps.row < 0).tolist():
             search = searches[g]
-            pairs[g] = None if search is None else search.question()
-            if search is not None and pairs[g] is not None and search.asked_here < len(search.asking):
+            pair = None if search is None else search.question()
+            if search is not None and pair is not None and search.asked_here < len(search.asking):
                 sweeps.join(g, search)  # the question just asked is the sweep's first
+            elif pair is not None:
+                pairs[g] = pair
         plus, minus = sweeps.questions()
-        for g, pair in enumerate(pairs):
-            if pair is not None and sweeps.row[g] < 0:
-                plus[g], minus[g] = pair
+        for g, (i, j) in pairs.items():
+            plus[g], minus[g] = i, j
         if not (plus >= 0).any():
             return searches, member, calls
         plus, minus = plus[member], minus[member]
@@ -423,7 +421,7 @@ def count_rounds(
 
 def _learn(
     searches: list[CountSearch | None],
-    pairs: list[tuple[int, int] | None],
+    pairs: dict[int, tuple[int, int]],
     sweeps: _Sweeps,
     group_of: npt.NDArray[np.int64],
     answer: npt.NDArray[np.int64],
@@ -452,7 +450,7 @@ def _learn(
         assert search is not None
         sweeps.write_back(k, search)
     for k in np.flatnonzero(~was_swept).tolist():
-        search, asked = regrouped[k], pairs[int(group_of[k])]
+        search, asked = regrouped[k], pairs.get(int(group_of[k]))
         if search is not None and asked is not None:
             search.learn(asked, int(answer[k]))
     return regrouped

@@ -18,7 +18,7 @@ import torch
 from ring_ref._chunks import chunk_bounds
 from ring_ref._dispatch import ring_all_reduce
 from ring_ref._dtypes import FORMATS, bits
-from ring_ref._reveal._trees import Tree, chain_order, fold_tree, tree_ids
+from ring_ref._reveal._trees import Tree, chain_order, fold_tree, ring_step, tree_ids
 from ring_ref.schedule import LAYOUTS, PRESETS, ChainSchedule, Layout, RingSchedule, Schedule
 
 __all__ = ["RingFit", "chunk_index", "fit_ring", "ring_trees"]
@@ -55,12 +55,8 @@ def _fold_key(tree: Tree, n: int) -> int:
     (0, 1)
     """
     chain = chain_order(tree)
-    if chain is None or len(chain) != n:
-        return -1
-    step = (chain[1] - chain[0]) % n
-    if step not in (1, n - 1) or (np.diff(chain) % n != step).any():
-        return -1
-    return 2 * chain[2] + (step != 1)
+    step = 0 if chain is None or len(chain) != n else ring_step(chain)
+    return 2 * chain[2] + (step < 0) if chain is not None and step else -1
 
 
 class RingFit:

@@ -12,7 +12,6 @@ one array, equal to (and hashing as) the nested pairs it stands for, so that
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 from collections.abc import Iterator, Sequence
@@ -36,6 +35,7 @@ __all__ = [
     "fold_tree",
     "format_tree",
     "leaves",
+    "ring_step",
     "tree_from_json",
     "tree_ids",
     "tree_json_text",
@@ -248,6 +248,22 @@ def chain_order(tree: Tree) -> list[int] | None:
     return [*first, *chain[2:]]
 
 
+def ring_step(chain: Sequence[int]) -> int:
+    """``+1`` or ``-1`` when every step of ``chain`` (a fold's workers in adding order, all ``N`` of
+    them) goes one way around the ring of ``N = len(chain)``; ``0`` otherwise, and for ``N < 3``,
+    where the two ways are one.
+
+    >>> ring_step([2, 3, 0, 1]), ring_step([2, 1, 0, 3]), ring_step([0, 2, 1, 3])
+    (1, -1, 0)
+    """
+    n = len(chain)
+    if n < 3:
+        return 0
+    steps: npt.NDArray[np.int64] = np.mod(np.diff(np.asarray(chain, dtype=np.int64)), n)
+    step = int(steps[0])
+    return {1: 1, n - 1: -1}.get(step, 0) if bool((steps == step).all()) else 0
+
+
 def display_tree(tree: Tree) -> Tree:
     """``tree`` as pictures draw it: a fold as the left fold of :func:`chain_order`, leaves in adding
     order; any other tree canonical.
@@ -282,13 +298,10 @@ def format_tree(tree: Tree) -> str:
     """
     chain = chain_order(tree)
     if chain is not None and len(chain) > SPELT_IN_FULL:
-        n = len(chain)
-        steps = {(b - a) % n for a, b in itertools.pairwise(chain)}
-        how = {1: "stepping +1 around the ring", n - 1: "stepping -1 around the ring"}.get(
-            steps.pop() if len(steps) == 1 else 0, "in its own order"
-        )
+        step = ring_step(chain)
+        how = f"stepping {step:+d} around the ring" if step else "in its own order"
         shown = ",".join(map(str, chain[:6])) + ",...," + ",".join(map(str, chain[-2:]))
-        return f"fold {shown} ({n} workers, {how})"
+        return f"fold {shown} ({len(chain)} workers, {how})"
     if chain is not None and len(chain) > 1:
         return "fold " + ",".join(map(str, chain))
     count = len(_leaf_list(tree))

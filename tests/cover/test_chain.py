@@ -31,6 +31,7 @@ from ring_ref.difftest._orders import _fit_of, schedule_order
 from ring_ref.invariants import InvariantViolation, expected_finished, expected_state
 from ring_ref.schedule import ALL_GATHER, CHAIN, PRESETS, REDUCE_SCATTER, ChainSchedule, Phase, Send
 from tests.oracles import left_fold, same_bits
+from tests.reveal_targets import linear_fold
 from tests.strategies import ALL_DTYPES, NUMPY_DTYPES, finite_values
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -230,25 +231,17 @@ def test_chain_trace_json_names_the_chain_and_its_steps() -> None:
 # --- reveal and difftest ------------------------------------------------------------------------
 
 
-def _left_fold_target(x: torch.Tensor) -> torch.Tensor:
-    """A target that sums worker after worker, as a user's batch-invariant reduction would."""
-    acc = x[0].clone()
-    for w in range(1, x.shape[0]):
-        acc = acc + x[w]
-    return acc
-
-
 def _openmpi_ring_target(x: torch.Tensor) -> torch.Tensor:
     return ring_all_reduce(x, "fast", schedule="openmpi-ring")
 
 
 @pytest.mark.clause("chain-tools")
 def test_reveal_names_the_chain_and_difftest_checks_against_it() -> None:
-    revealed = reveal(_left_fold_target, 4, 9)
+    revealed = reveal(linear_fold, 4, 9)
     assert revealed.matches == ["chain"] and revealed.ring is None
     assert reveal(_openmpi_ring_target, 4, 9).matches == ["openmpi-ring"]
     kwargs: dict[str, object] = {"modes": ("exact",), "examples": 15, "seed": 3, "max_workers": 5}
-    passed = difftest(_left_fold_target, isolate=False, schedule="chain", **kwargs)  # type: ignore[arg-type]
+    passed = difftest(linear_fold, isolate=False, schedule="chain", **kwargs)  # type: ignore[arg-type]
     failed = difftest(_openmpi_ring_target, isolate=False, schedule="chain", **kwargs)  # type: ignore[arg-type]
     assert passed.verdict == "pass", passed.render()
     assert failed.verdict == "fail" and failed.diagnoses == ["not-ring-order"], failed.render()
