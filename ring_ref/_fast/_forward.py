@@ -227,7 +227,7 @@ class _Numpy(Arrays[Array]):
         out[...] = value
 
     def kernel_input(self, x: Array) -> Array | None:
-        whole = all(s % x.itemsize == 0 for s in x.strides)  # every stride a whole number of elements
+        whole = all(s % x.itemsize == 0 for s in x.strides)
         strides = [s // x.itemsize for s in x.strides] if whole else None
         inner = None if strides is None else element_stride(x.shape, strides)
         if x.dtype.isnative and x.dtype in (np.float32, np.float64) and inner is not None and x.flags.aligned:
@@ -283,7 +283,7 @@ def forward(arrays: Arrays[A], x: A, ring: Schedule, op: Op) -> tuple[A, bool]:
         return _uneven(arrays, x, ring, op)
     n, m = x.shape[0], x.shape[1]
     k = m // n
-    trailing = tuple(x.shape[2:])
+    trailing: tuple[int, ...] = tuple(x.shape[2:])
     x = arrays.prepare(x)
     result = arrays.new(x, (m, *trailing))
     if n == 1:

@@ -834,6 +834,16 @@ def test_tiles_hold_about_the_budget() -> None:
     assert _run.batch_tile(4, 10, row, row - 1) == (1, 1)
 
 
+@pytest.mark.clause("fold-order")
+def test_tensors_off_the_cpu_fold_in_one_tile(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tensor off the CPU has no tile budget: the batched path folds every chunk at once, the same bits
+    (the tile budget stood in for, as no accelerator is run here)."""
+    x = values(5, 10, torch.float16, "sum", seed=4)  # float16: the batched path
+    want = ring_all_reduce(x, engine="reference")
+    monkeypatch.setattr(type(_forward.TORCH), "tile_budget", lambda self, x: None)
+    assert same_bits(ring_all_reduce(x, engine="fast"), want)
+
+
 @pytest.mark.clause("bad-input", "schedule-layouts")
 def test_even_layouts_refuse_what_the_others_cut() -> None:
     """M not divisible by N: refused with the reference's message on even rings, cut by blocks and gloo."""
