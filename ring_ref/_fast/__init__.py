@@ -9,15 +9,17 @@ else ``incoming`` for ``max``, ``<`` for ``min``, as :mod:`ring_ref._ops`
 defines them), and ``avg`` divides the sum once by ``N`` with
 :func:`ring_ref._ops.finish_torch` (``finish_numpy``), as the reference does.
 
-Its rooms, each calling only the ones listed after it:
+Its rooms, each importing only the ones listed after it:
 
 * :mod:`ring_ref._fast._forward`: the front ends (``ring_all_reduce_torch``,
   ``ring_all_reduce_numpy``, reduce-scatter, all-gather, autograd) and the one
   forward pass both array types share, parameterised by their array
-  operations (:class:`Arrays`).
-* :mod:`ring_ref._fast._run`: running the plan, on the compiled kernel or as
-  batched array operations per round, and whether the result proves the input
-  finite.
+  operations (:class:`Arrays`).  float32 and float64 on the CPU, in every
+  layout whose ``(M, ...)`` part is one stride apart per element
+  (:func:`element_stride`), go to the compiled kernel in one call.
+* :mod:`ring_ref._fast._run`: everything else runs the plan as a few batched
+  array operations per round, tile by tile; and whether a result proves the
+  input finite.
 * :mod:`ring_ref._fast._plan`: the plan, compiled from the schedule's sends and
   checked (:func:`plan`; :func:`chain_fold_order` for the chain).  One
   running partial per chunk: worker ``i``'s slot ``c`` is only ever read as
@@ -25,7 +27,7 @@ Its rooms, each calling only the ones listed after it:
   never materialises the other ``N^2 - N`` slots; all-gather only copies
   completed chunks, so each is returned once, in place.
 * :mod:`ring_ref._fast._kernel`: the fused fold kernel, LLVM IR compiled with
-  llvmlite on first use and cached on disk (imported only when first needed).
+  llvmlite on first use and cached on disk (imported when first needed).
 
 >>> import torch
 >>> ring_all_reduce_torch(torch.tensor([[1.0, 2.0], [3.0, 4.0]]))
@@ -40,6 +42,7 @@ from ring_ref._fast._forward import (
     NUMPY,
     TORCH,
     Arrays,
+    element_stride,
     forward,
     not_differentiable,
     ring_all_gather_numpy,
@@ -50,7 +53,6 @@ from ring_ref._fast._forward import (
     ring_reduce_scatter_torch,
 )
 from ring_ref._fast._plan import Add, Cycle, Plan, Rounds, Sends, chain_fold_order, plan
-from ring_ref._fast._run import element_stride
 
 __all__ = [
     "DIFFERENTIABLE_OPS",

@@ -2,12 +2,20 @@
 
 :func:`forward` is the one decision tree: unequal chunks padded to even ones,
 one worker copied, the compiled kernel where the input is float32 or float64
-on the CPU with one stride per element, else the batched rounds; the chain or
-a ring of the family.  What differs between the two array types -- how a
-result is allocated, which view the kernel reads, the diagonal views of the
-batched path, the combine, the tile budget, the finiteness reduction, numpy's
-floating-point error state -- is an :class:`Arrays` value: :data:`TORCH` or
-:data:`NUMPY`.
+on the CPU with one stride per element, else the batched rounds
+(:mod:`ring_ref._fast._run`); the chain or a ring of the family.  What differs
+between the two array types -- how a result is allocated, which view the
+kernel reads, the diagonal views of the batched path, the combine, the tile
+budget, the finiteness reduction, numpy's floating-point error state -- is an
+:class:`Arrays` value: :data:`TORCH` or :data:`NUMPY`.
+
+**float32 and float64 on the CPU: one compiled pass** (:mod:`ring_ref._fast._kernel`,
+through :func:`fold` and :func:`chain_fold`).  Every element's fold runs in
+machine code over cache-sized tiles, the input read once, on up to
+``torch.get_num_threads()`` threads; each op's kernel is compiled on its
+first use.  This covers every layout whose ``(M, ...)`` part is one stride
+apart per element (:func:`element_stride`: contiguous, sliced, transposed,
+expanded workers, negative numpy strides).
 
 Finiteness (clause ``bad-input``) is checked on the result rather than the
 input where that proves anything, for torch and numpy inputs alike (see
@@ -44,8 +52,9 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import lru_cache
+from types import ModuleType
 from typing import Any, Final, Generic, TypeVar
 
 import numpy as np
@@ -56,13 +65,10 @@ from torch.autograd import forward_ad
 
 from ring_ref import _validate
 from ring_ref._chunks import chunk_bounds
-from ring_ref._fast._plan import chain_fold_order, plan
+from ring_ref._fast._plan import Cycle, chain_fold_order, plan
 from ring_ref._fast._run import (
     batch_tile,
     chain_batched,
-    chain_fold,
-    element_stride,
-    fold,
     numpy_all_finite,
     result_proves_finite,
     run_rounds,
@@ -79,6 +85,9 @@ __all__ = [
     "TILE_BYTES",
     "TORCH",
     "Arrays",
+    "chain_fold",
+    "element_stride",
+    "fold",
     "forward",
     "not_differentiable",
     "ring_all_gather_numpy",
@@ -342,6 +351,82 @@ def _padded_columns(layout: Layout, n: int, m: int, itemsize: int) -> tuple[int,
     chunk = np.repeat(np.arange(n, dtype=np.int64), sizes)
     columns = chunk * k + np.arange(m, dtype=np.int64) - np.repeat(bounds[:, 0], sizes)
     return k, columns
+
+
+# --- the compiled kernel ---------------------------------------------------------------------------
+
+_kernel_module: ModuleType | None = None
+
+
+def _kernel() -> ModuleType:
+    """:mod:`ring_ref._fast._kernel`, imported on first use (it imports llvmlite, LLVM itself)."""
+    global _kernel_module  # noqa: PLW0603 - a lazily imported module
+    if _kernel_module is None:
+        from ring_ref._fast import _kernel as module
+
+        _kernel_module = module
+    return _kernel_module
+
+
+def element_stride(shape: Sequence[int], strides: Sequence[int]) -> int | None:
+    """The one stride that steps through a worker's ``(M, ...)`` elements in order, or ``None``.
+
+    ``shape`` and ``strides`` are the whole ``(N, M, ...)`` input's.  Size-1
+    dimensions do not count; any stride (zero, negative) is fine as long as each
+    dimension steps over exactly the one inside it.
+
+    >>> element_stride((4, 8, 3), (24, 3, 1)), element_stride((4, 8, 3), (24, 1, 8))
+    (1, None)
+    """
+    dims = [(size, stride) for size, stride in zip(shape[1:], strides[1:], strict=True) if size != 1]
+    if not dims:
+        return 1
+    inner = expected = dims[-1][1]
+    for size, stride in reversed(dims):
+        if stride != expected:
+            return None
+        expected = stride * size
+    return inner
+
+
+def fold(x2d: Array, out: Array, cycle: Cycle, op: Op) -> bool:
+    """The compiled fold of ``x2d`` (``(N, M ...)`` flattened to two axes) into ``out`` (flat).
+
+    ``avg`` folds the sum (the caller divides).  Returns whether the input is proven finite.
+    """
+    n = x2d.shape[0]
+    return bool(
+        _kernel().fold_chunks(
+            x2d,
+            out,
+            cycle.order,
+            cycle.entries,
+            chunk_size=out.size // n,
+            threads=torch.get_num_threads(),
+            op="sum" if op == "avg" else op,
+        )
+    )
+
+
+def chain_fold(x2d: Array, out: Array, order: tuple[int, ...], op: Op) -> bool:
+    """The chain's fold (``order`` for every element) of ``x2d`` (``(N, L)``) into ``out`` (flat), compiled.
+
+    Every element folds alike, so the first ``N K`` elements (``K = L // N``) go
+    through :func:`fold` as ``N`` chunks of ``K`` that all enter the cycle
+    ``order`` at its start, and the last ``L mod N`` through one batched
+    combine per worker.  Returns whether the input is proven finite.
+    """
+    n, length = x2d.shape
+    split = length - length % n
+    entries = np.array([[c, c + 1, 0] for c in range(n)], dtype=np.int64)  # every chunk enters at order[0]
+    cycle = Cycle(np.array(order, dtype=np.int64), entries)
+    finite = fold(x2d[:, :split], out[:split], cycle, op) if split else True
+    if split == length:
+        return finite
+    rest = out[split:]
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        chain_batched(x2d[:, split:], rest, order, numpy_combine_out(op))
+    return finite and numpy_all_finite(rest if result_proves_finite(op) else x2d[:, split:])
 
 
 # --- the front ends ------------------------------------------------------------------------------

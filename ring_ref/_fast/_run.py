@@ -1,47 +1,39 @@
-"""Running the fast engine's plan: on the compiled kernel, or as batched array operations.
+"""Running the fast engine's plan as batched array operations, and what its result proves.
 
-* **float32 and float64 on the CPU: one compiled pass** (:mod:`ring_ref._fast._kernel`,
-  through :func:`fold` and :func:`chain_fold`).  Every element's fold runs in
-  machine code over cache-sized tiles, the input read once, on up to
-  ``torch.get_num_threads()`` threads; each op's kernel is compiled on its
-  first use.  This covers every layout whose ``(M, ...)`` part is one stride
-  apart per element (:func:`element_stride`: contiguous, sliced, transposed,
-  expanded workers, negative numpy strides).
-* **Everything else: a few batched array operations per round**
-  (:func:`run_rounds`).  A round's additions over a run of consecutive chunks
-  are one call on a strided *view* of the input (the own operands ``x[c + off,
-  c]`` lie on one diagonal of the ``(worker, chunk)`` grid), tile by tile on
-  the CPU so the partial sums stay in cache (:func:`batch_tile`).
+Where the compiled kernel cannot run (float16, bfloat16, other devices, layouts
+without one stride per element, unaligned data), the plan runs as a few
+batched array operations per round (:func:`run_rounds`): a round's additions
+over a run of consecutive chunks are one call on a strided *view* of the input
+(the own operands ``x[c + off, c]`` lie on one diagonal of the ``(worker,
+chunk)`` grid), tile by tile on the CPU so the partial sums stay in cache
+(:func:`batch_tile`).  The chain folds its workers one combine over the whole
+buffer each (:func:`chain_batched`).  Nothing here knows torch from numpy
+beyond the finiteness reductions: :mod:`ring_ref._fast._forward` hands in the
+views and the combine.
 
-Both report whether the input is proven finite: an addition or a
-multiplication with a NaN or infinite operand never yields a finite value, so
-a finite sum or product proves a finite input (:func:`result_proves_finite`).
-The kernel checks each finished tile while it is in cache; the batched path
-checks each tile with one reduction (:func:`torch_all_finite`,
-:func:`numpy_all_finite`).  Nothing here knows torch from numpy beyond those
-two checks: :mod:`ring_ref._fast._forward` hands in the views and the combine.
+Finiteness (clause ``bad-input``): an addition or a multiplication with a NaN
+or infinite operand never yields a finite value, so a finite sum or product
+proves a finite input (:func:`result_proves_finite`).  The batched path checks
+each finished tile with one reduction while it is in cache
+(:func:`torch_all_finite`, :func:`numpy_all_finite`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from types import ModuleType
 from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 import torch
 
-from ring_ref._fast._plan import Add, Cycle
-from ring_ref._ops import Op, numpy_combine_out
+from ring_ref._fast._plan import Add
+from ring_ref._ops import Op
 
 __all__ = [
     "batch_tile",
     "chain_batched",
-    "chain_fold",
-    "element_stride",
-    "fold",
     "numpy_all_finite",
     "result_proves_finite",
     "run_rounds",
@@ -49,7 +41,6 @@ __all__ = [
 ]
 
 A = TypeVar("A", torch.Tensor, npt.NDArray[Any])
-Array = npt.NDArray[Any]
 
 
 def run_rounds(
@@ -139,82 +130,6 @@ def result_proves_finite(op: Op) -> bool:
     """Whether a finite result proves a finite input: for a sum or a product (a NaN or infinite operand
     makes either non-finite), not for ``max`` and ``min``, which may drop a NaN or an infinity."""
     return op not in ("max", "min")
-
-
-# --- the compiled kernel -------------------------------------------------------------------------
-
-_kernel_module: ModuleType | None = None
-
-
-def _kernel() -> ModuleType:
-    """:mod:`ring_ref._fast._kernel`, imported on first use (it imports llvmlite, LLVM itself)."""
-    global _kernel_module  # noqa: PLW0603 - a lazily imported module
-    if _kernel_module is None:
-        from ring_ref._fast import _kernel as module
-
-        _kernel_module = module
-    return _kernel_module
-
-
-def element_stride(shape: Sequence[int], strides: Sequence[int]) -> int | None:
-    """The one stride that steps through a worker's ``(M, ...)`` elements in order, or ``None``.
-
-    ``shape`` and ``strides`` are the whole ``(N, M, ...)`` input's.  Size-1
-    dimensions do not count; any stride (zero, negative) is fine as long as each
-    dimension steps over exactly the one inside it.
-
-    >>> element_stride((4, 8, 3), (24, 3, 1)), element_stride((4, 8, 3), (24, 1, 8))
-    (1, None)
-    """
-    dims = [(size, stride) for size, stride in zip(shape[1:], strides[1:], strict=True) if size != 1]
-    if not dims:
-        return 1
-    inner = expected = dims[-1][1]
-    for size, stride in reversed(dims):
-        if stride != expected:
-            return None
-        expected = stride * size
-    return inner
-
-
-def fold(x2d: Array, out: Array, cycle: Cycle, op: Op) -> bool:
-    """The compiled fold of ``x2d`` (``(N, M ...)`` flattened to two axes) into ``out`` (flat).
-
-    ``avg`` folds the sum (the caller divides).  Returns whether the input is proven finite.
-    """
-    n = x2d.shape[0]
-    return bool(
-        _kernel().fold_chunks(
-            x2d,
-            out,
-            cycle.order,
-            cycle.entries,
-            chunk_size=out.size // n,
-            threads=torch.get_num_threads(),
-            op="sum" if op == "avg" else op,
-        )
-    )
-
-
-def chain_fold(x2d: Array, out: Array, order: tuple[int, ...], op: Op) -> bool:
-    """The chain's fold (``order`` for every element) of ``x2d`` (``(N, L)``) into ``out`` (flat), compiled.
-
-    Every element folds alike, so the first ``N K`` elements (``K = L // N``) go
-    through :func:`fold` as ``N`` chunks of ``K`` that all enter the cycle
-    ``order`` at its start, and the last ``L mod N`` through one batched
-    combine per worker.  Returns whether the input is proven finite.
-    """
-    n, length = x2d.shape
-    split = length - length % n
-    entries = np.array([[c, c + 1, 0] for c in range(n)], dtype=np.int64)  # every chunk enters at order[0]
-    cycle = Cycle(np.array(order, dtype=np.int64), entries)
-    finite = fold(x2d[:, :split], out[:split], cycle, op) if split else True
-    if split == length:
-        return finite
-    rest = out[split:]
-    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
-        chain_batched(x2d[:, split:], rest, order, numpy_combine_out(op))
-    return finite and numpy_all_finite(rest if result_proves_finite(op) else x2d[:, split:])
 
 
 def chain_batched(x: A, out: A, order: tuple[int, ...], combine: Callable[[A, A, A], object]) -> None:

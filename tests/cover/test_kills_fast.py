@@ -817,10 +817,10 @@ def test_a_fault_names_the_receiver_of_the_rings_own_right() -> None:
 
 
 def test_the_kernel_is_imported_on_first_use(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_run, "_kernel_module", None)
+    monkeypatch.setattr(_forward, "_kernel_module", None)
     x = values(3, 6, torch.float64, "sum", seed=1)
     assert same_bits(ring_all_reduce(x, engine="fast"), ring_all_reduce(x, engine="reference"))
-    assert _run._kernel_module is _kernel
+    assert _forward._kernel_module is _kernel
 
 
 def test_tiles_hold_about_the_budget() -> None:
