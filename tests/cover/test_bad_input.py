@@ -14,7 +14,7 @@ import torch
 from ring_ref import ring_all_reduce
 from ring_ref._validate import rank_tensor_problem
 from ring_ref.schedule import RingSchedule
-from tests.paths import SPEC
+from tests.paths import SPEC, SPEC_DIR
 
 pytestmark = pytest.mark.clause(
     "bad-input", "input-shape", "supported-dtypes", "input-finite", "engines-same-bits"
@@ -193,7 +193,7 @@ def test_non_finite_message_counts_every_bad_element_and_names_the_first() -> No
         ring_all_reduce(np.array([[0.0, np.nan], [np.inf, 0.0]]))
 
 
-# --- reduce-scatter and all-gather on ranks (spec section 13, dist-shards-bad-input) ------------
+# --- reduce-scatter and all-gather on ranks (spec/reduce_scatter_all_gather.md, dist-shards-bad-input) ---
 
 SHARD_CASES: list[tuple[str, str, Any, Any, object, type[Exception], str]] = [
     # (id, collective, output, input, schedule=, exception, message fragment), on N = 3 ranks
@@ -308,7 +308,7 @@ def test_good_shards_pass_and_inputs_are_only_read() -> None:
 
 @pytest.mark.clause("dist-shards-bad-input")
 def test_every_row_of_the_shards_table_is_tested() -> None:
-    text = SPEC.read_text(encoding="utf-8")
+    text = (SPEC_DIR / "reduce_scatter_all_gather.md").read_text(encoding="utf-8")
     table = text[text.index("### `dist-shards-bad-input`") :].split("\n### ")[0]
     rows = [
         line.split("|")[3].strip()

@@ -1,4 +1,4 @@
-"""The chain (spec section 15) across processes: gloo groups of 2 to 4 ranks, ``ring_hook``, and MPI.
+"""The chain (spec/schedules.md) across processes: gloo groups of 2 to 4 ranks, ``ring_hook``, and MPI.
 
 Every rank must end with the left fold over the ranks' inputs in rank order, bit
 for bit, for any ``M``; the oracle is :func:`tests.oracles.left_fold`, which
