@@ -121,15 +121,16 @@ tensor is reduced in a private copy and is left unchanged.  Bad input never
 modifies anything.
 """
 
-from ring_ref._ranks._adapters import RingAllGather, RingHookState, RingReduceScatter, ring_hook
-from ring_ref._ranks._plans import (
-    EXCHANGE_SEGMENT_BYTES,
-    LEAD_BYTES,
-    MAX_SEGMENTS,
+# In the order of the API page (mkdocstrings lists re-exported names as they are imported).
+from ring_ref._ranks._plans import (  # noqa: I001
     SEGMENT_BYTES,
+    EXCHANGE_SEGMENT_BYTES,
+    MAX_SEGMENTS,
     SWAP_BYTES,
+    LEAD_BYTES,
 )
-from ring_ref._ranks._torch import ring_all_gather_, ring_all_reduce_, ring_reduce_scatter_
+from ring_ref._ranks._torch import ring_all_reduce_, ring_reduce_scatter_, ring_all_gather_
+from ring_ref._ranks._adapters import RingReduceScatter, RingAllGather, RingHookState, ring_hook
 
 __all__ = [
     "EXCHANGE_SEGMENT_BYTES",

@@ -48,17 +48,18 @@ receive posted before the failure may still write into it).
         print(ring_all_reduce_(MPI.COMM_WORLD, np.full(8, MPI.COMM_WORLD.rank, np.float32)))"
 """
 
-from __future__ import annotations
+from __future__ import annotations  # noqa: I001 (the block keeps the API page's order, below)
 
 import warnings
 from typing import TYPE_CHECKING, Any
 
+# In the order of the API page (mkdocstrings lists re-exported names as they are imported).
 from ring_ref._ranks._mpi import (
     OPENMPI_ALLREDUCE_ALGORITHMS,
-    openmpi_allreduce_mca,
-    ring_all_gather_,
     ring_all_reduce_,
     ring_reduce_scatter_,
+    ring_all_gather_,
+    openmpi_allreduce_mca,
 )
 
 if TYPE_CHECKING:

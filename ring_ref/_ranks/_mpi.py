@@ -108,8 +108,8 @@ class _CommExchange:
 def _check_comm(comm: MPI.Comm, array: object, n: int, waiter: _Waiter, name: object = "spec") -> None:
     """Raise the same bad-input error on every rank, or return on every rank; one small all-reduce."""
     signature, clean = array_signature(array, n, name)
-    describe = lambda: describe_array(array, n, name)  # noqa: E731 (only on a disagreement)
-    check_everywhere(_CommExchange(comm, waiter), signature, clean, describe, ARRAYS, waiter.call)
+    exchange = _CommExchange(comm, waiter)
+    check_everywhere(exchange, signature, clean, lambda: describe_array(array, n, name), ARRAYS, waiter.call)
 
 
 def _bytes(chunk: npt.NDArray[Any]) -> list[Any]:
