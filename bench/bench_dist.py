@@ -53,7 +53,7 @@ MIN_REPS, MAX_REPS = 5, 60
 DDP_STEPS, DDP_WARMUP = 12, 2
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "chain")
 """The collectives timed: each gloo's own (its ``dist`` function's name) against the ring's; ``chain``
-is ``ring_all_reduce_(schedule="chain")`` (spec section 15) against ``dist.all_reduce``, with no target."""
+is ``ring_all_reduce_(schedule="chain")`` (spec/schedules.md) against ``dist.all_reduce``, with no target."""
 RESULT_KEY = {"all_reduce": "collective", "reduce_scatter": "reduce_scatter", "all_gather": "all_gather"}
 RESULT_KEY["chain"] = "chain"
 """Where each collective's rows are in a result (the all-reduce's under its first name)."""

@@ -25,7 +25,7 @@ optimizer step to the combined gradient, and only then updates an exponential
 moving average of the parameters.  :func:`averaged_independent_steps` shows
 the pitfall: Adam stepped independently on each rank, weights averaged
 afterwards, is not Adam on the combined gradient (plain SGD is the case where
-the two agree).  See ``docs/guide/distributed.md``.
+the two agree).  See ``docs/guide/training.md``.
 """
 
 from __future__ import annotations

@@ -380,7 +380,7 @@ def _job_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _reveal_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``ring-ref reveal`` options (spec section 11)."""
+    """The ``ring-ref reveal`` options (``spec/reveal.md``)."""
     parser.add_argument(
         "target", metavar="TARGET", help="package.module:function or path/to/file.py:function"
     )
@@ -545,7 +545,7 @@ def _int_list(text: str) -> list[int]:
 
 
 def _invariance_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``ring-ref invariance`` options (spec section 16)."""
+    """The ``ring-ref invariance`` options (``spec/invariance.md``)."""
     parser.add_argument(
         "target", metavar="TARGET", help="package.module:function or path/to/file.py:function"
     )

@@ -9,7 +9,7 @@
 >>> doc["traffic"]["elementsPerWorkerTotal"]
 4
 
-Every op of spec section 9 runs the same rounds; only what the reduce-scatter
+Every op of ``spec/operations.md`` runs the same rounds; only what the reduce-scatter
 receiver stores changes, so a record's provenance is the same for every op and
 the op (``records[k].op``) decides how it is written.  ``avg`` adds in the
 rounds and then takes one more step, ``divide``, that sends nothing:

@@ -21,7 +21,7 @@ not be called.  Reports are compared in order with the reference's rounds
 (:func:`ring_ref.schedule.all_rounds`), each slot bit for bit; the first
 difference is named as ``(phase, round, worker, slot)``.
 
-Every op of spec section 9 (``op="sum"`` by default, ``"prod"``, ``"max"``,
+Every op of ``spec/operations.md`` (``op="sum"`` by default, ``"prod"``, ``"max"``,
 ``"min"``, ``"avg"``) reports the same rounds; the buffers hold the op's
 partial results (clause ``op-trace``).  For ``avg`` they hold the ring's
 *sums*, and the one division by ``N`` is checked in the result: an
@@ -243,7 +243,7 @@ def first_mismatch(
 def check_trace(fn: TracedImplementation, worker_tensors: torch.Tensor, op: str = "sum") -> None:
     """Raise :class:`TraceMismatch` naming the first ``(phase, round, worker, slot)`` that differs.
 
-    ``op`` is the reduction op both run (spec section 9; ``"sum"`` by default).
+    ``op`` is the reduction op both run (``spec/operations.md``; ``"sum"`` by default).
     """
     mismatch = first_mismatch(fn, worker_tensors, op)
     if mismatch is not None:

@@ -1,4 +1,4 @@
-"""Same bits at every size and position?  :func:`invariance` (``ring-ref invariance``, spec section 16).
+"""Same bits at every size and position?  :func:`invariance` (``ring-ref invariance``, spec/invariance.md).
 
 It places a probe region of ``K`` elements at several offsets inside buffers
 of several sizes, reveals every probed element's summation tree in each

@@ -6,7 +6,7 @@ in (``(2, 3, 0)`` means ``(x_2 + x_3) + x_0``).  A sequence is stricter than a
 multiset: it also pins the association order, which is what fixes the bits of a
 floating-point result (clause ``fold-order``).
 
-Closed forms (``spec/ring_all_reduce.md``), with ``d = (i - c) mod n``:
+Closed forms (``spec/ring_all_reduce.md``; every ring's: ``spec/schedules.md``), with ``d = (i - c) mod n``:
 
 * ``inv-rs-provenance``: after reduce-scatter round ``r`` (``r = -1`` is the
   initial state), slot ``c`` of worker ``i`` holds the arc ``c, c+1, ..., i``

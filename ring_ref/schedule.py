@@ -1,6 +1,6 @@
 """The ring schedule as pure index math: no tensors, no buffers.
 
-Every function here is a closed form from ``spec/ring_all_reduce.md``; the
+Every function here is a closed form from the spec (``spec/ring_all_reduce.md``, ``spec/schedules.md``); the
 clause each one implements is named in its docstring.  Workers and chunks are
 numbered ``0 .. n-1``; rounds of each phase are numbered ``0 .. n-2``.
 
@@ -61,8 +61,9 @@ PHASES: Final[tuple[Phase, Phase]] = (REDUCE_SCATTER, ALL_GATHER)
 Collective = Literal["all-reduce", "reduce-scatter", "all-gather"]
 ALL_REDUCE: Final = "all-reduce"
 COLLECTIVES: Final[tuple[Collective, Collective, Collective]] = (ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER)
-"""The collectives: both phases (all-reduce), or one alone (spec section 12).  The one owner of the
-names that ``ring-ref trace``, ``difftest`` and ``reveal`` take as ``--collective``."""
+"""The collectives: both phases (all-reduce), or one alone (``spec/reduce_scatter_all_gather.md``).
+
+The one owner of the names that ``ring-ref trace``, ``difftest`` and ``reveal`` take as ``--collective``."""
 
 
 class Send(NamedTuple):

@@ -1,7 +1,7 @@
 /*
  * Ring all-reduce as N asynchronous workers: a Promela model for SPIN.
  *
- * Explained in spec/ring_all_reduce.md, clauses `async-ring-model`,
+ * Explained in spec/async_and_proofs.md, clauses `async-ring-model`,
  * `buffered-links` and `model-check-bound`; run by tools/model_check.py
  * (`make model-check`) and tests/test_spin.py.
  *
@@ -19,7 +19,7 @@
  *   CAP             slots per link (default 1)
  *   ALTERNATE       odd workers receive before they send (default: every
  *                   worker sends first)
- *   DIR, OFF        the ring of the schedule family (spec section 10):
+ *   DIR, OFF        the ring of the schedule family (spec/schedules.md):
  *                   worker w sends to w + DIR (DIR = 1 or -1, default 1)
  *                   and chunk c's fold starts at worker c + OFF (default
  *                   0, |OFF| < N); the defaults are the spec's ring.  The

@@ -1,4 +1,4 @@
-"""A ring for every reduction op, typed in from spec section 9, with switches that plant real bugs.
+"""A ring for every reduction op, typed in from spec/operations.md, with switches that plant real bugs.
 
 Nothing here imports ``ring_ref``: the schedule (worker ``i`` sends to ``i + 1``;
 reduce-scatter round ``r`` sends chunk ``(i - r) mod N``, all-gather round ``r``

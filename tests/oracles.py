@@ -246,8 +246,8 @@ def special_values(n: int, dtype: torch.dtype) -> torch.Tensor:
 
 
 def left_fold(x: torch.Tensor, op: str) -> torch.Tensor:
-    """``((x_0 ∘ x_1) ∘ x_2) ∘ ...`` over the workers of ``x`` (``(N, M, ...)``), as spec section 9 defines
-    each op: sums and products in the dtype; ``max``/``min`` the first extreme met (``own`` replaces
+    """``((x_0 ∘ x_1) ∘ x_2) ∘ ...`` over the workers of ``x`` (``(N, M, ...)``), as spec/operations.md
+    defines each op: sums and products in the dtype; ``max``/``min`` the first extreme met (``own`` replaces
     the partial only when strictly greater or less); ``avg`` the sum divided once by ``N``, correctly
     rounded (through float64: exact for float64, innocuous double rounding for the narrower formats)."""
     n = x.shape[0]

@@ -91,6 +91,16 @@ MODULES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
             "tests/cover/test_schedules.py",
         ),
     ),
+    # The per-rank rows of the table, split from _validate: the same fast tests kill their mutants.
+    "ranks.rules": (
+        ("ring_ref/_ranks/_rules.py",),
+        (
+            "ring_ref/_ranks/_rules.py",
+            "tests/cover/test_bad_input.py",
+            "tests/cover/test_kills_adapters.py",
+            "tests/cover/test_kills_validate.py",
+        ),
+    ),
     "adapters": (
         ("ring_ref/_torch_adapter.py", "ring_ref/_numpy_adapter.py"),
         (

@@ -1,4 +1,4 @@
-"""Ring fitting: which ring of the family (spec section 10) folds every element as the revealed trees say.
+"""Ring fitting: which ring of the family (spec/schedules.md) folds every element as the revealed trees say.
 
 Under a ring ``(direction, offset, layout)`` element ``e`` lies in chunk
 ``c`` of the layout's cut, and its tree is the fold of chunk ``c``'s order

@@ -1,4 +1,6 @@
-"""Conformance vectors for reduce-scatter and all-gather alone (spec section 12), a file for each.
+"""Conformance vectors for reduce-scatter and all-gather alone, a file for each.
+
+Specified in ``spec/reduce_scatter_all_gather.md``.
 
 ``ring_reduce_scatter_v1.json`` holds, per ring (``spec``: ``(+1, +1, even)``;
 ``gloo``: ``(-1, -1, gloo)``, the presets with ``k = d``) and dtype, inputs

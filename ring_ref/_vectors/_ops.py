@@ -1,4 +1,4 @@
-"""Conformance vectors for the reduction ops of spec section 9, a file apart from the v1 vectors.
+"""Conformance vectors for the reduction ops of ``spec/operations.md``, a file apart from the v1 vectors.
 
 ``ring_all_reduce_ops_v1.json`` (schema ``ring_all_reduce_ops_schema_v1.json``)
 holds, for each op other than ``sum`` (``prod``, ``max``, ``min``, ``avg``; the

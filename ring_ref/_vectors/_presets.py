@@ -1,4 +1,4 @@
-"""Conformance vectors for the schedule presets (spec section 10), a file apart from the v1 vectors.
+"""Conformance vectors for the schedule presets (``spec/schedules.md``), a file apart from the v1 vectors.
 
 ``ring_all_reduce_presets_v1.json`` (schema ``ring_all_reduce_presets_schema_v1.json``)
 holds, for each preset (``spec``, ``openmpi-ring``, ``gloo``, ``chain``) and dtype,

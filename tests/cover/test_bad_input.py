@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from ring_ref import ring_all_reduce
-from ring_ref._validate import rank_tensor_problem
+from ring_ref._ranks._rules import rank_tensor_problem
 from ring_ref.schedule import RingSchedule
-from tests.paths import SPEC
+from tests.paths import SPEC, SPEC_DIR
 
 pytestmark = pytest.mark.clause(
     "bad-input", "input-shape", "supported-dtypes", "input-finite", "engines-same-bits"
@@ -193,7 +193,7 @@ def test_non_finite_message_counts_every_bad_element_and_names_the_first() -> No
         ring_all_reduce(np.array([[0.0, np.nan], [np.inf, 0.0]]))
 
 
-# --- reduce-scatter and all-gather on ranks (spec section 13, dist-shards-bad-input) ------------
+# --- reduce-scatter and all-gather on ranks (spec/reduce_scatter_all_gather.md, dist-shards-bad-input) ---
 
 SHARD_CASES: list[tuple[str, str, Any, Any, object, type[Exception], str]] = [
     # (id, collective, output, input, schedule=, exception, message fragment), on N = 3 ranks
@@ -268,8 +268,8 @@ SHARD_CASES: list[tuple[str, str, Any, Any, object, type[Exception], str]] = [
 def _shards_problem(
     collective: str, output: Any, tensor: Any, schedule: object
 ) -> tuple[type[Exception], str]:
-    from ring_ref._rank_check import Shards, ring_for
-    from ring_ref._validate import rank_shards_problem
+    from ring_ref._ranks._check import Shards, ring_for
+    from ring_ref._ranks._rules import rank_shards_problem
 
     ring, bad = ring_for(Shards(collective, output, tensor), schedule, 3)  # type: ignore[arg-type]
     problem = bad if ring is None else rank_shards_problem(collective, output, tensor, 3, "gloo", ring)
@@ -291,8 +291,8 @@ def test_each_shards_row_gets_its_exception_and_message(
 def test_good_shards_pass_and_inputs_are_only_read() -> None:
     """Well-shaped pairs pass, on every preset whose layout cuts equal shards; an all-gather takes
     any value and an input whose elements share memory (it is only read)."""
-    from ring_ref._rank_check import Shards, ring_for
-    from ring_ref._validate import rank_shards_problem
+    from ring_ref._ranks._check import Shards, ring_for
+    from ring_ref._ranks._rules import rank_shards_problem
 
     pairs = [
         ("reduce-scatter", torch.zeros(2, 2), torch.zeros(6, 2)),
@@ -308,7 +308,7 @@ def test_good_shards_pass_and_inputs_are_only_read() -> None:
 
 @pytest.mark.clause("dist-shards-bad-input")
 def test_every_row_of_the_shards_table_is_tested() -> None:
-    text = SPEC.read_text(encoding="utf-8")
+    text = (SPEC_DIR / "reduce_scatter_all_gather.md").read_text(encoding="utf-8")
     table = text[text.index("### `dist-shards-bad-input`") :].split("\n### ")[0]
     rows = [
         line.split("|")[3].strip()
@@ -325,7 +325,7 @@ def test_every_row_of_the_shards_table_is_tested() -> None:
 @pytest.mark.clause("dist-shards-bad-input")
 def test_the_numpy_twin_words_the_shards_rows_alike() -> None:
     """``ring_ref.mpi``'s check: the same rows for arrays, plus a read-only output; good pairs pass."""
-    from ring_ref._validate import rank_array_shards_problem
+    from ring_ref._ranks._rules import rank_array_shards_problem
 
     spec, f32 = RingSchedule(1, 1, "even"), np.float32
     read_only = np.zeros(1, np.float32)

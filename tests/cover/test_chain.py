@@ -1,4 +1,4 @@
-"""The chain (spec section 15): a pipelined chain reduce and broadcast whose every element is the left fold.
+"""The chain (spec/schedules.md): a pipelined chain reduce and broadcast whose every element is the left fold.
 
 Oracles are written here, independent of ``ring_ref``: the left fold over workers
 ``((x_0 ∘ x_1) ∘ x_2) ∘ ...`` per op, the chain's sends typed in by hand for

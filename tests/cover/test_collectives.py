@@ -1,4 +1,4 @@
-"""Reduce-scatter and all-gather as collectives of their own (spec section 12).
+"""Reduce-scatter and all-gather as collectives of their own (spec/reduce_scatter_all_gather.md).
 
 Expected values come from ``tests/oracles.py`` (``reduce_scatter_fold``: the left
 fold ``r + d, r + 2d, ..., r`` written directly on tensors, importing nothing from

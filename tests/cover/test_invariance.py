@@ -1,4 +1,4 @@
-"""``ring-ref invariance`` (spec section 16): does an element's order move with the size or its position?
+"""``ring-ref invariance`` (spec/invariance.md): does an element's order move with the size or its position?
 
 The targets are plain loops (``tests/planted_orders.py``); every expected tree
 is typed in below in the canonical spelling of clause ``reveal-trees``, and

@@ -16,8 +16,9 @@ import pytest
 import torch
 
 from ring_ref import ring_all_reduce
+from ring_ref._ranks._rules import rank_tensor_problem
 from ring_ref._torch_adapter import chunk_state
-from ring_ref._validate import check_ring_size, rank_tensor_problem
+from ring_ref._validate import check_ring_size
 from ring_ref.schedule import RingSchedule
 
 pytestmark = pytest.mark.clause("bad-input", "input-finite", "supported-dtypes", "input-shape")

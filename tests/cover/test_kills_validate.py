@@ -20,14 +20,13 @@ import torch
 from numpy.lib.stride_tricks import as_strided
 
 from ring_ref import ring_all_reduce
+from ring_ref._ranks._rules import rank_array_problem, rank_tensor_problem
 from ring_ref._validate import (
     check_numpy,
     check_numpy_structure,
     check_ring_size,
     check_torch,
     check_torch_structure,
-    rank_array_problem,
-    rank_tensor_problem,
     scan_blocks,
     torch_finite,
 )

@@ -76,7 +76,7 @@ def finite_pairs(draw: st.DrawFn) -> tuple[torch.Tensor, torch.Tensor]:
 def test_the_commuting_ops_give_the_same_bits_with_their_inputs_swapped(
     pair: tuple[torch.Tensor, torch.Tensor],
 ) -> None:
-    """The distributed ring's two-rank swap relies on it (``ring_ref.distributed._check_gloo``)."""
+    """The distributed ring's two-rank swap relies on it (``ring_ref._ranks._transport.check_gloo``)."""
     a, b = pair
     for op in COMMUTING_OPS:
         combine = torch_combine(op)

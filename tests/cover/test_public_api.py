@@ -196,6 +196,22 @@ def test_architecture_module_table_matches_the_tree() -> None:
     assert named == on_disk, (sorted(on_disk - named), sorted(named - on_disk))
 
 
+def test_architecture_module_table_renders_as_one_table() -> None:
+    """The module table is one Markdown table: a table ends at its first line that is not a row, so a
+    blank line inside it would leave the rows after it as a paragraph of pipes (as one did at line 96)."""
+    page = (DOCS / "architecture.md").read_text(encoding="utf-8")
+    lines = page[page.index("\n## Modules\n") :].split("\n## ")[1].splitlines()
+    start = lines.index("| layer | module | what |")
+    assert lines[start + 1] == "|---|---|---|"
+    rows = lines[start + 2 :]
+    end = next((i for i, line in enumerate(rows) if not line.startswith("|")), len(rows))
+    stray = [line for line in rows[end:] if line.startswith("|")]
+    assert not stray, f"{rows[end]!r} ends the table before {stray[0]!r}"
+    row = re.compile(r"\| [^|]+ \| `ring_ref/[\w/]+\.py` \| .+ \|")
+    malformed = [line for line in rows[:end] if not row.fullmatch(line)]
+    assert not malformed, malformed
+
+
 def test_the_old_mpi_name_warns_and_forwards_every_argument(monkeypatch: pytest.MonkeyPatch) -> None:
     """The name before the rename, ``ring_ref.mpi.ring_allreduce_``, warns and calls ``ring_all_reduce_``."""
     import ring_ref.mpi

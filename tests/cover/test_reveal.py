@@ -1,4 +1,4 @@
-"""``ring-ref reveal`` (spec section 11): the tree of every element, from outputs alone.
+"""``ring-ref reveal`` (spec/reveal.md): the tree of every element, from outputs alone.
 
 Every expected tree is written out by hand below, in the canonical spelling of
 clause ``reveal-trees`` (in each node the child with more leaves first, ties by
@@ -120,7 +120,7 @@ def test_reveal_a_sequential_fold() -> None:
     found = reveal(_fold([0, 1, 2, 3]), 4, 8)
     doc = _json(found)
     assert doc["trees"] == [[[[0, 1], 2], 3]] * 8
-    # no ring, but the chain (spec section 15): the left fold in rank order
+    # no ring, but the chain (spec/schedules.md): the left fold in rank order
     assert doc["classification"] == "folds" and doc["ring"] is None and doc["matches"] == ["chain"]
     found = reveal(_fold([5, 2, 4, 0, 3, 1]), 6, 2, dtype="float64")
     assert _json(found)["trees"] == [[[[[[2, 5], 4], 0], 3], 1]] * 2

@@ -1,4 +1,4 @@
-"""The ring schedule family (spec section 10): sends, fold order, layouts, presets, invariants, bad input.
+"""The ring schedule family (spec/schedules.md): sends, fold order, layouts, presets, invariants, bad input.
 
 Expected values come from the spec's own code blocks, from ``tests/oracles.py``
 (which imports nothing from ``ring_ref``) or are written out by hand here.
@@ -7,7 +7,6 @@ Expected values come from the spec's own code blocks, from ``tests/oracles.py``
 from __future__ import annotations
 
 import re
-from typing import Any
 
 import numpy as np
 import pytest
@@ -29,18 +28,9 @@ from ring_ref.schedule import (
     RingSchedule,
     all_rounds,
 )
+from tests.cover.test_spec_clauses import SPEC_PY
 from tests.oracles import blocks_bounds, gloo_bounds, same_bits, schedule_fold
-from tests.paths import SPEC as SPEC_PATH
 
-
-def _spec_code() -> dict[str, Any]:
-    namespace: dict[str, Any] = {}
-    for block in re.findall(r"```python\n(.*?)```", SPEC_PATH.read_text(encoding="utf-8"), re.DOTALL):
-        exec(compile(block, str(SPEC_PATH), "exec"), namespace)
-    return namespace
-
-
-SPEC_PY = _spec_code()
 RINGS = [RingSchedule(d, k, "even") for d in (1, -1) for k in (-1, 0, 1, 2, 5)]
 
 
@@ -76,7 +66,7 @@ def test_family_sends_match_spec_code(n: int) -> None:
 
 @pytest.mark.clause("schedule-presets", "schedule-fold-order")
 def test_presets_are_the_named_rings() -> None:
-    assert list(PRESETS) == ["spec", "openmpi-ring", "gloo", "chain"]  # the chain: section 15, not a ring
+    assert list(PRESETS) == ["spec", "openmpi-ring", "gloo", "chain"]  # the chain is not a ring
     assert PRESETS["chain"] == ChainSchedule("blocks")
     assert PRESETS["spec"] == RingSchedule(1, 0, "even")
     assert PRESETS["openmpi-ring"] == RingSchedule(1, 0, "blocks")

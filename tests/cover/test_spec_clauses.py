@@ -1,7 +1,8 @@
-"""The spec document itself: its clause IDs, its citations, and its executable Python.
+"""The spec's documents themselves: their clause IDs, their citations, and their executable Python.
 
-The ``python`` blocks of ``spec/ring_all_reduce.md`` are an independent, plain
-statement of the closed forms; ``ring_ref`` is checked against them here.
+The spec is the set of documents ``spec/*.md`` (indexed by ``spec/README.md``).
+Their ``python`` blocks are an independent, plain statement of the closed
+forms; ``ring_ref`` is checked against them here.
 """
 
 from __future__ import annotations
@@ -19,14 +20,14 @@ import torch
 from ring_ref import core, invariants, ring_all_reduce, schedule
 from ring_ref.schedule import ALL_GATHER, REDUCE_SCATTER
 from tests.dotted import resolve
-from tests.paths import ROOT, SPEC
+from tests.paths import ROOT, SPEC_DOCS
 
 CLAUSE_HEADING = re.compile(r"^### `([a-z0-9]+(?:-[a-z0-9]+)*)` — ", re.MULTILINE)
 
 
 def spec_clause_ids() -> list[str]:
-    """Every clause ID, in document order."""
-    return CLAUSE_HEADING.findall(SPEC.read_text(encoding="utf-8"))
+    """Every clause ID of every document, in document order."""
+    return [cid for path in SPEC_DOCS for cid in CLAUSE_HEADING.findall(path.read_text(encoding="utf-8"))]
 
 
 def cited_clause_ids() -> dict[str, set[str]]:
@@ -48,12 +49,16 @@ def cited_clause_ids() -> dict[str, set[str]]:
 
 
 def spec_namespace() -> dict[str, Any]:
-    """Execute the spec's ``python`` blocks in order and return what they define."""
-    blocks = re.findall(r"```python\n(.*?)```", SPEC.read_text(encoding="utf-8"), re.DOTALL)
+    """Execute every document's ``python`` blocks, in order, in one namespace and return what they define."""
+    blocks = [
+        (path, block)
+        for path in SPEC_DOCS
+        for block in re.findall(r"```python\n(.*?)```", path.read_text(encoding="utf-8"), re.DOTALL)
+    ]
     assert blocks, "the spec has no executable blocks"
     namespace: dict[str, Any] = {}
-    for block in blocks:
-        exec(compile(block, str(SPEC), "exec"), namespace)
+    for path, block in blocks:
+        exec(compile(block, str(path), "exec"), namespace)
     return namespace
 
 
@@ -66,6 +71,33 @@ def test_clause_ids_are_unique_and_present() -> None:
     assert len(ids) == len(set(ids)), "duplicate clause IDs"
 
 
+def test_every_document_opens_with_its_contents_and_anchors_every_clause() -> None:
+    for path in SPEC_DOCS:
+        text = path.read_text(encoding="utf-8")
+        contents = text.split("\n## Contents\n", 1)
+        assert len(contents) == 2 and "\n## " not in contents[0], f"{path.name}: no contents list first"
+        toc = contents[1].split("\n## ", 1)[0]
+        listed = re.findall(r"^  - \[`([a-z0-9-]+)` — .*\]\(#\1\)$", toc, re.MULTILINE)
+        ids = CLAUSE_HEADING.findall(text)
+        assert listed == ids, f"{path.name}: the contents list is not its clauses in order"
+        for cid in ids:
+            assert f'<a id="{cid}"></a>\n\n### `{cid}` — ' in text, f"{path.name}: clause {cid} has no anchor"
+
+
+def test_links_between_documents_name_a_document_and_a_clause_or_section() -> None:
+    names = {path.name: path.read_text(encoding="utf-8") for path in SPEC_DOCS}
+    for name, text in names.items():
+        for target, anchor in re.findall(r"\]\(([a-z_]+\.md)?#([a-z0-9-]+)\)", text):
+            other = names.get(target or name)
+            assert other is not None, f"{name} links to {target}, not a spec document"
+            headings = {
+                re.sub(r"[^a-z0-9 -]", "", h.lower()).replace(" ", "-")
+                for h in re.findall(r"^## (.*)$", other, re.MULTILINE)
+            }
+            found = f'<a id="{anchor}"></a>' in other or anchor in headings
+            assert found, f"{name}: {target}#{anchor} not found"
+
+
 def test_every_clause_is_cited_by_a_test() -> None:
     uncited = sorted(set(spec_clause_ids()) - set(cited_clause_ids()))
     assert not uncited, f"spec clauses no test cites: {uncited}"
@@ -76,7 +108,11 @@ TRACE_LINE = re.compile(r"^Implemented by: (?P<impl>.+?)(?:\.| ·) Checked by: (
 
 def traceability() -> dict[str, tuple[list[str], list[str]]]:
     """Clause ID -> (implementing names, checking tests) from the clause's *Implemented by* line."""
-    sections = re.split(r"^(?=### `)", SPEC.read_text(encoding="utf-8"), flags=re.MULTILINE)
+    sections = [
+        section
+        for path in SPEC_DOCS
+        for section in re.split(r"^(?=### `)", path.read_text(encoding="utf-8"), flags=re.MULTILINE)
+    ]
     found: dict[str, tuple[list[str], list[str]]] = {}
     for section in sections:
         heading = CLAUSE_HEADING.match(section)

@@ -1,7 +1,7 @@
 """Traces of every reduction op (clause ``op-trace``): the table, the JSON trace and its schema, the SVG.
 
 The expected tables and documents are written out here from the spec (the
-schedule, the provenance closed forms, section 9's combines), not produced by
+schedule, the provenance closed forms, the combines of spec/operations.md), not produced by
 ``ring_ref``.
 """
 

@@ -1,4 +1,4 @@
-"""The chain (spec section 15) across processes: gloo groups of 2 to 4 ranks, ``ring_hook``, and MPI.
+"""The chain (spec/schedules.md) across processes: gloo groups of 2 to 4 ranks, ``ring_hook``, and MPI.
 
 Every rank must end with the left fold over the ranks' inputs in rank order, bit
 for bit, for any ``M``; the oracle is :func:`tests.oracles.left_fold`, which
@@ -20,9 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch._C._distributed_c10d import GradBucket  # dist.GradBucket, which the stubs do not export
 
-from ring_ref import distributed
 from ring_ref._processes._gloo import ProcessRing
 from ring_ref._processes._mpi_job import MpiRing
+from ring_ref._ranks import _plans
 from ring_ref.distributed import RingHookState, ring_all_reduce_, ring_hook
 from ring_ref.mpi import ring_all_reduce_ as mpi_ring_all_reduce_
 from ring_ref.schedule import ChainSchedule
@@ -73,7 +73,7 @@ def reduce_cases(
     """On each rank: ``ring_all_reduce_(x[rank], schedule="chain", op=...)`` in place, per case."""
     patches, cases = payload
     results = []
-    with mock.patch.multiple(distributed, **patches) if patches else contextlib.nullcontext():
+    with mock.patch.multiple(_plans, **patches) if patches else contextlib.nullcontext():
         for x, op, column_major in cases:
             mine = x[rank].clone()
             if column_major:

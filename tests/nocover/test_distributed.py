@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from ring_ref import distributed, ring_all_reduce
 from ring_ref._processes._gloo import ProcessRing, RankError
+from ring_ref._ranks import _plans, _transport
 from ring_ref.distributed import ring_all_reduce_
 from ring_ref.testing import assert_matches_reference
 from tests.faults import failing_add
@@ -163,11 +164,11 @@ def test_every_rank_matches_the_simulation_bit_for_bit(rings: Rings, n: int) -> 
 def reduce_rows_with(
     rank: int, world_size: int, payload: tuple[dict[str, object], list[tuple[torch.Tensor, bool]]]
 ) -> list[torch.Tensor]:
-    """:func:`reduce_rows` with some of ``ring_ref.distributed``'s tuning constants replaced."""
+    """:func:`reduce_rows` with some of the tuning constants (``ring_ref._ranks._plans``) replaced."""
     settings, cases = payload
     with contextlib.ExitStack() as stack:
         for name, value in settings.items():
-            stack.enter_context(mock.patch.object(distributed, name, value))
+            stack.enter_context(mock.patch.object(_plans, name, value))
         return reduce_rows(rank, world_size, cases)
 
 
@@ -253,8 +254,8 @@ def count_collectives(rank: int, world_size: int, _: None) -> dict[str, list[int
         for module, name, position in [
             (dist, "all_reduce", 0),
             (dist, "all_gather_object", 1),
-            (distributed, "_all_gather", 2),
-            (distributed, "_all_to_all", 2),
+            (_transport, "_all_gather", 2),
+            (_transport, "_all_to_all", 2),
         ]:
             stack.enter_context(counting(module, name, position))
         ring_all_reduce_(torch.randn(world_size << 10, 3))
@@ -557,11 +558,11 @@ def test_a_check_that_carries_data_rejects_bad_input_identically_and_leaves_noth
 def reject_then_reduce_with(
     rank: int, world_size: int, payload: tuple[dict[str, object], list[str]]
 ) -> list[tuple[str, str, bool, bool]]:
-    """:func:`reject_then_reduce` with some of ``ring_ref.distributed``'s tuning constants replaced."""
+    """:func:`reject_then_reduce` with some of the tuning constants (``ring_ref._ranks._plans``) replaced."""
     settings, names = payload
     with contextlib.ExitStack() as stack:
         for name, value in settings.items():
-            stack.enter_context(mock.patch.object(distributed, name, value))
+            stack.enter_context(mock.patch.object(_plans, name, value))
         return reject_then_reduce(rank, world_size, names)
 
 

@@ -23,8 +23,9 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import GradBucket  # dist.GradBucket, which the stubs do not export
 
-from ring_ref import distributed, ring_all_reduce
+from ring_ref import ring_all_reduce
 from ring_ref._processes._gloo import ProcessRing
+from ring_ref._ranks import _plans, _torch
 from ring_ref.distributed import RingHookState, ring_all_reduce_, ring_hook
 from ring_ref.schedule import RingSchedule
 from tests.oracles import blocks_bounds, gloo_bounds, same_bits, schedule_fold
@@ -96,7 +97,7 @@ def reduce_cases(
     results = []
     with contextlib.ExitStack() as stack:
         for name, value in settings.items():
-            stack.enter_context(mock.patch.object(distributed, name, value))
+            stack.enter_context(mock.patch.object(_plans, name, value))
         for x, name, op, column_major in cases:
             mine = x[rank].clone()
             if column_major:
@@ -400,10 +401,10 @@ def fail_on_rank_1(rank: int, world_size: int, at: str) -> str:
     planted = mock.Mock(side_effect=OSError("planted failure"))
     with contextlib.ExitStack() as stack:
         if at == "add":
-            stack.enter_context(mock.patch.object(distributed, "SWAP_BYTES", 0))
+            stack.enter_context(mock.patch.object(_plans, "SWAP_BYTES", 0))
         if rank == 1:
             stack.enter_context(
-                mock.patch.object(*((torch, "add") if at == "add" else (distributed, "_check_gloo")), planted)
+                mock.patch.object(*((torch, "add") if at == "add" else (_torch, "check_gloo")), planted)
             )
             try:
                 ring_all_reduce_(torch.ones(4), timeout=datetime.timedelta(seconds=2))

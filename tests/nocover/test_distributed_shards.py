@@ -22,8 +22,8 @@ from unittest import mock
 import pytest
 import torch
 
-from ring_ref import distributed
 from ring_ref._processes._gloo import ProcessRing
+from ring_ref._ranks import _plans, _transport
 from ring_ref.distributed import ring_all_gather_, ring_all_reduce_, ring_reduce_scatter_
 from ring_ref.schedule import RingSchedule
 from tests.faults import failing_add
@@ -84,10 +84,10 @@ def _column_major(t: torch.Tensor) -> torch.Tensor:
 
 @contextlib.contextmanager
 def tuned(settings: dict[str, object]) -> Iterator[None]:
-    """``ring_ref.distributed``'s tuning constants replaced by ``settings`` (on this rank)."""
+    """The tuning constants (``ring_ref._ranks._plans``) replaced by ``settings`` (on this rank)."""
     with contextlib.ExitStack() as stack:
         for name, value in settings.items():
-            stack.enter_context(mock.patch.object(distributed, name, value))
+            stack.enter_context(mock.patch.object(_plans, name, value))
         yield
 
 
@@ -231,7 +231,7 @@ def count_gather_exchanges(rank: int, world_size: int, settings: dict[str, objec
     point-to-point sends made."""
     sizes: list[int] = []
     sends = 0
-    real_all_to_all = distributed._all_to_all
+    real_all_to_all = _transport._all_to_all
 
     def all_to_all(*args: Any, **kwargs: Any) -> Any:
         sizes.append(args[2].numel() * args[2].element_size())
@@ -251,7 +251,7 @@ def count_gather_exchanges(rank: int, world_size: int, settings: dict[str, objec
     out = torch.empty(world_size * 1024)
     with (
         tuned(settings),
-        mock.patch.object(distributed, "_all_to_all", all_to_all),
+        mock.patch.object(_transport, "_all_to_all", all_to_all),
         mock.patch.object(type(group), "send", counting_send(type(group).send)),
     ):
         ring_all_gather_(out, shard)

@@ -4,7 +4,7 @@ The per-rank targets run as ``difftest --ranks`` runs them: ``torch.distributed.
 every rank of a gloo group, ``MPI_Allreduce`` (``ring_ref.targets:mpi_allreduce``) on every rank of an
 ``mpirun`` job, with the ``--mca`` options that pick OpenMPI's algorithm.  The expected trees are the
 ones measured here, typed in (``docs/guide/invariance.md``); the chunk-boundary summaries are checked
-against the rings of section 10 by the report itself.  Requires OpenMPI and mpi4py (``make test``
+against the rings of spec/schedules.md by the report itself.  Requires OpenMPI and mpi4py (``make test``
 installs them); without them the MPI test fails, it is not skipped.
 """
 

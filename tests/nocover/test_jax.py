@@ -88,7 +88,7 @@ def test_in_process_psum_folds_in_device_order_at_n_3_to_8(measured: Any) -> Non
         fold = ",".join(str(w) for w in range(n))  # device 0, 1, ..., N - 1: typed in, not derived
         assert f"elements 0..{2 * n - 1}: fold {fold}\n" in measured["reveal"][str(n)]
         assert "classification: folds" in measured["reveal"][str(n)]
-        # no ring; the fold in device order is the chain preset's (spec section 15)
+        # no ring; the fold in device order is the chain preset's (spec/schedules.md)
         assert "matches presets: chain\n" in measured["reveal"][str(n)]
 
 

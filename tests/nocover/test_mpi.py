@@ -26,9 +26,10 @@ import torch
 
 from ring_ref import ring_all_reduce
 from ring_ref._processes._mpi_job import MpiRing, RankFailed
+from ring_ref._ranks._mpi import _check_comm, _Waiter
 from ring_ref.difftest._inputs import Case
 from ring_ref.difftest._mpi import MpiRanks
-from ring_ref.mpi import _check_everywhere, _Waiter, openmpi_allreduce_mca, ring_all_reduce_
+from ring_ref.mpi import openmpi_allreduce_mca, ring_all_reduce_
 from ring_ref.schedule import RingSchedule
 from ring_ref.targets import mpi_allreduce
 from tests import planted_mpi
@@ -409,7 +410,7 @@ def peer_stops_after_the_check(comm: Any, timeout_s: float) -> str:
     """Rank 1 takes part in the check before the ring, then stops; rank 0 must time out in round 0."""
     x = np.ones(4)
     if comm.Get_rank() == 1:
-        _check_everywhere(comm, x, 2, _Waiter(1, 2, None))
+        _check_comm(comm, x, 2, _Waiter(1, 2, None))
         return "stopped"
     try:
         ring_all_reduce_(comm, x, timeout=timeout_s)

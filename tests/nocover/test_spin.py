@@ -31,7 +31,7 @@ from tools.model_check import verify as verify_uncached
 verify = functools.cache(verify_uncached)
 """Each configuration is searched once per session; several tests read the same verdict."""
 
-SPEC = MODEL.parent / "ring_all_reduce.md"
+SPEC = MODEL.parent / "async_and_proofs.md"  # the spec document of the asynchronous model
 
 # pan's text for each property's assertion, as the model writes them.
 DISJOINT_JOIN = "assertion violated ((slot[got]&bits)==0)"

@@ -1,4 +1,4 @@
-"""The SPIN model for rings of the schedule family (``-DDIR``, ``-DOFF``; spec section 10).
+"""The SPIN model for rings of the schedule family (``-DDIR``, ``-DOFF``; spec/schedules.md).
 
 The model's transfers depend on the direction and the offset only (the chunk
 layout does not change which chunk moves when).  For rings other than the
