@@ -77,27 +77,6 @@ from ring_ref._fast._run import (
 from ring_ref._ops import Op, finish_numpy, finish_torch, numpy_combine_out, torch_combine_out
 from ring_ref.schedule import SPEC, ChainSchedule, Layout, RingSchedule, Schedule
 
-__all__ = [
-    "DIFFERENTIABLE_OPS",
-    "KERNEL_DTYPES",
-    "NUMPY",
-    "NUMPY_TILE_BYTES",
-    "TILE_BYTES",
-    "TORCH",
-    "Arrays",
-    "chain_fold",
-    "element_stride",
-    "fold",
-    "forward",
-    "not_differentiable",
-    "ring_all_gather_numpy",
-    "ring_all_gather_torch",
-    "ring_all_reduce_numpy",
-    "ring_all_reduce_torch",
-    "ring_reduce_scatter_numpy",
-    "ring_reduce_scatter_torch",
-]
-
 TILE_BYTES = 2 << 20
 """Bytes of partial sums per CPU tile on the batched path with torch operations (see ``make bench``)."""
 

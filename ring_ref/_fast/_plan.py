@@ -38,8 +38,6 @@ from ring_ref import schedule
 from ring_ref.invariants import InvariantViolation
 from ring_ref.schedule import ALL_GATHER, REDUCE_SCATTER, SPEC, ChainSchedule, RingSchedule
 
-__all__ = ["BLOCK_ENTRIES", "Add", "Cycle", "Plan", "Rounds", "Sends", "chain_fold_order", "plan"]
-
 _NONE: Final = np.iinfo(np.int64).min
 """``incoming`` of a chunk that already holds a partial sum, in the plan's index arrays."""
 

@@ -31,15 +31,6 @@ import torch
 from ring_ref._fast._plan import Add
 from ring_ref._ops import Op
 
-__all__ = [
-    "batch_tile",
-    "chain_batched",
-    "numpy_all_finite",
-    "result_proves_finite",
-    "run_rounds",
-    "torch_all_finite",
-]
-
 A = TypeVar("A", torch.Tensor, npt.NDArray[Any])
 
 
