@@ -220,7 +220,7 @@ module (and llvmlite), compiles or loads the kernel, and compiles the plan for
 def first_call(threads: int) -> dict[str, dict[str, float]]:
     """:data:`FIRST_CALL_PROBE` in two fresh interpreters sharing an empty kernel cache: cold, then warm.
 
-    ``RING_REF_CACHE_DIR`` (:data:`ring_ref._kernel.CACHE_ENV`) points at a new
+    ``RING_REF_CACHE_DIR`` (:data:`ring_ref._fast._kernel.CACHE_ENV`) points at a new
     temporary directory, which the kernel prefers to every other cache
     location, so the first run compiles the kernel and the second loads it,
     as on a machine where it ran before.

@@ -120,11 +120,11 @@ def ring_all_reduce(
     ring = schedule_of(schedule)
     if isinstance(worker_tensors, torch.Tensor):
         if engine == "fast":
-            return _fast.ring_all_reduce_torch(worker_tensors, ring, reduce_op)
+            return _fast.ring_all_reduce_torch(worker_tensors, reduce_op, ring)
         return _torch_adapter.reduce_torch(worker_tensors, reduce_op, ring)
     if isinstance(worker_tensors, np.ndarray):
         if engine == "fast":
-            return _fast.ring_all_reduce_numpy(worker_tensors, ring, reduce_op)
+            return _fast.ring_all_reduce_numpy(worker_tensors, reduce_op, ring)
         return _numpy_adapter.reduce_numpy(worker_tensors, reduce_op, ring)
     jax_module = sys.modules.get("jax")  # a jax.Array exists only once jax has been imported
     if jax_module is not None and isinstance(worker_tensors, jax_module.Array):
@@ -184,11 +184,11 @@ def ring_reduce_scatter(
     ring, _ = collective_input(x, schedule, REDUCE_SCATTER_INPUT)
     if isinstance(x, torch.Tensor):
         if engine == "fast":
-            return _fast.ring_reduce_scatter_torch(x, ring, reduce_op)
+            return _fast.ring_reduce_scatter_torch(x, reduce_op, ring)
         return _torch_adapter.reduce_scatter_torch(x, reduce_op, ring)
     assert isinstance(x, np.ndarray)
     if engine == "fast":
-        return _fast.ring_reduce_scatter_numpy(x, ring, reduce_op)
+        return _fast.ring_reduce_scatter_numpy(x, reduce_op, ring)
     return _numpy_adapter.reduce_scatter_numpy(x, reduce_op, ring)
 
 

@@ -69,7 +69,7 @@ def _host(a: np.ndarray[Any, Any], how: _How) -> np.ndarray[Any, Any]:
     """The engine on a host array; the result as a host array of the input's dtype."""
     x = tensor_of(a)
     if how.engine == "fast":
-        return host_of(_fast.ring_all_reduce_torch(x, how.ring, how.op))
+        return host_of(_fast.ring_all_reduce_torch(x, how.op, how.ring))
     return host_of(_torch_adapter.reduce_torch(x, how.op, how.ring))
 
 

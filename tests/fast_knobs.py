@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ring_ref import _fast, _kernel, ring_all_reduce
+from ring_ref import _fast, ring_all_reduce
+from ring_ref._fast import _kernel
 
 __all__ = ["fast_in_small_tiles", "plan_fold_orders"]
 

@@ -126,8 +126,20 @@ MODULES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
     # The fast engine and its compiled kernel: their own kill tests on small inputs (the property tests of
     # tests/cover/test_fast*.py take minutes per mutant).  The kernel's Python is plain code: mutants of its
     # IR text are compiled by llvmlite in the test run like the original.
-    "fast": (("ring_ref/_fast.py",), ("ring_ref/_fast.py", "tests/cover/test_kills_fast.py")),
-    "kernel": (("ring_ref/_kernel.py",), ("ring_ref/_kernel.py", "tests/cover/test_kills_kernel.py")),
+    "fast": (
+        ("ring_ref/_fast/_plan.py", "ring_ref/_fast/_run.py", "ring_ref/_fast/_forward.py"),
+        (
+            "ring_ref/_fast/__init__.py",
+            "ring_ref/_fast/_plan.py",
+            "ring_ref/_fast/_run.py",
+            "ring_ref/_fast/_forward.py",
+            "tests/cover/test_kills_fast.py",
+        ),
+    ),
+    "kernel": (
+        ("ring_ref/_fast/_kernel.py",),
+        ("ring_ref/_fast/_kernel.py", "tests/cover/test_kills_kernel.py"),
+    ),
     # difftest, one module at a time, with the fast in-process tests of that module (the tests of diagnosis,
     # search and ops, which check each module through the others too, take some 15 s per mutant)
     "difftest.oracles": (
@@ -233,7 +245,7 @@ FORKED: Final[dict[str, Forked]] = {
     ),
     # The at-fork handler runs only in a child the test forks itself.
     "kernel": Forked(
-        "ring_ref._kernel.x__after_fork_in_child",
+        "ring_ref._fast._kernel.x__after_fork_in_child",
         (),
         ("tests/cover/test_kills_kernel.py::test_a_forked_child_is_not_stopped_by_locks_held_in_the_parent",),
     ),

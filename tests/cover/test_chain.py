@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from ring_ref import ring_all_reduce
 from ring_ref._dispatch import Engine
-from ring_ref._fast import chain_order
+from ring_ref._fast import chain_fold_order
 from ring_ref._reveal import reveal
 from ring_ref._trace import trace, trace_json
 from ring_ref._validate import schedule_of
@@ -198,9 +198,9 @@ def test_a_broken_chain_is_caught_by_both_engines(broken: ChainSchedule) -> None
     n = 4
     with pytest.raises(InvariantViolation):
         run_ring(provenance_state(n), fold, schedule=broken)
-    chain_order.cache_clear()
+    chain_fold_order.cache_clear()
     with pytest.raises(InvariantViolation):
-        chain_order(n, broken)
+        chain_fold_order(n, broken)
 
 
 @pytest.mark.clause("chain-bad-input")

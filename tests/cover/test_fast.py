@@ -21,7 +21,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from torch.autograd import forward_ad
 
-from ring_ref import InvariantViolation, _fast, _kernel, ring_all_reduce, schedule
+from ring_ref import InvariantViolation, _fast, ring_all_reduce, schedule
+from ring_ref._fast import _forward, _kernel, _plan
 from tests.fast_knobs import fast_in_small_tiles, plan_fold_orders
 from tests.oracles import bits, exact_sum, pairwise_tree, ring_fold, same_bits
 from tests.strategies import ALL_DTYPES, FEW, NUMPY_DTYPES, shapes, worker_tensors
@@ -134,8 +135,8 @@ def test_fast_equals_the_closed_form_fold(x: torch.Tensor) -> None:
 @given(worker_tensors(max_n=12), st.integers(1, 64))
 def test_tile_size_does_not_change_the_bits(x: torch.Tensor, tile_bytes: int) -> None:
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(_fast, "TILE_BYTES", tile_bytes)
-        patch.setattr(_fast, "NUMPY_TILE_BYTES", tile_bytes)
+        patch.setattr(_forward, "TILE_BYTES", tile_bytes)
+        patch.setattr(_forward, "NUMPY_TILE_BYTES", tile_bytes)
         patch.setattr(_kernel, "TILE_BYTES", tile_bytes)
         got = ring_all_reduce(x, engine="fast")
     assert same_bits(got, ring_all_reduce(x, engine="reference"))
@@ -609,13 +610,13 @@ def reversed_ring(patch: pytest.MonkeyPatch) -> None:
 def test_plan_in_bulk_equals_the_send_by_send_walk(n: int, ring: str) -> None:
     with pytest.MonkeyPatch.context() as patch:
         {"spec": lambda p: None, "shifted": shifted_ring, "reversed": reversed_ring}[ring](patch)
-        bulk = _fast._reduce_scatter_in_bulk(n)
-        rounds, owners = _fast._reduce_scatter_walk(n)
+        bulk = _plan._reduce_scatter_in_bulk(n)
+        rounds, owners = _plan._reduce_scatter_walk(n)
         assert bulk is not None
         assert bulk[0] == rounds
         assert bulk[1].tolist() == owners.tolist()
-        assert _fast._all_gather_in_bulk(n, owners)
-        _fast._all_gather_walk(n, owners)
+        assert _plan._all_gather_in_bulk(n, owners)
+        _plan._all_gather_walk(n, owners)
 
 
 @pytest.mark.clause("rs-send-chunk", "fold-order")
@@ -647,9 +648,9 @@ def test_an_all_gather_off_the_usual_shape_is_checked_send_by_send() -> None:
             "ag_send_chunk",
             lambda i, r, n: schedule.owned_chunk(0, n) if (i, r) == (0, 1) else spec_ag(i, r, n),
         )
-        owners = _fast._reduce_scatter_in_bulk(n)
+        owners = _plan._reduce_scatter_in_bulk(n)
         assert owners is not None
-        assert not _fast._all_gather_in_bulk(n, owners[1])
+        assert not _plan._all_gather_in_bulk(n, owners[1])
         x = torch.randn(n, 2 * n, dtype=torch.float64)
         assert same_bits(ring_all_reduce(x, engine="fast"), ring_fold(x))
 

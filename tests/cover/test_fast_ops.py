@@ -22,7 +22,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from torch.autograd import forward_ad
 
-from ring_ref import ENGINES, OPS, PRESETS, Engine, RingSchedule, _kernel, ring_all_reduce
+from ring_ref import ENGINES, OPS, PRESETS, Engine, RingSchedule, ring_all_reduce
+from ring_ref._fast import _kernel
 from ring_ref.schedule import LAYOUTS
 from tests.fast_knobs import fast_in_small_tiles
 from tests.oracles import ring_fold, ring_fold_op, same_bits

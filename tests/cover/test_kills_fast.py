@@ -22,7 +22,8 @@ import pytest
 import torch
 from torch.autograd import forward_ad
 
-from ring_ref import InvariantViolation, _fast, _kernel, ring_all_reduce, schedule
+from ring_ref import InvariantViolation, _fast, ring_all_reduce, schedule
+from ring_ref._fast import _forward, _kernel, _plan, _run
 from ring_ref.schedule import PRESETS, RingSchedule
 from tests.fast_knobs import plan_fold_orders
 from tests.oracles import bits, same_bits
@@ -139,8 +140,8 @@ def test_batched_tiles_of_any_size_give_the_same_bits(
     monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, budget: int
 ) -> None:
     """Tiny tiles on the batched path (float16, bfloat16, layouts the kernel cannot address, numpy)."""
-    monkeypatch.setattr(_fast, "TILE_BYTES", budget)
-    monkeypatch.setattr(_fast, "NUMPY_TILE_BYTES", budget)
+    monkeypatch.setattr(_forward, "TILE_BYTES", budget)
+    monkeypatch.setattr(_forward, "NUMPY_TILE_BYTES", budget)
     for op in OPS:
         for n, k in [(2, 3), (3, 4), (5, 2)]:
             x = values(n, n * k, dtype, op, seed=k, trailing=(2,))
@@ -337,7 +338,7 @@ def assert_first_fault_or_fold(  # noqa: PLR0917 (a planted ring, told in full)
 def test_a_schedule_with_one_send_changed_is_refused_at_its_first_fault(
     monkeypatch: pytest.MonkeyPatch, n: int, block: int
 ) -> None:
-    monkeypatch.setattr(_fast, "BLOCK_ENTRIES", block)  # 1: one round per block
+    monkeypatch.setattr(_plan, "BLOCK_ENTRIES", block)  # 1: one round per block
     rng = np.random.default_rng(n)
     x = values(n, 2 * n, torch.float64, "sum", seed=n)
     rs0, ag0 = spec_tables(n)
@@ -663,24 +664,24 @@ def test_the_walk_and_the_bulk_check_agree_on_every_ring(
 ) -> None:
     """For a sound ring both give the same additions (plain integers), owners and verdict, in blocks of any
     size; an all-gather off the ring's usual shape is left to the walk."""
-    monkeypatch.setattr(_fast, "BLOCK_ENTRIES", block)
+    monkeypatch.setattr(_plan, "BLOCK_ENTRIES", block)
     for ring in rings_for(n):
-        bulk = _fast._reduce_scatter_in_bulk(n, ring)
+        bulk = _plan._reduce_scatter_in_bulk(n, ring)
         assert bulk is not None
-        rounds, owners = _fast._reduce_scatter_walk(n, ring)
+        rounds, owners = _plan._reduce_scatter_walk(n, ring)
         assert rounds == bulk[0] and owners.tolist() == bulk[1].tolist()
         for adds in rounds:
             for add in adds:
                 assert all(type(v) is int for v in (add.start, add.stop, add.own))
                 assert add.incoming is None or type(add.incoming) is int
-        assert _fast._all_gather_in_bulk(n, owners, ring)
-        _fast._all_gather_walk(n, owners, ring)
+        assert _plan._all_gather_in_bulk(n, owners, ring)
+        _plan._all_gather_walk(n, owners, ring)
     if n >= 3:
         spec_ag = schedule.ag_send_chunk
         off = lambda i, r, n: schedule.owned_chunk(0, n) if (i, r) == (0, 1) else spec_ag(i, r, n)  # noqa: E731
         monkeypatch.setattr(schedule, "ag_send_chunk", np.vectorize(off))
-        owners = _fast._reduce_scatter_walk(n)[1]
-        assert not _fast._all_gather_in_bulk(n, owners)
+        owners = _plan._reduce_scatter_walk(n)[1]
+        assert not _plan._all_gather_in_bulk(n, owners)
 
 
 @pytest.mark.clause("autograd", "op-prod", "op-max", "op-min")
@@ -811,26 +812,36 @@ def test_a_fault_names_the_receiver_of_the_rings_own_right() -> None:
             want = walk(n, lambda w: int(dst[w]), at(rs), at(ag), n - 1)
             assert want is not None and want.startswith("reduce-scatter")
             with pytest.raises(InvariantViolation) as info:
-                _fast._reduce_scatter_walk(n, TableRing(dst, rs, ag))
+                _plan._reduce_scatter_walk(n, TableRing(dst, rs, ag))
             assert str(info.value) == want
 
 
 def test_the_kernel_is_imported_on_first_use(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_fast, "_kernel_module", None)
+    monkeypatch.setattr(_forward, "_kernel_module", None)
     x = values(3, 6, torch.float64, "sum", seed=1)
     assert same_bits(ring_all_reduce(x, engine="fast"), ring_all_reduce(x, engine="reference"))
-    assert _fast._kernel_module is _kernel
+    assert _forward._kernel_module is _kernel
 
 
 def test_tiles_hold_about_the_budget() -> None:
     """``(chunks, rows)``: everything without a budget, else as many whole chunks as fit, else one chunk
     (or one row) cut into row ranges of about the budget, never more rows than a chunk has."""
     row = 8
-    assert _fast._tile(4, 3, row, None) == (4, 3)
-    assert _fast._tile(4, 3, row, 2 * 3 * row + 5) == (2, 3)
-    assert _fast._tile(4, 3, row, 3 * row + 20) == (1, 3)
-    assert _fast._tile(4, 10, row, 4 * row + 3) == (1, 4)
-    assert _fast._tile(4, 10, row, row - 1) == (1, 1)
+    assert _run.batch_tile(4, 3, row, None) == (4, 3)
+    assert _run.batch_tile(4, 3, row, 2 * 3 * row + 5) == (2, 3)
+    assert _run.batch_tile(4, 3, row, 3 * row + 20) == (1, 3)
+    assert _run.batch_tile(4, 10, row, 4 * row + 3) == (1, 4)
+    assert _run.batch_tile(4, 10, row, row - 1) == (1, 1)
+
+
+@pytest.mark.clause("fold-order")
+def test_tensors_off_the_cpu_fold_in_one_tile(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tensor off the CPU has no tile budget: the batched path folds every chunk at once, the same bits
+    (the tile budget stood in for, as no accelerator is run here)."""
+    x = values(5, 10, torch.float16, "sum", seed=4)  # float16: the batched path
+    want = ring_all_reduce(x, engine="reference")
+    monkeypatch.setattr(type(_forward.TORCH), "tile_budget", lambda self, x: None)
+    assert same_bits(ring_all_reduce(x, engine="fast"), want)
 
 
 @pytest.mark.clause("bad-input", "schedule-layouts")
@@ -935,9 +946,9 @@ def test_vmap_over_a_graph_runs_and_its_backward_is_refused(op: str) -> None:
 @pytest.mark.clause("ag-copy-not-add", "ring-topology")
 def test_an_all_gather_without_one_owner_per_chunk_or_a_ring_is_left_to_the_walk() -> None:
     n = 3
-    owners = _fast._reduce_scatter_walk(n)[1]
-    assert _fast._all_gather_in_bulk(n, owners)
-    assert not _fast._all_gather_in_bulk(n, np.array([owners[0], *owners[:-1]], dtype=np.int64))
+    owners = _plan._reduce_scatter_walk(n)[1]
+    assert _plan._all_gather_in_bulk(n, owners)
+    assert not _plan._all_gather_in_bulk(n, np.array([owners[0], *owners[:-1]], dtype=np.int64))
     rs, ag = spec_tables(n)
     out_of_range = np.array([1, 2, n], dtype=np.int64)  # worker 2 sends to worker 3
-    assert not _fast._all_gather_in_bulk(n, owners, TableRing(out_of_range, rs, ag))
+    assert not _plan._all_gather_in_bulk(n, owners, TableRing(out_of_range, rs, ag))

@@ -1,4 +1,4 @@
-"""The compiled kernel (``ring_ref._kernel``) on small inputs: bits, finiteness, tiles, threads, its cache.
+"""The compiled kernel (``ring_ref._fast._kernel``) on small inputs: bits, finiteness, tiles, threads, cache.
 
 Quick per call (``make mutation``'s tests for the kernel): every result is
 compared with a fold written here from the kernel's contract (chunk ``c``
@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from ring_ref import _kernel
+from ring_ref._fast import _kernel
 
 pytestmark = pytest.mark.clause("fold-order")
 

@@ -43,7 +43,6 @@ LAYERS: Final[tuple[tuple[str, ...], ...]] = (
         "ring_ref._numpy_adapter",
         "ring_ref._jax_adapter",
         "ring_ref._fast",
-        "ring_ref._kernel",
     ),
     ("ring_ref._dispatch",),
 )
