@@ -295,6 +295,11 @@ class Invariance:
                 "  (a screen: equal bits on random inputs do not prove one order; run without --by-bits to "
                 "compare the trees)"
             )
+        elif self.method == "bits" and self._runs is None:
+            lines.append(
+                "  (a screen: bits cannot tell a ring's chunks, or a change to a ring with the size, from "
+                "the position; run without --by-bits to name them)"
+            )
         lines.append(f"calls: {self.calls}; time {self.seconds:.2f} s")
         return "\n".join(lines)
 

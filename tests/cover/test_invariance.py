@@ -320,7 +320,8 @@ def test_the_command_line(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> 
     tail = ["invariance", "tests.planted_orders:tail_path", "-n", "4", "--probe", "8", "--by-bits"]
     assert main([*tail, "--sizes", "16,64", "--offsets", "0,8"]) == 0  # alone, M = 8, is one whole block too
     assert main([*tail, "--sizes", "20", "--offsets", "0,12"]) == 1  # elements 16..19 of M = 20: the tail
-    assert "bits depend on the position" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "bits depend on the position" in out and "bits cannot tell a ring's chunks" in out
 
 
 # --- The default placements probe the whole buffer; a change with the size is told from the position ---
