@@ -560,9 +560,10 @@ def _invariance_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--offsets",
         type=_int_list,
-        default=[0],
+        default=None,
         metavar="O1,O2,...",
-        help="where the probe region starts in each buffer (default 0; placed wherever it fits)",
+        help="where the probe region starts in each buffer, placed wherever it fits (default: at each size, "
+        "offsets that probe every chunk of a ring of N workers and the buffer's end)",
     )
     parser.add_argument(
         "--probe",

@@ -51,3 +51,48 @@ def tail_path(x: torch.Tensor) -> torch.Tensor:
     m = x.shape[1]
     whole = m - m % BLOCK
     return torch.cat([pairwise(x[:, :whole]), reverse_fold(x[:, whole:])])
+
+
+# --- Targets that switch algorithm at a size, to a ring (issue #40: invariance over the whole buffer) ---
+
+RING_ABOVE: Final = 64
+"""``fold_then_ring`` folds up to this many elements per worker and runs a ring above it."""
+RING_FROM: Final = 4096
+"""``doubling_then_ring`` adds by recursive doubling below this many elements per worker, by a ring from it
+on (OpenMPI 5's default all-reduce switches there for these sizes)."""
+
+
+def blocks_ring(x: torch.Tensor) -> torch.Tensor:
+    """A ring as OpenMPI cuts it: the first ``M mod N`` chunks one element longer, chunk ``c`` folded
+    ``c, c + 1, ..., c + N - 1`` (mod ``N``): the spec's ring when ``N`` divides ``M``."""
+    n, m = int(x.shape[0]), int(x.shape[1])
+    small, extra = divmod(m, n)
+    out = torch.empty(m, dtype=x.dtype)
+    for c in range(n):
+        lo, hi = c * small + min(c, extra), (c + 1) * small + min(c + 1, extra)
+        acc = x[c, lo:hi].clone()
+        for step in range(1, n):
+            acc = acc + x[(c + step) % n, lo:hi]
+        out[lo:hi] = acc
+    return out
+
+
+def recursive_doubling(x: torch.Tensor) -> torch.Tensor:
+    """OpenMPI's recursive doubling: the first ``2 (N - P)`` workers add in pairs (``P`` the largest power
+    of two up to ``N``), then the ``P`` partial sums pairwise: ``(x0 + x1) + x2`` for ``N = 3``."""
+    rows: list[torch.Tensor] = list(x)
+    extra = len(rows) - (1 << (len(rows).bit_length() - 1))
+    rows = [rows[2 * i] + rows[2 * i + 1] for i in range(extra)] + rows[2 * extra :]
+    return pairwise(torch.stack(rows))
+
+
+def fold_then_ring(x: torch.Tensor) -> torch.Tensor:
+    """A linear fold up to ``RING_ABOVE`` elements, a ring above: chunk 0 of the ring folds ``0, 1, ...``
+    like the fold, so a probe at offset 0 alone sees no change."""
+    return left_fold(x) if x.shape[1] <= RING_ABOVE else blocks_ring(x)
+
+
+def doubling_then_ring(x: torch.Tensor) -> torch.Tensor:
+    """Recursive doubling below ``RING_FROM`` elements, a ring from it on, as OpenMPI 5's default decision
+    at ``N = 3``, where the ring's chunk 0 folds ``(x0 + x1) + x2`` like recursive doubling."""
+    return recursive_doubling(x) if x.shape[1] < RING_FROM else blocks_ring(x)
