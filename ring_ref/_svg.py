@@ -41,8 +41,7 @@ import math
 import xml.etree.ElementTree as ET
 
 from ring_ref._invariance import Invariance
-from ring_ref._reveal import (
-    Revealed,
+from ring_ref._order import (
     Tree,
     chain_order,
     display_tree,
@@ -52,6 +51,7 @@ from ring_ref._reveal import (
     tree_ids,
     tree_json_text,
 )
+from ring_ref._reveal import Revealed
 from ring_ref._trace import DIVIDE, RoundRecord, operation
 from ring_ref.invariants import is_complete
 from ring_ref.schedule import REDUCE_SCATTER

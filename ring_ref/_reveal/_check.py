@@ -19,9 +19,9 @@ import numpy.typing as npt
 import torch
 
 from ring_ref._dtypes import FORMATS, bits
+from ring_ref._order import Fold, Tree, evaluate, format_tree
 from ring_ref._reveal._probe import Verdict
 from ring_ref._reveal._target import DTYPES, call_target
-from ring_ref._reveal._trees import Fold, Tree, evaluate, format_tree
 
 __all__ = ["CHECKS", "Replay", "binary_steps", "check_on_random_inputs", "evaluate_all"]
 

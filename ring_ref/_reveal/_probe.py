@@ -22,9 +22,9 @@ import numpy.typing as npt
 import torch
 
 from ring_ref._dtypes import FORMATS
+from ring_ref._order import Leaves, Tree, canonical
 from ring_ref._reveal._count import CountSearch, count_rounds
 from ring_ref._reveal._target import DTYPES, SET_LIMITS, call_target
-from ring_ref._reveal._trees import Leaves, Tree, canonical
 
 __all__ = ["Verdict", "probe"]
 

@@ -43,17 +43,8 @@ from hypothesis import strategies as st
 from ring_ref._dispatch import ring_all_reduce
 from ring_ref._dtypes import FORMATS, bits
 from ring_ref._ops import OPS
-from ring_ref._reveal import (
-    REVEAL_FORMAT,
-    REVEAL_VERSION,
-    RevealError,
-    Tree,
-    chain_order,
-    evaluate,
-    format_tree,
-    reveal,
-    tree_from_json,
-)
+from ring_ref._order import Tree, chain_order, evaluate, format_tree, tree_from_json
+from ring_ref._reveal import REVEAL_FORMAT, REVEAL_VERSION, RevealError, reveal
 from ring_ref._validate import schedule_of
 from ring_ref.difftest._call import kind_hint, well_formed
 from ring_ref.difftest._inputs import LAYOUTS, Case

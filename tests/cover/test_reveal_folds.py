@@ -17,9 +17,18 @@ import pytest
 import torch
 
 from ring_ref import ring_all_reduce
-from ring_ref._reveal import format_tree, reveal, tree_from_json, tree_to_json
+from ring_ref._order import (
+    Fold,
+    canonical,
+    chain_order,
+    evaluate,
+    format_tree,
+    leaves,
+    tree_from_json,
+    tree_to_json,
+)
+from ring_ref._reveal import reveal
 from ring_ref._reveal._check import check_on_random_inputs
-from ring_ref._reveal._trees import Fold, canonical, chain_order, evaluate, leaves
 from ring_ref._svg import reveal_svg
 from tests import reveal_targets as rt
 from tests.paths import ROOT

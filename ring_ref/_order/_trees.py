@@ -1,4 +1,4 @@
-"""Summation trees: their algebra (leaves, canonical spelling, folds), their text and JSON, their sums.
+"""Summation trees: their algebra (leaves, canonical spelling, folds and the order a fold adds in).
 
 A tree is a worker id, or ``(left, right)`` meaning ``left + right`` in the
 dtype, or ``(a, b, c, ...)``: a multiway node adding ``k >= 3`` terms in one
@@ -12,16 +12,11 @@ one array, equal to (and hashing as) the nested pairs it stands for, so that
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Iterator, Sequence
-from typing import Any, Final, overload
+from typing import Any, overload
 
 import numpy as np
 import numpy.typing as npt
-import torch
-
-from ring_ref._dtypes import FORMATS, FloatFormat
 
 __all__ = [
     "Fold",
@@ -29,17 +24,11 @@ __all__ = [
     "Tree",
     "canonical",
     "chain_order",
-    "display_tree",
-    "evaluate",
-    "exact_sum",
     "fold_tree",
-    "format_tree",
+    "leaf_list",
     "leaves",
     "ring_step",
-    "tree_from_json",
     "tree_ids",
-    "tree_json_text",
-    "tree_to_json",
 ]
 
 
@@ -163,7 +152,26 @@ def leaves(tree: Tree) -> Leaves:
     >>> sorted(leaves(((2, 0), 1)))
     [0, 1, 2]
     """
-    return frozenset(_leaf_list(tree))
+    return frozenset(leaf_list(tree))
+
+
+def leaf_list(tree: Tree) -> list[int]:
+    """Every worker a tree names, in its order, repeats kept (a tree read from JSON is checked by them).
+
+    >>> leaf_list(((2, 0), 1))
+    [2, 0, 1]
+    """
+    found: list[int] = []
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, int):
+            found.append(node)
+        elif isinstance(node, Fold):
+            found.extend(node.order.tolist())
+        else:
+            stack.extend(reversed(node))
+    return found
 
 
 def canonical(tree: Tree) -> Tree:
@@ -262,205 +270,3 @@ def ring_step(chain: Sequence[int]) -> int:
     steps: npt.NDArray[np.int64] = np.mod(np.diff(np.asarray(chain, dtype=np.int64)), n)
     step = int(steps[0])
     return {1: 1, n - 1: -1}.get(step, 0) if bool((steps == step).all()) else 0
-
-
-def display_tree(tree: Tree) -> Tree:
-    """``tree`` as pictures draw it: a fold as the left fold of :func:`chain_order`, leaves in adding
-    order; any other tree canonical.
-
-    >>> display_tree((((0, 3), 1), 2)), display_tree(((0, 1), (2, 3)))
-    ((((3, 0), 1), 2), ((0, 1), (2, 3)))
-    """
-    chain = chain_order(tree)
-    if chain is None:
-        return canonical(tree)
-    shown: Tree = chain[0]
-    for w in chain[1:]:
-        shown = (shown, w)
-    return shown
-
-
-SPELT_IN_FULL: Final = 64
-"""The most workers a tree's text names one by one; larger trees are told in brief (a fold by its
-first and last workers and its step, any other tree by its size and depth)."""
-
-
-def format_tree(tree: Tree) -> str:
-    """``fold 3,0,1,2`` for a fold (its :func:`chain_order`), else parentheses; in brief beyond
-    :data:`SPELT_IN_FULL` workers (the JSON spells every tree in full).
-
-    >>> format_tree((((0, 3), 1), 2)), format_tree((((3, 2), 1), 0))
-    ('fold 3,0,1,2', 'fold 3,2,1,0')
-    >>> format_tree(((0, 1), (2, 3))), format_tree(((0, 1), 2, 3))
-    ('((0+1)+(2+3))', '((0+1)+2+3)')
-    >>> format_tree(fold_tree([*range(5, 70), *range(5)]))
-    'fold 5,6,7,8,9,10,...,3,4 (70 workers, stepping +1 around the ring)'
-    """
-    chain = chain_order(tree)
-    if chain is not None and len(chain) > SPELT_IN_FULL:
-        step = ring_step(chain)
-        how = f"stepping {step:+d} around the ring" if step else "in its own order"
-        shown = ",".join(map(str, chain[:6])) + ",...," + ",".join(map(str, chain[-2:]))
-        return f"fold {shown} ({len(chain)} workers, {how})"
-    if chain is not None and len(chain) > 1:
-        return "fold " + ",".join(map(str, chain))
-    count = len(_leaf_list(tree))
-    if count > SPELT_IN_FULL:
-        return f"a tree of {count} workers, {_depth(tree)} additions deep (not a fold)"
-    return _parenthesised(tree)
-
-
-def _depth(tree: Tree) -> int:
-    """The most additions on a path from a worker to the root."""
-    deepest, stack = 0, [(tree, 0)]
-    while stack:
-        node, depth = stack.pop()
-        if isinstance(node, Fold):
-            deepest = max(deepest, depth + len(node.order) - 1)
-        elif not isinstance(node, int):
-            stack.extend((child, depth + 1) for child in node)
-        deepest = max(deepest, depth)
-    return deepest
-
-
-def _parenthesised(tree: Tree) -> str:
-    if isinstance(tree, int):
-        return str(tree)
-    return "(" + "+".join(map(_parenthesised, tree)) + ")"
-
-
-def tree_to_json(tree: Tree | None) -> Any:
-    """A leaf as its worker id, an inner node as ``[left, right]`` (``[a, b, c, ...]`` multiway); ``None`` as
-    ``null``."""
-    if tree is None or isinstance(tree, int):
-        return tree
-    if isinstance(tree, Fold):
-        workers = tree.order.tolist()
-        spelt: list[Any] = [workers[0], workers[1]]
-        for w in workers[2:]:
-            spelt = [spelt, w]
-        return spelt
-    return [tree_to_json(child) for child in tree]
-
-
-def tree_json_text(tree: Tree | None) -> str:
-    """``json.dumps(tree_to_json(tree))``, a fold written straight from its order (no nested lists).
-
-    >>> tree_json_text(Fold([0, 2, 1])), tree_json_text(((0, 1), (2, 3))), tree_json_text(None)
-    ('[[0, 2], 1]', '[[0, 1], [2, 3]]', 'null')
-    """
-    if not isinstance(tree, Fold):
-        return json.dumps(tree_to_json(tree))
-    workers = tree.order.tolist()
-    return "[" * (len(workers) - 1) + f"{workers[0]}, {workers[1]}]" + "".join(f", {w}]" for w in workers[2:])
-
-
-def tree_from_json(doc: Any, n: int) -> Tree:
-    """The tree a ``reveal --json`` entry spells, checked: every worker ``0 .. n - 1`` exactly once.
-
-    A fold whose first two workers ascend (as reveal writes every fold) is read as a :class:`Fold`.
-
-    >>> tree_from_json([[0, 1], 2], 3), tree_from_json([0, 1, 2], 3)
-    (((0, 1), 2), (0, 1, 2))
-    """
-    tree = _parse_fold(doc, n) or _parse(doc, n)
-    got = sorted(_leaf_list(tree))
-    if got != list(range(n)):
-        raise ValueError(f"a tree must add every worker 0 .. {n - 1} exactly once; this one adds {got}")
-    return tree
-
-
-def _parse_fold(doc: Any, n: int) -> Fold | None:
-    """``doc`` as a :class:`Fold` when it spells a left fold of three or more distinct workers whose
-    first two ascend, read without recursion; else ``None``."""
-    tail: list[Any] = []
-    while isinstance(doc, list) and len(doc) == 2 and isinstance(doc[0], list):
-        tail.append(doc[1])
-        doc = doc[0]
-    if not (isinstance(doc, list) and len(doc) == 2 and tail):
-        return None
-    order = [*doc, *reversed(tail)]
-    if not all(isinstance(w, int) and not isinstance(w, bool) and 0 <= w < n for w in order):
-        return None
-    if order[0] >= order[1] or len(set(order)) != len(order):
-        return None
-    return Fold(order)
-
-
-def _parse(doc: Any, n: int) -> Tree:
-    if isinstance(doc, int) and not isinstance(doc, bool) and 0 <= doc < n:
-        return doc
-    if isinstance(doc, list) and len(doc) >= 2:
-        return tuple(_parse(child, n) for child in doc)
-    raise ValueError(
-        f"a tree node must be a worker id in 0 .. {n - 1} or a list of two or more nodes; got {doc!r}"
-    )
-
-
-def _leaf_list(tree: Tree) -> list[int]:
-    found: list[int] = []
-    stack = [tree]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, int):
-            found.append(node)
-        elif isinstance(node, Fold):
-            found.extend(node.order.tolist())
-        else:
-            stack.extend(reversed(node))
-    return found
-
-
-def evaluate(tree: Tree, x: torch.Tensor) -> torch.Tensor:
-    """The tree's additions on ``x`` of shape ``(N, ...)``, each rounded to ``x``'s dtype; a multiway
-    node the :func:`exact_sum` of its terms."""
-    if isinstance(tree, int):
-        return x[tree].clone()
-    if isinstance(tree, Fold):
-        workers = tree.order.tolist()
-        total = torch.add(x[workers[0]], x[workers[1]])
-        for w in workers[2:]:
-            total = torch.add(total, x[w])
-        return total
-    if len(tree) == 2:
-        return torch.add(evaluate(tree[0], x), evaluate(tree[1], x))
-    return exact_sum(torch.stack([evaluate(child, x) for child in tree]))
-
-
-def _quantum(values: npt.NDArray[np.float64], fmt: FloatFormat) -> npt.NDArray[np.float64]:
-    """The spacing of ``fmt``'s values at each of ``values`` (its subnormal spacing below ``2**emin``)."""
-    _, exponent = np.frexp(np.where(values == 0, 1.0, values))
-    quantum: npt.NDArray[np.float64] = np.ldexp(1.0, np.maximum(exponent - 1, fmt.emin) - fmt.precision + 1)
-    return quantum
-
-
-def _round_to(values: npt.NDArray[np.float64], fmt: FloatFormat) -> npt.NDArray[np.float64]:
-    """Float64 ``values`` correctly rounded to ``fmt`` (to nearest, ties to even; beyond it +-inf)."""
-    quantum = _quantum(values, fmt)
-    rounded = np.round(values / quantum) * quantum
-    return np.where(np.abs(rounded) > fmt.max_finite, np.copysign(np.inf, values), rounded)
-
-
-def exact_sum(parts: torch.Tensor) -> torch.Tensor:
-    """The exact sum over the first axis of ``parts``, correctly rounded once to its dtype.
-
-    Summed in float64 where that is exact (the terms' finest spacing and total
-    magnitude within 53 bits), else per element with ``math.fsum`` (and, where
-    that lands on a tie of a narrower dtype, the sign of its residual).
-
-    >>> exact_sum(torch.tensor([[1.0], [2.0**-24], [2.0**-60]])).item() == 1 + 2.0**-23
-    True
-    """
-    fmt = FORMATS[str(parts.dtype).removeprefix("torch.")]
-    wide = parts.to(torch.float64).reshape(parts.shape[0], -1).numpy()
-    total = wide.sum(axis=0)
-    exact = np.abs(wide).sum(axis=0) < _quantum(wide, fmt).min(axis=0) * 2.0**53
-    for e in np.flatnonzero(~exact & np.isfinite(wide).all(axis=0)).tolist():
-        column = wide[:, e].tolist()
-        total[e] = math.fsum(column)
-        tie = fmt.precision < 53 and abs(total[e] / _quantum(total[e : e + 1], fmt)[0] % 1) == 0.5
-        residual = math.fsum([*column, -total[e]]) if tie else 0.0
-        if residual:
-            total[e] = np.nextafter(total[e], math.copysign(math.inf, residual))
-    rounded = _round_to(total, fmt) if fmt.precision < 53 else total
-    return torch.from_numpy(rounded.reshape(parts.shape[1:])).to(parts.dtype)

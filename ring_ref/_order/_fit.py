@@ -18,7 +18,7 @@ import torch
 from ring_ref._chunks import chunk_bounds
 from ring_ref._dispatch import ring_all_reduce
 from ring_ref._dtypes import FORMATS, bits
-from ring_ref._reveal._trees import Tree, chain_order, fold_tree, ring_step, tree_ids
+from ring_ref._order._trees import Tree, chain_order, fold_tree, ring_step, tree_ids
 from ring_ref.schedule import LAYOUTS, PRESETS, ChainSchedule, Layout, RingSchedule, Schedule
 
 __all__ = ["RingFit", "chunk_index", "fit_ring", "ring_trees"]
