@@ -1,6 +1,6 @@
 """A tree as text, and in the order pictures draw it: a fold named by its adding order, others in parentheses.
 
-Every text and picture of a fold reads it in :func:`~ring_ref._order._trees.chain_order`
+Every text and picture of a fold reads it in :func:`~ring_ref._order._trees.fold_order_of`
 (clause ``reveal-trees``); trees beyond :data:`SPELT_IN_FULL` workers are told
 in brief (the JSON spells every tree in full).
 """
@@ -9,19 +9,19 @@ from __future__ import annotations
 
 from typing import Final
 
-from ring_ref._order._trees import Fold, Tree, canonical, chain_order, leaf_list, ring_step
+from ring_ref._order._trees import Fold, Tree, canonical, fold_order_of, leaf_list, ring_step
 
 __all__ = ["display_tree", "format_tree"]
 
 
 def display_tree(tree: Tree) -> Tree:
-    """``tree`` as pictures draw it: a fold as the left fold of :func:`chain_order`, leaves in adding
+    """``tree`` as pictures draw it: a fold as the left fold of :func:`fold_order_of`, leaves in adding
     order; any other tree canonical.
 
     >>> display_tree((((0, 3), 1), 2)), display_tree(((0, 1), (2, 3)))
     ((((3, 0), 1), 2), ((0, 1), (2, 3)))
     """
-    chain = chain_order(tree)
+    chain = fold_order_of(tree)
     if chain is None:
         return canonical(tree)
     shown: Tree = chain[0]
@@ -36,7 +36,7 @@ first and last workers and its step, any other tree by its size and depth)."""
 
 
 def format_tree(tree: Tree) -> str:
-    """``fold 3,0,1,2`` for a fold (its :func:`chain_order`), else parentheses; in brief beyond
+    """``fold 3,0,1,2`` for a fold (its :func:`fold_order_of`), else parentheses; in brief beyond
     :data:`SPELT_IN_FULL` workers (the JSON spells every tree in full).
 
     >>> format_tree((((0, 3), 1), 2)), format_tree((((3, 2), 1), 0))
@@ -46,7 +46,7 @@ def format_tree(tree: Tree) -> str:
     >>> format_tree(Fold([*range(5, 70), *range(5)]))
     'fold 5,6,7,8,9,10,...,3,4 (70 workers, stepping +1 around the ring)'
     """
-    chain = chain_order(tree)
+    chain = fold_order_of(tree)
     if chain is not None and len(chain) > SPELT_IN_FULL:
         step = ring_step(chain)
         how = f"stepping {step:+d} around the ring" if step else "in its own order"

@@ -23,7 +23,7 @@ __all__ = [
     "Leaves",
     "Tree",
     "canonical",
-    "chain_order",
+    "fold_order_of",
     "fold_tree",
     "leaf_list",
     "leaves",
@@ -217,8 +217,8 @@ def fold_tree(order: Sequence[int]) -> Tree:
     return canonical(tree)
 
 
-def chain_order(tree: Tree) -> list[int] | None:
-    """The workers in the order a fold adds them, if ``tree`` is a full tree that is a fold.
+def fold_order_of(tree: Tree) -> list[int] | None:
+    """The workers in the order a fold adds them, if ``tree`` is a full tree that is a fold (else ``None``).
 
     The first two commute, so one rule picks their order (clause
     ``reveal-trees``): the chain reads in one ring direction, the first step
@@ -226,9 +226,9 @@ def chain_order(tree: Tree) -> list[int] | None:
     do (``N = 3``) the one stepping ``+1``, where neither does (or ``N = 2``)
     the smaller worker first.  Every text and picture of a fold uses it.
 
-    >>> chain_order((((0, 3), 1), 2)), chain_order((((2, 3), 1), 0)), chain_order(((0, 1), (2, 3)))
+    >>> fold_order_of((((0, 3), 1), 2)), fold_order_of((((2, 3), 1), 0)), fold_order_of(((0, 1), (2, 3)))
     ([3, 0, 1, 2], [3, 2, 1, 0], None)
-    >>> chain_order(((1, 2), 0)), chain_order(((0, 2), 1)), chain_order((0, 1))
+    >>> fold_order_of(((1, 2), 0)), fold_order_of(((0, 2), 1)), fold_order_of((0, 1))
     ([1, 2, 0], [2, 0, 1], [0, 1])
     """
     tail: list[int] = []

@@ -22,8 +22,8 @@ import torch
 from ring_ref._order import (
     RingFit,
     Tree,
-    chain_order,
     chunk_index,
+    fold_order_of,
     format_tree,
     tree_ids,
     tree_json_text,
@@ -128,7 +128,7 @@ class Revealed:
             return "partly-trees"
         if self.ring is not None:
             return "ring"
-        if all(chain_order(t) is not None for t in found):
+        if all(fold_order_of(t) is not None for t in found):
             return "folds"
         return "trees"
 

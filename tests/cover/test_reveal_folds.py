@@ -20,8 +20,8 @@ from ring_ref import ring_all_reduce
 from ring_ref._order import (
     Fold,
     canonical,
-    chain_order,
     evaluate,
+    fold_order_of,
     format_tree,
     leaves,
     tree_from_json,
@@ -58,7 +58,7 @@ def test_a_fold_is_equal_to_its_nested_pairs_and_hashes_as_they_do(order: list[i
     assert fold[0] == pairs[0] and list(fold) == list(pairs) and fold[:] == pairs[:]
     assert repr(fold) == repr(pairs)
     assert canonical(fold) is fold and canonical(pairs) == fold
-    assert chain_order(fold) == chain_order(pairs)
+    assert fold_order_of(fold) == fold_order_of(pairs)
     assert sorted(leaves(fold)) == sorted(order)
     assert tree_to_json(fold) == tree_to_json(pairs) == json_fold(order)
     assert pickle.loads(pickle.dumps(fold)) == pairs
