@@ -5,7 +5,7 @@ its own order (element ``e`` starts its folds at ``e mod N``), vectorised with
 gathers so that ``N = 4096`` stays cheap.  The expected trees are nested lists
 in the canonical spelling of clause ``reveal-trees`` (children with more
 leaves first, ties by the smaller smallest leaf), built here by plain loops
-and :func:`spelt`, never by ``ring_ref._reveal``.  ``bench/bench_reveal.py``
+and :func:`spelt`, never by ``ring_ref._order``.  ``bench/bench_reveal.py``
 measures the same targets.
 """
 

@@ -24,8 +24,7 @@ from functools import cached_property
 from typing import Any, Final, Literal
 
 from ring_ref._invariance._placement import Placement
-from ring_ref._reveal import Tree, fold_tree, format_tree, tree_to_json
-from ring_ref._reveal._fit import chunk_index
+from ring_ref._order import Tree, chunk_index, fold_tree, format_tree, tree_to_json
 from ring_ref.schedule import LAYOUTS, PRESETS, RingSchedule
 
 __all__ = ["INVARIANCE_FORMAT", "INVARIANCE_VERSION", "Change", "Invariance", "Method", "first_changes"]

@@ -24,7 +24,7 @@ from ring_ref._dtypes import to_hex
 from ring_ref._invariance._placement import Embedded, InvarianceError, Placement, batches, placements
 from ring_ref._invariance._report import Invariance, Method
 from ring_ref._reveal import CHECKS, check_reveal_size, reveal
-from ring_ref._reveal._target import DTYPES
+from ring_ref._reveal._target import REVEAL_DTYPES
 from ring_ref.difftest import load_target
 from ring_ref.difftest._launch import Launcher
 from ring_ref.difftest._orders import per_rank_target, rank_launcher
@@ -60,7 +60,7 @@ def _by_bits(
 ) -> tuple[list[list[Hashable]], list[list[float]] | None, int]:
     """``(outcomes, counterexample, calls)``: bits per placement, from the first draw where any differ."""
     generator = torch.Generator().manual_seed(seed)
-    torch_dtype = DTYPES[dtype]
+    torch_dtype = REVEAL_DTYPES[dtype]
     outcomes: list[list[Hashable]] = []
     calls = 0
     for _ in range(draws):
@@ -153,7 +153,7 @@ def invariance(
     order changes with M: at chunk boundaries, M/N (each element folds its chunk, the spec ring)
     """
     start = time.perf_counter()
-    itemsize = DTYPES[dtype].itemsize if dtype in DTYPES else 4
+    itemsize = REVEAL_DTYPES[dtype].itemsize if dtype in REVEAL_DTYPES else 4
     k, placed = placements(sizes, offsets, probe, n=n, itemsize=itemsize)
     _check(n, k, dtype, by_bits=by_bits, draws=draws, checks=checks)
     fn, launcher = _resolve(target, ranks, mca, timeout)

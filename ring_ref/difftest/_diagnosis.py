@@ -27,7 +27,7 @@ import torch
 
 from ring_ref._dispatch import ring_all_reduce
 from ring_ref._dtypes import FloatFormat, bits, format_of
-from ring_ref._reveal import format_tree
+from ring_ref._order import format_tree
 from ring_ref.difftest._call import (
     Answer,
     Outcome,

@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from ring_ref._chunks import chunk_of_elements
 from ring_ref._dispatch import ring_all_reduce, ring_reduce_scatter
 from ring_ref._dtypes import FloatFormat, bits, dtype_name, format_of
-from ring_ref._reveal import Tree, ring_trees
+from ring_ref._order import Tree, ring_trees
 from ring_ref.difftest._inputs import Case, exact_tensor
 from ring_ref.difftest._vocabulary import OPS, Mode, Op
 from ring_ref.schedule import SPEC, Layout, Schedule

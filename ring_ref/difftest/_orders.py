@@ -43,17 +43,8 @@ from hypothesis import strategies as st
 from ring_ref._dispatch import ring_all_reduce
 from ring_ref._dtypes import FORMATS, bits
 from ring_ref._ops import OPS
-from ring_ref._reveal import (
-    REVEAL_FORMAT,
-    REVEAL_VERSION,
-    RevealError,
-    Tree,
-    chain_order,
-    evaluate,
-    format_tree,
-    reveal,
-    tree_from_json,
-)
+from ring_ref._order import Tree, evaluate, fold_order_of, format_tree, tree_from_json
+from ring_ref._reveal import REVEAL_FORMAT, REVEAL_VERSION, RevealError, reveal
 from ring_ref._validate import schedule_of
 from ring_ref.difftest._call import kind_hint, well_formed
 from ring_ref.difftest._inputs import LAYOUTS, Case
@@ -319,7 +310,7 @@ def _not_one_ring(doc: dict[str, Any], n: int) -> OrderError:
     """The error of a reveal whose trees no ring explains, naming the elements and printing the trees."""
     trees = [None if t is None else tree_from_json(t, n) for t in doc["trees"]]
     lines = [f"  element {e}: {'no tree' if t is None else format_tree(t)}" for e, t in enumerate(trees)]
-    odd = [e for e, t in enumerate(trees) if t is None or chain_order(t) is None]
+    odd = [e for e, t in enumerate(trees) if t is None or fold_order_of(t) is None]
     what = (
         f"elements {odd} are not folds at all"
         if odd

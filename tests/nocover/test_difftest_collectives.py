@@ -22,8 +22,9 @@ import torch.distributed as dist
 
 from ring_ref import ring_all_reduce
 from ring_ref._cli import main
+from ring_ref._order import format_tree
 from ring_ref._processes._gloo import ProcessRing
-from ring_ref._reveal import format_tree, reveal
+from ring_ref._reveal import reveal
 from ring_ref.difftest import difftest
 from ring_ref.difftest._mpi import MpiRanks
 from ring_ref.difftest._orders import per_rank_target

@@ -13,7 +13,8 @@ import torch
 
 from ring_ref import ring_all_reduce
 from ring_ref._dtypes import bits
-from ring_ref._reveal import Tree, canonical, evaluate, reveal
+from ring_ref._order import Tree, canonical, evaluate
+from ring_ref._reveal import reveal
 from ring_ref.difftest import Case, difftest
 from ring_ref.difftest._oracles import ExactOrder, SavedOrder
 from ring_ref.difftest._orders import checking_against, file_order, schedule_order

@@ -18,7 +18,7 @@ import torch
 from ring_ref._chunks import chunk_bounds
 from ring_ref._dispatch import ring_all_reduce
 from ring_ref._dtypes import FORMATS, bits
-from ring_ref._reveal._trees import Tree, chain_order, fold_tree, ring_step, tree_ids
+from ring_ref._order._trees import Tree, fold_order_of, fold_tree, ring_step, tree_ids
 from ring_ref.schedule import LAYOUTS, PRESETS, ChainSchedule, Layout, RingSchedule, Schedule
 
 __all__ = ["RingFit", "chunk_index", "fit_ring", "ring_trees"]
@@ -54,7 +54,7 @@ def _fold_key(tree: Tree, n: int) -> int:
     >>> _fold_key(fold_tree([2, 3, 0, 1]), 4), _fold_key(fold_tree([2, 1, 0, 3]), 4)
     (0, 1)
     """
-    chain = chain_order(tree)
+    chain = fold_order_of(tree)
     step = 0 if chain is None or len(chain) != n else ring_step(chain)
     return 2 * chain[2] + (step < 0) if chain is not None and step else -1
 
