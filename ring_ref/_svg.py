@@ -525,7 +525,7 @@ def invariance_svg(found: Invariance) -> str:
     >>> from ring_ref._invariance import invariance
     >>> svg = invariance_svg(invariance(lambda x: (x[0] + x[1]) + x[2], 3, [2, 4], probe=2, checks=1))
     >>> svg.count('class="cell"'), svg.count('class="tree-key"')
-    (4, 1)
+    (6, 1)
     """
     ids, distinct = tree_ids([tree for row in found.trees for tree in row])
     k, rows = found.probe, len(found.placements)
