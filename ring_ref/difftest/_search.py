@@ -515,19 +515,19 @@ def check(fn: Target | OpTarget | str, options: Options, exact: ExactOrder | Non
     isolated = launcher is None or launcher.isolated
     shown, replay = _replay(fn, name, options, chosen, exact, seed, workers, dtypes, reduce_op, isolated)
     plan = _Plan(
-        chosen,
-        exact,
-        options.examples,
-        seed,
-        workers,
-        dtypes,
-        reduce_op,
-        options.collective,
-        options.label or shown,
-        replay,
-        isolated,
-        ranks,
-        timeout,
+        modes=chosen,
+        exact=exact,
+        examples=options.examples,
+        seed=seed,
+        workers=workers,
+        dtypes=dtypes,
+        op=reduce_op,
+        collective=options.collective,
+        label=options.label or shown,
+        replay=replay,
+        isolated=isolated,
+        ranks=ranks,
+        timeout=timeout,
     )
     run = functools.partial(_run, plan)
     if launcher is None and ranks == "mpi-job":
@@ -557,42 +557,36 @@ def _replay(  # noqa: PLR0917 - one line made of every option
     isolated: bool,
 ) -> tuple[str, str]:
     """The name the report shows for ``fn`` (``name``, or for a function that has none its qualified
-    name) and the command line (a ``TARGET`` with a name) or Python call that replays this run."""
+    name) and what replays this run: the command line for a ``TARGET`` with a name, else the Python call
+    (with the option that names the order ``exact`` checked, ``--schedule X`` or ``--order F``)."""
     framework, collective, timeout = options.framework, options.collective, options.timeout
-    if name is None:
-        shown = str(getattr(fn, "__qualname__", repr(fn)))
-        asked = exact.option or (f"--collective {collective}" if collective != "all-reduce" else "")
-        return shown, _replay_line(
-            None,
-            shown,
-            modes,
-            examples=options.examples,
-            seed=seed,
-            workers=workers,
-            dtypes=dtypes,
-            options=asked,
-            op=op,
-            framework=framework,
+    if name is not None:
+        where = f"--ranks {options.ranks} " if options.ranks else ""
+        asked = f" --op {op}" if op is not None else ""
+        # every mode is the default, so that a --mode appended to the line picks modes of its own
+        asked += "" if set(modes) == set(MODES) else "".join(f" --mode {m}" for m in modes)
+        extra = "" if framework == "torch" else f" --framework {framework}"
+        extra += "" if timeout == DEFAULT_TIMEOUT_S else f" --timeout {timeout:g}"
+        extra += "" if isolated else " --in-process"
+        extra += f" --device {options.device}" if options.device != "cpu" else ""
+        extra += " --subgroups" if options.subgroups else ""
+        extra += "".join(f" --mca {key}={value}" for key, value in (options.mca or {}).items())
+        extra += f" {exact.option}" if exact.option else ""
+        extra += f" --collective {collective}" if collective != "all-reduce" else ""
+        return name, (
+            f"ring-ref difftest {where}{name}{asked} --examples {options.examples} --seed {seed} "
+            f"--max-workers {workers} --dtypes {' '.join(dtype_name(d) for d in dtypes)}{extra}"
         )
-    extra = "" if framework == "torch" else f" --framework {framework}"
-    extra += "" if timeout == DEFAULT_TIMEOUT_S else f" --timeout {timeout:g}"
-    extra += "" if isolated else " --in-process"
-    extra += f" --device {options.device}" if options.device != "cpu" else ""
-    extra += " --subgroups" if options.subgroups else ""
-    extra += "".join(f" --mca {key}={value}" for key, value in (options.mca or {}).items())
-    extra += f" {exact.option}" if exact.option else ""
-    extra += f" --collective {collective}" if collective != "all-reduce" else ""
-    return name, _replay_line(
-        options.ranks,
-        name,
-        modes,
-        examples=options.examples,
-        seed=seed,
-        workers=workers,
-        dtypes=dtypes,
-        options=extra,
-        op=op,
-        cli=True,
+    shown = str(getattr(fn, "__qualname__", repr(fn)))
+    asked = f", op={op!r}" if op is not None else ""
+    asked += f", framework={framework!r}" if framework != "torch" else ""
+    named = exact.option or (f"--collective {collective}" if collective != "all-reduce" else "")
+    if named:
+        key, _, value = named.lstrip("-").replace("=", " ", 1).partition(" ")
+        asked += f", {key}={value!r}"
+    return shown, (
+        f"ring_ref.difftest.difftest({shown}, modes={modes!r}, examples={options.examples}, seed={seed}, "
+        f"max_workers={workers}, dtypes=[{', '.join(f'torch.{dtype_name(d)}' for d in dtypes)}]{asked})"
     )
 
 
@@ -686,45 +680,6 @@ def _job_target(
             "must be a module-level function or a TARGET string"
         )
     return None, name
-
-
-def _replay_line(  # noqa: PLR0917 - one line made of every option
-    ranks: Ranks | None,
-    name: str,
-    modes: tuple[Mode, ...],
-    examples: int,
-    seed: int,
-    workers: int,
-    dtypes: Sequence[torch.dtype],
-    options: str,
-    op: Op | None,
-    *,
-    cli: bool = False,
-    framework: Framework = "torch",
-) -> str:
-    """The command line (``cli``) or Python call that replays this run.
-
-    ``options``: the command line's extra options, or for the Python call the
-    one that names the order ``exact`` checked (``--schedule X``, ``--order F``).
-    """
-    if cli:
-        where = f"--ranks {ranks} " if ranks else ""
-        asked = f" --op {op}" if op is not None else ""
-        # every mode is the default, so that a --mode appended to the line picks modes of its own
-        mode_args = "" if set(modes) == set(MODES) else "".join(f" --mode {m}" for m in modes)
-        return (
-            f"ring-ref difftest {where}{name}{asked}{mode_args} --examples {examples} --seed {seed} "
-            f"--max-workers {workers} --dtypes {' '.join(dtype_name(d) for d in dtypes)}{options}"
-        )
-    asked = f", op={op!r}" if op is not None else ""
-    asked += f", framework={framework!r}" if framework != "torch" else ""
-    if options:
-        key, _, value = options.lstrip("-").replace("=", " ", 1).partition(" ")
-        asked += f", {key}={value!r}"
-    return (
-        f"ring_ref.difftest.difftest({name}, modes={modes!r}, examples={examples}, seed={seed}, "
-        f"max_workers={workers}, dtypes=[{', '.join(f'torch.{dtype_name(d)}' for d in dtypes)}]{asked})"
-    )
 
 
 def _launcher(
