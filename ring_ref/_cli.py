@@ -253,12 +253,19 @@ def _difftest_command(args: argparse.Namespace) -> int:
     """
     names = [d for item in args.dtypes or [] for d in item.split(",") if d]
     unknown = [d for d in names if d not in DTYPES]
+    problem = ""
+    if unknown or (args.dtypes is not None and not names):
+        problem = f"unknown dtype(s) {unknown or names}; choose from {', '.join(DTYPES)}"
+    elif _mca_malformed(args.mca):
+        problem = f"--mca takes KEY=VALUE; got {args.mca}"
+    elif (args.backend or args.device) and args.ranks != "job":
+        problem = "--backend and --device choose the job's process group and device: they need --ranks job"
     options = Options(
         modes=[m for m in (*MODES, "all") if m in (args.mode or ["all"])],
         examples=args.examples,
         seed=args.seed,
         max_workers=args.max_workers,
-        dtypes=[DTYPES[d] for d in dict.fromkeys(names)] if names else None,
+        dtypes=[DTYPES[d] for d in dict.fromkeys(names) if d in DTYPES] or None,
         timeout=args.timeout,
         isolate=not args.in_process,
         ranks=args.ranks,
@@ -270,15 +277,7 @@ def _difftest_command(args: argparse.Namespace) -> int:
         framework=args.framework,
         subgroups=args.subgroups,
     )
-    problem = ""
-    if unknown or (args.dtypes is not None and not names):
-        problem = f"unknown dtype(s) {unknown or names}; choose from {', '.join(DTYPES)}"
-    elif _mca_malformed(args.mca):
-        problem = f"--mca takes KEY=VALUE; got {args.mca}"
-    elif (args.backend or args.device) and args.ranks != "job":
-        problem = "--backend and --device choose the job's process group and device: they need --ranks job"
-    else:
-        problem = refused(options) or ""
+    problem = problem or refused(options) or ""
     if problem:
         print(f"ring-ref difftest: error: {problem}", file=sys.stderr)
         return 2
