@@ -29,7 +29,7 @@ from ring_ref.difftest._in_job import command_in_job, reveal_in_job
 from ring_ref.difftest._launch import Launcher
 from ring_ref.difftest._options import Options, rank_launcher, refused
 from ring_ref.difftest._report import Report
-from ring_ref.difftest._search import check
+from ring_ref.difftest._search import run_difftest
 from ring_ref.difftest._vocabulary import (
     COLLECTIVES,
     DEFAULT_TIMEOUT_S,
@@ -285,7 +285,7 @@ def _difftest_command(args: argparse.Namespace) -> int:
         return _difftest_in_job(args, options)
     with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
         try:
-            report = check(args.target, options)
+            report = run_difftest(args.target, options)
         except OrderError as exc:
             print(f"ring-ref difftest: {exc}", file=sys.stderr)
             return 1 if args.schedule == "auto" else 2
@@ -315,7 +315,7 @@ def _difftest_in_job(args: argparse.Namespace, options: Options) -> int:
 
     def body(device: str) -> int:
         with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
-            report = check(
+            report = run_difftest(
                 args.target, dataclasses.replace(options, device=device) if args.ranks == "job" else options
             )
         return 0 if report.verdict == "pass" else 1

@@ -51,7 +51,7 @@ from ring_ref.difftest._vocabulary import (
 )
 from ring_ref.schedule import Layout, Schedule
 
-__all__ = ["check", "difftest", "run_mode", "zero_out"]
+__all__ = ["difftest", "run_difftest", "run_mode", "zero_out"]
 
 
 class _Failed(Exception):
@@ -451,7 +451,7 @@ def difftest(
         framework=framework,
         subgroups=subgroups,
     )
-    return check(fn, options)
+    return run_difftest(fn, options)
 
 
 @dataclass(frozen=True)
@@ -474,7 +474,7 @@ class _Plan:
     timeout: float
 
 
-def check(fn: Target | OpTarget | str, options: Options, exact: ExactOrder | None = None) -> Report:
+def run_difftest(fn: Target | OpTarget | str, options: Options, exact: ExactOrder | None = None) -> Report:
     """:func:`difftest` with its options in one value; ``exact``: check ``exact`` against this order
     instead of the one ``options`` name (the spec's ring by default), for the tests.
 

@@ -131,13 +131,13 @@ def test_gloo_fails_exact_at_every_seed_and_passes_its_schedule() -> None:
     from ring_ref.difftest import Report
     from ring_ref.difftest._options import Options
     from ring_ref.difftest._orders import schedule_order
-    from ring_ref.difftest._search import check
+    from ring_ref.difftest._search import run_difftest
 
     def exact(target: str, seed: int, order: ExactOrder | None = None) -> Report:
         options = Options(
             ranks="gloo", modes=("exact",), examples=1, seed=seed, max_workers=3, dtypes=[torch.float32]
         )
-        return check(target, options, order)
+        return run_difftest(target, options, order)
 
     for seed in (0, 1, 2):
         report = exact("torch.distributed:all_reduce", seed)

@@ -41,7 +41,7 @@ from ring_ref.difftest._search import (
     ZERO_OUT_BUDGET,
     _Failed,
     _first_failed,
-    check,
+    run_difftest,
     run_mode,
     zero_out,
 )
@@ -192,7 +192,7 @@ def refusal(exact: ExactOrder | None = None, **kwargs: Any) -> str:
 
     fn, kwargs = kwargs.pop("fn", target), {"examples": 1, "seed": 0, **kwargs}
     with pytest.raises(ValueError) as refused:
-        check(fn, Options(**kwargs), exact) if exact is not None else difftest(fn, **kwargs)
+        run_difftest(fn, Options(**kwargs), exact) if exact is not None else difftest(fn, **kwargs)
     assert calls == []
     return str(refused.value)
 
@@ -243,8 +243,8 @@ def test_an_order_of_several_ops_lists_them_when_it_refuses_another() -> None:
 
 def test_a_sum_only_order_takes_sum_and_the_other_modes_take_any_op() -> None:
     options = Options(examples=1, seed=0, dtypes=F32, isolate=False)
-    summed = check(ring_all_reduce, replace(options, modes=("exact",), op="sum"), SUM_ONLY)
-    maxed = check(planted_impls.op_ring, replace(options, modes=("bound",), op="max"), SUM_ONLY)
+    summed = run_difftest(ring_all_reduce, replace(options, modes=("exact",), op="sum"), SUM_ONLY)
+    maxed = run_difftest(planted_impls.op_ring, replace(options, modes=("bound",), op="max"), SUM_ONLY)
     assert summed.verdict == "pass" and summed.op == "sum"
     assert maxed.verdict == "pass" and list(maxed.modes) == ["bound"]
 

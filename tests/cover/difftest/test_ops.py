@@ -31,7 +31,7 @@ from ring_ref.difftest._inputs import cases, near_one_log_bound
 from ring_ref.difftest._options import Options
 from ring_ref.difftest._oracles import check_values
 from ring_ref.difftest._orders import schedule_order
-from ring_ref.difftest._search import check
+from ring_ref.difftest._search import run_difftest
 from tests import planted_impls
 from tests.oracles import bits, ring_fold_op, same_bits, sums_in_several_orders
 from tests.paths import ROOT
@@ -471,7 +471,7 @@ def test_cli_checks_an_op_against_a_named_schedule(capsys: pytest.CaptureFixture
     assert main(["difftest", spec, "--op", "max", "--mode", "order-free", "--examples", "2"]) == 0
     assert "PASS" in capsys.readouterr().out
     options = Options(op="avg", modes=("exact",), examples=20)
-    assert check(planted_impls.gloo_op_ring, options, schedule_order("gloo")).verdict == "pass"
+    assert run_difftest(planted_impls.gloo_op_ring, options, schedule_order("gloo")).verdict == "pass"
     with pytest.raises(SystemExit):
         main(["difftest", spec, "--op", "mean"])
 

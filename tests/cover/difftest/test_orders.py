@@ -22,7 +22,7 @@ from ring_ref.difftest._orders import (
     parse_schedule,
     schedule_order,
 )
-from ring_ref.difftest._search import check
+from ring_ref.difftest._search import run_difftest
 from ring_ref.testing import assert_matches_reference
 from tests.oracles import blocks_bounds, gloo_bounds, same_bits, schedule_fold
 from tests.planted_impls import (
@@ -85,10 +85,10 @@ def test_exact_against_a_schedule_passes_its_ring_and_fails_others() -> None:
     gloo = schedule_order("gloo")
     assert gloo.name == "the gloo schedule's order"
     options = Options(modes=("exact",), examples=15, seed=3, max_workers=5)
-    passed = check(_gloo_written_out, options, gloo)
-    failed = check(_spec_fold_on_gloo_segments, options, gloo)
+    passed = run_difftest(_gloo_written_out, options, gloo)
+    failed = run_difftest(_spec_fold_on_gloo_segments, options, gloo)
     # The spec's ring cuts only M divisible by N; gloo's layout takes any M, so it is asked for one.
-    refused = check(ring_all_reduce, replace(options, isolate=False), gloo)
+    refused = run_difftest(ring_all_reduce, replace(options, isolate=False), gloo)
     assert passed.verdict == "pass", passed.render()
     assert failed.verdict == "fail" and failed.diagnoses == ["not-ring-order"], failed.render()
     case = refused.modes["exact"].counterexample
@@ -230,9 +230,9 @@ def test_a_layout_that_takes_any_m_is_searched_with_m_not_divisible_by_n(seed: i
         schedule_order("openmpi-ring"),
         Options(examples=3, seed=seed, max_workers=6, isolate=False),
     )
-    dropped = check(drops_the_remainder, options, blocks)
-    dropped_max = check(drops_the_remainder, replace(options, op="max"), blocks)
-    correct = check(openmpi_ring_written_out, replace(options, examples=20), blocks)
+    dropped = run_difftest(drops_the_remainder, options, blocks)
+    dropped_max = run_difftest(drops_the_remainder, replace(options, op="max"), blocks)
+    correct = run_difftest(openmpi_ring_written_out, replace(options, examples=20), blocks)
     for report in (dropped, dropped_max):
         for mode, result in report.modes.items():
             case = result.counterexample
@@ -262,8 +262,8 @@ def test_an_order_file_of_an_uneven_layout_labels_chunks_by_it(tmp_path: Path) -
     saved = tmp_path / "blocks.json"
     saved.write_text(json.dumps(doc), encoding="utf-8")
     options = Options(modes=("exact",), examples=5, seed=1)
-    assert check(openmpi_ring_written_out, options, file_order(saved)).verdict == "pass"
-    report = check(_last_element_doubled, options, file_order(saved))
+    assert run_difftest(openmpi_ring_written_out, options, file_order(saved)).verdict == "pass"
+    report = run_difftest(_last_element_doubled, options, file_order(saved))
     finding = report.modes["exact"].finding
     assert finding is not None and finding.mismatch is not None, report.render()
     assert finding.mismatch.index == (9,) and finding.mismatch.chunk == 3
