@@ -470,14 +470,14 @@ def wrong_every_other_call(x: torch.Tensor) -> torch.Tensor:
 def patches_the_tester(x: torch.Tensor) -> torch.Tensor:
     """Makes every check in its own process say "pass", then returns twice the sum (``double-counted``)."""
     import ring_ref
-    from ring_ref.difftest import _call, _diagnosis, _oracles, _search
+    from ring_ref.difftest import _call, _diagnosis, _oracles, _search, _verdict
 
     # setattr: mypy refuses to assign a lambda over an overloaded function.
     setattr(ring_ref, "ring_all_reduce", lambda t: 2 * t.sum(0))  # noqa: B010
     setattr(torch, "equal", lambda *args, **kwargs: True)  # noqa: B010
     _oracles.check_values = lambda *args, **kwargs: _oracles.Checked(None)
     setattr(_search, "passes", lambda *args, **kwargs: (True, 0, 0))  # noqa: B010
-    _diagnosis.passes = lambda *args, **kwargs: (True, 0, 0)
+    _verdict.passes = lambda *args, **kwargs: (True, 0, 0)
     _diagnosis.diagnose = lambda *args, **kwargs: None
     _call.input_problem = lambda *args, **kwargs: ""
     return 2 * x.sum(0)

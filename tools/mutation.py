@@ -173,6 +173,20 @@ MODULES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
         ("ring_ref/difftest/_vocabulary.py",),
         ("ring_ref/difftest/_vocabulary.py", "tests/cover/difftest/test_kills_vocabulary.py"),
     ),
+    # The verdict and the diagnosis' probes: the diagnosis' kill tests, outcomes built by hand and targets
+    # run in pytest's process; the option rules and the launcher table: the search's kill tests.
+    "difftest.verdict": (
+        ("ring_ref/difftest/_verdict.py",),
+        ("ring_ref/difftest/_verdict.py", "tests/cover/difftest/test_kills_diagnosis.py"),
+    ),
+    "difftest.diagnosis_probes": (
+        ("ring_ref/difftest/_diagnosis_probes.py",),
+        ("ring_ref/difftest/_diagnosis_probes.py", "tests/cover/difftest/test_kills_diagnosis.py"),
+    ),
+    "difftest.options": (
+        ("ring_ref/difftest/_options.py",),
+        ("ring_ref/difftest/_options.py", "tests/cover/difftest/test_kills_search.py"),
+    ),
     # The launchers: their own kill tests, which fork workers from pytest's process (milliseconds each).
     # The call, diagnosis and search modules: their own kill tests, with outcomes built by hand and
     # targets run in pytest's process.

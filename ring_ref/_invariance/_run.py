@@ -27,7 +27,8 @@ from ring_ref._reveal import CHECKS, check_reveal_size, reveal
 from ring_ref._reveal._target import REVEAL_DTYPES
 from ring_ref.difftest import load_target
 from ring_ref.difftest._launch import Launcher
-from ring_ref.difftest._orders import per_rank_target, rank_launcher
+from ring_ref.difftest._options import rank_launcher
+from ring_ref.difftest._orders import per_rank_target
 from ring_ref.difftest._vocabulary import DEFAULT_TIMEOUT_S, RANKS, Ranks
 
 __all__ = ["BITS_DRAWS", "invariance"]

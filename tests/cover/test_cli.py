@@ -9,9 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import ring_ref
 from ring_ref._cli import main
+from ring_ref.difftest import difftest
 from tests.paths import ROOT
 
 
@@ -111,3 +113,25 @@ def test_reveal_of_an_order_that_is_no_ring_suggests_difftest_and_still_exits_0(
     assert "run: ring-ref difftest tests.planted_impls:gather_adds" in capsys.readouterr().err
     assert main(["reveal", "ring_ref:ring_all_reduce", "-n", "3", "-m", "3"]) == 0
     assert "ring-ref difftest" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "options"),
+    [
+        (["--ranks", "gloo", "--in-process"], {"ranks": "gloo", "isolate": False}),
+        (["--mca", "btl=self"], {"mca": {"btl": "self"}}),
+        (["--ranks", "mpi", "--dtypes", "bfloat16"], {"ranks": "mpi", "dtypes": [torch.bfloat16]}),
+        (["--subgroups"], {"subgroups": True}),
+        (["--op", "max", "--schedule", "auto"], {"op": "max", "schedule": "auto"}),
+    ],
+)
+def test_a_broken_option_rule_is_exit_2_in_the_words_the_api_raises(
+    argv: list[str], options: dict[str, object], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One set of option rules (difftest's ``_options.refused``): the command line says what the API says."""
+    target = "ring_ref:ring_all_reduce"
+    assert main(["difftest", target, "--examples", "1", *argv]) == 2
+    said = capsys.readouterr().err
+    with pytest.raises(ValueError) as refused:
+        difftest(target, examples=1, **options)  # type: ignore[arg-type]
+    assert said == f"ring-ref difftest: error: {refused.value}\n"

@@ -132,7 +132,10 @@ def test_a_rank_that_raises_while_the_others_wait_is_raised_after_the_grace(jobs
 def test_cli_refuses_mca_without_mpi_bad_mca_and_bfloat16(capsys: pytest.CaptureFixture[str]) -> None:
     base = ["difftest", "ring_ref.mpi:ring_all_reduce_", "--examples", "1"]
     assert main([*base, "--ranks", "gloo", "--mca", "btl=self"]) == 2
-    assert "--mca options are passed to mpirun: they need --ranks mpi" in capsys.readouterr().err
+    assert (
+        "mca (--mca) options are passed to mpirun: they need ranks='mpi' (--ranks mpi)"
+        in capsys.readouterr().err
+    )
     assert main([*base, "--ranks", "mpi", "--mca", "btl"]) == 2
     assert "--mca takes KEY=VALUE" in capsys.readouterr().err
     assert main([*base, "--ranks", "mpi", "--dtypes", "bfloat16"]) == 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -12,7 +13,9 @@ import torch
 
 from ring_ref._cli import main
 from ring_ref.difftest import Mode, difftest
-from ring_ref.difftest._orders import checking_against, schedule_order
+from ring_ref.difftest._options import Options
+from ring_ref.difftest._orders import schedule_order
+from ring_ref.difftest._search import run_difftest
 from ring_ref.testing import assert_matches_reference
 from tests import planted_rank_impls
 from tests.paths import ROOT
@@ -134,15 +137,9 @@ def test_soak_per_rank_targets_up_to_eight_ranks(target: str) -> None:
 @pytest.mark.clause("difftest-ranks", "difftest-exact-orders")
 def test_a_per_rank_ring_that_drops_the_remainder_fails_under_openmpi_ring_blocks() -> None:
     """Issue #29 item 2, per rank: under ``--schedule openmpi-ring`` the ranks get M not divisible by N."""
-    with checking_against(schedule_order("openmpi-ring")):
-        dropped = difftest(
-            planted_rank_impls.openmpi_ring_dropping_the_remainder,
-            ranks="gloo",
-            examples=2,
-            seed=3,
-            max_workers=4,
-        )
-        correct = difftest(planted_rank_impls.openmpi_ring, ranks="gloo", examples=4, seed=3, max_workers=4)
+    blocks, options = schedule_order("openmpi-ring"), Options(ranks="gloo", examples=2, seed=3, max_workers=4)
+    dropped = run_difftest(planted_rank_impls.openmpi_ring_dropping_the_remainder, options, blocks)
+    correct = run_difftest(planted_rank_impls.openmpi_ring, dataclasses.replace(options, examples=4), blocks)
     for mode, result in dropped.modes.items():
         case = result.counterexample
         assert result.verdict == "fail" and case is not None and case.m % case.n, (mode, dropped.render())

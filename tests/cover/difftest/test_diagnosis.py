@@ -11,12 +11,13 @@ from ring_ref import ring_all_reduce
 from ring_ref._reveal import RevealError, reveal
 from ring_ref.difftest import CODES, DTYPES, Case, difftest
 from ring_ref.difftest._call import Answer, Outcome, call_target
-from ring_ref.difftest._diagnosis import diagnose, structural
+from ring_ref.difftest._diagnosis import diagnose
 from ring_ref.difftest._inputs import (
     LAYOUTS,
 )
 from ring_ref.difftest._launch import Launcher
 from ring_ref.difftest._orders import per_rank_target
+from ring_ref.difftest._verdict import structural
 from ring_ref.testing import assert_matches_reference
 from tests import planted_impls, planted_rank_impls
 from tests.oracles import exact_sum, ring_fold, same_bits

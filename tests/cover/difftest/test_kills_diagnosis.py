@@ -25,20 +25,16 @@ import torch
 from ring_ref import ring_all_reduce
 from ring_ref.difftest import Case
 from ring_ref.difftest._call import Answer, Failure, Outcome, call_target, decode, observe
-from ring_ref.difftest._diagnosis import (
-    _divided_first,
-    as_launcher,
+from ring_ref.difftest._diagnosis import _divided_first, diagnose
+from ring_ref.difftest._diagnosis_probes import (
     count_contributions,
-    diagnose,
-    difference,
     op_probe_rows,
     op_probe_values,
-    passes,
     position_probe,
-    structural,
 )
-from ring_ref.difftest._launch import Launcher, OutputLog
-from ring_ref.difftest._oracles import EXACT_ORDER, ExactOrder
+from ring_ref.difftest._launch import Launcher, OutputLog, as_launcher
+from ring_ref.difftest._oracles import SPEC_ORDER, ExactOrder
+from ring_ref.difftest._verdict import difference, passes, structural
 from ring_ref.difftest._vocabulary import Mode, Op
 from tests import planted_impls
 from tests.oracles import spec_slot
@@ -67,8 +63,10 @@ def case(
     return Case(n, len(values) // n, (), dtype, "contiguous", values, op)
 
 
-def find(fn: Callable[..., torch.Tensor], c: Case, mode: Mode) -> tuple[list[str], str]:
-    finding = diagnose(fn, call_target(fn, c), mode)
+def find(
+    fn: Callable[..., torch.Tensor], c: Case, mode: Mode, order: ExactOrder = SPEC_ORDER
+) -> tuple[list[str], str]:
+    finding = diagnose(fn, call_target(fn, c), mode, order)
     assert finding is not None, (mode, c)
     prefix = f"{finding.codes[0]}: "
     assert finding.explanation.startswith(prefix), finding.explanation
@@ -1201,11 +1199,7 @@ def test_not_ring_order_without_a_reveal_when_the_target_refuses_its_probes() ->
 
 def test_the_spec_fold_is_named_only_when_exact_is_the_specs_ring() -> None:
     torch_order = ExactOrder("torch.sum's order", lambda c: torch.sum(c.tensor(), 0))
-    token = EXACT_ORDER.set(torch_order)
-    try:
-        codes, text = find(ring_all_reduce, ORDERED, "exact")
-    finally:
-        EXACT_ORDER.reset(token)
+    codes, text = find(ring_all_reduce, ORDERED, "exact", torch_order)
     assert codes == ["not-ring-order"]
     assert re.search(r"the target sums that element as fold 1,2,0 \(revealed in \d+ calls\)$", text), text
 

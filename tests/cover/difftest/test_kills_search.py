@@ -35,13 +35,13 @@ from ring_ref.difftest import Case, difftest
 from ring_ref.difftest._call import Failure, Outcome, call_target
 from ring_ref.difftest._inputs import one_worker_cases
 from ring_ref.difftest._launch import Launcher, OutputLog
+from ring_ref.difftest._options import Options, option_problem
 from ring_ref.difftest._oracles import SPEC_ORDER, ExactOrder
-from ring_ref.difftest._orders import checking_against
 from ring_ref.difftest._search import (
     ZERO_OUT_BUDGET,
     _Failed,
     _first_failed,
-    option_problem,
+    run_difftest,
     run_mode,
     zero_out,
 )
@@ -182,15 +182,17 @@ def test_difftest_refuses_the_same_options_before_calling_the_target(
 # --- difftest: the other refused combinations ------------------------------------------------------------
 
 
-def refusal(**kwargs: Any) -> str:
+def refusal(exact: ExactOrder | None = None, **kwargs: Any) -> str:
+    """Why difftest refuses these options (``exact``: checking ``exact`` against that order)."""
     calls: list[int] = []
 
     def target(x: torch.Tensor) -> torch.Tensor:
         calls.append(1)
         return ring_all_reduce(x)
 
+    fn, kwargs = kwargs.pop("fn", target), {"examples": 1, "seed": 0, **kwargs}
     with pytest.raises(ValueError) as refused:
-        difftest(kwargs.pop("fn", target), **{"examples": 1, "seed": 0, **kwargs})
+        run_difftest(fn, Options(**kwargs), exact) if exact is not None else difftest(fn, **kwargs)
     assert calls == []
     return str(refused.value)
 
@@ -229,26 +231,20 @@ def test_modes_must_be_a_non_empty_set_of_the_three(modes: tuple[str, ...]) -> N
 
 @pytest.mark.parametrize("op", ["max", "prod", "avg"])
 def test_exact_against_a_sum_only_order_refuses_another_op_and_says_what_to_drop(op: str) -> None:
-    with checking_against(SUM_ONLY):
-        problem = refusal(op=op)
+    problem = refusal(SUM_ONLY, op=op)
     assert f"for sum only; op {op!r} is checked against the spec's ring" in problem
     assert problem.endswith("(drop --schedule / --order, or run --mode order-free or bound)")
 
 
 def test_an_order_of_several_ops_lists_them_when_it_refuses_another() -> None:
-    with checking_against(replace(SUM_ONLY, ops=("sum", "max"))):
-        problem = refusal(op="prod")
+    problem = refusal(replace(SUM_ONLY, ops=("sum", "max")), op="prod")
     assert problem.startswith("exact checks a sum order for sum, max only; op 'prod' is checked")
 
 
 def test_a_sum_only_order_takes_sum_and_the_other_modes_take_any_op() -> None:
-    with checking_against(SUM_ONLY):
-        summed = difftest(
-            ring_all_reduce, modes=("exact",), op="sum", examples=1, seed=0, dtypes=F32, isolate=False
-        )
-        maxed = difftest(
-            planted_impls.op_ring, modes=("bound",), op="max", examples=1, seed=0, dtypes=F32, isolate=False
-        )
+    options = Options(examples=1, seed=0, dtypes=F32, isolate=False)
+    summed = run_difftest(ring_all_reduce, replace(options, modes=("exact",), op="sum"), SUM_ONLY)
+    maxed = run_difftest(planted_impls.op_ring, replace(options, modes=("bound",), op="max"), SUM_ONLY)
     assert summed.verdict == "pass" and summed.op == "sum"
     assert maxed.verdict == "pass" and list(maxed.modes) == ["bound"]
 
@@ -268,7 +264,7 @@ def test_a_per_rank_target_must_be_importable_and_isolated() -> None:
     assert "'<lambda>' must be a module-level function or a TARGET string" in problem
     assert "Summer() must be a module-level function" in refusal(fn=Summer(), ranks="gloo")
     problem = refusal(fn="ring_ref:ring_all_reduce", ranks="mpi", isolate=False)
-    assert problem.endswith(", and isolate cannot be False")
+    assert problem.startswith("isolate=False (--in-process) cannot be combined with ranks (--ranks)")
 
 
 def test_a_lambda_cannot_be_isolated_and_the_message_says_how_to_run_it() -> None:
@@ -320,9 +316,14 @@ def test_only_the_asked_modes_run_and_the_target_label_is_kept() -> None:
         seed=1,
         max_workers=3,
         dtypes=[torch.float64, torch.float16],
-        target="my label",
+        label="my label",
     )
     assert list(report.modes) == ["bound", "exact"] and report.target == "my label"
+    with pytest.warns(
+        DeprecationWarning, match=r"difftest\(target=\) is the name the report prints: pass label="
+    ):
+        old = difftest(NAMELESS, modes=("bound",), examples=1, seed=1, target="my label")
+    assert old.target == "my label"
     assert report.replay == (
         f"ring_ref.difftest.difftest({NAMELESS.__qualname__}, modes=('bound', 'exact'), examples=2, seed=1, "
         "max_workers=3, dtypes=[torch.float64, torch.float16])"
@@ -414,11 +415,13 @@ class FakeRanks(Scripted):
 
 @pytest.fixture
 def fake_ranks(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[FakeRanks]]:
-    from ring_ref.difftest import _search
+    from ring_ref.difftest import _options
 
     FakeRanks.made = []
-    monkeypatch.setattr(_search, "GlooRanks", lambda *a: FakeRanks("gloo", *a))
-    monkeypatch.setattr(_search, "MpiRanks", lambda *a: FakeRanks("mpi", *a))
+    monkeypatch.setitem(
+        _options.RANK_LAUNCHERS, "gloo", lambda target, timeout, _: FakeRanks("gloo", target, timeout)
+    )
+    monkeypatch.setitem(_options.RANK_LAUNCHERS, "mpi", lambda *a: FakeRanks("mpi", *a))
     yield FakeRanks
 
 
@@ -720,8 +723,8 @@ def test_a_failure_is_diagnosed_under_its_mode_with_probes_sent_through_the_laun
         return call_target(planted_impls.torch_sum, case)
 
     launcher = Scripted(summed)
-    with checking_against(replace(SPEC_ORDER, cases=st.just(NOT_RING))):
-        result = run_mode(launcher, "exact", examples=3, seed=0, max_workers=3, dtypes=F32)
+    order = replace(SPEC_ORDER, cases=st.just(NOT_RING))
+    result = run_mode(launcher, "exact", examples=3, seed=0, max_workers=3, dtypes=F32, order=order)
     assert result.verdict == "fail" and result.counterexample == NOT_RING
     assert result.finding is not None and result.finding.codes == ["not-ring-order"]
     replayed = max(k for k, c in enumerate(launcher.cases) if c == NOT_RING)
@@ -761,8 +764,8 @@ def test_a_slow_call_is_not_a_failure_whatever_the_profile(with_a_deadline: None
 def test_no_health_check_stops_the_search() -> None:
     # An order whose inputs come from a strategy with a very large smallest example.
     large = st.lists(st.booleans(), min_size=4200, max_size=4200).map(lambda _: CASE)
-    with checking_against(replace(SPEC_ORDER, cases=large)):
-        result = run_mode(Scripted(right), "exact", examples=2, seed=0, max_workers=2, dtypes=F32)
+    order = replace(SPEC_ORDER, cases=large)
+    result = run_mode(Scripted(right), "exact", examples=2, seed=0, max_workers=2, dtypes=F32, order=order)
     assert result.verdict == "pass" and result.examples == 2  # (Hypothesis checks health from 2 examples)
 
 
@@ -784,10 +787,9 @@ def test_exact_draws_only_the_inputs_of_an_order_that_has_its_own() -> None:
     sliced = replace(CASE, layout="sliced", trailing=(1,))
     order = ExactOrder("a saved order", SPEC_ORDER.expected, cases=st.just(sliced))
     stacked, per_rank, bound = Scripted(right), Scripted(right, per_rank=True), Scripted(right)
-    with checking_against(order):
-        run_mode(stacked, "exact", examples=3, seed=0, max_workers=4, dtypes=F32)
-        run_mode(per_rank, "exact", examples=3, seed=0, max_workers=4, dtypes=F32)
-        run_mode(bound, "bound", examples=3, seed=0, max_workers=4, dtypes=F32)
+    run_mode(stacked, "exact", examples=3, seed=0, max_workers=4, dtypes=F32, order=order)
+    run_mode(per_rank, "exact", examples=3, seed=0, max_workers=4, dtypes=F32, order=order)
+    run_mode(bound, "bound", examples=3, seed=0, max_workers=4, dtypes=F32, order=order)
     assert stacked.cases and set(stacked.cases) == {sliced}
     assert per_rank.cases and set(per_rank.cases) == {replace(sliced, layout="contiguous")}
     assert bound.cases[:2] == one_worker_cases("bound", F32)

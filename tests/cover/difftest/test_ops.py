@@ -25,10 +25,13 @@ from hypothesis import strategies as st
 from ring_ref._cli import main
 from ring_ref.difftest import DTYPES, MODES, Case, Mode, difftest
 from ring_ref.difftest._call import call_target
-from ring_ref.difftest._diagnosis import diagnose, op_probe_values
+from ring_ref.difftest._diagnosis import diagnose
+from ring_ref.difftest._diagnosis_probes import op_probe_values
 from ring_ref.difftest._inputs import cases, near_one_log_bound
+from ring_ref.difftest._options import Options
 from ring_ref.difftest._oracles import check_values
-from ring_ref.difftest._orders import checking_against, schedule_order
+from ring_ref.difftest._orders import schedule_order
+from ring_ref.difftest._search import run_difftest
 from tests import planted_impls
 from tests.oracles import bits, ring_fold_op, same_bits, sums_in_several_orders
 from tests.paths import ROOT
@@ -467,8 +470,8 @@ def test_cli_checks_an_op_against_a_named_schedule(capsys: pytest.CaptureFixture
     assert "--schedule auto and --order reveal and name sum orders" in capsys.readouterr().err
     assert main(["difftest", spec, "--op", "max", "--mode", "order-free", "--examples", "2"]) == 0
     assert "PASS" in capsys.readouterr().out
-    with checking_against(schedule_order("gloo")):
-        assert difftest(planted_impls.gloo_op_ring, op="avg", modes=("exact",), examples=20).verdict == "pass"
+    options = Options(op="avg", modes=("exact",), examples=20)
+    assert run_difftest(planted_impls.gloo_op_ring, options, schedule_order("gloo")).verdict == "pass"
     with pytest.raises(SystemExit):
         main(["difftest", spec, "--op", "mean"])
 
