@@ -1,6 +1,6 @@
 """The fast engine (``ring_ref._fast``): bitwise equal to the reference engine, and its own invariants.
 
-The reference engine is the oracle for bits; ``tests/oracles.py`` (independent
+The reference engine is the oracle for bits; ``tests/common/oracles.py`` (independent
 of ``ring_ref``) is a second one where the reference would be too slow.  Speed
 and memory are not tested here: ``make bench`` measures them side by side.
 """
@@ -22,9 +22,9 @@ from hypothesis import strategies as st
 from torch.autograd import forward_ad
 
 from ring_ref import InvariantViolation, _fast, _kernel, ring_all_reduce, schedule
-from tests.fast_knobs import fast_in_small_tiles, plan_fold_orders
-from tests.oracles import bits, exact_sum, pairwise_tree, ring_fold, same_bits
-from tests.strategies import ALL_DTYPES, FEW, NUMPY_DTYPES, shapes, worker_tensors
+from tests.common.fast_knobs import fast_in_small_tiles, plan_fold_orders
+from tests.common.oracles import bits, exact_sum, pairwise_tree, ring_fold, same_bits
+from tests.common.strategies import ALL_DTYPES, FEW, NUMPY_DTYPES, shapes, worker_tensors
 
 pytestmark = pytest.mark.usefixtures("fresh_plans")
 

@@ -26,7 +26,7 @@ from ring_ref._dtypes import (
     format_of,
     to_hex,
 )
-from tests.oracles import DTYPES, INT_OF_BITS
+from tests.common.oracles import DTYPES, INT_OF_BITS
 
 pytestmark = pytest.mark.clause("supported-dtypes")
 

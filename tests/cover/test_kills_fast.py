@@ -24,8 +24,8 @@ from torch.autograd import forward_ad
 
 from ring_ref import InvariantViolation, _fast, _kernel, ring_all_reduce, schedule
 from ring_ref.schedule import PRESETS, RingSchedule
-from tests.fast_knobs import plan_fold_orders
-from tests.oracles import bits, same_bits
+from tests.common.fast_knobs import plan_fold_orders
+from tests.common.oracles import bits, same_bits
 
 pytestmark = [
     pytest.mark.usefixtures("fresh_plans"),

@@ -23,7 +23,7 @@ from ring_ref.invariants import (
     first_violation,
 )
 from ring_ref.schedule import ALL_GATHER, GLOO, REDUCE_SCATTER, Phase, RingSchedule, all_rounds
-from tests.oracles import spec_slot
+from tests.common.oracles import spec_slot
 
 pytestmark = pytest.mark.clause("inv-rs-provenance", "inv-ag-provenance", "inv-finished-chunks")
 
@@ -270,7 +270,7 @@ def test_a_round_that_delivers_nothing_is_refused_for_every_ring(ring: RingSched
 def test_a_round_that_delivers_the_specs_values_into_the_rings_slots_is_refused(
     ring: RingSchedule, n: int
 ) -> None:
-    """Each worker's slot gets what the spec's ring would hold there (``tests/oracles.spec_slot``)."""
+    """Each worker's slot gets what the spec's ring would hold there (``tests/common/oracles.spec_slot``)."""
     refused = 0
     for phase, r, before, after in _family_rounds(ring, n):
         rows = _rows(before)

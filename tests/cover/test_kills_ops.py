@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from ring_ref import ring_all_reduce
 from ring_ref._ops import torch_combine_into
-from tests.oracles import REDUCE_OPS, same_bits
+from tests.common.oracles import REDUCE_OPS, same_bits
 
 X = [[1.0, -2.0], [3.0, 4.0]]
 WANT = {"sum": [4.0, 2.0], "prod": [3.0, -8.0], "max": [3.0, 4.0], "min": [1.0, -2.0], "avg": [2.0, 1.0]}

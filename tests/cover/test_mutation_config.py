@@ -8,8 +8,8 @@ import keyword
 import re
 from typing import Any
 
-from tests.dotted import resolve
-from tests.paths import ROOT
+from tests.common.dotted import resolve
+from tests.common.paths import ROOT
 from tools import mutation
 
 

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from ring_ref import OPS, ring_all_reduce
 from ring_ref._ops import COMMUTING_OPS, torch_combine
-from tests.oracles import bits, ring_fold_op, same_bits
-from tests.strategies import ALL_DTYPES, finite_values, worker_tensors
+from tests.common.oracles import bits, ring_fold_op, same_bits
+from tests.common.strategies import ALL_DTYPES, finite_values, worker_tensors
 
 
 @pytest.mark.clause("op-prod", "op-max", "op-min", "op-avg", "op-choice")

@@ -26,7 +26,7 @@ from ring_ref._reveal import (
     tree_to_json,
 )
 from ring_ref._svg import reveal_svg
-from tests.paths import ROOT
+from tests.common.paths import ROOT
 
 SCHEMA = json.loads((ROOT / "spec" / "reveal.schema.json").read_text(encoding="utf-8"))
 

@@ -1,6 +1,6 @@
 """The ring schedule family (spec section 10): sends, fold order, layouts, presets, invariants, bad input.
 
-Expected values come from the spec's own code blocks, from ``tests/oracles.py``
+Expected values come from the spec's own code blocks, from ``tests/common/oracles.py``
 (which imports nothing from ``ring_ref``) or are written out by hand here.
 """
 
@@ -29,8 +29,8 @@ from ring_ref.schedule import (
     RingSchedule,
     all_rounds,
 )
-from tests.oracles import blocks_bounds, gloo_bounds, same_bits, schedule_fold
-from tests.paths import SPEC as SPEC_PATH
+from tests.common.oracles import blocks_bounds, gloo_bounds, same_bits, schedule_fold
+from tests.common.paths import SPEC as SPEC_PATH
 
 
 def _spec_code() -> dict[str, Any]:
@@ -283,7 +283,7 @@ def test_traces_cover_the_family(capsys: pytest.CaptureFixture[str]) -> None:
 
     from ring_ref._cli import main
     from ring_ref._trace import trace, trace_json
-    from tests.paths import ROOT
+    from tests.common.paths import ROOT
 
     schema = json.loads((ROOT / "spec" / "trace.schema.json").read_text(encoding="utf-8"))
     doc = trace_json(trace(3, GLOO), 4, GLOO)

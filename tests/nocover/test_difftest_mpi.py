@@ -23,8 +23,8 @@ from ring_ref.difftest._report import ModeResult
 from ring_ref.difftest._search import run_mode
 from ring_ref.difftest._vocabulary import MODES, Op
 from ring_ref.mpi import openmpi_allreduce_mca
-from tests import planted_mpi
-from tests.processes import Jobs
+from tests.common import planted_mpi
+from tests.common.processes import Jobs
 
 pytestmark = pytest.mark.clause("difftest-ranks")
 
@@ -73,7 +73,7 @@ def test_ring_all_reduce_underscore_passes_every_mode(jobs: Jobs) -> None:
     [("gather_adds", "order-free"), ("chunk_off_by_one", "bound"), ("gather_drops_last_chunk", "exact")],
 )
 def test_planted_mpi_bug_gets_its_code(jobs: Jobs, bug: str, mode: Mode) -> None:
-    result = run(jobs, f"tests.planted_mpi:{bug}", mode, examples=10, seed=1)
+    result = run(jobs, f"tests.common.planted_mpi:{bug}", mode, examples=10, seed=1)
     finding, cex = result.finding, result.counterexample
     assert result.verdict == "fail" and finding is not None and cex is not None
     assert finding.codes == [planted_mpi.EXPECTED[bug]], finding.explanation
@@ -107,7 +107,9 @@ def test_mpi_has_no_average_and_says_so(jobs: Jobs) -> None:
 
 @pytest.mark.clause("difftest-diagnoses")
 def test_send_send_deadlock_is_timed_out_with_every_ranks_stack(jobs: Jobs) -> None:
-    result = run(jobs, "tests.planted_mpi:send_send_deadlock", "order-free", examples=5, seed=1, timeout_s=3)
+    result = run(
+        jobs, "tests.common.planted_mpi:send_send_deadlock", "order-free", examples=5, seed=1, timeout_s=3
+    )
     finding, cex = result.finding, result.counterexample
     assert finding is not None and cex is not None and finding.codes == ["timed-out"], finding
     assert cex.n == 2 and finding.ranks == [0, 1], finding.explanation
@@ -119,7 +121,9 @@ def test_send_send_deadlock_is_timed_out_with_every_ranks_stack(jobs: Jobs) -> N
 @pytest.mark.clause("difftest-diagnoses")
 @pytest.mark.timeout(60)  # far below the 120 s limit per call: the grace, not the time limit, ends it
 def test_a_rank_that_raises_while_the_others_wait_is_raised_after_the_grace(jobs: Jobs) -> None:
-    result = run(jobs, "tests.planted_mpi:rank_1_raises", "order-free", examples=5, seed=1, timeout_s=120)
+    result = run(
+        jobs, "tests.common.planted_mpi:rank_1_raises", "order-free", examples=5, seed=1, timeout_s=120
+    )
     finding, cex = result.finding, result.counterexample
     assert finding is not None and cex is not None and finding.codes == ["raised"], finding
     assert cex.n == 2

@@ -14,9 +14,9 @@ from ring_ref._cli import main
 from ring_ref.difftest import Mode, difftest
 from ring_ref.difftest._orders import checking_against, schedule_order
 from ring_ref.testing import assert_matches_reference
-from tests import planted_rank_impls
-from tests.paths import ROOT
-from tests.planted_rank_impls import RankImpl
+from tests.common import planted_rank_impls
+from tests.common.paths import ROOT
+from tests.common.planted_rank_impls import RankImpl
 
 SCHEMA = json.loads((ROOT / "spec" / "difftest_report.schema.json").read_text(encoding="utf-8"))
 
@@ -32,7 +32,8 @@ def test_torch_distributed_all_reduce_passes_order_free_and_bound() -> None:
 
 @pytest.mark.clause("difftest-ranks", "fold-order")
 @pytest.mark.parametrize(
-    "target", ["ring_ref.distributed:ring_all_reduce_", "tests.planted_rank_impls:returns_a_new_tensor"]
+    "target",
+    ["ring_ref.distributed:ring_all_reduce_", "tests.common.planted_rank_impls:returns_a_new_tensor"],
 )
 def test_ring_all_reduce_underscore_passes_every_mode(target: str) -> None:
     report = assert_matches_reference(target, ranks="gloo", examples=10, seed=2, max_workers=4)
@@ -82,7 +83,7 @@ def test_planted_per_rank_bug_gets_its_code(bug: RankImpl) -> None:
 
 @pytest.mark.clause("difftest-ranks", "difftest-report")
 def test_cli_ranks_gloo_json_names_the_ranks(capfd: pytest.CaptureFixture[str]) -> None:
-    args = ["difftest", "--ranks", "gloo", "tests.planted_rank_impls:constant_on_last_rank"]
+    args = ["difftest", "--ranks", "gloo", "tests.common.planted_rank_impls:constant_on_last_rank"]
     args += ["--mode", "order-free", "--examples", "10", "--seed", "3", "--max-workers", "3", "--json"]
     assert main(args) == 1
     doc = json.loads(capfd.readouterr().out)
@@ -91,7 +92,7 @@ def test_cli_ranks_gloo_json_names_the_ranks(capfd: pytest.CaptureFixture[str]) 
     cex = doc["modes"]["order-free"]["counterexample"]
     assert cex["ranks"] == [cex["n"] - 1] and cex["element"]["rank"] == cex["n"] - 1
     assert doc["replay"].startswith(
-        "ring-ref difftest --ranks gloo tests.planted_rank_impls:constant_on_last_rank"
+        "ring-ref difftest --ranks gloo tests.common.planted_rank_impls:constant_on_last_rank"
     )
     passing = ["difftest", "--ranks", "gloo", "torch.distributed:all_reduce", "--mode", "bound"]
     assert main([*passing, "--examples", "3", "--max-workers", "2"]) == 0

@@ -35,7 +35,7 @@ import torch.distributed as dist
 from ring_ref.difftest import Case
 from ring_ref.difftest._call import Outcome
 from ring_ref.difftest._ranks import GlooRanks
-from tests.leftovers import left_behind
+from tests.common.leftovers import left_behind
 
 # A per-test limit too: a hang (under mutation testing, say) fails its test instead of stalling the run.
 pytestmark = [pytest.mark.clause("difftest-ranks"), pytest.mark.timeout(90)]

@@ -18,10 +18,10 @@ from ring_ref.difftest._inputs import (
 from ring_ref.difftest._launch import Launcher
 from ring_ref.difftest._orders import per_rank_target
 from ring_ref.testing import assert_matches_reference
-from tests import planted_impls, planted_rank_impls
-from tests.oracles import exact_sum, ring_fold, same_bits
-from tests.paths import ROOT
-from tests.planted_impls import Impl, run_all
+from tests.common import planted_impls, planted_rank_impls
+from tests.common.oracles import exact_sum, ring_fold, same_bits
+from tests.common.paths import ROOT
+from tests.common.planted_impls import Impl, run_all
 
 SCHEMA = json.loads((ROOT / "spec" / "difftest_report.schema.json").read_text(encoding="utf-8"))
 GUIDE = (ROOT / "docs" / "guide" / "difftest.md").read_text(encoding="utf-8")

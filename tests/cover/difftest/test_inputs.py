@@ -25,8 +25,8 @@ from ring_ref.difftest._inputs import (
     uneven_cases,
 )
 from ring_ref.difftest._vocabulary import Mode, Op
-from tests.oracles import exact_sum, fold, sums_in_several_orders
-from tests.paths import ROOT
+from tests.common.oracles import exact_sum, fold, sums_in_several_orders
+from tests.common.paths import ROOT
 
 SCHEMA = json.loads((ROOT / "spec" / "difftest_report.schema.json").read_text(encoding="utf-8"))
 BUGGY_EXAMPLE = ROOT / "examples" / "buggy_allreduce.py"

@@ -8,7 +8,7 @@ the op probes, the average's divided-first probes, the signs of zeros and
 the ring's fold order; per-rank outcomes through a fake launcher that calls
 a function once per rank; and how two answers to one case differ.  Expected
 values are worked out by hand (small whole numbers, exact in every order) or
-by ``tests/oracles.py``.
+by ``tests/common/oracles.py``.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ from ring_ref.difftest._diagnosis import (
 from ring_ref.difftest._launch import Launcher, OutputLog
 from ring_ref.difftest._oracles import EXACT_ORDER, ExactOrder
 from ring_ref.difftest._vocabulary import Mode, Op
-from tests import planted_impls
-from tests.oracles import spec_slot
+from tests.common import planted_impls
+from tests.common.oracles import spec_slot
 
 pytestmark = pytest.mark.clause("difftest-diagnoses")
 

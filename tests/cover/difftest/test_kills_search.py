@@ -46,7 +46,7 @@ from ring_ref.difftest._search import (
     zero_out,
 )
 from ring_ref.difftest._vocabulary import Mode, Op
-from tests import planted_impls
+from tests.common import planted_impls
 
 pytestmark = pytest.mark.clause("difftest-oracles")
 
@@ -369,7 +369,7 @@ def test_an_importable_target_runs_isolated_with_its_timeout_and_its_output_is_r
     )
     assert report.isolated and report.timeout_s == 7 and report.verdict == "pass"
     assert report.replay == (
-        "ring-ref difftest tests.planted_impls:chatty_correct --mode exact --examples 1 --seed 0 "
+        "ring-ref difftest tests.common.planted_impls:chatty_correct --mode exact --examples 1 --seed 0 "
         "--max-workers 16 --dtypes float32 --timeout 7"
     )
     assert "on fd 2" in report.output and report.output_bytes >= len(report.output.encode()) > 0
@@ -377,7 +377,12 @@ def test_an_importable_target_runs_isolated_with_its_timeout_and_its_output_is_r
 
 def test_a_target_string_runs_isolated_unless_asked() -> None:
     report = difftest(
-        "tests.planted_impls:chatty_correct", modes=("bound",), examples=1, seed=3, dtypes=F32, timeout=5
+        "tests.common.planted_impls:chatty_correct",
+        modes=("bound",),
+        examples=1,
+        seed=3,
+        dtypes=F32,
+        timeout=5,
     )
     assert report.isolated and report.timeout_s == 5 and report.verdict == "pass"
     assert report.modes["bound"].mode == "bound" and "printed" in report.output
@@ -386,7 +391,7 @@ def test_a_target_string_runs_isolated_unless_asked() -> None:
 
 def test_a_target_string_runs_in_process_when_asked() -> None:
     report = difftest(
-        "tests.planted_impls:op_ring",
+        "tests.common.planted_impls:op_ring",
         modes=("exact",),
         examples=1,
         seed=0,
@@ -394,8 +399,14 @@ def test_a_target_string_runs_in_process_when_asked() -> None:
         isolate=False,
         op="min",
     )
-    assert not report.isolated and report.verdict == "pass" and report.target == "tests.planted_impls:op_ring"
-    assert report.replay.startswith("ring-ref difftest tests.planted_impls:op_ring --op min --mode exact ")
+    assert (
+        not report.isolated
+        and report.verdict == "pass"
+        and report.target == "tests.common.planted_impls:op_ring"
+    )
+    assert report.replay.startswith(
+        "ring-ref difftest tests.common.planted_impls:op_ring --op min --mode exact "
+    )
     assert report.replay.endswith(" --in-process") and report.output == "" and report.output_bytes == 0
 
 
@@ -425,12 +436,12 @@ def fake_ranks(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[FakeRanks]]:
 def test_gloo_ranks_get_their_launcher_eight_workers_and_a_replay_with_ranks(
     fake_ranks: type[FakeRanks],
 ) -> None:
-    report = difftest("tests.planted_rank_impls:x", ranks="gloo", modes=("bound",), examples=1, seed=4)
-    assert fake_ranks.made == [("gloo", "tests.planted_rank_impls:x", 60.0)]
+    report = difftest("tests.common.planted_rank_impls:x", ranks="gloo", modes=("bound",), examples=1, seed=4)
+    assert fake_ranks.made == [("gloo", "tests.common.planted_rank_impls:x", 60.0)]
     assert fake_ranks.last.started == 1 and fake_ranks.last.closed == 1
     assert report.ranks == "gloo" and report.isolated and report.timeout_s == 60.0
     assert report.replay == (
-        "ring-ref difftest --ranks gloo tests.planted_rank_impls:x --mode bound --examples 1 --seed 4 "
+        "ring-ref difftest --ranks gloo tests.common.planted_rank_impls:x --mode bound --examples 1 --seed 4 "
         f"--max-workers 8 --dtypes {ALL_DTYPES}"
     )
     assert {c.layout for c in fake_ranks.last.cases} == {"contiguous"}

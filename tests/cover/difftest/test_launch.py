@@ -15,8 +15,8 @@ from ring_ref.difftest._call import Garbled, aliases, decode, input_problem, obs
 from ring_ref.difftest._diagnosis import Finding
 from ring_ref.difftest._launch import OUTPUT_LIMIT, OutputLog
 from ring_ref.difftest._report import ModeResult, Report
-from tests import planted_impls
-from tests.paths import ROOT
+from tests.common import planted_impls
+from tests.common.paths import ROOT
 
 SCHEMA = json.loads((ROOT / "spec" / "difftest_report.schema.json").read_text(encoding="utf-8"))
 CASE = Case(2, 2, (2,), torch.float32, "strided", (1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0))
@@ -25,7 +25,7 @@ CASE = Case(2, 2, (2,), torch.float32, "strided", (1.0, 2.0, 3.0, 4.0, 5.0, 6.0,
 @pytest.mark.clause("difftest-isolation")
 def test_importable_targets_run_isolated_and_lambdas_in_process() -> None:
     named = difftest(planted_impls.in_place_ring, modes=("exact",), examples=2, seed=1)
-    by_string = difftest("tests.planted_impls:in_place_ring", modes=("exact",), examples=2, seed=1)
+    by_string = difftest("tests.common.planted_impls:in_place_ring", modes=("exact",), examples=2, seed=1)
     lam = difftest(lambda x: ring_all_reduce(x.clone()), modes=("exact",), examples=2, seed=1)
     forced = difftest(planted_impls.in_place_ring, modes=("exact",), examples=2, seed=1, isolate=False)
     assert (named.isolated, by_string.isolated, lam.isolated, forced.isolated) == (True, True, False, False)
@@ -43,7 +43,7 @@ def test_a_function_whose_name_now_means_something_else_runs_in_process() -> Non
     def in_place_ring(x: torch.Tensor) -> torch.Tensor:
         return ring_all_reduce(x)
 
-    in_place_ring.__module__, in_place_ring.__qualname__ = "tests.planted_impls", "in_place_ring"
+    in_place_ring.__module__, in_place_ring.__qualname__ = "tests.common.planted_impls", "in_place_ring"
     assert not difftest(in_place_ring, modes=("exact",), examples=1, seed=1).isolated
 
 

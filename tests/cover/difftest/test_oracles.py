@@ -21,8 +21,8 @@ from ring_ref.difftest._inputs import (
 )
 from ring_ref.difftest._oracles import check_values, locate
 from ring_ref.difftest._orders import checking_against, schedule_order
-from tests.oracles import blocks_bounds, gloo_bounds, ring_fold, sums_in_several_orders
-from tests.paths import ROOT
+from tests.common.oracles import blocks_bounds, gloo_bounds, ring_fold, sums_in_several_orders
+from tests.common.paths import ROOT
 
 SCHEMA = json.loads((ROOT / "spec" / "difftest_report.schema.json").read_text(encoding="utf-8"))
 BUGGY_EXAMPLE = ROOT / "examples" / "buggy_allreduce.py"

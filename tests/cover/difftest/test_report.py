@@ -12,8 +12,8 @@ import pytest
 from ring_ref import ring_all_reduce
 from ring_ref._cli import main
 from ring_ref.difftest import DTYPES, Report, difftest
-from tests import planted_impls
-from tests.paths import ROOT
+from tests.common import planted_impls
+from tests.common.paths import ROOT
 
 SCHEMA = json.loads((ROOT / "spec" / "difftest_report.schema.json").read_text(encoding="utf-8"))
 BUGGY_EXAMPLE = ROOT / "examples" / "buggy_allreduce.py"
@@ -24,7 +24,9 @@ ALL_DTYPES = tuple(DTYPES.values())
 def test_printed_replay_command_reproduces_the_counterexample(capsys: pytest.CaptureFixture[str]) -> None:
     report = difftest(planted_impls.gather_adds, modes=("order-free",), examples=10, seed=123)
     assert report.modes["order-free"].counterexample is not None
-    assert report.replay.startswith("ring-ref difftest tests.planted_impls:gather_adds --mode order-free")
+    assert report.replay.startswith(
+        "ring-ref difftest tests.common.planted_impls:gather_adds --mode order-free"
+    )
     assert main([*shlex.split(report.replay)[1:], "--json"]) == 1
     replayed = json.loads(capsys.readouterr().out)
     assert replayed["modes"] == report.to_json()["modes"]
@@ -65,11 +67,27 @@ def test_cli_exit_status_pass_and_fail(capsys: pytest.CaptureFixture[str]) -> No
         == 0
     )
     assert "PASS" in capsys.readouterr().out
-    args = ["difftest", "tests.planted_impls:torch_sum", "--mode", "exact", "--examples", "20", "--seed", "1"]
+    args = [
+        "difftest",
+        "tests.common.planted_impls:torch_sum",
+        "--mode",
+        "exact",
+        "--examples",
+        "20",
+        "--seed",
+        "1",
+    ]
     assert main(args) == 1
     out = capsys.readouterr().out
     assert "not-ring-order" in out and "Replay: ring-ref difftest" in out
-    order_free = ["difftest", "tests.planted_impls:torch_sum", "--mode", "order-free", "--examples", "10"]
+    order_free = [
+        "difftest",
+        "tests.common.planted_impls:torch_sum",
+        "--mode",
+        "order-free",
+        "--examples",
+        "10",
+    ]
     assert main([*order_free, "--dtypes", "float16,bfloat16"]) == 0
     capsys.readouterr()
 

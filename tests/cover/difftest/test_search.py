@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from ring_ref.difftest import DTYPES, difftest
-from tests import planted_impls
-from tests.paths import ROOT
-from tests.planted_impls import Impl, run_all
+from tests.common import planted_impls
+from tests.common.paths import ROOT
+from tests.common.planted_impls import Impl, run_all
 
 SCHEMA = json.loads((ROOT / "spec" / "difftest_report.schema.json").read_text(encoding="utf-8"))
 BUGGY_EXAMPLE = ROOT / "examples" / "buggy_allreduce.py"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SPEC_DIR = ROOT / "spec"
 SPEC = SPEC_DIR / "ring_all_reduce.md"
 EXAMPLES = ROOT / "examples"
