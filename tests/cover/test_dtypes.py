@@ -2,8 +2,7 @@
 
 Each fact of ``ring_ref._dtypes`` is compared with an independent source:
 ``torch.finfo`` / ``numpy.finfo``, a tensor's bytes read back through
-``struct``, and the rounding of the conversion itself.  Written for the
-mutants of ``_dtypes.py`` that nothing else could tell apart.
+``struct``, and the rounding of the conversion itself.
 """
 
 from __future__ import annotations

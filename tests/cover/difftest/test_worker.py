@@ -1,4 +1,4 @@
-"""The isolated worker process, where mutation testing found it unchecked.
+"""The isolated worker process (``ring_ref.difftest._worker``).
 
 Each test forks a :class:`Worker` from pytest's own process (milliseconds:
 torch is already imported) on a target defined here and loaded by name, and

@@ -1,4 +1,4 @@
-"""The core's guards and its per-round check, by behaviour (mutation testing found them untested).
+"""The core's guards and its per-round check (``ring_ref.core``), by behaviour.
 
 ``initial_state`` must refuse empty and ragged buffers with a message that says
 what a ring state needs; ``run_ring`` must report a faulty round *at that
