@@ -21,13 +21,17 @@ from ring_ref.schedule import (
     ALL_GATHER,
     GLOO,
     OPENMPI_RING,
+    PHASES,
     PRESETS,
     REDUCE_SCATTER,
     SPEC,
     ChainSchedule,
     Layout,
     RingSchedule,
+    Send,
     all_rounds,
+    send_chunk,
+    sends,
 )
 from tests.common.oracles import blocks_bounds, gloo_bounds, same_bits, schedule_fold
 from tests.common.paths import SPEC as SPEC_PATH
@@ -331,3 +335,37 @@ def test_reduce_scatter_ring_takes_k_equal_d_and_leaves_chunk_r_at_rank_r() -> N
             ring = reduce_scatter_ring(name, n)
             # schedule-family's owned chunk, i - k - (N - 1) d, typed in from the spec
             assert [(i - ring.offset - (n - 1) * ring.direction) % n for i in range(n)] == list(range(n))
+
+
+# ==========================================================================================================
+# The schedule's round listing (``sends``) and each chunk's fold start, against the spec's formulas.
+# ==========================================================================================================
+
+
+SPEC_SEND = {REDUCE_SCATTER: lambda i, r, n: (i - r) % n, ALL_GATHER: lambda i, r, n: (i + 1 - r) % n}
+
+
+@pytest.mark.clause("rs-send-chunk", "ag-send-chunk", "ring-topology")
+@pytest.mark.parametrize("n", [2, 3, 4, 7])
+def test_every_send_of_every_round_of_both_phases_is_the_spec_formula(n: int) -> None:
+    for phase in PHASES:
+        for r in range(n - 1):
+            want = tuple(Send(phase, r, i, (i + 1) % n, SPEC_SEND[phase](i, r, n)) for i in range(n))
+            assert sends(phase, r, n) == want
+            assert [send_chunk(phase, i, r, n) for i in range(n)] == [s.chunk for s in want]
+
+
+@pytest.mark.clause("rs-send-chunk", "ag-send-chunk", "ring-topology")
+@pytest.mark.clause("schedule-family", "schedule-fold-order")
+@pytest.mark.parametrize(
+    "ring",
+    [
+        *(ring for ring in PRESETS.values() if isinstance(ring, RingSchedule)),
+        RingSchedule(1, 3, "even"),
+        RingSchedule(-1, 2, "blocks"),
+    ],
+)
+def test_each_chunks_fold_starts_at_worker_c_plus_k(ring: RingSchedule) -> None:
+    for n in range(1, 8):
+        for c in range(n):
+            assert ring.fold_start(c, n) == (c + ring.offset) % n == ring.fold_order(c, n)[0]
