@@ -70,7 +70,7 @@ RANKS_TESTS: Final = tests_from(
 """The gloo rank launcher's tests on real groups of forked ranks (seconds per mutant)."""
 
 MODULES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
-    # name: (files mutated, tests run: fast tests/cover modules and the modules' doctests)
+    # name: (files mutated, tests run: fast test files, or a file's fast last section, and doctests)
     "schedule": (
         ("ring_ref/schedule.py",),
         (
