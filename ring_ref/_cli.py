@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
-import functools
+import dataclasses
 import itertools
 import json
 import operator
@@ -20,16 +19,17 @@ import torch
 from ring_ref import _invariance, _reveal, _svg
 from ring_ref._dispatch import ring_all_reduce
 from ring_ref._ops import OPS
-from ring_ref._processes._job import JobEnvError, job_environment, join_job
 from ring_ref._reveal import RevealError
 from ring_ref._trace import check_trace_size, render_table, trace, trace_json
 from ring_ref._vectors import _collectives, _ops, _presets, _sums
 from ring_ref._version import __version__
 from ring_ref.core import initial_state, run_ring
-from ring_ref.difftest import DTYPES, MODES, OrderError, TargetError, _orders, difftest, load_target
-from ring_ref.difftest._job import SHOW, job_size, run_in_job
+from ring_ref.difftest import DTYPES, MODES, OrderError, TargetError, _orders, load_target
+from ring_ref.difftest._in_job import command_in_job, reveal_in_job
 from ring_ref.difftest._launch import Launcher
+from ring_ref.difftest._options import Options, rank_launcher, refused
 from ring_ref.difftest._report import Report
+from ring_ref.difftest._search import run_difftest
 from ring_ref.difftest._vocabulary import (
     COLLECTIVES,
     DEFAULT_TIMEOUT_S,
@@ -248,41 +248,28 @@ def _difftest_command(args: argparse.Namespace) -> int:
 
     The target runs in a worker process that captures its output, so stdout
     holds only the report; with ``--in-process`` whatever the target prints
-    through ``sys.stdout`` goes to stderr under ``--json``.
+    through ``sys.stdout`` goes to stderr under ``--json``.  A broken option rule
+    (:func:`ring_ref.difftest._options.refused`) is a usage error in the API's words.
     """
     names = [d for item in args.dtypes or [] for d in item.split(",") if d]
     unknown = [d for d in names if d not in DTYPES]
-    mca = dict(item.partition("=")[::2] for item in args.mca)
     problem = ""
-    if args.ranks and args.in_process:
-        problem = "--in-process cannot be combined with --ranks (the ranks are processes of their own)"
-    if args.mca and args.ranks != "mpi":
-        problem = "--mca options are passed to mpirun: they need --ranks mpi"
-    if (args.backend or args.device) and args.ranks != "job":
-        problem = "--backend and --device choose the job's process group and device: they need --ranks job"
-    if _mca_malformed(args.mca):
-        problem = f"--mca takes KEY=VALUE; got {args.mca}"
-    if args.ranks in ("mpi", "mpi-job") and "bfloat16" in names:
-        problem = (
-            "--ranks mpi hands each rank a numpy array, and numpy has no bfloat16: drop it from --dtypes"
-        )
     if unknown or (args.dtypes is not None and not names):
         problem = f"unknown dtype(s) {unknown or names}; choose from {', '.join(DTYPES)}"
-    if problem:
-        print(f"ring-ref difftest: error: {problem}", file=sys.stderr)
-        return 2
-    run = functools.partial(
-        difftest,
-        args.target,
+    elif _mca_malformed(args.mca):
+        problem = f"--mca takes KEY=VALUE; got {args.mca}"
+    elif (args.backend or args.device) and args.ranks != "job":
+        problem = "--backend and --device choose the job's process group and device: they need --ranks job"
+    options = Options(
         modes=[m for m in (*MODES, "all") if m in (args.mode or ["all"])],
         examples=args.examples,
         seed=args.seed,
         max_workers=args.max_workers,
-        dtypes=[DTYPES[d] for d in dict.fromkeys(names)] if names else None,
+        dtypes=[DTYPES[d] for d in dict.fromkeys(names) if d in DTYPES] or None,
         timeout=args.timeout,
         isolate=not args.in_process,
         ranks=args.ranks,
-        mca=mca,
+        mca=dict(item.partition("=")[::2] for item in args.mca),
         op=args.op,
         schedule=args.schedule,
         order=args.order,
@@ -290,11 +277,15 @@ def _difftest_command(args: argparse.Namespace) -> int:
         framework=args.framework,
         subgroups=args.subgroups,
     )
+    problem = problem or refused(options) or ""
+    if problem:
+        print(f"ring-ref difftest: error: {problem}", file=sys.stderr)
+        return 2
     if args.ranks in ("job", "mpi-job"):
-        return _difftest_in_job(args, run)
+        return _difftest_in_job(args, options)
     with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
         try:
-            report = run()
+            report = run_difftest(args.target, options)
         except OrderError as exc:
             print(f"ring-ref difftest: {exc}", file=sys.stderr)
             return 1 if args.schedule == "auto" else 2
@@ -310,34 +301,10 @@ def _print_report(report: Report, as_json: bool, out: TextIO | None = None) -> i
     return 0 if report.verdict == "pass" else 1
 
 
-def _join(args: argparse.Namespace) -> tuple[str, bool] | None:
-    """With ``--ranks job``: find the job in the environment and join it; the device and whether a group
-    was joined.  ``None`` after a usage error (printed).  ``--ranks mpi-job`` joins nothing here."""
-    device = getattr(args, "device", None) or "cpu"
-    if args.ranks != "job":
-        return device, False
-    backend = args.backend or ("nccl" if device == "cuda" else "gloo")
-    try:
-        job = job_environment()
-        if device == "cuda" and not torch.cuda.is_available():
-            raise JobEnvError("--device cuda: torch sees no CUDA device on this node")
-    except JobEnvError as exc:
-        print(f"ring-ref {args.command}: error: {exc}", file=sys.stderr)
-        return None
-    if device == "cuda":
-        torch.cuda.set_device(job.local_rank)
-    join_job(job, backend, datetime.timedelta(seconds=2 * args.timeout + 30))
-    return device, True
-
-
-def _difftest_in_job(args: argparse.Namespace, run: Callable[..., Report]) -> int:
-    """``--ranks job`` or ``mpi-job`` on this rank: join the job, run; rank 0 prints the report (or the
-    error) before the others may leave; every rank returns the verdict's status.
-
-    A missing or inconsistent environment, or a device that is not there, is a usage error (2) on every
-    rank.  The report goes to the stdout this command started with, also when a call left ranks inside
-    the target (then rank 0 prints it and every rank's process ends with the status).
-    """
+def _difftest_in_job(args: argparse.Namespace, options: Options) -> int:
+    """``--ranks job`` or ``mpi-job`` on this rank (:func:`~ring_ref.difftest._in_job.command_in_job`): rank
+    0 prints the report (or the error) on the stdout this command started with before the others may
+    leave, also when a call left ranks inside the target; every rank returns the verdict's status."""
     out = sys.stdout
 
     def show(outcome: object) -> None:
@@ -346,21 +313,23 @@ def _difftest_in_job(args: argparse.Namespace, run: Callable[..., Report]) -> in
         else:
             print(f"ring-ref difftest: error: {outcome}", file=sys.stderr, flush=True)
 
-    joined = _join(args)
-    if joined is None:
-        return 2
-    device, group = joined
-    token = SHOW.set(show)
-    try:
+    def body(device: str) -> int:
         with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
-            report = run(**({"device": device} if args.ranks == "job" else {}))
-    except (TargetError, OrderError, ValueError):
-        return 2  # rank 0 has shown it
-    finally:
-        SHOW.reset(token)
-        if group:
-            torch.distributed.destroy_process_group()
-    return 0 if report.verdict == "pass" else 1
+            report = run_difftest(
+                args.target, dataclasses.replace(options, device=device) if args.ranks == "job" else options
+            )
+        return 0 if report.verdict == "pass" else 1
+
+    return command_in_job(
+        "difftest",
+        args.ranks,
+        backend=args.backend,
+        device=args.device,
+        timeout=args.timeout,
+        show=show,
+        body=body,
+        errors=(TargetError, OrderError, ValueError),
+    )
 
 
 def _job_arguments(parser: argparse.ArgumentParser) -> None:
@@ -433,7 +402,7 @@ def _reveal_command(args: argparse.Namespace) -> int:
             if args.checks < 0:
                 raise _reveal.RevealError(f"--checks must be 0 or more; got {args.checks}")
             _reveal.check_reveal_size(args.n, args.m, args.dtype)
-            launcher = _orders.rank_launcher(args.ranks, args.target, args.timeout) if args.ranks else None
+            launcher = rank_launcher(args.ranks, args.target, args.timeout) if args.ranks else None
             scatter = args.collective == "reduce-scatter"
             if scatter and args.m % args.n:
                 raise _reveal.RevealError(
@@ -512,28 +481,22 @@ def _reveal_in_job(args: argparse.Namespace) -> int:
             Path(args.svg).write_text(_svg.reveal_svg(found), encoding="utf-8")
         return found
 
-    joined = _join(args)
-    if joined is None:
-        return 2
-    token = SHOW.set(show)
-    try:
-        size = job_size("job", None, None)
-        if args.n != size or args.checks < 0:
-            if torch.distributed.get_rank() == 0:
-                print(
-                    f"ring-ref reveal: error: -n must be the job's {size} ranks (got {args.n}) and --checks "
-                    f"0 or more (got {args.checks})",
-                    file=sys.stderr,
-                )
-            return 2
+    def body(device: str) -> int:
         with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
-            run_in_job(args.target, run, device=joined[0], timeout_s=args.timeout)
-    except (TargetError, _reveal.RevealError, OSError):
-        return 2  # rank 0 has shown it
-    finally:
-        SHOW.reset(token)
-        torch.distributed.destroy_process_group()
-    return 0
+            return reveal_in_job(
+                args.target, run, n=args.n, checks=args.checks, device=device, timeout=args.timeout
+            )
+
+    return command_in_job(
+        "reveal",
+        "job",
+        backend=args.backend,
+        device=args.device,
+        timeout=args.timeout,
+        show=show,
+        body=body,
+        errors=(TargetError, _reveal.RevealError, OSError),
+    )
 
 
 def _int_list(text: str) -> list[int]:
@@ -560,9 +523,10 @@ def _invariance_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--offsets",
         type=_int_list,
-        default=[0],
+        default=None,
         metavar="O1,O2,...",
-        help="where the probe region starts in each buffer (default 0; placed wherever it fits)",
+        help="where the probe region starts in each buffer, placed wherever it fits (default: at each size, "
+        "offsets that probe every chunk of a ring of N workers and the buffer's end)",
     )
     parser.add_argument(
         "--probe",

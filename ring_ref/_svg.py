@@ -41,17 +41,17 @@ import math
 import xml.etree.ElementTree as ET
 
 from ring_ref._invariance import Invariance
-from ring_ref._reveal import (
-    Revealed,
+from ring_ref._order import (
     Tree,
-    chain_order,
     display_tree,
+    fold_order_of,
     format_tree,
     leaves,
     ring_step,
     tree_ids,
     tree_json_text,
 )
+from ring_ref._reveal import Revealed
 from ring_ref._trace import DIVIDE, RoundRecord, operation
 from ring_ref.invariants import is_complete
 from ring_ref.schedule import REDUCE_SCATTER
@@ -373,7 +373,7 @@ _DRAWN_LEAVES = 64
 
 def _collapsed(tree: Tree, n: int) -> list[str]:
     """A large tree in a few lines: a fold's start, direction and end; else each depth's additions."""
-    chain = chain_order(tree)
+    chain = fold_order_of(tree)
     if chain is not None:
         step = ring_step(chain) if len(chain) == n else 0
         how = f"steps {step:+d} around the ring" if step else "goes on in its own order"
@@ -525,7 +525,7 @@ def invariance_svg(found: Invariance) -> str:
     >>> from ring_ref._invariance import invariance
     >>> svg = invariance_svg(invariance(lambda x: (x[0] + x[1]) + x[2], 3, [2, 4], probe=2, checks=1))
     >>> svg.count('class="cell"'), svg.count('class="tree-key"')
-    (4, 1)
+    (6, 1)
     """
     ids, distinct = tree_ids([tree for row in found.trees for tree in row])
     k, rows = found.probe, len(found.placements)

@@ -11,7 +11,7 @@ This module only re-exports; the code is in ``ring_ref._invariance``.
 
 >>> found = invariance(lambda x: ((x[0] + x[1]) + x[2]), 3, [4, 9], offsets=[0, 5], probe=4)
 >>> found.invariant, found.calls
-(True, 18)
+(True, 12)
 """
 
 from ring_ref._invariance import Change, Invariance, InvarianceError, Placement, invariance

@@ -10,7 +10,15 @@ change and a one-line summary (:mod:`._report`).  The picture is
 :func:`ring_ref._svg.invariance_svg`.
 """
 
-from ring_ref._invariance._placement import DEFAULT_PROBE, Embedded, InvarianceError, Placement, placements
+from ring_ref._invariance._placement import (
+    DEFAULT_PROBE,
+    Embedded,
+    InvarianceError,
+    Placement,
+    batches,
+    chunk_offsets,
+    placements,
+)
 from ring_ref._invariance._report import (
     INVARIANCE_FORMAT,
     INVARIANCE_VERSION,
@@ -30,6 +38,8 @@ __all__ = [
     "Invariance",
     "InvarianceError",
     "Placement",
+    "batches",
+    "chunk_offsets",
     "first_changes",
     "invariance",
     "placements",

@@ -8,17 +8,23 @@ placement ``b``, in the order ``(M, O)``, whose outcome differs from the first
 placement's; every placement before ``b`` has the first one's outcome, and
 ``a`` is the one nearest ``b``: the same offset at the largest smaller ``M``,
 else the same ``M`` at the nearest offset, else the one just before ``b``.
+
+The summary tells a change of algorithm with the size from a dependence on the
+position (clause ``invariance-summary``): the sizes tried are cut into runs,
+each the longest that one *rule* explains at every placement of its sizes (the
+same outcomes everywhere, or one ring's chunk folds); when every size falls in
+such a run the order changes only where one run ends and the next begins.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Final, Literal
 
 from ring_ref._invariance._placement import Placement
-from ring_ref._reveal import Tree, format_tree, ring_trees, tree_to_json
+from ring_ref._order import Tree, chunk_index, fold_tree, format_tree, tree_to_json
 from ring_ref.schedule import LAYOUTS, PRESETS, RingSchedule
 
 __all__ = ["INVARIANCE_FORMAT", "INVARIANCE_VERSION", "Change", "Invariance", "Method", "first_changes"]
@@ -73,6 +79,14 @@ def _tree_text(tree: Hashable) -> str:
     return "no tree" if tree is None else format_tree(tree)  # type: ignore[arg-type]  # a Tree in reveal mode
 
 
+def _ring_window(ring: RingSchedule, n: int, dtype: str, p: Placement, k: int) -> list[Tree] | None:
+    """The trees ``ring`` gives the ``k`` elements from ``p``'s offset (``None``: its layout cannot cut M)."""
+    if ring.layout == "even" and p.m % n:
+        return None
+    chunks = chunk_index(ring.layout, n, p.m, dtype)[p.offset : p.offset + k].tolist()
+    return [fold_tree(ring.fold_order(c, n)) for c in chunks]
+
+
 def _chunk_ring(
     n: int, dtype: str, order: Sequence[Placement], trees: Sequence[Sequence[Hashable]]
 ) -> tuple[str, RingSchedule] | None:
@@ -80,27 +94,89 @@ def _chunk_ring(
     named = [(name, p.normalized(n)) for name, p in PRESETS.items() if isinstance(p, RingSchedule)]
     family = [("", RingSchedule(d, k, lay)) for d in (1, -1) for k in range(n) for lay in LAYOUTS]
     for name, ring in [*named, *family]:
-        fits = True
-        for p, got in zip(order, trees, strict=True):
-            expected = ring_trees(ring, n, p.m, dtype)
-            if expected is None or list(expected[p.offset : p.offset + len(got)]) != list(got):
-                fits = False
-                break
-        if fits:
+        if all(
+            _ring_window(ring, n, dtype, p, len(got)) == list(got)
+            for p, got in zip(order, trees, strict=True)
+        ):
             return name, ring
     return None
 
 
-def _threshold(order: Sequence[Placement], outcomes: Sequence[Sequence[Hashable]]) -> tuple[int, int] | None:
-    """``(X, Y)``: all placements with ``M <= X`` give one outcome per element, all with ``M >= Y`` another,
-    ``Y`` the next size tried after ``X`` (so the order depends on ``M`` only through ``M > X``)."""
+Rule = tuple[str, RingSchedule] | None
+"""What explains a run of sizes: ``None`` for the same outcomes at every placement, else a ring (its preset
+name, or ``""``)."""
+
+
+@dataclass(frozen=True)
+class _Run:
+    """Sizes ``first .. last`` (of those tried), every placement of which ``rule`` explains."""
+
+    first: int
+    last: int
+    rule: Rule
+
+
+def _ring_label(rule: tuple[str, RingSchedule]) -> str:
+    """``the spec ring`` or ``the ring with ...``."""
+    name, ring = rule
+    return f"the {name} ring" if name else f"the ring with {ring.describe()}"
+
+
+def _explain(
+    method: Method, n: int, dtype: str, order: Sequence[Placement], outcomes: Sequence[Sequence[Hashable]]
+) -> tuple[bool, Rule]:
+    """``(explained, rule)``: the same outcomes at every placement (rule ``None``), else one ring's chunk
+    folds (reveal mode only)."""
+    if all(o == outcomes[0] for o in outcomes):
+        return True, None
+    ring = _chunk_ring(n, dtype, order, outcomes) if method == "reveal" else None
+    return ring is not None, ring
+
+
+def _size_runs(
+    method: Method, n: int, dtype: str, order: Sequence[Placement], outcomes: Sequence[Sequence[Hashable]]
+) -> list[_Run] | None:
+    """The sizes tried cut into the longest runs one rule explains, smallest first (see the module docstring);
+    ``None`` when some size alone has no rule (its offsets differ otherwise than a ring's chunks)."""
     sizes = sorted({p.m for p in order})
-    for x, y in itertools.pairwise(sizes):
-        below = {tuple(o) for p, o in zip(order, outcomes, strict=True) if p.m <= x}
-        above = {tuple(o) for p, o in zip(order, outcomes, strict=True) if p.m >= y}
-        if len(below) == 1 and len(above) == 1 and below != above:
-            return x, y
-    return None
+
+    def explain(lo: int, hi: int) -> tuple[bool, Rule]:
+        picked = [i for i, p in enumerate(order) if lo <= p.m <= hi]
+        return _explain(method, n, dtype, [order[i] for i in picked], [outcomes[i] for i in picked])
+
+    runs: list[_Run] = []
+    start = 0
+    while start < len(sizes):
+        explained, rule = explain(sizes[start], sizes[start])
+        if not explained:
+            return None
+        stop = start + 1
+        while stop < len(sizes):
+            wider, wider_rule = explain(sizes[start], sizes[stop])
+            if not wider:
+                break
+            rule, stop = wider_rule, stop + 1
+        runs.append(_Run(sizes[start], sizes[stop - 1], rule))
+        start = stop
+    return runs
+
+
+def _switch_text(what: str, changes: str, runs: Sequence[_Run]) -> str:
+    """``order changes above M = 64 (the same up to M = 64, ... from M = 4096 on)``."""
+    above = " and ".join(f"above M = {run.last}" for run in runs[:-1])
+    parts = []
+    for i, run in enumerate(runs):
+        if i == 0:
+            span = f"up to M = {run.last}"
+        elif i == len(runs) - 1:
+            span = f"from M = {run.first} on"
+        else:
+            span = f"at M = {run.first}" + ("" if run.first == run.last else f" to {run.last}")
+        if run.rule is not None:
+            parts.append(f"each element folds its chunk of {_ring_label(run.rule)} {span}")
+        else:
+            parts.append(f"{'the same' if i == 0 else 'other'} {span}")
+    return f"{what} {changes} {above} ({', '.join(parts)})"
 
 
 def _moved_at_one_size(order: Sequence[Placement], outcomes: Sequence[Sequence[Hashable]]) -> str | None:
@@ -159,23 +235,24 @@ class Invariance:
                 f"{what} invariant over {len(self.placements)} placements (M = {', '.join(map(str, sizes))}; "
                 f"offsets {', '.join(map(str, offsets))})"
             )
-        if self.method == "reveal":
-            ring = _chunk_ring(self.n, self.dtype, self.placements, self.outcomes)
-            if ring is not None:
-                name, found = ring
-                label = f"the {name} ring" if name else f"the ring with {found.describe()}"
-                cut = "M/N" if found.layout == "even" else f"the {found.layout} layout's chunks"
-                why = f"each element folds its chunk, {label}"
-                return f"order changes with M: at chunk boundaries, {cut} ({why})"
-        threshold = _threshold(self.placements, self.outcomes)
-        if threshold is not None:
-            x, y = threshold
-            return f"{what} {changes} above M = {x} (the same up to M = {x}, other from M = {y} on)"
+        runs = self._runs
+        if runs is not None and len(runs) == 1 and runs[0].rule is not None:
+            found = runs[0].rule[1]
+            cut = "M/N" if found.layout == "even" else f"the {found.layout} layout's chunks"
+            why = f"each element folds its chunk, {_ring_label(runs[0].rule)}"
+            return f"order changes with M: at chunk boundaries, {cut} ({why})"
+        if runs is not None:
+            return _switch_text(what, changes, runs)
         moved = _moved_at_one_size(self.placements, self.outcomes)
         if moved is not None:
             return f"{what} {depends} on the position (offset, or distance to the end): {moved}"
         first = self.changes[0]
         return f"{what} {changes} with M: element {first.element} at {first.a.text()} vs {first.b.text()}"
+
+    @cached_property
+    def _runs(self) -> list[_Run] | None:
+        """The sizes cut into runs that one rule each explains (``None``: some size has none)."""
+        return _size_runs(self.method, self.n, self.dtype, self.placements, self.outcomes)
 
     def _outcome_text(self, outcome: Hashable) -> str:
         return _tree_text(outcome) if self.method == "reveal" else str(outcome)
@@ -216,6 +293,11 @@ class Invariance:
             lines.append(
                 "  (a screen: equal bits on random inputs do not prove one order; run without --by-bits to "
                 "compare the trees)"
+            )
+        elif self.method == "bits" and self._runs is None:
+            lines.append(
+                "  (a screen: bits cannot tell a ring's chunks, or a change to a ring with the size, from "
+                "the position; run without --by-bits to name them)"
             )
         lines.append(f"calls: {self.calls}; time {self.seconds:.2f} s")
         return "\n".join(lines)

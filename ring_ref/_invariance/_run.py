@@ -1,10 +1,11 @@
 """``invariance()``: the probe region in every placement, its trees revealed (or its bits compared), and the
 result.
 
-Reveal mode (clause ``invariance-reveal``): for every placement,
-:func:`ring_ref._reveal.reveal` on the target seen through
-:class:`~ring_ref._invariance._placement.Embedded`, so each probed element's
-tree is the target's own for that element at that size and offset.  By bits
+Reveal mode (clause ``invariance-reveal``): for every batch of placements (at
+one size, regions that do not overlap), :func:`ring_ref._reveal.reveal` on the
+target seen through :class:`~ring_ref._invariance._placement.Embedded`, so each
+probed element's tree is the target's own for that element at that size and
+offset.  By bits
 (clause ``invariance-by-bits``): random probe values all-reduced alone
 (``M = K``, offset 0) and inside larger buffers of random values at every
 placement, their bits compared; a few draws, no reveal, any target kind and
@@ -20,13 +21,14 @@ from typing import Final
 import torch
 
 from ring_ref._dtypes import to_hex
-from ring_ref._invariance._placement import Embedded, InvarianceError, Placement, placements
+from ring_ref._invariance._placement import Embedded, InvarianceError, Placement, batches, placements
 from ring_ref._invariance._report import Invariance, Method
 from ring_ref._reveal import CHECKS, check_reveal_size, reveal
-from ring_ref._reveal._target import DTYPES
+from ring_ref._reveal._target import REVEAL_DTYPES
 from ring_ref.difftest import load_target
 from ring_ref.difftest._launch import Launcher
-from ring_ref.difftest._orders import per_rank_target, rank_launcher
+from ring_ref.difftest._options import rank_launcher
+from ring_ref.difftest._orders import per_rank_target
 from ring_ref.difftest._vocabulary import DEFAULT_TIMEOUT_S, RANKS, Ranks
 
 __all__ = ["BITS_DRAWS", "invariance"]
@@ -59,7 +61,7 @@ def _by_bits(
 ) -> tuple[list[list[Hashable]], list[list[float]] | None, int]:
     """``(outcomes, counterexample, calls)``: bits per placement, from the first draw where any differ."""
     generator = torch.Generator().manual_seed(seed)
-    torch_dtype = DTYPES[dtype]
+    torch_dtype = REVEAL_DTYPES[dtype]
     outcomes: list[list[Hashable]] = []
     calls = 0
     for _ in range(draws):
@@ -116,7 +118,7 @@ def invariance(
     n: int,
     sizes: Sequence[int],
     *,
-    offsets: Sequence[int] = (0,),
+    offsets: Sequence[int] | None = None,
     probe: int | None = None,
     dtype: str = "float32",
     ranks: Ranks | None = None,
@@ -134,7 +136,9 @@ def invariance(
     (``"gloo"``, ``"mpi"``) the name of a per-rank target, as ``difftest
     --ranks`` runs it (``mca``: ``mpirun``'s ``--mca`` options).  ``K =
     probe`` elements (default ``min(32, smallest M - smallest offset)``) are
-    placed at every offset in every size where they fit; their trees are
+    placed at every offset in every size where they fit (``offsets=None``:
+    at each size, offsets that probe every chunk of a ring of ``n`` workers
+    and the buffer's end, :func:`~ring_ref._invariance.chunk_offsets`); their trees are
     revealed in each placement (``N <= 65536``, reveal's limit), or with
     ``by_bits`` random values' bits are compared with those of the region
     all-reduced alone (``draws`` inputs).  Raises
@@ -150,7 +154,8 @@ def invariance(
     order changes with M: at chunk boundaries, M/N (each element folds its chunk, the spec ring)
     """
     start = time.perf_counter()
-    k, placed = placements(sizes, offsets, probe)
+    itemsize = REVEAL_DTYPES[dtype].itemsize if dtype in REVEAL_DTYPES else 4
+    k, placed = placements(sizes, offsets, probe, n=n, itemsize=itemsize)
     _check(n, k, dtype, by_bits=by_bits, draws=draws, checks=checks)
     fn, launcher = _resolve(target, ranks, mca, timeout)
     name = target if isinstance(target, str) else getattr(target, "__qualname__", type(target).__name__)
@@ -165,9 +170,19 @@ def invariance(
             )
         else:
             order, outcomes, calls = placed, [], 0
-            for p in placed:
-                found = reveal(Embedded(fn, p), n, k, dtype, checks=checks, seed=seed, name=name)
-                outcomes.append(list(found.trees))
+            for batch in batches(placed, k):
+                also = tuple(p.offset for p in batch[1:])
+                found = reveal(
+                    Embedded(fn, batch[0], also=also),
+                    n,
+                    k * len(batch),
+                    dtype,
+                    checks=checks,
+                    seed=seed,
+                    name=name,
+                )
+                trees: list[Hashable] = list(found.trees)
+                outcomes += [trees[i * k : (i + 1) * k] for i in range(len(batch))]
                 calls += found.calls
     finally:
         if launcher is not None:

@@ -37,34 +37,17 @@ survived, one pair of workers per call (``N^2`` calls).  Here:
 Limits (clause ``reveal-limits``): ``N <= 65536`` in float32 and float64,
 2048 in float16, 256 in bfloat16 (counts of ``N`` units must be exact).
 
-The modules, each one job: ``_trees`` (tree algebra, exact sums and JSON),
-``_target`` (the limits and a checked call of the target), ``_probe`` (the
-set-probe search, then counts), ``_count`` (the count-probe search),
-``_check`` (the random-input check), ``_fit`` (ring fitting), ``_revealed``
-(``reveal()`` and its report).  The picture is
-:func:`ring_ref._svg.reveal_svg`.
+The modules, each one job: ``_target`` (the limits and a checked call of
+the target), ``_probe`` (the set-probe search, then counts), ``_count`` (the
+count-probe search), ``_check`` (the random-input check), ``_revealed``
+(``reveal()`` and its report).  The trees themselves, their text, JSON and
+sums, and ring fitting are the order model's (:mod:`ring_ref._order`); the
+picture is :func:`ring_ref._svg.reveal_svg`.
 """
 
 from ring_ref._reveal._check import CHECKS
-from ring_ref._reveal._fit import fit_ring, ring_trees
 from ring_ref._reveal._revealed import REVEAL_FORMAT, REVEAL_VERSION, Classification, Kind, Revealed, reveal
 from ring_ref._reveal._target import LIMITS, SET_LIMITS, RevealError, check_reveal_size
-from ring_ref._reveal._trees import (
-    Tree,
-    canonical,
-    chain_order,
-    display_tree,
-    evaluate,
-    exact_sum,
-    fold_tree,
-    format_tree,
-    leaves,
-    ring_step,
-    tree_from_json,
-    tree_ids,
-    tree_json_text,
-    tree_to_json,
-)
 
 __all__ = [
     "CHECKS",
@@ -76,22 +59,6 @@ __all__ = [
     "Kind",
     "RevealError",
     "Revealed",
-    "Tree",
-    "canonical",
-    "chain_order",
     "check_reveal_size",
-    "display_tree",
-    "evaluate",
-    "exact_sum",
-    "fit_ring",
-    "fold_tree",
-    "format_tree",
-    "leaves",
     "reveal",
-    "ring_step",
-    "ring_trees",
-    "tree_from_json",
-    "tree_ids",
-    "tree_json_text",
-    "tree_to_json",
 ]

@@ -19,9 +19,9 @@ import numpy.typing as npt
 import torch
 
 from ring_ref._dtypes import FORMATS, bits
+from ring_ref._order import Fold, Tree, evaluate, format_tree
 from ring_ref._reveal._probe import Verdict
-from ring_ref._reveal._target import DTYPES, call_target
-from ring_ref._reveal._trees import Fold, Tree, evaluate, format_tree
+from ring_ref._reveal._target import REVEAL_DTYPES, call_target
 
 __all__ = ["CHECKS", "Replay", "binary_steps", "check_on_random_inputs", "evaluate_all"]
 
@@ -33,7 +33,7 @@ def _random_inputs(n: int, m: int, dtype_name: str, rng: np.random.Generator) ->
     """Finite values of both signs with full significands over 2^16 of magnitude (fewer binades in
     float16, so that no sum of ``N`` of them overflows): additions round."""
     top = min(8, int(np.log2(FORMATS[dtype_name].max_finite / n)) - 2)
-    dtype = DTYPES[dtype_name]
+    dtype = REVEAL_DTYPES[dtype_name]
     # Made a draw at a time, each kept in its narrowest type: (1 + r) * 2^e * sign, rounded to the
     # dtype once (the significand is rounded, then scaled by a power of two within the normal
     # range, which is exact), so that no more than a few bytes per element are ever held.

@@ -31,8 +31,8 @@ import numpy.typing as npt
 import torch
 
 from ring_ref._dtypes import FORMATS
+from ring_ref._order import Fold, Tree, canonical
 from ring_ref._reveal._target import call_target
-from ring_ref._reveal._trees import Fold, Tree, canonical
 
 __all__ = ["CountSearch", "count_rounds", "count_values"]
 

@@ -22,9 +22,9 @@ import numpy.typing as npt
 import torch
 
 from ring_ref._dtypes import FORMATS
+from ring_ref._order import Leaves, Tree, canonical
 from ring_ref._reveal._count import CountSearch, count_rounds
-from ring_ref._reveal._target import DTYPES, SET_LIMITS, call_target
-from ring_ref._reveal._trees import Leaves, Tree, canonical
+from ring_ref._reveal._target import REVEAL_DTYPES, SET_LIMITS, call_target
 
 __all__ = ["Verdict", "probe"]
 
@@ -216,7 +216,7 @@ def _ask(
     for g, plan in enumerate(plans):
         for _, plus, minus in plan:
             patterns[g, plus], patterns[g, minus] = big, -big
-    x = torch.from_numpy(np.ascontiguousarray(patterns[groups.member].T)).to(DTYPES[dtype_name])
+    x = torch.from_numpy(np.ascontiguousarray(patterns[groups.member].T)).to(REVEAL_DTYPES[dtype_name])
     return _answers(call_target(target, x, len(groups.member)), n)
 
 

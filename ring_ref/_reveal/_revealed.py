@@ -19,11 +19,19 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from ring_ref._order import (
+    RingFit,
+    Tree,
+    chunk_index,
+    fold_order_of,
+    format_tree,
+    tree_ids,
+    tree_json_text,
+    tree_to_json,
+)
 from ring_ref._reveal._check import CHECKS, check_on_random_inputs
-from ring_ref._reveal._fit import RingFit, chunk_index
 from ring_ref._reveal._probe import Verdict, probe
 from ring_ref._reveal._target import check_reveal_size
-from ring_ref._reveal._trees import Tree, chain_order, format_tree, tree_ids, tree_json_text, tree_to_json
 from ring_ref.schedule import RingSchedule
 
 __all__ = ["REVEAL_FORMAT", "REVEAL_VERSION", "Classification", "Kind", "Revealed", "reveal"]
@@ -120,7 +128,7 @@ class Revealed:
             return "partly-trees"
         if self.ring is not None:
             return "ring"
-        if all(chain_order(t) is not None for t in found):
+        if all(fold_order_of(t) is not None for t in found):
             return "folds"
         return "trees"
 

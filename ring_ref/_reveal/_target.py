@@ -18,7 +18,7 @@ import torch
 
 from ring_ref._dtypes import FORMATS
 
-__all__ = ["DTYPES", "LIMITS", "SET_LIMITS", "RevealError", "call_target", "check_reveal_size"]
+__all__ = ["LIMITS", "REVEAL_DTYPES", "SET_LIMITS", "RevealError", "call_target", "check_reveal_size"]
 
 SET_LIMITS: Final[dict[str, int]] = {
     "float32": FORMATS["float32"].precision,
@@ -41,7 +41,8 @@ _WHY: Final[dict[str, str]] = {
     "float64": "reveal caps N there (the probes are N x M inputs)",
 }
 
-DTYPES: Final[dict[str, torch.dtype]] = {name: FORMATS[name].torch_dtype for name in LIMITS}
+REVEAL_DTYPES: Final[dict[str, torch.dtype]] = {name: FORMATS[name].torch_dtype for name in LIMITS}
+"""The torch dtype of each dtype name reveal probes in (those of :data:`LIMITS`)."""
 
 
 class RevealError(ValueError):

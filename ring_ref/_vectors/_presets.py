@@ -29,7 +29,7 @@ import torch
 from ring_ref._chunks import chunk_bounds
 from ring_ref._dispatch import ring_all_reduce
 from ring_ref._dtypes import FORMATS, dtype_name, to_hex
-from ring_ref._reveal import ring_trees
+from ring_ref._order import ring_trees
 from ring_ref._vectors._format import (
     count_schema,
     differs,

@@ -57,13 +57,18 @@ rank of an ``mpirun`` job (``mpi4py`` communicator, ``numpy`` array; float16,
 float32 and float64), with the same checks.
 
 One job per private module: ``_vocabulary`` (modes, codes, dtype names),
-``_inputs`` (cases, layouts, probes), ``_oracles`` (the three oracles),
-``_call`` (calling a target and reading its raw answer), ``_worker`` (the
-worker process), ``_launch`` (in-process or isolated), ``_ranks`` (process
-groups for per-rank targets), ``_mpi`` (per-rank targets on MPI jobs),
-``_diagnosis`` (codes and explanations), ``_report`` (text and JSON), ``_search`` (Hypothesis,
-shrinking and :func:`difftest`), ``_loading`` (loading ``TARGET`` by name).
-The command line lives in :mod:`ring_ref._cli`.
+``_inputs`` (cases, layouts, probes), ``_oracles`` (the three oracles, against
+the expected order they are given), ``_verdict`` (does a result pass, which
+structural faults it has), ``_call`` (calling a target and reading its raw
+answer), ``_worker`` (the worker process), ``_launch`` (in-process or
+isolated), ``_ranks`` (process groups for per-rank targets), ``_mpi``
+(per-rank targets on MPI jobs), ``_job`` and ``_in_job`` (inside a job),
+``_diagnosis_probes`` (the diagnosis' probes), ``_diagnosis`` (codes and
+explanations), ``_report`` (text and JSON), ``_options`` (the options, their
+rules, the launcher table), ``_search`` (Hypothesis, shrinking and
+:func:`difftest`), ``_loading`` (loading ``TARGET`` by name).  The command
+line, which parses arguments and calls :func:`difftest`'s internals with an
+``Options`` value, lives in :mod:`ring_ref._cli`.
 
 >>> import torch
 >>> report = difftest(lambda x: torch.sum(x, 0), modes=("order-free",), examples=5, seed=1)

@@ -280,6 +280,11 @@ class JobRanks(RankGroup):
             if why:
                 raise TargetError(f"rank {rank}: {why}")
 
+    @property
+    def tested_n(self) -> list[int] | None:
+        """The ``N`` of the cases called, for the report's ``tested_n``."""
+        return sorted(self.tested)
+
     def _group(self, n: int) -> Sequence[Rank]:
         if not self.min_workers <= n <= self.size:
             raise ValueError(
@@ -441,8 +446,6 @@ def _drive(
     outcome: object
     try:
         outcome = got["report"] = run(launcher)
-        if isinstance(outcome, Report):
-            outcome.tested_n = sorted(launcher.tested)
         stop = ("report", _portable(outcome))
     except BaseException as exc:
         outcome = got["error"] = exc

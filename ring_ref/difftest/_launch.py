@@ -23,10 +23,10 @@ from abc import ABC, abstractmethod
 from ring_ref.difftest._call import Failure, Garbled, Outcome, call_target, decode
 from ring_ref.difftest._inputs import Case
 from ring_ref.difftest._loading import TargetError
-from ring_ref.difftest._vocabulary import Framework, Target
+from ring_ref.difftest._vocabulary import Framework, OpTarget, Target
 from ring_ref.difftest._worker import Died, Stuck, Worker, trim
 
-__all__ = ["InProcess", "Isolated", "Launcher", "OutputLog"]
+__all__ = ["InProcess", "Isolated", "Launcher", "OutputLog", "as_launcher"]
 
 OUTPUT_LIMIT = 2000
 """Characters of the target's output kept for the report, per call and per run (start and end)."""
@@ -75,6 +75,11 @@ class Launcher(ABC):
     min_workers: int = 1
     broken: str = ""
     output: OutputLog
+
+    @property
+    def tested_n(self) -> list[int] | None:
+        """The ``N`` it called, for the report (a job's launcher only; ``None``: the report leaves it out)."""
+        return None
 
     @abstractmethod
     def start(self) -> None:
@@ -164,3 +169,8 @@ class Isolated(Launcher):
     def close(self) -> None:
         """Kill the worker and its process group."""
         self.worker.close()
+
+
+def as_launcher(fn: Target | OpTarget | Launcher) -> Launcher:
+    """``fn`` itself when it is a launcher, else ``fn`` called in-process."""
+    return fn if isinstance(fn, Launcher) else InProcess(fn)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from contextvars import ContextVar
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import NamedTuple
@@ -30,13 +29,12 @@ from hypothesis import strategies as st
 from ring_ref._chunks import chunk_of_elements
 from ring_ref._dispatch import ring_all_reduce, ring_reduce_scatter
 from ring_ref._dtypes import FloatFormat, bits, dtype_name, format_of
-from ring_ref._reveal import Tree, ring_trees
+from ring_ref._order import Tree, ring_trees
 from ring_ref.difftest._inputs import Case, exact_tensor
 from ring_ref.difftest._vocabulary import OPS, Mode, Op
 from ring_ref.schedule import SPEC, Layout, Schedule
 
 __all__ = [
-    "EXACT_ORDER",
     "SPEC_ORDER",
     "BoundCheck",
     "Checked",
@@ -86,24 +84,19 @@ class ValueMismatch:
     count: int
 
 
-def locate(case: Case, flat: int) -> tuple[tuple[int, ...], int]:
+def locate(case: Case, flat: int, layout: Layout = "even") -> tuple[tuple[int, ...], int]:
     """The multi-index in the ``(M, ...)`` result of flat element ``flat`` and its chunk.
 
-    The chunk is cut by the layout in force (:data:`EXACT_ORDER`'s: the spec's
+    The chunk is cut by ``layout``, the expected order's (:attr:`ExactOrder.layout`: the spec's
     ``even`` rows, or the ``blocks`` or ``gloo`` ranges of ``--schedule`` and
     ``--order``), so every report labels an element's chunk the same way.
 
     >>> case = Case(4, 10, (), torch.float32, "contiguous", (0.0,) * 40)
-    >>> from ring_ref.schedule import RingSchedule
-    >>> blocks = ExactOrder("blocks", lambda c: torch.zeros(10), ring=RingSchedule(1, 0, "blocks"))
-    >>> token = EXACT_ORDER.set(blocks)
-    >>> locate(case, 9)
+    >>> locate(case, 9, "blocks")
     ((9,), 3)
-    >>> EXACT_ORDER.reset(token)
     """
     index = tuple(int(v) for v in torch.unravel_index(torch.tensor(flat), (case.m, *case.trailing)))
     per_worker = len(case.values) // case.n
-    layout = EXACT_ORDER.get().layout
     return index, chunk_of_elements(layout, case.n, per_worker, itemsize=case.dtype.itemsize)[flat]
 
 
@@ -163,7 +156,7 @@ def round_to(fmt: FloatFormat, q: Fraction, negative_zero: bool = False) -> floa
     return -value if q < 0 else value
 
 
-def check_bound(case: Case, actual: list[float]) -> BoundCheck:
+def check_bound(case: Case, actual: list[float], layout: Layout = "even") -> BoundCheck:
     """The ``bound`` oracle on one result (flattened, as floats).
 
     A non-finite element is accepted only if some order could overflow.  The
@@ -190,7 +183,7 @@ def check_bound(case: Case, actual: list[float]) -> BoundCheck:
     if not bad:
         return BoundCheck(None, skipped)
     e = bad[0]
-    index, chunk = locate(case, e)
+    index, chunk = locate(case, e, layout)
     detail = (
         f"|actual - exact| must be <= gamma_{case.n - 1} * sum|x_i| = {_float(g * mags[e]):.6g} "
         f"(exact sum {_float(sums[e])!r}); no summation order can overflow here"
@@ -201,7 +194,7 @@ def check_bound(case: Case, actual: list[float]) -> BoundCheck:
     return BoundCheck(ValueMismatch(index, chunk, _float(sums[e]), actual[e], detail, len(bad)), skipped)
 
 
-def check_avg_bound(case: Case, actual: list[float]) -> BoundCheck:
+def check_avg_bound(case: Case, actual: list[float], layout: Layout = "even") -> BoundCheck:
     """The ``bound`` oracle for ``avg``: the sum's bound, then one rounded division by ``N``.
 
     With ``S`` the exact sum, ``A = sum|x_i|``, ``g = gamma_{N-1}``: any order's
@@ -230,7 +223,7 @@ def check_avg_bound(case: Case, actual: list[float]) -> BoundCheck:
     if not bad:
         return BoundCheck(None, skipped)
     e = bad[0]
-    index, chunk = locate(case, e)
+    index, chunk = locate(case, e, layout)
     want = _float(sums[e] / n)
     bound = f"gamma_{n - 1} * sum|x_i| / N + one rounding of the quotient = {_float(allowed[e]):.6g}"
     detail = (
@@ -301,7 +294,7 @@ def _prod_element(xs: list[float], y: float, fmt: FloatFormat, g: Fraction) -> t
     return next(((verdict, why) for applies, verdict, why in rules if applies), ("ok", ""))
 
 
-def check_prod_bound(case: Case, actual: list[float]) -> BoundCheck:
+def check_prod_bound(case: Case, actual: list[float], layout: Layout = "even") -> BoundCheck:
     """The ``bound`` oracle for ``prod``: ``|y - P| <= gamma_{N-1} |P|``, ``P`` the exact product.
 
     Valid for any order when no multiplication underflows or overflows
@@ -333,7 +326,7 @@ def check_prod_bound(case: Case, actual: list[float]) -> BoundCheck:
     if not bad:
         return BoundCheck(None, over, under)
     e = bad[0]
-    index, chunk = locate(case, e)
+    index, chunk = locate(case, e, layout)
     xs = columns(case)[e]
     product = math.prod((Fraction(x) for x in xs), start=Fraction(1))
     want = math.copysign(_float(product), -1.0 if _negative_product(xs) else 1.0)
@@ -341,13 +334,13 @@ def check_prod_bound(case: Case, actual: list[float]) -> BoundCheck:
 
 
 def _first_bitwise(
-    case: Case, expected: torch.Tensor, actual: torch.Tensor, what: str
+    case: Case, expected: torch.Tensor, actual: torch.Tensor, what: str, layout: Layout
 ) -> ValueMismatch | None:
     diff = (bits(expected) != bits(actual)).reshape(-1).nonzero()
     if diff.numel() == 0:
         return None
     e = int(diff[0])
-    index, chunk = locate(case, e)
+    index, chunk = locate(case, e, layout)
     want = float(expected.reshape(-1)[e])
     got = float(actual.reshape(-1)[e])
     return ValueMismatch(index, chunk, want, got, f"not bitwise equal to {what}", int(diff.numel()))
@@ -455,9 +448,6 @@ SPEC_ORDER = ExactOrder(
     ring=SPEC,
 )
 
-EXACT_ORDER: ContextVar[ExactOrder] = ContextVar("EXACT_ORDER", default=SPEC_ORDER)
-"""The order ``exact`` checks against; :func:`ring_ref.difftest.difftest` sets it for its run."""
-
 
 def reduce_scatter_reference(
     worker_tensors: torch.Tensor, *, op: Op = "sum", schedule: str | Schedule | None = None
@@ -499,10 +489,9 @@ def gather_oracle(case: Case, result: torch.Tensor) -> ValueMismatch | None:
     )
 
 
-def exact_oracle(case: Case, result: torch.Tensor) -> ValueMismatch | None:
-    """``exact``: the result's bits are the order's (by default the ring's, clause ``fold-order``)."""
-    order = EXACT_ORDER.get()
-    return _first_bitwise(case, order.expected(case), result, order.name)
+def exact_oracle(case: Case, result: torch.Tensor, order: ExactOrder = SPEC_ORDER) -> ValueMismatch | None:
+    """``exact``: the result's bits are ``order``'s (by default the ring's, clause ``fold-order``)."""
+    return _first_bitwise(case, order.expected(case), result, order.name, order.layout)
 
 
 def all_negative_zeros(xs: Sequence[float]) -> bool:
@@ -526,17 +515,17 @@ def _zero_sum_signs(case: Case, expected: list[float], result: torch.Tensor) -> 
     return torch.tensor(expected, dtype=torch.float64).to(case.dtype).reshape(result.shape)
 
 
-def order_free_oracle(case: Case, result: torch.Tensor) -> ValueMismatch | None:
+def order_free_oracle(case: Case, result: torch.Tensor, layout: Layout = "even") -> ValueMismatch | None:
     """``order-free``: where every partial sum is exact, the result is the exact sum, bit for bit
     (a zero sum of ``-0.0`` values: either zero, :func:`all_negative_zeros`)."""
     sums, _ = exact_sums(case)
     exact = [float(v) for v in torch.tensor([float(s) for s in sums], dtype=torch.float64).to(case.dtype)]
     if any(Fraction(v) != s for v, s in zip(exact, sums, strict=True)):
         raise AssertionError("order-free generator produced a sum that rounds; this is a ring_ref bug")
-    return _first_bitwise(case, _zero_sum_signs(case, exact, result), result, "the exact sum")
+    return _first_bitwise(case, _zero_sum_signs(case, exact, result), result, "the exact sum", layout)
 
 
-def _avg_order_free(case: Case, result: torch.Tensor) -> ValueMismatch | None:
+def _avg_order_free(case: Case, result: torch.Tensor, layout: Layout) -> ValueMismatch | None:
     """``avg`` on order-free inputs: every order's sum is the exact ``S``; the result is ``S / N`` rounded."""
     sums, _ = exact_sums(case)
     fmt = format_of(case.dtype)
@@ -545,7 +534,7 @@ def _avg_order_free(case: Case, result: torch.Tensor) -> ValueMismatch | None:
             raise AssertionError("order-free generator produced a sum that rounds; this is a ring_ref bug")
     quotients = [round_to(fmt, s / case.n) for s in sums]
     expected = _zero_sum_signs(case, quotients, result)
-    return _first_bitwise(case, expected, result, "the exact sum divided by N, rounded once")
+    return _first_bitwise(case, expected, result, "the exact sum divided by N, rounded once", layout)
 
 
 def _power_of_two_exponent(x: float) -> int | None:
@@ -554,7 +543,7 @@ def _power_of_two_exponent(x: float) -> int | None:
     return exponent - 1 if mantissa == 0.5 else None
 
 
-def _prod_order_free(case: Case, result: torch.Tensor) -> ValueMismatch | None:
+def _prod_order_free(case: Case, result: torch.Tensor, layout: Layout) -> ValueMismatch | None:
     """``prod`` on powers of two and zeros whose every partial product is exact: the exact product, its
     sign the exclusive or of the signs."""
     fmt = format_of(case.dtype)
@@ -572,14 +561,14 @@ def _prod_order_free(case: Case, result: torch.Tensor) -> ValueMismatch | None:
         magnitude = 0.0 if len(exponents) < len(xs) else 2.0 ** sum(k for k in exponents if k is not None)
         want.append(-magnitude if _negative_product(xs) else magnitude)
     expected = torch.tensor(want, dtype=torch.float64).to(case.dtype).reshape(result.shape)
-    return _first_bitwise(case, expected, result, "the exact product")
+    return _first_bitwise(case, expected, result, "the exact product", layout)
 
 
 def _extreme(xs: list[float], op: Op) -> float:
     return max(xs) if op == "max" else min(xs)
 
 
-def extreme_oracle(case: Case, result: torch.Tensor) -> ValueMismatch | None:
+def extreme_oracle(case: Case, result: torch.Tensor, layout: Layout = "even") -> ValueMismatch | None:
     """``max``, ``min`` (order-free and bound): each element is, bit for bit, one of its inputs that equals
     the extreme; every fold order keeps one of those (which one, for zeros of both signs, depends on it)."""
     actual = as_float_list(result)
@@ -591,7 +580,7 @@ def extreme_oracle(case: Case, result: torch.Tensor) -> ValueMismatch | None:
     if not bad:
         return None
     e = bad[0]
-    index, chunk = locate(case, e)
+    index, chunk = locate(case, e, layout)
     xs = columns(case)[e]
     best = _extreme(xs, case.reduction)
     which = "maximum" if case.reduction == "max" else "minimum"
@@ -614,28 +603,34 @@ class Checked(NamedTuple):
     underflow_skipped: int = 0
 
 
-def check_values(mode: Mode, case: Case, result: torch.Tensor) -> Checked:
+def check_values(mode: Mode, case: Case, result: torch.Tensor, order: ExactOrder = SPEC_ORDER) -> Checked:
     """The mode's oracle for the case's op on a well-formed result (see the module docstring); a
     reduce-scatter's result as the all-reduce its shards make (:func:`ring_ref.difftest._call.results`),
-    an all-gather's by :func:`gather_oracle` in every mode."""
-    op = case.reduction
+    an all-gather's by :func:`gather_oracle` in every mode.
+
+    ``order`` is what ``exact`` checks against (clause ``difftest-exact-orders``); its layout labels
+    every mismatch's chunk, whatever the mode.
+    """
+    op, layout = case.reduction, order.layout
     if mode == "exact" or case.collective == "all-gather":
         copy = case.collective == "all-gather"
-        return Checked(gather_oracle(case, result) if copy else exact_oracle(case, result))
+        return Checked(gather_oracle(case, result) if copy else exact_oracle(case, result, order))
     if op in ("max", "min"):
-        return Checked(extreme_oracle(case, result))
+        return Checked(extreme_oracle(case, result, layout))
     if mode == "order-free":
         if op == "avg":
-            return Checked(_avg_order_free(case, result))
+            return Checked(_avg_order_free(case, result, layout))
         if op == "prod":
-            return Checked(_prod_order_free(case, result))
-        return Checked(order_free_oracle(case, result))
+            return Checked(_prod_order_free(case, result, layout))
+        return Checked(order_free_oracle(case, result, layout))
     bound = {"avg": check_avg_bound, "prod": check_prod_bound}.get(op, check_bound)
-    checked = bound(case, as_float_list(result))
+    checked = bound(case, as_float_list(result), layout)
     return Checked(checked.mismatch, checked.overflow_skipped, checked.underflow_skipped)
 
 
-def zeros_as_the_oracle_wants(mode: Mode, case: Case, result: torch.Tensor) -> torch.Tensor | None:
+def zeros_as_the_oracle_wants(
+    mode: Mode, case: Case, result: torch.Tensor, order: ExactOrder = SPEC_ORDER
+) -> torch.Tensor | None:
     """``result`` with each zero given the sign the mode's oracle wants there, where it wants a zero.
 
     ``None`` for ``sum`` and ``avg`` outside ``exact`` (their oracles have no
@@ -646,7 +641,7 @@ def zeros_as_the_oracle_wants(mode: Mode, case: Case, result: torch.Tensor) -> t
     flat = result.detach().reshape(-1).clone()
     zero = flat == 0
     if mode == "exact":
-        expected = EXACT_ORDER.get().expected(case).reshape(-1)
+        expected = order.expected(case).reshape(-1)
         return torch.where(zero & (expected == 0), expected, flat).reshape(result.shape)
     if op in ("sum", "avg"):
         return None

@@ -27,12 +27,11 @@ This module builds the other references it can check against (clause
 
 from __future__ import annotations
 
-import contextlib
 import json
 import random
 import subprocess
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final, NamedTuple, cast
@@ -43,23 +42,14 @@ from hypothesis import strategies as st
 from ring_ref._dispatch import ring_all_reduce
 from ring_ref._dtypes import FORMATS, bits
 from ring_ref._ops import OPS
-from ring_ref._reveal import (
-    REVEAL_FORMAT,
-    REVEAL_VERSION,
-    RevealError,
-    Tree,
-    chain_order,
-    evaluate,
-    format_tree,
-    reveal,
-    tree_from_json,
-)
+from ring_ref._order import Tree, evaluate, fold_order_of, format_tree, tree_from_json
+from ring_ref._reveal import REVEAL_FORMAT, REVEAL_VERSION, RevealError, reveal
 from ring_ref._validate import schedule_of
 from ring_ref.difftest._call import kind_hint, well_formed
 from ring_ref.difftest._inputs import LAYOUTS, Case
 from ring_ref.difftest._launch import Launcher
 from ring_ref.difftest._loading import with_framework
-from ring_ref.difftest._oracles import EXACT_ORDER, ExactOrder, SavedOrder, reduce_scatter_reference
+from ring_ref.difftest._oracles import ExactOrder, SavedOrder, reduce_scatter_reference
 from ring_ref.difftest._vocabulary import Collective, Framework
 from ring_ref.schedule import LAYOUTS as LAYOUT_NAMES
 from ring_ref.schedule import PRESETS, ChainSchedule, Layout, RingSchedule, Schedule, reduce_scatter_ring
@@ -69,13 +59,11 @@ __all__ = [
     "OrderError",
     "auto_order",
     "auto_order_isolated",
-    "checking_against",
     "exact_order",
     "explain_element",
     "file_order",
     "parse_schedule",
     "per_rank_target",
-    "rank_launcher",
     "read_order",
     "reduce_scatter_order",
     "schedule_order",
@@ -319,7 +307,7 @@ def _not_one_ring(doc: dict[str, Any], n: int) -> OrderError:
     """The error of a reveal whose trees no ring explains, naming the elements and printing the trees."""
     trees = [None if t is None else tree_from_json(t, n) for t in doc["trees"]]
     lines = [f"  element {e}: {'no tree' if t is None else format_tree(t)}" for e, t in enumerate(trees)]
-    odd = [e for e, t in enumerate(trees) if t is None or chain_order(t) is None]
+    odd = [e for e, t in enumerate(trees) if t is None or fold_order_of(t) is None]
     what = (
         f"elements {odd} are not folds at all"
         if odd
@@ -444,19 +432,6 @@ def parse_schedule(text: str) -> str | RingSchedule:
     return RingSchedule(direction, offset, parts[2])  # type: ignore[arg-type]  # schedule_of checks it
 
 
-@contextlib.contextmanager
-def checking_against(order: ExactOrder | None) -> Iterator[None]:
-    """Within the block, ``exact`` checks against ``order`` (the spec's ring when ``None``)."""
-    if order is None:
-        yield
-        return
-    token = EXACT_ORDER.set(order)
-    try:
-        yield
-    finally:
-        EXACT_ORDER.reset(token)
-
-
 def exact_order(
     schedule: str | Schedule | None,
     order: str | Path | None,
@@ -572,15 +547,3 @@ def shard_orders(trees: list[Tree | None], n: int, ring: RingSchedule | None = N
         ]
         lines.append(f"the reduce-scatter ring of preset(s): {', '.join(named) if named else 'none'}")
     return lines
-
-
-def rank_launcher(ranks: str, target: str, timeout: float, mca: Mapping[str, str] | None = None) -> Launcher:
-    """The difftest launcher that runs ``TARGET`` on every rank of a gloo group, an MPI job or a
-    ``jax.distributed`` group (``mca``: ``mpirun``'s ``--mca`` options, for an MPI job only)."""
-    if ranks == "mpi":
-        from ring_ref.difftest._mpi import MpiRanks
-
-        return MpiRanks(target, timeout, mca)
-    from ring_ref.difftest._ranks import GlooRanks, JaxRanks
-
-    return (JaxRanks if ranks == "jax" else GlooRanks)(target, timeout)

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ring_ref._dtypes import dtype_name, format_of
-from ring_ref._reveal import Tree, leaves
+from ring_ref._order import Tree, leaves
 from ring_ref.difftest._inputs import Case
 from ring_ref.difftest._oracles import ExactOrder
 from ring_ref.difftest._vocabulary import Collective

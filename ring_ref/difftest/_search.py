@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import functools
-import math
 import random
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Final
 
@@ -15,29 +15,32 @@ from hypothesis import HealthCheck, Verbosity, example, given, settings
 from hypothesis import seed as hypothesis_seed
 
 from ring_ref._chunks import chunk_bounds, chunk_rows
-from ring_ref._dtypes import TORCH_DTYPES, dtype_name
+from ring_ref._dtypes import dtype_name
 from ring_ref._ops import op_name
 from ring_ref.difftest._call import Outcome, well_formed
-from ring_ref.difftest._diagnosis import Finding, as_launcher, diagnose, difference, passes, plus_zeros_only
+from ring_ref.difftest._diagnosis import Finding, diagnose, plus_zeros_only
 from ring_ref.difftest._inputs import LAYOUTS, Case, cases, one_worker_cases, uneven_cases
 from ring_ref.difftest._job import job_size, run_in_job, run_in_mpi_job
-from ring_ref.difftest._launch import InProcess, Isolated, Launcher
+from ring_ref.difftest._launch import InProcess, Isolated, Launcher, as_launcher
 from ring_ref.difftest._loading import importable_name, load_target, with_framework
-from ring_ref.difftest._mpi import MPI_DTYPES, MpiRanks
-from ring_ref.difftest._oracles import EXACT_ORDER, SPEC_ORDER, ExactOrder, SavedOrder
-from ring_ref.difftest._orders import checking_against, exact_order, reduce_scatter_order
+from ring_ref.difftest._options import (
+    Options,
+    allowed_dtypes,
+    check_order_file_fits,
+    default_max_workers,
+    modes_of,
+    option_problem,
+    rank_launcher,
+    refused,
+)
+from ring_ref.difftest._oracles import SPEC_ORDER, ExactOrder
+from ring_ref.difftest._orders import exact_order, reduce_scatter_order
 from ring_ref.difftest._probes import ProbeRun, first_failing_probe
-from ring_ref.difftest._ranks import GlooRanks, JaxRanks
 from ring_ref.difftest._report import ModeResult, Report
+from ring_ref.difftest._verdict import difference, passes
 from ring_ref.difftest._vocabulary import (
-    COLLECTIVES,
     DEFAULT_TIMEOUT_S,
-    DTYPES,
-    FRAMEWORKS,
-    MAX_RANKS,
     MODES,
-    MPI_MAX_RANKS,
-    RANKS,
     Collective,
     Framework,
     Mode,
@@ -48,7 +51,7 @@ from ring_ref.difftest._vocabulary import (
 )
 from ring_ref.schedule import Layout, Schedule
 
-__all__ = ["default_max_workers", "difftest", "option_problem", "run_mode", "zero_out"]
+__all__ = ["difftest", "run_difftest", "run_mode", "zero_out"]
 
 
 class _Failed(Exception):
@@ -83,11 +86,13 @@ def run_mode(
     dtypes: Sequence[torch.dtype],
     op: Op | None = None,
     collective: Collective = "all-reduce",
+    order: ExactOrder = SPEC_ORDER,
 ) -> ModeResult:
     """Run one oracle on ``examples`` generated inputs (plus the ``N = 1`` ones); shrink a failure.
 
     ``op``: the op asked for (every case carries it; ``None``, none given: a sum);
-    ``collective``: what the target computes (every case carries it).
+    ``collective``: what the target computes (every case carries it); ``order``: what ``exact``
+    checks against (its layout also labels chunks and decides which ``M`` are drawn).
     A call that times out or crashes, or whose group had ranks stopped after
     another rank raised (``Outcome.note``), ends the mode at once and is
     reported as found.  A failing case, once shrunk, is replayed twice: different answers
@@ -110,7 +115,7 @@ def run_mode(
         outcome = launcher.call(case)
         if outcome.failure is not None or outcome.note:
             raise _NoAnswer(outcome)
-        ok, over, under = passes(outcome, mode)
+        ok, over, under = passes(outcome, mode, order)
         overflow += over
         underflow += under
         if not ok:
@@ -127,6 +132,7 @@ def run_mode(
         dtypes=dtypes,
         op=op,
         collective=collective,
+        order=order,
     )
 
     def fails(candidate: Case, run: Callable[[Case], None] = check) -> bool:
@@ -145,7 +151,7 @@ def run_mode(
 
     def probed() -> tuple[Case | None, ProbeRun]:
         return first_failing_probe(
-            EXACT_ORDER.get(),
+            order,
             max_workers,
             dtypes,
             lambda c: fails(c, judge),
@@ -162,7 +168,7 @@ def run_mode(
         if case is None:
             return ModeResult(mode, "pass", calls, overflow, underflow_skipped=underflow, probes=probes)
         first, second = replayed(case)
-        if order_probed and probes is None and _zero_signs_only(first):
+        if order_probed and probes is None and _zero_signs_only(first, order):
             # a fold from +0.0 fails first on zeros, the simplest inputs: an order beats it (signed-zero)
             probe, probes = probed()
             if probe is not None:
@@ -170,13 +176,13 @@ def run_mode(
                 first, second = replayed(case)
     except _NoAnswer as stopped:
         got = stopped.outcome
-        finding = diagnose(launcher, got, mode)
+        finding = diagnose(launcher, got, mode, order)
         return ModeResult(mode, "fail", calls, overflow, finding, got.case, got.output, underflow, probes)
     changed = difference(first, second)
     finding = (
         Finding(["nondeterministic"], f"The same input, called twice, gave different answers: {changed}")
         if changed
-        else diagnose(launcher, first, mode)
+        else diagnose(launcher, first, mode, order)
     )
     if finding is None:
         finding = Finding(
@@ -187,10 +193,10 @@ def run_mode(
     return ModeResult(mode, "fail", calls, overflow, finding, case, first.output, underflow, probes)
 
 
-def _zero_signs_only(outcome: Outcome) -> bool:
-    """Whether a stacked answer differs from the ring's only by ``+0.0`` for ``-0.0``."""
+def _zero_signs_only(outcome: Outcome, order: ExactOrder) -> bool:
+    """Whether a stacked answer differs from ``order``'s only by ``+0.0`` for ``-0.0``."""
     result = well_formed(outcome)
-    return result is not None and plus_zeros_only(outcome.case, result)
+    return result is not None and plus_zeros_only(outcome.case, result, order)
 
 
 def _searched(test: Callable[[], None], fails: Callable[[Case], bool]) -> Case | None:
@@ -219,6 +225,7 @@ def _search_test(
     op: Op | None,
     collective: Collective = "all-reduce",
     min_workers: int = 1,
+    order: ExactOrder = SPEC_ORDER,
 ) -> Callable[[], None]:
     """The Hypothesis test that runs ``check`` on the mode's cases (the ``N = 1`` ones first, where
     ``min_workers`` is 1).
@@ -227,7 +234,6 @@ def _search_test(
     chunks (the shards); an all-gather's are shards of any bits (:func:`ring_ref.difftest._inputs.cases`).
     """
     layouts = ("contiguous",) if per_rank else LAYOUTS
-    order = EXACT_ORDER.get()
     if collective != "all-reduce":
         drawn = cases(
             mode, dtypes, max_workers, layouts, op=op, collective=collective, min_workers=min_workers
@@ -312,7 +318,7 @@ def difftest(
     seed: int | None = None,
     max_workers: int | None = None,
     dtypes: Sequence[torch.dtype] | None = None,
-    target: str | None = None,
+    label: str | None = None,
     timeout: float = DEFAULT_TIMEOUT_S,
     isolate: bool | None = None,
     ranks: Ranks | None = None,
@@ -325,11 +331,14 @@ def difftest(
     device: str = "cpu",
     framework: Framework = "torch",
     subgroups: bool = False,
+    target: str | None = None,
 ) -> Report:
     """Check ``fn`` against the reference in each of ``modes``; return the :class:`Report`.
 
     ``modes``: a mode (``"exact"``, ``"order-free"``, ``"bound"``), ``"all"``,
-    or a list of them (the command line's repeated ``--mode``).
+    or a list of them (the command line's repeated ``--mode``).  ``label``: the name the report prints
+    for the target (default: its ``TARGET`` string or qualified name; ``target=``, its old name, still
+    works and warns).
 
     ``fn`` is a function or a ``TARGET`` string (``package.module:function`` or
     ``path/to/file.py:function``).  ``seed`` fixes Hypothesis' search (a random
@@ -415,143 +424,208 @@ def difftest(
     ``ValueError`` for invalid options (:class:`OrderError`, a ``ValueError``,
     for an unusable schedule or order file, and when ``schedule="auto"`` finds no ring).
     """
-    reduce_op: Op | None = None if op is None else op_name(op)
-    chosen = _modes_of(modes)
-    refused = _refused(
-        collective, ranks, framework, mca, reduce_op, auto=schedule == "auto" or order is not None
-    ) or _subgroups_refused(subgroups, ranks)
-    if refused:
-        raise ValueError(refused)
+    if target is not None:
+        warnings.warn(
+            "difftest(target=) is the name the report prints: pass label= instead (target= is its old name)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        label = target if label is None else label
+    options = Options(
+        modes=modes,
+        examples=examples,
+        seed=seed,
+        max_workers=max_workers,
+        dtypes=dtypes,
+        label=label,
+        timeout=timeout,
+        isolate=isolate,
+        ranks=ranks,
+        mca=mca,
+        op=op,
+        schedule=schedule,
+        order=order,
+        collective=collective,
+        group=group,
+        device=device,
+        framework=framework,
+        subgroups=subgroups,
+    )
+    return run_difftest(fn, options)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What a run checks, resolved from its :class:`Options`: the modes, the order ``exact`` checks
+    against, the inputs drawn, and what the report says of the run before it starts."""
+
+    modes: tuple[Mode, ...]
+    exact: ExactOrder
+    examples: int
+    seed: int
+    workers: int
+    dtypes: Sequence[torch.dtype]
+    op: Op | None
+    collective: Collective
+    label: str
+    replay: str
+    isolated: bool
+    ranks: Ranks | None
+    timeout: float
+
+
+def run_difftest(fn: Target | OpTarget | str, options: Options, exact: ExactOrder | None = None) -> Report:
+    """:func:`difftest` with its options in one value; ``exact``: check ``exact`` against this order
+    instead of the one ``options`` name (the spec's ring by default), for the tests.
+
+    Raises as :func:`difftest` does.
+    """
+    reduce_op: Op | None = None if options.op is None else op_name(options.op)
+    chosen = modes_of(options.modes)
+    refusal = refused(options)
+    if refusal:
+        raise ValueError(refusal)
+    ranks, max_workers, timeout = options.ranks, options.max_workers, options.timeout
     workers = max_workers if max_workers is not None else default_max_workers(ranks)
-    workers = job_size(ranks, group, max_workers) if ranks in ("job", "mpi-job") else workers
-    problem = option_problem(examples=examples, seed=seed, max_workers=workers, timeout=timeout)
+    workers = job_size(ranks, options.group, max_workers) if ranks in ("job", "mpi-job") else workers
+    problem = option_problem(
+        examples=options.examples, seed=options.seed, max_workers=workers, timeout=timeout
+    )
     if problem:
         raise ValueError(problem)
-    asked_dtypes = dtypes
-    dtypes = _dtypes_for(ranks, dtypes)
-    exact = _collective_order(collective, schedule, order, workers, reduce_op) or (
-        exact_order(schedule, order, fn, workers, ranks, framework=framework) or EXACT_ORDER.get()
-    )
-    if order is not None and exact.saved is not None:  # order= given (not one set by checking_against)
-        _check_order_file_fits(order, exact.saved, max_workers, asked_dtypes)
+    dtypes = options.dtypes if options.dtypes is not None else allowed_dtypes(ranks)
+    schedule, order = options.schedule, options.order
+    if exact is None:
+        exact = _collective_order(options.collective, schedule, order, workers, reduce_op) or (
+            exact_order(schedule, order, fn, workers, ranks, framework=options.framework) or SPEC_ORDER
+        )
+        if order is not None and exact.saved is not None:
+            check_order_file_fits(order, exact.saved, max_workers, options.dtypes)
     if reduce_op is not None and "exact" in chosen and reduce_op not in exact.ops:
         raise ValueError(
             f"exact checks {exact.name} for {', '.join(exact.ops)} only; op {reduce_op!r} is checked "
             "against the spec's ring (drop --schedule / --order, or run --mode order-free or bound)"
         )
-    if seed is None:
-        seed = random.SystemRandom().randrange(2**32)
+    seed = options.seed if options.seed is not None else random.SystemRandom().randrange(2**32)
     launcher, name = (
-        _job_target(fn, ranks, workers, exact, schedule, isolate, device)
+        _job_target(fn, ranks, workers, exact, schedule, device=options.device)
         if ranks in ("job", "mpi-job")
-        else _launcher(fn, isolate, timeout, ranks, mca, framework=framework)
+        else _launcher(fn, options.isolate, timeout, ranks, options.mca, framework=options.framework)
     )
     isolated = launcher is None or launcher.isolated
-    options = "" if framework == "torch" else f" --framework {framework}"
-    options += "" if timeout == DEFAULT_TIMEOUT_S else f" --timeout {timeout:g}"
-    options += "" if isolated else " --in-process"
-    options += f" --device {device}" if device != "cpu" else ""
-    options += " --subgroups" if subgroups else ""
-    options += "".join(f" --mca {key}={value}" for key, value in (mca or {}).items())
-    options += f" {exact.option}" if exact.option else ""
-    options += f" --collective {collective}" if collective != "all-reduce" else ""
-    if name is None:
-        name = str(getattr(fn, "__qualname__", repr(fn)))
-        asked = exact.option or (f"--collective {collective}" if collective != "all-reduce" else "")
-        replay = _replay(
-            None, name, chosen, examples, seed, workers, dtypes, asked, reduce_op, framework=framework
-        )
-    else:
-        replay = _replay(ranks, name, chosen, examples, seed, workers, dtypes, options, reduce_op, cli=True)
-    report = Report(target or name, seed, replay, isolated=isolated, ranks=ranks, op=reduce_op)
-    report.collective = collective
-    report.timeout_s = timeout if isolated else None
-    report.exact_against = exact if "exact" in chosen else None
-    run = functools.partial(
-        _run, report, chosen, exact, examples=examples, seed=seed, workers=workers, dtypes=dtypes
+    shown, replay = _replay(fn, name, options, chosen, exact, seed, workers, dtypes, reduce_op, isolated)
+    plan = _Plan(
+        modes=chosen,
+        exact=exact,
+        examples=options.examples,
+        seed=seed,
+        workers=workers,
+        dtypes=dtypes,
+        op=reduce_op,
+        collective=options.collective,
+        label=options.label or shown,
+        replay=replay,
+        isolated=isolated,
+        ranks=ranks,
+        timeout=timeout,
     )
-    run = functools.partial(run, op=reduce_op)
+    run = functools.partial(_run, plan)
     if launcher is None and ranks == "mpi-job":
-        return run_in_mpi_job(name, run, timeout_s=timeout, subgroups=subgroups)
+        return run_in_mpi_job(shown, run, timeout_s=timeout, subgroups=options.subgroups)
     if launcher is None:
-        return run_in_job(fn, run, group=group, device=device, timeout_s=timeout, subgroups=subgroups)
+        return run_in_job(
+            fn,
+            run,
+            group=options.group,
+            device=options.device,
+            timeout_s=timeout,
+            subgroups=options.subgroups,
+        )
     return run(launcher)
 
 
-def _refused(
-    collective: str, ranks: str | None, framework: str, mca: object, reduce_op: Op | None, *, auto: bool
-) -> str | None:
-    """What is wrong with ``difftest``'s choice of collective, ranks, framework, ``mca`` and op (``auto``:
-    ``--schedule auto`` or ``--order`` given), or ``None``."""
-    if collective not in COLLECTIVES:
-        return f"collective (--collective) must be one of {list(COLLECTIVES)}; got {collective!r}"
-    if ranks is not None and ranks not in RANKS:
-        return f"ranks must be one of {list(RANKS)} or None; got {ranks!r}"
-    if framework not in FRAMEWORKS or (framework != "torch" and ranks not in (None, "jax")):
-        return (
-            f"framework (--framework) must be one of {list(FRAMEWORKS)}, and jax is for stacked targets "
-            f"or ranks='jax' (--ranks jax); got framework={framework!r}, ranks={ranks!r}"
-        )
-    if mca and ranks != "mpi":
-        return f"mca (--mca) options are for ranks='mpi' (mpirun) only; got ranks={ranks!r}"
-    if reduce_op not in (None, "sum") and auto:
-        return (
-            f"--op {reduce_op} checks exact against the spec's ring or a named --schedule; --schedule auto "
-            "and --order reveal and name sum orders (drop them; order-free and bound need no order)"
-        )
-    return None
-
-
-def _subgroups_refused(subgroups: object, ranks: str | None) -> str | None:
-    """Why ``subgroups`` cannot be used with ``ranks``, or ``None``.
-
-    >>> _subgroups_refused(True, "gloo")[:40]
-    'subgroups (--subgroups) tests every smal'
-    """
-    if not isinstance(subgroups, bool):
-        return f"subgroups (--subgroups) must be True or False; got {subgroups!r}"
-    if subgroups and ranks not in ("job", "mpi-job"):
-        return (
-            "subgroups (--subgroups) tests every smaller N inside a job, through subgroups of its ranks: it "
-            f"needs ranks='job' or 'mpi-job' (--ranks job / mpi-job); got ranks={ranks!r} (--ranks gloo and "
-            "mpi draw every N up to --max-workers already)"
-        )
-    return None
-
-
-def _run(
-    report: Report,
-    chosen: tuple[Mode, ...],
+def _replay(  # noqa: PLR0917 - one line made of every option
+    fn: object,
+    name: str | None,
+    options: Options,
+    modes: tuple[Mode, ...],
     exact: ExactOrder,
-    launcher: Launcher,
-    *,
-    examples: int,
     seed: int,
     workers: int,
     dtypes: Sequence[torch.dtype],
     op: Op | None,
-) -> Report:
-    """Fill ``report`` with every mode in ``chosen`` run through ``launcher`` (until it breaks)."""
+    isolated: bool,
+) -> tuple[str, str]:
+    """The name the report shows for ``fn`` (``name``, or for a function that has none its qualified
+    name) and what replays this run: the command line for a ``TARGET`` with a name, else the Python call
+    (with the option that names the order ``exact`` checked, ``--schedule X`` or ``--order F``)."""
+    framework, collective, timeout = options.framework, options.collective, options.timeout
+    if name is not None:
+        where = f"--ranks {options.ranks} " if options.ranks else ""
+        asked = f" --op {op}" if op is not None else ""
+        # every mode is the default, so that a --mode appended to the line picks modes of its own
+        asked += "" if set(modes) == set(MODES) else "".join(f" --mode {m}" for m in modes)
+        extra = "" if framework == "torch" else f" --framework {framework}"
+        extra += "" if timeout == DEFAULT_TIMEOUT_S else f" --timeout {timeout:g}"
+        extra += "" if isolated else " --in-process"
+        extra += f" --device {options.device}" if options.device != "cpu" else ""
+        extra += " --subgroups" if options.subgroups else ""
+        extra += "".join(f" --mca {key}={value}" for key, value in (options.mca or {}).items())
+        extra += f" {exact.option}" if exact.option else ""
+        extra += f" --collective {collective}" if collective != "all-reduce" else ""
+        return name, (
+            f"ring-ref difftest {where}{name}{asked} --examples {options.examples} --seed {seed} "
+            f"--max-workers {workers} --dtypes {' '.join(dtype_name(d) for d in dtypes)}{extra}"
+        )
+    shown = str(getattr(fn, "__qualname__", repr(fn)))
+    asked = f", op={op!r}" if op is not None else ""
+    asked += f", framework={framework!r}" if framework != "torch" else ""
+    named = exact.option or (f"--collective {collective}" if collective != "all-reduce" else "")
+    if named:
+        key, _, value = named.lstrip("-").replace("=", " ", 1).partition(" ")
+        asked += f", {key}={value!r}"
+    return shown, (
+        f"ring_ref.difftest.difftest({shown}, modes={modes!r}, examples={options.examples}, seed={seed}, "
+        f"max_workers={workers}, dtypes=[{', '.join(f'torch.{dtype_name(d)}' for d in dtypes)}]{asked})"
+    )
+
+
+def _run(plan: _Plan, launcher: Launcher) -> Report:
+    """Every mode of ``plan`` run through ``launcher`` (until it breaks), and the report of the run."""
+    results: dict[str, ModeResult] = {}
     try:
         launcher.start()
-        with checking_against(exact):
-            for mode in chosen:
-                if launcher.broken:
-                    break
-                report.modes[mode] = run_mode(
-                    launcher,
-                    mode,
-                    examples=examples,
-                    seed=seed,
-                    max_workers=workers,
-                    dtypes=dtypes,
-                    op=op,
-                    collective=report.collective,
-                )
+        for mode in plan.modes:
+            if launcher.broken:
+                break
+            results[mode] = run_mode(
+                launcher,
+                mode,
+                examples=plan.examples,
+                seed=plan.seed,
+                max_workers=plan.workers,
+                dtypes=plan.dtypes,
+                op=plan.op,
+                collective=plan.collective,
+                order=plan.exact,
+            )
     finally:
         launcher.close()
-    report.output_bytes, report.output = launcher.output.bytes, launcher.output.text
-    return report
+    return Report(
+        plan.label,
+        plan.seed,
+        plan.replay,
+        results,
+        isolated=plan.isolated,
+        ranks=plan.ranks,
+        timeout_s=plan.timeout if plan.isolated else None,
+        output_bytes=launcher.output.bytes,
+        output=launcher.output.text,
+        op=plan.op,
+        collective=plan.collective,
+        exact_against=plan.exact if "exact" in plan.modes else None,
+        tested_n=launcher.tested_n,
+    )
 
 
 def _collective_order(
@@ -582,14 +656,8 @@ def _collective_order(
     return reduce_scatter_order(schedule, workers)
 
 
-def _job_target(  # noqa: PLR0917 - difftest's settings, checked
-    fn: Target | OpTarget | str,
-    ranks: str,
-    size: int,
-    exact: ExactOrder,
-    schedule: object,
-    isolate: bool | None,
-    device: str,
+def _job_target(
+    fn: Target | OpTarget | str, ranks: str, size: int, exact: ExactOrder, schedule: object, *, device: str
 ) -> tuple[None, str | None]:
     """No launcher yet (rank 0 makes it inside the job) and ``fn``'s name; ``ValueError`` for what
     ``ranks="job"`` cannot do with these options."""
@@ -598,8 +666,6 @@ def _job_target(  # noqa: PLR0917 - difftest's settings, checked
             "--schedule auto reveals the target's order first; in a job, run `ring-ref reveal --ranks job "
             "... --json > order.json` and then `difftest --ranks job --order order.json`"
         )
-    if isolate is False:
-        raise ValueError("isolate=False (--in-process) does not apply to ranks='job': the job's ranks run it")
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device (--device) must be 'cpu' or 'cuda'; got {device!r}")
     if exact.saved is not None and exact.saved.n != size:
@@ -616,107 +682,6 @@ def _job_target(  # noqa: PLR0917 - difftest's settings, checked
     return None, name
 
 
-def default_max_workers(ranks: Ranks | None) -> int:
-    """The largest ``N`` when none is given: 16 stacked, 8 on gloo ranks, 4 in MPI jobs and jax groups
-    (slower to start: every process imports jax).
-
-    >>> [default_max_workers(r) for r in (None, "gloo", "mpi", "jax")]
-    [16, 8, 4, 4]
-    """
-    return MPI_MAX_RANKS if ranks in ("mpi", "jax") else MAX_RANKS if ranks else 16
-
-
-def _modes_of(modes: str | Iterable[str]) -> tuple[Mode, ...]:
-    """``modes`` as the modes to run, in the order given: one name, ``"all"``, or a list of them.
-
-    >>> _modes_of("bound"), _modes_of(["bound", "exact", "bound"]), _modes_of(["all"]) == MODES
-    (('bound',), ('bound', 'exact'), True)
-    """
-    asked = [modes] if isinstance(modes, str) else list(modes)
-    if not asked or any(m not in (*MODES, "all") for m in asked):
-        raise ValueError(
-            f"each mode must be one of {[*MODES, 'all']}; modes (mode=, --mode) takes one or a "
-            f"non-empty list of them; got {asked}"
-        )
-    return MODES if "all" in asked else tuple(m for m in dict.fromkeys(asked) if m in MODES)
-
-
-def _check_order_file_fits(
-    path: object, saved: SavedOrder, max_workers: int | None, dtypes: Sequence[torch.dtype] | None
-) -> None:
-    """Refuse an explicit ``max_workers`` or ``dtypes`` that the saved order's inputs would break.
-
-    ``exact`` draws its inputs at the file's own ``N``, ``M`` and dtype; the
-    other modes use ``max_workers`` and ``dtypes`` as usual.
-    """
-    n, m, dtype = saved.n, saved.m, dtype_name(saved.dtype)
-    clash = []
-    if max_workers is not None and max_workers < n:
-        clash.append(f"max_workers (--max-workers) {max_workers} is below its N")
-    if dtypes is not None and saved.dtype not in dtypes:
-        clash.append(f"dtypes (--dtypes) {[dtype_name(d) for d in dtypes]} leave out its dtype")
-    if clash:
-        raise ValueError(
-            f"order (--order) {str(path)!r} holds an order for N = {n}, M = {m}, {dtype}, the only inputs "
-            f"exact draws with it, but {' and '.join(clash)}: drop the option or change it (it applies "
-            "to the other modes)"
-        )
-
-
-def _dtypes_for(ranks: Ranks | None, dtypes: Sequence[torch.dtype] | None) -> Sequence[torch.dtype]:
-    """The dtypes to generate: ``dtypes``, checked, or every one the launcher takes."""
-    allowed = MPI_DTYPES if ranks in ("mpi", "mpi-job") else tuple(DTYPES.values())
-    if dtypes is None:
-        return allowed
-    if not dtypes or any(d not in TORCH_DTYPES for d in dtypes):
-        raise ValueError(f"dtypes must be a non-empty subset of {list(DTYPES)}; got {list(dtypes)}")
-    if any(d not in allowed for d in dtypes):
-        raise ValueError(
-            f"--ranks mpi hands each rank a numpy array, and numpy has no bfloat16: choose dtypes from "
-            f"{[dtype_name(d) for d in allowed]}; got {[dtype_name(d) for d in dtypes]}"
-        )
-    return dtypes
-
-
-def _replay(  # noqa: PLR0917 - one line made of every option
-    ranks: Ranks | None,
-    name: str,
-    modes: tuple[Mode, ...],
-    examples: int,
-    seed: int,
-    workers: int,
-    dtypes: Sequence[torch.dtype],
-    options: str,
-    op: Op | None,
-    *,
-    cli: bool = False,
-    framework: Framework = "torch",
-) -> str:
-    """The command line (``cli``) or Python call that replays this run.
-
-    ``options``: the command line's extra options, or for the Python call the
-    one that names the order ``exact`` checked (``--schedule X``, ``--order F``).
-    """
-    if cli:
-        where = f"--ranks {ranks} " if ranks else ""
-        asked = f" --op {op}" if op is not None else ""
-        # every mode is the default, so that a --mode appended to the line picks modes of its own
-        mode_args = "" if set(modes) == set(MODES) else "".join(f" --mode {m}" for m in modes)
-        return (
-            f"ring-ref difftest {where}{name}{asked}{mode_args} --examples {examples} --seed {seed} "
-            f"--max-workers {workers} --dtypes {' '.join(dtype_name(d) for d in dtypes)}{options}"
-        )
-    asked = f", op={op!r}" if op is not None else ""
-    asked += f", framework={framework!r}" if framework != "torch" else ""
-    if options:
-        key, _, value = options.lstrip("-").replace("=", " ", 1).partition(" ")
-        asked += f", {key}={value!r}"
-    return (
-        f"ring_ref.difftest.difftest({name}, modes={modes!r}, examples={examples}, seed={seed}, "
-        f"max_workers={workers}, dtypes=[{', '.join(f'torch.{dtype_name(d)}' for d in dtypes)}]{asked})"
-    )
-
-
 def _launcher(
     fn: Target | OpTarget | str,
     isolate: bool | None,
@@ -729,15 +694,12 @@ def _launcher(
     """The launcher for ``fn`` and its importable name (``None`` for a lambda or local function)."""
     name = fn if isinstance(fn, str) else importable_name(fn)
     if ranks is not None:
-        if name is None or isolate is False:
+        if name is None:
             raise ValueError(
                 f"a per-rank target runs in the ranks' own processes, which import it by name: "
-                f"{getattr(fn, '__qualname__', fn)!r} must be a module-level function or a TARGET string, "
-                "and isolate cannot be False"
+                f"{getattr(fn, '__qualname__', fn)!r} must be a module-level function or a TARGET string"
             )
-        if ranks == "mpi":
-            return MpiRanks(name, timeout, mca), name
-        return (JaxRanks if ranks == "jax" else GlooRanks)(name, timeout), name
+        return rank_launcher(ranks, name, timeout, mca), name
     if name is None and isolate:
         raise ValueError(
             f"{getattr(fn, '__qualname__', fn)!r} cannot be isolated: the worker imports the target by "
@@ -748,22 +710,3 @@ def _launcher(
         return Isolated(name, timeout, framework), name
     here = load_target(fn, framework) if isinstance(fn, str) else with_framework(fn, framework)
     return InProcess(here), name
-
-
-def option_problem(
-    *, examples: int, seed: int | None, max_workers: int, timeout: float = DEFAULT_TIMEOUT_S
-) -> str:
-    """Why these :func:`difftest` options are invalid, or ``""``.
-
-    >>> option_problem(examples=0, seed=None, max_workers=4)
-    'examples (--examples) must be at least 1; got 0'
-    """
-    if examples < 1:
-        return f"examples (--examples) must be at least 1; got {examples}"
-    if seed is not None and seed < 0:
-        return f"seed (--seed) must be a non-negative integer; got {seed}"
-    if not 1 <= max_workers <= 64:
-        return f"max_workers (--max-workers) must be between 1 and 64; got {max_workers}"
-    if not (math.isfinite(timeout) and timeout > 0):
-        return f"timeout (--timeout) must be a positive number of seconds; got {timeout:g}"
-    return ""

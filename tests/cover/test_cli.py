@@ -9,10 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import ring_ref
 from ring_ref._cli import main
-from tests.paths import ROOT
+from ring_ref.difftest import difftest
+from tests.common.paths import ROOT
 
 
 @pytest.mark.clause("worked-example", "round-count")
@@ -107,7 +109,29 @@ def test_a_schedule_that_starts_with_a_dash_or_is_unknown_is_told_the_command_li
 def test_reveal_of_an_order_that_is_no_ring_suggests_difftest_and_still_exits_0(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert main(["reveal", "tests.planted_impls:gather_adds", "-n", "3", "-m", "3"]) == 0
-    assert "run: ring-ref difftest tests.planted_impls:gather_adds" in capsys.readouterr().err
+    assert main(["reveal", "tests.common.planted_impls:gather_adds", "-n", "3", "-m", "3"]) == 0
+    assert "run: ring-ref difftest tests.common.planted_impls:gather_adds" in capsys.readouterr().err
     assert main(["reveal", "ring_ref:ring_all_reduce", "-n", "3", "-m", "3"]) == 0
     assert "ring-ref difftest" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "options"),
+    [
+        (["--ranks", "gloo", "--in-process"], {"ranks": "gloo", "isolate": False}),
+        (["--mca", "btl=self"], {"mca": {"btl": "self"}}),
+        (["--ranks", "mpi", "--dtypes", "bfloat16"], {"ranks": "mpi", "dtypes": [torch.bfloat16]}),
+        (["--subgroups"], {"subgroups": True}),
+        (["--op", "max", "--schedule", "auto"], {"op": "max", "schedule": "auto"}),
+    ],
+)
+def test_a_broken_option_rule_is_exit_2_in_the_words_the_api_raises(
+    argv: list[str], options: dict[str, object], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One set of option rules (difftest's ``_options.refused``): the command line says what the API says."""
+    target = "ring_ref:ring_all_reduce"
+    assert main(["difftest", target, "--examples", "1", *argv]) == 2
+    said = capsys.readouterr().err
+    with pytest.raises(ValueError) as refused:
+        difftest(target, examples=1, **options)  # type: ignore[arg-type]
+    assert said == f"ring-ref difftest: error: {refused.value}\n"

@@ -1,6 +1,6 @@
 """``ring-ref invariance`` (spec/invariance.md): does an element's order move with the size or its position?
 
-The targets are plain loops (``tests/planted_orders.py``); every expected tree
+The targets are plain loops (``tests/common/planted_orders.py``); every expected tree
 is typed in below in the canonical spelling of clause ``reveal-trees``, and
 every expected placement is worked out by hand from the rule of clause
 ``invariance-report``.
@@ -18,13 +18,16 @@ import pytest
 import torch
 
 from ring_ref import ring_all_reduce
+from ring_ref._chunks import chunk_bounds
 from ring_ref._cli import main
-from ring_ref._invariance import Embedded, Placement, placements
+from ring_ref._invariance import Embedded, Placement, chunk_offsets, placements
+from ring_ref._order import tree_to_json
 from ring_ref._reveal import RevealError
 from ring_ref._svg import invariance_svg
 from ring_ref.invariance import Invariance, InvarianceError, invariance
-from tests import planted_orders
-from tests.paths import ROOT
+from ring_ref.schedule import Layout
+from tests.common import planted_orders
+from tests.common.paths import ROOT
 
 SCHEMA = json.loads((ROOT / "spec" / "invariance.schema.json").read_text(encoding="utf-8"))
 
@@ -53,7 +56,7 @@ def _sides(doc: dict[str, Any]) -> list[tuple[int, tuple[int, int], tuple[int, i
     ]
 
 
-@pytest.mark.clause("invariance-reveal", "invariance-report")
+@pytest.mark.clause("invariance-reveal", "invariance-report", "invariance-summary")
 @pytest.mark.parametrize(
     ("name", "tree"), [("left_fold", FOLD_4), ("pairwise", PAIRWISE_4), ("reverse_fold", REVERSE_4)]
 )
@@ -75,7 +78,7 @@ def test_an_order_that_never_moves_is_invariant(name: str, tree: object) -> None
     assert doc["summary"] == "order invariant over 8 placements (M = 8, 13, 40; offsets 0, 3, 9)"
 
 
-@pytest.mark.clause("invariance-report")
+@pytest.mark.clause("invariance-report", "invariance-summary")
 def test_a_switch_above_a_size_is_found_and_named() -> None:
     found = invariance(planted_orders.switching, 4, [16, 32, 64, 65, 128], offsets=[0, 1], probe=8)
     doc = _json(found)
@@ -88,7 +91,7 @@ def test_a_switch_above_a_size_is_found_and_named() -> None:
     )
 
 
-@pytest.mark.clause("invariance-report")
+@pytest.mark.clause("invariance-report", "invariance-summary")
 def test_a_tail_that_takes_another_path_is_position_dependent() -> None:
     # M = 16: two whole blocks, all pairwise; M = 20: elements 16..19 are the tail, folded backwards.
     found = invariance(planted_orders.tail_path, 4, [16, 20], offsets=[0, 12, 16], probe=4)
@@ -102,7 +105,7 @@ def test_a_tail_that_takes_another_path_is_position_dependent() -> None:
     assert found.trees[-1] == [REVERSE_4] * 4 and found.trees[-2] == [PAIRWISE_4] * 4
 
 
-@pytest.mark.clause("invariance-report", "invariance-findings")
+@pytest.mark.clause("invariance-report", "invariance-summary", "invariance-findings")
 def test_the_spec_ring_changes_at_chunk_boundaries() -> None:
     # N = 4, chunk c folds c, c+1, c+2, c+3. M = 8: elements 0..3 in chunks 0, 0, 1, 1; M = 16: all in
     # chunk 0; M = 16 from offset 4: elements 4..7, chunk 1.
@@ -119,7 +122,7 @@ def test_the_spec_ring_changes_at_chunk_boundaries() -> None:
     assert doc["changes"][3]["b"]["tree"] == [[[0, 3], 1], 2]
 
 
-@pytest.mark.clause("invariance-report", "invariance-findings")
+@pytest.mark.clause("invariance-report", "invariance-summary", "invariance-findings")
 def test_the_gloo_preset_changes_at_its_own_chunk_boundaries() -> None:
     found = invariance(lambda x: ring_all_reduce(x, schedule="gloo"), 4, [8, 12, 16], offsets=[0, 2], probe=4)
     assert not found.invariant
@@ -176,6 +179,10 @@ def test_the_wrapper_embeds_at_the_offset_and_pickles() -> None:
     assert fill.eq(7.0).all()
     again = pickle.loads(pickle.dumps(Embedded(planted_orders.left_fold, Placement(5, 2))))
     assert again(x).tolist() == [4.0, 6.0]
+    # two placements at one size in one buffer: columns 0..1 at offset 4, columns 2..3 at offset 0
+    y = torch.tensor([[1.0, 2.0, 10.0, 20.0], [3.0, 4.0, 30.0, 40.0]])
+    assert Embedded(target, Placement(7, 4), also=(0,))(y).tolist() == [4.0, 6.0, 40.0, 60.0]
+    assert seen[2].tolist() == [[10.0, 20.0, 0.0, 0.0, 1.0, 2.0, 0.0], [30.0, 40.0, 0.0, 0.0, 3.0, 4.0, 0.0]]
 
 
 @pytest.mark.clause("invariance-embedding")
@@ -222,7 +229,7 @@ def test_options_that_cannot_serve_are_refused() -> None:
     with pytest.raises(InvarianceError, match="give it by name"):
         invariance(planted_orders.left_fold, 4, [8], ranks="gloo")
     with pytest.raises(InvarianceError, match="need ranks='mpi'"):
-        invariance("tests.planted_orders:left_fold", 4, [8], mca={"a": "1"})
+        invariance("tests.common.planted_orders:left_fold", 4, [8], mca={"a": "1"})
     with pytest.raises(InvarianceError, match="draws must be 1 or more"):
         invariance(planted_orders.left_fold, 4, [8], by_bits=True, draws=0)
 
@@ -275,7 +282,7 @@ def test_by_bits_passes_an_order_that_never_moves() -> None:
 
 @pytest.mark.clause("invariance-report")
 def test_the_picture_colours_each_cell_by_its_tree() -> None:
-    found = invariance(planted_orders.switching, 4, [64, 65], probe=2)
+    found = invariance(planted_orders.switching, 4, [64, 65], offsets=[0], probe=2)
     svg = invariance_svg(found)
     cells = svg.split('class="cell"')[1:]
     assert len(cells) == 4
@@ -285,7 +292,13 @@ def test_the_picture_colours_each_cell_by_its_tree() -> None:
 
 @pytest.mark.clause("invariance-cli")
 def test_the_command_line(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:
-    base = ["invariance", "tests.planted_orders:switching", "-n", "4", "--probe", "4"]
+    base = ["invariance", "tests.common.planted_orders:switching", "-n", "4", "--probe", "4"]
+    assert main([*base, "--sizes", "8,64"]) == 0  # the default offsets: every chunk, and the end
+    assert (
+        "invariant: order invariant over 7 placements (M = 8, 64; offsets 0, 4, 16, 32, 48, 60)"
+        in capsys.readouterr().out
+    )
+    base = ["invariance", "tests.common.planted_orders:switching", "-n", "4", "--probe", "4"]
     assert main([*base, "--sizes", "8,64"]) == 0
     assert "invariant: order invariant over 2 placements" in capsys.readouterr().out
     svg = tmp_path / "grid.svg"
@@ -306,9 +319,116 @@ def test_the_command_line(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> 
     ]:
         assert main([*base, *extra]) == 2
         assert message in capsys.readouterr().err
-    assert main(["invariance", "tests.planted_orders:nope", "-n", "4", "--sizes", "8"]) == 2
+    assert main(["invariance", "tests.common.planted_orders:nope", "-n", "4", "--sizes", "8"]) == 2
     assert "has no attribute 'nope'" in capsys.readouterr().err
-    tail = ["invariance", "tests.planted_orders:tail_path", "-n", "4", "--probe", "8", "--by-bits"]
+    tail = ["invariance", "tests.common.planted_orders:tail_path", "-n", "4", "--probe", "8", "--by-bits"]
     assert main([*tail, "--sizes", "16,64", "--offsets", "0,8"]) == 0  # alone, M = 8, is one whole block too
     assert main([*tail, "--sizes", "20", "--offsets", "0,12"]) == 1  # elements 16..19 of M = 20: the tail
-    assert "bits depend on the position" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "bits depend on the position" in out and "bits cannot tell a ring's chunks" in out
+
+
+# --- The default placements probe the whole buffer; a change with the size is told from the position ---
+
+RING_4 = [FOLD_4_JSON, [[[1, 2], 3], 0], [[[2, 3], 0], 1], [[[0, 3], 1], 2]]
+"""The spec ring's chunk folds at N = 4 (chunk c folds c, c+1, c+2, c+3), canonical."""
+
+
+@pytest.mark.clause("invariance-placements")
+@pytest.mark.parametrize(("n", "itemsize"), [(2, 4), (3, 4), (4, 4), (5, 8), (8, 4), (13, 8)])
+@pytest.mark.parametrize("m", [1, 7, 16, 64, 65, 100, 4096, 1 << 20])
+@pytest.mark.parametrize("k", [1, 4, 32])
+def test_the_default_offsets_probe_every_chunk_of_every_layout(n: int, itemsize: int, m: int, k: int) -> None:
+    if k > m:
+        return
+    offsets = chunk_offsets(n, m, k, itemsize=itemsize)
+    assert offsets == sorted(set(offsets)) and all(0 <= o <= m - k for o in offsets)
+    layouts: tuple[Layout, ...] = ("blocks", "gloo", "even") if m % n == 0 else ("blocks", "gloo")
+    chunks = [(lo, hi) for layout in layouts for lo, hi in chunk_bounds(layout, n, m, itemsize=itemsize)]
+    for lo, hi in [*chunks, (m - 1, m)]:
+        assert hi == lo or any(o < hi and lo < o + k for o in offsets), (lo, hi)
+    # the fewest regions: each one's first element is a chunk's first element or the end's region
+    starts = {lo for lo, hi in chunks if hi > lo}
+    assert all(o in starts or o == m - k for o in offsets)
+
+
+@pytest.mark.clause("invariance-placements")
+def test_the_default_placements_are_per_size() -> None:
+    # N = 3, K = 7: M = 64 is cut at 22, 43 (blocks) and 22, 44 (gloo); M = 4096 at 1366, 2731 and 2732.
+    k, placed = placements([4096, 7, 64], None, None, n=3)
+    assert k == 7
+    assert placed == [
+        Placement(7, 0),
+        *(Placement(64, o) for o in (0, 22, 43, 57)),
+        *(Placement(4096, o) for o in (0, 1366, 2731, 4089)),
+    ]
+    with pytest.raises(InvarianceError, match=r"M = 2 cannot hold the 4 probed elements"):
+        placements([2, 8], None, 4, n=4)
+
+
+@pytest.mark.clause("invariance-placements", "invariance-summary")
+def test_a_switch_from_a_fold_to_a_ring_is_named_with_the_default_offsets() -> None:
+    # A fold up to M = 64, the ring above: the ring's chunk 0 folds 0, 1, 2, 3 like the fold, so offset 0
+    # alone sees nothing (what main said); the default offsets reach chunks 1..3 at M = 128 and 4096.
+    sizes = [16, 64, 128, 4096]
+    assert invariance(planted_orders.fold_then_ring, 4, sizes, offsets=[0]).invariant
+    found = invariance(planted_orders.fold_then_ring, 4, sizes)
+    doc = _json(found)
+    assert doc["invariant"] is False
+    assert doc["summary"] == (
+        "order changes above M = 64 (the same up to M = 64, each element folds its chunk of the spec ring "
+        "from M = 128 on)"
+    )
+    by_placement = {
+        p: [tree_to_json(t) for t in row] for p, row in zip(found.placements, found.trees, strict=True)
+    }
+    assert by_placement[Placement(64, 48)] == [FOLD_4_JSON] * 16
+    assert [by_placement[Placement(4096, 1024 * c)][0] for c in range(4)] == RING_4
+    assert by_placement[Placement(128, 32)] == [RING_4[1]] * 16
+
+
+@pytest.mark.clause("invariance-placements", "invariance-summary")
+@pytest.mark.parametrize("offsets", [None, [0, 2000]], ids=["default", "offsets-0-2000"])
+def test_recursive_doubling_then_a_ring_is_a_change_with_the_size(offsets: list[int] | None) -> None:
+    # OpenMPI 5's default at N = 3: recursive doubling, (x0 + x1) + x2, below 4096 elements, its ring from
+    # 4096 on, whose chunk 0 folds 0, 1, 2 too. Blamed on the size, not on the position.
+    found = invariance(planted_orders.doubling_then_ring, 3, [7, 64, 4096], offsets=offsets)
+    doc = _json(found)
+    assert doc["invariant"] is False
+    assert doc["summary"] == (
+        "order changes above M = 64 (the same up to M = 64, each element folds its chunk of the openmpi-ring "
+        "ring from M = 4096 on)"
+    )
+    assert all(
+        row == [((0, 1), 2)] * 7 for p, row in zip(found.placements, found.trees, strict=True) if p.m < 4096
+    )
+
+
+@pytest.mark.clause("invariance-summary")
+def test_a_position_dependence_is_still_blamed_on_the_position() -> None:
+    # M = 16: two whole blocks, pairwise; M = 20 from offset 4: elements 16..19 (probed 12..15) are the tail.
+    found = invariance(planted_orders.tail_path, 4, [16, 20])
+    doc = _json(found)
+    assert found.placements == [Placement(16, 0), Placement(20, 0), Placement(20, 4)]
+    assert doc["summary"] == (
+        "order depends on the position (offset, or distance to the end): at M = 20, element 12 at offset 0 "
+        "vs offset 4"
+    )
+    assert _sides(doc) == [(j, (20, 0), (20, 4)) for j in range(12, 16)]
+
+
+@pytest.mark.clause("invariance-summary")
+def test_two_changes_with_the_size_are_both_named() -> None:
+    def three(x: torch.Tensor) -> torch.Tensor:
+        m = x.shape[1]
+        if m <= 16:
+            return planted_orders.left_fold(x)
+        return planted_orders.blocks_ring(x) if m <= 64 else planted_orders.pairwise(x)
+
+    found = invariance(three, 4, [8, 16, 32, 64, 128])
+    assert found.summary_line() == (
+        "order changes above M = 16 and above M = 64 (the same up to M = 16, each element folds its chunk of "
+        "the spec ring at M = 32 to 64, other from M = 128 on)"
+    )
+    found = invariance(three, 4, [16, 32, 128])
+    assert "the spec ring at M = 32, other from M = 128 on" in found.summary_line()

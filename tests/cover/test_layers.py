@@ -2,8 +2,9 @@
 
 The layers are the architecture's (``docs/architecture.md``), written here by hand, not
 read off the current imports: the schedule, then the invariants, the core, the
-shared facts, the adapters and engines, ``_dispatch``; every other module is a
-tool.  Each module may import only its own layer and those below; no import
+shared facts, the adapters and engines, ``_dispatch``, the order model
+(``_order``: summation trees, below every tool that reads an order); every
+other module is a tool.  Each module may import only its own layer and those below; no import
 cycles (function-level imports count: a lazy import is still a dependency);
 no ``from ring_ref import X`` of anything but a submodule (the package root
 only re-exports); and only difftest itself and its users (``testing``,
@@ -22,7 +23,7 @@ from typing import Final, NamedTuple
 
 import pytest
 
-from tests.paths import ROOT
+from tests.common.paths import ROOT
 
 PACKAGE: Final = "ring_ref"
 
@@ -45,8 +46,9 @@ LAYERS: Final[tuple[tuple[str, ...], ...]] = (
         "ring_ref._fast",
     ),
     ("ring_ref._dispatch",),
+    ("ring_ref._order",),
 )
-"""Bottom first; a module of the package in no entry is a tool, the layer above ``_dispatch``."""
+"""Bottom first; a module of the package in no entry is a tool, the layer above the order model."""
 
 TOOLS: Final = len(LAYERS)
 
@@ -203,8 +205,25 @@ def test_an_upward_import_is_refused_even_inside_a_function() -> None:
     assert any(
         "ring_ref.schedule (layer 0) imports ring_ref._dispatch (layer 5), a higher layer" in v for v in found
     ), found
-    found = _planted("ring_ref._fast", "import ring_ref._reveal._trees")
-    assert any("ring_ref._fast (layer 4) imports ring_ref._reveal._trees (layer 6)" in v for v in found)
+    found = _planted("ring_ref._fast", "import ring_ref._reveal._revealed")
+    assert any("ring_ref._fast (layer 4) imports ring_ref._reveal._revealed (layer 7)" in v for v in found)
+
+
+@pytest.mark.parametrize(
+    ("line", "tool"),
+    [
+        ("from ring_ref._reveal import reveal", "ring_ref._reveal"),
+        ("from ring_ref._svg import reveal_svg", "ring_ref._svg"),
+        ("from ring_ref.difftest._orders import schedule_order", "ring_ref.difftest._orders"),
+    ],
+)
+def test_the_order_model_imports_no_tool(line: str, tool: str) -> None:
+    """The trees sit below the tools that read them: an import from ``_order`` up into one is refused."""
+    found = _planted("ring_ref._order._fit", line)
+    assert any(
+        f"ring_ref._order._fit (layer 6) imports {tool} (layer 7), a higher layer" in v for v in found
+    ), found
+    assert _planted("ring_ref._order._trees", "from ring_ref._dispatch import ring_all_reduce") == []
 
 
 def test_a_cycle_among_tools_is_refused() -> None:
@@ -223,8 +242,8 @@ def test_a_name_from_the_package_root_is_refused() -> None:
 @pytest.mark.parametrize(
     ("module", "line"),
     [
-        ("ring_ref._reveal._fit", "from ring_ref.difftest import difftest"),
-        ("ring_ref._reveal._fit", "from ..difftest import _orders"),
+        ("ring_ref._reveal._check", "from ring_ref.difftest import difftest"),
+        ("ring_ref._reveal._check", "from ..difftest import _orders"),
         ("ring_ref.distributed", "import ring_ref.difftest._call"),
     ],
 )

@@ -17,12 +17,21 @@ import pytest
 import torch
 
 from ring_ref import ring_all_reduce
-from ring_ref._reveal import format_tree, reveal, tree_from_json, tree_to_json
+from ring_ref._order import (
+    Fold,
+    canonical,
+    evaluate,
+    fold_order_of,
+    format_tree,
+    leaves,
+    tree_from_json,
+    tree_to_json,
+)
+from ring_ref._reveal import reveal
 from ring_ref._reveal._check import check_on_random_inputs
-from ring_ref._reveal._trees import Fold, canonical, chain_order, evaluate, leaves
 from ring_ref._svg import reveal_svg
-from tests import reveal_targets as rt
-from tests.paths import ROOT
+from tests.common import reveal_targets as rt
+from tests.common.paths import ROOT
 
 SCHEMA = json.loads((ROOT / "spec" / "reveal.schema.json").read_text(encoding="utf-8"))
 
@@ -49,7 +58,7 @@ def test_a_fold_is_equal_to_its_nested_pairs_and_hashes_as_they_do(order: list[i
     assert fold[0] == pairs[0] and list(fold) == list(pairs) and fold[:] == pairs[:]
     assert repr(fold) == repr(pairs)
     assert canonical(fold) is fold and canonical(pairs) == fold
-    assert chain_order(fold) == chain_order(pairs)
+    assert fold_order_of(fold) == fold_order_of(pairs)
     assert sorted(leaves(fold)) == sorted(order)
     assert tree_to_json(fold) == tree_to_json(pairs) == json_fold(order)
     assert pickle.loads(pickle.dumps(fold)) == pairs
@@ -104,7 +113,7 @@ def test_trees_beyond_64_workers_are_told_in_brief() -> None:
 def test_revealed_folds_are_held_as_one_array_each() -> None:
     """Every element of the spec's ring at ``N = 64`` (count probes; element ``e`` folds ``e, e + 1,
     ...``) has its own fold, held as a ``Fold``; the JSON spells each in full, as the loops of
-    ``tests/reveal_targets.py`` do."""
+    ``tests/common/reveal_targets.py`` do."""
     n = 64
     found = reveal(lambda x: ring_all_reduce(x, "fast"), n, n, checks=1)
     assert all(isinstance(tree, Fold) for tree in found.distinct())

@@ -16,7 +16,8 @@ import torch.distributed as dist
 from ring_ref import ring_all_reduce
 from ring_ref._processes._gloo import ProcessRing
 from ring_ref._reveal import reveal
-from tests.oracles import same_bits
+from ring_ref.difftest._oracles import ExactOrder
+from tests.common.oracles import same_bits
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -127,19 +128,16 @@ def test_per_rank_reveal_and_auto_on_torch_distributed_all_reduce(capsys: pytest
 @pytest.mark.clause("difftest-order-probes", "difftest-ranks")
 def test_gloo_fails_exact_at_every_seed_and_passes_its_schedule() -> None:
     """The order probes: ``exact`` fails gloo's all-reduce whatever the seed, even with one example."""
-    from ring_ref.difftest import Report, difftest
-    from ring_ref.difftest._orders import checking_against, schedule_order
+    from ring_ref.difftest import Report
+    from ring_ref.difftest._options import Options
+    from ring_ref.difftest._orders import schedule_order
+    from ring_ref.difftest._search import run_difftest
 
-    def exact(target: str, seed: int) -> Report:
-        return difftest(
-            target,
-            ranks="gloo",
-            modes=("exact",),
-            examples=1,
-            seed=seed,
-            max_workers=3,
-            dtypes=[torch.float32],
+    def exact(target: str, seed: int, order: ExactOrder | None = None) -> Report:
+        options = Options(
+            ranks="gloo", modes=("exact",), examples=1, seed=seed, max_workers=3, dtypes=[torch.float32]
         )
+        return run_difftest(target, options, order)
 
     for seed in (0, 1, 2):
         report = exact("torch.distributed:all_reduce", seed)
@@ -152,7 +150,6 @@ def test_gloo_fails_exact_at_every_seed_and_passes_its_schedule() -> None:
     probes = spec_ring.modes["exact"].probes
     assert spec_ring.verdict == "pass" and probes is not None, spec_ring.render()
     assert probes.workers == {"float32": [2, 3]} and probes.calls == 1 + 2
-    with checking_against(schedule_order("gloo")):
-        gloo = exact("torch.distributed:all_reduce", 0)
+    gloo = exact("torch.distributed:all_reduce", 0, schedule_order("gloo"))
     probes = gloo.modes["exact"].probes
     assert gloo.verdict == "pass" and probes is not None and probes.calls == 2 * (1 + 2), gloo.render()

@@ -75,3 +75,16 @@ def test_by_bits_screens_per_rank_targets(ranks: Ranks) -> None:
     assert found.placements[0] == (8, 0)  # the region alone first
     # Random values round two orders alike for many elements; some element of the draw differs.
     assert found.changes and all(c.was != c.now and c.b != (8, 0) for c in found.changes)
+
+
+@pytest.mark.clause("invariance-placements", "invariance-summary")
+def test_openmpi_default_at_three_ranks_switches_to_its_ring_at_4096() -> None:
+    # Measured (OpenMPI 4.1): 3 ranks add by recursive doubling, (x0 + x1) + x2, up to M = 64 and run the
+    # ring at M = 4096, whose chunk 0 folds 0, 1, 2 too: offset 0 alone calls it invariant.
+    found = invariance("ring_ref.targets:mpi_allreduce", 3, [7, 64, 4096], ranks="mpi", timeout=120)
+    assert found.summary_line() == (
+        "order changes above M = 64 (the same up to M = 64, each element folds its chunk of the openmpi-ring "
+        "ring from M = 4096 on)"
+    )
+    assert found.placements[-4:] == [(4096, 0), (4096, 1366), (4096, 2731), (4096, 4089)]
+    assert [row[0] for row in found.trees[-4:]] == [((0, 1), 2), ((1, 2), 0), ((0, 2), 1), ((0, 2), 1)]

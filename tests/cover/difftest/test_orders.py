@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import textwrap
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,18 +14,18 @@ import torch
 from ring_ref import RingSchedule, ring_all_reduce
 from ring_ref._cli import main
 from ring_ref.difftest import OrderError, difftest
-from ring_ref.difftest._oracles import EXACT_ORDER, SPEC_ORDER
+from ring_ref.difftest._options import Options
 from ring_ref.difftest._orders import (
     auto_order,
-    checking_against,
     exact_order,
     file_order,
     parse_schedule,
     schedule_order,
 )
+from ring_ref.difftest._search import run_difftest
 from ring_ref.testing import assert_matches_reference
-from tests.oracles import blocks_bounds, gloo_bounds, same_bits, schedule_fold
-from tests.planted_impls import (
+from tests.common.oracles import blocks_bounds, gloo_bounds, same_bits, schedule_fold
+from tests.common.planted_impls import (
     drops_the_remainder,
     fast_engine,
     gloo_preset,
@@ -81,15 +82,13 @@ def _spec_fold_on_gloo_segments(x: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.clause("difftest-exact-orders")
 def test_exact_against_a_schedule_passes_its_ring_and_fails_others() -> None:
-    with checking_against(schedule_order("gloo")):
-        assert EXACT_ORDER.get().name == "the gloo schedule's order"
-        passed = difftest(_gloo_written_out, modes=("exact",), examples=15, seed=3, max_workers=5)
-        failed = difftest(_spec_fold_on_gloo_segments, modes=("exact",), examples=15, seed=3, max_workers=5)
-        # The spec's ring cuts only M divisible by N; gloo's layout takes any M, so it is asked for one.
-        refused = difftest(
-            ring_all_reduce, modes=("exact",), examples=15, seed=3, max_workers=5, isolate=False
-        )
-    assert EXACT_ORDER.get() is SPEC_ORDER
+    gloo = schedule_order("gloo")
+    assert gloo.name == "the gloo schedule's order"
+    options = Options(modes=("exact",), examples=15, seed=3, max_workers=5)
+    passed = run_difftest(_gloo_written_out, options, gloo)
+    failed = run_difftest(_spec_fold_on_gloo_segments, options, gloo)
+    # The spec's ring cuts only M divisible by N; gloo's layout takes any M, so it is asked for one.
+    refused = run_difftest(ring_all_reduce, replace(options, isolate=False), gloo)
     assert passed.verdict == "pass", passed.render()
     assert failed.verdict == "fail" and failed.diagnoses == ["not-ring-order"], failed.render()
     case = refused.modes["exact"].counterexample
@@ -227,12 +226,13 @@ def test_order_files_that_cannot_serve_are_refused(
 def test_a_layout_that_takes_any_m_is_searched_with_m_not_divisible_by_n(seed: int) -> None:
     """Issue #29 item 2: a ring that drops the last M mod N rows fails ``--schedule openmpi-ring`` in every
     mode, whatever the seed, with a few examples; the correct ring on OpenMPI's blocks passes."""
-    with checking_against(schedule_order("openmpi-ring")):
-        dropped = difftest(drops_the_remainder, examples=3, seed=seed, max_workers=6, isolate=False)
-        dropped_max = difftest(
-            drops_the_remainder, examples=3, seed=seed, max_workers=6, isolate=False, op="max"
-        )
-        correct = difftest(openmpi_ring_written_out, examples=20, seed=seed, max_workers=6, isolate=False)
+    blocks, options = (
+        schedule_order("openmpi-ring"),
+        Options(examples=3, seed=seed, max_workers=6, isolate=False),
+    )
+    dropped = run_difftest(drops_the_remainder, options, blocks)
+    dropped_max = run_difftest(drops_the_remainder, replace(options, op="max"), blocks)
+    correct = run_difftest(openmpi_ring_written_out, replace(options, examples=20), blocks)
     for report in (dropped, dropped_max):
         for mode, result in report.modes.items():
             case = result.counterexample
@@ -261,9 +261,9 @@ def test_an_order_file_of_an_uneven_layout_labels_chunks_by_it(tmp_path: Path) -
     }
     saved = tmp_path / "blocks.json"
     saved.write_text(json.dumps(doc), encoding="utf-8")
-    with checking_against(file_order(saved)):
-        assert difftest(openmpi_ring_written_out, modes=("exact",), examples=5, seed=1).verdict == "pass"
-        report = difftest(_last_element_doubled, modes=("exact",), examples=5, seed=1)
+    options = Options(modes=("exact",), examples=5, seed=1)
+    assert run_difftest(openmpi_ring_written_out, options, file_order(saved)).verdict == "pass"
+    report = run_difftest(_last_element_doubled, options, file_order(saved))
     finding = report.modes["exact"].finding
     assert finding is not None and finding.mismatch is not None, report.render()
     assert finding.mismatch.index == (9,) and finding.mismatch.chunk == 3

@@ -13,12 +13,15 @@ import torch
 
 from ring_ref import ring_all_reduce
 from ring_ref._dtypes import bits
-from ring_ref._reveal import Tree, canonical, evaluate, reveal
+from ring_ref._order import Tree, canonical, evaluate
+from ring_ref._reveal import reveal
 from ring_ref.difftest import Case, difftest
+from ring_ref.difftest._options import Options
 from ring_ref.difftest._oracles import ExactOrder, SavedOrder
-from ring_ref.difftest._orders import checking_against, file_order, schedule_order
+from ring_ref.difftest._orders import file_order, schedule_order
 from ring_ref.difftest._probes import first_failing_probe, probe_cases
-from tests.paths import ROOT
+from ring_ref.difftest._search import run_difftest
+from tests.common.paths import ROOT
 
 SCHEMA = json.loads((ROOT / "spec" / "difftest_report.schema.json").read_text(encoding="utf-8"))
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -147,9 +150,9 @@ def test_correct_targets_pass_and_the_report_says_what_was_probed() -> None:
     jsonschema.validate(doc, SCHEMA)
     assert doc["modes"]["exact"]["order_probes"] == {"calls": 24, "n": {name: [2, 3, 4] for name in names}}
     # gloo's layout takes any M: an uneven M = 2N - 1 as well; gloo's own ring passes, OpenMPI's fails
-    with checking_against(schedule_order("gloo")):
-        gloo = difftest(gloo_ring, modes=("exact",), examples=1, seed=3, max_workers=4, isolate=False)
-        other = difftest(openmpi_ring, modes=("exact",), examples=1, seed=3, max_workers=4, isolate=False)
+    options = Options(modes=("exact",), examples=1, seed=3, max_workers=4, isolate=False)
+    gloo = run_difftest(gloo_ring, options, schedule_order("gloo"))
+    other = run_difftest(openmpi_ring, options, schedule_order("gloo"))
     probes = gloo.modes["exact"].probes
     assert gloo.verdict == "pass" and probes is not None and probes.calls == 2 * 24, gloo.render()
     assert other.verdict == "fail" and other.diagnoses == ["not-ring-order"], other.render()
@@ -175,15 +178,12 @@ def test_an_order_file_is_probed_at_its_own_size_and_dtype(tmp_path: Path) -> No
     saved.write_text(json.dumps(found_doc), encoding="utf-8")
     spec_file = tmp_path / "spec.json"
     spec_file.write_text(json.dumps(reveal(ring_all_reduce, 5, 10).to_json()), encoding="utf-8")
-    with checking_against(file_order(spec_file)):
-        report = difftest(ring_all_reduce, modes=("exact",), examples=1, seed=0, max_workers=3, isolate=False)
+    options = Options(modes=("exact",), examples=1, seed=0, max_workers=3, isolate=False)
+    report = run_difftest(ring_all_reduce, options, file_order(spec_file))
     probes = report.modes["exact"].probes
     assert report.verdict == "pass" and probes is not None and probes.workers == {"float32": [5]}
     assert probes.calls == 4, report.render()
-    with checking_against(file_order(saved)):
-        report = difftest(
-            last_element_other_fold, modes=("exact",), examples=1, seed=0, max_workers=3, isolate=False
-        )
+    report = run_difftest(last_element_other_fold, options, file_order(saved))
     result = report.modes["exact"]
     assert result.verdict == "fail" and result.counterexample is not None, report.render()
     assert (result.counterexample.n, result.counterexample.m) == (3, 6)

@@ -1,0 +1,124 @@
+"""Ring fitting: which ring of the family (spec/schedules.md) folds every element as the revealed trees say.
+
+Under a ring ``(direction, offset, layout)`` element ``e`` lies in chunk
+``c`` of the layout's cut, and its tree is the fold of chunk ``c``'s order
+(clause ``reveal-report``).  :class:`RingFit` tests whole rings against the
+revealed trees in one comparison each, and names the presets whose bits also
+equal the target's on the checking inputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from ring_ref._chunks import chunk_bounds
+from ring_ref._dispatch import ring_all_reduce
+from ring_ref._dtypes import FORMATS, bits
+from ring_ref._order._trees import Tree, fold_order_of, fold_tree, ring_step, tree_ids
+from ring_ref.schedule import LAYOUTS, PRESETS, ChainSchedule, Layout, RingSchedule, Schedule
+
+__all__ = ["RingFit", "chunk_index", "fit_ring", "ring_trees"]
+
+
+def chunk_index(layout: Layout, n: int, m: int, dtype_name: str) -> npt.NDArray[np.int64]:
+    """Each of ``m`` elements' chunk under ``layout``.
+
+    >>> chunk_index("blocks", 2, 3, "float32").tolist()
+    [0, 0, 1]
+    """
+    bounds = chunk_bounds(layout, n, m, itemsize=FORMATS[dtype_name].bits // 8)
+    return np.repeat(np.arange(n, dtype=np.int64), [hi - lo for lo, hi in bounds])
+
+
+def _chunk_folds(ring: Schedule, n: int) -> list[Tree]:
+    """Each chunk's tree under ``ring``: the fold of its order."""
+    return [fold_tree(ring.fold_order(c, n)) for c in range(n)]
+
+
+def ring_trees(ring: Schedule, n: int, m: int, dtype_name: str) -> list[Tree] | None:
+    """The tree of every element under ``ring`` (``None`` when its layout cannot cut ``M``)."""
+    if ring.layout == "even" and m % n:
+        return None
+    per_chunk = _chunk_folds(ring, n)
+    return [per_chunk[c] for c in chunk_index(ring.layout, n, m, dtype_name).tolist()]
+
+
+def _fold_key(tree: Tree, n: int) -> int:
+    """For ``N >= 4``, a fold stepping ``d = +-1`` through the workers as ``2 w + (d < 0)``, ``w`` its
+    third worker (which, with ``d``, names the fold); ``-1`` for any other tree.
+
+    >>> _fold_key(fold_tree([2, 3, 0, 1]), 4), _fold_key(fold_tree([2, 1, 0, 3]), 4)
+    (0, 1)
+    """
+    chain = fold_order_of(tree)
+    step = 0 if chain is None or len(chain) != n else ring_step(chain)
+    return 2 * chain[2] + (step < 0) if chain is not None and step else -1
+
+
+class RingFit:
+    """Each element's tree as an id (``-1``: none), to test whole rings against them in one comparison.
+
+    For ``N >= 4`` a ring's fold of chunk ``c`` is named by its third worker
+    ``c + k + 2 d`` and ``d`` (:func:`_fold_key`), so a ring is tested without
+    building its ``N`` trees; smaller rings compare the trees themselves.
+    """
+
+    def __init__(self, ids: npt.NDArray[np.int64], distinct: Sequence[Tree], n: int, dtype_name: str) -> None:
+        self.n, self.m, self.dtype = n, len(ids), dtype_name
+        self.ids = {t: k for k, t in enumerate(distinct)}
+        keys = np.array([_fold_key(t, n) for t in distinct] if n >= 4 else range(len(distinct)), np.int64)
+        self.found = np.where(ids >= 0, keys[np.maximum(ids, 0)] if len(keys) else -1, -1)
+        self.complete = bool((ids >= 0).all())
+        self.chunk_of: dict[Layout, npt.NDArray[np.int64]] = {}
+
+    def _per_chunk(self, ring: Schedule) -> npt.NDArray[np.int64]:
+        if self.n >= 4 and isinstance(ring, ChainSchedule):
+            # every chunk the fold 0, 1, 2, ...: third worker 2, direction +1
+            return np.full(self.n, 2 * 2, np.int64)
+        if self.n >= 4 and isinstance(ring, RingSchedule):
+            third = (np.arange(self.n) + ring.offset + 2 * ring.direction) % self.n
+            return 2 * third + (ring.direction < 0)
+        return np.array([self.ids.get(tree, -1) for tree in _chunk_folds(ring, self.n)], np.int64)
+
+    def fits(self, ring: Schedule) -> bool:
+        """Whether every element's tree is its chunk's fold under ``ring``."""
+        if not self.complete or (ring.layout == "even" and self.m % self.n):
+            return False
+        if ring.layout not in self.chunk_of:
+            self.chunk_of[ring.layout] = chunk_index(ring.layout, self.n, self.m, self.dtype)
+        return bool(np.array_equal(self._per_chunk(ring)[self.chunk_of[ring.layout]], self.found))
+
+    def first_ring(self) -> RingSchedule | None:
+        """The first ring of the family that fits: the ring presets, then ``d = +1, -1``, ``k = 0 .. N - 1``,
+        layouts ``even``, ``blocks``, ``gloo`` (small rings fit several; for ``N <= 2`` all are one)."""
+        candidates = [p.normalized(self.n) for p in PRESETS.values() if isinstance(p, RingSchedule)]
+        candidates += [RingSchedule(d, k, lay) for d in (1, -1) for k in range(self.n) for lay in LAYOUTS]
+        return next((ring for ring in dict.fromkeys(candidates) if self.fits(ring)), None)
+
+    def matching_presets(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> list[str]:
+        """The presets (``chain`` too: it fits when every element is the left fold ``0, 1, ..., N - 1``)
+        whose tree is every element's revealed tree and whose bits equal the target's on
+        every checking input (random inputs alone tell small trees apart only now and then)."""
+        return [
+            name
+            for name, ring in PRESETS.items()
+            if self.fits(ring)
+            and all(
+                torch.equal(bits(ring_all_reduce(x, "fast", schedule=name)), bits(out))
+                for x, out in zip(inputs, outputs, strict=True)
+            )
+        ]
+
+
+def fit_ring(trees: Sequence[Tree | None], n: int, dtype_name: str) -> RingSchedule | None:
+    """The first ring of the family whose fold of each element's chunk is exactly ``trees``.
+
+    >>> fit_ring([((0, 1), 2), ((1, 2), 0), ((0, 2), 1)], 3, "float32")
+    RingSchedule(direction=1, offset=0, layout='even')
+    """
+    ids, distinct = tree_ids(trees)
+    return RingFit(ids, distinct, n, dtype_name).first_ring()

@@ -1,0 +1,98 @@
+"""Stacked all-reduces whose order moves with the size or the position, and ones whose order never moves.
+
+Each is a plain loop over workers written here (no ``ring_ref``), so the trees
+the invariance tests expect are the ones typed in beside them.  They are
+module-level functions, loadable by name (``tests.common.planted_orders:NAME``) for
+the command line.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import torch
+
+from tests.common.reveal_targets import linear_fold
+
+THRESHOLD: Final = 64
+"""``switching`` folds up to this many elements per worker and adds pairwise above it."""
+BLOCK: Final = 8
+"""``tail_path`` adds pairwise in whole blocks of this many elements; the last ``M mod 8`` fold backwards."""
+
+
+left_fold = linear_fold
+"""``((x0 + x1) + x2) + ...``: the same order for every element, size and position (reveal's
+linear fold, one loop for both)."""
+
+
+def pairwise(x: torch.Tensor) -> torch.Tensor:
+    """Pairwise halving: ``(x0 + x1) + (x2 + x3)`` for ``N = 4`` (``N`` a power of two)."""
+    rows: list[torch.Tensor] = list(x)
+    while len(rows) > 1:
+        rows = [rows[i] + rows[i + 1] for i in range(0, len(rows), 2)]
+    return rows[0].clone()
+
+
+def reverse_fold(x: torch.Tensor) -> torch.Tensor:
+    """``((x_{N-1} + x_{N-2}) + ...) + x0``."""
+    acc = x[-1].clone()
+    for w in range(x.shape[0] - 2, -1, -1):
+        acc = acc + x[w]
+    return acc
+
+
+def switching(x: torch.Tensor) -> torch.Tensor:
+    """An implementation that switches algorithm above a size, as NCCL's tuner and OpenMPI's rules do."""
+    return left_fold(x) if x.shape[1] <= THRESHOLD else pairwise(x)
+
+
+def tail_path(x: torch.Tensor) -> torch.Tensor:
+    """A vectorised sum: whole blocks of 8 elements pairwise, the last ``M mod 8`` folded backwards."""
+    m = x.shape[1]
+    whole = m - m % BLOCK
+    return torch.cat([pairwise(x[:, :whole]), reverse_fold(x[:, whole:])])
+
+
+# --- Targets that switch algorithm at a size, to a ring (issue #40: invariance over the whole buffer) ---
+
+RING_ABOVE: Final = 64
+"""``fold_then_ring`` folds up to this many elements per worker and runs a ring above it."""
+RING_FROM: Final = 4096
+"""``doubling_then_ring`` adds by recursive doubling below this many elements per worker, by a ring from it
+on (OpenMPI 5's default all-reduce switches there for these sizes)."""
+
+
+def blocks_ring(x: torch.Tensor) -> torch.Tensor:
+    """A ring as OpenMPI cuts it: the first ``M mod N`` chunks one element longer, chunk ``c`` folded
+    ``c, c + 1, ..., c + N - 1`` (mod ``N``): the spec's ring when ``N`` divides ``M``."""
+    n, m = int(x.shape[0]), int(x.shape[1])
+    small, extra = divmod(m, n)
+    out = torch.empty(m, dtype=x.dtype)
+    for c in range(n):
+        lo, hi = c * small + min(c, extra), (c + 1) * small + min(c + 1, extra)
+        acc = x[c, lo:hi].clone()
+        for step in range(1, n):
+            acc = acc + x[(c + step) % n, lo:hi]
+        out[lo:hi] = acc
+    return out
+
+
+def recursive_doubling(x: torch.Tensor) -> torch.Tensor:
+    """OpenMPI's recursive doubling: the first ``2 (N - P)`` workers add in pairs (``P`` the largest power
+    of two up to ``N``), then the ``P`` partial sums pairwise: ``(x0 + x1) + x2`` for ``N = 3``."""
+    rows: list[torch.Tensor] = list(x)
+    extra = len(rows) - (1 << (len(rows).bit_length() - 1))
+    rows = [rows[2 * i] + rows[2 * i + 1] for i in range(extra)] + rows[2 * extra :]
+    return pairwise(torch.stack(rows))
+
+
+def fold_then_ring(x: torch.Tensor) -> torch.Tensor:
+    """A linear fold up to ``RING_ABOVE`` elements, a ring above: chunk 0 of the ring folds ``0, 1, ...``
+    like the fold, so a probe at offset 0 alone sees no change."""
+    return left_fold(x) if x.shape[1] <= RING_ABOVE else blocks_ring(x)
+
+
+def doubling_then_ring(x: torch.Tensor) -> torch.Tensor:
+    """Recursive doubling below ``RING_FROM`` elements, a ring from it on, as OpenMPI 5's default decision
+    at ``N = 3``, where the ring's chunk 0 folds ``(x0 + x1) + x2`` like recursive doubling."""
+    return recursive_doubling(x) if x.shape[1] < RING_FROM else blocks_ring(x)

@@ -1,0 +1,94 @@
+"""Processes a test started, seen from outside: whether one is gone, MPI jobs that must leave none, and
+the gloo groups a test module shares.
+
+:func:`gone` reads ``/proc`` (it trusts no harness's own account); :class:`Jobs`
+holds the MPI jobs a test module shares and, on :meth:`~Jobs.close`, asserts
+that every process any of them ever started (``mpirun`` and each rank) is gone;
+:class:`Rings` holds a module's gloo groups, one per world size, and on
+:meth:`~Rings.close` asserts that every rank exited on its own with status 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from ring_ref._processes._gloo import ProcessRing
+from ring_ref._processes._mpi_job import MpiRing, mpirun_path
+
+__all__ = ["Jobs", "Rings", "gone"]
+
+
+def gone(pid: int, within_s: float = 0.0) -> bool:
+    """Whether process ``pid`` ends within ``within_s`` seconds (a zombie counts, and is reaped if ours)."""
+    give_up = time.monotonic() + within_s
+    while True:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return True
+        if stat.rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+            return True
+        if time.monotonic() >= give_up:
+            return False
+        time.sleep(0.01)
+
+
+class Jobs:
+    """The MPI jobs of one test module; on :meth:`close`, every process any of them started must be gone."""
+
+    def __init__(self) -> None:
+        mpirun_path()  # fail (not skip) with what to install when OpenMPI or mpi4py is missing
+        self.rings: list[MpiRing] = []
+        self.pids: set[int] = set()
+
+    def ring(self, n: int, **kwargs: Any) -> MpiRing:
+        """A job of ``n`` ranks (``MpiRing(n, **kwargs)``, started on first use), closed by :meth:`close`."""
+        ring = MpiRing(n, **kwargs)
+        self.rings.append(ring)
+        return ring
+
+    def note(self) -> None:
+        """Remember the processes of every job now up (a job started again after a kill has new ones)."""
+        for ring in self.rings:
+            self.pids.update(ring.pids)
+
+    def run(self, ring: MpiRing, fn: Any, payload: Any, timeout_s: float = 60.0) -> list[Any]:
+        """``ring.run(fn, payload)``, its processes remembered first."""
+        ring.start()
+        self.note()
+        return ring.run(fn, payload, timeout_s=timeout_s)
+
+    def close(self) -> None:
+        """Close every job; assert that within 10 s every process they started is gone."""
+        self.note()
+        for ring in self.rings:
+            ring.close()
+        deadline = time.monotonic() + 10
+        left = [p for p in sorted(self.pids) if not gone(p, max(0.0, deadline - time.monotonic()))]
+        assert not left, f"processes left behind: {left}"
+
+
+class Rings:
+    """One lazily spawned, reused :class:`ProcessRing` per world size, all closed by :meth:`close`."""
+
+    def __init__(self, group_timeout_s: float) -> None:
+        self._group_timeout_s = group_timeout_s
+        self._rings: dict[int, ProcessRing] = {}
+
+    def __call__(self, n: int) -> ProcessRing:
+        if n not in self._rings:
+            self._rings[n] = ProcessRing(n, group_timeout_s=self._group_timeout_s)
+        return self._rings[n]
+
+    def close(self) -> None:
+        """Close every ring; each rank still running must exit on its own with status 0 (no kill)."""
+        procs = [proc for ring in self._rings.values() for proc in ring._procs]
+        for ring in self._rings.values():
+            ring.close()
+        assert [proc.exitcode for proc in procs] == [0] * len(procs), "a rank did not shut down cleanly"
