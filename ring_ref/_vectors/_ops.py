@@ -483,7 +483,7 @@ HEADER: Final = header(
     "Every value is the IEEE bit pattern as fixed-width lowercase hex, flattened row-major.",
     "rounds (small cases): every worker's buffers after each round; for avg they hold the ring's sums.",
     "Expected values: the clause op-* closed form, checked against the ring_ref reference engine and "
-    "against the independent oracle of tests/oracles.py.",
+    "against the independent oracle of tests/common/oracles.py.",
 )
 
 

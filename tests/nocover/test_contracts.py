@@ -26,7 +26,7 @@ def test_crosshair_finds_counterexamples_in_planted_faults() -> None:
             "check",
             "--analysis_kind=asserts",
             "--per_condition_timeout=20",
-            str(ROOT / "tests" / "crosshair_faults.py"),
+            str(ROOT / "tests" / "common" / "crosshair_faults.py"),
         ],
         cwd=ROOT,
         env=env,
