@@ -50,7 +50,7 @@ import torch
 import torch.distributed as dist
 
 from ring_ref._ops import REDUCE_OP_NAMES
-from ring_ref._processes._gloo import ProcessRing
+from ring_ref._processes._gloo import SpawnedGroup
 
 if TYPE_CHECKING:
     import jax
@@ -67,7 +67,7 @@ __all__ = [
 
 
 CALL_TIMEOUT_S = 60.0
-_RINGS: dict[int, ProcessRing] = {}
+_RINGS: dict[int, SpawnedGroup] = {}
 
 
 _MPI_OPS = {"sum": "SUM", "prod": "PROD", "max": "MAX", "min": "MIN"}
@@ -98,7 +98,7 @@ def gloo_all_reduce(worker_tensors: torch.Tensor, op: str = "sum") -> torch.Tens
     n = int(worker_tensors.shape[0])
     ring = _RINGS.get(n)
     if ring is None:
-        ring = _RINGS[n] = ProcessRing(n, backend="gloo")
+        ring = _RINGS[n] = SpawnedGroup(n, backend="gloo")
     payload = (worker_tensors.detach().contiguous(), reduce_op)
     results = ring.run(_rank_all_reduce, payload, timeout_s=CALL_TIMEOUT_S)
     for rank, other in enumerate(results[1:], start=1):

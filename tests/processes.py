@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ring_ref._processes._mpi_job import MpiRing, mpirun_path
+from ring_ref._processes._mpi_job import MpiJob, mpirun_path
 
 __all__ = ["Jobs", "gone"]
 
@@ -40,12 +40,12 @@ class Jobs:
 
     def __init__(self) -> None:
         mpirun_path()  # fail (not skip) with what to install when OpenMPI or mpi4py is missing
-        self.rings: list[MpiRing] = []
+        self.rings: list[MpiJob] = []
         self.pids: set[int] = set()
 
-    def ring(self, n: int, **kwargs: Any) -> MpiRing:
-        """A job of ``n`` ranks (``MpiRing(n, **kwargs)``, started on first use), closed by :meth:`close`."""
-        ring = MpiRing(n, **kwargs)
+    def ring(self, n: int, **kwargs: Any) -> MpiJob:
+        """A job of ``n`` ranks (``MpiJob(n, **kwargs)``, started on first use), closed by :meth:`close`."""
+        ring = MpiJob(n, **kwargs)
         self.rings.append(ring)
         return ring
 
@@ -54,7 +54,7 @@ class Jobs:
         for ring in self.rings:
             self.pids.update(ring.pids)
 
-    def run(self, ring: MpiRing, fn: Any, payload: Any, timeout_s: float = 60.0) -> list[Any]:
+    def run(self, ring: MpiJob, fn: Any, payload: Any, timeout_s: float = 60.0) -> list[Any]:
         """``ring.run(fn, payload)``, its processes remembered first."""
         ring.start()
         self.note()

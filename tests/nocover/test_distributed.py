@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from ring_ref import distributed, ring_all_reduce
-from ring_ref._processes._gloo import ProcessRing, RankError
+from ring_ref._processes._gloo import RankError, SpawnedGroup
 from ring_ref._ranks import _plans, _transport
 from ring_ref.distributed import ring_all_reduce_
 from ring_ref.testing import assert_matches_reference
@@ -113,14 +113,14 @@ def reduce_in_subgroup(rank: int, world_size: int, payload: tuple[tuple[int, ...
 
 
 class Rings:
-    """One lazily spawned, reused :class:`ProcessRing` per world size, all closed at module end."""
+    """One lazily spawned, reused :class:`SpawnedGroup` per world size, all closed at module end."""
 
     def __init__(self) -> None:
-        self._rings: dict[int, ProcessRing] = {}
+        self._rings: dict[int, SpawnedGroup] = {}
 
-    def __call__(self, n: int) -> ProcessRing:
+    def __call__(self, n: int) -> SpawnedGroup:
         if n not in self._rings:
-            self._rings[n] = ProcessRing(n, group_timeout_s=GROUP_TIMEOUT_S)
+            self._rings[n] = SpawnedGroup(n, group_timeout_s=GROUP_TIMEOUT_S)
         return self._rings[n]
 
     def close(self) -> None:
@@ -320,7 +320,7 @@ def reduce_on_first_n(rank: int, world_size: int, x: torch.Tensor) -> torch.Tens
     return mine if rank == 0 else None
 
 
-def ring_target(ring: ProcessRing, rotate: bool = False) -> Callable[[torch.Tensor], torch.Tensor]:
+def ring_target(ring: SpawnedGroup, rotate: bool = False) -> Callable[[torch.Tensor], torch.Tensor]:
     """A difftest target: ``(N, M, ...)`` in, rank 0's ``(M, ...)`` out, computed by N real ranks (N <= 4).
 
     ``rotate`` plants a fault: rank ``r`` reduces row ``r + 1``, a correct sum in the wrong fold order.

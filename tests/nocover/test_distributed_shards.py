@@ -22,7 +22,7 @@ from unittest import mock
 import pytest
 import torch
 
-from ring_ref._processes._gloo import ProcessRing
+from ring_ref._processes._gloo import SpawnedGroup
 from ring_ref._ranks import _plans, _transport
 from ring_ref.distributed import ring_all_gather_, ring_all_reduce_, ring_reduce_scatter_
 from ring_ref.schedule import RingSchedule
@@ -51,14 +51,14 @@ def stacked(n: int, shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> to
 
 
 class Rings:
-    """One lazily spawned, reused :class:`ProcessRing` per world size, all closed at module end."""
+    """One lazily spawned, reused :class:`SpawnedGroup` per world size, all closed at module end."""
 
     def __init__(self) -> None:
-        self._rings: dict[int, ProcessRing] = {}
+        self._rings: dict[int, SpawnedGroup] = {}
 
-    def __call__(self, n: int) -> ProcessRing:
+    def __call__(self, n: int) -> SpawnedGroup:
         if n not in self._rings:
-            self._rings[n] = ProcessRing(n, group_timeout_s=GROUP_TIMEOUT_S)
+            self._rings[n] = SpawnedGroup(n, group_timeout_s=GROUP_TIMEOUT_S)
         return self._rings[n]
 
     def close(self) -> None:
