@@ -1,7 +1,7 @@
-"""Helpers shared by the fast engine's tests (``tests/cover/test_fast*.py``, ``test_kills_fast.py``).
+"""Helpers shared by the fast engine's tests (``tests/cover/test_fast*.py``).
 
 They turn the engine's tuning knobs and read its plan; what a test then expects
-comes from ``tests/oracles.py`` or the reference engine, never from here.
+comes from ``tests/common/oracles.py`` or the reference engine, never from here.
 """
 
 from __future__ import annotations
