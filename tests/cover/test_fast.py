@@ -27,7 +27,17 @@ from ring_ref import InvariantViolation, _fast, ring_all_reduce, schedule
 from ring_ref._fast import _forward, _kernel, _plan, _run
 from ring_ref.schedule import PRESETS, RingSchedule
 from tests.common.fast_knobs import fast_in_small_tiles, plan_fold_orders
-from tests.common.oracles import bits, exact_sum, pairwise_tree, ring_fold, same_bits
+from tests.common.oracles import (
+    bits,
+    exact_sum,
+    gloo_bounds,
+    pairwise_tree,
+    ring_fold,
+    ring_fold_op,
+    same_bits,
+    schedule_fold,
+    schedule_fold_by_worker,
+)
 from tests.common.strategies import ALL_DTYPES, FEW, NUMPY_DTYPES, shapes, worker_tensors
 
 pytestmark = pytest.mark.usefixtures("fresh_plans")
@@ -640,6 +650,122 @@ def test_fast_engine_follows_a_reversed_ring(dtype: torch.dtype) -> None:
     assert same_bits(got, torch.cat(want))
 
 
+def program_folds(cycle: _fast.Cycle, k: int, chunks: int, cols: int) -> dict[tuple[int, int], list[int]]:
+    """Per chunk and column, the workers the kernel's program combines into it, in order (tile by tile)."""
+    steps, tiles = _kernel.program(cycle.order, cycle.entries, k, chunks, cols)
+    folds: dict[tuple[int, int], list[int]] = {}
+    for s_lo, s_hi, e0, ee, *_ in tiles.tolist():
+        for count, a, b, *workers in steps[s_lo:s_hi].tolist():
+            for c in range(a, b + 1):
+                for e in range(e0, ee):
+                    folds.setdefault((c, e), []).extend(workers[: abs(count)])
+    return folds
+
+
+@pytest.mark.clause("schedule-fast-engine", "schedule-fold-order")
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize(("k", "chunks", "cols"), [(1, 8, 1), (2, 3, 2), (3, 1, 2), (1, 1, 1)])
+def test_the_kernels_program_folds_every_ring_of_the_family_in_its_order(
+    n: int, k: int, chunks: int, cols: int
+) -> None:
+    """Both directions, every offset, blocks of chunks and column tiles: each element's workers, read off
+    the program, are ``c + k, c + k + d, ...``."""
+    for direction in (1, -1):
+        for offset in range(-1, n + 1):
+            cycle = _fast.plan(n, RingSchedule(direction, offset, "even")).cycle
+            folds = program_folds(cycle, k, chunks, cols)
+            assert set(folds) == {(c, e) for c in range(n) for e in range(k)}
+            for (c, _), workers in folds.items():
+                assert workers == [(c + offset + j * direction) % n for j in range(n)], (direction, offset, c)
+
+
+@pytest.mark.clause("schedule-fast-engine")
+@pytest.mark.parametrize("direction", [1, -1])
+def test_the_kernel_streams_a_ring_of_either_direction_in_as_few_steps_as_the_spec_ring(
+    direction: int,
+) -> None:
+    """A ring's chunks are at most two runs entering the cycle one step apart, up or down, so the kernel's
+    program reads each worker's row once per pass over a block, as for the spec's ring (a ring of
+    direction -1 was N runs of one chunk each: N^2 / 4 steps at N = 1024, 95 ms a call at N = M = 4096)."""
+    n = 1024
+    spec = _fast.plan(n).cycle
+    spec_steps = len(_kernel.program(spec.order, spec.entries, 1, n, 1)[0])
+    assert spec_steps == 2 * n - 1
+    for offset in (0, -1, 5, n - 1):
+        cycle = _fast.plan(n, RingSchedule(direction, offset, "even")).cycle
+        assert len(cycle.entries) <= 2
+        for chunks in (n, 100):
+            steps = _kernel.program(cycle.order, cycle.entries, 1, chunks, 1)[0]
+            blocks = -(-n // chunks)
+            assert len(steps) <= 2 * blocks * spec_steps, (offset, chunks)
+
+
+@pytest.mark.clause("schedule-fast-engine", "schedule-fold-order")
+@pytest.mark.parametrize("op", ["sum", "max", "prod"])
+@pytest.mark.parametrize(("n", "k"), [(33, 3), (7, 200)])
+def test_a_ring_of_direction_minus_one_in_small_tiles_on_threads_is_its_fold(n: int, k: int, op: str) -> None:
+    """Blocks that cut a mirrored run, columns cut into tiles, several threads: the bits of the fold
+    ``c + k, c + k - 1, ...`` written out in ``tests/common/oracles.py``."""
+    x = (torch.randn(n, n * k, dtype=torch.float64, generator=torch.Generator().manual_seed(n)) * 1e3).to(
+        torch.float32
+    )
+    for offset in (0, -1, 4):
+        ring = RingSchedule(-1, offset, "even")
+        got, array = fast_in_small_tiles(x, 64, 3, op, ring)
+        want = ring_fold_op(x, op, -1, offset)
+        assert same_bits(got, want), offset
+        assert same_bits(array, want), offset
+
+
+@pytest.mark.clause("schedule-fast-engine", "schedule-fold-order")
+@pytest.mark.parametrize(
+    ("n", "shape", "copied"),
+    [
+        (32, (32,), False),  # chunks of 2 elements, then 16 empty ones
+        (32, (65,), True),  # 16 chunks of 4 and one of 1: the input padded to 68 columns
+        (32, (200,), False),  # 25 chunks of 8, 7 empty
+        (6, (7, 3), True),  # trailing dimensions: 21 elements per worker, 5 chunks of 4 and one of 1
+        (4096, (4096,), False),  # gloo's order at N = 4096 as reveal probes it: 2048 chunks of 2
+    ],
+)
+def test_the_gloo_layout_is_folded_in_place_without_its_empty_chunks(
+    n: int, shape: tuple[int, ...], copied: bool
+) -> None:
+    """gloo's layout puts every element in its own column of equal chunks: the kernel reads the input
+    itself (or, with a short last chunk, a copy padded to that chunk's end, not to N chunks)."""
+    x = torch.randn(n, *shape, generator=torch.Generator().manual_seed(n))
+    length = x[0].numel()
+    bounds = gloo_bounds(n, length, 4)
+    k = max(hi - lo for lo, hi in bounds)
+    seen: list[npt.NDArray[Any]] = []
+    fold = _kernel.fold_chunks
+
+    def recorded(x2d: npt.NDArray[Any], *args: Any, **kwargs: Any) -> bool:
+        seen.append(x2d)
+        return fold(x2d, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_kernel, "fold_chunks", recorded)
+        got = ring_all_reduce(x, engine="fast", schedule="gloo")
+        array = ring_all_reduce(x.numpy(), engine="fast", schedule="gloo")
+    assert [a.shape for a in seen] == [(n, -(-length // k) * k)] * 2
+    assert [np.shares_memory(a, x.numpy()) for a in seen] == [not copied] * 2
+    want = schedule_fold(x, -1, -1, bounds) if n <= 32 else schedule_fold_by_worker(x, -1, -1, bounds)
+    assert same_bits(got, want)
+    assert same_bits(torch.from_numpy(array), want)
+
+
+@pytest.mark.clause("schedule-fast-engine", "schedule-fold-order")
+@pytest.mark.parametrize("offset", [0, 1])
+def test_a_ring_of_direction_minus_one_at_4096_workers_is_its_fold(offset: int) -> None:
+    """N = M = 4096, as ``reveal`` probes gloo's order there: the bits of the fold ``c + k, c + k - 1,
+    ...``."""
+    n = 4096
+    x = torch.randn(n, n, generator=torch.Generator().manual_seed(offset))
+    got = ring_all_reduce(x, engine="fast", schedule=RingSchedule(-1, offset, "even"))
+    assert same_bits(got, schedule_fold_by_worker(x, -1, offset, [(c, c + 1) for c in range(n)]))
+
+
 @pytest.mark.clause("ag-copy-not-add")
 def test_an_all_gather_off_the_usual_shape_is_checked_send_by_send() -> None:
     """Worker 0 re-sends the chunk it owns in round 1 (allowed: it is complete); worker 0 still gets all."""
@@ -660,9 +786,15 @@ def test_an_all_gather_off_the_usual_shape_is_checked_send_by_send() -> None:
 
 @pytest.mark.clause("autograd")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
-def test_fast_result_under_autograd_takes_in_place_operations(dtype: torch.dtype) -> None:
-    x = torch.randn(4, 8, dtype=dtype, requires_grad=True)
-    y = ring_all_reduce(x, engine="fast")
+@pytest.mark.parametrize(
+    ("ring", "shape"), [("spec", (4, 8)), ("gloo", (4, 8)), ("gloo", (4, 9)), ("openmpi-ring", (4, 3, 2))]
+)
+def test_fast_result_under_autograd_takes_in_place_operations(
+    dtype: torch.dtype, ring: str, shape: tuple[int, ...]
+) -> None:
+    """Uneven layouts too: their result is the array the fold wrote, not a view of a longer one."""
+    x = torch.randn(*shape, dtype=dtype, requires_grad=True)
+    y = ring_all_reduce(x, engine="fast", schedule=ring)
     y.mul_(2)
     (grad,) = torch.autograd.grad(y.sum(), x)
     assert same_bits(grad, torch.full_like(x, 2.0))
@@ -1202,14 +1334,18 @@ def test_the_cycle_of_every_ring_is_each_chunks_fold_order(n: int) -> None:
             ring = RingSchedule(direction, offset, "even")
             cycle = _fast.plan(n, ring).cycle
             assert cycle.order.dtype == cycle.entries.dtype == np.int64
+            enter = {}  # chunk -> its entry position; a row with stop < start is a mirrored run
             for start, stop, p in cycle.entries.tolist():
-                for j, c in enumerate(range(start, stop)):
+                for j, c in enumerate(range(start, stop, 1 if start < stop else -1)):
+                    enter[c] = p + j
                     got = [int(cycle.order[(p + j + s) % n]) for s in range(n)]
                     assert tuple(got) == ring.fold_order(c, n), (ring, c)
-            covered = [c for start, stop, _ in cycle.entries.tolist() for c in range(start, stop)]
-            assert covered == list(range(n))
-            shifts = [p - start for start, _, p in cycle.entries.tolist()]
-            assert all(a != b for a, b in itertools.pairwise(shifts))  # runs are maximal
+            assert sorted(enter) == list(range(n))
+            assert len(cycle.entries) <= 2  # runs are maximal: a ring's entries step by one but at one wrap
+            for start, stop, _ in cycle.entries.tolist()[:-1]:
+                top = max(start, stop - 1)  # the run's last chunk; the next one would have extended it
+                step = enter[top] - enter[top - 1] if abs(start - stop) > 1 else None
+                assert enter[top + 1] - enter[top] not in ({step} if step else {1, -1})
             for adds in _fast.plan(n, ring).rounds:  # each round's additions: maximal runs of the chunks
                 assert adds[0].start == 0 and adds[-1].stop == n
                 for a, b in itertools.pairwise(adds):
