@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from ring_ref._processes._gloo import ProcessRing
+from ring_ref._processes._gloo import SpawnedGroup
 from ring_ref.distributed import ring_all_gather_, ring_all_reduce_, ring_hook, ring_reduce_scatter_
 
 HERE = Path(__file__).resolve().parent
@@ -204,7 +204,7 @@ def measure_once(n: int, args: argparse.Namespace) -> dict[str, Any]:
     ddp_spec = {"threads": args.threads, "steps": args.ddp_steps, "width": args.ddp_width}
     ddp_spec |= {"depth": args.ddp_depth, "batch": args.ddp_batch}
     result: dict[str, Any] = {"n": n}
-    with ProcessRing(n, group_timeout_s=600) as ring:
+    with SpawnedGroup(n, group_timeout_s=600) as ring:
         for collective in args.collectives:
             per_rank = ring.run(collective_rank, spec | {"collective": collective}, timeout_s=3600)
             rows = []

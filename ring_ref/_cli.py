@@ -16,7 +16,7 @@ from typing import TextIO
 
 import torch
 
-from ring_ref import _invariance, _reveal, _svg
+from ring_ref import _order_stability, _reveal, _svg
 from ring_ref._dispatch import ring_all_reduce
 from ring_ref._ops import OPS
 from ring_ref._reveal import RevealError
@@ -533,7 +533,7 @@ def _invariance_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="K",
-        help=f"probed elements K (default {_invariance.DEFAULT_PROBE}; fewer when the smallest size is)",
+        help=f"probed elements K (default {_order_stability.DEFAULT_PROBE}; fewer when the smallest size is)",
     )
     parser.add_argument(
         "--dtype",
@@ -550,8 +550,8 @@ def _invariance_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--draws",
         type=int,
-        default=_invariance.BITS_DRAWS,
-        help=f"with --by-bits: random inputs tried (default {_invariance.BITS_DRAWS})",
+        default=_order_stability.BITS_DRAWS,
+        help=f"with --by-bits: random inputs tried (default {_order_stability.BITS_DRAWS})",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     parser.add_argument(
@@ -574,10 +574,12 @@ def _invariance_command(args: argparse.Namespace) -> int:
     with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
         try:
             if _mca_malformed(args.mca):
-                raise _invariance.InvarianceError(f"--mca takes KEY=VALUE; got {args.mca}")
+                raise _order_stability.InvarianceError(f"--mca takes KEY=VALUE; got {args.mca}")
             if args.svg and args.by_bits:
-                raise _invariance.InvarianceError("--svg draws trees, and --by-bits reveals none: drop one")
-            found = _invariance.invariance(
+                raise _order_stability.InvarianceError(
+                    "--svg draws trees, and --by-bits reveals none: drop one"
+                )
+            found = _order_stability.invariance(
                 args.target,
                 args.n,
                 args.sizes,
@@ -593,7 +595,7 @@ def _invariance_command(args: argparse.Namespace) -> int:
             )
             if args.svg:
                 Path(args.svg).write_text(_svg.invariance_svg(found), encoding="utf-8")
-        except (TargetError, _reveal.RevealError, _invariance.InvarianceError, OSError) as exc:
+        except (TargetError, _reveal.RevealError, _order_stability.InvarianceError, OSError) as exc:
             print(f"ring-ref invariance: error: {exc}", file=sys.stderr)
             return 2
     print(json.dumps(found.to_json()) if args.json else found.render())

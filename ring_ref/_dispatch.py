@@ -142,25 +142,25 @@ ring_all_reduce.__module__ = (
 @overload
 def ring_reduce_scatter(
     x: torch.Tensor,
+    engine: Engine = "reference",
     *,
     schedule: str | Schedule | None = None,
     op: object = "sum",
-    engine: Engine = "reference",
 ) -> torch.Tensor: ...
 @overload
 def ring_reduce_scatter(
     x: npt.NDArray[_A],
+    engine: Engine = "reference",
     *,
     schedule: str | Schedule | None = None,
     op: object = "sum",
-    engine: Engine = "reference",
 ) -> npt.NDArray[_A]: ...
 def ring_reduce_scatter(
     x: torch.Tensor | npt.NDArray[_A],
+    engine: Engine = "reference",
     *,
     schedule: str | Schedule | None = None,
     op: object = "sum",
-    engine: Engine = "reference",
 ) -> torch.Tensor | npt.NDArray[_A]:
     """Ring reduce-scatter of ``x`` (``(N, M, ...)``): ``(N, M / N, ...)``, row ``r`` rank ``r``'s shard.
 
@@ -194,17 +194,17 @@ def ring_reduce_scatter(
 
 @overload
 def ring_all_gather(
-    shards: torch.Tensor, *, schedule: str | Schedule | None = None, engine: Engine = "reference"
+    shards: torch.Tensor, engine: Engine = "reference", *, schedule: str | Schedule | None = None
 ) -> torch.Tensor: ...
 @overload
 def ring_all_gather(
-    shards: npt.NDArray[_A], *, schedule: str | Schedule | None = None, engine: Engine = "reference"
+    shards: npt.NDArray[_A], engine: Engine = "reference", *, schedule: str | Schedule | None = None
 ) -> npt.NDArray[_A]: ...
 def ring_all_gather(
     shards: torch.Tensor | npt.NDArray[_A],
+    engine: Engine = "reference",
     *,
     schedule: str | Schedule | None = None,
-    engine: Engine = "reference",
 ) -> torch.Tensor | npt.NDArray[_A]:
     """Ring all-gather of ``shards`` (``(N, S, ...)``): ``(N S, ...)``, rank ``r``'s shard in slot ``r``.
 

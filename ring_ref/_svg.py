@@ -40,7 +40,6 @@ from __future__ import annotations
 import math
 import xml.etree.ElementTree as ET
 
-from ring_ref._invariance import Invariance
 from ring_ref._order import (
     Tree,
     display_tree,
@@ -51,6 +50,7 @@ from ring_ref._order import (
     tree_ids,
     tree_json_text,
 )
+from ring_ref._order_stability import Invariance
 from ring_ref._reveal import Revealed
 from ring_ref._trace import DIVIDE, RoundRecord, operation
 from ring_ref.invariants import is_complete
@@ -522,7 +522,7 @@ def invariance_svg(found: Invariance) -> str:
     row), coloured along the palette's ramp, and listed under the grid; a cell
     with no tree is white and marked ``-``.
 
-    >>> from ring_ref._invariance import invariance
+    >>> from ring_ref._order_stability import invariance
     >>> svg = invariance_svg(invariance(lambda x: (x[0] + x[1]) + x[2], 3, [2, 4], probe=2, checks=1))
     >>> svg.count('class="cell"'), svg.count('class="tree-key"')
     (6, 1)

@@ -50,7 +50,7 @@ import torch
 import torch.distributed as dist
 
 from ring_ref._ops import REDUCE_OP_NAMES
-from ring_ref._processes._gloo import ProcessRing
+from ring_ref._processes._gloo import SpawnedGroup
 
 if TYPE_CHECKING:
     import jax
@@ -67,7 +67,7 @@ __all__ = [
 
 
 CALL_TIMEOUT_S = 60.0
-_RINGS: dict[int, ProcessRing] = {}
+_GROUPS: dict[int, SpawnedGroup] = {}
 
 
 _MPI_OPS = {"sum": "SUM", "prod": "PROD", "max": "MAX", "min": "MIN"}
@@ -96,11 +96,11 @@ def gloo_all_reduce(worker_tensors: torch.Tensor, op: str = "sum") -> torch.Tens
     """
     reduce_op = _op_key(op, REDUCE_OP_NAMES, "torch.distributed.ReduceOp")
     n = int(worker_tensors.shape[0])
-    ring = _RINGS.get(n)
-    if ring is None:
-        ring = _RINGS[n] = ProcessRing(n, backend="gloo")
+    group = _GROUPS.get(n)
+    if group is None:
+        group = _GROUPS[n] = SpawnedGroup(n, backend="gloo")
     payload = (worker_tensors.detach().contiguous(), reduce_op)
-    results = ring.run(_rank_all_reduce, payload, timeout_s=CALL_TIMEOUT_S)
+    results = group.run(_rank_all_reduce, payload, timeout_s=CALL_TIMEOUT_S)
     for rank, other in enumerate(results[1:], start=1):
         if not torch.equal(other.view(torch.uint8), results[0].view(torch.uint8)):
             raise RuntimeError(f"gloo ranks disagree: rank {rank}'s result differs from rank 0's")
@@ -109,8 +109,8 @@ def gloo_all_reduce(worker_tensors: torch.Tensor, op: str = "sum") -> torch.Tens
 
 def close() -> None:
     """Shut down every process group started by :func:`gloo_all_reduce`."""
-    while _RINGS:
-        _RINGS.popitem()[1].close()
+    while _GROUPS:
+        _GROUPS.popitem()[1].close()
 
 
 atexit.register(close)

@@ -4,9 +4,9 @@
   loopback ``TCPStore`` and joining a group through it, dying with the parent,
   the lifecycle base class :class:`~ring_ref._processes._shared.Harness`, the
   stop token);
-* :mod:`~ring_ref._processes._gloo`: :class:`~ring_ref._processes._gloo.ProcessRing`,
+* :mod:`~ring_ref._processes._gloo`: :class:`~ring_ref._processes._gloo.SpawnedGroup`,
   ``world_size`` spawned ranks of one ``torch.distributed`` group;
-* :mod:`~ring_ref._processes._mpi_job`: :class:`~ring_ref._processes._mpi_job.MpiRing`,
+* :mod:`~ring_ref._processes._mpi_job`: :class:`~ring_ref._processes._mpi_job.MpiJob`,
   ``world_size`` ranks of one ``mpirun`` job, each running
   :mod:`~ring_ref._processes._mpi_rank`, with ``mpirun`` in a network namespace
   of its own (:mod:`~ring_ref._processes._netns`) where ``unshare`` works.

@@ -2,16 +2,16 @@
 
 A small harness for multi-process tests and tools, loopback only:
 
-* :class:`ProcessRing` starts ``world_size`` worker processes once, each of
+* :class:`SpawnedGroup` starts ``world_size`` worker processes once, each of
   which joins one process group (``gloo`` by default) through the loopback
   ``torch.distributed.TCPStore`` that the parent hosts
   (:func:`ring_ref._processes._shared.host_store`), so nothing is reachable from outside.
-  Every :meth:`ProcessRing.run` then calls ``fn(rank, world_size, payload)`` on all
+  Every :meth:`SpawnedGroup.run` then calls ``fn(rank, world_size, payload)`` on all
   ranks of that same group and returns the per-rank results in rank order.
 
 Failure handling, so that a test can never hang:
 
-* a rank whose ``fn`` raises makes :meth:`~ProcessRing.run` raise
+* a rank whose ``fn`` raises makes :meth:`~SpawnedGroup.run` raise
   :class:`RankError` carrying that rank's formatted traceback; the other ranks
   (which may be blocked waiting for the failed peer) are killed at once;
 * a call that has not finished by its deadline kills every rank and raises
@@ -19,8 +19,8 @@ Failure handling, so that a test can never hang:
 * a rank that dies (signal, ``os._exit``) raises :class:`RankError` too.
 
 After a failure or timeout the ring is torn down, and the next ``run``
-respawns a fresh group, so one ``ProcessRing`` can outlive a failing case.
-Leaving the ``with`` block (or :meth:`~ProcessRing.close`) asks each rank to
+respawns a fresh group, so one ``SpawnedGroup`` can outlive a failing case.
+Leaving the ``with`` block (or :meth:`~SpawnedGroup.close`) asks each rank to
 destroy its process group and exit, joins it, and kills any straggler.
 
 Start methods: ``"forkserver"`` (the default) forks each rank from a clean
@@ -65,7 +65,7 @@ from ring_ref._processes._shared import (
     task_name,
 )
 
-__all__ = ["ProcessRing", "RankError"]
+__all__ = ["RankError", "SpawnedGroup"]
 
 _P = TypeVar("_P")
 _R = TypeVar("_R")
@@ -118,7 +118,7 @@ def _worker(rank: int, config: _Config, conn: Connection) -> None:
         dist.destroy_process_group()
 
 
-class ProcessRing(Harness):
+class SpawnedGroup(Harness):
     """``world_size`` spawned processes in one ``torch.distributed`` group, reusable across calls.
 
     ``backend`` is ``"gloo"`` (CPU) or ``"nccl"`` (rank ``r`` uses CUDA device
@@ -127,7 +127,7 @@ class ProcessRing(Harness):
     the ranks; ``start_timeout_s`` bounds starting the ranks and joining the group.
     Use as a context manager::
 
-        with ProcessRing(4) as ring:
+        with SpawnedGroup(4) as ring:
             results = ring.run(my_module_level_fn, payload, timeout_s=30)
 
     ``results[r]`` is ``my_module_level_fn(r, 4, payload)`` evaluated on rank ``r``.

@@ -1,8 +1,8 @@
 """N MPI ranks on this machine, started once and reused: the harness behind the MPI targets and tests.
 
-:class:`MpiRing` runs ``mpirun -n N python -m ring_ref._processes._mpi_rank`` once; every
+:class:`MpiJob` runs ``mpirun -n N python -m ring_ref._processes._mpi_rank`` once; every
 rank connects back to the parent over a Unix socket in a private temporary
-directory, and each :meth:`MpiRing.run` sends all ranks one task,
+directory, and each :meth:`MpiJob.run` sends all ranks one task,
 ``fn(comm, payload)`` (``fn`` a module-level function, pickled by name), and
 returns the per-rank results in rank order.  So a run pays ``mpirun``'s start
 (about 2-4 s here) once per ``N``, not per call.
@@ -42,7 +42,7 @@ random token before anything else is read from it.
   :class:`RanksStopped` carries the replies that came and the stopped ranks'
   stacks.
 
-After a kill the next :meth:`~MpiRing.run` starts a fresh job.  :meth:`~MpiRing.close`
+After a kill the next :meth:`~MpiJob.run` starts a fresh job.  :meth:`~MpiJob.close`
 (or leaving the ``with`` block) stops the ranks and ``mpirun`` and kills
 whatever is left of its session; ``mpirun`` also dies with the parent
 (``PR_SET_PDEATHSIG``), and a rank leaves when the parent's socket closes.
@@ -77,7 +77,7 @@ from ring_ref._processes._shared import STOP_GRACE_S, Harness, die_with_parent, 
 
 __all__ = [
     "FAILURE_GRACE_S",
-    "MpiRing",
+    "MpiJob",
     "MpiUnavailable",
     "RankFailed",
     "RanksStopped",
@@ -228,12 +228,12 @@ def _mpirun_account(log: str) -> dict[int, str]:
     return {}
 
 
-class MpiRing(Harness):
+class MpiJob(Harness):
     """``world_size`` MPI ranks under one ``mpirun``, reusable across calls (see the module docstring).
 
     Use as a context manager::
 
-        with MpiRing(4) as ring:
+        with MpiJob(4) as ring:
             results = ring.run(my_module_level_fn, payload, timeout_s=30)
 
     ``results[r]`` is ``my_module_level_fn(comm, payload)`` evaluated on rank
@@ -518,7 +518,7 @@ class _PlainUnpickler(pickle.Unpickler):
 
 
 def plain_loads(data: bytes) -> Any:
-    """``pickle.loads`` for plain data only (see :meth:`MpiRing.run`'s ``trusted``).
+    """``pickle.loads`` for plain data only (see :meth:`MpiJob.run`'s ``trusted``).
 
     >>> plain_loads(pickle.dumps(("ok", b"bits", [1, 2.5, None], {"k": True})))
     ('ok', b'bits', [1, 2.5, None], {'k': True})

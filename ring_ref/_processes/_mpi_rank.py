@@ -1,4 +1,4 @@
-"""One MPI rank of :class:`~ring_ref._processes._mpi_job.MpiRing`, run under ``mpirun``.
+"""One MPI rank of :class:`~ring_ref._processes._mpi_job.MpiJob`, run under ``mpirun``.
 
 ``mpirun ... python -m ring_ref._processes._mpi_rank`` (the environment
 variables below reach the rank through ``mpirun -x``).

@@ -271,7 +271,7 @@ def openmpi_allreduce_mca(algorithm: int | str) -> dict[str, str]:
 
     ``coll_tuned_allreduce_algorithm`` is silently ignored without
     ``coll_tuned_use_dynamic_rules``, so both are given.  Pass them to
-    ``mpirun`` (``--mca KEY VALUE`` each) or to :class:`ring_ref._processes._mpi_job.MpiRing`.
+    ``mpirun`` (``--mca KEY VALUE`` each) or to :class:`ring_ref._processes._mpi_job.MpiJob`.
 
     >>> openmpi_allreduce_mca("ring")
     {'coll_tuned_use_dynamic_rules': '1', 'coll_tuned_allreduce_algorithm': '4'}

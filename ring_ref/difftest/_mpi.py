@@ -3,7 +3,7 @@
 :class:`MpiRanks` is a :class:`~ring_ref.difftest._launch.Launcher` with
 ``per_rank`` set, like :class:`~ring_ref.difftest._ranks.GlooRanks`, so every
 check of a per-rank target applies unchanged.  It keeps one
-:class:`~ring_ref._processes._mpi_job.MpiRing` per ``N`` (started on first
+:class:`~ring_ref._processes._mpi_job.MpiJob` per ``N`` (started on first
 use, restarted after a failure) and runs each case once on every rank: rank
 ``r`` gets its own fresh, contiguous, writeable ``numpy`` array holding
 ``case.rank_tensor(r)`` (the same bits) and a duplicate of the job's
@@ -18,7 +18,7 @@ after the call is the result when it returns ``None``.
 The target is imported by name in the ranks only (never in the tester), and
 each rank answers with plain data (:func:`observe_rank`: bits, shapes, dtype
 names, strings), which the tester reads without building any object the
-ranks chose (``MpiRing.run(trusted=False)``) and decodes once, field by field,
+ranks chose (``MpiJob.run(trusted=False)``) and decodes once, field by field,
 into the same :class:`~ring_ref.difftest._call.Answer` the gloo ranks give
 (:func:`decode_rank`); or the call is a
 :class:`~ring_ref.difftest._call.Failure`: ``timed-out`` with each unfinished
@@ -46,7 +46,7 @@ import numpy.typing as npt
 import torch
 
 from ring_ref._dtypes import INT_OF_SIZE
-from ring_ref._processes._mpi_job import FAILURE_GRACE_S, MpiRing, RankFailed, RanksStopped, RanksTimedOut
+from ring_ref._processes._mpi_job import FAILURE_GRACE_S, MpiJob, RankFailed, RanksStopped, RanksTimedOut
 from ring_ref.difftest._call import Answer, Failure, Garbled, Outcome, TensorView, stopped_note
 from ring_ref.difftest._inputs import Case
 from ring_ref.difftest._launch import Launcher, OutputLog
@@ -261,13 +261,13 @@ class MpiRanks(Launcher):
         timeout_s: float,
         mca: Mapping[str, str] | None = None,
         *,
-        rings: Mapping[int, MpiRing] | None = None,
+        rings: Mapping[int, MpiJob] | None = None,
     ) -> None:
         self.target = target
         self.timeout_s = timeout_s
         self.mca = dict(mca or {})
         self.output = OutputLog()
-        self._rings: dict[int, MpiRing] = dict(rings or {})
+        self._rings: dict[int, MpiJob] = dict(rings or {})
 
     def start(self) -> None:
         """Start a job of one rank and load the target in it (:class:`TargetError` if it cannot)."""
@@ -284,7 +284,7 @@ class MpiRanks(Launcher):
         if case.dtype not in MPI_DTYPES:
             raise ValueError(f"--ranks mpi takes {[str(d) for d in MPI_DTYPES]} only; got {case.dtype}")
         n = case.n
-        ring = self._rings.get(n) or self._rings.setdefault(n, MpiRing(n, mca=self.mca))
+        ring = self._rings.get(n) or self._rings.setdefault(n, MpiJob(n, mca=self.mca))
         inputs = [case.rank_tensor(r).numpy() for r in range(n)]
         payload = (
             self.target,

@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ring_ref._processes._gloo import ProcessRing
-from ring_ref._processes._mpi_job import MpiRing, mpirun_path
+from ring_ref._processes._gloo import SpawnedGroup
+from ring_ref._processes._mpi_job import MpiJob, mpirun_path
 
 __all__ = ["Jobs", "Rings", "gone"]
 
@@ -44,12 +44,12 @@ class Jobs:
 
     def __init__(self) -> None:
         mpirun_path()  # fail (not skip) with what to install when OpenMPI or mpi4py is missing
-        self.rings: list[MpiRing] = []
+        self.rings: list[MpiJob] = []
         self.pids: set[int] = set()
 
-    def ring(self, n: int, **kwargs: Any) -> MpiRing:
-        """A job of ``n`` ranks (``MpiRing(n, **kwargs)``, started on first use), closed by :meth:`close`."""
-        ring = MpiRing(n, **kwargs)
+    def ring(self, n: int, **kwargs: Any) -> MpiJob:
+        """A job of ``n`` ranks (``MpiJob(n, **kwargs)``, started on first use), closed by :meth:`close`."""
+        ring = MpiJob(n, **kwargs)
         self.rings.append(ring)
         return ring
 
@@ -58,7 +58,7 @@ class Jobs:
         for ring in self.rings:
             self.pids.update(ring.pids)
 
-    def run(self, ring: MpiRing, fn: Any, payload: Any, timeout_s: float = 60.0) -> list[Any]:
+    def run(self, ring: MpiJob, fn: Any, payload: Any, timeout_s: float = 60.0) -> list[Any]:
         """``ring.run(fn, payload)``, its processes remembered first."""
         ring.start()
         self.note()
@@ -75,15 +75,15 @@ class Jobs:
 
 
 class Rings:
-    """One lazily spawned, reused :class:`ProcessRing` per world size, all closed by :meth:`close`."""
+    """One lazily spawned, reused :class:`SpawnedGroup` per world size, all closed by :meth:`close`."""
 
     def __init__(self, group_timeout_s: float) -> None:
         self._group_timeout_s = group_timeout_s
-        self._rings: dict[int, ProcessRing] = {}
+        self._rings: dict[int, SpawnedGroup] = {}
 
-    def __call__(self, n: int) -> ProcessRing:
+    def __call__(self, n: int) -> SpawnedGroup:
         if n not in self._rings:
-            self._rings[n] = ProcessRing(n, group_timeout_s=self._group_timeout_s)
+            self._rings[n] = SpawnedGroup(n, group_timeout_s=self._group_timeout_s)
         return self._rings[n]
 
     def close(self) -> None:

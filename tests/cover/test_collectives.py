@@ -8,6 +8,7 @@ out by a loop in the test.
 
 from __future__ import annotations
 
+import inspect
 import struct
 from typing import Any
 
@@ -344,6 +345,20 @@ def test_unknown_engine_is_refused() -> None:
     for call in (ring_reduce_scatter, ring_all_gather):
         with pytest.raises(ValueError, match="unknown engine 'gpu'"):
             call(torch.ones(2, 2), engine="gpu")  # type: ignore[call-overload]
+
+
+@pytest.mark.clause("engines-same-bits")
+def test_every_collective_takes_the_engine_second_by_position_or_by_name() -> None:
+    """``engine`` is one parameter in the same place in all three collectives: the second, positional or
+    keyword (``ring_all_reduce(x, "fast")`` as released); ``op`` and ``schedule`` keyword-only."""
+    x = torch.arange(32.0).reshape(4, 8)
+    for call in (ring_all_reduce, ring_reduce_scatter, ring_all_gather):
+        parameters = list(inspect.signature(call).parameters.values())
+        assert parameters[1].name == "engine", call
+        assert parameters[1].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD, call
+        assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in parameters[2:]), call
+        assert same_bits(call(x, "fast"), call(x, engine="fast")), call
+        assert same_bits(call(x, "fast"), call(x)), call
 
 
 @pytest.mark.clause("rsc-ring")

@@ -20,8 +20,8 @@ import torch
 from ring_ref import ring_all_reduce
 from ring_ref._chunks import chunk_bounds
 from ring_ref._cli import main
-from ring_ref._invariance import Embedded, Placement, chunk_offsets, placements
 from ring_ref._order import tree_to_json
+from ring_ref._order_stability import Embedded, Placement, chunk_offsets, placements
 from ring_ref._reveal import RevealError
 from ring_ref._svg import invariance_svg
 from ring_ref.invariance import Invariance, InvarianceError, invariance

@@ -2,14 +2,19 @@
 
 The layers are the architecture's (``docs/architecture.md``), written here by hand, not
 read off the current imports: the schedule, then the invariants, the core, the
-shared facts, the adapters and engines, ``_dispatch``, the order model
-(``_order``: summation trees, below every tool that reads an order); every
-other module is a tool.  Each module may import only its own layer and those below; no import
+shared facts, the adapters and engines, ``_dispatch``; then the top floor: the
+per-rank runtimes (``_ranks`` and its public faces ``distributed`` and ``mpi``,
+``_processes``) beside the order model (``_order``: summation trees, below every
+tool that reads an order); the instruments (reveal, traces and their check, the
+contracts, the vectors, the ready-made targets); the tools built on them
+(difftest, ``testing``, invariance, the pictures); the command line on top.  A
+module in no entry (the package root, a new module) is a tool.  Each module may
+import only its own layer and those below; no import
 cycles (function-level imports count: a lazy import is still a dependency);
 no ``from ring_ref import X`` of anything but a submodule (the package root
 only re-exports); and only difftest itself and its users (``testing``,
-``_cli``, ``targets``, ``_invariance``) import difftest.  A table entry names a module or a
-package and everything in it, so a new package of tools needs no entry.
+``_cli``, ``_order_stability``) import difftest.  A table entry names a module or a
+package and everything in it, so a new module of a listed package needs no entry.
 
 The checker is run on the real tree, and on copies of it with one import
 planted, each of which it must refuse.
@@ -46,19 +51,46 @@ LAYERS: Final[tuple[tuple[str, ...], ...]] = (
         "ring_ref._fast",
     ),
     ("ring_ref._dispatch",),
-    ("ring_ref._order",),
+    (
+        "ring_ref._ranks",
+        "ring_ref.distributed",
+        "ring_ref.mpi",
+        "ring_ref._processes",
+        "ring_ref._order",
+    ),
+    (
+        "ring_ref._reveal",
+        "ring_ref._trace",
+        "ring_ref._tracecheck",
+        "ring_ref._contracts",
+        "ring_ref._vectors",
+        "ring_ref.targets",
+    ),
+    (
+        "ring_ref.difftest",
+        "ring_ref.testing",
+        "ring_ref._order_stability",
+        "ring_ref.invariance",
+        "ring_ref._svg",
+    ),
+    ("ring_ref._cli", "ring_ref.__main__"),
 )
-"""Bottom first; a module of the package in no entry is a tool, the layer above the order model."""
+"""Bottom first: the ring and its engines up to ``_dispatch``; then the top floor: the per-rank runtimes
+and the order model; the instruments (each asks one question of a ring, a target or a trace); the
+tools built on them; the command line.  A module of the package in no entry (the package root, a new
+module) is a tool."""
 
-TOOLS: Final = len(LAYERS)
+RUNTIMES: Final = 6
+INSTRUMENTS: Final = 7
+TOOLS: Final = 8
+CLI: Final = 9
 
 DIFFTEST: Final = "ring_ref.difftest"
 DIFFTEST_USERS: Final = (
     DIFFTEST,
     "ring_ref.testing",
     "ring_ref._cli",
-    "ring_ref.targets",
-    "ring_ref._invariance",
+    "ring_ref._order_stability",
 )
 """The only modules that may import difftest."""
 
@@ -221,14 +253,51 @@ def test_the_order_model_imports_no_tool(line: str, tool: str) -> None:
     """The trees sit below the tools that read them: an import from ``_order`` up into one is refused."""
     found = _planted("ring_ref._order._fit", line)
     assert any(
-        f"ring_ref._order._fit (layer 6) imports {tool} (layer 7), a higher layer" in v for v in found
+        f"ring_ref._order._fit (layer {RUNTIMES}) imports {tool} (layer {layer(tool)}), a higher layer" in v
+        for v in found
     ), found
     assert _planted("ring_ref._order._trees", "from ring_ref._dispatch import ring_all_reduce") == []
 
 
+@pytest.mark.parametrize(
+    ("module", "line", "target"),
+    [
+        ("ring_ref._ranks._torch", "from ring_ref._reveal import reveal", "ring_ref._reveal"),
+        ("ring_ref._processes._shared", "import ring_ref._trace", "ring_ref._trace"),
+        ("ring_ref.distributed", "from ring_ref._svg import reveal_svg", "ring_ref._svg"),
+        ("ring_ref._reveal._check", "from ring_ref._svg import reveal_svg", "ring_ref._svg"),
+        ("ring_ref.targets", "from ring_ref._order_stability import invariance", "ring_ref._order_stability"),
+        ("ring_ref._vectors._format", "import ring_ref.testing", "ring_ref.testing"),
+        ("ring_ref.difftest._search", "from ring_ref._cli import main", "ring_ref._cli"),
+        ("ring_ref._svg", "import ring_ref.__main__", "ring_ref.__main__"),
+    ],
+)
+def test_each_floor_of_the_top_refuses_an_import_from_above(module: str, line: str, target: str) -> None:
+    """Runtimes and the order model import no instrument; instruments no tool built on them; tools not
+    the command line."""
+    assert layer(module) < layer(target)
+    found = _planted(module, line)
+    assert any(
+        f"{module} (layer {layer(module)}) imports {target} (layer {layer(target)}), a higher layer" in v
+        for v in found
+    ), found
+
+
+def test_the_top_floor_is_drawn_in_order() -> None:
+    """Runtimes and the order model, then the instruments, the tools built on them and the command line."""
+    assert [layer(m) for m in ("ring_ref._ranks", "ring_ref._processes", "ring_ref._order")] == [RUNTIMES] * 3
+    assert [layer(m) for m in ("ring_ref._reveal", "ring_ref.targets", "ring_ref._vectors")] == [
+        INSTRUMENTS
+    ] * 3
+    assert [layer(m) for m in ("ring_ref.difftest", "ring_ref.invariance", "ring_ref._svg")] == [TOOLS] * 3
+    assert layer("ring_ref._cli") == layer("ring_ref.__main__") == CLI == len(LAYERS) - 1
+    assert layer("ring_ref") == layer("ring_ref._new_module") == TOOLS
+
+
 def test_a_cycle_among_tools_is_refused() -> None:
-    found = _planted("ring_ref._trace", "from ring_ref import _svg")
-    assert "import cycle among ring_ref._svg, ring_ref._trace" in found, found
+    """On one floor an import may go either way, not both (``_vectors._format`` imports ``_tracecheck``)."""
+    found = _planted("ring_ref._tracecheck", "from ring_ref._vectors import _format")
+    assert found == ["import cycle among ring_ref._tracecheck, ring_ref._vectors._format"], found
 
 
 def test_a_name_from_the_package_root_is_refused() -> None:
@@ -251,14 +320,21 @@ def test_difftest_is_imported_by_its_users_only(module: str, line: str) -> None:
     assert any(f"{module} imports ring_ref.difftest" in v for v in _planted(module, line))
 
 
-def test_new_packages_of_tools_fit_by_prefix() -> None:
-    """A module of a new tools package may import anything below the tools; not difftest."""
+def test_new_modules_fit_by_prefix_and_unlisted_ones_are_tools() -> None:
+    """A new module of a listed package takes its package's floor; a new module elsewhere is a tool, which
+    may import anything below the command line, but not difftest."""
     assert (
         _planted("ring_ref._processes._planted", "from ring_ref._dispatch import ring_all_reduce", new=True)
         == []
     )
-    found = _planted("ring_ref._vectors._planted", "from ring_ref.difftest import _orders", new=True)
+    found = _planted("ring_ref._processes._planted", "from ring_ref._vectors import write", new=True)
     assert found == [
-        "ring_ref._vectors._planted line 4: ring_ref._vectors._planted imports ring_ref.difftest._orders; "
+        f"ring_ref._processes._planted line 4: ring_ref._processes._planted (layer {RUNTIMES}) imports "
+        f"ring_ref._vectors (layer {INSTRUMENTS}), a higher layer"
+    ]
+    assert _planted("ring_ref._planted", "from ring_ref._svg import reveal_svg", new=True) == []
+    found = _planted("ring_ref._planted", "from ring_ref.difftest import _orders", new=True)
+    assert found == [
+        "ring_ref._planted line 4: ring_ref._planted imports ring_ref.difftest._orders; "
         f"only {DIFFTEST_USERS} may"
     ]

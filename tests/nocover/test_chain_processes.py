@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch._C._distributed_c10d import GradBucket  # dist.GradBucket, which the stubs do not export
 
-from ring_ref._processes._gloo import ProcessRing
-from ring_ref._processes._mpi_job import MpiRing
+from ring_ref._processes._gloo import SpawnedGroup
+from ring_ref._processes._mpi_job import MpiJob
 from ring_ref._ranks import _plans
 from ring_ref.distributed import RingHookState, ring_all_reduce_, ring_hook
 from ring_ref.mpi import ring_all_reduce_ as mpi_ring_all_reduce_
@@ -43,12 +43,12 @@ PROCESS_SETTINGS = settings(
 
 
 @pytest.fixture(scope="module")
-def rings() -> Iterator[dict[int, ProcessRing]]:
+def rings() -> Iterator[dict[int, SpawnedGroup]]:
     """Gloo groups of 2, 3 and 4 processes, reused by every test of the module."""
     with (
-        ProcessRing(2, group_timeout_s=CALL_TIMEOUT_S) as two,
-        ProcessRing(3, group_timeout_s=CALL_TIMEOUT_S) as three,
-        ProcessRing(4, group_timeout_s=CALL_TIMEOUT_S) as four,
+        SpawnedGroup(2, group_timeout_s=CALL_TIMEOUT_S) as two,
+        SpawnedGroup(3, group_timeout_s=CALL_TIMEOUT_S) as three,
+        SpawnedGroup(4, group_timeout_s=CALL_TIMEOUT_S) as four,
     ):
         yield {2: two, 3: three, 4: four}
 
@@ -89,7 +89,7 @@ def reduce_cases(
 @PROCESS_SETTINGS
 @given(data=st.data())
 def test_chain_on_gloo_ranks_is_the_left_fold(
-    rings: dict[int, ProcessRing], n: int, patches: dict[str, Any], data: st.DataObject
+    rings: dict[int, SpawnedGroup], n: int, patches: dict[str, Any], data: st.DataObject
 ) -> None:
     cases: list[Case] = [
         (data.draw(stacked(n)), data.draw(st.sampled_from(OPS)), data.draw(st.booleans())) for _ in range(6)
@@ -121,7 +121,7 @@ def hook_rows(rank: int, world_size: int, x: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.clause("chain-processes")
-def test_ring_hook_with_the_chain_averages_the_left_fold(rings: dict[int, ProcessRing]) -> None:
+def test_ring_hook_with_the_chain_averages_the_left_fold(rings: dict[int, SpawnedGroup]) -> None:
     """A bucket of 37 elements on 4 ranks (not a multiple of 4: nothing is padded): the left fold / N."""
     n = 4
     gen = torch.Generator().manual_seed(11)
@@ -144,7 +144,7 @@ def refuse_a_differing_schedule(rank: int, world_size: int, _: None) -> tuple[st
 
 @pytest.mark.clause("chain-processes")
 @pytest.mark.parametrize("n", [2, 3])
-def test_a_chain_on_one_rank_only_is_refused_on_every_rank(rings: dict[int, ProcessRing], n: int) -> None:
+def test_a_chain_on_one_rank_only_is_refused_on_every_rank(rings: dict[int, SpawnedGroup], n: int) -> None:
     per_rank = rings[n].run(refuse_a_differing_schedule, None, timeout_s=CALL_TIMEOUT_S)
     kinds = {kind for kind, _, _ in per_rank}
     assert kinds == {"ValueError"}, per_rank
@@ -157,7 +157,7 @@ def test_a_chain_on_one_rank_only_is_refused_on_every_rank(rings: dict[int, Proc
 
 
 @pytest.fixture(scope="module")
-def mpi4() -> Iterator[tuple[Jobs, MpiRing]]:
+def mpi4() -> Iterator[tuple[Jobs, MpiJob]]:
     """One MPI job of 4 ranks; every process it started is gone afterwards."""
     pool = Jobs()
     yield pool, pool.ring(4)
@@ -186,7 +186,7 @@ def mpi_rows(comm: Any, cases: list[tuple[Array, str | ChainSchedule]]) -> list[
 @pytest.mark.clause("chain-processes")
 @PROCESS_SETTINGS
 @given(data=st.data())
-def test_chain_on_mpi_ranks_is_the_left_fold(mpi4: tuple[Jobs, MpiRing], data: st.DataObject) -> None:
+def test_chain_on_mpi_ranks_is_the_left_fold(mpi4: tuple[Jobs, MpiJob], data: st.DataObject) -> None:
     jobs, world4 = mpi4
     cases: list[tuple[Array, str | ChainSchedule]] = []
     for n in (1, 2, 3, 4):

@@ -29,7 +29,7 @@ from torch._C._distributed_c10d import GradBucket  # dist.GradBucket, which the 
 from torch.nn.parallel import DistributedDataParallel
 
 from ring_ref import ring_all_reduce
-from ring_ref._processes._gloo import ProcessRing
+from ring_ref._processes._gloo import SpawnedGroup
 from ring_ref.distributed import RingHookState, ring_hook
 from ring_ref.schedule import PRESETS
 from tests.common.oracles import fold, same_bits
@@ -190,9 +190,9 @@ def large_batch(n: int, config: Config) -> list[torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def ring() -> Iterator[ProcessRing]:
+def ring() -> Iterator[SpawnedGroup]:
     """Four ranks; the smaller worlds are the sub-groups of their first ranks."""
-    processes = ProcessRing(4, group_timeout_s=CALL_TIMEOUT_S)
+    processes = SpawnedGroup(4, group_timeout_s=CALL_TIMEOUT_S)
     try:
         yield processes
     finally:
@@ -220,7 +220,9 @@ CONFIGS = [
         "n4-sgd-view-no_sync-openmpi-ring-unpadded",
     ],
 )
-def test_ddp_with_the_ring_hook_matches_the_simulation_bit_for_bit(ring: ProcessRing, config: Config) -> None:
+def test_ddp_with_the_ring_hook_matches_the_simulation_bit_for_bit(
+    ring: SpawnedGroup, config: Config
+) -> None:
     n = config.n
     results = [r for r in ring.run(train_with_hook, config, timeout_s=CALL_TIMEOUT_S) if r is not None]
     assert len(results) == n

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from ring_ref import ring_all_reduce
 from ring_ref._cli import main
 from ring_ref._order import format_tree
-from ring_ref._processes._gloo import ProcessRing
+from ring_ref._processes._gloo import SpawnedGroup
 from ring_ref._reveal import reveal
 from ring_ref.difftest import difftest
 from ring_ref.difftest._mpi import MpiRanks
@@ -83,7 +83,7 @@ def _rank_collectives(rank: int, n: int, x: torch.Tensor) -> tuple[torch.Tensor,
 def test_gloo_reduce_scatter_then_all_gather_is_its_all_reduce_bit_for_bit(n: int) -> None:
     gen = torch.Generator().manual_seed(n)
     tried = 0
-    with ProcessRing(n) as ring:
+    with SpawnedGroup(n) as ring:
         for m in (n, 2 * n, 3 * n, 7 * n):  # M = N and 3N: gloo's segments cut the rows unevenly
             for dtype in DTYPES:
                 scale = torch.exp2(torch.randint(-8, 8, (n, m, 2), generator=gen).double())

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from ring_ref._cli import main
-from ring_ref._processes._mpi_job import MpiRing, RankFailed, RanksStopped, RanksTimedOut, mpirun_path
+from ring_ref._processes._mpi_job import MpiJob, RankFailed, RanksStopped, RanksTimedOut, mpirun_path
 from ring_ref.difftest import Mode, _mpi, difftest
 from ring_ref.difftest._call import Answer, Garbled, TensorView
 from ring_ref.difftest._inputs import Case
@@ -280,7 +280,7 @@ class FakeComm:
         return self.size
 
 
-class FakeRing(MpiRing):
+class FakeRing(MpiJob):
     """A job that is never started: each run calls ``fn`` for every rank here, or fails as told."""
 
     made: ClassVar[list[FakeRing]] = []
@@ -761,7 +761,7 @@ def test_a_garbled_reply_is_crashed_and_the_job_stopped() -> None:
 
 @pytest.mark.timeout(60)
 def test_one_job_per_n_is_made_on_first_use_with_the_mca_options(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_mpi, "MpiRing", FakeRing)
+    monkeypatch.setattr(_mpi, "MpiJob", FakeRing)
     monkeypatch.setattr(FakeRing, "made", [])
     launcher = MpiRanks(f"{HERE}:returns_list", 1.0, {"btl": "self"})
     sizes = []

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from ring_ref import distributed, ring_all_reduce
-from ring_ref._processes._gloo import ProcessRing, RankError
+from ring_ref._processes._gloo import RankError, SpawnedGroup
 from ring_ref._ranks import _plans, _transport
 from ring_ref.distributed import ring_all_reduce_
 from ring_ref.testing import assert_matches_reference
@@ -302,7 +302,7 @@ def reduce_on_first_n(rank: int, world_size: int, x: torch.Tensor) -> torch.Tens
     return mine if rank == 0 else None
 
 
-def ring_target(ring: ProcessRing, rotate: bool = False) -> Callable[[torch.Tensor], torch.Tensor]:
+def ring_target(ring: SpawnedGroup, rotate: bool = False) -> Callable[[torch.Tensor], torch.Tensor]:
     """A difftest target: ``(N, M, ...)`` in, rank 0's ``(M, ...)`` out, computed by N real ranks (N <= 4).
 
     ``rotate`` plants a fault: rank ``r`` reduces row ``r + 1``, a correct sum in the wrong fold order.

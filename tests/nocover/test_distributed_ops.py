@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from ring_ref import OPS, ring_all_reduce
-from ring_ref._processes._gloo import ProcessRing
+from ring_ref._processes._gloo import SpawnedGroup
 from ring_ref.distributed import ring_all_reduce_
 from tests.common.oracles import ring_fold_op, same_bits
 
@@ -37,13 +37,13 @@ def reject(rank: int, _n: int, ops: list[object]) -> str:
 
 
 @pytest.fixture(scope="module")
-def ring() -> Iterator[ProcessRing]:
-    with ProcessRing(N) as r:
+def ring() -> Iterator[SpawnedGroup]:
+    with SpawnedGroup(N) as r:
         yield r
 
 
 @pytest.mark.clause("op-prod", "op-max", "op-min", "op-avg")
-def test_every_op_on_every_rank_equals_the_simulation(ring: ProcessRing) -> None:
+def test_every_op_on_every_rank_equals_the_simulation(ring: SpawnedGroup) -> None:
     gen = torch.Generator().manual_seed(17)
     cases: list[tuple[torch.Tensor, object]] = []
     for dtype in DTYPES:
@@ -61,7 +61,7 @@ def test_every_op_on_every_rank_equals_the_simulation(ring: ProcessRing) -> None
 
 
 @pytest.mark.clause("op-choice", "bad-input")
-def test_an_unknown_or_differing_op_is_refused_on_every_rank(ring: ProcessRing) -> None:
+def test_an_unknown_or_differing_op_is_refused_on_every_rank(ring: SpawnedGroup) -> None:
     unknown_ops: list[object] = ["sum", "mean", "sum"]
     unknown = ring.run(reject, unknown_ops, timeout_s=120)
     assert len(set(unknown)) == 1 and "rank 1: unknown reduction op 'mean'" in unknown[0], unknown

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import GradBucket  # dist.GradBucket, which the stubs do not export
 
 from ring_ref import ring_all_reduce
-from ring_ref._processes._gloo import ProcessRing
+from ring_ref._processes._gloo import SpawnedGroup
 from ring_ref._ranks import _plans, _torch
 from ring_ref.distributed import RingHookState, ring_all_reduce_, ring_hook
 from ring_ref.schedule import RingSchedule
@@ -125,11 +125,11 @@ def oracle(x: torch.Tensor, name: str) -> torch.Tensor:
 
 
 @pytest.fixture(scope="module")
-def rings() -> Iterator[dict[int, ProcessRing]]:
-    pool: dict[int, ProcessRing] = {}
+def rings() -> Iterator[dict[int, SpawnedGroup]]:
+    pool: dict[int, SpawnedGroup] = {}
     with contextlib.ExitStack() as stack:
         for n in (2, 3, 4):
-            pool[n] = stack.enter_context(ProcessRing(n, group_timeout_s=CALL_TIMEOUT_S))
+            pool[n] = stack.enter_context(SpawnedGroup(n, group_timeout_s=CALL_TIMEOUT_S))
         yield pool
 
 
@@ -153,7 +153,7 @@ SETTINGS: dict[int, list[dict[str, object]]] = {
 
 @pytest.mark.clause("schedule-family", "schedule-fold-order", "schedule-layouts")
 @pytest.mark.parametrize("n", [2, 3, 4])
-def test_every_ring_on_every_rank_equals_the_simulation(rings: dict[int, ProcessRing], n: int) -> None:
+def test_every_ring_on_every_rank_equals_the_simulation(rings: dict[int, SpawnedGroup], n: int) -> None:
     """Whole chunks and segments of 1 to 4 elements (short chunks cut into empty segments), on
     ``alltoall`` rounds and on point-to-point sends, with reduce-scatter's first round carried by
     the check or sent after it, the per-round path, and two ranks swapping whole tensors: the
@@ -210,7 +210,7 @@ def gloo_against_all_reduce(
 
 @pytest.mark.clause("schedule-presets")
 @pytest.mark.parametrize("n", [2, 3, 4])
-def test_gloo_schedule_equals_torch_distributed_all_reduce(rings: dict[int, ProcessRing], n: int) -> None:
+def test_gloo_schedule_equals_torch_distributed_all_reduce(rings: dict[int, SpawnedGroup], n: int) -> None:
     """Random float32, ``M`` not divisible by ``N``, and one input past gloo's ``2N`` segments of 1 MiB
     (more segments per chunk; chunks large enough to travel in several segments of the ring)."""
     shapes: list[tuple[int, tuple[int, ...]]] = [(n + 1, ()), (2 * n + 3, (3,)), (37, (2,))]
@@ -321,7 +321,7 @@ def reject_bad(rank: int, world_size: int, names: list[str]) -> list[tuple[str, 
 @pytest.mark.clause("schedule-bad-input")
 @pytest.mark.parametrize("n", [2, 3])
 def test_a_bad_or_differing_schedule_is_refused_identically_on_every_rank(
-    rings: dict[int, ProcessRing], n: int
+    rings: dict[int, SpawnedGroup], n: int
 ) -> None:
     """Every group size checks with one ``alltoall`` of signatures (carrying data too): the same errors."""
     cases = bad_cases(n)
@@ -367,7 +367,7 @@ def hook_rows(rank: int, world_size: int, payload: tuple[torch.Tensor, list[str]
 
 
 @pytest.mark.clause("schedule-layouts")
-def test_the_hook_pads_for_the_even_layout_only(rings: dict[int, ProcessRing]) -> None:
+def test_the_hook_pads_for_the_even_layout_only(rings: dict[int, SpawnedGroup]) -> None:
     """A bucket of 37 elements on 4 ranks: the spec's ring sums it zero-padded to 40; openmpi-ring and
     gloo sum it as it is (padding would move three elements into other blocks, and other bits)."""
     n = 4
@@ -429,7 +429,7 @@ def fail_on_rank_1(rank: int, world_size: int, at: str) -> str:
     ids=["never-calls", "raises-mid-ring", "raises-instead-of-swapping"],
 )
 def test_two_ranks_a_failing_peer_ends_the_call_within_its_timeout(
-    rings: dict[int, ProcessRing], at: str, where: str
+    rings: dict[int, SpawnedGroup], at: str, where: str
 ) -> None:
     """Two ranks check, and swap or run the ring, on ``alltoall`` collectives: their ``timeout``
     still ends the wait for a peer that never calls or fails mid-ring (each case tears the two-rank

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ring_ref._processes._gloo import ProcessRing
+from ring_ref._processes._gloo import SpawnedGroup
 from ring_ref.distributed import RingAllGather, RingReduceScatter, ring_hook
 from ring_ref.schedule import RingSchedule
 from tests.common.oracles import same_bits
@@ -117,16 +117,16 @@ def replay(n: int, order: Callable[[int, int], list[int]]) -> list[torch.Tensor]
 
 
 @pytest.fixture(scope="module")
-def rings() -> Iterator[dict[int, ProcessRing]]:
-    pool: dict[int, ProcessRing] = {}
+def rings() -> Iterator[dict[int, SpawnedGroup]]:
+    pool: dict[int, SpawnedGroup] = {}
     yield pool
     for ring in pool.values():
         ring.close()
 
 
-def _ring(pool: dict[int, ProcessRing], n: int) -> ProcessRing:
+def _ring(pool: dict[int, SpawnedGroup], n: int) -> SpawnedGroup:
     if n not in pool:
-        pool[n] = ProcessRing(n, group_timeout_s=120.0)
+        pool[n] = SpawnedGroup(n, group_timeout_s=120.0)
     return pool[n]
 
 
@@ -135,7 +135,7 @@ def _ring(pool: dict[int, ProcessRing], n: int) -> ProcessRing:
     ("n", "schedule"), [(3, None), (4, None), (4, RingSchedule(-1, -1, "even"))], ids=["n3", "n4", "n4-minus"]
 )
 def test_fsdp2_training_through_the_ring_is_the_replay_bit_for_bit(
-    rings: dict[int, ProcessRing], n: int, schedule: object
+    rings: dict[int, SpawnedGroup], n: int, schedule: object
 ) -> None:
     """Four SGD steps: every rank's shard of every parameter equals the replay's rows, bit for bit;
     a replay folding in rank order instead gives other bits (so the test pins the order)."""
@@ -178,7 +178,7 @@ def full_params(rank: int, world_size: int, schedule: object) -> list[torch.Tens
 
 @pytest.mark.clause("dist-fsdp")
 def test_ddp_with_ring_hook_and_fsdp2_through_the_ring_train_alike_on_two_ranks(
-    rings: dict[int, ProcessRing],
+    rings: dict[int, SpawnedGroup],
 ) -> None:
     """On two ranks DDP (``ring_hook``: the spec's all-reduce ring over a gradient bucket) and FSDP2
     (the reduce-scatter ring over per-parameter shards) must give every parameter the same bits after

@@ -3,7 +3,7 @@
 ``ring-ref reveal`` on it must fit the ``gloo`` preset, and
 ``ring_all_reduce(x, schedule="gloo")`` must give gloo's bits on random inputs
 of every dtype, ``M`` divisible by ``N`` or not, with trailing dimensions.  The
-ranks run in :class:`ring_ref._processes._gloo.ProcessRing`; rank ``i`` contributes
+ranks run in :class:`ring_ref._processes._gloo.SpawnedGroup`; rank ``i`` contributes
 ``x[i]``.  ``verify`` runs a few ``N``; the full ``N = 2 .. 8`` sweep is ``soak``.
 """
 
@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from ring_ref import ring_all_reduce
-from ring_ref._processes._gloo import ProcessRing
+from ring_ref._processes._gloo import SpawnedGroup
 from ring_ref._reveal import reveal
 from ring_ref.difftest._oracles import ExactOrder
 from tests.common.oracles import same_bits
@@ -42,7 +42,7 @@ def _inputs(n: int, seed: int) -> list[torch.Tensor]:
 def _check(n: int) -> None:
     """gloo's bits on every case; and the inputs tell orders apart: OpenMPI's ring differs somewhere."""
     differs = 0
-    with ProcessRing(n) as ring:
+    with SpawnedGroup(n) as ring:
         for x in _inputs(n, seed=n):
             results = ring.run(_rank_all_reduce, x, timeout_s=60)
             want = ring_all_reduce(x, schedule="gloo")
@@ -66,7 +66,7 @@ def test_soak_gloo_preset_equals_gloo_for_every_n_up_to_eight(n: int) -> None:
 
 
 def _reveal_gloo(n: int) -> None:
-    with ProcessRing(n) as ring:
+    with SpawnedGroup(n) as ring:
 
         def gloo(x: torch.Tensor) -> torch.Tensor:
             return ring.run(_rank_all_reduce, x, timeout_s=60)[0]
@@ -86,7 +86,7 @@ def _reveal_gloo(n: int) -> None:
 def test_reveal_on_gloo_fits_the_gloo_preset() -> None:
     # N = 3, M = 4 written out: gloo cuts 4 elements into 6 segments of 1, 2 per rank: chunks 2, 2, 0;
     # chunk 0 folds workers 2, 1, 0 and chunk 1 folds 0, 2, 1.
-    with ProcessRing(3) as ring:
+    with SpawnedGroup(3) as ring:
         found = reveal(lambda x: ring.run(_rank_all_reduce, x, timeout_s=60)[0], 3, 4)
     assert found.to_json()["trees"] == [[[1, 2], 0], [[1, 2], 0], [[0, 2], 1], [[0, 2], 1]]
     assert found.matches == ["gloo"]

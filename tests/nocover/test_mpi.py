@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from ring_ref import ring_all_reduce
-from ring_ref._processes._mpi_job import MpiRing, RankFailed
+from ring_ref._processes._mpi_job import MpiJob, RankFailed
 from ring_ref._ranks._mpi import _check_comm, _Waiter
 from ring_ref.difftest._inputs import Case
 from ring_ref.difftest._mpi import MpiRanks
@@ -51,12 +51,12 @@ def jobs() -> Iterator[Jobs]:
 
 
 @pytest.fixture(scope="module")
-def world4(jobs: Jobs) -> MpiRing:
+def world4(jobs: Jobs) -> MpiJob:
     return jobs.ring(4, mca=openmpi_allreduce_mca("ring"))
 
 
 @pytest.fixture(scope="module")
-def world2(jobs: Jobs) -> MpiRing:
+def world2(jobs: Jobs) -> MpiJob:
     return jobs.ring(2)
 
 
@@ -163,7 +163,7 @@ def _assert_every_rank_has(per_rank: list[list[Array | None]], k: int, expected:
 
 
 @pytest.mark.clause("fold-order", "chunk-layout", "ag-complete", "supported-dtypes")
-def test_ring_all_reduce_gives_the_simulations_bits_on_every_rank(jobs: Jobs, world4: MpiRing) -> None:
+def test_ring_all_reduce_gives_the_simulations_bits_on_every_rank(jobs: Jobs, world4: MpiJob) -> None:
     """Every dtype, N = 1 .. 4, contiguous and strided: the same bits as the simulation and the fold."""
     cases = _bit_cases()
     per_rank = jobs.run(world4, reduce_rows, cases)
@@ -186,7 +186,7 @@ def test_ring_all_reduce_gives_the_simulations_bits_on_every_rank(jobs: Jobs, wo
 
 
 @pytest.mark.clause("fold-order")
-def test_openmpi_ring_algorithm_sums_the_specs_fold(jobs: Jobs, world4: MpiRing) -> None:
+def test_openmpi_ring_algorithm_sums_the_specs_fold(jobs: Jobs, world4: MpiJob) -> None:
     """Certification: OpenMPI's ``MPI_Allreduce`` with ``coll_tuned_allreduce_algorithm`` 4 (ring) gives
     the spec's bits for M divisible by N, N = 2 .. 4, float32 and float64 (MPI has no float16)."""
     xs = [
@@ -206,7 +206,7 @@ SCHEDULES: tuple[str | RingSchedule, ...] = ("openmpi-ring", "gloo", RingSchedul
 
 @pytest.mark.clause("schedule-family")
 def test_ring_all_reduce_runs_every_ring_of_the_family_with_the_simulations_bits(
-    jobs: Jobs, world4: MpiRing
+    jobs: Jobs, world4: MpiJob
 ) -> None:
     """``schedule=``: presets and a hand-made ring, every dtype, N = 1 .. 4, sizes not divisible by N."""
     cases: list[tuple[Array, str, str | RingSchedule]] = []
@@ -253,7 +253,7 @@ def openmpi_ring_fold(x: Array) -> Array:
 
 @pytest.mark.clause("fold-order")
 def test_openmpi_ring_algorithm_on_any_size_is_the_fold_of_its_element_blocks(
-    jobs: Jobs, world4: MpiRing
+    jobs: Jobs, world4: MpiJob
 ) -> None:
     """For ``count`` not divisible by N (and ``count >= N``) OpenMPI's ring folds uneven element blocks:
     the independent fold above, and ``ring_all_reduce(x, schedule="openmpi-ring")``."""
@@ -275,7 +275,7 @@ def test_openmpi_ring_algorithm_on_any_size_is_the_fold_of_its_element_blocks(
     assert sum(not np.array_equal(x.sum(axis=0), openmpi_ring_fold(x)) for x in xs) > len(xs) // 2
 
 
-def test_the_planted_bugs_base_ring_is_the_spec_and_each_bug_changes_it(jobs: Jobs, world4: MpiRing) -> None:
+def test_the_planted_bugs_base_ring_is_the_spec_and_each_bug_changes_it(jobs: Jobs, world4: MpiJob) -> None:
     """``tests/common/planted_mpi.py``: its plain ring gives the spec's bits; each planted bug changes
     them."""
     xs = [stacked(n, 2, (), dtype, seed=50 + n) for n in (2, 3, 4) for dtype in DTYPES]
@@ -353,7 +353,7 @@ def reject_everywhere(comm: Any, names: list[str]) -> list[tuple[str, str, bool]
 
 
 @pytest.mark.clause("bad-input")
-def test_bad_input_raises_the_same_error_on_every_rank(jobs: Jobs, world4: MpiRing) -> None:
+def test_bad_input_raises_the_same_error_on_every_rank(jobs: Jobs, world4: MpiJob) -> None:
     names = list(BAD_CASES)
     per_rank = jobs.run(world4, reject_everywhere, names)
     assert per_rank[2] == per_rank[3] == []
@@ -366,7 +366,7 @@ def test_bad_input_raises_the_same_error_on_every_rank(jobs: Jobs, world4: MpiRi
         assert got[0][2], f"{name}: the argument was modified"
 
 
-def test_bad_input_messages_are_the_simulations(jobs: Jobs, world4: MpiRing) -> None:
+def test_bad_input_messages_are_the_simulations(jobs: Jobs, world4: MpiJob) -> None:
     """The problems the simulated ring also has are worded as it words them."""
     per_rank = jobs.run(world4, reject_everywhere, ["indivisible", "nan-on-rank-0", "int-dtype"])
     simulated = []
@@ -388,7 +388,7 @@ def plain_or_not(comm: Any, _: None) -> object:
     return np.zeros(2) if comm.Get_rank() == 1 else ("bits", b"\x00\x01", [1, 2.5])
 
 
-def test_an_untrusting_caller_accepts_only_plain_data(jobs: Jobs, world4: MpiRing) -> None:
+def test_an_untrusting_caller_accepts_only_plain_data(jobs: Jobs, world4: MpiJob) -> None:
     assert jobs.run(world4, plain_or_not, None)[0] == ("bits", b"\x00\x01", [1, 2.5])
     with pytest.raises(RankFailed) as info:
         world4.run(plain_or_not, None, timeout_s=CALL_TIMEOUT_S, trusted=False)
@@ -420,7 +420,7 @@ def peer_stops_after_the_check(comm: Any, timeout_s: float) -> str:
     return "returned"
 
 
-def test_a_peer_that_never_calls_gives_an_error_not_a_hang(jobs: Jobs, world2: MpiRing) -> None:
+def test_a_peer_that_never_calls_gives_an_error_not_a_hang(jobs: Jobs, world2: MpiJob) -> None:
     start = time.monotonic()
     got = jobs.run(world2, peer_never_calls, 1.0)
     assert got[1] == "did not call"
@@ -452,7 +452,7 @@ def _case(x: Array) -> Case:
     )
 
 
-def test_a_per_rank_target_is_called_on_every_rank_by_name(world4: MpiRing) -> None:
+def test_a_per_rank_target_is_called_on_every_rank_by_name(world4: MpiJob) -> None:
     """``MpiRanks``: each rank's result (returned array, else the argument after the call) comes back."""
     x = stacked(4, 2, (), np.float32, seed=9)
     expected = ring_all_reduce(x)
@@ -481,7 +481,7 @@ def test_a_per_rank_target_is_called_on_every_rank_by_name(world4: MpiRing) -> N
     assert world4.running
 
 
-def test_a_deadlock_times_out_naming_each_rank_and_its_stack(world2: MpiRing) -> None:
+def test_a_deadlock_times_out_naming_each_rank_and_its_stack(world2: MpiJob) -> None:
     """The planted send-send deadlock (a per-rank target): both ranks named with stacks, nothing left."""
     world2.start()  # a new job after the close() above
     pids = world2.pids
@@ -507,7 +507,7 @@ def raise_while_peers_block(comm: Any, _: None) -> None:
 
 
 def test_a_rank_that_raises_while_its_peers_block_is_named_and_the_job_killed(
-    jobs: Jobs, world4: MpiRing
+    jobs: Jobs, world4: MpiJob
 ) -> None:
     """(Run on the 4-rank job once the bit-for-bit tests are done with it: the kill costs no relaunch.)"""
     with pytest.raises(RankFailed) as info:
@@ -526,7 +526,7 @@ def dies_mid_ring(comm: Any, _: None) -> str:
     return "returned"
 
 
-def test_a_dead_peer_is_an_error_naming_it_not_a_hang(jobs: Jobs, world2: MpiRing) -> None:
+def test_a_dead_peer_is_an_error_naming_it_not_a_hang(jobs: Jobs, world2: MpiJob) -> None:
     start = time.monotonic()
     with pytest.raises(RankFailed) as info:
         jobs.run(world2, dies_mid_ring, None, timeout_s=30.0)

@@ -17,7 +17,7 @@ import numpy.typing as npt
 import pytest
 import torch
 
-from ring_ref._processes._mpi_job import MpiRing
+from ring_ref._processes._mpi_job import MpiJob
 from ring_ref.mpi import ring_all_gather_, ring_reduce_scatter_
 from ring_ref.schedule import RingSchedule
 from tests.common.oracles import bits, shard_fold, special_values
@@ -42,7 +42,7 @@ def jobs() -> Iterator[Jobs]:
 
 
 @pytest.fixture(scope="module")
-def world4(jobs: Jobs) -> MpiRing:
+def world4(jobs: Jobs) -> MpiJob:
     return jobs.ring(4)
 
 
@@ -101,7 +101,7 @@ def _bits(a: Array) -> torch.Tensor:
 
 @pytest.mark.clause("dist-mpi-shards")
 def test_reduce_scatter_and_all_gather_give_the_independent_folds_and_copies(
-    jobs: Jobs, world4: MpiRing
+    jobs: Jobs, world4: MpiJob
 ) -> None:
     cases: list[Case] = []
     for n in (2, 3, 4):
@@ -131,7 +131,7 @@ def test_reduce_scatter_and_all_gather_give_the_independent_folds_and_copies(
 
 
 @pytest.mark.clause("dist-mpi-shards")
-def test_all_gather_copies_nan_payloads_signed_zeros_and_subnormals(jobs: Jobs, world4: MpiRing) -> None:
+def test_all_gather_copies_nan_payloads_signed_zeros_and_subnormals(jobs: Jobs, world4: MpiJob) -> None:
     cases: list[Case] = [
         (special_values(n, dt).numpy(), None, False) for n in (2, 4) for dt in (torch.float16, torch.float32)
     ]
@@ -215,7 +215,7 @@ def reject_everywhere(comm: Any, names: list[str]) -> list[tuple[str, str, bool]
 
 
 @pytest.mark.clause("dist-mpi-shards")
-def test_bad_input_raises_the_same_error_on_every_rank(jobs: Jobs, world4: MpiRing) -> None:
+def test_bad_input_raises_the_same_error_on_every_rank(jobs: Jobs, world4: MpiJob) -> None:
     names = list(BAD)
     per_rank = jobs.run(world4, reject_everywhere, names)
     for k, name in enumerate(names):

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ring_ref._processes._gloo import ProcessRing, RankError
+from ring_ref._processes._gloo import RankError, SpawnedGroup
 
 WORLD = 2
 GROUP_TIMEOUT_S = 300.0
@@ -64,12 +64,12 @@ def exit_late_on_rank(rank: int, world_size: int, bad: int) -> int:
 
 
 @pytest.fixture(scope="module")
-def ring() -> Iterator[ProcessRing]:
-    with ProcessRing(WORLD, group_timeout_s=GROUP_TIMEOUT_S) as r:
+def ring() -> Iterator[SpawnedGroup]:
+    with SpawnedGroup(WORLD, group_timeout_s=GROUP_TIMEOUT_S) as r:
         yield r
 
 
-def test_results_in_rank_order_and_group_reused(ring: ProcessRing) -> None:
+def test_results_in_rank_order_and_group_reused(ring: SpawnedGroup) -> None:
     expected_sum = sum(range(WORLD)) + WORLD * 0.5
     assert ring.run(sum_of_ranks, 0.5) == [(r, WORLD, expected_sum) for r in range(WORLD)]
     pids = [p.pid for p in ring._procs]
@@ -104,7 +104,7 @@ def listening_addresses(pids: list[int]) -> set[str]:
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="reads Linux's /proc/net/tcp")
-def test_parent_and_ranks_listen_on_loopback_only(ring: ProcessRing) -> None:
+def test_parent_and_ranks_listen_on_loopback_only(ring: SpawnedGroup) -> None:
     """The parent's store and the ranks' gloo sockets: 127.0.0.1 only, never every interface."""
     ring.run(sum_of_ranks, 0.0)
     addresses = listening_addresses([os.getpid(), *(p.pid for p in ring._procs if p.pid is not None)])
@@ -112,7 +112,7 @@ def test_parent_and_ranks_listen_on_loopback_only(ring: ProcessRing) -> None:
     assert addresses <= LOOPBACK_HEX, addresses
 
 
-def test_raising_rank_reports_traceback_and_does_not_hang(ring: ProcessRing) -> None:
+def test_raising_rank_reports_traceback_and_does_not_hang(ring: SpawnedGroup) -> None:
     start = time.monotonic()
     with pytest.raises(RankError) as info:
         ring.run(raise_on_rank, 1, timeout_s=PROMPT_S)
@@ -126,7 +126,7 @@ def test_raising_rank_reports_traceback_and_does_not_hang(ring: ProcessRing) -> 
     assert not ring.running, "the blocked rank must have been killed"
 
 
-def test_hanging_rank_times_out_naming_it(ring: ProcessRing) -> None:
+def test_hanging_rank_times_out_naming_it(ring: SpawnedGroup) -> None:
     start = time.monotonic()
     with pytest.raises(TimeoutError, match=r"timed out after 2 s; rank\(s\) \[1\] did not finish"):
         ring.run(hang_on_rank, 1, timeout_s=2)
@@ -134,13 +134,13 @@ def test_hanging_rank_times_out_naming_it(ring: ProcessRing) -> None:
     assert not ring.running
 
 
-def test_dead_rank_is_reported(ring: ProcessRing) -> None:
+def test_dead_rank_is_reported(ring: SpawnedGroup) -> None:
     with pytest.raises(RankError, match="rank 0 of 2 failed:\nthe process exited with code 7 without"):
         ring.run(exit_on_rank, 0, timeout_s=PROMPT_S)
     assert not ring.running
 
 
-def test_a_rank_that_dies_after_its_peers_failed_is_reported_with_them(ring: ProcessRing) -> None:
+def test_a_rank_that_dies_after_its_peers_failed_is_reported_with_them(ring: SpawnedGroup) -> None:
     """The peers' "connection closed" errors come first; the dead rank's exit is still named."""
     with pytest.raises(RankError) as info:
         ring.run(exit_late_on_rank, 0, timeout_s=PROMPT_S)
@@ -150,14 +150,14 @@ def test_a_rank_that_dies_after_its_peers_failed_is_reported_with_them(ring: Pro
     assert not ring.running
 
 
-def test_ring_respawns_after_a_failure(ring: ProcessRing) -> None:
+def test_ring_respawns_after_a_failure(ring: SpawnedGroup) -> None:
     """The previous case killed the ring; the next call spawns a fresh, working group."""
     assert not ring.running
     assert ring.run(sum_of_ranks, 1.0) == [(r, WORLD, sum(range(WORLD)) + WORLD * 1.0) for r in range(WORLD)]
 
 
 def test_unpicklable_function_is_rejected_before_spawning() -> None:
-    ring = ProcessRing(2)
+    ring = SpawnedGroup(2)
     with pytest.raises(TypeError, match="must be picklable"):
         ring.run(lambda rank, world_size, payload: rank, None)
     assert not ring.running
@@ -165,22 +165,22 @@ def test_unpicklable_function_is_rejected_before_spawning() -> None:
 
 @pytest.mark.soak  # a fresh interpreter per rank re-imports torch: seconds per process on two cores
 def test_spawn_start_method() -> None:
-    with ProcessRing(WORLD, start_method="spawn") as ring:
+    with SpawnedGroup(WORLD, start_method="spawn") as ring:
         assert ring.run(sum_of_ranks, 0.0) == [(r, WORLD, float(sum(range(WORLD)))) for r in range(WORLD)]
 
 
 def test_bad_start_method_is_rejected() -> None:
     with pytest.raises(ValueError, match="start_method must be 'forkserver' or 'spawn'; got 'fork'"):
-        ProcessRing(2, start_method="fork")  # type: ignore[arg-type]
+        SpawnedGroup(2, start_method="fork")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True])
 def test_bad_world_size_is_rejected(bad: object) -> None:
     with pytest.raises(ValueError, match="world_size must be a positive int"):
-        ProcessRing(bad)  # type: ignore[arg-type]
+        SpawnedGroup(bad)  # type: ignore[arg-type]
 
 
-def test_close_joins_every_rank(ring: ProcessRing) -> None:
+def test_close_joins_every_rank(ring: SpawnedGroup) -> None:
     """Runs last on the module's ring: closing it makes every rank exit cleanly (code 0)."""
     procs = list(ring._procs)
     assert len(procs) == WORLD

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from ring_ref import ring_all_reduce
-from ring_ref._processes._gloo import ProcessRing
+from ring_ref._processes._gloo import SpawnedGroup
 from tests.common.oracles import same_bits
 from tests.common.paths import ROOT
 
@@ -36,8 +36,8 @@ CALL_TIMEOUT_S = 60.0
 
 
 @pytest.fixture(scope="module")
-def ring() -> Iterator[ProcessRing]:
-    processes = ProcessRing(N, group_timeout_s=CALL_TIMEOUT_S)
+def ring() -> Iterator[SpawnedGroup]:
+    processes = SpawnedGroup(N, group_timeout_s=CALL_TIMEOUT_S)
     try:
         yield processes
     finally:
@@ -73,7 +73,7 @@ def stepped(spec: Any, gradient: torch.Tensor) -> torch.Tensor:
     return dp.flat_parameters(model)  # type: ignore[no-any-return]
 
 
-def test_microbatch_accumulation_is_weighted_by_example_count(ring: ProcessRing) -> None:
+def test_microbatch_accumulation_is_weighted_by_example_count(ring: SpawnedGroup) -> None:
     spec = dp.StepSpec(MICROBATCHES)
     per_rank = ring.run(dp.training_step, spec, timeout_s=CALL_TIMEOUT_S)
     expected = simulated_gradient(spec)
@@ -91,7 +91,7 @@ def test_microbatch_accumulation_is_weighted_by_example_count(ring: ProcessRing)
     assert float((torch.stack(means).mean(0) - full).abs().max()) > 1e-3
 
 
-def test_one_optimizer_step_then_one_ema_update(ring: ProcessRing) -> None:
+def test_one_optimizer_step_then_one_ema_update(ring: SpawnedGroup) -> None:
     spec = dp.StepSpec(MICROBATCHES, optimizer="adam", lr=0.1, ema_decay=0.9)
     per_rank = ring.run(dp.training_step, spec, timeout_s=CALL_TIMEOUT_S)
     initial = dp.flat_parameters(dp.tiny_model())
@@ -109,7 +109,7 @@ def test_one_optimizer_step_then_one_ema_update(ring: ProcessRing) -> None:
 
 
 @pytest.mark.parametrize("optimizer", ["adam", "sgd"])
-def test_independent_steps_then_averaged_weights(ring: ProcessRing, optimizer: str) -> None:
+def test_independent_steps_then_averaged_weights(ring: SpawnedGroup, optimizer: str) -> None:
     """Adam on each rank, weights averaged: a different step.  Plain SGD: the same step, to rounding."""
     spec = dp.StepSpec(MICROBATCHES, optimizer=optimizer, lr=0.1)
     per_rank = ring.run(dp.averaged_independent_steps, spec, timeout_s=CALL_TIMEOUT_S)

@@ -3,7 +3,7 @@ result.
 
 Reveal mode (clause ``invariance-reveal``): for every batch of placements (at
 one size, regions that do not overlap), :func:`ring_ref._reveal.reveal` on the
-target seen through :class:`~ring_ref._invariance._placement.Embedded`, so each
+target seen through :class:`~ring_ref._order_stability._placement.Embedded`, so each
 probed element's tree is the target's own for that element at that size and
 offset.  By bits
 (clause ``invariance-by-bits``): random probe values all-reduced alone
@@ -21,8 +21,8 @@ from typing import Final
 import torch
 
 from ring_ref._dtypes import to_hex
-from ring_ref._invariance._placement import Embedded, InvarianceError, Placement, batches, placements
-from ring_ref._invariance._report import Invariance, Method
+from ring_ref._order_stability._placement import Embedded, InvarianceError, Placement, batches, placements
+from ring_ref._order_stability._report import Invariance, Method
 from ring_ref._reveal import CHECKS, check_reveal_size, reveal
 from ring_ref._reveal._target import REVEAL_DTYPES
 from ring_ref.difftest import load_target
@@ -138,11 +138,11 @@ def invariance(
     probe`` elements (default ``min(32, smallest M - smallest offset)``) are
     placed at every offset in every size where they fit (``offsets=None``:
     at each size, offsets that probe every chunk of a ring of ``n`` workers
-    and the buffer's end, :func:`~ring_ref._invariance.chunk_offsets`); their trees are
+    and the buffer's end, :func:`~ring_ref._order_stability.chunk_offsets`); their trees are
     revealed in each placement (``N <= 65536``, reveal's limit), or with
     ``by_bits`` random values' bits are compared with those of the region
     all-reduced alone (``draws`` inputs).  Raises
-    :class:`~ring_ref._invariance.InvarianceError` (a ``ValueError``) for
+    :class:`~ring_ref._order_stability.InvarianceError` (a ``ValueError``) for
     sizes, offsets or options that cannot serve, and
     :class:`~ring_ref._reveal.RevealError` for a target that misbehaves.
 

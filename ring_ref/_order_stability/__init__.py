@@ -10,7 +10,7 @@ change and a one-line summary (:mod:`._report`).  The picture is
 :func:`ring_ref._svg.invariance_svg`.
 """
 
-from ring_ref._invariance._placement import (
+from ring_ref._order_stability._placement import (
     DEFAULT_PROBE,
     Embedded,
     InvarianceError,
@@ -19,14 +19,14 @@ from ring_ref._invariance._placement import (
     chunk_offsets,
     placements,
 )
-from ring_ref._invariance._report import (
+from ring_ref._order_stability._report import (
     INVARIANCE_FORMAT,
     INVARIANCE_VERSION,
     Change,
     Invariance,
     first_changes,
 )
-from ring_ref._invariance._run import BITS_DRAWS, invariance
+from ring_ref._order_stability._run import BITS_DRAWS, invariance
 
 __all__ = [
     "BITS_DRAWS",

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Final, Literal
 
-from ring_ref._invariance._placement import Placement
 from ring_ref._order import Tree, chunk_index, fold_tree, format_tree, tree_to_json
+from ring_ref._order_stability._placement import Placement
 from ring_ref.schedule import LAYOUTS, PRESETS, RingSchedule
 
 __all__ = ["INVARIANCE_FORMAT", "INVARIANCE_VERSION", "Change", "Invariance", "Method", "first_changes"]
