@@ -187,6 +187,14 @@ MODULES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
         ("ring_ref/difftest/_options.py",),
         ("ring_ref/difftest/_options.py", "tests/cover/difftest/test_kills_search.py"),
     ),
+    "difftest.rules": (
+        ("ring_ref/difftest/_rules.py",),
+        (
+            "ring_ref/difftest/_rules.py",
+            "tests/cover/difftest/test_kills_search.py",
+            "tests/cover/test_cli.py",
+        ),
+    ),
     # The launchers: their own kill tests, which fork workers from pytest's process (milliseconds each).
     # The call, diagnosis and search modules: their own kill tests, with outcomes built by hand and
     # targets run in pytest's process.
