@@ -9,6 +9,7 @@ import argparse
 import itertools
 import os
 import sys
+import time
 from collections.abc import Sequence
 
 from ring_ref._names import DTYPE_NAMES, INVARIANCE_DRAWS, INVARIANCE_PROBE, OPS, REVEAL_CHECKS
@@ -424,9 +425,11 @@ def _usage_problem(args: argparse.Namespace) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``ring-ref`` console script: the arguments are parsed and checked by the rules
     that need no torch first (clause ``cli-arguments-first``), then the command runs."""
+    started = time.perf_counter()
     parser = build_parser()
     _dash_value(parser, sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    args.started = started  # for reveal's time line: the whole command, torch's import included
     problem = _usage_problem(args)
     if problem:
         error = "" if args.command == "vectors" else "error: "

@@ -9,6 +9,7 @@ import dataclasses
 import json
 import operator
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
@@ -218,7 +219,8 @@ def _print_revealed(found: _reveal.Revealed, args: argparse.Namespace, out: Text
     """The revealed order on ``out`` (the text or the JSON), each shard's order for a reduce-scatter, and
     on stderr the pointer to difftest when the order is not one ring's fold."""
     out = out or sys.stdout
-    print(found.to_json_text() if args.json else found.summary(), file=out, flush=True)
+    whole = time.perf_counter() - args.started
+    print(found.to_json_text() if args.json else found.summary(whole), file=out, flush=True)
     if getattr(args, "collective", "all-reduce") == "reduce-scatter" and not args.json:
         print("reduce-scatter, each shard's order:", file=out)
         print(
