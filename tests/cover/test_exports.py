@@ -29,8 +29,9 @@ def _typed_and_tabled(package: str) -> tuple[dict[str, set[str]], dict[str, set[
             table = node.value.args[1]
             assert isinstance(table, ast.Dict)
             for key, value in zip(table.keys, table.values, strict=True):
-                assert isinstance(key, ast.Constant) and isinstance(value, ast.Tuple)
-                tabled[key.value] = {item.value for item in value.elts if isinstance(item, ast.Constant)}
+                assert isinstance(key, ast.Constant) and isinstance(key.value, str)
+                assert isinstance(value, ast.Tuple)
+                tabled[key.value] = {str(item.value) for item in value.elts if isinstance(item, ast.Constant)}
     return typed, tabled
 
 
