@@ -435,6 +435,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         error = "" if args.command == "vectors" else "error: "
         print(f"ring-ref {args.command}: {error}{problem}", file=sys.stderr)
         return 2
+    # the tools and torch, imported only once the arguments hold (a function-level import on purpose)
     from ring_ref._commands import COMMANDS
 
     try:
