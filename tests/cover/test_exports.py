@@ -9,7 +9,7 @@ import importlib
 import pytest
 
 from ring_ref import _exports
-from tests.paths import ROOT
+from tests.common.paths import ROOT
 
 LAZY = ("ring_ref", "ring_ref.difftest")
 
