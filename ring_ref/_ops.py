@@ -25,11 +25,13 @@ tensor([-0., 2.])
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
 import torch
+
+from ring_ref._names import OPS, Op
 
 __all__ = [
     "COMMUTING_OPS",
@@ -46,8 +48,6 @@ __all__ = [
     "torch_combine_out",
 ]
 
-Op = Literal["sum", "prod", "max", "min", "avg"]
-OPS: Final[tuple[Op, ...]] = ("sum", "prod", "max", "min", "avg")
 COMMUTING_OPS: Final[frozenset[Op]] = frozenset({"sum", "avg", "prod"})
 """Ops whose combine of two finite inputs gives the same bits with the two swapped, in every
 supported dtype: IEEE addition and multiplication commute exactly.  ``max`` and ``min`` do not:

@@ -216,6 +216,16 @@ MODULES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
         ("ring_ref/difftest/_options.py",),
         ("ring_ref/difftest/_options.py", *SEARCH_TESTS),
     ),
+    "difftest.rules": (
+        ("ring_ref/difftest/_rules.py",),
+        (
+            "ring_ref/difftest/_rules.py",
+            *SEARCH_TESTS,
+            *tests_from(
+                "tests/cover/test_cli.py", "test_help_and_usage_errors_answer_without_importing_torch"
+            ),
+        ),
+    ),
     # The launchers: their tests that fork workers from pytest's process (milliseconds each).  The call,
     # diagnosis and search modules: their tests with outcomes built by hand and targets run in pytest's
     # process.

@@ -21,6 +21,7 @@ from typing import Final, NamedTuple
 import torch
 
 from ring_ref._chunks import chunk_bounds
+from ring_ref._names import INVARIANCE_PROBE
 from ring_ref._reveal import RevealError
 from ring_ref._reveal._target import call_target
 from ring_ref.schedule import LAYOUTS
@@ -35,7 +36,7 @@ __all__ = [
     "placements",
 ]
 
-DEFAULT_PROBE: Final = 32
+DEFAULT_PROBE: Final = INVARIANCE_PROBE
 """Probed elements ``K`` when none is given (fewer when the smallest size is smaller)."""
 
 

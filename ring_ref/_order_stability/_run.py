@@ -21,6 +21,7 @@ from typing import Final
 import torch
 
 from ring_ref._dtypes import to_hex
+from ring_ref._names import INVARIANCE_DRAWS
 from ring_ref._order_stability._placement import Embedded, InvarianceError, Placement, batches, placements
 from ring_ref._order_stability._report import Invariance, Method
 from ring_ref._reveal import CHECKS, check_reveal_size, reveal
@@ -33,7 +34,7 @@ from ring_ref.difftest._vocabulary import DEFAULT_TIMEOUT_S, RANKS, Ranks
 
 __all__ = ["BITS_DRAWS", "invariance"]
 
-BITS_DRAWS: Final = 4
+BITS_DRAWS: Final = INVARIANCE_DRAWS
 """Random probe inputs a ``--by-bits`` screen tries (each in every placement) before it calls the bits
 invariant."""
 

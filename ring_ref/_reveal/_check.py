@@ -19,13 +19,14 @@ import numpy.typing as npt
 import torch
 
 from ring_ref._dtypes import FORMATS, bits
+from ring_ref._names import REVEAL_CHECKS
 from ring_ref._order import Fold, Tree, evaluate, format_tree
 from ring_ref._reveal._probe import Verdict
 from ring_ref._reveal._target import REVEAL_DTYPES, call_target
 
 __all__ = ["CHECKS", "Replay", "binary_steps", "check_on_random_inputs", "evaluate_all"]
 
-CHECKS: Final = 4
+CHECKS: Final = REVEAL_CHECKS
 """Random-input bitwise checks after the trees are found (calls)."""
 
 

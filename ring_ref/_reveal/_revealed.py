@@ -154,8 +154,9 @@ class Revealed:
         _, first = np.unique(known, return_index=True)
         return [found[int(known[i])] for i in sorted(first.tolist())]
 
-    def summary(self) -> str:
-        """The human report: runs of elements sharing a tree, the classification, calls and time."""
+    def summary(self, whole: float | None = None) -> str:
+        """The human report: runs of elements sharing a tree, the classification, calls and time (with
+        ``whole``, the seconds of the whole command too, start-up included: clause ``reveal-report``)."""
         chunk = self.chunks()
         lines = [f"ring-ref reveal {self.target}  (N = {self.n}, M = {self.m}, {self.dtype})"]
         reasons = [reason for _, reason in self.verdicts]
@@ -181,6 +182,7 @@ class Revealed:
             + (f"{self.count_calls} of them counting, " if self.count_calls else "")
             + f"{self.confirm_calls} confirming, "
             f"{self.check_calls} checking on random inputs); time {self.seconds:.2f} s"
+            + ("" if whole is None else f" revealing, {whole:.2f} s in all (start-up included)")
         )
         return "\n".join(lines)
 

@@ -68,9 +68,12 @@ explanations), ``_report`` (text and JSON), ``_options`` (the options, their
 rules, the launcher table), ``_search`` (Hypothesis, shrinking and
 :func:`difftest`), ``_loading`` (loading ``TARGET`` by name).  The command
 line, which parses arguments and calls :func:`difftest`'s internals with an
-``Options`` value, lives in :mod:`ring_ref._cli`.
+``Options`` value, lives in :mod:`ring_ref._cli`.  Each name here is imported
+when first used (:mod:`ring_ref._exports`), so that the command line checks
+its arguments before it imports torch.
 
 >>> import torch
+>>> from ring_ref.difftest import difftest
 >>> report = difftest(lambda x: torch.sum(x, 0), modes=("order-free",), examples=5, seed=1)
 >>> report.verdict, report.modes["order-free"].examples >= 5
 ('pass', True)
@@ -81,24 +84,29 @@ line, which parses arguments and calls :func:`difftest`'s internals with an
 
 from __future__ import annotations
 
-from ring_ref.difftest._diagnosis import Finding
-from ring_ref.difftest._inputs import Case
-from ring_ref.difftest._loading import TargetError, load_target
-from ring_ref.difftest._orders import OrderError
-from ring_ref.difftest._report import ModeResult, Report
-from ring_ref.difftest._search import difftest
-from ring_ref.difftest._vocabulary import (
-    CODES,
-    COLLECTIVES,
-    DTYPES,
-    MODES,
-    OPS,
-    Collective,
-    Mode,
-    Op,
-    OpTarget,
-    Target,
-)
+from typing import TYPE_CHECKING
+
+from ring_ref._exports import lazy_exports
+
+if TYPE_CHECKING:
+    from ring_ref.difftest._diagnosis import Finding
+    from ring_ref.difftest._inputs import Case
+    from ring_ref.difftest._loading import TargetError, load_target
+    from ring_ref.difftest._orders import OrderError
+    from ring_ref.difftest._report import ModeResult, Report
+    from ring_ref.difftest._search import difftest
+    from ring_ref.difftest._vocabulary import (
+        CODES,
+        COLLECTIVES,
+        DTYPES,
+        MODES,
+        OPS,
+        Collective,
+        Mode,
+        Op,
+        OpTarget,
+        Target,
+    )
 
 __all__ = [
     "CODES",
@@ -120,3 +128,27 @@ __all__ = [
     "difftest",
     "load_target",
 ]
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "ring_ref.difftest._diagnosis": ("Finding",),
+        "ring_ref.difftest._inputs": ("Case",),
+        "ring_ref.difftest._loading": ("TargetError", "load_target"),
+        "ring_ref.difftest._orders": ("OrderError",),
+        "ring_ref.difftest._report": ("ModeResult", "Report"),
+        "ring_ref.difftest._search": ("difftest",),
+        "ring_ref.difftest._vocabulary": (
+            "CODES",
+            "COLLECTIVES",
+            "DTYPES",
+            "MODES",
+            "OPS",
+            "Collective",
+            "Mode",
+            "Op",
+            "OpTarget",
+            "Target",
+        ),
+    },
+)

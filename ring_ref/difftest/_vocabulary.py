@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Final, Literal
+from typing import Final
 
 import torch
 
 from ring_ref._dtypes import FORMATS
 from ring_ref._ops import OPS, REDUCE_OP_NAMES, Op
+from ring_ref.difftest._rules import (
+    DEFAULT_TIMEOUT_S,
+    FRAMEWORKS,
+    MAX_RANKS,
+    MODES,
+    MPI_MAX_RANKS,
+    RANKS,
+    Framework,
+    Mode,
+    Ranks,
+)
 from ring_ref.schedule import COLLECTIVES, Collective
 
 __all__ = [
@@ -37,9 +48,6 @@ __all__ = [
 # take as a parameter, not a copy of each.  reduce-scatter: (N, M, ...) -> (N, M/N, ...), rank r ends
 # with chunk r of the reduction; all-gather: (N, S, ...) -> (N*S, ...), rank r's shard in slot r.
 
-Mode = Literal["exact", "order-free", "bound"]
-MODES: Final[tuple[Mode, ...]] = ("exact", "order-free", "bound")
-
 CODES: Final = (
     "wrong-shape",
     "dtype-changed",
@@ -67,29 +75,6 @@ CODES: Final = (
 
 DTYPES: Final[dict[str, torch.dtype]] = {name: fmt.torch_dtype for name, fmt in FORMATS.items()}
 """The dtypes the tester generates, by name."""
-
-DEFAULT_TIMEOUT_S: Final = 60.0
-"""The default time limit, in seconds, for one call of an isolated or per-rank target (``--timeout``)."""
-
-Framework = Literal["torch", "jax"]
-FRAMEWORKS: Final[tuple[Framework, ...]] = ("torch", "jax")
-"""What a stacked target is handed (``--framework``): a ``torch.Tensor`` (the default), or a ``jax.Array``
-with the same bits, returning a ``jax.Array`` (the extra ``ring-ref[jax]``; :mod:`ring_ref.difftest._jax`)."""
-
-Ranks = Literal["gloo", "mpi", "job", "mpi-job", "jax"]
-RANKS: Final[tuple[Ranks, ...]] = ("gloo", "mpi", "job", "mpi-job", "jax")
-"""The process groups a per-rank target can run on (``--ranks``): gloo, ``TARGET(tensor)``; mpi,
-``TARGET(comm, array)`` with an ``mpi4py`` communicator and a ``numpy`` array; job, ``TARGET(tensor)``
-on every rank of the job the tester runs in (``torchrun``, ``srun``, ``mpirun``); mpi-job,
-``TARGET(comm, array)`` on every rank of the MPI job the tester runs in; jax, ``TARGET(x)`` with a
-``jax.Array`` on every process of a ``jax.distributed`` group over gloo
-(:class:`~ring_ref.difftest._ranks.JaxRanks`)."""
-
-MAX_RANKS: Final = 8
-"""The default largest group for a per-rank target (``--max-workers``; 16 for a stacked one)."""
-
-MPI_MAX_RANKS: Final = 4
-"""The default largest job for ``--ranks mpi``: a correct ring answered in about 50 s (8 ranks: 1.5-3 min)."""
 
 Target = Callable[[torch.Tensor], object]
 """A target: stacked, ``fn(worker_tensors)`` with the signature of :func:`ring_ref.ring_all_reduce`; or

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import shutil
 import subprocess
 import sys
@@ -134,4 +135,114 @@ def test_a_broken_option_rule_is_exit_2_in_the_words_the_api_raises(
     said = capsys.readouterr().err
     with pytest.raises(ValueError) as refused:
         difftest(target, examples=1, **options)  # type: ignore[arg-type]
+    assert said == f"ring-ref difftest: error: {refused.value}\n"
+
+
+_USAGE: list[tuple[list[str], int]] = [
+    (["--help"], 0),
+    (["--version"], 0),
+    *[
+        ([command, "--help"], 0)
+        for command in ("demo", "trace", "vectors", "difftest", "reveal", "invariance")
+    ],
+    (["difftest", "--max-workers", "0", "x:y"], 2),
+    (["difftest", "--maxworkers", "3", "x:y"], 2),
+    (["difftest", "--examples", "0", "x:y"], 2),
+    (["difftest", "--seed", "-1", "x:y"], 2),
+    (["difftest", "--timeout", "0", "x:y"], 2),
+    (["difftest", "--dtypes", "float8", "x:y"], 2),
+    (["difftest", "--mca", "btl", "x:y"], 2),
+    (["difftest", "--device", "cpu", "x:y"], 2),
+    (["difftest", "--subgroups", "x:y"], 2),
+    (["difftest", "--mca", "btl=self", "x:y"], 2),
+    (["difftest", "--ranks", "gloo", "--in-process", "x:y"], 2),
+    (["difftest", "--mode", "fast", "x:y"], 2),
+    (["reveal", "x:y", "-n", "3"], 2),
+    (["reveal", "x:y", "-n", "3", "-m", "4", "--dtype", "int8"], 2),
+    (["invariance", "x:y", "-n", "3", "--sizes", "1,a"], 2),
+    (["invariance", "x:y", "-n", "3", "--sizes", "4", "--svg", "f.svg", "--by-bits"], 2),
+    (["invariance", "x:y", "-n", "3", "--sizes", "4", "--mca", "btl"], 2),
+    (["trace"], 2),
+    (["trace", "-n", "4", "--format", "png"], 2),
+    (["vectors"], 2),
+    (["vectors", "--out", " "], 2),
+]
+
+_LOADED = """
+import contextlib, io, json, sys
+from ring_ref._cli import main
+seen = []
+for argv in json.loads(sys.argv[1]):
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        try:
+            status = main(argv)
+        except SystemExit as stop:
+            status = stop.code
+    seen.append([status, sorted({"torch", "numpy"} & set(sys.modules))])
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.clause("cli-arguments-first")
+def test_help_and_usage_errors_answer_without_importing_torch() -> None:
+    """``--help`` of every sub-command and every usage error that needs no target are answered with
+    neither torch nor numpy imported (``sys.modules`` of a fresh interpreter, after each)."""
+    argvs = [argv for argv, _ in _USAGE]
+    done = subprocess.run(
+        [sys.executable, "-c", _LOADED, json.dumps(argvs)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    )
+    seen = json.loads(done.stdout)
+    assert seen == [[status, []] for _, status in _USAGE], list(zip(argvs, seen, strict=True))
+
+
+@pytest.mark.clause("cli-arguments-first")
+def test_python_dash_m_refuses_max_workers_0_without_importing_torch() -> None:
+    """The issue's case, as a user runs it: ``python -m ring_ref`` (the package's own ``__init__`` and
+    ``__main__`` on the path), exit 2 and the API's words, no torch among the imports."""
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "ring_ref", "difftest", "--max-workers", "0", "x:y"],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
+    )
+    assert done.returncode == 2
+    assert (
+        "ring-ref difftest: error: max_workers (--max-workers) must be between 1 and 64; got 0" in done.stderr
+    )
+    imported = {
+        line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")
+    }
+    assert "ring_ref._cli" in imported
+    assert not {"torch", "numpy"} & imported
+
+
+@pytest.mark.clause("cli-arguments-first")
+def test_the_command_lines_names_are_the_tools() -> None:
+    """The choices and defaults the parser shows without torch are the ones the tools use."""
+    from ring_ref import _names
+    from ring_ref._dtypes import FORMATS
+    from ring_ref._order_stability import BITS_DRAWS, DEFAULT_PROBE
+    from ring_ref._reveal import CHECKS, LIMITS
+    from ring_ref.difftest import DTYPES
+
+    assert _names.DTYPE_NAMES == tuple(FORMATS) == tuple(LIMITS) == tuple(DTYPES)
+    assert (_names.REVEAL_CHECKS, _names.INVARIANCE_PROBE, _names.INVARIANCE_DRAWS) == (
+        CHECKS,
+        DEFAULT_PROBE,
+        BITS_DRAWS,
+    )
+
+
+@pytest.mark.clause("cli-arguments-first")
+def test_an_early_refusal_is_the_apis_words(capsys: pytest.CaptureFixture[str]) -> None:
+    """A rule checked before torch is imported says what the API raises for the same options."""
+    assert main(["difftest", "ring_ref:ring_all_reduce", "--max-workers", "65"]) == 2
+    said = capsys.readouterr().err
+    with pytest.raises(ValueError) as refused:
+        difftest("ring_ref:ring_all_reduce", max_workers=65)
     assert said == f"ring-ref difftest: error: {refused.value}\n"

@@ -13,8 +13,11 @@ import only its own layer and those below; no import
 cycles (function-level imports count: a lazy import is still a dependency);
 no ``from ring_ref import X`` of anything but a submodule (the package root
 only re-exports); and only difftest itself and its users (``testing``,
-``_cli``, ``_order_stability``) import difftest.  A table entry names a module or a
-package and everything in it, so a new module of a listed package needs no entry.
+``_cli``, ``_commands``, ``_order_stability``) import difftest.  The command line's parse
+module (``_cli``) imports neither torch nor numpy, through none of the modules it imports at load
+time, so that ``--help`` and a usage error answer at once (clause ``cli-arguments-first``).  A table
+entry names a module or a package and everything in it, so a new module of a listed package needs no
+entry.
 
 The checker is run on the real tree, and on copies of it with one import
 planted, each of which it must refuse.
@@ -43,6 +46,8 @@ LAYERS: Final[tuple[tuple[str, ...], ...]] = (
         "ring_ref._ops",
         "ring_ref._cost",
         "ring_ref._version",
+        "ring_ref._names",
+        "ring_ref._exports",
     ),
     (
         "ring_ref._torch_adapter",
@@ -73,7 +78,7 @@ LAYERS: Final[tuple[tuple[str, ...], ...]] = (
         "ring_ref.invariance",
         "ring_ref._svg",
     ),
-    ("ring_ref._cli", "ring_ref.__main__"),
+    ("ring_ref._cli", "ring_ref._commands", "ring_ref.__main__"),
 )
 """Bottom first: the ring and its engines up to ``_dispatch``; then the top floor: the per-rank runtimes
 and the order model; the instruments (each asks one question of a ring, a target or a trace); the
@@ -90,6 +95,7 @@ DIFFTEST_USERS: Final = (
     DIFFTEST,
     "ring_ref.testing",
     "ring_ref._cli",
+    "ring_ref._commands",
     "ring_ref._order_stability",
 )
 """The only modules that may import difftest."""
@@ -210,6 +216,65 @@ def violations(sources: Mapping[str, str], packages: set[str]) -> list[str]:
         if _in(edge.target, DIFFTEST) and not any(_in(edge.source, user) for user in DIFFTEST_USERS):
             found.append(f"{where}: {edge.source} imports {edge.target}; only {DIFFTEST_USERS} may")
     return found
+
+
+HEAVY: Final = ("torch", "numpy")
+"""What the command line's parse module must not import at load time."""
+
+
+def _eager(body: Iterable[ast.stmt]) -> Iterator[ast.Import | ast.ImportFrom]:
+    """The imports run when a module loads: not those in a function, nor under ``if TYPE_CHECKING:``."""
+    for node in body:
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield node
+        elif isinstance(node, ast.ClassDef):
+            yield from _eager(node.body)
+        elif isinstance(node, ast.If) and not (
+            isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+        ):
+            yield from _eager([*node.body, *node.orelse])
+        elif isinstance(node, ast.Try):
+            yield from _eager([*node.body, *node.orelse, *node.finalbody])
+
+
+def loaded_with(start: str, sources: Mapping[str, str], packages: set[str]) -> set[str]:
+    """Every module that importing ``start`` loads, the package's by dotted name (each with the packages
+    above it) and others by their top-level name, following the imports run at load time."""
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        module = todo.pop()
+        parents = [".".join(module.split(".")[:k]) for k in range(1, module.count(".") + 1)]
+        for name in [*parents, module]:
+            if name in seen:
+                continue
+            seen.add(name)
+            if name not in sources:
+                continue
+            here = name if name in packages else name.rpartition(".")[0]
+            for node in _eager(ast.parse(sources[name]).body):
+                if isinstance(node, ast.Import):
+                    todo += [alias.name for alias in node.names]
+                    continue
+                base = node.module or ""
+                if node.level:
+                    anchor = here.rsplit(".", node.level - 1)[0] if node.level > 1 else here
+                    base = f"{anchor}.{base}" if base else anchor
+                todo += [f"{base}.{a.name}" if f"{base}.{a.name}" in sources else base for a in node.names]
+    return {m if _in(m, PACKAGE) else m.split(".")[0] for m in seen}
+
+
+def test_the_command_lines_parse_module_loads_no_torch() -> None:
+    """``ring_ref._cli`` and what it imports at load time import neither torch nor numpy: the command's
+    heavy part (:mod:`ring_ref._commands`) is imported once the arguments are checked."""
+    sources, packages = read_package()
+    loaded = loaded_with("ring_ref._cli", sources, packages)
+    assert "ring_ref._cli" in loaded and "ring_ref.difftest._rules" in loaded, sorted(loaded)
+    assert not loaded & set(HEAVY), sorted(loaded & set(HEAVY))
+    planted = dict(sources)
+    planted["ring_ref.difftest._rules"] += "\nfrom ring_ref._ops import op_name\n"
+    assert "torch" in loaded_with("ring_ref._cli", planted, packages)
+    assert "torch" in loaded_with("ring_ref._commands", sources, packages)
 
 
 def test_the_package_keeps_its_layers() -> None:

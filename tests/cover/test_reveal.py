@@ -8,6 +8,7 @@ the smaller smallest leaf); none is computed by the code under test.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -331,3 +332,22 @@ def test_the_command_line(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> 
     # the spec's ring refuses M = 5 with N = 2 itself: a target that raises on valid input
     assert main(["reveal", "ring_ref:ring_all_reduce", "-n", "2", "-m", "5"]) == 2
     assert "the target raised ValueError: M = 5 is not divisible by N = 2" in capsys.readouterr().err
+
+
+@pytest.mark.clause("reveal-report")
+def test_the_time_line_counts_the_whole_command(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:
+    """Beside the seconds of revealing, the command line prints those of the whole command, start-up
+    included: a target whose module takes 0.5 s to load shows in the second, not the first."""
+    from ring_ref._cli import main
+
+    slow = tmp_path / "slow_to_load.py"
+    slow.write_text(
+        "import time\n\nimport torch\n\ntime.sleep(0.5)\n\n\ndef total(x):\n    return torch.sum(x, 0)\n",
+        encoding="utf-8",
+    )
+    assert main(["reveal", f"{slow}:total", "-n", "2", "-m", "2", "--checks", "0"]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("calls: "))
+    found = re.search(r"; time ([\d.]+) s revealing, ([\d.]+) s in all \(start-up included\)$", line)
+    assert found is not None, line
+    revealing, whole = float(found[1]), float(found[2])
+    assert revealing < 0.5 <= whole, line

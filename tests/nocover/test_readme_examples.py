@@ -27,7 +27,9 @@ KEY = re.compile(
     r"^\s*(FAIL|PASS|\(isolated|\(per rank|exact:|order-free:|bound:|diagnosis:|counterexample:|input = |"
     r"Replay:|ring-ref reveal |elements |classification:|matches presets:|calls:)"
 )
-NOT_KEY = re.compile(r" \(\d+ inputs tried\)|; time [\d.]+ s")
+NOT_KEY = re.compile(
+    r" \(\d+ inputs tried\)|; time [\d.]+ s( revealing, [\d.]+ s in all \(start-up included\))?"
+)
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,9 @@ def test_key_lines_keep_verdicts_codes_and_inputs_and_drop_timings() -> None:
     assert key_lines("calls: 9 (4 probing); time 0.34 s\n  bound: PASS (38 inputs tried)") == [
         "calls: 9 (4 probing)",
         "  bound: PASS",
+    ]
+    assert key_lines("calls: 9 (4 probing); time 0.34 s revealing, 8.23 s in all (start-up included)") == [
+        "calls: 9 (4 probing)"
     ]
 
 
