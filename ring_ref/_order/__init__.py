@@ -12,7 +12,15 @@ sum in a dtype, multiway nodes rounded once) and ``_fit`` (each element's
 tree under a ring of the schedule family, and which ring a set of trees is).
 """
 
-from ring_ref._order._fit import RingFit, chunk_index, fit_ring, ring_trees
+from ring_ref._order._fit import (
+    RingFit,
+    chunk_index,
+    fit_ring,
+    layout_matters,
+    layout_sizes,
+    ring_trees,
+    untold_sizes,
+)
 from ring_ref._order._json import tree_from_json, tree_json_text, tree_to_json
 from ring_ref._order._sums import evaluate, exact_sum
 from ring_ref._order._text import display_tree, format_tree
@@ -42,6 +50,8 @@ __all__ = [
     "fold_order_of",
     "fold_tree",
     "format_tree",
+    "layout_matters",
+    "layout_sizes",
     "leaves",
     "ring_step",
     "ring_trees",
@@ -49,4 +59,5 @@ __all__ = [
     "tree_ids",
     "tree_json_text",
     "tree_to_json",
+    "untold_sizes",
 ]

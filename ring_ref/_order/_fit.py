@@ -4,7 +4,9 @@ Under a ring ``(direction, offset, layout)`` element ``e`` lies in chunk
 ``c`` of the layout's cut, and its tree is the fold of chunk ``c``'s order
 (clause ``reveal-report``).  :class:`RingFit` tests whole rings against the
 revealed trees in one comparison each, and names the presets whose bits also
-equal the target's on the checking inputs.
+equal the target's on the checking inputs.  A layout is told from the others
+only at some sizes (:func:`layout_sizes`): a preset matched elsewhere is
+matched at that size alone (clause ``reveal-preset-sizes``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,15 @@ from ring_ref._dtypes import FORMATS, bits
 from ring_ref._order._trees import Tree, fold_order_of, fold_tree, ring_step, tree_ids
 from ring_ref.schedule import LAYOUTS, PRESETS, ChainSchedule, Layout, RingSchedule, Schedule
 
-__all__ = ["RingFit", "chunk_index", "fit_ring", "ring_trees"]
+__all__ = [
+    "RingFit",
+    "chunk_index",
+    "fit_ring",
+    "layout_matters",
+    "layout_sizes",
+    "ring_trees",
+    "untold_sizes",
+]
 
 
 def chunk_index(layout: Layout, n: int, m: int, dtype_name: str) -> npt.NDArray[np.int64]:
@@ -37,6 +47,56 @@ def chunk_index(layout: Layout, n: int, m: int, dtype_name: str) -> npt.NDArray[
 def _chunk_folds(ring: Schedule, n: int) -> list[Tree]:
     """Each chunk's tree under ``ring``: the fold of its order."""
     return [fold_tree(ring.fold_order(c, n)) for c in range(n)]
+
+
+def _cuts(layout: Layout, n: int, m: int, itemsize: int) -> tuple[tuple[int, int], ...] | None:
+    """``layout``'s chunk bounds at ``(n, m)``, ``None`` where it cannot cut ``m``."""
+    return None if layout == "even" and m % n else tuple(chunk_bounds(layout, n, m, itemsize=itemsize))
+
+
+def layout_sizes(layout: Layout, n: int, dtype_name: str = "float32") -> tuple[int, ...]:
+    """The sizes ``M`` at which ``layout``'s chunks are told from every other layout's at ``n`` workers.
+
+    ``M = 2N + 1`` for a layout that takes any ``M`` (one element past ``2N``:
+    there a layout of ``ceil(M / N)``-element chunks, MPICH's, cuts otherwise
+    than gloo's ``2 ceil(M / 2N)``, though the two agree at ``2N``, ``2N - 1``
+    and many larger sizes), and for each other layout of the family the
+    smallest ``M >= 2N`` that both cut, and cut differently (none within
+    ``4N``: the two agree wherever both cut, as ``even`` and ``blocks`` do).
+    Clauses ``difftest-order-probes`` and ``reveal-preset-sizes``.
+
+    >>> layout_sizes("gloo", 3), layout_sizes("blocks", 3), layout_sizes("even", 3)
+    ((7, 9), (7,), (9,))
+    """
+    itemsize = FORMATS[dtype_name].bits // 8
+    sizes = [] if layout == "even" else [2 * n + 1]
+    for other in LAYOUTS:
+        differ = (
+            m
+            for m in range(2 * n, 4 * n + 1)
+            if None not in (mine := _cuts(layout, n, m, itemsize), theirs := _cuts(other, n, m, itemsize))
+            and mine != theirs
+        )
+        sizes.append(next(differ, 0))
+    return tuple(sorted(set(sizes) - {0}))
+
+
+def layout_matters(ring: Schedule, n: int) -> bool:
+    """Whether ``ring``'s trees at ``n`` workers depend on its layout: its chunks fold differently (not
+    the chain's one fold, nor any ring at ``N <= 2``)."""
+    return len(set(_chunk_folds(ring, n))) > 1
+
+
+def untold_sizes(rings: Sequence[Schedule], n: int, m: int, dtype_name: str = "float32") -> tuple[int, ...]:
+    """The sizes besides ``m`` at which the layouts of ``rings`` (whose trees depend on their layout) are
+    told from the others (:func:`layout_sizes`): where a match at ``(n, m)`` alone leaves them untold.
+
+    >>> from ring_ref.schedule import CHAIN, GLOO, SPEC
+    >>> untold_sizes([GLOO], 3, 64), untold_sizes([SPEC], 3, 9), untold_sizes([CHAIN], 3, 64)
+    ((7, 9), (), ())
+    """
+    told = {s for ring in rings if layout_matters(ring, n) for s in layout_sizes(ring.layout, n, dtype_name)}
+    return tuple(sorted(told - {m}))
 
 
 def ring_trees(ring: Schedule, n: int, m: int, dtype_name: str) -> list[Tree] | None:

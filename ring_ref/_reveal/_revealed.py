@@ -28,11 +28,12 @@ from ring_ref._order import (
     tree_ids,
     tree_json_text,
     tree_to_json,
+    untold_sizes,
 )
 from ring_ref._reveal._check import CHECKS, check_on_random_inputs
 from ring_ref._reveal._probe import Verdict, probe
 from ring_ref._reveal._target import check_reveal_size
-from ring_ref.schedule import RingSchedule
+from ring_ref.schedule import PRESETS, RingSchedule
 
 __all__ = ["REVEAL_FORMAT", "REVEAL_VERSION", "Classification", "Kind", "Revealed", "reveal"]
 
@@ -87,6 +88,9 @@ class Revealed:
     seconds: float
     count_calls: int = 0
     exact: frozenset[int] = field(default_factory=frozenset)
+    untold: tuple[int, ...] = ()
+    """The sizes besides ``m`` that tell the matched presets' layouts from the others (clause
+    ``reveal-preset-sizes``): while any remain, the presets match at ``M = m`` only."""
 
     @property
     def calls(self) -> int:
@@ -176,7 +180,11 @@ class Revealed:
             else ""
         )
         lines.append(f"classification: {self.classification}{ring}")
-        lines.append(f"matches presets: {', '.join(self.matches) if self.matches else 'none'}")
+        matches = ", ".join(self.matches) if self.matches else "none"
+        if self.untold:
+            told = ", ".join(map(str, self.untold))
+            matches += f" (at M = {self.m} only: the layouts are told apart at M = {told})"
+        lines.append(f"matches presets: {matches}")
         lines.append(
             f"calls: {self.calls} ({self.probe_calls} probing, "
             + (f"{self.count_calls} of them counting, " if self.count_calls else "")
@@ -259,6 +267,7 @@ def reveal(
     inputs, outputs = check_on_random_inputs(target, verdicts, of, n, dtype, checks=checks, seed=seed)
     exact = _exact_verdicts(verdicts, n, dtype, len(inputs), probe_calls + confirm_calls)
     fit = RingFit(*_element_ids(verdicts, of), n, dtype)
+    matches = fit.matching_presets(inputs, outputs)
     return Revealed(
         target=name,
         n=n,
@@ -267,11 +276,12 @@ def reveal(
         verdicts=verdicts,
         of=of,
         ring=fit.first_ring(),
-        matches=fit.matching_presets(inputs, outputs),
+        matches=matches,
         probe_calls=probe_calls,
         confirm_calls=confirm_calls,
         check_calls=len(inputs),
         seconds=time.perf_counter() - start,
         count_calls=count_calls,
         exact=exact,
+        untold=untold_sizes([PRESETS[name] for name in matches], n, m, dtype),
     )

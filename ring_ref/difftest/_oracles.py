@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from ring_ref._chunks import chunk_of_elements
 from ring_ref._dispatch import ring_all_reduce, ring_reduce_scatter
 from ring_ref._dtypes import FloatFormat, bits, dtype_name, format_of
-from ring_ref._order import Tree, ring_trees
+from ring_ref._order import Tree, layout_matters, layout_sizes, ring_trees
 from ring_ref.difftest._inputs import Case, exact_tensor
 from ring_ref.difftest._vocabulary import OPS, Mode, Op
 from ring_ref.schedule import SPEC, Layout, Schedule
@@ -426,16 +426,20 @@ class ExactOrder:
         return None
 
     def probe_sizes(self, n: int) -> tuple[int, ...]:
-        """The ``M`` the order probes use at ``n`` workers: every chunk non-empty, and for a layout that
-        takes any ``M`` an uneven one too (``2N`` and ``2N - 1``); an order file's own ``M`` at its ``N``.
+        """The ``M`` the order probes use at ``n`` workers: ``2N`` (every chunk non-empty), for a layout that
+        takes any ``M`` ``2N - 1`` too, and where the trees depend on the layout the sizes that tell it
+        from every other layout (:func:`ring_ref._order.layout_sizes`: ``2N + 1``, and where two layouts
+        cut chunks differently); an order file's own ``M`` at its ``N``.
 
         >>> from dataclasses import replace
         >>> from ring_ref.schedule import GLOO
         >>> SPEC_ORDER.probe_sizes(4), replace(SPEC_ORDER, ring=GLOO).probe_sizes(4)
-        ((8,), (8, 7))
+        ((8, 12), (8, 7, 9, 12))
         """
         if self.ring is not None:
-            return (2 * n,) if self.ring.layout == "even" else (2 * n, 2 * n - 1)
+            sizes = (2 * n,) if self.ring.layout == "even" else (2 * n, 2 * n - 1)
+            told = layout_sizes(self.ring.layout, n) if layout_matters(self.ring, n) else ()
+            return tuple(dict.fromkeys((*sizes, *told)))
         if self.saved is not None and self.saved.n == n:
             return (self.saved.m,)
         return ()

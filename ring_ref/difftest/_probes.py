@@ -14,13 +14,14 @@ every addition of ``T`` therefore has every subtree (cluster) of ``T`` and is
 ``T``, since a rooted tree is fixed by its clusters; an output that is no such
 sum (a wider accumulator, a fused addition) differs too.  Elements are
 independent, so each call asks every element about one addition of its own
-tree: ``N - 1`` calls per ``N``, ``M`` and dtype.
+tree: ``N - 1`` calls per ``N``, ``M`` and dtype, at sizes that tell the expected layout from the
+others (:meth:`ExactOrder.probe_sizes`).
 
 >>> from ring_ref.difftest._oracles import SPEC_ORDER
 >>> [c.values for c in probe_cases(SPEC_ORDER, 2, [torch.float32])]
 [(134217728.0, 134217728.0, 134217728.0, 134217728.0, -134217728.0, -134217728.0, -134217728.0, -134217728.0)]
 >>> [(c.n, c.m) for c in probe_cases(SPEC_ORDER, 3, [torch.float16])]
-[(2, 4), (3, 6), (3, 6)]
+[(2, 4), (3, 6), (3, 6), (3, 9), (3, 9)]
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ def probe_cases(
             if n > probe_limit(dtype):
                 continue
             for m in order.probe_sizes(n):
-                if collective == "reduce-scatter" and m % n:
+                if collective == "reduce-scatter" and m != 2 * n:
                     continue
                 trees = order.trees(n, m, dtype)
                 if trees is None:

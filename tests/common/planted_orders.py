@@ -96,3 +96,26 @@ def doubling_then_ring(x: torch.Tensor) -> torch.Tensor:
     """Recursive doubling below ``RING_FROM`` elements, a ring from it on, as OpenMPI 5's default decision
     at ``N = 3``, where the ring's chunk 0 folds ``(x0 + x1) + x2`` like recursive doubling."""
     return recursive_doubling(x) if x.shape[1] < RING_FROM else blocks_ring(x)
+
+
+# --- A ring whose layout coincides with gloo's at many sizes (issue #40: presets told apart) ---
+
+
+def mpich_ring(x: torch.Tensor) -> torch.Tensor:
+    """A ring as MPICH cuts it: ``ceil(M / N)``-element chunks of the flat buffer, the tail ones short or
+    empty (3, 3, 3, 0 at ``M = 9``, ``N = 4``), chunk ``c`` folded ``c + 1, c + 2, ..., c`` (mod ``N``).
+
+    At ``N = 3`` its trees are gloo's wherever the two layouts cut alike: at ``M = 2N``, ``2N - 1``, 64
+    and 4096, not at ``M = 2N + 1`` (3, 3, 1 against gloo's 4, 3, 0)."""
+    n = int(x.shape[0])
+    flat = x.reshape(n, -1)
+    s = int(flat.shape[1])
+    size = -(-s // n)
+    out = torch.empty(s, dtype=x.dtype)
+    for c in range(n):
+        lo, hi = min(c * size, s), min((c + 1) * size, s)
+        acc = flat[(c + 1) % n, lo:hi].clone()
+        for step in range(2, n + 1):
+            acc = acc + flat[(c + step) % n, lo:hi]
+        out[lo:hi] = acc
+    return out.reshape(x.shape[1:])

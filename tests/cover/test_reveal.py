@@ -21,6 +21,7 @@ from ring_ref._order import canonical, format_tree, tree_from_json, tree_to_json
 from ring_ref._reveal import Revealed, RevealError, reveal
 from ring_ref._svg import reveal_svg
 from tests.common.paths import ROOT
+from tests.common.planted_orders import mpich_ring
 
 SCHEMA = json.loads((ROOT / "spec" / "reveal.schema.json").read_text(encoding="utf-8"))
 
@@ -95,6 +96,22 @@ def test_reveal_fits_the_gloo_preset_on_its_segment_layout() -> None:
     assert doc["trees"] == [chunk0] * 4 + [chunk1] * 4 + [chunk2]
     assert doc["ring"] == {"direction": -1, "offset": 3, "layout": "gloo"}
     assert doc["matches"] == ["gloo"]
+
+
+@pytest.mark.clause("reveal-preset-sizes", "reveal-report")
+def test_a_preset_is_named_at_the_revealed_size_only_where_layouts_are_not_told_apart() -> None:
+    # MPICH's ceil(M/N) chunks cut as gloo's at N = 3, M = 64 (22, 22, 20), its folds there are gloo's, so
+    # its trees are the gloo preset's; at M = 7 (3, 3, 1 against gloo's 4, 3, 0) they are not.
+    found = reveal(mpich_ring, 3, 64)
+    assert found.matches == ["gloo"]
+    told = "matches presets: gloo (at M = 64 only: the layouts are told apart at M = 7, 9)\n"
+    assert told in found.summary()
+    assert reveal(mpich_ring, 3, 7).matches == []
+    # the chain's one fold needs no other size
+    chain = reveal(lambda x: ring_all_reduce(x, schedule="chain"), 3, 64)
+    assert "matches presets: chain\n" in chain.summary() and chain.untold == ()
+    # at N = 2 every ring adds its two workers alike: every preset matches, at any M
+    assert "matches presets: spec, openmpi-ring, gloo, chain\n" in reveal(ring_all_reduce, 2, 4).summary()
 
 
 @pytest.mark.clause("reveal-trees")

@@ -6,6 +6,7 @@ import json
 from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
 import jsonschema  # type: ignore[import-untyped]
 import pytest
@@ -13,7 +14,7 @@ import torch
 
 from ring_ref import ring_all_reduce
 from ring_ref._dtypes import bits
-from ring_ref._order import Tree, canonical, evaluate
+from ring_ref._order import Tree, canonical, evaluate, layout_sizes
 from ring_ref._reveal import reveal
 from ring_ref.difftest import Case, difftest
 from ring_ref.difftest._options import Options
@@ -22,9 +23,14 @@ from ring_ref.difftest._orders import file_order, schedule_order
 from ring_ref.difftest._probes import first_failing_probe, probe_cases
 from ring_ref.difftest._search import run_difftest
 from tests.common.paths import ROOT
+from tests.common.planted_orders import mpich_ring
 
 SCHEMA = json.loads((ROOT / "spec" / "difftest_report.schema.json").read_text(encoding="utf-8"))
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def gloo_preset(x: torch.Tensor) -> torch.Tensor:
+    return ring_all_reduce(x, "fast", schedule="gloo")
 
 
 def _insertions(tree: Tree, leaf: int) -> Iterator[Tree]:
@@ -141,26 +147,31 @@ def test_correct_targets_pass_and_the_report_says_what_was_probed() -> None:
     report = difftest(ring_all_reduce, modes=("exact",), examples=1, seed=3, max_workers=4, isolate=False)
     result = report.modes["exact"]
     assert result.verdict == "pass" and result.probes is not None, report.render()
-    # N - 1 calls per N and dtype, M = 2N only (the even layout takes no other M); 16-bit ones too
-    assert result.probes.calls == 4 * (1 + 2 + 3)
+    # N - 1 calls per N, M and dtype; M = 2N, and from N = 3 on, where the chunks fold differently, M = 3N,
+    # where gloo's layout cuts otherwise (the even layout takes no uneven M); 16-bit ones too
+    assert result.probes.calls == 4 * (1 + 2 * 2 + 2 * 3)
     names = ("float16", "bfloat16", "float32", "float64")
     assert result.probes.workers == {name: [2, 3, 4] for name in names}
-    assert "order probes: 24 calls at N = 2..4 (float16, bfloat16, float32, float64)" in report.render()
+    assert "order probes: 44 calls at N = 2..4 (float16, bfloat16, float32, float64)" in report.render()
     doc = report.to_json()
     jsonschema.validate(doc, SCHEMA)
-    assert doc["modes"]["exact"]["order_probes"] == {"calls": 24, "n": {name: [2, 3, 4] for name in names}}
-    # gloo's layout takes any M: an uneven M = 2N - 1 as well; gloo's own ring passes, OpenMPI's fails
+    assert doc["modes"]["exact"]["order_probes"] == {"calls": 44, "n": {name: [2, 3, 4] for name in names}}
+    # gloo's layout takes any M: uneven M = 2N - 1 and 2N + 1 as well, and 3N from N = 3 on; gloo's own
+    # ring passes, OpenMPI's fails
     options = Options(modes=("exact",), examples=1, seed=3, max_workers=4, isolate=False)
     gloo = run_difftest(gloo_ring, options, schedule_order("gloo"))
     other = run_difftest(openmpi_ring, options, schedule_order("gloo"))
     probes = gloo.modes["exact"].probes
-    assert gloo.verdict == "pass" and probes is not None and probes.calls == 2 * 24, gloo.render()
+    assert gloo.verdict == "pass" and probes is not None, gloo.render()
+    assert probes.calls == 4 * (2 + 4 * 2 + 4 * 3)
     assert other.verdict == "fail" and other.diagnoses == ["not-ring-order"], other.render()
     assert {(c.n, c.m) for c in probe_cases(schedule_order("gloo"), 3, [torch.float32])} == {
         (2, 4),
         (2, 3),
         (3, 6),
         (3, 5),
+        (3, 7),
+        (3, 9),
     }
     # other modes, and other ops, have no probes
     bound = difftest(ring_all_reduce, modes=("bound",), examples=1, seed=3, max_workers=4, isolate=False)
@@ -188,3 +199,31 @@ def test_an_order_file_is_probed_at_its_own_size_and_dtype(tmp_path: Path) -> No
     assert result.verdict == "fail" and result.counterexample is not None, report.render()
     assert (result.counterexample.n, result.counterexample.m) == (3, 6)
     assert result.finding is not None and f"the order saved in {saved}" in result.finding.explanation
+
+
+@pytest.mark.clause("difftest-order-probes")
+@pytest.mark.parametrize("seed", range(10))
+def test_a_ring_cut_like_gloo_at_small_sizes_fails_the_gloo_schedule_at_every_seed(seed: int) -> None:
+    # MPICH's ceil(M/N)-element chunks cut as gloo's do at M = 2N and 2N - 1 (and at N = 3 its folds are
+    # gloo's): only a size where the layouts differ, M = 2N + 1 (3, 3, 1 against 4, 3, 0), tells them apart.
+    common: dict[str, Any] = {"examples": 10, "seed": seed, "max_workers": 3, "isolate": False}
+    report = difftest(mpich_ring, modes=("exact",), schedule="gloo", **common)
+    assert report.verdict == "fail" and report.diagnoses == ["not-ring-order"], report.render()
+    # the gloo preset itself still passes
+    assert difftest(gloo_preset, modes=("exact",), schedule="gloo", **common).verdict == "pass"
+
+
+@pytest.mark.clause("difftest-order-probes")
+def test_the_probe_sizes_tell_every_layout_from_the_others() -> None:
+    # typed in from the layouts' definitions (spec/schedules.md) at N = 3: gloo cuts 2 ceil(M / 6)-element
+    # chunks, blocks ceil or floor of M / 3, even M / 3; M = 7 is the first M >= 6 where gloo and blocks
+    # cut differently (4, 3, 0 / 3, 2, 2), M = 9 the first where gloo and even do (4, 4, 1 / 3, 3, 3)
+    assert layout_sizes("gloo", 3) == (7, 9)
+    assert layout_sizes("blocks", 3) == (7,)  # blocks and even agree wherever both cut
+    assert layout_sizes("even", 3) == (9,)
+    assert [schedule_order(name).probe_sizes(3) for name in ("gloo", "openmpi-ring", "spec", "chain")] == [
+        (6, 5, 7, 9),
+        (6, 5, 7),
+        (6, 9),
+        (6, 5),  # one fold for every chunk: the layout changes no tree
+    ]
