@@ -8,10 +8,13 @@ from pathlib import Path
 
 import jsonschema  # type: ignore[import-untyped]
 import pytest
+import torch
 
 from ring_ref import ring_all_reduce
 from ring_ref._cli import main
-from ring_ref.difftest import DTYPES, Report, difftest
+from ring_ref.difftest import DTYPES, Case, Report, difftest
+from ring_ref.difftest._diagnosis import Finding
+from ring_ref.difftest._report import ModeResult
 from tests import planted_impls
 from tests.paths import ROOT
 
@@ -142,3 +145,17 @@ def test_json_stdout_stays_one_object_when_the_target_prints(
     )
     assert main([*args[:-1]]) == 0
     assert "The target wrote" in capfd.readouterr().out
+
+
+@pytest.mark.clause("difftest-every-n")
+def test_a_pass_beside_a_value_bug_says_what_it_could_not_see() -> None:
+    """Issue #40 item 1: a mode that passed while another found a value bug on the same target prints no
+    bare PASS: it names the other mode, its codes, and what this mode's oracle sees."""
+    case = Case(3, 3, (), torch.float32, "contiguous", (1.0,) * 9)
+    bound = ModeResult("bound", "fail", 5, finding=Finding(["out-of-bound"], "off"), counterexample=case)
+    report = Report("t", 1, "replay", {"bound": bound, "order-free": ModeResult("order-free", "pass", 5)})
+    text = report.render()
+    assert "order-free: PASS on its own inputs, but bound found out-of-bound: order-free sees only" in text
+    seen = report.to_json()["modes"]["order-free"]["seen_elsewhere"]
+    assert seen["modes"] == ["bound"] and seen["codes"] == ["out-of-bound"], seen
+    jsonschema.validate(report.to_json(), SCHEMA)

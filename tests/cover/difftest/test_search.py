@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import jsonschema  # type: ignore[import-untyped]
 import pytest
 import torch
 
@@ -54,3 +55,36 @@ def test_non_contiguous_input_is_tried_for_every_dtype_even_with_one_example(dty
 def test_soak_correct_implementations_pass_many_examples(name: str) -> None:
     report = difftest(planted_impls.CORRECT[name], examples=1000, seed=7)
     assert report.verdict == "pass", report.render()
+
+
+@pytest.mark.clause("difftest-every-n")
+@pytest.mark.parametrize("seed", range(20))
+def test_a_value_bug_at_one_n_fails_every_mode_at_every_seed(seed: int) -> None:
+    """Issue #40 item 1, stacked: a bug at ``N = 3`` alone, which zeros hide, fails every mode at
+    ``--examples 20``, whatever the seed: every ``N`` gets its value probes and a random case."""
+    report = difftest(planted_impls.chunks_rotated_at_three, examples=20, seed=seed, isolate=False)
+    for mode, result in report.modes.items():
+        case = result.counterexample
+        assert result.verdict == "fail" and case is not None and case.n == 3, (mode, report.render())
+
+
+@pytest.mark.clause("difftest-coverage")
+def test_a_pass_names_the_remainders_it_never_tried_and_the_option_that_tries_them() -> None:
+    """Issue #40 item 2: a ring that drops the remainder passes the default schedule (every M a multiple
+    of N); its report says, per mode, that no M had a remainder, and names ``--schedule openmpi-ring``."""
+    report = difftest(planted_impls.drops_the_remainder, examples=10, seed=3, isolate=False)
+    assert report.verdict == "pass", report.render()
+    doc = report.to_json()
+    jsonschema.validate(doc, SCHEMA)
+    for mode, result in doc["modes"].items():
+        coverage = result["coverage"]
+        assert coverage["m_not_multiple_of_n"] is False and coverage["n"] == list(range(1, 17)), mode
+        assert {"what": "M not a multiple of N", "option": "--schedule openmpi-ring"} in coverage["untried"]
+    text = report.render()
+    assert text.count("never tried: M not a multiple of N (--schedule openmpi-ring)") == 3, text
+    assert "--op prod/max/min/avg" in text, text
+    blocks = difftest(
+        planted_impls.drops_the_remainder, examples=10, seed=3, isolate=False, schedule="openmpi-ring"
+    )
+    assert blocks.verdict == "fail" and blocks.modes["exact"].coverage is not None, blocks.render()
+    assert blocks.modes["exact"].coverage.remainder, blocks.render()
