@@ -562,7 +562,7 @@ def every_n_cases(
 ) -> list[Case]:
     """Per ``N`` of ``workers``, three cases run first in every mode, whatever the seed (clause
     ``difftest-every-n``): a *position probe* (every element of every worker told apart), a *one-hot
-    probe* (the last worker alone), both of ``M = 2N`` in the dtype of most precision, whose every
+    probe* (the last worker alone), both of ``M = N`` in the dtype of most precision, whose every
     partial sum (product) is exact; and (``drawn``) a pseudo-random case of the mode's own values from
     ``seed``.
 
@@ -570,16 +570,16 @@ def every_n_cases(
     see it, where the search might draw that ``N`` only with zeros.
 
     >>> [(c.n, c.m) for c in every_n_cases("bound", [torch.float32], range(2, 4), seed=0)]
-    [(2, 4), (2, 4), (2, 4), (3, 6), (3, 6), (3, 6)]
+    [(2, 2), (2, 2), (2, 2), (3, 3), (3, 3), (3, 3)]
     >>> every_n_cases("order-free", [torch.float16], range(2, 3), seed=0)[0].values
-    (1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0)
+    (1.0, 2.0, 3.0, 4.0)
     """
     reduction: Op = op or "sum"
     widest = max(dtypes, key=lambda d: format_of(d).precision)
     layouts = ("contiguous",) if per_rank else LAYOUTS
     out = []
     for n in workers:
-        m = 2 if collective == "all-gather" else 2 * n
+        m = 2 if collective == "all-gather" else n
         dtype = dtypes[n % len(dtypes)]
         rng = random.Random(seed * 1_000_003 + n)
         count = n * m

@@ -111,6 +111,9 @@ def untried(
     return out
 
 
+VALUE_CODES: Final = frozenset(CODES[CODES.index("ranks-disagree") :]) - {"not-ring-order", "signed-zero"}
+"""The codes of a wrong value (not a fault of the call's form, and not ``exact``'s order alone)."""
+
 SEES: Final[dict[str, str]] = {
     "exact": "every bit, against the expected order",
     "order-free": "only inputs whose every partial sum (or product) is exact, so that every order gives "
@@ -303,15 +306,15 @@ class Report:
         } | ({} if self.tested_n is None else {"tested_n": self.tested_n})
 
     def seen_elsewhere(self, name: str) -> tuple[list[str], list[str]]:
-        """For a mode that passed: the other modes that found a bug, and their codes (clause
-        ``difftest-every-n``); empty where none did, or where the only failure is ``exact``'s order
-        (``not-ring-order``, ``signed-zero``: a bug the other modes cannot see by design)."""
+        """For a mode that passed: the other modes that found a value bug (:data:`VALUE_CODES`), and their
+        codes (clause ``difftest-every-n``); empty where none did (``exact``'s order alone,
+        ``not-ring-order`` or ``signed-zero``, the other modes cannot see by design)."""
         if self.modes[name].verdict != "pass" or self.only_ring_order:
             return [], []
         found = {
             other: r.finding.codes
             for other, r in self.modes.items()
-            if other != name and r.finding is not None
+            if other != name and r.finding is not None and set(r.finding.codes) & VALUE_CODES
         }
         codes = {c for cs in found.values() for c in cs}
         return list(found), [c for c in CODES if c in codes]
