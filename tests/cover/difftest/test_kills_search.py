@@ -702,7 +702,7 @@ def test_an_error_of_the_launcher_itself_is_not_taken_for_a_failure() -> None:
         raise RuntimeError("a bug in the launcher")
 
     # the first case of N = 2 is an explicit one (clause difftest-every-n): its error comes through as is
-    with pytest.raises(RuntimeError, match="^a bug in the launcher$"):
+    with pytest.raises(RuntimeError, match=r"^a bug in the launcher$"):
         run_mode(once(broken, 2), "bound", examples=5, seed=0, max_workers=2, dtypes=F32)
 
 
