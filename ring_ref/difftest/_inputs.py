@@ -5,6 +5,7 @@ dtype) and the op asked for, so it can be rebuilt, shown in a report and
 replayed.  :func:`cases` is the Hypothesis strategy for one mode and op;
 :func:`one_worker_cases` are the ``N = 1`` cases always run first, and
 :func:`uneven_cases` the ones of ``M`` not divisible by ``N`` when the layout takes any ``M``;
+:func:`every_n_cases` the value probes and pseudo-random cases every ``N`` gets in every mode;
 :func:`probe_cases` are the diagnosis' one-hot inputs.
 
 What is drawn depends on the op (clause ``difftest-ops``): ``sum`` and ``avg``
@@ -35,6 +36,7 @@ __all__ = [
     "TIES",
     "Case",
     "cases",
+    "every_n_cases",
     "exact_tensor",
     "gather_values",
     "lay_out",
@@ -525,6 +527,78 @@ def uneven_cases(
             layout = "contiguous" if per_rank else ("sliced", "transposed")[k % 2]
             repeated = _in_dtype([values[i % len(values)] for i in range(n * m)], dtype)
             out.append(Case(n, m, (), dtype, layout, repeated, op))
+    return out
+
+
+def _position_values(op: Op, n: int, m: int, precision: int, one_hot: int | None) -> list[float]:
+    """Worker-major values that tell every element apart: worker ``w``'s element ``i`` holds
+    ``1 + i + w M`` (``1 + i mod P`` where those sums would not be exact in ``precision`` bits), or, with
+    ``one_hot``, ``1 + i`` in that worker alone and zeros elsewhere; ``prod``: powers of two near one
+    (``2^((i + w) mod 3 - 1)``; with ``one_hot``, ones elsewhere), whose every partial product is exact."""
+    if op == "prod":
+        rows = [
+            [2.0 ** ((i + w) % 3 - 1) if one_hot in (None, w) else 1.0 for i in range(m)] for w in range(n)
+        ]
+        return [v for row in rows for v in row]
+    distinct = one_hot is None and n * n * m <= 1 << precision
+    period = max(1, min(m, (1 << precision) // n))  # where not distinct: N (1 + i mod period) is exact
+    return [
+        (1.0 + (i + w * m if distinct else i % period)) if one_hot in (None, w) else 0.0
+        for w in range(n)
+        for i in range(m)
+    ]
+
+
+def every_n_cases(
+    mode: Mode,
+    dtypes: Sequence[torch.dtype],
+    workers: range,
+    *,
+    seed: int,
+    per_rank: bool = False,
+    op: Op | None = None,
+    collective: Collective = "all-reduce",
+    drawn: bool = True,
+) -> list[Case]:
+    """Per ``N`` of ``workers``, three cases run first in every mode, whatever the seed (clause
+    ``difftest-every-n``): a *position probe* (every element of every worker told apart), a *one-hot
+    probe* (the last worker alone), both of ``M = N`` in the dtype of most precision, whose every
+    partial sum (product) is exact; and (``drawn``) a pseudo-random case of the mode's own values from
+    ``seed``.
+
+    A value bug at one ``N`` (a wrong chunk, a lost worker) fails all of them in every mode that can
+    see it, where the search might draw that ``N`` only with zeros.
+
+    >>> [(c.n, c.m) for c in every_n_cases("bound", [torch.float32], range(2, 4), seed=0)]
+    [(2, 2), (2, 2), (2, 2), (3, 3), (3, 3), (3, 3)]
+    >>> every_n_cases("order-free", [torch.float16], range(2, 3), seed=0)[0].values
+    (1.0, 2.0, 3.0, 4.0)
+    """
+    reduction: Op = op or "sum"
+    widest = max(dtypes, key=lambda d: format_of(d).precision)
+    layouts = ("contiguous",) if per_rank else LAYOUTS
+    out = []
+    for n in workers:
+        m = 2 if collective == "all-gather" else n
+        dtype = dtypes[n % len(dtypes)]
+        rng = random.Random(seed * 1_000_003 + n)
+        count = n * m
+        values: tuple[float, ...]
+        if collective == "all-gather":
+            values = gather_values(dtype, count, rng)
+        elif mode == "order-free":
+            values = order_free_values(dtype, n, count, rng, reduction)
+        elif reduction == "prod":
+            values = _near_one(dtype, n, count, rng)
+        else:
+            scale = 2.0 ** -(n.bit_length() + 1)
+            values = _in_dtype([v * scale for v in _random_floats(dtype, "normal", count, rng)], dtype)
+        precision = format_of(widest).precision
+        for one_hot in (None, n - 1):
+            probe = _in_dtype(_position_values(reduction, n, m, precision, one_hot), widest)
+            out.append(Case(n, m, (), widest, "contiguous", probe, op, collective))
+        if drawn:
+            out.append(Case(n, m, (), dtype, layouts[n % len(layouts)], values, op, collective))
     return out
 
 

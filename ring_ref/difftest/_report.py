@@ -4,17 +4,123 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+import torch
+
 from ring_ref._dtypes import dtype_name
 from ring_ref.difftest._diagnosis import ROUNDS_ONCE, Finding
-from ring_ref.difftest._inputs import Case
+from ring_ref.difftest._inputs import LAYOUTS, Case
 from ring_ref.difftest._oracles import ExactOrder
 from ring_ref.difftest._probes import ProbeRun
-from ring_ref.difftest._vocabulary import CODES, Collective, Mode, Op
+from ring_ref.difftest._vocabulary import CODES, DTYPES, Collective, Mode, Op
 
-__all__ = ["ModeResult", "Report"]
+__all__ = ["Coverage", "ModeResult", "Report", "untried"]
+
+
+def _spans(ns: Sequence[int]) -> str:
+    """``1..4, 6``: ascending integers, consecutive runs as spans."""
+    runs: list[list[int]] = []
+    for n in sorted(ns):
+        if runs and n == runs[-1][-1] + 1:
+            runs[-1].append(n)
+        else:
+            runs.append([n])
+    return ", ".join(f"{r[0]}..{r[-1]}" if len(r) > 2 else ", ".join(map(str, r)) for r in runs)
+
+
+@dataclass
+class Coverage:
+    """What one mode's calls tried (clause ``difftest-coverage``): the ``N``, ``M`` (and whether some
+    ``M`` was not a multiple of ``N``), layouts, dtypes and op, and what it never tried, each with the
+    option that would try it (:func:`untried`)."""
+
+    n: set[int] = field(default_factory=set)
+    m: set[int] = field(default_factory=set)
+    remainder: bool = False
+    layouts: dict[str, None] = field(default_factory=dict)
+    dtypes: dict[str, None] = field(default_factory=dict)
+    op: str = "sum"
+    untried: list[tuple[str, str]] = field(default_factory=list)
+    """``(what, the option that tries it)``."""
+
+    def add(self, case: Case) -> None:
+        """Count one call's input."""
+        self.n.add(case.n)
+        self.m.add(case.m)
+        self.remainder |= case.m % case.n != 0
+        self.layouts[case.layout] = None
+        self.dtypes[dtype_name(case.dtype)] = None
+        self.op = case.reduction
+
+    def to_json(self) -> dict[str, Any]:
+        """This mode's ``coverage`` in the JSON report."""
+        return {
+            "n": sorted(self.n),
+            "m": sorted(self.m),
+            "m_not_multiple_of_n": self.remainder,
+            "layouts": list(self.layouts),
+            "dtypes": list(self.dtypes),
+            "op": self.op,
+            "untried": [{"what": what, "option": option} for what, option in self.untried],
+        }
+
+    def describe(self, passed: bool) -> str:
+        """``tried N = 1..4, M = 1..12 (each a multiple of N), ...; never tried: ...`` (that on a PASS)."""
+        if not self.n:
+            return "tried no input"
+        each = "some not a multiple of N" if self.remainder else "each a multiple of N"
+        text = (
+            f"tried N = {_spans(sorted(self.n))}, M = {min(self.m)}..{max(self.m)} ({each}), "
+            f"{'every layout' if len(self.layouts) == len(LAYOUTS) else '/'.join(self.layouts)}, "
+            f"{'every dtype' if len(self.dtypes) == len(DTYPES) else '/'.join(self.dtypes)}, {self.op}"
+        )
+        if passed and self.untried:
+            text += "; never tried: " + ", ".join(f"{what} ({option})" for what, option in self.untried)
+        return text
+
+
+def untried(
+    coverage: Coverage,
+    *,
+    allowed: Sequence[torch.dtype],
+    min_workers: int,
+    op: Op | None,
+    collective: Collective,
+) -> list[tuple[str, str]]:
+    """What a mode never tried that an option would try: ``M`` not a multiple of ``N`` (an all-reduce:
+    ``--schedule openmpi-ring``, whose blocks take any ``M``), ``N`` below a job's size
+    (``--subgroups``), the dtypes it could take (``--dtypes``), and other ops (``--op``).
+
+    >>> c = Coverage(n={4}, m={4, 8}, dtypes={"float32": None})
+    >>> untried(c, allowed=[torch.float32], min_workers=4, op=None, collective="all-reduce")[:2]
+    [('M not a multiple of N', '--schedule openmpi-ring'), ('N = 1..3', '--subgroups')]
+    """
+    out = []
+    if collective == "all-reduce" and coverage.n and not coverage.remainder:
+        out.append(("M not a multiple of N", "--schedule openmpi-ring"))
+    if min_workers > 1:
+        out.append((f"N = {_spans(range(1, min_workers))}", "--subgroups"))
+    other = [name for name in map(dtype_name, allowed) if name not in coverage.dtypes]
+    if other:
+        out.append(("/".join(other), "--dtypes"))
+    if op is None and collective != "all-gather":
+        out.append(("ops other than sum", "--op prod/max/min/avg"))
+    return out
+
+
+VALUE_CODES: Final = frozenset(CODES[CODES.index("ranks-disagree") :]) - {"not-ring-order", "signed-zero"}
+"""The codes of a wrong value (not a fault of the call's form, and not ``exact``'s order alone)."""
+
+SEES: Final[dict[str, str]] = {
+    "exact": "every bit, against the expected order",
+    "order-free": "only inputs whose every partial sum (or product) is exact, so that every order gives "
+    "the same bits",
+    "bound": "any finite input, within the error any order of additions may make",
+}
+"""What each mode's oracle can see, for a PASS beside another mode's FAIL."""
 
 
 @dataclass
@@ -32,6 +138,8 @@ class ModeResult:
     """``prod``'s bound: elements accepted where some order could underflow (the bound does not hold)."""
     probes: ProbeRun | None = None
     """``exact``'s order probes, where they ran (clause ``difftest-order-probes``)."""
+    coverage: Coverage | None = None
+    """What its calls tried (clause ``difftest-coverage``)."""
 
     def to_json(self, seed: int) -> dict[str, Any]:
         """This mode's part of the JSON report."""
@@ -43,6 +151,8 @@ class ModeResult:
         }
         if self.probes is not None:
             out["order_probes"] = {"calls": self.probes.calls, "n": self.probes.workers}
+        if self.coverage is not None:
+            out["coverage"] = self.coverage.to_json()
         if self.finding is not None and self.counterexample is not None:
             out["diagnoses"] = self.finding.codes
             out["explanation"] = self.finding.explanation
@@ -192,8 +302,55 @@ class Report:
             "timeout_s": self.timeout_s,
             "exact_against": None if self.exact_against is None else self.exact_against.to_json(),
             "output": {"bytes": self.output_bytes, "text": self.output},
-            "modes": {name: r.to_json(self.seed) for name, r in self.modes.items()},
+            "modes": {name: self._mode_json(name, r) for name, r in self.modes.items()},
         } | ({} if self.tested_n is None else {"tested_n": self.tested_n})
+
+    def seen_elsewhere(self, name: str) -> tuple[list[str], list[str]]:
+        """For a mode that passed: the other modes that found a value bug (:data:`VALUE_CODES`), and their
+        codes (clause ``difftest-every-n``); empty where none did (``exact``'s order alone,
+        ``not-ring-order`` or ``signed-zero``, the other modes cannot see by design)."""
+        if self.modes[name].verdict != "pass" or self.only_ring_order:
+            return [], []
+        found = {
+            other: r.finding.codes
+            for other, r in self.modes.items()
+            if other != name and r.finding is not None and set(r.finding.codes) & VALUE_CODES
+        }
+        codes = {c for cs in found.values() for c in cs}
+        return list(found), [c for c in CODES if c in codes]
+
+    def _mode_json(self, name: str, result: ModeResult) -> dict[str, Any]:
+        modes, codes = self.seen_elsewhere(name)
+        out = result.to_json(self.seed)
+        if modes:
+            out["seen_elsewhere"] = {"modes": modes, "codes": codes, "sees": SEES[name]}
+        return out
+
+    def _mode_lines(self) -> list[tuple[str, ModeResult]]:
+        """The modes as the text report prints them: an all-gather's three modes, one check, as one."""
+        if self.collective == "all-gather" and len(self.modes) > 1:
+            return [(", ".join(self.modes), next(iter(self.modes.values())))]
+        return list(self.modes.items())
+
+    def _verdict_lines(self, name: str, r: ModeResult) -> list[str]:
+        """A mode's verdict line (what it tried, an all-gather's modes as one, a PASS beside another
+        mode's FAIL said as such) and its coverage line."""
+        skip = f", {r.overflow_skipped} overflowing element(s) accepted" if r.overflow_skipped else ""
+        if r.underflow_skipped:
+            skip += f", {r.underflow_skipped} element(s) that could underflow accepted"
+        probed = f"; {r.probes.describe()}" if r.probes is not None else ""
+        one = " (one check for an all-gather: a bitwise copy)" if "," in name else ""
+        verdict = r.verdict.upper()
+        elsewhere, codes = self.seen_elsewhere(name) if "," not in name else ([], [])
+        if elsewhere:
+            verdict = (
+                f"PASS on its own inputs, but {' and '.join(elsewhere)} found {', '.join(codes)}: "
+                f"{name} sees {SEES[name]}"
+            )
+        lines = [f"  {name}: {verdict}{one} ({r.examples} inputs tried{skip}{probed})"]
+        if r.coverage is not None:
+            lines.append(f"    {r.coverage.describe(r.verdict == 'pass' and not elsewhere)}")
+        return lines
 
     def render(self) -> str:
         """The human-readable report."""
@@ -219,12 +376,8 @@ class Report:
             lines.append("  (not isolated: the target ran in the tester's own process, with no time limit)")
         if self.exact_against is not None:
             lines.append(f"  ({_against(self.exact_against)})")
-        for name, r in self.modes.items():
-            skip = f", {r.overflow_skipped} overflowing element(s) accepted" if r.overflow_skipped else ""
-            if r.underflow_skipped:
-                skip += f", {r.underflow_skipped} element(s) that could underflow accepted"
-            probed = f"; {r.probes.describe()}" if r.probes is not None else ""
-            lines.append(f"  {name}: {r.verdict.upper()} ({r.examples} inputs tried{skip}{probed})")
+        for name, r in self._mode_lines():
+            lines.extend(self._verdict_lines(name, r))
             if r.finding is not None and r.counterexample is not None:
                 c = r.counterexample
                 lines.append(f"    diagnosis: {', '.join(r.finding.codes)}")

@@ -19,7 +19,7 @@ from ring_ref._dtypes import dtype_name
 from ring_ref._ops import op_name
 from ring_ref.difftest._call import Outcome, well_formed
 from ring_ref.difftest._diagnosis import Finding, diagnose, plus_zeros_only
-from ring_ref.difftest._inputs import LAYOUTS, Case, cases, one_worker_cases, uneven_cases
+from ring_ref.difftest._inputs import LAYOUTS, Case, cases, every_n_cases, one_worker_cases, uneven_cases
 from ring_ref.difftest._job import job_size, run_in_job, run_in_mpi_job
 from ring_ref.difftest._launch import InProcess, Isolated, Launcher, as_launcher
 from ring_ref.difftest._loading import importable_name, load_target, with_framework
@@ -36,7 +36,7 @@ from ring_ref.difftest._options import (
 from ring_ref.difftest._oracles import SPEC_ORDER, ExactOrder
 from ring_ref.difftest._orders import exact_order, reduce_scatter_order
 from ring_ref.difftest._probes import ProbeRun, first_failing_probe
-from ring_ref.difftest._report import ModeResult, Report
+from ring_ref.difftest._report import Coverage, ModeResult, Report, untried
 from ring_ref.difftest._verdict import difference, passes
 from ring_ref.difftest._vocabulary import (
     DEFAULT_TIMEOUT_S,
@@ -103,6 +103,7 @@ def run_mode(
     """
     launcher = as_launcher(fn)
     calls = 0
+    tried = Coverage()
     overflow = underflow = 0
 
     def check(case: Case) -> None:
@@ -112,6 +113,7 @@ def run_mode(
 
     def judge(case: Case) -> None:
         nonlocal overflow, underflow
+        tried.add(case)
         outcome = launcher.call(case)
         if outcome.failure is not None or outcome.note:
             raise _NoAnswer(outcome)
@@ -166,7 +168,9 @@ def run_mode(
         if case is None and order_probed:
             case, probes = probed()
         if case is None:
-            return ModeResult(mode, "pass", calls, overflow, underflow_skipped=underflow, probes=probes)
+            return ModeResult(
+                mode, "pass", calls, overflow, underflow_skipped=underflow, probes=probes, coverage=tried
+            )
         first, second = replayed(case)
         if order_probed and probes is None and _zero_signs_only(first, order):
             # a fold from +0.0 fails first on zeros, the simplest inputs: an order beats it (signed-zero)
@@ -177,7 +181,9 @@ def run_mode(
     except _NoAnswer as stopped:
         got = stopped.outcome
         finding = diagnose(launcher, got, mode, order)
-        return ModeResult(mode, "fail", calls, overflow, finding, got.case, got.output, underflow, probes)
+        return ModeResult(
+            mode, "fail", calls, overflow, finding, got.case, got.output, underflow, probes, tried
+        )
     changed = difference(first, second)
     finding = (
         Finding(["nondeterministic"], f"The same input, called twice, gave different answers: {changed}")
@@ -190,7 +196,7 @@ def run_mode(
             "This input failed during the search but passed both times it was replayed: the target's "
             "answer depends on more than its input (earlier calls, time, randomness)",
         )
-    return ModeResult(mode, "fail", calls, overflow, finding, case, first.output, underflow, probes)
+    return ModeResult(mode, "fail", calls, overflow, finding, case, first.output, underflow, probes, tried)
 
 
 def _zero_signs_only(outcome: Outcome, order: ExactOrder) -> bool:
@@ -234,6 +240,17 @@ def _search_test(
     chunks (the shards); an all-gather's are shards of any bits (:func:`ring_ref.difftest._inputs.cases`).
     """
     layouts = ("contiguous",) if per_rank else LAYOUTS
+    every_n = every_n_cases(
+        mode,
+        dtypes,
+        range(min_workers, max_workers + 1),
+        seed=seed,
+        per_rank=per_rank,
+        op=op,
+        collective=collective,
+        # exact's order probes run at every N after the search (a sum): they are its real inputs there
+        drawn=not (mode == "exact" and op in (None, "sum") and collective != "all-gather"),
+    )
     if collective != "all-reduce":
         drawn = cases(
             mode, dtypes, max_workers, layouts, op=op, collective=collective, min_workers=min_workers
@@ -242,7 +259,9 @@ def _search_test(
             drawn = drawn.filter(lambda c: _equal_chunks(c, order.layout))
         test = given(drawn)(check)
         ones = one_worker_cases(mode, dtypes, per_rank=per_rank, op=op, collective=collective)
-        for case in reversed(ones if min_workers == 1 else []):
+        if collective == "reduce-scatter":
+            every_n = [c for c in every_n if _equal_chunks(c, order.layout)]
+        for case in reversed([*(ones if min_workers == 1 else []), *every_n]):
             test = example(case)(test)
     elif mode == "exact" and order.cases is not None:
         # An order saved for one N, M and dtype (difftest --order) covers only those inputs.
@@ -257,7 +276,7 @@ def _search_test(
             first += uneven_cases(
                 mode, dtypes, max_workers, per_rank=per_rank, op=op, min_workers=min_workers
             )
-        for case in reversed(first):
+        for case in reversed([*first, *every_n]):
             test = example(case)(test)
     test = settings(
         max_examples=examples,
@@ -598,6 +617,9 @@ def _run(plan: _Plan, launcher: Launcher) -> Report:
         for mode in plan.modes:
             if launcher.broken:
                 break
+            if plan.collective == "all-gather" and results:  # every mode is the one bitwise check
+                results[mode] = replace(next(iter(results.values())), mode=mode)
+                continue
             results[mode] = run_mode(
                 launcher,
                 mode,
@@ -611,6 +633,15 @@ def _run(plan: _Plan, launcher: Launcher) -> Report:
             )
     finally:
         launcher.close()
+    for result in results.values():
+        if result.coverage is not None:
+            result.coverage.untried = untried(
+                result.coverage,
+                allowed=allowed_dtypes(plan.ranks),
+                min_workers=launcher.min_workers,
+                op=plan.op,
+                collective=plan.collective,
+            )
     return Report(
         plan.label,
         plan.seed,

@@ -59,3 +59,11 @@ def pair_rank_0_skips_the_call(tensor: torch.Tensor, group: Any = None) -> None:
     if dist.get_world_size(group) == 2 and dist.get_rank(group) == 0:
         return
     dist.all_reduce(tensor, group=group)
+
+
+def chunks_rotated_at_three(tensor: torch.Tensor, group: Any = None) -> None:
+    """BUG: in a group of three, every rank stores the sum one chunk off (the ranks agree; zeros pass)."""
+    dist.all_reduce(tensor, group=group)
+    size = dist.get_world_size(group)
+    if size == 3:
+        tensor.copy_(torch.roll(tensor, shifts=tensor.shape[0] // size, dims=0))

@@ -122,6 +122,11 @@ def chunks_rotated(x: torch.Tensor) -> torch.Tensor:
     return torch.roll(ring_all_reduce(x), shifts=x.shape[1] // x.shape[0], dims=0)
 
 
+def chunks_rotated_at_three(x: torch.Tensor) -> torch.Tensor:
+    """Bug at ``N = 3`` only: :func:`chunks_rotated`'s (zeros, the search's favourite input, pass)."""
+    return chunks_rotated(x) if x.shape[0] == 3 else ring_all_reduce(x)
+
+
 def rejects_non_contiguous(x: torch.Tensor) -> torch.Tensor:
     """Bug: rejects valid non-contiguous input (as a C extension expecting dense memory might)."""
     if not x.is_contiguous():

@@ -31,12 +31,17 @@ def _exchange(send: torch.Tensor, recv: torch.Tensor, right: int, left: int) -> 
 
 
 def _ring(
-    tensor: torch.Tensor, *, gather_adds: bool = False, loses_on: Callable[[int], bool] = lambda rank: False
+    tensor: torch.Tensor,
+    *,
+    gather_adds: bool = False,
+    loses_on: Callable[[int], bool] = lambda rank: False,
+    sends_ahead: int = 0,
 ) -> None:
     """Reduce-scatter, then all-gather, over the default group, on ``tensor``'s row chunks.
 
     ``loses_on(rank)``: that rank's all-gather drops the chunk it receives last (the slot keeps its
-    partial sum, which lacks a worker).
+    partial sum, which lacks a worker); ``sends_ahead``: the reduce-scatter sends the chunk that many
+    slots ahead of the right one (the receiver adds it into the wrong chunk).
     """
     n, rank = dist.get_world_size(), dist.get_rank()
     if n == 1:
@@ -44,7 +49,7 @@ def _ring(
     chunks = list(tensor.chunk(n))
     right, left = (rank + 1) % n, (rank - 1) % n
     for step in range(n - 1):  # reduce-scatter: add what the left neighbour sends
-        send, recv = (rank - step) % n, (rank - step - 1) % n
+        send, recv = (rank - step + sends_ahead) % n, (rank - step - 1) % n
         incoming = torch.empty_like(chunks[recv])
         _exchange(chunks[send], incoming, right, left)
         chunks[recv] += incoming
@@ -121,6 +126,13 @@ def gather_drops_last_chunk_on_rank_0(tensor: torch.Tensor) -> None:
     """Bug: only rank 0's all-gather drops the last chunk it receives; the other ranks count every worker
     once: ``ranks-disagree``, with rank 0's probe counts (a worker lost)."""
     _ring(tensor, loses_on=lambda rank: rank == 0)
+
+
+def wrong_chunk_at_three(tensor: torch.Tensor) -> None:
+    """Bug at ``N = 3`` only: the reduce-scatter sends the chunk after the right one (clause
+    ``difftest-every-n``: every mode must find it, at every seed; zeros, the search's favourite input,
+    pass)."""
+    _ring(tensor, sends_ahead=1 if dist.get_world_size() == 3 else 0)
 
 
 def averages(tensor: torch.Tensor) -> None:

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import jsonschema  # type: ignore[import-untyped]
 import pytest
@@ -389,3 +390,31 @@ def test_gpu_nccl_job_on_every_visible_device() -> None:
     options = ("--device", "cuda", "--mode", "bound", "--examples", "20", "--seed", "1")
     done = _torchrun(n, _job_cli("difftest", "torch.distributed:all_reduce", *options), 600)
     assert done.returncode == 0 and "PASS" in done.stdout, (done.stdout, done.stderr[-3000:])
+
+
+def _every_mode_fails_at_three(doc: dict[str, Any]) -> None:
+    jsonschema.validate(doc, SCHEMA)
+    for mode, result in doc["modes"].items():
+        assert result["verdict"] == "fail" and result["counterexample"]["n"] == 3, (mode, doc)
+
+
+@pytest.mark.clause("difftest-every-n", "difftest-job")
+def test_a_bug_at_three_only_fails_every_mode_under_subgroups() -> None:
+    """Issue #40 item 1: ``torchrun`` N = 4 with ``--subgroups``: a bug of the group of three alone (the
+    ranks agree; zeros pass) fails every mode at ``--examples 20`` (the 20 seeds: the soak test)."""
+    bug = "tests.common.planted_group_impls:chunks_rotated_at_three"
+    options = ("--subgroups", "--examples", "20", "--seed", "4", "--json")  # before: bound passed it
+    done = _torchrun(4, _job_cli("difftest", bug, *options), 300)
+    assert done.returncode == 1, done.stderr[-3000:]
+    _every_mode_fails_at_three(json.loads(done.stdout))
+
+
+@pytest.mark.soak
+@pytest.mark.clause("difftest-every-n", "difftest-job")
+@pytest.mark.parametrize("seed", [s for s in range(20) if s != 4])
+def test_soak_a_bug_at_three_only_fails_every_mode_under_subgroups_at_every_seed(seed: int) -> None:
+    bug = "tests.common.planted_group_impls:chunks_rotated_at_three"
+    options = ("--subgroups", "--examples", "20", "--seed", str(seed), "--json")
+    done = _torchrun(4, _job_cli("difftest", bug, *options), 300)
+    assert done.returncode == 1, done.stderr[-3000:]
+    _every_mode_fails_at_three(json.loads(done.stdout))

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from ring_ref._cli import main
-from ring_ref.difftest import Case, Mode, difftest
+from ring_ref.difftest import Case, Mode, Report, difftest
 from ring_ref.difftest._call import Outcome
 from ring_ref.difftest._options import Options
 from ring_ref.difftest._orders import schedule_order
@@ -173,6 +173,29 @@ def test_a_stacked_target_under_ranks_gloo_is_told_to_drop_ranks(
     assert main(["reveal", "--ranks", "gloo", target, "-n", "2", "-m", "2"]) == 2
     err = capsys.readouterr().err
     assert "rank 1 raised IndexError: Dimension out of range" in err and "drop --ranks" in err
+
+
+def _every_mode_fails_at_three(report: Report) -> None:
+    for mode, result in report.modes.items():
+        case = result.counterexample
+        assert result.verdict == "fail" and case is not None and case.n == 3, (mode, report.render())
+
+
+@pytest.mark.clause("difftest-every-n", "difftest-ranks")
+def test_a_per_rank_bug_at_one_odd_n_fails_every_mode() -> None:
+    """Issue #40 item 1: a ring whose reduce-scatter takes the wrong chunk at ``N = 3`` alone (zeros
+    pass) fails every mode under ``--ranks gloo`` at ``--examples 20`` (the 20 seeds: the soak test)."""
+    bug = "tests.common.planted_rank_impls:wrong_chunk_at_three"
+    # seed 4: before every N got its probes, bound passed this bug at it
+    _every_mode_fails_at_three(difftest(bug, ranks="gloo", examples=20, seed=4, max_workers=4))
+
+
+@pytest.mark.soak
+@pytest.mark.clause("difftest-every-n", "difftest-ranks")
+@pytest.mark.parametrize("seed", range(20))
+def test_soak_a_per_rank_bug_at_one_odd_n_fails_every_mode_at_every_seed(seed: int) -> None:
+    bug = "tests.common.planted_rank_impls:wrong_chunk_at_three"
+    _every_mode_fails_at_three(difftest(bug, ranks="gloo", examples=20, seed=seed))
 
 
 # ==========================================================================================================

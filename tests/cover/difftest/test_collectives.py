@@ -288,3 +288,14 @@ def test_reveal_names_each_shards_order(capsys: pytest.CaptureFixture[str]) -> N
     # without --collective the (N, M/N) shards are no all-reduce result: reveal names the shape
     assert main(args) == 2
     assert "ring-ref reveal: error" in capsys.readouterr().err
+
+
+@pytest.mark.clause("difftest-coverage")
+def test_an_all_gather_report_prints_its_one_check_once() -> None:
+    """Issue #40 item 9: an all-gather's three modes are one bitwise check: one line in the text report,
+    the three modes in the JSON one."""
+    report = difftest(planted_impls.all_gather_copied, collective="all-gather", examples=5, seed=2)
+    text = report.render()
+    assert "  exact, order-free, bound: PASS (one check for an all-gather" in text, text
+    assert "  exact: " not in text and "  bound: " not in text, text
+    assert set(report.to_json()["modes"]) == {"exact", "order-free", "bound"}

@@ -170,6 +170,20 @@ def test_json_stdout_stays_one_object_when_the_target_prints(
     assert "The target wrote" in capfd.readouterr().out
 
 
+@pytest.mark.clause("difftest-every-n")
+def test_a_pass_beside_a_value_bug_says_what_it_could_not_see() -> None:
+    """Issue #40 item 1: a mode that passed while another found a value bug on the same target prints no
+    bare PASS: it names the other mode, its codes, and what this mode's oracle sees."""
+    case = Case(3, 3, (), torch.float32, "contiguous", (1.0,) * 9)
+    bound = ModeResult("bound", "fail", 5, finding=Finding(["out-of-bound"], "off"), counterexample=case)
+    report = Report("t", 1, "replay", {"bound": bound, "order-free": ModeResult("order-free", "pass", 5)})
+    text = report.render()
+    assert "order-free: PASS on its own inputs, but bound found out-of-bound: order-free sees only" in text
+    seen = report.to_json()["modes"]["order-free"]["seen_elsewhere"]
+    assert seen["modes"] == ["bound"] and seen["codes"] == ["out-of-bound"], seen
+    jsonschema.validate(report.to_json(), SCHEMA)
+
+
 # ==========================================================================================================
 # The report built by hand (``ring_ref.difftest._report``): its JSON, its verdicts and its text.
 #
@@ -461,7 +475,8 @@ def test_the_text_report_of_a_failing_per_rank_target() -> None:
         "      s2",
         "    the target's output on this input:",
         "      o1",
-        "  bound: PASS (7 inputs tried)",
+        "  bound: PASS on its own inputs, but exact found double-counted: bound sees any finite input, "
+        "within the error any order of additions may make (7 inputs tried)",
         "The target wrote 12 byte(s) to stdout/stderr in all (text in --json).",
         "Replay: ring-ref difftest t --seed 9",
     ]

@@ -11,6 +11,7 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any, ClassVar
 
+import jsonschema  # type: ignore[import-untyped]
 import pytest
 import torch
 from hypothesis import settings
@@ -21,7 +22,7 @@ from ring_ref import ring_all_reduce
 from ring_ref._cli import main
 from ring_ref.difftest import DTYPES, Case, difftest
 from ring_ref.difftest._call import Failure, Outcome, call_target
-from ring_ref.difftest._inputs import one_worker_cases
+from ring_ref.difftest._inputs import every_n_cases, one_worker_cases
 from ring_ref.difftest._launch import Launcher, OutputLog
 from ring_ref.difftest._options import Options, option_problem
 from ring_ref.difftest._oracles import SPEC_ORDER, ExactOrder
@@ -80,6 +81,39 @@ def test_non_contiguous_input_is_tried_for_every_dtype_even_with_one_example(dty
 def test_soak_correct_implementations_pass_many_examples(name: str) -> None:
     report = difftest(planted_impls.CORRECT[name], examples=1000, seed=7)
     assert report.verdict == "pass", report.render()
+
+
+@pytest.mark.clause("difftest-every-n")
+@pytest.mark.parametrize("seed", range(20))
+def test_a_value_bug_at_one_n_fails_every_mode_at_every_seed(seed: int) -> None:
+    """Issue #40 item 1, stacked: a bug at ``N = 3`` alone, which zeros hide, fails every mode at
+    ``--examples 20``, whatever the seed: every ``N`` gets its value probes and a random case."""
+    report = difftest(planted_impls.chunks_rotated_at_three, examples=20, seed=seed, isolate=False)
+    for mode, result in report.modes.items():
+        case = result.counterexample
+        assert result.verdict == "fail" and case is not None and case.n == 3, (mode, report.render())
+
+
+@pytest.mark.clause("difftest-coverage")
+def test_a_pass_names_the_remainders_it_never_tried_and_the_option_that_tries_them() -> None:
+    """Issue #40 item 2: a ring that drops the remainder passes the default schedule (every M a multiple
+    of N); its report says, per mode, that no M had a remainder, and names ``--schedule openmpi-ring``."""
+    report = difftest(planted_impls.drops_the_remainder, examples=10, seed=3, isolate=False)
+    assert report.verdict == "pass", report.render()
+    doc = report.to_json()
+    jsonschema.validate(doc, SCHEMA)
+    for mode, result in doc["modes"].items():
+        coverage = result["coverage"]
+        assert coverage["m_not_multiple_of_n"] is False and coverage["n"] == list(range(1, 17)), mode
+        assert {"what": "M not a multiple of N", "option": "--schedule openmpi-ring"} in coverage["untried"]
+    text = report.render()
+    assert text.count("never tried: M not a multiple of N (--schedule openmpi-ring)") == 3, text
+    assert "--op prod/max/min/avg" in text, text
+    blocks = difftest(
+        planted_impls.drops_the_remainder, examples=10, seed=3, isolate=False, schedule="openmpi-ring"
+    )
+    assert blocks.verdict == "fail" and blocks.modes["exact"].coverage is not None, blocks.render()
+    assert blocks.modes["exact"].coverage.remainder, blocks.render()
 
 
 # ==========================================================================================================
@@ -360,7 +394,9 @@ def test_a_correct_target_passes_every_mode_with_the_documented_defaults() -> No
     for mode, result in report.modes.items():
         assert result.mode == mode and result.verdict == "pass"
         assert result.finding is None and result.counterexample is None
-        assert result.examples == 2 + 2 * 4  # the asked ones and the N = 1 ones, two per dtype
+        # the asked ones, the N = 1 ones (two per dtype), and per N from 1 to 16 the position and one-hot
+        # probes (clause difftest-every-n) and, but in exact, a pseudo-random case
+        assert result.examples == 2 + 2 * 4 + 16 * (2 if mode == "exact" else 3)
 
 
 @pytest.mark.clause("difftest-oracles")
@@ -630,9 +666,12 @@ def test_a_passing_mode_counts_every_call_and_runs_the_one_worker_cases_first(op
     result = run_mode(launcher, "bound", examples=4, seed=3, max_workers=3, dtypes=F32, op=op)
     assert result.mode == "bound" and result.verdict == "pass"
     assert result.finding is None and result.counterexample is None
-    assert result.examples == len(launcher.cases) == 4 + 2  # --examples generated, after the N = 1 ones
+    # --examples generated, after the N = 1 ones and the three of every N (clause difftest-every-n)
+    assert result.examples == len(launcher.cases) == 4 + 2 + 3 * 3
     first = one_worker_cases("bound", F32, op=op)
     assert launcher.cases[: len(first)] == first
+    every_n = every_n_cases("bound", F32, range(1, 4), seed=3, op=op)
+    assert launcher.cases[len(first) : len(first) + len(every_n)] == every_n
     assert {c.op for c in launcher.cases} == {op} and max(c.n for c in launcher.cases) <= 3
     assert result.overflow_skipped == result.underflow_skipped == 0
 
@@ -794,9 +833,9 @@ def test_an_error_of_the_launcher_itself_is_not_taken_for_a_failure() -> None:
     def broken(case: Case, k: int) -> Outcome:
         raise RuntimeError("a bug in the launcher")
 
-    with pytest.raises(BaseExceptionGroup) as raised:
+    # the first case of N = 2 is an explicit one (clause difftest-every-n): its error comes through as is
+    with pytest.raises(RuntimeError, match=r"^a bug in the launcher$"):
         run_mode(once(broken, 2), "bound", examples=5, seed=0, max_workers=2, dtypes=F32)
-    assert [str(e) for e in raised.value.exceptions] == ["a bug in the launcher"]
 
 
 @pytest.mark.clause("difftest-oracles")
