@@ -494,7 +494,7 @@ def per_rank_target(
                     text = (
                         f"raised {a.raised}{kind_hint(a)}" if a.raised else f"returned {_returned(a, case)}"
                     )
-                    said.setdefault(text, []).append(cast(int, a.rank))
+                    said.setdefault(text, []).append(a.rank)
             why = "; ".join(
                 f"{f'rank {r[0]}' if len(r) == 1 else f'ranks {r}'} {text}" for text, r in said.items()
             )
