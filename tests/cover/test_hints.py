@@ -16,7 +16,7 @@ from ring_ref.difftest import Case, TargetError, difftest
 from ring_ref.difftest._call import Answer, Outcome, TensorView
 from ring_ref.difftest._orders import per_rank_target
 from ring_ref.difftest._verdict import structural
-from tests import planted_hints
+from tests.common import planted_hints
 
 pytestmark = pytest.mark.clause("difftest-hints")
 

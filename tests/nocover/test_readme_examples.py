@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.paths import ROOT
+from tests.common.paths import ROOT
 
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 

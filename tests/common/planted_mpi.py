@@ -107,7 +107,7 @@ EXPECTED: dict[str, str] = {
     "gather_drops_last_chunk": "out-of-bound",
     "rank_1_raises": "raised",
 }
-"""Each planted bug's name (``tests.planted_mpi:NAME``) and the code it must get."""
+"""Each planted bug's name (``tests.common.planted_mpi:NAME``) and the code it must get."""
 
 
 # --collective reduce-scatter / all-gather: TARGET(comm, sendbuf, recvbuf), as comm.Reduce_scatter_block
