@@ -18,6 +18,7 @@ import torch
 
 from ring_ref import _order_stability, _reveal, _svg
 from ring_ref._dispatch import ring_all_reduce
+from ring_ref._hints import signature_problem
 from ring_ref._reveal import RevealError
 from ring_ref._trace import check_trace_size, render_table, trace, trace_json
 from ring_ref._vectors import _collectives, _ops, _presets, _sums
@@ -167,7 +168,7 @@ def _difftest_in_job(args: argparse.Namespace, options: Options) -> int:
     )
 
 
-def _reveal_command(args: argparse.Namespace) -> int:
+def _reveal_command(args: argparse.Namespace) -> int:  # noqa: PLR0912 - one branch a usage error
     """Run ``ring-ref reveal``: 0 when it ran, 2 on a usage error or a misbehaving target."""
     if args.ranks == "job" and args.collective != "all-reduce":
         print(
@@ -183,6 +184,8 @@ def _reveal_command(args: argparse.Namespace) -> int:
             if args.checks < 0:
                 raise _reveal.RevealError(f"--checks must be 0 or more; got {args.checks}")
             _reveal.check_reveal_size(args.n, args.m, args.dtype)
+            if misfit := signature_problem(args.target, args.ranks, args.collective):
+                raise TargetError(misfit)
             launcher = rank_launcher(args.ranks, args.target, args.timeout) if args.ranks else None
             scatter = args.collective == "reduce-scatter"
             if scatter and args.m % args.n:

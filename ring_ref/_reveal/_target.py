@@ -17,6 +17,7 @@ from typing import Final
 import torch
 
 from ring_ref._dtypes import FORMATS
+from ring_ref._hints import raised_hint
 
 __all__ = ["LIMITS", "REVEAL_DTYPES", "SET_LIMITS", "RevealError", "call_target", "check_reveal_size"]
 
@@ -71,7 +72,9 @@ def call_target(target: Callable[[torch.Tensor], object], x: torch.Tensor, m: in
     except RevealError:
         raise  # a per-rank adapter's own account of what the ranks did (difftest._orders.per_rank_target)
     except Exception as exc:
-        raise RevealError(f"the target raised {type(exc).__name__}: {exc} (on a valid input)") from exc
+        raised = f"{type(exc).__name__}: {exc}"
+        hint = raised_hint(raised, per_rank=False)
+        raise RevealError(f"the target raised {raised} (on a valid input){hint}") from exc
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != (m,) or out.dtype != x.dtype:
         got = (
             f"{type(out).__name__} {tuple(out.shape)} {out.dtype}"

@@ -19,7 +19,9 @@ methods does not change how its result is read.
 
 from __future__ import annotations
 
+import inspect
 import math
+import os
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,6 +30,7 @@ from typing import Any, Final, Literal, cast
 import torch
 
 from ring_ref._dtypes import INT_OF_SIZE, TORCH_DTYPES
+from ring_ref._hints import raised_hint
 from ring_ref.difftest._inputs import Case
 from ring_ref.difftest._vocabulary import Framework, OpTarget, Ranks, Target, op_argument
 
@@ -36,13 +39,16 @@ __all__ = [
     "Failure",
     "Garbled",
     "Outcome",
+    "RaisedAt",
     "TensorView",
     "aliases",
     "call_target",
     "decode",
+    "decode_raised_at",
     "input_problem",
     "kind_hint",
     "observe",
+    "raised_at",
     "result_tensor",
     "results",
     "shards",
@@ -55,6 +61,8 @@ _DTYPE_NAMES: Final = {str(d): d for d in TORCH_DTYPES}
 # Bound at import, before any target runs in this process (see the module docstring).
 _isinstance = isinstance
 _format_exception = traceback.format_exception
+_extract_tb = traceback.extract_tb
+_unwrap = inspect.unwrap
 _Tensor = torch.Tensor
 _size = torch.Tensor.size
 _stride = torch.Tensor.stride
@@ -91,6 +99,74 @@ class TensorView:
 
 
 @dataclass(frozen=True)
+class RaisedAt:
+    """Where a target raised: the innermost frame of the exception's traceback in the target's code
+    (:func:`raised_at`, clause ``difftest-raised-at``): the file, the line and its source text."""
+
+    file: str
+    line: int
+    source: str = ""
+
+    def words(self) -> str:
+        """`` at /u/t.py:12: return xs[9]``: the words the report adds after ``raised ...``.
+
+        >>> RaisedAt("/u/t.py", 12, "return xs[9]").words()
+        ' at /u/t.py:12: return xs[9]'
+        """
+        return f" at {self.file}:{self.line}" + (f": {self.source}" if self.source else "")
+
+    def to_json(self) -> dict[str, Any]:
+        """The report's ``raised_at`` (``spec/difftest_report.schema.json``)."""
+        return {"file": self.file, "line": self.line, "source": self.source}
+
+
+_PACKAGE_DIR: Final = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+"""``ring_ref/`` itself: the tester's frames, never the target's (unless the target is defined there)."""
+_INSTALLED: Final = ("site-packages", "dist-packages")
+_STDLIB: Final = os.path.dirname(os.path.abspath(traceback.__file__))
+
+
+def _in_target_code(file: str, own: str | None) -> bool:
+    """Whether a frame's file is the target's code: the target's own file, or any file that exists outside
+    ``ring_ref``, installed packages (a ``site-packages`` or ``dist-packages`` directory) and the standard
+    library."""
+    if file == own:
+        return True
+    path = os.path.abspath(file)
+    if not os.path.isfile(path):
+        return False  # <frozen importlib._bootstrap>, <string>, a compiled extension's .pyx: no file to show
+    inside = (_PACKAGE_DIR, _STDLIB)
+    if any(path == d or path.startswith(d + os.sep) for d in inside):
+        return False
+    return not any(part in _INSTALLED for part in path.split(os.sep))
+
+
+def raised_at(exc: BaseException, fn: object) -> RaisedAt | None:
+    """The innermost frame of ``exc``'s traceback that is in the target ``fn``'s code (``None``: none is,
+    as for a builtin that raised from C).
+
+    The target's code is ``fn``'s own file (the function's, through ``__wrapped__``) and every existing
+    file outside the ``ring_ref`` package, installed packages and the standard library: a bug in the user's
+    code is shown where it is, an exception raised inside ``torch`` at the user's line that called it.
+
+    >>> def target(x):
+    ...     return [][x]
+    >>> try:
+    ...     target(1)
+    ... except IndexError as exc:
+    ...     at = raised_at(exc, target)
+    >>> at.source, at.line > 0
+    ('return [][x]', True)
+    """
+    code = getattr(_unwrap(fn), "__code__", None) if callable(fn) else None
+    own = getattr(code, "co_filename", None)
+    for frame in reversed(_extract_tb(exc.__traceback__)):
+        if _in_target_code(frame.filename, own):
+            return RaisedAt(frame.filename, frame.lineno or 0, (frame.line or "").strip())
+    return None
+
+
+@dataclass(frozen=True)
 class Answer:
     """What one call returned or raised, and its argument after the call (one per rank for a group).
 
@@ -106,6 +182,8 @@ class Answer:
     traceback: str = ""
     rank: int | None = None
     returned_none: bool = False
+    raised_at: RaisedAt | None = None
+    """Where it raised, in the target's code (:func:`raised_at`)."""
 
 
 @dataclass(frozen=True)
@@ -254,6 +332,9 @@ def observe(
         message = _safe_text(exc)
         head["raised"] = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
         head["traceback"] = "".join(_format_exception(exc))
+        where = raised_at(exc, fn)
+        if where is not None:
+            head["raised_at"] = [where.file, where.line, where.source]
     if device != "cpu":
         x, returned = _to_cpu(x, returned)
     payload = []
@@ -340,7 +421,21 @@ def decode(head: object, payload: bytes) -> Answer:
         _str(head.get("traceback"), "traceback"),
         rank,
         bool(head["returned_none"]),
+        decode_raised_at(head.get("raised_at")),
     )
+
+
+def decode_raised_at(value: object) -> RaisedAt | None:
+    """A header's ``raised_at`` (``[file, line, source]``, or absent) checked; :class:`Garbled` if malformed.
+
+    >>> decode_raised_at(["/u/t.py", 3, "x[9]"])
+    RaisedAt(file='/u/t.py', line=3, source='x[9]')
+    """
+    if value is None:
+        return None
+    if not (isinstance(value, list | tuple) and len(value) == 3 and type(value[1]) is int):
+        raise Garbled("raised_at is not a file, a line and its source")
+    return RaisedAt(_str(value[0], "raised_at file"), value[1], _str(value[2], "raised_at source"))
 
 
 def call_target(fn: Target | OpTarget, case: Case) -> Outcome:
@@ -358,31 +453,14 @@ def result_tensor(answer: Answer, case: Case) -> torch.Tensor | None:
     return r.values
 
 
-PER_RANK_SIGNS: Final = ("process group has not been initialized", "missing 1 required positional argument")
-"""What a per-rank target called stacked raises: no ``torch.distributed`` group, or no ``array`` (MPI)."""
-
-STACKED_SIGNS: Final = ("IndexError", "values to unpack", "dimension", "shape")
-"""What a stacked target called per rank raises: it indexes the ``N`` axis of a ``(M, ...)`` tensor."""
-
-
 def kind_hint(answer: Answer) -> str:
-    """A hint when an exception looks like a target of the other kind (per-rank vs stacked), else ``""``.
+    """A hint when an exception looks like a target of the other kind (per-rank vs stacked), else ``""``
+    (the wording is :func:`ring_ref._hints.raised_hint`'s, which reveal shares).
 
     >>> kind_hint(Answer("", raised="IndexError: tuple index out of range", rank=0))[:40]
     '; this looks like a stacked target (work'
     """
-    raised = answer.raised
-    if answer.rank is None and any(sign in raised for sign in PER_RANK_SIGNS):
-        return (
-            "; this looks like a per-rank target: add --ranks gloo (ranks='gloo'), or --ranks mpi "
-            "(ranks='mpi') for TARGET(comm, array)"
-        )
-    if answer.rank is not None and any(sign in raised for sign in STACKED_SIGNS):
-        return (
-            "; this looks like a stacked target (worker_tensors of shape (N, M, ...)): drop --ranks "
-            "(ranks=None)"
-        )
-    return ""
+    return raised_hint(answer.raised, per_rank=answer.rank is not None)
 
 
 def results(outcome: Outcome) -> dict[int | None, torch.Tensor | None]:

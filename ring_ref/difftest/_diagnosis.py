@@ -28,7 +28,7 @@ import torch
 from ring_ref._dispatch import ring_all_reduce
 from ring_ref._dtypes import FloatFormat, bits, format_of
 from ring_ref._order import format_tree
-from ring_ref.difftest._call import Outcome, shards, well_formed
+from ring_ref.difftest._call import Outcome, RaisedAt, shards, well_formed
 from ring_ref.difftest._call import results as results_of
 from ring_ref.difftest._diagnosis_probes import (
     PROBE_VALUES,
@@ -92,6 +92,8 @@ class Finding:
     stack: str = ""
     ranks: list[int] = field(default_factory=list)
     """For a group: the ranks that failed (or disagree, or did not answer)."""
+    raised_at: RaisedAt | None = None
+    """``raised``: where the (first raising rank's) target raised, in its own code."""
 
 
 def _holding(case: Case) -> str:
@@ -184,7 +186,11 @@ def diagnose(
     if outcome.failure is not None:
         failure = outcome.failure
         return Finding([failure.code], failure.text, stack=failure.stack, ranks=list(failure.ranks))
-    findings = [Finding([code], text) for code, text in structural(outcome)]
+    where = next((a.raised_at for a in outcome.answers if a.raised and a.raised_at is not None), None)
+    findings = [
+        Finding([code], text, raised_at=where if code == "raised" else None)
+        for code, text in structural(outcome)
+    ]
     launcher, case = as_launcher(fn), outcome.case
     by_rank = results_of(outcome)
     results = list(by_rank.values())
@@ -253,6 +259,7 @@ def diagnose(
         next((f.mismatch for f in findings if f.mismatch is not None), None),
         stack=outcome.stack,
         ranks=next((f.ranks for f in findings if f.ranks), []),
+        raised_at=where,
     )
 
 

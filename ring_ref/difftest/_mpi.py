@@ -47,7 +47,16 @@ import torch
 
 from ring_ref._dtypes import INT_OF_SIZE
 from ring_ref._processes._mpi_job import FAILURE_GRACE_S, MpiJob, RankFailed, RanksStopped, RanksTimedOut
-from ring_ref.difftest._call import Answer, Failure, Garbled, Outcome, TensorView, stopped_note
+from ring_ref.difftest._call import (
+    Answer,
+    Failure,
+    Garbled,
+    Outcome,
+    TensorView,
+    decode_raised_at,
+    raised_at,
+    stopped_note,
+)
 from ring_ref.difftest._inputs import Case
 from ring_ref.difftest._launch import Launcher, OutputLog
 from ring_ref.difftest._loading import TargetError, load_target
@@ -91,7 +100,9 @@ def observe_rank(
     of anything else; ``result`` the rank's result as :data:`Plain` (``None`` when it returned
     something that is not an array); ``argument`` the array it was given, after the call;
     ``shares_memory`` whether a returned array other than the argument overlaps it; ``raised``
-    and ``traceback`` describe an exception.  ``{"load_error": ...}`` when the target cannot be loaded.
+    and ``traceback`` describe an exception, ``raised_at`` where in the target's code it was raised
+    (``[file, line, source]``, :func:`~ring_ref.difftest._call.raised_at`; absent when unknown).
+    ``{"load_error": ...}`` when the target cannot be loaded.
     """
     name, dtype, shape, inputs, op = payload[:5]
     output_shape = payload[5] if len(payload) == 6 else None
@@ -101,7 +112,7 @@ def observe_rank(
     except TargetError as exc:
         return {"load_error": str(exc)}
     array = np.frombuffer(inputs[rank], dtype=np.dtype(dtype)).reshape(shape).copy()
-    raised, text, returned = "", "", None
+    raised, text, returned, where = "", "", None, None
     out = None if output_shape is None else np.full(output_shape, np.nan, dtype=np.dtype(dtype))
     args = (comm, array) if out is None else (comm, array, out)
     try:
@@ -109,7 +120,10 @@ def observe_rank(
     except BaseException as exc:  # a target's SystemExit or KeyboardInterrupt is its answer too
         raised = f"{type(exc).__name__}: {exc}"
         text = "".join(traceback.format_exception(exc))
+        where = raised_at(exc, fn)
     answer: dict[str, Any] = {"rank": rank, "raised": raised, "traceback": text, "argument": _plain(array)}
+    if where is not None:
+        answer["raised_at"] = [where.file, where.line, where.source]
     if returned is None:
         written = array if out is None else out
         answer.update(returned="none", result=None if raised else _plain(written), shares_memory=False)
@@ -215,6 +229,7 @@ def decode_rank(reply: object, rank: int) -> Answer:
         str(reply.get("traceback", "")),
         rank,
         returned == "none" and not raised,
+        decode_raised_at(reply.get("raised_at")),
     )
 
 

@@ -41,11 +41,12 @@ from hypothesis import strategies as st
 
 from ring_ref._dispatch import ring_all_reduce
 from ring_ref._dtypes import FORMATS, bits
+from ring_ref._hints import ORDER_FILE, shape_hint
 from ring_ref._ops import OPS
 from ring_ref._order import Tree, evaluate, fold_order_of, format_tree, tree_from_json
 from ring_ref._reveal import REVEAL_FORMAT, REVEAL_VERSION, RevealError, reveal
 from ring_ref._validate import schedule_of
-from ring_ref.difftest._call import kind_hint, well_formed
+from ring_ref.difftest._call import Answer, kind_hint, well_formed
 from ring_ref.difftest._inputs import LAYOUTS, Case
 from ring_ref.difftest._launch import Launcher
 from ring_ref.difftest._loading import with_framework
@@ -169,7 +170,7 @@ def _load(path: Path) -> dict[str, Any]:
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise OrderError(f"cannot read the order file {str(path)!r}: {exc}") from exc
+        raise OrderError(f"cannot read the order file {str(path)!r}: {exc}; {ORDER_FILE}") from exc
     if (
         not isinstance(doc, dict)
         or doc.get("format") != REVEAL_FORMAT
@@ -487,12 +488,15 @@ def per_rank_target(
         results = [well_formed(outcome, rank) for rank in ranks]
         missing = [rank for rank, got in enumerate(results) if got is None]
         if missing:
+            said: dict[str, list[int]] = {}
+            for a in outcome.answers:
+                if a.rank in missing:
+                    text = (
+                        f"raised {a.raised}{kind_hint(a)}" if a.raised else f"returned {_returned(a, case)}"
+                    )
+                    said.setdefault(text, []).append(a.rank)
             why = "; ".join(
-                f"rank {a.rank} raised {a.raised}{kind_hint(a)}"
-                if a.raised
-                else f"rank {a.rank} returned no such tensor"
-                for a in outcome.answers
-                if a.rank in missing
+                f"{f'rank {r[0]}' if len(r) == 1 else f'ranks {r}'} {text}" for text, r in said.items()
             )
             what = case.result_shape(0)
             raise RevealError(f"rank(s) {missing} gave no well-formed {what} {x.dtype} result: {why}")
@@ -503,6 +507,18 @@ def per_rank_target(
         return first
 
     return call
+
+
+def _returned(answer: Answer, case: Case) -> str:
+    """``a () torch.float32 tensor; this looks like a stacked target ...``: what a rank returned instead of
+    its result, with the hint its shape gives (:func:`ring_ref._hints.shape_hint`)."""
+    got = answer.result
+    if got is None:
+        return f"{answer.type_name}, not a tensor"
+    hint = shape_hint(
+        got.shape, case.result_shape(answer.rank), n=case.n, per_rank=True, collective=case.collective
+    )
+    return f"a {got.shape} {got.dtype} tensor{hint}"
 
 
 def stacked_reduce_scatter(fn: Callable[[torch.Tensor], object]) -> Callable[[torch.Tensor], object]:

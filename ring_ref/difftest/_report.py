@@ -171,6 +171,8 @@ class ModeResult:
                     cex["element"]["rank"] = self.finding.ranks[0]
             if self.finding.stack:
                 cex["stack"] = self.finding.stack
+            if self.finding.raised_at is not None:
+                cex["raised_at"] = self.finding.raised_at.to_json()
             if self.output:
                 cex["output"] = self.output
             out["counterexample"] = cex

@@ -16,13 +16,14 @@ from hypothesis import seed as hypothesis_seed
 
 from ring_ref._chunks import chunk_bounds, chunk_rows
 from ring_ref._dtypes import dtype_name
+from ring_ref._hints import signature_problem
 from ring_ref._ops import op_name
 from ring_ref.difftest._call import Outcome, well_formed
 from ring_ref.difftest._diagnosis import Finding, diagnose, plus_zeros_only
 from ring_ref.difftest._inputs import LAYOUTS, Case, cases, every_n_cases, one_worker_cases, uneven_cases
 from ring_ref.difftest._job import job_size, run_in_job, run_in_mpi_job
 from ring_ref.difftest._launch import InProcess, Isolated, Launcher, as_launcher
-from ring_ref.difftest._loading import importable_name, load_target, with_framework
+from ring_ref.difftest._loading import TargetError, importable_name, load_target, with_framework
 from ring_ref.difftest._options import (
     Options,
     allowed_dtypes,
@@ -504,6 +505,9 @@ def run_difftest(fn: Target | OpTarget | str, options: Options, exact: ExactOrde
     refusal = refused(options)
     if refusal:
         raise ValueError(refusal)
+    misfit = signature_problem(fn, options.ranks, options.collective, op=options.op is not None)
+    if misfit:
+        raise TargetError(misfit)
     ranks, max_workers, timeout = options.ranks, options.max_workers, options.timeout
     workers = max_workers if max_workers is not None else default_max_workers(ranks)
     workers = job_size(ranks, options.group, max_workers) if ranks in ("job", "mpi-job") else workers

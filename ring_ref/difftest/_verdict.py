@@ -15,6 +15,7 @@ from typing import cast
 import torch
 
 from ring_ref._dtypes import bits
+from ring_ref._hints import shape_hint
 from ring_ref.difftest._call import Answer, Outcome, TensorView, aliases, input_problem, kind_hint
 from ring_ref.difftest._call import results as results_of
 from ring_ref.difftest._inputs import Case
@@ -54,7 +55,8 @@ def _structural_one(answer: Answer, case: Case) -> list[tuple[str, str]]:
         hint = ""
         if case.op is not None and answer.raised.startswith("TypeError") and "op" in answer.raised:
             hint = f"; with --op the target is called with op= too (op={case.op!r}): does it take one?"
-        return [("raised", f"raised {answer.raised} (on a valid input){hint}{kind_hint(answer)}")]
+        where = answer.raised_at.words() if answer.raised_at is not None else ""
+        return [("raised", f"raised {answer.raised} (on a valid input){where}{hint}{kind_hint(answer)}")]
     found: list[tuple[str, str]] = []
     want_shape = case.result_shape(answer.rank)
     result = answer.result
@@ -64,8 +66,10 @@ def _structural_one(answer: Answer, case: Case) -> list[tuple[str, str]]:
         )
     else:
         if result.shape != want_shape:
-            copies = case.collective == "all-reduce" and result.shape == (case.n, *want_shape)
-            hint = " (a stack of N copies?)" if copies else ""
+            per_rank = answer.rank is not None
+            hint = shape_hint(
+                result.shape, want_shape, n=case.n, per_rank=per_rank, collective=case.collective
+            )
             found.append(("wrong-shape", f"result shape {result.shape}, expected {want_shape}{hint}"))
         if result.dtype != str(case.dtype):
             found.append(("dtype-changed", f"result dtype {result.dtype}, input dtype {case.dtype}"))

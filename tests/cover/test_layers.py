@@ -48,6 +48,7 @@ LAYERS: Final[tuple[tuple[str, ...], ...]] = (
         "ring_ref._version",
         "ring_ref._names",
         "ring_ref._exports",
+        "ring_ref._hints",
     ),
     (
         "ring_ref._torch_adapter",

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from ring_ref.difftest import DTYPES, difftest
+from tests.common import planted_hints
 from tests.common.paths import ROOT
 
 SCHEMA = json.loads((ROOT / "spec" / "difftest_report.schema.json").read_text(encoding="utf-8"))
@@ -41,3 +42,16 @@ def test_soak_gloo_all_reduce_up_to_six_processes() -> None:
         targets.close()
     assert report.verdict == "pass", report.render()
     assert all(r.examples >= 100 for r in report.modes.values())
+
+
+@pytest.mark.clause("difftest-raised-at")
+def test_raised_on_gloo_ranks_names_the_target_s_line() -> None:
+    line, source = planted_hints.marked_line("rank")
+    report = difftest(
+        f"{planted_hints.FILE}:rank_raises", modes="bound", examples=2, seed=1, ranks="gloo", max_workers=2
+    )
+    finding = report.modes["bound"].finding
+    assert finding is not None and finding.codes == ["raised"]
+    frame = report.to_json()["modes"]["bound"]["counterexample"].get("raised_at")
+    assert frame == {"file": planted_hints.FILE, "line": line, "source": source}
+    assert f" at {planted_hints.FILE}:{line}: {source}" in finding.explanation

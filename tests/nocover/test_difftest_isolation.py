@@ -16,7 +16,7 @@ import ring_ref
 from ring_ref._cli import main
 from ring_ref.difftest import difftest
 from ring_ref.difftest._oracles import check_values
-from tests.common import planted_impls
+from tests.common import planted_hints, planted_impls
 from tests.common.paths import ROOT
 from tests.common.planted_impls import Impl
 
@@ -118,3 +118,15 @@ def test_the_tester_process_ends_with_the_checks(bug: Impl, status: int, tmp_pat
         pids = [int(line) for line in pidfile.read_text().split()]
         assert len(pids) == doc["modes"]["bound"]["examples"]
         assert not [pid for pid in pids if _alive(pid)]  # the worker's process group was killed
+
+
+@pytest.mark.clause("difftest-raised-at")
+def test_raised_in_the_isolated_worker_names_the_target_s_line() -> None:
+    line, source = planted_hints.marked_line("helper")
+    report = difftest(f"{planted_hints.FILE}:raises_in_a_helper", modes="bound", examples=2, seed=1)
+    finding = report.modes["bound"].finding
+    assert finding is not None and finding.codes == ["raised"] and report.isolated
+    frame = report.to_json()["modes"]["bound"]["counterexample"].get("raised_at")
+    assert frame == {"file": planted_hints.FILE, "line": line, "source": source}
+    assert f" at {planted_hints.FILE}:{line}: {source}" in finding.explanation
+    jsonschema.validate(report.to_json(), SCHEMA)

@@ -33,7 +33,7 @@ from ring_ref.difftest._report import ModeResult
 from ring_ref.difftest._search import run_mode
 from ring_ref.difftest._vocabulary import MODES, Op
 from ring_ref.mpi import openmpi_allreduce_mca
-from tests.common import planted_mpi
+from tests.common import planted_hints, planted_mpi
 from tests.common.processes import Jobs
 
 pytestmark = pytest.mark.clause("difftest-ranks")
@@ -184,6 +184,16 @@ def test_soak_openmpi_ring_algorithm_passes_exact() -> None:
     )
     assert report.verdict == "pass", report.render()
     assert "--mca coll_tuned_allreduce_algorithm=4" in report.replay
+
+
+@pytest.mark.clause("difftest-raised-at")
+def test_raised_on_mpi_ranks_names_the_target_s_line(jobs: Jobs) -> None:
+    line, source = planted_hints.marked_line("mpi")
+    result = run(jobs, f"{planted_hints.FILE}:mpi_raises", "bound", examples=2, seed=1)
+    assert result.finding is not None and result.finding.codes == ["raised"]
+    frame = result.to_json(1)["counterexample"].get("raised_at")
+    assert frame == {"file": planted_hints.FILE, "line": line, "source": source}
+    assert f" at {planted_hints.FILE}:{line}: {source}" in result.finding.explanation
 
 
 # ==========================================================================================================

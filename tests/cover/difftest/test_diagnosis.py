@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import linecache
 import math
 import re
 from collections.abc import Callable
@@ -349,6 +350,13 @@ def test_no_answer_at_all_is_a_crash() -> None:
     assert finding is not None and finding.codes == ["crashed"]
 
 
+def _at(fn: Callable[..., object]) -> str:
+    """`` at FILE:LINE: SOURCE``: where a function that raises on its first line raised, as the report
+    names it (clause ``difftest-raised-at``), from Python's own code object."""
+    file, line = fn.__code__.co_filename, fn.__code__.co_firstlineno + 1
+    return f" at {file}:{line}: {linecache.getline(file, line).strip()}"
+
+
 def _raises_value_error(x: torch.Tensor) -> torch.Tensor:
     raise ValueError("a ring needs at least two workers")
 
@@ -356,7 +364,8 @@ def _raises_value_error(x: torch.Tensor) -> torch.Tensor:
 @pytest.mark.clause("difftest-diagnoses")
 def test_an_exception_is_raised_on_a_valid_input_and_the_launchers_note_follows_it() -> None:
     outcome = call_target(_raises_value_error, PAIR)
-    said = "raised ValueError: a ring needs at least two workers (on a valid input)"
+    at = _at(_raises_value_error)
+    said = f"raised ValueError: a ring needs at least two workers (on a valid input){at}"
     assert structural(outcome) == [("raised", said)]
     noted = replace(outcome, note="rank 1 was stopped")
     assert structural(noted) == [("raised", f"{said}; rank 1 was stopped")]
@@ -400,7 +409,7 @@ def test_a_target_that_takes_no_op_gets_the_hint_with_op_only() -> None:
     assert code == "raised" and text.startswith("raised TypeError: ")
     assert text.endswith(f"(on a valid input); {HINT}")
     assert structural(call_target(_type_error_with_op, replace(PAIR, op="max"))) == [
-        ("raised", f"raised TypeError: bad op here (on a valid input); {HINT}")
+        ("raised", f"raised TypeError: bad op here (on a valid input){_at(_type_error_with_op)}; {HINT}")
     ]
     for fn, c in [
         (_type_error_with_op, PAIR),  # no --op: the target was called without op=
@@ -408,7 +417,7 @@ def test_a_target_that_takes_no_op_gets_the_hint_with_op_only() -> None:
         (_value_error_with_op, replace(PAIR, op="max")),  # not a TypeError
     ]:
         [(code, text)] = structural(call_target(fn, c))
-        assert code == "raised" and text.endswith("(on a valid input)"), text
+        assert code == "raised" and text.endswith(f"(on a valid input){_at(fn)}"), text
 
 
 def _returns_a_list(x: torch.Tensor) -> list[float]:
@@ -1281,15 +1290,16 @@ def test_group_structural_findings_name_the_ranks_and_each_code_once() -> None:
 
     c = Case(3, 3, (), torch.float32, "contiguous", (0.0,) * 9)
     outcome = PerRank(fn).call(c)
+    at = _at(fn)
     assert structural(outcome) == [
-        ("raised", "rank(s) [0, 2]: raised ValueError: even (on a valid input)"),
-        ("raised", "rank(s) [1]: raised ValueError: odd (on a valid input)"),
+        ("raised", f"rank(s) [0, 2]: raised ValueError: even (on a valid input){at}"),
+        ("raised", f"rank(s) [1]: raised ValueError: odd (on a valid input){at}"),
     ]
     finding = diagnose(PerRank(fn), outcome, "bound")
     assert finding is not None and finding.codes == ["raised"] and finding.mismatch is None
     assert finding.explanation == (
-        "raised: rank(s) [0, 2]: raised ValueError: even (on a valid input); "
-        "raised: rank(s) [1]: raised ValueError: odd (on a valid input)"
+        f"raised: rank(s) [0, 2]: raised ValueError: even (on a valid input){at}; "
+        f"raised: rank(s) [1]: raised ValueError: odd (on a valid input){at}"
     )
 
 

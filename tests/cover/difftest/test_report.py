@@ -20,7 +20,7 @@ from ring_ref.difftest._diagnosis import Finding
 from ring_ref.difftest._oracles import SPEC_ORDER, SavedOrder, ValueMismatch
 from ring_ref.difftest._report import ModeResult
 from ring_ref.difftest._vocabulary import Op
-from tests.common import planted_impls
+from tests.common import planted_hints, planted_impls
 from tests.common.paths import ROOT
 
 SCHEMA = json.loads((ROOT / "spec" / "difftest_report.schema.json").read_text(encoding="utf-8"))
@@ -182,6 +182,35 @@ def test_a_pass_beside_a_value_bug_says_what_it_could_not_see() -> None:
     seen = report.to_json()["modes"]["order-free"]["seen_elsewhere"]
     assert seen["modes"] == ["bound"] and seen["codes"] == ["out-of-bound"], seen
     jsonschema.validate(report.to_json(), SCHEMA)
+
+
+@pytest.mark.clause("difftest-raised-at")
+@pytest.mark.parametrize(
+    ("name", "function"), [("helper", "raises_in_a_helper"), ("torch", "raises_inside_torch")]
+)
+def test_raised_names_the_file_line_and_source_in_the_target_s_code(
+    name: str, function: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The innermost frame in the target's code: a helper of its file, or its own line that called into
+    ``torch`` (never ``torch``'s, never the tester's); in the text and the JSON, in-process."""
+    line, source = planted_hints.marked_line(name)
+    argv = ["difftest", f"{planted_hints.FILE}:{function}", "--in-process", "--mode", "bound", "--seed", "1"]
+    assert main([*argv, "--examples", "2", "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    jsonschema.validate(doc, SCHEMA)
+    bound = doc["modes"]["bound"]
+    assert bound["diagnoses"] == ["raised"]
+    assert bound["counterexample"]["raised_at"] == {
+        "file": planted_hints.FILE,
+        "line": line,
+        "source": source,
+    }
+    assert f"(on a valid input) at {planted_hints.FILE}:{line}: {source}" in bound["explanation"]
+    assert main([*argv, "--examples", "2"]) == 1
+    assert f" at {planted_hints.FILE}:{line}: {source}" in capsys.readouterr().out
+    no_frame = {**bound["counterexample"], "raised_at": {"file": "t.py", "line": "1", "source": ""}}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**doc, "modes": {"bound": {**bound, "counterexample": no_frame}}}, SCHEMA)
 
 
 # ==========================================================================================================
