@@ -147,6 +147,7 @@ def test_a_hang_a_dead_rank_and_a_raising_rank_end_the_job_with_a_report(bug: st
         took,
         done.stderr[-3000:],
     )
+    assert "ChildFailedError" in done.stderr and "Root Cause" in done.stderr  # torchrun's trailer (the guide)
     cex = doc["modes"]["bound"]["counterexample"]
     if code == "timed-out":  # every rank's stack came through the store, stopped in recv
         assert cex["ranks"] == [0, 1] and cex["stack"].count("in receives_first") == 2, cex
