@@ -97,7 +97,7 @@ def templates(readme: str) -> tuple[str, list[str]]:
     (code,) = [
         b for b in re.findall(r"^```python\n(.*?)^```$", readme, flags=re.M | re.S) if "def stacked" in b
     ]
-    return code, re.findall(r"`(ring-ref difftest [^`]*my_ring\.py:\w+)`", readme)
+    return code, re.findall(r"`(ring-ref difftest\s[^`]*my_ring\.py:\w+)`", readme)
 
 
 def test_the_templates_pass_as_the_readme_says(tmp_path: Path) -> None:
