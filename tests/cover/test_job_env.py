@@ -160,7 +160,7 @@ def test_under_mpirun_sigcont_says_bye_and_the_silent_rank_is_dead_at_once(
         monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "0")
     else:
         monkeypatch.delenv("OMPI_COMM_WORLD_RANK", raising=False)
-    store = torch.distributed.HashStore()
+    store = torch.distributed.HashStore()  # type: ignore[attr-defined]  # re-exported at runtime, not in stubs
     terminate = _Terminate(store, 0)
     try:
         os.kill(os.getpid(), signal.SIGCONT)
