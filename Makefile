@@ -100,7 +100,8 @@ gpu-check: $(STAMP)
 
 # Fast engine vs reference engine vs torch.sum(x, 0), side by side (a few minutes; not part of
 # verify). Prints the table and ratios; writes bench.json and bench.png to build/bench, or to the
-# committed docs/bench (shown in the docs) with `make bench UPDATE=1`.
+# committed docs/bench (shown in the docs) with `make bench UPDATE=1`. `make bench ONLY=directions`
+# runs only the row of the rings of direction -1 against the spec ring (issue 40).
 BENCH_STAMP := $(VENV)/.bench-stamp
 $(BENCH_STAMP): $(STAMP)
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,bench]'
@@ -108,7 +109,7 @@ $(BENCH_STAMP): $(STAMP)
 
 BENCH_OUT = $(if $(UPDATE),docs/bench,build/bench)
 bench: $(BENCH_STAMP)
-	$(BIN)/python bench/bench.py --out $(BENCH_OUT)
+	$(BIN)/python bench/bench.py --out $(BENCH_OUT) $(if $(ONLY),--only $(ONLY))
 
 # ring_ref.distributed.ring_all_reduce_ vs dist.all_reduce on the same gloo processes (N = 2, 4;
 # 4 KiB .. 64 MiB per rank), then DDP steps with ring_hook vs the default hook (a few minutes; not

@@ -7,8 +7,10 @@ fast engine's kernel follows too) and on the default thread count; the
 reference engine runs on one thread only.  Peak extra memory is measured once
 per engine and size in a fresh subprocess (see :func:`measure_memory`), and so
 is the fast engine's first call including the kernel's compilation, with an
-empty and then a filled compilation cache (:func:`first_call`).  Writes
-``bench.json`` and ``bench.png`` to ``--out``; ``--help`` lists the options.
+empty and then a filled compilation cache (:func:`first_call`).  The direction
+row (:func:`time_directions`) times the fast engine on rings of direction -1
+beside the spec ring at ``N = M = 4096``; ``--only directions`` runs it alone.
+Writes ``bench.json`` and ``bench.png`` to ``--out``; ``--help`` lists the options.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ import torch
 
 from ring_ref import _fast, ring_all_reduce
 from ring_ref._dtypes import bits
+from ring_ref._fast import _kernel
+from ring_ref.schedule import GLOO, SPEC, RingSchedule, Schedule
 
 ROOT = Path(__file__).resolve().parent.parent
 DTYPES = {
@@ -78,6 +82,15 @@ SWEEP = tuple(
     Case(f"f32 N={n} M=4096", n, 4096, "float32") for n in (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 )
 """Time against N at a fixed M = 4096, for the plot and for where the reference stops being practical."""
+DIRECTION_CASE = Case("f32 N=4096 M=4096", 4096, 4096, "float32")
+DIRECTION_RINGS: dict[str, Schedule] = {
+    "spec (+1, 0, even)": SPEC,
+    "direction -1 (-1, 0, even)": RingSchedule(-1, 0, "even"),
+    "gloo preset (-1, -1, gloo)": GLOO,
+}
+"""The rings of the direction row: the spec's first, the baseline of the others' ratios (issue 40)."""
+DIRECTION_TARGET = 2.0
+"""Each ring's time per call over the spec ring's, at :data:`DIRECTION_CASE` (issue 40)."""
 MEMORY_RESOLUTION_BYTES = 1 << 20
 """Below this output size the resident-set figures are mostly allocator reuse and page rounding."""
 WARM_M = 1 << 18
@@ -135,6 +148,68 @@ def time_case(case: Case, reference_max_n: int, budget_s: float, *, reference: b
         "fast_first_call_s": first["fast"],
         "bitwise_equal_to_reference": same,
     }
+
+
+def time_directions(budget_s: float) -> dict[str, Any]:
+    """The fast engine on each ring of :data:`DIRECTION_RINGS` at :data:`DIRECTION_CASE`: median seconds
+    per call, taking turns, and the first call (compiling the plan and the kernel's program for the ring)."""
+    x = make_input(DIRECTION_CASE)
+    ring_all_reduce(torch.ones((2, 2)), engine="fast")  # the kernel, loaded once for all rings
+    _fast.plan.cache_clear()
+    _kernel._program.cache_clear()
+    first = {}
+    for name, ring in DIRECTION_RINGS.items():
+        start = time.perf_counter()
+        ring_all_reduce(x, engine="fast", schedule=ring)
+        first[name] = time.perf_counter() - start
+    reps = max(3, min(MAX_RUNS, int(budget_s / max(*first.values(), 1e-9))))
+    samples: dict[str, list[float]] = {name: [] for name in DIRECTION_RINGS}
+    names = list(DIRECTION_RINGS)
+    for rep in range(reps):
+        for name in names[rep % len(names) :] + names[: rep % len(names)]:
+            start = time.perf_counter()
+            ring_all_reduce(x, engine="fast", schedule=DIRECTION_RINGS[name])
+            samples[name].append(time.perf_counter() - start)
+    medians = {name: statistics.median(s) for name, s in samples.items()}
+    spec = medians[names[0]]
+    return {
+        "case": DIRECTION_CASE._asdict(),
+        "median_s": medians,
+        "over_spec": {name: t / spec for name, t in medians.items()},
+        "first_call_s": first,
+        "runs": reps,
+    }
+
+
+def direction_lines(rows: dict[str, dict[str, Any]]) -> list[str]:
+    """The direction row at each thread count: every ring's time per call and its ratio to the spec ring's."""
+    lines = []
+    for where, row in rows.items():
+        lines.append(
+            f"  {row['case']['label']}, {where}: "
+            + ", ".join(
+                f"{name} {fmt_s(t)} ({fmt_x(row['over_spec'][name])}; "
+                f"first call {fmt_s(row['first_call_s'][name])})"
+                for name, t in row["median_s"].items()
+            )
+        )
+        for name, ratio in list(row["over_spec"].items())[1:]:
+            verdict = "met" if ratio <= DIRECTION_TARGET else "MISSED"
+            lines.append(
+                f"target {name} / spec ring at {row['case']['label']}, {where} <= {DIRECTION_TARGET:g}: "
+                f"{ratio:.2f}  {verdict}"
+            )
+    return lines
+
+
+def run_directions(budget_s: float, default_threads: int) -> dict[str, dict[str, Any]]:
+    """:func:`time_directions` on one thread and on ``default_threads``."""
+    rows = {}
+    for threads in (1, default_threads):
+        torch.set_num_threads(threads)
+        rows[f"{threads} thread{'s' if threads > 1 else ''}"] = time_directions(budget_s)
+    torch.set_num_threads(default_threads)
+    return rows
 
 
 def _rss_kib(field: str) -> int:
@@ -392,6 +467,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--budget", type=float, default=3.0, help="seconds of repeated runs per engine and size"
     )
+    parser.add_argument(
+        "--only",
+        choices=["directions"],
+        help="run only this row: 'directions', the rings of the other direction against the spec ring's",
+    )
     parser.add_argument("--threads", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--memory", nargs=2, metavar=("ENGINE", "CASE_JSON"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -407,6 +487,9 @@ def main(argv: list[str] | None = None) -> int:
         f"torch {torch.__version__}, 1 thread and {default_threads} threads (the default), {cpu}, "
         f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}"
     )
+    if args.only == "directions":
+        print("\n".join(direction_lines(run_directions(args.budget, default_threads))))
+        return 0
     cold = first_call(default_threads)
     print(f"  first fast call in a fresh process: {json.dumps(cold)}", flush=True)
     rows = run_cases(args.reference_max_n, args.budget, default_threads)
@@ -419,9 +502,10 @@ def main(argv: list[str] | None = None) -> int:
             + ", ".join(f"{e} {fmt_s(s)}" for e, s in sweep[-1]["median_s"].items()),
             flush=True,
         )
+    directions = run_directions(args.budget, default_threads)
     print()
     table = report(rows, args.reference_max_n, default_threads)
-    targets = target_lines(rows, sweep, cold, default_threads)
+    targets = target_lines(rows, sweep, cold, default_threads) + direction_lines(directions)
     print("\n".join(table))
     print()
     print("\n".join(targets))
@@ -440,6 +524,7 @@ def main(argv: list[str] | None = None) -> int:
     payload = {
         "cases": rows,
         "sweep": sweep,
+        "directions": directions,
         "first_call": cold,
         "table": table,
         "targets": targets,

@@ -2,7 +2,7 @@
 
 Stacked targets (one ``(N, M)`` call each, ``M = N``): the spec's ring and the
 ``gloo`` preset on the fast engine, and the hierarchical ring, recursive
-doubling and linear fold of ``tests/reveal_targets.py``.  Each row gives the
+doubling and linear fold of ``tests/common/reveal_targets.py``.  Each row gives the
 calls (probing, of which counting; checking), the bound of clause
 ``reveal-counts`` they must stay within (``N + 2`` for a fold, ``N log2 N``
 for the other trees) and the wall time of the whole reveal.  ``--ranks``
@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from ring_ref import ring_all_reduce  # noqa: E402
 from ring_ref._reveal import reveal  # noqa: E402
-from tests import reveal_targets as rt  # noqa: E402
+from tests.common import reveal_targets as rt  # noqa: E402
 
 FOLD, TREE = "N + 2 (N + 6 to N = 24)", "N log2 N"
 TARGETS: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], str]] = {

@@ -4,7 +4,7 @@ Every other module asks this one: which torch and numpy dtypes the ring
 reduces (clause ``supported-dtypes``), each format's precision and exponent
 range, its largest finite value, the spacing there, the unit roundoff
 ``u = 2**-p``, Higham's ``gamma_k = k u / (1 - k u)``, the overflow threshold,
-and how to read a tensor's bit patterns.  ``tests/oracles.py`` keeps its own,
+and how to read a tensor's bit patterns.  ``tests/common/oracles.py`` keeps its own,
 deliberately independent, copy of the few facts the tests need.
 
 >>> FORMATS["float16"].max_finite, FORMATS["bfloat16"].precision

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from ring_ref import _fast
-from tests.leftovers import become_subreaper, left_behind
+from tests.common.leftovers import become_subreaper, left_behind
 
 settings.register_profile(
     "default",
@@ -30,7 +30,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 @pytest.fixture(scope="session", autouse=True)
 def _no_process_left_behind() -> Iterator[None]:
-    """Fail the session if a test left a process running (see ``tests/leftovers.py``)."""
+    """Fail the session if a test left a process running (see ``tests/common/leftovers.py``)."""
     become_subreaper()
     yield
     left = left_behind()

@@ -49,15 +49,45 @@ MAX_CHILDREN: Final = 2
 EXTRA_DIRS: Final = ("spec", "tools", "examples", "docs", "bench", "README.md", "Makefile", "constraints.txt")
 """Copied next to the mutated package as well: tests read the spec, the README and the docs and use tools/."""
 
+
+def tests_from(path: str, first: str) -> tuple[str, ...]:
+    """The test functions of ``path`` from ``first`` to the end of the file, as pytest node IDs.
+
+    A module's fast tests when its test file also holds slower ones (property tests, tests that run
+    targets): they are the file's last section, so its mutants are not run against the slow part.
+    """
+    tree = ast.parse((ROOT / path).read_text(encoding="utf-8"))
+    names = [
+        node.name for node in tree.body if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")
+    ]
+    return tuple(f"{path}::{name}" for name in names[names.index(first) :])
+
+
+RANKS_TESTS: Final = tests_from(
+    "tests/nocover/test_difftest_ranks.py",
+    "test_every_rank_answers_on_a_loopback_group_reused_per_n_until_closed",
+)
+"""The gloo rank launcher's tests on real groups of forked ranks (seconds per mutant)."""
+
+DIAGNOSIS_TESTS: Final = tests_from(
+    "tests/cover/difftest/test_diagnosis.py",
+    "test_a_call_that_did_not_answer_is_its_failure_with_stack_and_ranks",
+)
+"""The diagnosis' fast tests (the file's last section): outcomes built by hand, targets run in pytest."""
+
+SEARCH_TESTS: Final = tests_from(
+    "tests/cover/difftest/test_search.py", "test_options_within_the_documented_ranges_are_accepted"
+)
+"""The search's fast tests (the file's last section), which also hold the option rules'."""
+
 MODULES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
-    # name: (files mutated, tests run: fast tests/cover modules and the modules' doctests)
+    # name: (files mutated, tests run: fast test files, or a file's fast last section, and doctests)
     "schedule": (
         ("ring_ref/schedule.py",),
         (
             "ring_ref/schedule.py",
             "tests/cover/test_spec_clauses.py",
             "tests/cover/test_invariants.py",
-            "tests/cover/test_kills_schedule.py",
             "tests/cover/test_schedules.py",
         ),
     ),
@@ -67,7 +97,7 @@ MODULES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
             "ring_ref/core.py",
             "tests/cover/test_invariants.py",
             "tests/cover/test_stateful.py",
-            "tests/cover/test_kills_core.py",
+            "tests/cover/test_core.py",
             "tests/cover/test_schedules.py",
         ),
     ),
@@ -77,7 +107,6 @@ MODULES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
             "ring_ref/invariants.py",
             "tests/cover/test_invariants.py",
             "tests/cover/test_spec_clauses.py",
-            "tests/cover/test_kills_invariants.py",
             "tests/cover/test_schedules.py",
         ),
     ),
@@ -86,8 +115,8 @@ MODULES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
         (
             "ring_ref/_validate.py",
             "tests/cover/test_bad_input.py",
-            "tests/cover/test_kills_adapters.py",
-            "tests/cover/test_kills_validate.py",
+            "tests/cover/test_adapters.py",
+            "tests/cover/test_validate.py",
             "tests/cover/test_schedules.py",
         ),
     ),
@@ -97,8 +126,8 @@ MODULES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
         (
             "ring_ref/_ranks/_rules.py",
             "tests/cover/test_bad_input.py",
-            "tests/cover/test_kills_adapters.py",
-            "tests/cover/test_kills_validate.py",
+            "tests/cover/test_adapters.py",
+            "tests/cover/test_validate.py",
         ),
     ),
     "adapters": (
@@ -110,20 +139,20 @@ MODULES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
             "tests/cover/test_ops.py",
             "tests/cover/test_schedules.py",
             "tests/cover/test_bad_input.py",
-            "tests/cover/test_kills_adapters.py",
+            "tests/cover/test_adapters.py",
         ),
     ),
     "ops": (
         ("ring_ref/_ops.py",),
-        ("ring_ref/_ops.py", "tests/cover/test_ops.py", "tests/cover/test_kills_ops.py"),
+        ("ring_ref/_ops.py", "tests/cover/test_ops.py"),
     ),
     "chunks": (
         ("ring_ref/_chunks.py",),
-        ("ring_ref/_chunks.py", "tests/cover/test_kills_chunks.py", "tests/cover/test_schedules.py"),
+        ("ring_ref/_chunks.py", "tests/cover/test_chunks.py", "tests/cover/test_schedules.py"),
     ),
-    "dtypes": (("ring_ref/_dtypes.py",), ("ring_ref/_dtypes.py", "tests/cover/test_kills_dtypes.py")),
-    "cost": (("ring_ref/_cost.py",), ("ring_ref/_cost.py", "tests/cover/test_kills_cost.py")),
-    # The fast engine and its compiled kernel: their own kill tests on small inputs (the property tests of
+    "dtypes": (("ring_ref/_dtypes.py",), ("ring_ref/_dtypes.py", "tests/cover/test_dtypes.py")),
+    "cost": (("ring_ref/_cost.py",), ("ring_ref/_cost.py", "tests/cover/test_cost.py")),
+    # The fast engine and its compiled kernel: their tests on small inputs (the property tests of
     # tests/cover/test_fast*.py take minutes per mutant).  The kernel's Python is plain code: mutants of its
     # IR text are compiled by llvmlite in the test run like the original.
     "fast": (
@@ -133,12 +162,12 @@ MODULES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
             "ring_ref/_fast/_plan.py",
             "ring_ref/_fast/_run.py",
             "ring_ref/_fast/_forward.py",
-            "tests/cover/test_kills_fast.py",
+            *tests_from("tests/cover/test_fast.py", "test_every_op_dtype_and_layout_equals_the_reference"),
         ),
     ),
     "kernel": (
         ("ring_ref/_fast/_kernel.py",),
-        ("ring_ref/_fast/_kernel.py", "tests/cover/test_kills_kernel.py"),
+        ("ring_ref/_fast/_kernel.py", "tests/cover/test_kernel.py"),
     ),
     # difftest, one module at a time, with the fast in-process tests of that module (the tests of diagnosis,
     # search and ops, which check each module through the others too, take some 15 s per mutant)
@@ -147,8 +176,6 @@ MODULES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
         (
             "ring_ref/difftest/_oracles.py",
             "tests/cover/difftest/test_oracles.py",
-            "tests/cover/difftest/test_kills_oracles.py",
-            "tests/cover/difftest/test_kills_oracles_ops.py",
         ),
     ),
     "difftest.inputs": (
@@ -156,13 +183,15 @@ MODULES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
         (
             "ring_ref/difftest/_inputs.py",
             "tests/cover/difftest/test_inputs.py",
-            "tests/cover/difftest/test_kills_inputs.py",
         ),
     ),
     # The report built by hand, no target run (the difftest tests above take some 15 s per mutant).
     "difftest.report": (
         ("ring_ref/difftest/_report.py",),
-        ("ring_ref/difftest/_report.py", "tests/cover/difftest/test_kills_report.py"),
+        (
+            "ring_ref/difftest/_report.py",
+            *tests_from("tests/cover/difftest/test_report.py", "test_a_passing_mode_reports_its_counts_only"),
+        ),
     ),
     # The order probes: the probes against every tree of 4 and 5 workers, and exact runs in pytest's process.
     "difftest.probes": (
@@ -171,47 +200,68 @@ MODULES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
     ),
     "difftest.vocabulary": (
         ("ring_ref/difftest/_vocabulary.py",),
-        ("ring_ref/difftest/_vocabulary.py", "tests/cover/difftest/test_kills_vocabulary.py"),
+        ("ring_ref/difftest/_vocabulary.py", "tests/cover/difftest/test_vocabulary.py"),
     ),
     # The verdict and the diagnosis' probes: the diagnosis' kill tests, outcomes built by hand and targets
     # run in pytest's process; the option rules and the launcher table: the search's kill tests.
     "difftest.verdict": (
         ("ring_ref/difftest/_verdict.py",),
-        ("ring_ref/difftest/_verdict.py", "tests/cover/difftest/test_kills_diagnosis.py"),
+        ("ring_ref/difftest/_verdict.py", *DIAGNOSIS_TESTS),
     ),
     "difftest.diagnosis_probes": (
         ("ring_ref/difftest/_diagnosis_probes.py",),
-        ("ring_ref/difftest/_diagnosis_probes.py", "tests/cover/difftest/test_kills_diagnosis.py"),
+        ("ring_ref/difftest/_diagnosis_probes.py", *DIAGNOSIS_TESTS),
     ),
     "difftest.options": (
         ("ring_ref/difftest/_options.py",),
-        ("ring_ref/difftest/_options.py", "tests/cover/difftest/test_kills_search.py"),
+        ("ring_ref/difftest/_options.py", *SEARCH_TESTS),
     ),
-    # The launchers: their own kill tests, which fork workers from pytest's process (milliseconds each).
-    # The call, diagnosis and search modules: their own kill tests, with outcomes built by hand and
-    # targets run in pytest's process.
+    # The launchers: their tests that fork workers from pytest's process (milliseconds each).  The call,
+    # diagnosis and search modules: their tests with outcomes built by hand and targets run in pytest's
+    # process.
     **{
-        f"difftest.{name}": ((path,), (path, f"tests/cover/difftest/test_kills_{name}.py"))
-        for name in ("worker", "launch", "loading", "call", "diagnosis", "search")
+        f"difftest.{name}": ((path,), (path, f"tests/cover/difftest/test_{name}.py"))
+        for name in ("worker", "loading", "call")
         for path in (f"ring_ref/difftest/_{name}.py",)
     },
+    "difftest.launch": (
+        ("ring_ref/difftest/_launch.py",),
+        (
+            "ring_ref/difftest/_launch.py",
+            *tests_from(
+                "tests/cover/difftest/test_launch.py",
+                "test_the_output_log_counts_bytes_and_keeps_the_start_and_the_end",
+            ),
+        ),
+    ),
+    "difftest.diagnosis": (
+        ("ring_ref/difftest/_diagnosis.py",),
+        ("ring_ref/difftest/_diagnosis.py", *DIAGNOSIS_TESTS),
+    ),
+    "difftest.search": (("ring_ref/difftest/_search.py",), ("ring_ref/difftest/_search.py", *SEARCH_TESTS)),
     # The process-group launchers: fake communicators in pytest's process, and real gloo groups and MPI
     # jobs (seconds per mutant).
     "difftest.ranks": (
         ("ring_ref/difftest/_ranks.py",),
-        ("ring_ref/difftest/_ranks.py", "tests/nocover/test_kills_ranks.py"),
+        ("ring_ref/difftest/_ranks.py", *RANKS_TESTS),
     ),
     "difftest.mpi": (
         ("ring_ref/difftest/_mpi.py",),
-        ("ring_ref/difftest/_mpi.py", "tests/nocover/test_kills_mpi.py"),
+        (
+            "ring_ref/difftest/_mpi.py",
+            *tests_from(
+                "tests/nocover/test_difftest_mpi.py",
+                "test_each_rank_works_on_a_writeable_copy_of_its_own_input_in_place",
+            ),
+        ),
     ),
     # What every launcher shares: die-with-parent (forked workers), the loopback store (gloo groups).
     "processes.shared": (
         ("ring_ref/_processes/_shared.py",),
         (
             "ring_ref/_processes/_shared.py",
-            "tests/cover/difftest/test_kills_worker.py",
-            "tests/nocover/test_kills_ranks.py",
+            "tests/cover/difftest/test_worker.py",
+            *RANKS_TESTS,
             "tests/nocover/test_procs.py",
         ),
     ),
@@ -240,7 +290,7 @@ FORKED: Final[dict[str, Forked]] = {
             for f in ("_frame", "_close_all_but", "_forget_inherited_helpers", "_child")
         ),
         tuple(
-            f"tests/cover/difftest/test_kills_worker.py::{test}"
+            f"tests/cover/difftest/test_worker.py::{test}"
             for test in (
                 "test_the_worker_dies_with_the_tester",
                 "test_a_target_can_start_multiprocessing_helpers_of_its_own",
@@ -254,14 +304,14 @@ FORKED: Final[dict[str, Forked]] = {
         "ring_ref.difftest._worker.xǁWorkerǁspawn",
         ("ring_ref._processes._shared.x_die_with_parent",),
         (
-            "tests/cover/difftest/test_kills_worker.py::test_a_worker_whose_parent_is_already_gone_leaves_at_once_with_status_0",
+            "tests/cover/difftest/test_worker.py::test_a_worker_whose_parent_is_already_gone_leaves_at_once_with_status_0",
         ),
     ),
     # The at-fork handler runs only in a child the test forks itself.
     "kernel": Forked(
         "ring_ref._fast._kernel.x__after_fork_in_child",
         (),
-        ("tests/cover/test_kills_kernel.py::test_a_forked_child_is_not_stopped_by_locks_held_in_the_parent",),
+        ("tests/cover/test_kernel.py::test_a_forked_child_is_not_stopped_by_locks_held_in_the_parent",),
     ),
 }
 """Per module, see :class:`Forked`."""
@@ -523,7 +573,7 @@ def run_module(
     with tempfile.TemporaryDirectory(prefix=f"ring-ref-mutation-{name}-") as tmp:
         work = Path(tmp)
         _copy_tree(work)
-        env = _configure(work, files, tuple(t for t in tests if (work / t).exists()))
+        env = _configure(work, files, tuple(t for t in tests if (work / t.partition("::")[0]).exists()))
         mutmut = [str(Path(sys.executable).parent / "mutmut")]
 
         def mutmut_run(*names: str) -> None:

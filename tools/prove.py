@@ -344,7 +344,7 @@ def _wrong_rs_send(o: Ops, g: Ring, i: Term, r: Term) -> Term:
 
 
 def _forwarded_rs_write(o: Ops, g: Ring, i: Term, r: Term) -> Term:
-    # tests/faults.forwarding_reduce_scatter: a worker whose sender was updated earlier in the
+    # tests/common/faults.forwarding_reduce_scatter: a worker whose sender was updated earlier in the
     # order 0 .. n-1 stores the slot that sender received this round.
     sender = left(o, g, i)
     return o.ite(sender < i, rs_recv_chunk(o, g, sender, r), rs_recv_chunk(o, g, i, r))

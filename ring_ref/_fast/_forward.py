@@ -308,28 +308,54 @@ def _uneven(arrays: Arrays[A], x: A, ring: RingSchedule, op: Op) -> tuple[A, boo
     ``c`` is copied to columns ``c K .. c K + size - 1`` of an ``(N, N K)`` buffer,
     ``K`` the longest chunk, zeros elsewhere; the even path folds every column
     of chunk ``c`` in chunk ``c``'s order, so each real element gets exactly its
-    own chunk's combines, and the padding is dropped.
+    own chunk's combines, and the padding is dropped.  Where every element is
+    already in its column (gloo's layout: full chunks, then one partial, then
+    empty ones), the kernel folds the chunks holding elements in place (:func:`_leading_chunks`).
     """
-    n = x.shape[0]
+    n, shape = x.shape[0], tuple(x.shape[1:])
     flat = arrays.prepare(x).reshape(n, -1)
     k, at = _padded_columns(ring.layout, n, flat.shape[1], arrays.itemsize(x))
-    columns = arrays.index(at)
+    even = ring._replace(layout="even")
+    view = arrays.kernel_input(flat) if at is None and n > 1 else None
+    if view is not None:
+        result = arrays.new(flat, shape)
+        return result, _leading_chunks(view, arrays.as_numpy(result).reshape(-1), even, op, k)
+    columns = np.arange(flat.shape[1]) if at is None else at
     padded = arrays.new(flat, (n, n * k), zeros=True)
-    padded[:, columns] = flat
-    out, finite = forward(arrays, padded, ring._replace(layout="even"), op)
-    return out[columns].reshape(x.shape[1:]), finite
+    padded[:, arrays.index(columns)] = flat
+    out, finite = forward(arrays, padded, even, op)
+    return out[arrays.index(columns.reshape(shape))], finite  # gathered in its shape: not a view
+
+
+def _leading_chunks(x2d: Array, out: Array, ring: RingSchedule, op: Op, k: int) -> bool:
+    """The kernel's fold of ``x2d`` (``(N, L)``) into ``out`` (``(L,)``), its elements the chunks ``0 ..
+    C - 1`` of ``k`` (``C = ceil(L / k)``), the last one perhaps partial; the empty chunks after them cost
+    nothing.  A partial last chunk is padded: the input is copied to ``C k`` columns, zeros after ``L``."""
+    n, length = x2d.shape
+    width = -(-length // k) * k
+    if width == length:
+        return fold(x2d, out, plan(n, ring).cycle, op, chunk_size=k)
+    padded = np.zeros((n, width), dtype=x2d.dtype)
+    padded[:, :length] = x2d
+    whole = np.empty(width, dtype=out.dtype)
+    finite = fold(padded, whole, plan(n, ring).cycle, op, chunk_size=k)
+    out[...] = whole[:length]
+    return finite
 
 
 @lru_cache(maxsize=16)
-def _padded_columns(layout: Layout, n: int, m: int, itemsize: int) -> tuple[int, npt.NDArray[np.int64]]:
+def _padded_columns(
+    layout: Layout, n: int, m: int, itemsize: int
+) -> tuple[int, npt.NDArray[np.int64] | None]:
     """:func:`_uneven`'s padding: the longest chunk ``K`` and, per element ``j`` (in chunk ``c`` at
-    ``lo``), its column ``c K + j - lo`` of the padded buffer (one gather instead of a copy per chunk)."""
+    ``lo``), its column ``c K + j - lo`` of the padded buffer (one gather instead of a copy per chunk);
+    ``None`` where that is ``j`` for every element."""
     bounds = np.array(chunk_bounds(layout, n, m, itemsize=itemsize), dtype=np.int64).reshape(n, 2)
     sizes = bounds[:, 1] - bounds[:, 0]
     k = max(1, int(sizes.max()))
     chunk = np.repeat(np.arange(n, dtype=np.int64), sizes)
     columns = chunk * k + np.arange(m, dtype=np.int64) - np.repeat(bounds[:, 0], sizes)
-    return k, columns
+    return k, None if bool((columns == np.arange(m)).all()) else columns
 
 
 # --- the compiled kernel ---------------------------------------------------------------------------
@@ -368,9 +394,10 @@ def element_stride(shape: Sequence[int], strides: Sequence[int]) -> int | None:
     return inner
 
 
-def fold(x2d: Array, out: Array, cycle: Cycle, op: Op) -> bool:
+def fold(x2d: Array, out: Array, cycle: Cycle, op: Op, chunk_size: int | None = None) -> bool:
     """The compiled fold of ``x2d`` (``(N, M ...)`` flattened to two axes) into ``out`` (flat).
 
+    ``out`` holds the ``N`` chunks, or with ``chunk_size`` the first ``out.size / chunk_size`` of them.
     ``avg`` folds the sum (the caller divides).  Returns whether the input is proven finite.
     """
     n = x2d.shape[0]
@@ -380,7 +407,7 @@ def fold(x2d: Array, out: Array, cycle: Cycle, op: Op) -> bool:
             out,
             cycle.order,
             cycle.entries,
-            chunk_size=out.size // n,
+            chunk_size=out.size // n if chunk_size is None else chunk_size,
             threads=torch.get_num_threads(),
             op="sum" if op == "avg" else op,
         )

@@ -200,7 +200,7 @@ def source(dtype: str, unit_stride: bool, op: str = "sum") -> str:
     It folds tiles ``t0 .. t1 - 1`` of the :func:`program` ``(steps, tiles)``
     into ``out`` and returns 1 when the input is proven finite.  ``x[w s0 + e
     s1]`` is worker ``w``'s element ``e`` (its chunk ``c``: the elements ``c K
-    .. c K + K - 1``, ``K = k``); ``out`` holds ``N K`` results, chunk after
+    .. c K + K - 1``, ``K = k``); ``out`` holds ``C K`` results (``C <= N``), chunk after
     chunk.  ``tiles[8 t .. 8 t + 7]`` is tile ``t``'s steps, its columns of
     each chunk, the results it finishes and those it first fills with the
     identity.
@@ -519,17 +519,37 @@ def _fuse(steps: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
     return np.concatenate([count[:, None], steps[heads, 1:], steps[rows, 0]], axis=1)
 
 
+def _run_steps(order: npt.NDArray[np.int64], lo: int, hi: int, first: int, up: bool) -> npt.NDArray[np.int64]:
+    """The ``(worker, a, b)`` steps of the chunks ``lo .. hi - 1`` entering the cycle ``order`` at ``first,
+    first + 1, ...``, from ``lo`` up (``up``) or from ``hi - 1`` down: pass 1, then pass 2 (:func:`program`).
+    The chunks entered by a position are the first of the run in the order it enters, so a prefix of ``lo ..
+    hi - 1`` going up and, the mirror image, a suffix going down."""
+    n, size = len(order), hi - lo
+    t = np.arange(first, n, dtype=np.int64)  # pass 1: the row of order[t] into the chunks entered by t
+    q = np.arange(first + size - 1, dtype=np.int64)  # pass 2: the row of order[q] into those entering after q
+    into, before = np.minimum(t - first + 1, size), np.maximum(q - first + 1, 0)
+    if up:
+        a, b = np.r_[np.full_like(t, lo), lo + before], np.r_[lo + into - 1, np.full_like(q, hi - 1)]
+    else:
+        a, b = np.r_[hi - into, np.full_like(q, lo)], np.r_[np.full_like(t, hi - 1), hi - 1 - before]
+    return np.stack([order[np.r_[t, q]], a, b], axis=1)
+
+
 def program(
-    cycle: Array, entries: Array, k: int, chunks: int, cols: int
+    cycle: Array, entries: Array, k: int, chunks: int, cols: int, *, count: int | None = None
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """The ``(steps, tiles)`` the kernel runs: every chunk's rows in its fold order.
 
+    The chunks are ``0 .. count - 1`` (all ``n = len(cycle)`` by default).
     Tiles are ``chunks`` whole chunks, or ``cols`` columns of one chunk; the
     tiles over one block of chunks share its steps.  For a run of chunks
     ``lo .. hi - 1`` of the block entering the cycle at ``p, p + 1, ...``, the
     row of ``cycle[p + s]`` (pass 1) is combined into the chunks entered up to
     there, ``lo .. lo + s``; then the row of ``cycle[q]``, ``q < p + hi - lo - 1``
-    (pass 2), into the chunks entering after ``q``.  Consecutive rows into the
+    (pass 2), into the chunks entering after ``q``.  A mirrored run (``stop <
+    start``: the chunks ``hi - 1, hi - 2, ..., lo`` entering at ``p, p + 1,
+    ...``, as a ring run the other way has them) is the same with the chunks
+    counted down: ``hi - 1 - s .. hi - 1`` in pass 1.  Consecutive rows into the
     same chunks make one step of up to :data:`FUSED` rows: ``(count, a, b,
     w_0, ..., w_3)`` combines the rows ``w_0 .. w_{count - 1}``, in that order,
     into the chunks ``a .. b``.  A tile's results start as the op's identity:
@@ -541,29 +561,24 @@ def program(
     [[1, 0, 0, 0], [1, 0, 1, 1], [1, 0, 2, 2], [1, 1, 2, 0], [1, 2, 2, 1]]
     >>> tiles.tolist()  # steps 0 .. 4, columns 0 .. 0 of each chunk, results 0 .. 2, filled first
     [[0, 5, 0, 1, 0, 3, 0, 3]]
+    >>> steps = program(np.array([0, 2, 1]), np.array([[0, 1, 0], [2, 0, 1]]), 1, 3, 1)[0]
+    >>> steps[:, :4].tolist()  # chunk 0 alone, then chunks 2, 1 entering at 1, 2: the mirror
+    [[1, 0, 0, 0], [1, 0, 0, 2], [1, 0, 0, 1], [1, 2, 2, 2], [1, 1, 2, 1], [1, 1, 2, 0], [1, 1, 1, 2]]
     >>> program(np.arange(5), np.array([[0, 5, 0]]), 8, 1, 8)[0][:2].tolist()  # one chunk per block
     [[-4, 0, 0, 0, 1, 2, 3], [1, 0, 0, 4, 4, 4, 4]]
     """
-    n = len(cycle)
+    total = len(cycle) if count is None else count
     order = cycle.astype(np.int64)
     blocks: list[npt.NDArray[np.int64]] = []
     filled: list[bool] = []  # whether the block's tiles start by filling their results with the identity
-    for c0 in range(0, n, chunks):
-        c1 = min(n, c0 + chunks)
+    for c0 in range(0, total, chunks):
+        c1 = min(total, c0 + chunks)
         pieces = []
         for start, stop, p in entries.tolist():
-            lo, hi = max(start, c0), min(stop, c1)
-            if lo >= hi:
-                continue
-            p_lo = p + lo - start  # chunk lo + j enters at p_lo + j
-            s = np.arange(n - p_lo)
-            q = np.arange(p_lo + hi - lo - 1)
-            pieces.append(
-                np.stack([order[p_lo + s], np.full_like(s, lo), np.minimum(lo + s, hi - 1)], axis=1)
-            )
-            pieces.append(
-                np.stack([order[q], lo + np.maximum(q + 1 - p_lo, 0), np.full_like(q, hi - 1)], axis=1)
-            )
+            up = start < stop
+            lo, hi = (max(start, c0), min(stop, c1)) if up else (max(stop + 1, c0), min(start + 1, c1))
+            if lo < hi:  # the run's chunks in this block; the first to enter does so |c - start| after p
+                pieces.append(_run_steps(order, lo, hi, p + (lo - start if up else start - (hi - 1)), up))
         steps = _fuse(np.concatenate(pieces))
         fresh = c1 - c0 == 1 and steps[0, 0] == FUSED  # one chunk: its first step starts its fold
         steps[0, 0] = FRESH if fresh else steps[0, 0]
@@ -575,7 +590,7 @@ def program(
     e0 = (t % col_tiles) * cols
     ee = np.minimum(k, e0 + cols)
     c0s = block * chunks
-    c1s = np.minimum(n, c0s + chunks)
+    c1s = np.minimum(total, c0s + chunks)
     starts = np.cumsum([0, *map(len, blocks)])
     r0, r1 = c0s * k + e0, (c1s - 1) * k + ee
     fill = np.array(filled)[block]
@@ -591,10 +606,11 @@ class _Program(NamedTuple):
 
 
 @functools.lru_cache(maxsize=64)
-def _program(cycle: bytes, entries: bytes, k: int, chunks: int, cols: int) -> _Program:
+def _program(cycle: bytes, entries: bytes, k: int, chunks: int, cols: int, *, count: int) -> _Program:
     """:func:`program` of a cycle and entries given as int64 bytes, cached."""
     order = np.frombuffer(cycle, dtype=np.int64)
-    steps, tiles = program(order, np.frombuffer(entries, dtype=np.int64).reshape(-1, 3), k, chunks, cols)
+    table = np.frombuffer(entries, dtype=np.int64).reshape(-1, 3)
+    steps, tiles = program(order, table, k, chunks, cols, count=count)
     steps.flags.writeable = False
     tiles.flags.writeable = False
     return _Program(steps, tiles, (steps.ctypes.data, tiles.ctypes.data))
@@ -641,18 +657,22 @@ def fold_chunks(
     """Write the ring's result for ``op`` into ``out``, chunk after chunk; return whether the input is
     proven finite (``False``: it may not be, or the result overflowed).
 
-    ``x`` is ``(N, N K)`` (float32 or float64, native byte order, aligned, any
+    ``x`` is ``(N, C K)`` (float32 or float64, native byte order, aligned, any
     strides, only read) with ``K = chunk_size``, ``out`` a contiguous
-    ``(N K,)`` array of the same dtype that shares no memory with ``x``;
+    ``(C K,)`` array of the same dtype that shares no memory with ``x``: the
+    chunks ``0 .. C - 1`` of ``N`` (``C <= N``; the others are not computed);
     ``cycle`` holds the workers in ring order and ``entries`` the rows
-    ``(start, stop, p)``: the chunks ``start .. stop - 1`` enter the cycle at
-    positions ``p, p + 1, ...`` (all below ``N``).  The tiles are split among
-    at most ``threads`` threads.
+    ``(start, stop, p)``: the chunks ``start .. stop - 1`` (or, where ``stop <
+    start``, ``start, start - 1, ..., stop + 1``) enter the cycle at positions
+    ``p, p + 1, ...`` (all below ``N``).  The tiles are split among at most
+    ``threads`` threads.
     """
-    n, k = cycle.shape[0], chunk_size
+    k = chunk_size
+    count = out.size // k
     threads = max(1, min(threads, x.nbytes // MIN_BYTES_PER_THREAD))
-    chunks, cols, bounds = _split(n, k, out.itemsize, threads, TILE_BYTES)
-    run = _program(cycle.astype(np.int64).tobytes(), entries.astype(np.int64).tobytes(), k, chunks, cols)
+    chunks, cols, bounds = _split(count, k, out.itemsize, threads, TILE_BYTES)
+    order, table = cycle.astype(np.int64).tobytes(), entries.astype(np.int64).tobytes()
+    run = _program(order, table, k, chunks, cols, count=count)
     s0, s1 = (s // x.itemsize for s in x.strides)
     call = kernel(x.dtype.name, s1 == 1, op).call
     args = (x.ctypes.data, s0, s1, out.ctypes.data, k, *run.addresses)

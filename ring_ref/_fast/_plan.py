@@ -78,7 +78,10 @@ class Cycle(NamedTuple):
     Chunk ``c`` entering at position ``p`` is the fold over the workers
     ``order[p], order[p + 1], ..., order[n - 1], order[0], ..., order[p - 1]``.
     ``entries[q] = (start, stop, p)``: the chunks ``start .. stop - 1`` enter at
-    ``p, p + 1, ...``.  Both are int64, as :mod:`ring_ref._fast._kernel` reads them.
+    ``p, p + 1, ...``; where ``stop < start``, the mirror image: the chunks
+    ``start, start - 1, ..., stop + 1`` enter at ``p, p + 1, ...`` (a ring run
+    the other way, whose chunk ``c + 1`` enters one position *before* chunk ``c``).
+    Both are int64, as :mod:`ring_ref._fast._kernel` reads them.
     """
 
     order: Array
@@ -252,11 +255,28 @@ def _cycle(dst: npt.NDArray[np.int64], first: npt.NDArray[np.int64]) -> Cycle:
         w = int(dst[w])
     position = np.empty(n, dtype=np.int64)
     position[order] = np.arange(n)
-    enter = position[first]
-    shift = enter - np.arange(n)
-    bounds = [0, *(np.flatnonzero(shift[1:] != shift[:-1]) + 1).tolist(), n]
-    entries = [(lo, hi, int(enter[lo])) for lo, hi in itertools.pairwise(bounds)]
+    entries = _runs(position[first].tolist())
     return Cycle(order, np.array(entries, dtype=np.int64))
+
+
+def _runs(enter: list[int]) -> list[tuple[int, int, int]]:
+    """The chunks' entry positions ``enter`` as :class:`Cycle` entries: from chunk 0 on, each run of chunks
+    as long as their entries step by one, up (``(lo, hi, enter[lo])``) or down (a ring run the other
+    way: its mirror ``(hi - 1, lo - 1, enter[hi - 1])``, the last chunk entering first).
+
+    >>> _runs([0, 1, 2]), _runs([1, 0, 3, 2]), _runs([5, 0])
+    ([(0, 3, 0)], [(1, -1, 0), (3, 1, 2)], [(0, 1, 5), (1, 2, 0)])
+    """
+    runs = []
+    lo = 0
+    while lo < len(enter):
+        hi = lo + 1
+        d = enter[hi] - enter[lo] if hi < len(enter) and abs(enter[hi] - enter[lo]) == 1 else 1
+        while hi < len(enter) and enter[hi] - enter[hi - 1] == d:
+            hi += 1
+        runs.append((lo, hi, enter[lo]) if d > 0 else (hi - 1, lo - 1, enter[hi - 1]))
+        lo = hi
+    return runs
 
 
 def _rs_fault(

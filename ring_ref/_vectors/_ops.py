@@ -17,7 +17,7 @@ engine's rounds), and the generator refuses to write a vector on which the
 reference engine (:func:`ring_ref.ring_all_reduce` with ``op``) disagrees; the
 per-round buffers come from :func:`ring_ref._tracecheck.reference_rounds`.
 ``tests/cover/test_op_vectors.py`` re-derives every value with
-``tests/oracles.py``, which imports nothing from ``ring_ref``.
+``tests/common/oracles.py``, which imports nothing from ``ring_ref``.
 
 >>> doc = build()
 >>> doc["numberOfTests"] == sum(len(g["tests"]) for g in doc["testGroups"])

@@ -14,7 +14,7 @@ import torch
 from ring_ref import ring_all_reduce
 from ring_ref._ranks._rules import rank_tensor_problem
 from ring_ref.schedule import RingSchedule
-from tests.paths import SPEC, SPEC_DIR
+from tests.common.paths import SPEC, SPEC_DIR
 
 pytestmark = pytest.mark.clause(
     "bad-input", "input-shape", "supported-dtypes", "input-finite", "engines-same-bits"

@@ -30,9 +30,9 @@ from ring_ref.difftest._inputs import LAYOUTS, lay_out
 from ring_ref.difftest._orders import _fit_of, schedule_order
 from ring_ref.invariants import InvariantViolation, expected_finished, expected_state
 from ring_ref.schedule import ALL_GATHER, CHAIN, PRESETS, REDUCE_SCATTER, ChainSchedule, Phase, Send
-from tests.oracles import left_fold, same_bits
-from tests.reveal_targets import linear_fold
-from tests.strategies import ALL_DTYPES, NUMPY_DTYPES, finite_values
+from tests.common.oracles import left_fold, same_bits
+from tests.common.reveal_targets import linear_fold
+from tests.common.strategies import ALL_DTYPES, NUMPY_DTYPES, finite_values
 
 ROOT = Path(__file__).resolve().parents[2]
 OPS = ("sum", "prod", "max", "min", "avg")

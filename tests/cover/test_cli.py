@@ -14,7 +14,7 @@ import torch
 import ring_ref
 from ring_ref._cli import main
 from ring_ref.difftest import difftest
-from tests.paths import ROOT
+from tests.common.paths import ROOT
 
 
 @pytest.mark.clause("worked-example", "round-count")
@@ -109,8 +109,8 @@ def test_a_schedule_that_starts_with_a_dash_or_is_unknown_is_told_the_command_li
 def test_reveal_of_an_order_that_is_no_ring_suggests_difftest_and_still_exits_0(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert main(["reveal", "tests.planted_impls:gather_adds", "-n", "3", "-m", "3"]) == 0
-    assert "run: ring-ref difftest tests.planted_impls:gather_adds" in capsys.readouterr().err
+    assert main(["reveal", "tests.common.planted_impls:gather_adds", "-n", "3", "-m", "3"]) == 0
+    assert "run: ring-ref difftest tests.common.planted_impls:gather_adds" in capsys.readouterr().err
     assert main(["reveal", "ring_ref:ring_all_reduce", "-n", "3", "-m", "3"]) == 0
     assert "ring-ref difftest" not in capsys.readouterr().err
 

@@ -2,7 +2,7 @@
 ``ring_all_gather_v1.json``; clause ``collective-vectors``).
 
 Every expected value is re-derived without ``ring_ref``: bit patterns decoded by
-reinterpreting integers, shards from ``tests.oracles.reduce_scatter_fold``; the
+reinterpreting integers, shards from ``tests.common.oracles.reduce_scatter_fold``; the
 gathered buffer is the shards' bit patterns in order.
 """
 
@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from ring_ref._cli import main
-from tests.oracles import bits, reduce_scatter_fold, ring_fold, same_bits
-from tests.vector_files import VECTORS, check_regenerated, decode, expected_of, input_of, load
+from tests.common.oracles import bits, reduce_scatter_fold, ring_fold, same_bits
+from tests.common.vector_files import VECTORS, check_regenerated, decode, expected_of, input_of, load
 
 RS_FILE = VECTORS / "ring_reduce_scatter_v1.json"
 AG_FILE = VECTORS / "ring_all_gather_v1.json"

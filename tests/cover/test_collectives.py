@@ -1,6 +1,6 @@
 """Reduce-scatter and all-gather as collectives of their own (spec/reduce_scatter_all_gather.md).
 
-Expected values come from ``tests/oracles.py`` (``reduce_scatter_fold``: the left
+Expected values come from ``tests/common/oracles.py`` (``reduce_scatter_fold``: the left
 fold ``r + d, r + 2d, ..., r`` written directly on tensors, importing nothing from
 ``ring_ref``) or are written out by hand here; all-gather's expected bits are laid
 out by a loop in the test.
@@ -28,9 +28,9 @@ from ring_ref import (
 from ring_ref.core import fold, gather_state, never_combine, provenance_state, run_ring
 from ring_ref.invariants import InvariantViolation
 from ring_ref.schedule import ALL_GATHER, REDUCE_SCATTER, SPEC, Phase, reduce_scatter_ring
+from tests.common.oracles import INT_OF_BITS, bits, reduce_scatter_fold, ring_fold_op, same_bits
+from tests.common.strategies import ALL_DTYPES, worker_tensors
 from tests.cover.test_spec_clauses import SPEC_PY
-from tests.oracles import INT_OF_BITS, bits, reduce_scatter_fold, ring_fold_op, same_bits
-from tests.strategies import ALL_DTYPES, worker_tensors
 
 ENGINES: tuple[Engine, Engine] = ("reference", "fast")
 TWO24 = float(2**24)

@@ -1,6 +1,6 @@
 """The fast engine's reduction ops (clauses ``op-*``): the reference's bits for every op, path and ring.
 
-The reference engine is the oracle for bits and for errors; ``tests/oracles.py``
+The reference engine is the oracle for bits and for errors; ``tests/common/oracles.py``
 (``ring_fold_op``, independent of ``ring_ref``) is a second one, up to 64 workers.
 Each input is run on every path the fast engine has: the compiled kernel
 (float32 and float64 on the CPU, any element stride), the batched torch and
@@ -25,9 +25,9 @@ from torch.autograd import forward_ad
 from ring_ref import ENGINES, OPS, PRESETS, Engine, RingSchedule, ring_all_reduce
 from ring_ref._fast import _kernel
 from ring_ref.schedule import LAYOUTS
-from tests.fast_knobs import fast_in_small_tiles
-from tests.oracles import ring_fold, ring_fold_op, same_bits
-from tests.strategies import ALL_DTYPES, FEW, NUMPY_DTYPES, worker_tensors
+from tests.common.fast_knobs import fast_in_small_tiles
+from tests.common.oracles import ring_fold, ring_fold_op, same_bits
+from tests.common.strategies import ALL_DTYPES, FEW, NUMPY_DTYPES, worker_tensors
 
 pytestmark = pytest.mark.usefixtures("fresh_plans")
 

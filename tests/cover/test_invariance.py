@@ -1,6 +1,6 @@
 """``ring-ref invariance`` (spec/invariance.md): does an element's order move with the size or its position?
 
-The targets are plain loops (``tests/planted_orders.py``); every expected tree
+The targets are plain loops (``tests/common/planted_orders.py``); every expected tree
 is typed in below in the canonical spelling of clause ``reveal-trees``, and
 every expected placement is worked out by hand from the rule of clause
 ``invariance-report``.
@@ -26,8 +26,8 @@ from ring_ref._reveal import RevealError
 from ring_ref._svg import invariance_svg
 from ring_ref.invariance import Invariance, InvarianceError, invariance
 from ring_ref.schedule import Layout
-from tests import planted_orders
-from tests.paths import ROOT
+from tests.common import planted_orders
+from tests.common.paths import ROOT
 
 SCHEMA = json.loads((ROOT / "spec" / "invariance.schema.json").read_text(encoding="utf-8"))
 
@@ -229,7 +229,7 @@ def test_options_that_cannot_serve_are_refused() -> None:
     with pytest.raises(InvarianceError, match="give it by name"):
         invariance(planted_orders.left_fold, 4, [8], ranks="gloo")
     with pytest.raises(InvarianceError, match="need ranks='mpi'"):
-        invariance("tests.planted_orders:left_fold", 4, [8], mca={"a": "1"})
+        invariance("tests.common.planted_orders:left_fold", 4, [8], mca={"a": "1"})
     with pytest.raises(InvarianceError, match="draws must be 1 or more"):
         invariance(planted_orders.left_fold, 4, [8], by_bits=True, draws=0)
 
@@ -292,7 +292,7 @@ def test_the_picture_colours_each_cell_by_its_tree() -> None:
 
 @pytest.mark.clause("invariance-cli")
 def test_the_command_line(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:
-    base = ["invariance", "tests.planted_orders:switching", "-n", "4", "--probe", "4"]
+    base = ["invariance", "tests.common.planted_orders:switching", "-n", "4", "--probe", "4"]
     assert main([*base, "--sizes", "8,64"]) == 0  # the default offsets: every chunk, and the end
     assert (
         "invariant: order invariant over 7 placements (M = 8, 64; offsets 0, 4, 16, 32, 48, 60)"
@@ -316,9 +316,9 @@ def test_the_command_line(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> 
     ]:
         assert main([*base, *extra]) == 2
         assert message in capsys.readouterr().err
-    assert main(["invariance", "tests.planted_orders:nope", "-n", "4", "--sizes", "8"]) == 2
+    assert main(["invariance", "tests.common.planted_orders:nope", "-n", "4", "--sizes", "8"]) == 2
     assert "has no attribute 'nope'" in capsys.readouterr().err
-    tail = ["invariance", "tests.planted_orders:tail_path", "-n", "4", "--probe", "8", "--by-bits"]
+    tail = ["invariance", "tests.common.planted_orders:tail_path", "-n", "4", "--probe", "8", "--by-bits"]
     assert main([*tail, "--sizes", "16,64", "--offsets", "0,8"]) == 0  # alone, M = 8, is one whole block too
     assert main([*tail, "--sizes", "20", "--offsets", "0,12"]) == 1  # elements 16..19 of M = 20: the tail
     out = capsys.readouterr().out

@@ -1,6 +1,6 @@
 """``ring_all_reduce`` on ``jax.Array`` inputs: the reference's bits, dtype and device kept, grad and jit.
 
-The expected values come from the spec's closed forms in :mod:`tests.oracles`
+The expected values come from the spec's closed forms in :mod:`tests.common.oracles`
 (written on tensors, independent of the package) and from the torch path on
 the same bits; jax arrays and tensors are exchanged through their integer
 bit patterns, never through a value conversion that could round.
@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 
 from ring_ref import ring_all_reduce
 from ring_ref._dispatch import Engine
-from tests.oracles import REDUCE_OPS, blocks_bounds, ring_fold, same_bits, schedule_fold
-from tests.strategies import worker_tensors
+from tests.common.oracles import REDUCE_OPS, blocks_bounds, ring_fold, same_bits, schedule_fold
+from tests.common.strategies import worker_tensors
 
 jax.config.update("jax_enable_x64", True)  # type: ignore[no-untyped-call]  # float64 jax arrays exist only with it
 jax.config.update("jax_num_cpu_devices", 2)  # type: ignore[no-untyped-call]  # a second device to keep results on (before first use)

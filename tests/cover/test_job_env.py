@@ -17,7 +17,7 @@ from ring_ref.difftest import difftest
 from ring_ref.difftest._job import BYE_WAIT_S, MPIRUN_BYE_WAIT_S, JobRanks, _Terminate, takes_group
 from ring_ref.difftest._ranks import AFTER_FAILURE_GRACE_S
 from ring_ref.difftest._report import ModeResult, Report
-from tests.paths import ROOT
+from tests.common.paths import ROOT
 
 SCHEMA = json.loads((ROOT / "spec" / "difftest_report.schema.json").read_text(encoding="utf-8"))
 
@@ -115,10 +115,13 @@ def test_subgroups_need_a_job_and_a_boolean(capsys: pytest.CaptureFixture[str]) 
     """``--subgroups`` is for ``--ranks job`` / ``mpi-job`` only: a usage error (exit 2) elsewhere."""
     for ranks in (None, "gloo", "mpi"):
         with pytest.raises(ValueError, match=r"subgroups \(--subgroups\) tests every smaller N inside a job"):
-            difftest("tests.planted_rank_impls:plain_ring", ranks=ranks, subgroups=True)
+            difftest("tests.common.planted_rank_impls:plain_ring", ranks=ranks, subgroups=True)
     with pytest.raises(ValueError, match=r"must be True or False; got 'yes'"):
         difftest("torch.distributed:all_reduce", ranks="job", subgroups="yes")  # type: ignore[arg-type]
-    assert main(["difftest", "--ranks", "gloo", "--subgroups", "tests.planted_rank_impls:plain_ring"]) == 2
+    assert (
+        main(["difftest", "--ranks", "gloo", "--subgroups", "tests.common.planted_rank_impls:plain_ring"])
+        == 2
+    )
     assert "it needs ranks='job' or 'mpi-job'" in capsys.readouterr().err
 
 

@@ -23,7 +23,7 @@ from typing import Final, NamedTuple
 
 import pytest
 
-from tests.paths import ROOT
+from tests.common.paths import ROOT
 
 PACKAGE: Final = "ring_ref"
 

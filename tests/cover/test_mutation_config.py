@@ -8,8 +8,8 @@ import keyword
 import re
 from typing import Any
 
-from tests.dotted import resolve
-from tests.paths import ROOT
+from tests.common.dotted import resolve
+from tests.common.paths import ROOT
 from tools import mutation
 
 
@@ -18,7 +18,19 @@ def test_every_mutated_file_and_every_test_path_exists() -> None:
         for pattern in files:
             assert list(ROOT.glob(pattern)), (name, pattern)
         for test in tests:
-            assert (ROOT / test).exists(), (name, test)
+            path, _, function = test.partition("::")
+            assert (ROOT / path).exists(), (name, test)
+            assert not function or f"\ndef {function}(" in (ROOT / path).read_text(encoding="utf-8"), (
+                name,
+                test,
+            )
+
+
+def test_a_section_of_a_test_file_runs_from_its_first_test_to_the_end() -> None:
+    path = "tests/cover/test_mutation_config.py"
+    names = re.findall(r"^def (test_\w+)\(", (ROOT / path).read_text(encoding="utf-8"), re.MULTILINE)
+    assert mutation.tests_from(path, names[2]) == tuple(f"{path}::{name}" for name in names[2:])
+    assert mutation.tests_from(path, names[0]) == tuple(f"{path}::{name}" for name in names)
 
 
 def test_every_equivalent_mutant_names_a_function_and_a_line_of_it() -> None:

@@ -2,10 +2,10 @@
 and that every flag catches the bugs its note names.
 
 Every expected value is re-derived here without ``ring_ref``: results with
-``tests.oracles.ring_fold_op``, per-round buffers by folding the workers the
-spec's provenance closed forms (``tests.oracles.spec_slot``) name for each slot
-with the op's combine typed in from the spec (``tests.op_rings.combine``), bit
-patterns decoded by reinterpreting integers.  The bugs are ``tests/op_rings.py``'s
+``tests.common.oracles.ring_fold_op``, per-round buffers by folding the workers the
+spec's provenance closed forms (``tests.common.oracles.spec_slot``) name for each slot
+with the op's combine typed in from the spec (``tests.common.op_rings.combine``), bit
+patterns decoded by reinterpreting integers.  The bugs are ``tests/common/op_rings.py``'s
 planted faults and closed forms written below.
 """
 
@@ -22,9 +22,9 @@ import pytest
 import torch
 
 from ring_ref._cli import main
-from tests.op_rings import combine, divide, op_ring
-from tests.oracles import DTYPES, bits, ring_fold_op, same_bits, spec_slot
-from tests.vector_files import (
+from tests.common.op_rings import combine, divide, op_ring
+from tests.common.oracles import DTYPES, bits, ring_fold_op, same_bits, spec_slot
+from tests.common.vector_files import (
     VECTORS,
     check_regenerated,
     check_schema_rejects,
@@ -158,7 +158,7 @@ def test_round_buffers_match_the_provenance_folded_by_the_op(
     op: str, dtype_name: str, tests: list[dict[str, Any]]
 ) -> None:
     """Slot c of worker i after a round holds the op's fold of the workers its provenance names;
-    for avg, their sum.  An independent ring (tests/op_rings.py) reports the same buffers."""
+    for avg, their sum.  An independent ring (tests/common/op_rings.py) reports the same buffers."""
     for t in tests:
         if "rounds" in t:
             _check_rounds(op, dtype_name, t)

@@ -1,9 +1,9 @@
 """The schedule presets' conformance vectors (``spec/vectors/ring_all_reduce_presets_v1.json``).
 
 Every expected value is re-derived without ``ring_ref``: bit patterns decoded
-by reinterpreting integers, chunks from ``tests.oracles.blocks_bounds`` /
+by reinterpreting integers, chunks from ``tests.common.oracles.blocks_bounds`` /
 ``gloo_bounds`` (gloo's arithmetic in bytes, as its source does), results
-from ``tests.oracles.schedule_fold`` (the chain's from ``tests.oracles.left_fold``).
+from ``tests.common.oracles.schedule_fold`` (the chain's from ``tests.common.oracles.left_fold``).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import jsonschema  # type: ignore[import-untyped]
 import pytest
 
 from ring_ref._cli import main
-from tests.oracles import blocks_bounds, gloo_bounds, left_fold, same_bits, schedule_fold
-from tests.vector_files import VECTORS, check_regenerated, expected_of, input_of, load
+from tests.common.oracles import blocks_bounds, gloo_bounds, left_fold, same_bits, schedule_fold
+from tests.common.vector_files import VECTORS, check_regenerated, expected_of, input_of, load
 
 JSON_FILE = VECTORS / "ring_all_reduce_presets_v1.json"
 SCHEMA_FILE = VECTORS / "ring_all_reduce_presets_schema_v1.json"

@@ -36,7 +36,7 @@ from ring_ref import core, invariants, schedule
 from ring_ref.core import fold
 from ring_ref.invariants import InvariantViolation, Provenance, State
 from ring_ref.schedule import ALL_GATHER, REDUCE_SCATTER, SPEC, Layout, Phase, RingSchedule
-from tests import faults
+from tests.common import faults
 from tools import prove
 from tools.prove import AG, RS, NumpyOps, Ring, Symbols, Value
 
@@ -414,7 +414,7 @@ def _off_by_one_owned(ring: RingSchedule, i: int, n: int) -> int:
 
 
 def _in_place_forwarding(state: State[Provenance], r: int, ring: RingSchedule) -> State[Provenance]:
-    """``tests/faults.forwarding_reduce_scatter`` on any ring: in place, order 0 .. n-1, forwarding."""
+    """``tests/common/faults.forwarding_reduce_scatter`` on any ring: in place, order 0 .. n-1, forwarding."""
     n = len(state)
     rows = [list(row) for row in state]
     for i in range(n):
@@ -469,7 +469,7 @@ FAULTY_ROUNDS: dict[tuple[str, Phase], Round] = {
     ),
     ("owned-off-by-one", ALL_GATHER): _owned_off_by_one,
 }
-"""The concrete faulty rounds, built from ``ring_ref.core`` (and ``tests/faults.py`` on the spec ring);
+"""The concrete faulty rounds, built from ``ring_ref.core`` (and ``tests/common/faults.py`` on the spec ring);
 every other round of a fault (and every round of extra-round, which only runs one more) is the core's."""
 
 

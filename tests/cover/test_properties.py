@@ -15,8 +15,8 @@ from ring_ref import ring_all_reduce, schedule
 from ring_ref.core import fold, initial_state, provenance_state, run_ring
 from ring_ref.invariants import Provenance, State, is_complete
 from ring_ref.schedule import ALL_GATHER, REDUCE_SCATTER, Phase
-from tests.oracles import bits, exact_sum, ring_fold, same_bits
-from tests.strategies import worker_tensors
+from tests.common.oracles import bits, exact_sum, ring_fold, same_bits
+from tests.common.strategies import worker_tensors
 
 
 @pytest.mark.clause("fold-order", "supported-dtypes", "chunk-layout", "output-shape", "n1-no-rounds")

@@ -13,7 +13,7 @@ import torch
 
 import ring_ref
 from ring_ref import REFERENCE_SLOW_N, SlowReferenceWarning, ring_all_reduce
-from tests.paths import DOCS, ROOT
+from tests.common.paths import DOCS, ROOT
 
 PUBLIC = {
     "ring_ref",

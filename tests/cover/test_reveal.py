@@ -19,7 +19,7 @@ from ring_ref import Engine, RingSchedule, ring_all_reduce
 from ring_ref._order import canonical, format_tree, tree_from_json, tree_to_json
 from ring_ref._reveal import Revealed, RevealError, reveal
 from ring_ref._svg import reveal_svg
-from tests.paths import ROOT
+from tests.common.paths import ROOT
 
 SCHEMA = json.loads((ROOT / "spec" / "reveal.schema.json").read_text(encoding="utf-8"))
 

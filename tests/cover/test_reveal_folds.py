@@ -30,8 +30,8 @@ from ring_ref._order import (
 from ring_ref._reveal import reveal
 from ring_ref._reveal._check import check_on_random_inputs
 from ring_ref._svg import reveal_svg
-from tests import reveal_targets as rt
-from tests.paths import ROOT
+from tests.common import reveal_targets as rt
+from tests.common.paths import ROOT
 
 SCHEMA = json.loads((ROOT / "spec" / "reveal.schema.json").read_text(encoding="utf-8"))
 
@@ -113,7 +113,7 @@ def test_trees_beyond_64_workers_are_told_in_brief() -> None:
 def test_revealed_folds_are_held_as_one_array_each() -> None:
     """Every element of the spec's ring at ``N = 64`` (count probes; element ``e`` folds ``e, e + 1,
     ...``) has its own fold, held as a ``Fold``; the JSON spells each in full, as the loops of
-    ``tests/reveal_targets.py`` do."""
+    ``tests/common/reveal_targets.py`` do."""
     n = 64
     found = reveal(lambda x: ring_all_reduce(x, "fast"), n, n, checks=1)
     assert all(isinstance(tree, Fold) for tree in found.distinct())

@@ -1,6 +1,6 @@
 """``ring-ref reveal`` beyond the set probes: count probes at any ``N``, multiway nodes, ``exact``, ``null``.
 
-Every expected tree comes from ``tests/reveal_targets.py``, built there by
+Every expected tree comes from ``tests/common/reveal_targets.py``, built there by
 plain loops and an independent canonical spelling; none by ``ring_ref._reveal``.
 The call bounds of clause ``reveal-counts`` are asserted at moderate ``N``; the
 ``N = 1024`` cases are ``soak`` (``bench/bench_reveal.py`` measures up to 4096).
@@ -23,8 +23,8 @@ from ring_ref._cli import main
 from ring_ref._reveal import RevealError, reveal
 from ring_ref._svg import reveal_svg
 from ring_ref.difftest._orders import read_order
-from tests import reveal_targets as rt
-from tests.paths import ROOT
+from tests.common import reveal_targets as rt
+from tests.common.paths import ROOT
 
 SCHEMA = json.loads((ROOT / "spec" / "reveal.schema.json").read_text(encoding="utf-8"))
 
@@ -175,7 +175,7 @@ def test_order_files_of_version_2_serve_multiway_and_exact(
 ) -> None:
     for name, n in (("fused_groups", 12), ("wide_accumulator", 5)):
         saved = tmp_path / f"{name}.json"
-        assert main(["reveal", f"tests.reveal_targets:{name}", "-n", str(n), "-m", "4", "--json"]) == 0
+        assert main(["reveal", f"tests.common.reveal_targets:{name}", "-n", str(n), "-m", "4", "--json"]) == 0
         saved.write_text(capsys.readouterr().out, encoding="utf-8")
         doc = json.loads(saved.read_text(encoding="utf-8"))
         jsonschema.validate(doc, SCHEMA)
@@ -184,9 +184,9 @@ def test_order_files_of_version_2_serve_multiway_and_exact(
         if name == "wide_accumulator":
             assert doc["kinds"] == ["exact"] * 4 and trees == [tuple(range(n))] * 4
         common = ["--mode", "exact", "--examples", "15", "--in-process", "--order", str(saved)]
-        assert main(["difftest", f"tests.reveal_targets:{name}", *common]) == 0
+        assert main(["difftest", f"tests.common.reveal_targets:{name}", *common]) == 0
         capsys.readouterr()
-        assert main(["difftest", "tests.reveal_targets:linear_fold", *common]) == 1
+        assert main(["difftest", "tests.common.reveal_targets:linear_fold", *common]) == 1
         capsys.readouterr()
 
 

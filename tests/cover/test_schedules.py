@@ -1,6 +1,6 @@
 """The ring schedule family (spec/schedules.md): sends, fold order, layouts, presets, invariants, bad input.
 
-Expected values come from the spec's own code blocks, from ``tests/oracles.py``
+Expected values come from the spec's own code blocks, from ``tests/common/oracles.py``
 (which imports nothing from ``ring_ref``) or are written out by hand here.
 """
 
@@ -20,16 +20,20 @@ from ring_ref.schedule import (
     ALL_GATHER,
     GLOO,
     OPENMPI_RING,
+    PHASES,
     PRESETS,
     REDUCE_SCATTER,
     SPEC,
     ChainSchedule,
     Layout,
     RingSchedule,
+    Send,
     all_rounds,
+    send_chunk,
+    sends,
 )
+from tests.common.oracles import blocks_bounds, gloo_bounds, same_bits, schedule_fold
 from tests.cover.test_spec_clauses import SPEC_PY
-from tests.oracles import blocks_bounds, gloo_bounds, same_bits, schedule_fold
 
 RINGS = [RingSchedule(d, k, "even") for d in (1, -1) for k in (-1, 0, 1, 2, 5)]
 
@@ -273,7 +277,7 @@ def test_traces_cover_the_family(capsys: pytest.CaptureFixture[str]) -> None:
 
     from ring_ref._cli import main
     from ring_ref._trace import trace, trace_json
-    from tests.paths import ROOT
+    from tests.common.paths import ROOT
 
     schema = json.loads((ROOT / "spec" / "trace.schema.json").read_text(encoding="utf-8"))
     doc = trace_json(trace(3, GLOO), 4, GLOO)
@@ -321,3 +325,37 @@ def test_reduce_scatter_ring_takes_k_equal_d_and_leaves_chunk_r_at_rank_r() -> N
             ring = reduce_scatter_ring(name, n)
             # schedule-family's owned chunk, i - k - (N - 1) d, typed in from the spec
             assert [(i - ring.offset - (n - 1) * ring.direction) % n for i in range(n)] == list(range(n))
+
+
+# ==========================================================================================================
+# The schedule's round listing (``sends``) and each chunk's fold start, against the spec's formulas.
+# ==========================================================================================================
+
+
+SPEC_SEND = {REDUCE_SCATTER: lambda i, r, n: (i - r) % n, ALL_GATHER: lambda i, r, n: (i + 1 - r) % n}
+
+
+@pytest.mark.clause("rs-send-chunk", "ag-send-chunk", "ring-topology")
+@pytest.mark.parametrize("n", [2, 3, 4, 7])
+def test_every_send_of_every_round_of_both_phases_is_the_spec_formula(n: int) -> None:
+    for phase in PHASES:
+        for r in range(n - 1):
+            want = tuple(Send(phase, r, i, (i + 1) % n, SPEC_SEND[phase](i, r, n)) for i in range(n))
+            assert sends(phase, r, n) == want
+            assert [send_chunk(phase, i, r, n) for i in range(n)] == [s.chunk for s in want]
+
+
+@pytest.mark.clause("rs-send-chunk", "ag-send-chunk", "ring-topology")
+@pytest.mark.clause("schedule-family", "schedule-fold-order")
+@pytest.mark.parametrize(
+    "ring",
+    [
+        *(ring for ring in PRESETS.values() if isinstance(ring, RingSchedule)),
+        RingSchedule(1, 3, "even"),
+        RingSchedule(-1, 2, "blocks"),
+    ],
+)
+def test_each_chunks_fold_starts_at_worker_c_plus_k(ring: RingSchedule) -> None:
+    for n in range(1, 8):
+        for c in range(n):
+            assert ring.fold_start(c, n) == (c + ring.offset) % n == ring.fold_order(c, n)[0]

@@ -19,8 +19,8 @@ import torch
 
 from ring_ref import core, invariants, ring_all_reduce, schedule
 from ring_ref.schedule import ALL_GATHER, REDUCE_SCATTER
-from tests.dotted import resolve
-from tests.paths import ROOT, SPEC_DOCS
+from tests.common.dotted import resolve
+from tests.common.paths import ROOT, SPEC_DOCS
 
 CLAUSE_HEADING = re.compile(r"^### `([a-z0-9]+(?:-[a-z0-9]+)*)` — ", re.MULTILINE)
 

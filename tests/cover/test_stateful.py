@@ -40,7 +40,7 @@ from ring_ref.core import (
 )
 from ring_ref.invariants import State
 from ring_ref.schedule import ALL_GATHER, REDUCE_SCATTER, Phase
-from tests.faults import adding_all_gather, forwarding_reduce_scatter, wrong_chunk_reduce_scatter
+from tests.common.faults import adding_all_gather, forwarding_reduce_scatter, wrong_chunk_reduce_scatter
 
 pytestmark = pytest.mark.clause(
     "inv-rs-provenance", "inv-ag-provenance", "inv-finished-chunks", "rs-add", "ag-copy-not-add"

@@ -12,8 +12,8 @@ import pytest
 
 from ring_ref._svg import rounds_svg, slot_colour
 from ring_ref._trace import trace
-from tests.oracles import spec_slot
-from tests.paths import ROOT
+from tests.common.oracles import spec_slot
+from tests.common.paths import ROOT
 
 NS = "{http://www.w3.org/2000/svg}"
 DOC = ROOT / "docs" / "ring-n4.svg"

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from ring_ref._cli import main
 from ring_ref._trace import render_table, trace, trace_json
-from tests.oracles import spec_slot
-from tests.paths import ROOT
+from tests.common.oracles import spec_slot
+from tests.common.paths import ROOT
 
 SCHEMA = json.loads((ROOT / "spec" / "trace.schema.json").read_text(encoding="utf-8"))
 

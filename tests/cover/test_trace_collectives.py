@@ -17,7 +17,7 @@ import pytest
 from ring_ref._cli import main
 from ring_ref._trace import render_table, trace, trace_json
 from ring_ref.schedule import RingSchedule
-from tests.paths import ROOT
+from tests.common.paths import ROOT
 
 SCHEMA = json.loads((ROOT / "spec" / "trace.schema.json").read_text(encoding="utf-8"))
 

@@ -17,8 +17,8 @@ import pytest
 from ring_ref._cli import main
 from ring_ref._svg import rounds_svg
 from ring_ref._trace import render_table, trace, trace_json
-from tests.oracles import spec_slot
-from tests.paths import ROOT
+from tests.common.oracles import spec_slot
+from tests.common.paths import ROOT
 
 SCHEMA = json.loads((ROOT / "spec" / "trace.schema.json").read_text(encoding="utf-8"))
 NS = "{http://www.w3.org/2000/svg}"

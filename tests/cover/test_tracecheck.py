@@ -21,8 +21,8 @@ from ring_ref._tracecheck import (
     first_mismatch,
 )
 from ring_ref.testing import assert_matches_reference
-from tests.oracles import ring_fold, same_bits
-from tests.strategies import worker_tensors
+from tests.common.oracles import ring_fold, same_bits
+from tests.common.strategies import worker_tensors
 
 
 def plain_ring(

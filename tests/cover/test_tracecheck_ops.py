@@ -1,6 +1,6 @@
 """The round-by-round check for every reduction op (clause ``op-trace``).
 
-The implementations checked are ``tests/op_rings.py``'s ring, typed in from the
+The implementations checked are ``tests/common/op_rings.py``'s ring, typed in from the
 spec, with its planted faults.  Each fault's expected first difference
 ``(phase, round, worker, slot)`` is derived by hand in the test's docstring
 from the schedule (reduce-scatter round ``r``: worker ``i`` receives chunk
@@ -25,9 +25,9 @@ from ring_ref._tracecheck import (
     first_mismatch,
     reference_rounds,
 )
-from tests.op_rings import op_ring
-from tests.oracles import ring_fold_op, same_bits
-from tests.strategies import worker_tensors
+from tests.common.op_rings import op_ring
+from tests.common.oracles import ring_fold_op, same_bits
+from tests.common.strategies import worker_tensors
 
 OPS = ("sum", "prod", "max", "min", "avg")
 

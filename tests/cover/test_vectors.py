@@ -3,7 +3,7 @@
 The C consumer has its own module, ``tests/nocover/test_c_consumer.py``.
 
 Every expected value in ``spec/vectors`` is re-derived here without
-``ring_ref``: results with ``tests.oracles.ring_fold``, per-round buffers with
+``ring_ref``: results with ``tests.common.oracles.ring_fold``, per-round buffers with
 the spec's provenance closed forms folded in the dtype, bit patterns decoded by
 reinterpreting integers.
 """
@@ -20,8 +20,8 @@ import torch
 
 from ring_ref._cli import main
 from ring_ref._vectors import _ops, _presets, _sums
-from tests.oracles import DTYPES, exact_sum, ring_fold, spec_slot
-from tests.vector_files import (
+from tests.common.oracles import DTYPES, exact_sum, ring_fold, spec_slot
+from tests.common.vector_files import (
     VECTORS,
     check_regenerated,
     check_schema_rejects,

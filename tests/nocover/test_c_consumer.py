@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import torch
 
-from tests.oracles import bits
-from tests.paths import ROOT
+from tests.common.oracles import bits
+from tests.common.paths import ROOT
 
 TEXT_FILE = ROOT / "spec" / "vectors" / "ring_all_reduce_v1.txt"
 DOC: dict[str, Any] = json.loads(

@@ -1,7 +1,7 @@
 """The chain (spec/schedules.md) across processes: gloo groups of 2 to 4 ranks, ``ring_hook``, and MPI.
 
 Every rank must end with the left fold over the ranks' inputs in rank order, bit
-for bit, for any ``M``; the oracle is :func:`tests.oracles.left_fold`, which
+for bit, for any ``M``; the oracle is :func:`tests.common.oracles.left_fold`, which
 imports nothing from ``ring_ref``.  Inputs are drawn by Hypothesis in the parent
 and shipped to long-lived groups (one per world size).
 """
@@ -26,8 +26,8 @@ from ring_ref._ranks import _plans
 from ring_ref.distributed import RingHookState, ring_all_reduce_, ring_hook
 from ring_ref.mpi import ring_all_reduce_ as mpi_ring_all_reduce_
 from ring_ref.schedule import ChainSchedule
-from tests.oracles import left_fold, same_bits
-from tests.processes import Jobs
+from tests.common.oracles import left_fold, same_bits
+from tests.common.processes import Jobs
 
 CALL_TIMEOUT_S = 120.0
 OPS = ("sum", "prod", "max", "min", "avg")

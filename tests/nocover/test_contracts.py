@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from tests.paths import ROOT
+from tests.common.paths import ROOT
 
 
 @pytest.mark.clause("ag-copy-not-add", "rs-add")

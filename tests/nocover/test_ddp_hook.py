@@ -32,7 +32,7 @@ from ring_ref import ring_all_reduce
 from ring_ref._processes._gloo import ProcessRing
 from ring_ref.distributed import RingHookState, ring_hook
 from ring_ref.schedule import PRESETS
-from tests.oracles import fold, same_bits
+from tests.common.oracles import fold, same_bits
 
 STEPS = 3
 LOCAL_BATCH = 4

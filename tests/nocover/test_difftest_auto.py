@@ -17,10 +17,10 @@ COMMON = ["--mode", "exact", "--schedule", "auto", "--examples", "6", "--seed", 
     ("target", "fitted"),
     [
         ("ring_ref:ring_all_reduce", "the spec schedule's order"),
-        ("tests.planted_impls:fast_engine", "the spec schedule's order"),
-        ("tests.planted_impls:even_ring_ignoring_the_remainder", "the spec schedule's order"),
-        ("tests.planted_impls:openmpi_ring_preset", "the openmpi-ring schedule's order"),
-        ("tests.planted_impls:gloo_preset", "the gloo schedule's order"),
+        ("tests.common.planted_impls:fast_engine", "the spec schedule's order"),
+        ("tests.common.planted_impls:even_ring_ignoring_the_remainder", "the spec schedule's order"),
+        ("tests.common.planted_impls:openmpi_ring_preset", "the openmpi-ring schedule's order"),
+        ("tests.common.planted_impls:gloo_preset", "the gloo schedule's order"),
     ],
 )
 def test_auto_passes_the_reference_and_the_presets_and_names_the_fitted_ring(

@@ -30,10 +30,10 @@ from ring_ref.difftest._mpi import MpiRanks
 from ring_ref.difftest._orders import per_rank_target
 from ring_ref.difftest._search import run_mode
 from ring_ref.difftest._vocabulary import Collective, Mode
-from tests import planted_mpi, planted_rank_impls
-from tests.oracles import same_bits
-from tests.planted_rank_impls import RankImpl
-from tests.processes import Jobs
+from tests.common import planted_mpi, planted_rank_impls
+from tests.common.oracles import same_bits
+from tests.common.planted_rank_impls import RankImpl
+from tests.common.processes import Jobs
 
 pytestmark = pytest.mark.clause("difftest-collectives")
 
@@ -131,7 +131,9 @@ def jobs() -> Iterator[Jobs]:
 def _run(
     jobs: Jobs, target: str, collective: Collective, mode: Mode, *, dtypes: tuple[torch.dtype, ...]
 ) -> str:
-    launcher = MpiRanks(f"tests.planted_mpi:{target}", 60.0, rings={r.world_size: r for r in jobs.rings})
+    launcher = MpiRanks(
+        f"tests.common.planted_mpi:{target}", 60.0, rings={r.world_size: r for r in jobs.rings}
+    )
     try:
         result = run_mode(
             launcher, mode, examples=4, seed=1, max_workers=2, dtypes=dtypes, collective=collective
@@ -155,7 +157,9 @@ def test_openmpi_allgather_copies_and_reduce_scatter_block_sums_one_tree(jobs: J
     assert _run(jobs, "openmpi_allgather", "all-gather", "exact", dtypes=wide) == "pass"
     assert _run(jobs, "openmpi_reduce_scatter_block", "reduce-scatter", "order-free", dtypes=wide) == "pass"
     launcher = MpiRanks(
-        "tests.planted_mpi:openmpi_reduce_scatter_block", 60.0, rings={r.world_size: r for r in jobs.rings}
+        "tests.common.planted_mpi:openmpi_reduce_scatter_block",
+        60.0,
+        rings={r.world_size: r for r in jobs.rings},
     )
     try:
         found = reveal(per_rank_target(launcher, "reduce-scatter"), 4, 8, "float32")

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from ring_ref.difftest import DTYPES, difftest
-from tests.paths import ROOT
+from tests.common.paths import ROOT
 
 SCHEMA = json.loads((ROOT / "spec" / "difftest_report.schema.json").read_text(encoding="utf-8"))
 README = (ROOT / "README.md").read_text(encoding="utf-8")

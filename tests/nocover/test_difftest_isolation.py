@@ -16,9 +16,9 @@ import ring_ref
 from ring_ref._cli import main
 from ring_ref.difftest import difftest
 from ring_ref.difftest._oracles import check_values
-from tests import planted_impls
-from tests.paths import ROOT
-from tests.planted_impls import Impl
+from tests.common import planted_impls
+from tests.common.paths import ROOT
+from tests.common.planted_impls import Impl
 
 SCHEMA = json.loads((ROOT / "spec" / "difftest_report.schema.json").read_text(encoding="utf-8"))
 ORIGINAL_RING_ALL_REDUCE = ring_ref.ring_all_reduce
@@ -40,7 +40,7 @@ WORDS: dict[Impl, str] = {
 @pytest.mark.clause("difftest-isolation", "difftest-report")
 @pytest.mark.parametrize("bug", list(planted_impls.MISBEHAVING), ids=lambda f: f.__name__)
 def test_misbehaving_target_gets_its_code_and_exit_1(bug: Impl, capfd: pytest.CaptureFixture[str]) -> None:
-    target = f"tests.planted_impls:{bug.__name__}"
+    target = f"tests.common.planted_impls:{bug.__name__}"
     args = ["difftest", target, "--examples", "30", "--max-workers", "3", "--seed", "3", "--timeout", "1"]
     status = main([*args, "--json"])
     captured = capfd.readouterr()
@@ -96,7 +96,14 @@ def test_the_tester_process_ends_with_the_checks(bug: Impl, status: int, tmp_pat
     pidfile = tmp_path / "pids"
     options = ["--mode", "bound", "--examples", "3", "--seed", "1", "--json"]
     run = subprocess.run(
-        [sys.executable, "-m", "ring_ref", "difftest", f"tests.planted_impls:{bug.__name__}", *options],
+        [
+            sys.executable,
+            "-m",
+            "ring_ref",
+            "difftest",
+            f"tests.common.planted_impls:{bug.__name__}",
+            *options,
+        ],
         cwd=ROOT,
         env={**os.environ, "RING_REF_TEST_PIDFILE": str(pidfile)},
         capture_output=True,

@@ -2,7 +2,7 @@
 
 Each test starts a real job (its ranks are processes of the launcher, never of
 the tester) and reads what the job printed and its exit status; the planted
-per-rank bugs of ``tests/planted_rank_impls.py`` must get the codes they get
+per-rank bugs of ``tests/common/planted_rank_impls.py`` must get the codes they get
 under ``--ranks gloo`` (``EXPECTED``, checked there by ``test_difftest_ranks.py``).
 """
 
@@ -23,8 +23,8 @@ import pytest
 from ring_ref._processes._mpi_job import mpirun_path
 from ring_ref.difftest import difftest
 from ring_ref.difftest._job import JOB_GRACE_S
-from tests import job_codes, mpi_job_codes, planted_group_impls, planted_mpi, planted_rank_impls
-from tests.paths import ROOT
+from tests.common import job_codes, mpi_job_codes, planted_group_impls, planted_mpi, planted_rank_impls
+from tests.common.paths import ROOT
 
 pytestmark = pytest.mark.clause("difftest-job")
 
@@ -93,7 +93,7 @@ def _job_cli(command: str, target: str, *options: str) -> list[str]:
 
 
 def _difftest(target: str, *options: str) -> list[str]:
-    return _job_cli("difftest", f"tests.planted_rank_impls:{target}", *options)
+    return _job_cli("difftest", f"tests.common.planted_rank_impls:{target}", *options)
 
 
 def _free_port() -> int:
@@ -105,14 +105,15 @@ def _free_port() -> int:
 def test_planted_codes_in_a_job_of_four_match_gloo_at_four(tmp_path: Path) -> None:
     """The table of the docs page: every planted per-rank bug and correct target, ``gloo`` vs ``job``, N = 4;
     from inside the job, through the Python API, and every rank gets the same report and assertion."""
-    done = _torchrun(4, ["-m", "tests.job_codes", str(tmp_path)], 400)
+    done = _torchrun(4, ["-m", "tests.common.job_codes", str(tmp_path)], 400)
     assert done.returncode == 0, done.stderr[-4000:]
     ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(4)]
     assert all(r == ranks[0] for r in ranks), ranks
     expected = {
-        f"tests.planted_rank_impls:{f.__name__}": [code] for f, code in planted_rank_impls.EXPECTED.items()
+        f"tests.common.planted_rank_impls:{f.__name__}": [code]
+        for f, code in planted_rank_impls.EXPECTED.items()
     }
-    expected.update({f"tests.planted_rank_impls:{name}": [] for name in job_codes.CORRECT})
+    expected.update({f"tests.common.planted_rank_impls:{name}": [] for name in job_codes.CORRECT})
     for target, codes in ranks[0]["codes"].items():
         assert codes == expected[target], target
         gloo = difftest(
@@ -120,7 +121,7 @@ def test_planted_codes_in_a_job_of_four_match_gloo_at_four(tmp_path: Path) -> No
         )
         assert gloo.diagnoses == codes, (target, gloo.render())
     assert set(ranks[0]["codes"]) == set(expected) - {
-        f"tests.planted_rank_impls:{t}" for t in job_codes.ENDS_THE_JOB
+        f"tests.common.planted_rank_impls:{t}" for t in job_codes.ENDS_THE_JOB
     }
     assertion = ranks[0]["assertion"]
     assert assertion.startswith("FAIL: ") and "double-counted" in assertion
@@ -196,7 +197,7 @@ def test_openmpi_variables_under_mpirun() -> None:
     ]
     done = _run([*cmd, sys.executable, *_difftest("plain_ring", "--examples", "5", "--seed", "2")], 400)
     assert done.returncode == 0, (done.stdout, done.stderr[-3000:])
-    assert done.stdout.count("PASS: tests.planted_rank_impls:plain_ring") == 1
+    assert done.stdout.count("PASS: tests.common.planted_rank_impls:plain_ring") == 1
     assert "--max-workers 4" in done.stdout
 
 
@@ -204,12 +205,12 @@ def test_planted_mpi_codes_in_an_mpi_job_of_four(tmp_path: Path) -> None:
     """``--ranks mpi-job`` under ``mpirun -n 4``: each planted bug's code (``planted_mpi.EXPECTED``, as
     ``test_difftest_mpi.py`` checks under ``--ranks mpi``), the correct ring passing; alike on every rank."""
     cmd = [*_mpirun(4), "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS", "-x", "MASTER_ADDR=127.0.0.1"]
-    done = _run([*cmd, sys.executable, "-m", "tests.mpi_job_codes", str(tmp_path)], 500)
+    done = _run([*cmd, sys.executable, "-m", "tests.common.mpi_job_codes", str(tmp_path)], 500)
     assert done.returncode == 0, (done.stdout, done.stderr[-3000:])
     ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(4)]
     assert all(r == ranks[0] for r in ranks), ranks
-    expected = {f"tests.planted_mpi:{name}": [code] for name, code in planted_mpi.EXPECTED.items()}
-    expected["tests.planted_mpi:plain_ring"] = []
+    expected = {f"tests.common.planted_mpi:{name}": [code] for name, code in planted_mpi.EXPECTED.items()}
+    expected["tests.common.planted_mpi:plain_ring"] = []
     assert ranks[0] == {t: expected[t] for t in mpi_job_codes.targets()}
 
 
@@ -217,7 +218,15 @@ def test_planted_mpi_codes_in_an_mpi_job_of_four(tmp_path: Path) -> None:
 def test_an_mpi_job_that_hangs_or_raises_ends_with_a_report(bug: str) -> None:
     timeout = 4.0
     cmd = [*_mpirun(4), "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS", "-x", "MASTER_ADDR=127.0.0.1"]
-    cmd += [sys.executable, "-m", "ring_ref", "difftest", "--ranks", "mpi-job", f"tests.planted_mpi:{bug}"]
+    cmd += [
+        sys.executable,
+        "-m",
+        "ring_ref",
+        "difftest",
+        "--ranks",
+        "mpi-job",
+        f"tests.common.planted_mpi:{bug}",
+    ]
     started = time.monotonic()
     done = _run(
         [*cmd, "--mode", "bound", "--examples", "3", "--seed", "1", "--timeout", f"{timeout:g}", "--json"],
@@ -246,7 +255,7 @@ def test_a_rank_that_dies_under_mpirun_is_reported_crashed(ranks: str) -> None:
     other ranks within about 2 s, and rank 0 has printed the ``crashed`` report, rank 1 named, by then;
     with mpirun's own options only (no option of the user's keeps the ranks alive)."""
     cmd = [*_mpirun(4), "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS", "-x", "MASTER_ADDR=127.0.0.1"]
-    module = "tests.planted_mpi" if ranks == "mpi-job" else "tests.planted_rank_impls"
+    module = "tests.common.planted_mpi" if ranks == "mpi-job" else "tests.common.planted_rank_impls"
     cmd += ["-x", f"MASTER_PORT={_free_port()}", sys.executable, "-m", "ring_ref", "difftest", "--ranks"]
     done = _run([*cmd, ranks, f"{module}:exits_mid_call", "--examples", "5", "--seed", "1", "--json"], 300)
     assert done.stdout, f"no report; mpirun said:\n{done.stderr[-3000:]}"
@@ -288,7 +297,7 @@ def _odd_group_bug_found_at_three(doc: dict[str, object]) -> None:
 def test_subgroups_find_a_bug_that_only_a_subgroup_of_three_shows() -> None:
     """``torchrun`` N = 4 with ``--subgroups``: the bug of odd group sizes is found at N = 3, on a
     ``new_group`` subgroup; the report says which N were tested."""
-    bug = "tests.planted_group_impls:odd_group_last_rank_keeps_input"
+    bug = "tests.common.planted_group_impls:odd_group_last_rank_keeps_input"
     options = ("--subgroups", "--mode", "bound", "--examples", "20", "--seed", "1", "--json")
     done = _torchrun(4, _job_cli("difftest", bug, *options), 300)
     assert done.returncode == 1, done.stderr[-3000:]
@@ -299,7 +308,7 @@ def test_a_hang_in_a_subgroup_ends_the_job_with_a_report() -> None:
     """A fault in a subgroup case is reported like any other: rank 1 of the pair left waiting is
     ``timed-out`` with its stack, the ranks outside the pair are let go too, and every rank exits 1."""
     timeout = 4.0
-    bug = "tests.planted_group_impls:pair_rank_0_skips_the_call"
+    bug = "tests.common.planted_group_impls:pair_rank_0_skips_the_call"
     options = ("--subgroups", "--mode", "bound", "--examples", "20", "--seed", "1", "--json")
     started = time.monotonic()
     done = _torchrun(4, _job_cli("difftest", bug, *options, "--timeout", f"{timeout:g}"), 300)
@@ -313,9 +322,9 @@ def test_a_hang_in_a_subgroup_ends_the_job_with_a_report() -> None:
 
 
 def test_subgroups_from_every_rank_through_the_python_api(tmp_path: Path) -> None:
-    """Inside a job of 4 (``tests/subgroup_codes.py``): the bug passes at N = 4 alone and fails with
+    """Inside a job of 4 (``tests/common/subgroup_codes.py``): the bug passes at N = 4 alone and fails with
     ``subgroups=True``; the correct target passes at every N; a group of 2 of the 4 ranks is refused."""
-    done = _torchrun(4, ["-m", "tests.subgroup_codes", str(tmp_path)], 400)
+    done = _torchrun(4, ["-m", "tests.common.subgroup_codes", str(tmp_path)], 400)
     assert done.returncode == 0, done.stderr[-4000:]
     ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(4)]
     assert [{k: v for k, v in r.items() if k != "pair"} for r in ranks[1:]] == [
@@ -331,7 +340,7 @@ def test_subgroups_from_every_rank_through_the_python_api(tmp_path: Path) -> Non
 def test_subgroups_refuse_a_target_without_group_on_every_rank() -> None:
     """A target that cannot take ``group=`` is a usage error: exit 2 on every rank, the reason named."""
     port = str(_free_port())
-    target = "tests.planted_group_impls:takes_no_group"
+    target = "tests.common.planted_group_impls:takes_no_group"
     cmd = [sys.executable, *_job_cli("difftest", target, "--subgroups", "--examples", "3")]
     envs = [
         {"SLURM_PROCID": str(rank), "SLURM_NTASKS": "2", "SLURM_LOCALID": str(rank), "MASTER_PORT": port}
@@ -346,8 +355,8 @@ def test_subgroups_refuse_a_target_without_group_on_every_rank() -> None:
 @pytest.mark.parametrize(
     ("target", "status"),
     [
-        ("tests.planted_group_impls:mpi_odd_group_last_rank_keeps_input", 1),
-        ("tests.planted_mpi:plain_ring", 0),
+        ("tests.common.planted_group_impls:mpi_odd_group_last_rank_keeps_input", 1),
+        ("tests.common.planted_mpi:plain_ring", 0),
     ],
 )
 def test_subgroups_in_an_mpi_job_of_four(target: str, status: int) -> None:

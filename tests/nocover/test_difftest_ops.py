@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from ring_ref.difftest import difftest
-from tests import planted_rank_impls
-from tests.planted_rank_impls import RankImpl
+from tests.common import planted_rank_impls
+from tests.common.planted_rank_impls import RankImpl
 
 pytestmark = pytest.mark.clause("difftest-ops")
 

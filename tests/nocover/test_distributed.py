@@ -4,7 +4,7 @@ One process group per world size (2, 3 and 4 processes) is spawned once per
 module and reused by every case.  Each rank reduces its own row of a stacked
 input in place; the parent compares every rank's bits with the simulation
 ``ring_ref.ring_all_reduce`` *and* with the independent closed-form fold
-``tests.oracles.ring_fold``.
+``tests.common.oracles.ring_fold``.
 """
 
 from __future__ import annotations
@@ -32,9 +32,10 @@ from ring_ref._processes._gloo import ProcessRing, RankError
 from ring_ref._ranks import _plans, _transport
 from ring_ref.distributed import ring_all_reduce_
 from ring_ref.testing import assert_matches_reference
-from tests.faults import failing_add
-from tests.oracles import ring_fold, same_bits
-from tests.paths import ROOT
+from tests.common.faults import failing_add
+from tests.common.oracles import ring_fold, same_bits
+from tests.common.paths import ROOT
+from tests.common.processes import Rings
 
 # The example script is imported by name here and, through sys.path (spawned ranks inherit it), on every rank.
 sys.path.insert(0, str(ROOT / "examples"))
@@ -112,28 +113,9 @@ def reduce_in_subgroup(rank: int, world_size: int, payload: tuple[tuple[int, ...
     return mine
 
 
-class Rings:
-    """One lazily spawned, reused :class:`ProcessRing` per world size, all closed at module end."""
-
-    def __init__(self) -> None:
-        self._rings: dict[int, ProcessRing] = {}
-
-    def __call__(self, n: int) -> ProcessRing:
-        if n not in self._rings:
-            self._rings[n] = ProcessRing(n, group_timeout_s=GROUP_TIMEOUT_S)
-        return self._rings[n]
-
-    def close(self) -> None:
-        """Close every ring; each rank still running must exit on its own with status 0 (no kill)."""
-        procs = [proc for ring in self._rings.values() for proc in ring._procs]
-        for ring in self._rings.values():
-            ring.close()
-        assert [proc.exitcode for proc in procs] == [0] * len(procs), "a rank did not shut down cleanly"
-
-
 @pytest.fixture(scope="module")
 def rings() -> Iterator[Rings]:
-    pool = Rings()
+    pool = Rings(GROUP_TIMEOUT_S)
     yield pool
     pool.close()
 

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from ring_ref import OPS, ring_all_reduce
 from ring_ref._processes._gloo import ProcessRing
 from ring_ref.distributed import ring_all_reduce_
-from tests.oracles import ring_fold_op, same_bits
+from tests.common.oracles import ring_fold_op, same_bits
 
 N = 3
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)

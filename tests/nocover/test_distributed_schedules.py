@@ -3,7 +3,7 @@
 One process group per world size (2, 3 and 4 processes) runs many cases in one
 call.  Each rank reduces its own row of a stacked input; the parent compares
 every rank's bits with the simulation ``ring_all_reduce(x, schedule=...)`` and
-with ``tests.oracles.schedule_fold`` on layouts typed in from the spec
+with ``tests.common.oracles.schedule_fold`` on layouts typed in from the spec
 (``blocks_bounds``, ``gloo_bounds``).  ``schedule="gloo"`` is also compared with
 ``torch.distributed.all_reduce`` itself on the same ranks.
 """
@@ -28,7 +28,7 @@ from ring_ref._processes._gloo import ProcessRing
 from ring_ref._ranks import _plans, _torch
 from ring_ref.distributed import RingHookState, ring_all_reduce_, ring_hook
 from ring_ref.schedule import RingSchedule
-from tests.oracles import blocks_bounds, gloo_bounds, same_bits, schedule_fold
+from tests.common.oracles import blocks_bounds, gloo_bounds, same_bits, schedule_fold
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 CALL_TIMEOUT_S = 120.0

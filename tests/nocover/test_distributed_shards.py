@@ -22,12 +22,12 @@ from unittest import mock
 import pytest
 import torch
 
-from ring_ref._processes._gloo import ProcessRing
 from ring_ref._ranks import _plans, _transport
 from ring_ref.distributed import ring_all_gather_, ring_all_reduce_, ring_reduce_scatter_
 from ring_ref.schedule import RingSchedule
-from tests.faults import failing_add
-from tests.oracles import bits, same_bits, shard_fold, special_values
+from tests.common.faults import failing_add
+from tests.common.oracles import bits, same_bits, shard_fold, special_values
+from tests.common.processes import Rings
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 GROUP_TIMEOUT_S = 120.0
@@ -50,25 +50,9 @@ def stacked(n: int, shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> to
     return (torch.randn(full, generator=gen, dtype=torch.float64) * scale).to(dtype)
 
 
-class Rings:
-    """One lazily spawned, reused :class:`ProcessRing` per world size, all closed at module end."""
-
-    def __init__(self) -> None:
-        self._rings: dict[int, ProcessRing] = {}
-
-    def __call__(self, n: int) -> ProcessRing:
-        if n not in self._rings:
-            self._rings[n] = ProcessRing(n, group_timeout_s=GROUP_TIMEOUT_S)
-        return self._rings[n]
-
-    def close(self) -> None:
-        for ring in self._rings.values():
-            ring.close()
-
-
 @pytest.fixture(scope="module")
 def rings() -> Iterator[Rings]:
-    pool = Rings()
+    pool = Rings(GROUP_TIMEOUT_S)
     yield pool
     pool.close()
 

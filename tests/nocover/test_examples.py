@@ -12,7 +12,7 @@ from ring_ref import ring_all_reduce
 from ring_ref.core import initial_state, run_ring
 from ring_ref.invariants import Provenance, State
 from ring_ref.schedule import Phase
-from tests.oracles import ring_fold, same_bits
+from tests.common.oracles import ring_fold, same_bits
 
 
 @pytest.mark.clause("worked-example", "rs-owned-chunk", "ag-complete")

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.paths import ROOT
+from tests.common.paths import ROOT
 
 pytestmark = pytest.mark.clause("fold-order")
 

@@ -23,7 +23,7 @@ from torch import nn
 from ring_ref._processes._gloo import ProcessRing
 from ring_ref.distributed import RingAllGather, RingReduceScatter, ring_hook
 from ring_ref.schedule import RingSchedule
-from tests.oracles import same_bits
+from tests.common.oracles import same_bits
 
 LR, MOMENTUM = 2.0**-3, 0.5
 STEPS = 4

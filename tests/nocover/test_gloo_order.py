@@ -17,7 +17,7 @@ from ring_ref import ring_all_reduce
 from ring_ref._processes._gloo import ProcessRing
 from ring_ref._reveal import reveal
 from ring_ref.difftest._oracles import ExactOrder
-from tests.oracles import same_bits
+from tests.common.oracles import same_bits
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 

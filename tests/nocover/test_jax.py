@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from filelock import FileLock
 
-from tests.paths import ROOT
-from tests.planted_jax import PLANTED
+from tests.common.paths import ROOT
+from tests.common.planted_jax import PLANTED
 
 
 def _python(code: str, timeout_s: float = 500.0) -> Any:
@@ -61,7 +61,7 @@ target = "ring_ref.targets:jax_psum"
 found["ops"] = {f"{op} {mode}": codes(target, mode, op=op)
                 for op, mode in [("avg", "order-free"), ("max", "exact"), ("max", "order-free"),
                                  ("min", "exact"), ("min", "order-free"), ("prod", "bound")]}
-found["planted"] = {name: codes("tests.planted_jax:" + name, "bound") for name in PLANTED}
+found["planted"] = {name: codes("tests.common.planted_jax:" + name, "bound") for name in PLANTED}
 print(json.dumps(found))
 """
 

@@ -16,8 +16,8 @@ from typing import Any
 import jsonschema  # type: ignore[import-untyped]
 import pytest
 
-from tests.paths import ROOT
-from tests.planted_jax import PLANTED_RANKS
+from tests.common.paths import ROOT
+from tests.common.planted_jax import PLANTED_RANKS
 
 SCHEMA = json.loads((ROOT / "spec" / "difftest_report.schema.json").read_text(encoding="utf-8"))
 
@@ -81,13 +81,13 @@ def test_multi_process_psum_passes_exact_against_gloo_but_in_bfloat16() -> None:
 @pytest.mark.clause("jax-planted", "jax-ranks")
 def test_a_process_returning_other_bits_is_ranks_disagree() -> None:
     for name, code in PLANTED_RANKS.items():
-        args = ["difftest", "--ranks", "jax", f"tests.planted_jax:{name}", "--mode", "order-free"]
+        args = ["difftest", "--ranks", "jax", f"tests.common.planted_jax:{name}", "--mode", "order-free"]
         doc = _ring_ref(*args, "--examples", "10", "--seed", "3", "--max-workers", "3", status=1)
         jsonschema.validate(doc, SCHEMA)
         assert doc["diagnoses"] == [code]
         cex = doc["modes"]["order-free"]["counterexample"]
         assert cex["ranks"] == [cex["n"] - 1]  # the last process, the one the bug is planted in
-        assert doc["replay"].startswith(f"ring-ref difftest --ranks jax tests.planted_jax:{name}")
+        assert doc["replay"].startswith(f"ring-ref difftest --ranks jax tests.common.planted_jax:{name}")
 
 
 @pytest.mark.clause("jax-ranks")
@@ -101,7 +101,14 @@ def test_ops_reach_a_jax_rank_by_name() -> None:
 
 @pytest.mark.clause("jax-ranks")
 def test_a_hung_process_is_timed_out_with_every_ranks_stack() -> None:
-    args = ["difftest", "--ranks", "jax", "tests.planted_jax:psum_ranks_process_1_hangs", "--timeout", "5"]
+    args = [
+        "difftest",
+        "--ranks",
+        "jax",
+        "tests.common.planted_jax:psum_ranks_process_1_hangs",
+        "--timeout",
+        "5",
+    ]
     doc = _ring_ref(
         *args, "--mode", "bound", "--examples", "2", "--seed", "3", "--max-workers", "2", status=1
     )

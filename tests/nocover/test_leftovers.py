@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from tests.leftovers import become_subreaper, left_behind
+from tests.common.leftovers import become_subreaper, left_behind
 
 
 def test_a_forgotten_child_is_reported_and_an_ended_one_is_not() -> None:

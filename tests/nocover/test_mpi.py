@@ -5,7 +5,7 @@ selected, serves every bit-for-bit test for N = 1 .. 4 through sub-communicators
 (``comm.Split``); a job of 2 ranks serves the failure tests, the ones that
 kill it last.  Every rank's bits are compared with the simulation
 ``ring_ref.ring_all_reduce`` *and* with the independent closed-form fold
-``tests.oracles.ring_fold``.  Each call is bounded by a timeout, and every
+``tests.common.oracles.ring_fold``.  Each call is bounded by a timeout, and every
 job's processes must be gone when its fixture closes it.
 
 Requires OpenMPI and mpi4py (``make test`` installs them: tools/ensure_mpi.sh
@@ -32,9 +32,9 @@ from ring_ref.difftest._mpi import MpiRanks
 from ring_ref.mpi import openmpi_allreduce_mca, ring_all_reduce_
 from ring_ref.schedule import RingSchedule
 from ring_ref.targets import mpi_allreduce
-from tests import planted_mpi
-from tests.oracles import ring_fold, same_bits
-from tests.processes import Jobs, gone
+from tests.common import planted_mpi
+from tests.common.oracles import ring_fold, same_bits
+from tests.common.processes import Jobs, gone
 
 Array = npt.NDArray[Any]
 DTYPES = (np.float16, np.float32, np.float64)
@@ -276,7 +276,8 @@ def test_openmpi_ring_algorithm_on_any_size_is_the_fold_of_its_element_blocks(
 
 
 def test_the_planted_bugs_base_ring_is_the_spec_and_each_bug_changes_it(jobs: Jobs, world4: MpiRing) -> None:
-    """``tests/planted_mpi.py``: its plain ring gives the spec's bits; each planted bug changes them."""
+    """``tests/common/planted_mpi.py``: its plain ring gives the spec's bits; each planted bug changes
+    them."""
     xs = [stacked(n, 2, (), dtype, seed=50 + n) for n in (2, 3, 4) for dtype in DTYPES]
     per_rank = jobs.run(world4, planted_rows, ("plain_ring", xs))
     for k, x in enumerate(xs):
@@ -458,9 +459,9 @@ def test_a_per_rank_target_is_called_on_every_rank_by_name(world4: MpiRing) -> N
     for name, returned_none, right in [
         ("ring_ref.mpi:ring_all_reduce_", False, True),
         ("ring_ref.targets:mpi_allreduce", True, True),  # the job runs OpenMPI's ring algorithm
-        ("tests.planted_mpi:plain_ring", True, True),
-        ("tests.planted_mpi:gather_adds", True, False),
-        ("tests.planted_mpi:chunk_off_by_one", True, False),
+        ("tests.common.planted_mpi:plain_ring", True, True),
+        ("tests.common.planted_mpi:gather_adds", True, False),
+        ("tests.common.planted_mpi:chunk_off_by_one", True, False),
     ]:
         call = MpiRanks(name, CALL_TIMEOUT_S, rings={4: world4}).call(_case(x))
         assert call.failure is None and len(call.answers) == 4, name
@@ -472,7 +473,9 @@ def test_a_per_rank_target_is_called_on_every_rank_by_name(world4: MpiRing) -> N
             assert np.array_equal(got, expected) == right, (name, rank, got)
             assert answer.argument is not None and answer.argument.values is not None
             assert np.array_equal(answer.argument.values.numpy(), got), "in place: the argument is the result"
-    missing = MpiRanks("tests.planted_mpi:nothing_here", CALL_TIMEOUT_S, rings={4: world4}).call(_case(x))
+    missing = MpiRanks("tests.common.planted_mpi:nothing_here", CALL_TIMEOUT_S, rings={4: world4}).call(
+        _case(x)
+    )
     assert missing.failure is not None and missing.failure.code == "crashed"
     assert "no attribute 'nothing_here'" in missing.failure.text
     assert world4.running
@@ -483,7 +486,7 @@ def test_a_deadlock_times_out_naming_each_rank_and_its_stack(world2: MpiRing) ->
     world2.start()  # a new job after the close() above
     pids = world2.pids
     start = time.monotonic()
-    call = MpiRanks("tests.planted_mpi:send_send_deadlock", 3.0, rings={2: world2}).call(
+    call = MpiRanks("tests.common.planted_mpi:send_send_deadlock", 3.0, rings={2: world2}).call(
         _case(np.ones((2, 4)))
     )
     assert time.monotonic() - start < 20

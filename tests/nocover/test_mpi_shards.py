@@ -1,7 +1,7 @@
 """``ring_ref.mpi.ring_reduce_scatter_`` and ``ring_all_gather_`` on a real OpenMPI job under ``mpirun``.
 
 One job of 4 ranks serves N = 2 .. 4 through sub-communicators (``comm.Split``), a job of 2 ranks the
-timeout.  Every rank's output is compared bit for bit with the independent folds of ``tests.oracles``
+timeout.  Every rank's output is compared bit for bit with the independent folds of ``tests.common.oracles``
 (``shard_fold``: rank ``r``'s shard is chunk ``r`` folded over the ranks ``r + d, ..., r``) and, for
 the all-gather, with every rank's input in rank order.  Requires OpenMPI and mpi4py (not skipped).
 """
@@ -20,8 +20,8 @@ import torch
 from ring_ref._processes._mpi_job import MpiRing
 from ring_ref.mpi import ring_all_gather_, ring_reduce_scatter_
 from ring_ref.schedule import RingSchedule
-from tests.oracles import bits, shard_fold, special_values
-from tests.processes import Jobs
+from tests.common.oracles import bits, shard_fold, special_values
+from tests.common.processes import Jobs
 
 Array = npt.NDArray[Any]
 DTYPES = (np.float16, np.float32, np.float64)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.paths import ROOT
+from tests.common.paths import ROOT
 
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 

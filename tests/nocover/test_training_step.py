@@ -23,8 +23,8 @@ import torch
 
 from ring_ref import ring_all_reduce
 from ring_ref._processes._gloo import ProcessRing
-from tests.oracles import same_bits
-from tests.paths import ROOT
+from tests.common.oracles import same_bits
+from tests.common.paths import ROOT
 
 # Imported by name here and, through sys.path (spawned ranks inherit it), on every rank.
 sys.path.insert(0, str(ROOT / "examples"))

@@ -18,9 +18,9 @@ from ring_ref.difftest._inputs import exact_tensor, gather_values
 from ring_ref.difftest._oracles import reduce_scatter_reference
 from ring_ref.schedule import GLOO, reduce_scatter_ring
 from ring_ref.testing import assert_matches_reference
-from tests import planted_impls
-from tests.paths import ROOT
-from tests.planted_impls import Impl
+from tests.common import planted_impls
+from tests.common.paths import ROOT
+from tests.common.planted_impls import Impl
 
 SCHEMA = json.loads((ROOT / "spec" / "difftest_report.schema.json").read_text(encoding="utf-8"))
 MODES = ("exact", "order-free", "bound")
@@ -213,7 +213,7 @@ def test_a_composition_checked_as_an_all_reduce_passes_or_names_the_difference()
 @pytest.mark.clause("difftest-collectives")
 def test_command_line_and_assert_matches_reference(capsys: pytest.CaptureFixture[str]) -> None:
     common = ["--examples", "10", "--seed", "1", "--in-process", "--json"]
-    target = "tests.planted_impls:all_gather_reversed"
+    target = "tests.common.planted_impls:all_gather_reversed"
     assert main(["difftest", target, "--collective", "all-gather", *common]) == 1
     doc = json.loads(capsys.readouterr().out)
     jsonschema.validate(doc, SCHEMA)
@@ -222,7 +222,7 @@ def test_command_line_and_assert_matches_reference(capsys: pytest.CaptureFixture
         main(
             [
                 "difftest",
-                "tests.planted_impls:reduce_scatter_folded",
+                "tests.common.planted_impls:reduce_scatter_folded",
                 "--collective",
                 "reduce-scatter",
                 *common,
@@ -271,7 +271,7 @@ def reduce_scatter_folded_spec(x: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.clause("difftest-collectives")
 def test_reveal_names_each_shards_order(capsys: pytest.CaptureFixture[str]) -> None:
-    args = ["reveal", "tests.planted_impls:reduce_scatter_folded", "-n", "4", "-m", "8"]
+    args = ["reveal", "tests.common.planted_impls:reduce_scatter_folded", "-n", "4", "-m", "8"]
     assert main([*args, "--collective", "reduce-scatter"]) == 0
     out = capsys.readouterr().out
     # by hand: shard r folds r + 1, r + 2, r + 3, r (the spec's reduce-scatter ring, +1 with offset +1;

@@ -1,9 +1,9 @@
 """The tester for the other reductions (``--op``): each op's oracles, inputs, diagnoses and report.
 
-The oracles are checked bit for bit against ``tests/oracles.py`` (which
+The oracles are checked bit for bit against ``tests/common/oracles.py`` (which
 imports nothing from ``ring_ref``) and against results computed here in other
 orders; the bounds against values worked out by hand; the planted op bugs of
-``tests/planted_impls.py`` must get their codes.
+``tests/common/planted_impls.py`` must get their codes.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from ring_ref.difftest._options import Options
 from ring_ref.difftest._oracles import check_values
 from ring_ref.difftest._orders import schedule_order
 from ring_ref.difftest._search import run_difftest
-from tests import planted_impls
-from tests.oracles import bits, ring_fold_op, same_bits, sums_in_several_orders
-from tests.paths import ROOT
+from tests.common import planted_impls
+from tests.common.oracles import bits, ring_fold_op, same_bits, sums_in_several_orders
+from tests.common.paths import ROOT
 
 SCHEMA = json.loads((ROOT / "spec" / "difftest_report.schema.json").read_text(encoding="utf-8"))
 ALL_DTYPES = tuple(DTYPES.values())
@@ -436,7 +436,7 @@ def test_a_reduce_op_is_taken_by_name_and_the_python_replay_names_it() -> None:
 
 
 def test_cli_op_reports_json_by_the_schema_and_replays(capsys: pytest.CaptureFixture[str]) -> None:
-    args = ["difftest", "tests.planted_impls:keeps_the_last_zero", "--op", "max", "--examples", "12"]
+    args = ["difftest", "tests.common.planted_impls:keeps_the_last_zero", "--op", "max", "--examples", "12"]
     assert main([*args, "--seed", "20260101", "--json"]) == 1
     doc = json.loads(capsys.readouterr().out)
     jsonschema.validate(doc, SCHEMA)
@@ -457,7 +457,7 @@ def test_cli_op_reports_json_by_the_schema_and_replays(capsys: pytest.CaptureFix
 def test_cli_checks_an_op_against_a_named_schedule(capsys: pytest.CaptureFixture[str]) -> None:
     """``--schedule gloo`` makes exact check gloo's order for the op too: gloo's ring passes it and
     fails the spec's order, the spec's ring the other way round; revealed orders stay sum-only."""
-    gloo, spec = "tests.planted_impls:gloo_op_ring", "tests.planted_impls:op_ring"
+    gloo, spec = "tests.common.planted_impls:gloo_op_ring", "tests.common.planted_impls:op_ring"
     common = ["--op", "prod", "--mode", "exact", "--examples", "60", "--seed", "3"]
     assert main(["difftest", gloo, *common, "--schedule", "gloo"]) == 0
     assert "PASS" in capsys.readouterr().out

@@ -24,8 +24,8 @@ from ring_ref.difftest._orders import (
 )
 from ring_ref.difftest._search import run_difftest
 from ring_ref.testing import assert_matches_reference
-from tests.oracles import blocks_bounds, gloo_bounds, same_bits, schedule_fold
-from tests.planted_impls import (
+from tests.common.oracles import blocks_bounds, gloo_bounds, same_bits, schedule_fold
+from tests.common.planted_impls import (
     drops_the_remainder,
     fast_engine,
     gloo_preset,

@@ -21,7 +21,7 @@ from ring_ref.difftest._oracles import ExactOrder, SavedOrder
 from ring_ref.difftest._orders import file_order, schedule_order
 from ring_ref.difftest._probes import first_failing_probe, probe_cases
 from ring_ref.difftest._search import run_difftest
-from tests.paths import ROOT
+from tests.common.paths import ROOT
 
 SCHEMA = json.loads((ROOT / "spec" / "difftest_report.schema.json").read_text(encoding="utf-8"))
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)

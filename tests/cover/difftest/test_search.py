@@ -3,14 +3,40 @@
 from __future__ import annotations
 
 import json
+import math
+import shlex
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from datetime import timedelta
+from typing import Any, ClassVar
 
 import pytest
 import torch
+from hypothesis import settings
+from hypothesis import strategies as st
 
-from ring_ref.difftest import DTYPES, difftest
-from tests import planted_impls
-from tests.paths import ROOT
-from tests.planted_impls import Impl, run_all
+import ring_ref
+from ring_ref import ring_all_reduce
+from ring_ref._cli import main
+from ring_ref.difftest import DTYPES, Case, difftest
+from ring_ref.difftest._call import Failure, Outcome, call_target
+from ring_ref.difftest._inputs import one_worker_cases
+from ring_ref.difftest._launch import Launcher, OutputLog
+from ring_ref.difftest._options import Options, option_problem
+from ring_ref.difftest._oracles import SPEC_ORDER, ExactOrder
+from ring_ref.difftest._search import (
+    ZERO_OUT_BUDGET,
+    _Failed,
+    _first_failed,
+    run_difftest,
+    run_mode,
+    zero_out,
+)
+from ring_ref.difftest._vocabulary import Mode, Op
+from tests.common import planted_impls
+from tests.common.paths import ROOT
+from tests.common.planted_impls import Impl, run_all
 
 SCHEMA = json.loads((ROOT / "spec" / "difftest_report.schema.json").read_text(encoding="utf-8"))
 BUGGY_EXAMPLE = ROOT / "examples" / "buggy_allreduce.py"
@@ -54,3 +80,886 @@ def test_non_contiguous_input_is_tried_for_every_dtype_even_with_one_example(dty
 def test_soak_correct_implementations_pass_many_examples(name: str) -> None:
     report = difftest(planted_impls.CORRECT[name], examples=1000, seed=7)
     assert report.verdict == "pass", report.render()
+
+
+# ==========================================================================================================
+# The search (``ring_ref.difftest._search``): options refused, cases run, failures shrunk, replay lines.
+#
+# Fast, so that ``make mutation`` can run it for each mutant of the search: tiny
+# example budgets, targets run in pytest's process (the correct
+# ``ring_all_reduce``, small wrong ones written here, and a scripted launcher
+# whose every answer is chosen by the test), and ``zero_out`` with predicates
+# written here.  What is checked is what the difftest guide (``docs/guide/difftest.md``)
+# and ``difftest``'s docstring promise: the usage errors name the
+# option and the fix, every generated input is answered and counted, the
+# ``N = 1`` cases run first, a failure is shrunk and then zeroed value by value,
+# replayed twice (``nondeterministic`` when the answers differ), a call that
+# does not answer ends the mode at once, and the replay line reproduces the run.
+# ==========================================================================================================
+
+
+F32 = [torch.float32]
+ALL_DTYPE_NAMES = "float16 bfloat16 float32 float64"
+CASE = Case(2, 2, (), torch.float32, "contiguous", (1.0, 2.0, 3.0, 4.0))
+OVERFLOWS = Case(2, 2, (), torch.float16, "contiguous", (60000.0,) * 4)
+"""Each element's sum, 120000, is past float16's largest finite value in every order: two elements skipped."""
+UNDERFLOWS = Case(2, 2, (), torch.float16, "contiguous", (2.0**-14,) * 4, "prod")
+"""Each element's product, 2^-28, is below float16's smallest subnormal: two elements skipped."""
+
+NAMELESS = lambda x: ring_all_reduce(x).clone()  # noqa: E731
+"""A target the CLI cannot import."""
+SUM_ONLY = ExactOrder("a sum order", SPEC_ORDER.expected)
+"""An order that computes sums only (as a saved ``--order`` file does)."""
+
+Answer = Callable[[Case, int], Outcome]
+
+
+class Scripted(Launcher):
+    """A launcher whose ``k``-th call (from 1) answers ``answer(case, k)``; it keeps the cases it got."""
+
+    isolated = True
+    kind = "scripted"
+
+    def __init__(self, answer: Answer, *, per_rank: bool = False) -> None:
+        self.answer = answer
+        self.per_rank = per_rank
+        self.output = OutputLog()
+        self.cases: list[Case] = []
+        self.started = self.closed = 0
+
+    def start(self) -> None:
+        self.started += 1
+
+    def call(self, case: Case) -> Outcome:
+        self.cases.append(case)
+        return self.answer(case, len(self.cases))
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+def right(case: Case, k: int = 0) -> Outcome:
+    outcome = call_target(ring_all_reduce, case)
+    outcome.output = f"call {k}"
+    return outcome
+
+
+def off_by(delta: float) -> Answer:
+    def answer(case: Case, k: int) -> Outcome:
+        outcome = call_target(lambda x: ring_all_reduce(x) + delta, case)
+        outcome.output = f"call {k}"
+        return outcome
+
+    return answer
+
+
+def crashed(case: Case, k: int) -> Outcome:
+    return Outcome(
+        case, failure=Failure("crashed", f"died on call {k}", "stack of the dead"), output=f"call {k}"
+    )
+
+
+def all_zero(case: Case) -> bool:
+    return all(v == 0 for v in case.values)
+
+
+def zero_calls(launcher: Scripted) -> list[int]:
+    """The call numbers (from 1) of the calls on an all-zero case."""
+    return [k for k, c in enumerate(launcher.cases, 1) if all_zero(c)]
+
+
+# --- option_problem ---------------------------------------------------------------------------------
+
+
+@pytest.mark.clause("difftest-oracles")
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"examples": 1, "seed": None, "max_workers": 1},
+        {"examples": 1, "seed": 0, "max_workers": 64, "timeout": 0.001},
+        {"examples": 100, "seed": 2**40, "max_workers": 16, "timeout": 60.0},
+    ],
+)
+def test_options_within_the_documented_ranges_are_accepted(options: dict[str, Any]) -> None:
+    assert option_problem(**options) == ""
+
+
+@pytest.mark.clause("difftest-oracles")
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        ({"examples": 0}, ["examples (--examples)", "at least 1", "got 0"]),
+        ({"examples": -3}, ["--examples", "at least 1", "got -3"]),
+        ({"seed": -1}, ["seed (--seed)", "non-negative integer", "got -1"]),
+        ({"max_workers": 0}, ["max_workers (--max-workers)", "between 1 and 64", "got 0"]),
+        ({"max_workers": 65}, ["--max-workers", "between 1 and 64", "got 65"]),
+        ({"timeout": 0.0}, ["timeout (--timeout)", "positive number of seconds", "got 0"]),
+        ({"timeout": -2.5}, ["--timeout", "positive", "got -2.5"]),
+        ({"timeout": math.inf}, ["--timeout", "positive", "got inf"]),
+        ({"timeout": math.nan}, ["--timeout", "positive", "got nan"]),
+    ],
+)
+def test_each_refused_option_is_named_with_its_range(options: dict[str, Any], words: list[str]) -> None:
+    problem = option_problem(**{"examples": 5, "seed": 3, "max_workers": 4, **options})
+    for word in words:
+        assert word in problem
+
+
+@pytest.mark.clause("difftest-oracles")
+@pytest.mark.parametrize(
+    ("options", "word"),
+    [
+        ({"examples": 0}, "--examples"),
+        ({"seed": -1}, "--seed"),
+        ({"max_workers": 65}, "--max-workers"),
+        ({"max_workers": 0}, "--max-workers"),
+        ({"timeout": 0.0}, "--timeout"),
+    ],
+)
+def test_difftest_refuses_the_same_options_before_calling_the_target(
+    options: dict[str, Any], word: str
+) -> None:
+    calls: list[int] = []
+
+    def target(x: torch.Tensor) -> torch.Tensor:
+        calls.append(1)
+        return ring_all_reduce(x)
+
+    with pytest.raises(ValueError, match=word):
+        difftest(target, **{"examples": 1, "seed": 0, **options})
+    assert calls == []
+
+
+# --- difftest: the other refused combinations ------------------------------------------------------------
+
+
+def refusal(exact: ExactOrder | None = None, **kwargs: Any) -> str:
+    """Why difftest refuses these options (``exact``: checking ``exact`` against that order)."""
+    calls: list[int] = []
+
+    def target(x: torch.Tensor) -> torch.Tensor:
+        calls.append(1)
+        return ring_all_reduce(x)
+
+    fn, kwargs = kwargs.pop("fn", target), {"examples": 1, "seed": 0, **kwargs}
+    with pytest.raises(ValueError) as refused:
+        run_difftest(fn, Options(**kwargs), exact) if exact is not None else difftest(fn, **kwargs)
+    assert calls == []
+    return str(refused.value)
+
+
+@pytest.mark.clause("difftest-oracles")
+def test_an_unknown_ranks_kind_is_refused_with_the_kinds() -> None:
+    problem = refusal(ranks="nccl")
+    assert "ranks" in problem and "'gloo'" in problem and "'mpi'" in problem and "'nccl'" in problem
+
+
+@pytest.mark.clause("difftest-oracles")
+@pytest.mark.parametrize("dtypes", [[], [torch.int32], [torch.float32, torch.int64]], ids=str)
+def test_dtypes_must_be_a_non_empty_set_of_the_four(dtypes: list[torch.dtype]) -> None:
+    problem = refusal(dtypes=dtypes)
+    assert "dtypes" in problem and "non-empty" in problem
+    for name in ALL_DTYPE_NAMES.split():
+        assert name in problem
+
+
+@pytest.mark.clause("difftest-oracles")
+def test_bfloat16_is_refused_for_mpi_ranks_with_the_dtypes_numpy_has() -> None:
+    problem = refusal(fn="ring_ref:ring_all_reduce", ranks="mpi", dtypes=[torch.float32, torch.bfloat16])
+    assert "numpy has no bfloat16" in problem and "--ranks mpi" in problem
+    assert "['float16', 'float32', 'float64']; got ['float32', 'bfloat16']" in problem
+
+
+@pytest.mark.clause("difftest-oracles")
+@pytest.mark.parametrize("ranks", [None, "gloo"])
+def test_mca_options_are_refused_without_mpi_ranks(ranks: str | None) -> None:
+    problem = refusal(fn="ring_ref:ring_all_reduce", ranks=ranks, mca={"btl": "self"})
+    assert "mca (--mca)" in problem and "ranks='mpi'" in problem and repr(ranks) in problem
+
+
+@pytest.mark.clause("difftest-oracles")
+@pytest.mark.parametrize("modes", [(), ("exact", "fast"), ("all", "bitwise")])
+def test_modes_must_be_a_non_empty_set_of_the_three(modes: tuple[str, ...]) -> None:
+    problem = refusal(modes=modes)
+    assert "modes" in problem and "non-empty" in problem
+    assert "'exact', 'order-free', 'bound'" in problem and str(list(modes)) in problem
+
+
+@pytest.mark.clause("difftest-oracles")
+@pytest.mark.parametrize("op", ["max", "prod", "avg"])
+def test_exact_against_a_sum_only_order_refuses_another_op_and_says_what_to_drop(op: str) -> None:
+    problem = refusal(SUM_ONLY, op=op)
+    assert f"for sum only; op {op!r} is checked against the spec's ring" in problem
+    assert problem.endswith("(drop --schedule / --order, or run --mode order-free or bound)")
+
+
+@pytest.mark.clause("difftest-oracles")
+def test_an_order_of_several_ops_lists_them_when_it_refuses_another() -> None:
+    problem = refusal(replace(SUM_ONLY, ops=("sum", "max")), op="prod")
+    assert problem.startswith("exact checks a sum order for sum, max only; op 'prod' is checked")
+
+
+@pytest.mark.clause("difftest-oracles")
+def test_a_sum_only_order_takes_sum_and_the_other_modes_take_any_op() -> None:
+    options = Options(examples=1, seed=0, dtypes=F32, isolate=False)
+    summed = run_difftest(ring_all_reduce, replace(options, modes=("exact",), op="sum"), SUM_ONLY)
+    maxed = run_difftest(planted_impls.op_ring, replace(options, modes=("bound",), op="max"), SUM_ONLY)
+    assert summed.verdict == "pass" and summed.op == "sum"
+    assert maxed.verdict == "pass" and list(maxed.modes) == ["bound"]
+
+
+class Summer:
+    """A callable object: no ``__qualname__`` of its own, so no name to import it by."""
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return ring_all_reduce(x)
+
+    def __repr__(self) -> str:
+        return "Summer()"
+
+
+@pytest.mark.clause("difftest-oracles")
+def test_a_per_rank_target_must_be_importable_and_isolated() -> None:
+    problem = refusal(fn=NAMELESS, ranks="gloo")
+    assert "'<lambda>' must be a module-level function or a TARGET string" in problem
+    assert "Summer() must be a module-level function" in refusal(fn=Summer(), ranks="gloo")
+    problem = refusal(fn="ring_ref:ring_all_reduce", ranks="mpi", isolate=False)
+    assert problem.startswith("isolate=False (--in-process) cannot be combined with ranks (--ranks)")
+
+
+@pytest.mark.clause("difftest-oracles")
+def test_a_lambda_cannot_be_isolated_and_the_message_says_how_to_run_it() -> None:
+    problem = refusal(fn=NAMELESS, isolate=True)
+    assert problem.startswith("'<lambda>' cannot be isolated")
+    assert (
+        "define it at module level" in problem and "pass isolate=False to run it in this process" in problem
+    )
+    assert refusal(fn=Summer(), isolate=True).startswith("Summer() cannot be isolated")
+
+
+@pytest.mark.clause("difftest-oracles")
+def test_a_callable_object_runs_in_process_under_its_repr() -> None:
+    report = difftest(Summer(), modes=("exact",), examples=1, seed=0, dtypes=F32)
+    assert report.verdict == "pass" and not report.isolated and report.target == "Summer()"
+    assert report.replay.startswith("ring_ref.difftest.difftest(Summer(), modes=('exact',), ")
+
+
+# --- difftest: what runs, and the report -------------------------------------------------------------
+
+
+@pytest.mark.clause("difftest-oracles")
+def test_a_correct_target_passes_every_mode_with_the_documented_defaults() -> None:
+    report = difftest(ring_all_reduce, examples=2, seed=5, isolate=False)
+    assert report.verdict == "pass" and list(report.modes) == ["exact", "order-free", "bound"]
+    assert report.target == "ring_ref:ring_all_reduce" and report.seed == 5
+    assert not report.isolated and report.timeout_s is None and report.op is None and report.ranks is None
+    assert report.replay == (
+        "ring-ref difftest ring_ref:ring_all_reduce --examples 2 --seed 5 "
+        f"--max-workers 16 --dtypes {ALL_DTYPE_NAMES} --in-process"
+    )
+    for mode, result in report.modes.items():
+        assert result.mode == mode and result.verdict == "pass"
+        assert result.finding is None and result.counterexample is None
+        assert result.examples == 2 + 2 * 4  # the asked ones and the N = 1 ones, two per dtype
+
+
+@pytest.mark.clause("difftest-oracles")
+def test_the_default_is_a_hundred_examples() -> None:
+    def raises(x: torch.Tensor) -> torch.Tensor:
+        raise ValueError("no")
+
+    report = difftest(raises, modes=("exact",), seed=0, dtypes=F32)
+    assert ", examples=100, " in report.replay
+
+
+@pytest.mark.clause("difftest-oracles")
+def test_only_the_asked_modes_run_and_the_target_label_is_kept() -> None:
+    report = difftest(
+        NAMELESS,
+        modes=("bound", "exact"),
+        examples=2,
+        seed=1,
+        max_workers=3,
+        dtypes=[torch.float64, torch.float16],
+        label="my label",
+    )
+    assert list(report.modes) == ["bound", "exact"] and report.target == "my label"
+    with pytest.warns(
+        DeprecationWarning, match=r"difftest\(target=\) is the name the report prints: pass label="
+    ):
+        old = difftest(NAMELESS, modes=("bound",), examples=1, seed=1, target="my label")
+    assert old.target == "my label"
+    assert report.replay == (
+        f"ring_ref.difftest.difftest({NAMELESS.__qualname__}, modes=('bound', 'exact'), examples=2, seed=1, "
+        "max_workers=3, dtypes=[torch.float64, torch.float16])"
+    )
+
+
+def counting(record: list[Case], fn: Callable[..., torch.Tensor] = ring_all_reduce) -> Callable[..., Any]:
+    def target(x: torch.Tensor, **kw: Any) -> torch.Tensor:
+        record.append(Case(x.shape[0], x.shape[1], tuple(x.shape[2:]), x.dtype, "?", (), kw.get("op")))
+        return fn(x, **kw)
+
+    return target
+
+
+@pytest.mark.clause("difftest-oracles")
+def test_the_generated_inputs_respect_max_workers_dtypes_and_op() -> None:
+    seen: list[Case] = []
+    report = difftest(
+        counting(seen, planted_impls.op_ring),
+        modes=("order-free",),
+        examples=4,
+        seed=1,
+        max_workers=3,
+        dtypes=[torch.float64, torch.bfloat16],
+        isolate=False,
+        op="max",
+    )
+    assert report.verdict == "pass" and report.op == "max"
+    assert len(seen) == report.modes["order-free"].examples
+    assert {c.n for c in seen} <= {1, 2, 3} and 3 in {c.n for c in seen}
+    assert {c.dtype for c in seen} == {torch.float64, torch.bfloat16}
+    assert {c.op for c in seen} == {"max"}
+
+
+@pytest.mark.clause("difftest-oracles")
+def test_without_an_op_the_target_is_called_without_one() -> None:
+    seen: list[Case] = []
+    report = difftest(counting(seen), modes=("bound",), examples=3, seed=2, dtypes=F32, isolate=False)
+    assert report.verdict == "pass" and report.op is None
+    assert seen and {c.op for c in seen} == {None}
+
+
+@pytest.mark.clause("difftest-oracles")
+def test_an_importable_target_runs_isolated_with_its_timeout_and_its_output_is_reported() -> None:
+    report = difftest(
+        planted_impls.chatty_correct, modes=("exact",), examples=1, seed=0, dtypes=F32, timeout=7
+    )
+    assert report.isolated and report.timeout_s == 7 and report.verdict == "pass"
+    assert report.replay == (
+        "ring-ref difftest tests.common.planted_impls:chatty_correct --mode exact --examples 1 --seed 0 "
+        "--max-workers 16 --dtypes float32 --timeout 7"
+    )
+    assert "on fd 2" in report.output and report.output_bytes >= len(report.output.encode()) > 0
+
+
+@pytest.mark.clause("difftest-oracles")
+def test_a_target_string_runs_isolated_unless_asked() -> None:
+    report = difftest(
+        "tests.common.planted_impls:chatty_correct",
+        modes=("bound",),
+        examples=1,
+        seed=3,
+        dtypes=F32,
+        timeout=5,
+    )
+    assert report.isolated and report.timeout_s == 5 and report.verdict == "pass"
+    assert report.modes["bound"].mode == "bound" and "printed" in report.output
+    assert report.replay.endswith(" --dtypes float32 --timeout 5")
+
+
+@pytest.mark.clause("difftest-oracles")
+def test_a_target_string_runs_in_process_when_asked() -> None:
+    report = difftest(
+        "tests.common.planted_impls:op_ring",
+        modes=("exact",),
+        examples=1,
+        seed=0,
+        dtypes=F32,
+        isolate=False,
+        op="min",
+    )
+    assert (
+        not report.isolated
+        and report.verdict == "pass"
+        and report.target == "tests.common.planted_impls:op_ring"
+    )
+    assert report.replay.startswith(
+        "ring-ref difftest tests.common.planted_impls:op_ring --op min --mode exact "
+    )
+    assert report.replay.endswith(" --in-process") and report.output == "" and report.output_bytes == 0
+
+
+class FakeRanks(Scripted):
+    """Stands in for a process-group launcher: answers the stacked reference, records how it was made."""
+
+    made: ClassVar[list[tuple[Any, ...]]] = []
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(right, per_rank=True)
+        FakeRanks.made.append(args)
+        FakeRanks.last = self
+
+    last: Scripted
+
+
+@pytest.fixture
+def fake_ranks(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[FakeRanks]]:
+    from ring_ref.difftest import _options
+
+    FakeRanks.made = []
+    monkeypatch.setitem(
+        _options.RANK_LAUNCHERS, "gloo", lambda target, timeout, _: FakeRanks("gloo", target, timeout)
+    )
+    monkeypatch.setitem(_options.RANK_LAUNCHERS, "mpi", lambda *a: FakeRanks("mpi", *a))
+    yield FakeRanks
+
+
+@pytest.mark.clause("difftest-oracles")
+def test_gloo_ranks_get_their_launcher_eight_workers_and_a_replay_with_ranks(
+    fake_ranks: type[FakeRanks],
+) -> None:
+    report = difftest("tests.common.planted_rank_impls:x", ranks="gloo", modes=("bound",), examples=1, seed=4)
+    assert fake_ranks.made == [("gloo", "tests.common.planted_rank_impls:x", 60.0)]
+    assert fake_ranks.last.started == 1 and fake_ranks.last.closed == 1
+    assert report.ranks == "gloo" and report.isolated and report.timeout_s == 60.0
+    assert report.replay == (
+        "ring-ref difftest --ranks gloo tests.common.planted_rank_impls:x --mode bound --examples 1 --seed 4 "
+        f"--max-workers 8 --dtypes {ALL_DTYPE_NAMES}"
+    )
+    assert {c.layout for c in fake_ranks.last.cases} == {"contiguous"}
+
+
+@pytest.mark.clause("difftest-oracles")
+def test_mpi_ranks_get_the_mca_options_and_numpys_dtypes(fake_ranks: type[FakeRanks]) -> None:
+    mca = {"coll_tuned_use_dynamic_rules": "1", "btl": "self,vader"}
+    report = difftest(
+        ring_all_reduce, ranks="mpi", mca=mca, modes=("exact",), examples=1, seed=4, max_workers=2, timeout=3
+    )
+    assert fake_ranks.made == [("mpi", "ring_ref:ring_all_reduce", 3, mca)]
+    assert report.ranks == "mpi" and report.timeout_s == 3
+    assert report.replay == (
+        "ring-ref difftest --ranks mpi ring_ref:ring_all_reduce --mode exact --examples 1 --seed 4 "
+        "--max-workers 2 --dtypes float16 float32 float64 --timeout 3 "
+        "--mca coll_tuned_use_dynamic_rules=1 --mca btl=self,vader"
+    )
+    assert {c.dtype for c in fake_ranks.last.cases} == {torch.float16, torch.float32, torch.float64}
+
+
+@pytest.mark.clause("difftest-oracles")
+def test_the_launcher_is_closed_when_the_run_raises(fake_ranks: type[FakeRanks], monkeypatch: Any) -> None:
+    def broken(case: Case, k: int) -> Outcome:
+        raise RuntimeError("the launcher broke")
+
+    monkeypatch.setattr(FakeRanks, "call", lambda self, case: broken(case, 0))
+    with pytest.raises(RuntimeError, match="the launcher broke"):
+        difftest("m:f", ranks="gloo", modes=("exact",), examples=1, seed=0)
+    assert fake_ranks.last.started == 1 and fake_ranks.last.closed == 1
+
+
+@pytest.mark.clause("difftest-oracles")
+def test_without_a_seed_a_random_one_is_chosen_reported_and_replayed() -> None:
+    seeds = set()
+    for _ in range(30):
+        report = difftest(NAMELESS, modes=("exact",), examples=1, dtypes=F32)
+        assert report.seed >= 0 and f"seed={report.seed}," in report.replay
+        seeds.add(report.seed)
+    assert len(seeds) == 30  # each run its own search
+
+
+# --- the replay line reproduces the run ------------------------------------------------------------------
+
+
+def wrong_for_three_workers(x: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    """Right except for ``N = 3``, where the first element is off by one (an in-process target)."""
+    result = ring_all_reduce(x, op=op)
+    if x.shape[0] == 3:
+        result = result.clone()
+        result.view(-1)[0] += 1
+    return result
+
+
+def run_replay(replay: str, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    argv = shlex.split(replay)
+    assert argv[:2] == ["ring-ref", "difftest"]
+    capsys.readouterr()
+    main([*argv[1:], "--json"])
+    out: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return out
+
+
+@pytest.mark.clause("difftest-oracles")
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"modes": ("bound",), "dtypes": [torch.float64]},
+        {"modes": ("exact", "bound"), "dtypes": [torch.float64]},  # --mode given twice, not left out (all)
+        {
+            "modes": ("exact",),
+            "dtypes": [torch.float16],
+            "op": "max",
+            "timeout": 2.5,
+        },
+    ],
+)
+def test_the_command_line_replay_finds_the_same_counterexample(
+    options: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = difftest(wrong_for_three_workers, examples=12, seed=2, max_workers=3, isolate=False, **options)
+    assert report.verdict == "fail", report.render()
+    replayed = run_replay(report.replay, capsys)
+    original = json.loads(report.to_json_text())
+    assert replayed["seed"] == original["seed"] == 2 and replayed["op"] == original["op"]
+    assert replayed["modes"] == original["modes"]
+    assert replayed["replay"] == report.replay
+
+
+@pytest.mark.clause("difftest-oracles")
+def test_the_python_replay_of_a_lambda_finds_the_same_counterexample() -> None:
+    target = lambda x, op: wrong_for_three_workers(x, op).clone()  # noqa: E731
+    report = difftest(target, modes=("exact",), examples=12, seed=1, max_workers=3, dtypes=F32, op="min")
+    assert report.verdict == "fail" and not report.isolated and report.target == target.__qualname__
+    assert report.replay == (
+        f"ring_ref.difftest.difftest({target.__qualname__}, modes=('exact',), examples=12, seed=1, "
+        "max_workers=3, dtypes=[torch.float32], op='min')"
+    )
+    call = report.replay.replace(target.__qualname__, "target", 1)
+    replayed = eval(call, {"ring_ref": ring_ref, "torch": torch, "target": target})
+    assert replayed.replay == report.replay
+    assert replayed.to_json()["modes"] == report.to_json()["modes"]
+
+
+# --- run_mode: counting, order of cases, per-rank layouts ------------------------------------------------
+
+
+@pytest.mark.clause("difftest-oracles")
+@pytest.mark.parametrize("op", [None, "max"])
+def test_a_passing_mode_counts_every_call_and_runs_the_one_worker_cases_first(op: Op | None) -> None:
+    launcher = Scripted(right)
+    result = run_mode(launcher, "bound", examples=4, seed=3, max_workers=3, dtypes=F32, op=op)
+    assert result.mode == "bound" and result.verdict == "pass"
+    assert result.finding is None and result.counterexample is None
+    assert result.examples == len(launcher.cases) == 4 + 2  # --examples generated, after the N = 1 ones
+    first = one_worker_cases("bound", F32, op=op)
+    assert launcher.cases[: len(first)] == first
+    assert {c.op for c in launcher.cases} == {op} and max(c.n for c in launcher.cases) <= 3
+    assert result.overflow_skipped == result.underflow_skipped == 0
+
+
+@pytest.mark.clause("difftest-oracles")
+def test_a_per_rank_launcher_is_given_contiguous_inputs_only() -> None:
+    per_rank, stacked = Scripted(right, per_rank=True), Scripted(right)
+    for launcher in (per_rank, stacked):
+        run_mode(launcher, "order-free", examples=4, seed=2, max_workers=4, dtypes=F32)
+    assert {c.layout for c in per_rank.cases} == {"contiguous"}
+    assert per_rank.cases[:2] == one_worker_cases("order-free", F32, per_rank=True)
+    assert len({c.layout for c in stacked.cases[2:]}) > 1
+
+
+def fixed(case: Case, then: Answer | None = None, after: int = 0) -> Answer:
+    """Answers the reference on ``case`` whatever was asked; from call ``after + 1`` on, ``then``."""
+
+    def answer(asked: Case, k: int) -> Outcome:
+        return then(asked, k) if then is not None and k > after else right(case, k)
+
+    return answer
+
+
+@pytest.mark.clause("difftest-oracles")
+@pytest.mark.parametrize(("case", "over", "under"), [(OVERFLOWS, 2, 0), (UNDERFLOWS, 0, 2)])
+def test_elements_skipped_for_overflow_and_underflow_are_summed_over_the_calls(
+    case: Case, over: int, under: int
+) -> None:
+    launcher = Scripted(fixed(case))
+    result = run_mode(launcher, "bound", examples=3, seed=0, max_workers=2, dtypes=F32, op=case.op)
+    calls = len(launcher.cases)
+    assert result.verdict == "pass" and calls >= 5
+    assert (result.overflow_skipped, result.underflow_skipped) == (over * calls, under * calls)
+
+
+@pytest.mark.clause("difftest-oracles")
+@pytest.mark.parametrize("then", [crashed, off_by(1.0)], ids=["crash", "wrong"])
+@pytest.mark.parametrize(("case", "over", "under"), [(OVERFLOWS, 2, 0), (UNDERFLOWS, 0, 2)])
+def test_a_failing_mode_reports_the_skips_before_the_failure(
+    then: Answer, case: Case, over: int, under: int
+) -> None:
+    # Call 4 is the last of the four N = 1 cases, which are not shrunk.
+    launcher = Scripted(fixed(case, then, after=3))
+    dtypes = [torch.float32, torch.float64]
+    result = run_mode(launcher, "bound", examples=3, seed=0, max_workers=2, dtypes=dtypes, op=case.op)
+    assert result.verdict == "fail" and result.counterexample is not None
+    assert launcher.cases[3] == one_worker_cases("bound", dtypes, op=case.op)[3]
+    assert (result.overflow_skipped, result.underflow_skipped) == (3 * over, 3 * under)
+
+
+# --- run_mode: calls that do not answer ----------------------------------------------------------------
+
+
+@pytest.mark.clause("difftest-oracles")
+def test_a_crash_in_the_search_ends_the_mode_at_once_with_that_call() -> None:
+    launcher = Scripted(lambda case, k: crashed(case, k) if k == 4 else right(case, k))
+    result = run_mode(launcher, "order-free", examples=10, seed=0, max_workers=3, dtypes=F32)
+    assert len(launcher.cases) == 4 and result.examples == 4
+    assert result.verdict == "fail" and result.mode == "order-free"
+    assert result.counterexample == launcher.cases[3] and result.output == "call 4"
+    assert result.finding is not None and result.finding.codes == ["crashed"]
+    assert result.finding.explanation == "died on call 4" and result.finding.stack == "stack of the dead"
+
+
+@pytest.mark.clause("difftest-oracles")
+def test_a_crash_while_zeroing_ends_the_mode_with_the_zeroed_case() -> None:
+    def answer(case: Case, k: int) -> Outcome:
+        return crashed(case, k) if 0 in case.values else off_by(1.0)(case, k)
+
+    launcher = Scripted(answer)
+    result = run_mode(launcher, "exact", examples=3, seed=0, max_workers=2, dtypes=F32)
+    first = launcher.cases[0]
+    assert result.verdict == "fail" and result.finding is not None and result.finding.codes == ["crashed"]
+    assert result.counterexample == launcher.cases[-1] == replace(first, values=(0.0, *first.values[1:]))
+    assert result.output == f"call {len(launcher.cases)}"
+
+
+@pytest.mark.clause("difftest-oracles")
+@pytest.mark.parametrize("replay", [1, 2])
+def test_a_crash_when_the_shrunk_case_is_replayed_is_reported(replay: int) -> None:
+    # Always off by one; the calls on the fully zeroed case are the last zeroing trial, then the replays.
+    launcher = Scripted(off_by(1.0))
+
+    def answer(case: Case, k: int) -> Outcome:
+        if all_zero(case) and len(zero_calls(launcher)) == 1 + replay:
+            return crashed(case, k)
+        return off_by(1.0)(case, k)
+
+    launcher.answer = answer
+    result = run_mode(launcher, "bound", examples=3, seed=0, max_workers=2, dtypes=F32)
+    assert result.finding is not None and result.finding.codes == ["crashed"]
+    assert result.counterexample is not None and all_zero(result.counterexample)
+    assert result.output == f"call {zero_calls(launcher)[replay]}"
+
+
+# --- run_mode: failures, shrinking, replays -----------------------------------------------------------
+
+
+@pytest.mark.clause("difftest-oracles")
+def test_a_value_failure_is_zeroed_replayed_twice_and_diagnosed() -> None:
+    launcher = Scripted(off_by(1.0))
+    result = run_mode(launcher, "exact", examples=3, seed=0, max_workers=2, dtypes=F32)
+    assert result.verdict == "fail" and result.mode == "exact" and result.finding is not None
+    assert "nondeterministic" not in result.finding.codes and result.finding.mismatch is not None
+    assert result.counterexample == replace(launcher.cases[0], values=(0.0, 0.0))
+    first_replay = zero_calls(launcher)[1]
+    assert launcher.cases[first_replay - 1 : first_replay + 1] == [result.counterexample] * 2
+    assert result.output == f"call {first_replay}"
+    assert result.examples == first_replay - 1
+
+
+@pytest.mark.clause("difftest-oracles")
+def test_different_answers_on_the_two_replays_are_nondeterministic() -> None:
+    launcher = Scripted(off_by(1.0))
+
+    def answer(case: Case, k: int) -> Outcome:
+        return off_by(2.0 if all_zero(case) and len(zero_calls(launcher)) == 3 else 1.0)(case, k)
+
+    launcher.answer = answer
+    result = run_mode(launcher, "order-free", examples=3, seed=0, max_workers=2, dtypes=F32)
+    assert result.finding is not None and result.finding.codes == ["nondeterministic"]
+    assert result.finding.explanation.startswith("The same input, called twice, gave different answers: ")
+    assert "1.0 the first time, 2.0 the second" in result.finding.explanation
+    assert result.counterexample is not None and all_zero(result.counterexample)
+    assert result.output == f"call {zero_calls(launcher)[1]}"
+
+
+def once(answer: Answer, smallest_n: int, then: Answer = right) -> Scripted:
+    """A launcher that answers ``answer`` on the first case with ``N >= smallest_n``, else ``then``."""
+    launcher = Scripted(then)
+
+    def script(case: Case, k: int) -> Outcome:
+        first = next((j for j, c in enumerate(launcher.cases, 1) if c.n >= smallest_n), None)
+        return answer(case, k) if k == first else then(case, k)
+
+    launcher.answer = script
+    return launcher
+
+
+# N = 1: an explicit case; N = 2: a generated one, which Hypothesis calls again (a flaky failure).
+@pytest.mark.clause("difftest-oracles")
+@pytest.mark.parametrize("smallest_n", [1, 2])
+def test_a_failure_that_passes_on_replay_is_nondeterministic(smallest_n: int) -> None:
+    launcher = once(off_by(1.0), smallest_n)
+    result = run_mode(launcher, "bound", examples=5, seed=0, max_workers=2, dtypes=F32)
+    assert result.verdict == "fail" and result.finding is not None
+    assert result.finding.codes == ["nondeterministic"]
+    explanation = result.finding.explanation
+    assert explanation.startswith("This input failed during the search but passed both times it was replayed")
+    assert "the target's answer depends on more than its input" in explanation
+    assert explanation.endswith("(earlier calls, time, randomness)")
+    failed = next(c for c in launcher.cases if c.n >= smallest_n)
+    assert result.counterexample == failed and launcher.cases[-2:] == [failed] * 2
+    assert result.output == f"call {len(launcher.cases) - 1}"
+
+
+@pytest.mark.clause("difftest-oracles")
+def test_an_error_of_the_launcher_itself_is_not_taken_for_a_failure() -> None:
+    def broken(case: Case, k: int) -> Outcome:
+        raise RuntimeError("a bug in the launcher")
+
+    with pytest.raises(BaseExceptionGroup) as raised:
+        run_mode(once(broken, 2), "bound", examples=5, seed=0, max_workers=2, dtypes=F32)
+    assert [str(e) for e in raised.value.exceptions] == ["a bug in the launcher"]
+
+
+@pytest.mark.clause("difftest-oracles")
+def test_a_bug_of_the_launcher_is_raised_even_where_other_cases_fail() -> None:
+    # Hypothesis reports one bug, the smallest: here the launcher's, on N = 2.
+    def answer(case: Case, k: int) -> Outcome:
+        if case.n == 2:
+            raise RuntimeError("a bug in the launcher")
+        return (off_by(1.0) if case.n == 3 else right)(case, k)
+
+    with pytest.raises(RuntimeError, match="a bug in the launcher"):
+        run_mode(Scripted(answer), "bound", examples=30, seed=0, max_workers=3, dtypes=F32)
+
+
+NOT_RING = Case(
+    3, 3, (), torch.float16, "contiguous", (0, 0, -0.0670166015625, 0, 0, -18.390625, 0, 0, 18.25)
+)
+"""``torch.sum`` adds the three workers in another order than the ring: the third element rounds otherwise."""
+
+
+@pytest.mark.clause("difftest-oracles")
+def test_a_failure_is_diagnosed_under_its_mode_with_probes_sent_through_the_launcher() -> None:
+    def summed(case: Case, k: int) -> Outcome:
+        return call_target(planted_impls.torch_sum, case)
+
+    launcher = Scripted(summed)
+    order = replace(SPEC_ORDER, cases=st.just(NOT_RING))
+    result = run_mode(launcher, "exact", examples=3, seed=0, max_workers=3, dtypes=F32, order=order)
+    assert result.verdict == "fail" and result.counterexample == NOT_RING
+    assert result.finding is not None and result.finding.codes == ["not-ring-order"]
+    replayed = max(k for k, c in enumerate(launcher.cases) if c == NOT_RING)
+    assert len(launcher.cases) > replayed + 1  # the diagnosis' probes went through the launcher too
+
+
+@pytest.mark.clause("difftest-oracles")
+def test_the_same_seed_draws_the_same_cases_and_another_seed_others() -> None:
+    runs = {}
+    for name, seed in (("first", 7), ("again", 7), ("other", 8)):
+        launcher = Scripted(right)
+        run_mode(launcher, "order-free", examples=4, seed=seed, max_workers=4, dtypes=F32)
+        runs[name] = launcher.cases
+    assert runs["first"] == runs["again"] and runs["first"] != runs["other"]
+
+
+@pytest.fixture
+def with_a_deadline() -> Iterator[None]:
+    """A Hypothesis profile with a deadline (Hypothesis' default has one of 200 ms; this suite's has none)."""
+    previous = settings.get_current_profile_name()
+    settings.register_profile("ring-ref-kills-deadline", deadline=timedelta(milliseconds=20))
+    settings.load_profile("ring-ref-kills-deadline")
+    try:
+        yield
+    finally:
+        settings.load_profile(previous)
+
+
+@pytest.mark.clause("difftest-oracles")
+def test_a_slow_call_is_not_a_failure_whatever_the_profile(with_a_deadline: None) -> None:
+    def slow(case: Case, k: int) -> Outcome:
+        time.sleep(0.05)
+        return right(case, k)
+
+    result = run_mode(once(slow, 2), "bound", examples=5, seed=0, max_workers=2, dtypes=F32)
+    assert result.verdict == "pass"
+
+
+@pytest.mark.clause("difftest-oracles")
+def test_no_health_check_stops_the_search() -> None:
+    # An order whose inputs come from a strategy with a very large smallest example.
+    large = st.lists(st.booleans(), min_size=4200, max_size=4200).map(lambda _: CASE)
+    order = replace(SPEC_ORDER, cases=large)
+    result = run_mode(Scripted(right), "exact", examples=2, seed=0, max_workers=2, dtypes=F32, order=order)
+    assert result.verdict == "pass" and result.examples == 2  # (Hypothesis checks health from 2 examples)
+
+
+@pytest.mark.clause("difftest-oracles")
+def test_the_first_failed_case_is_found_in_nested_groups() -> None:
+    inner, other = _Failed(CASE), _Failed(replace(CASE, n=1))
+    group = BaseExceptionGroup(
+        "outer", [ValueError("no"), BaseExceptionGroup("inner", [KeyError(), inner]), other]
+    )
+    assert _first_failed(group) is inner
+    assert (
+        _first_failed(BaseExceptionGroup("none", [ValueError(), ExceptionGroup("e", [KeyError()])])) is None
+    )
+
+
+# --- exact against an order with its own cases -------------------------------------------------------------
+
+
+@pytest.mark.clause("difftest-oracles")
+def test_exact_draws_only_the_inputs_of_an_order_that_has_its_own() -> None:
+    sliced = replace(CASE, layout="sliced", trailing=(1,))
+    order = ExactOrder("a saved order", SPEC_ORDER.expected, cases=st.just(sliced))
+    stacked, per_rank, bound = Scripted(right), Scripted(right, per_rank=True), Scripted(right)
+    run_mode(stacked, "exact", examples=3, seed=0, max_workers=4, dtypes=F32, order=order)
+    run_mode(per_rank, "exact", examples=3, seed=0, max_workers=4, dtypes=F32, order=order)
+    run_mode(bound, "bound", examples=3, seed=0, max_workers=4, dtypes=F32, order=order)
+    assert stacked.cases and set(stacked.cases) == {sliced}
+    assert per_rank.cases and set(per_rank.cases) == {replace(sliced, layout="contiguous")}
+    assert bound.cases[:2] == one_worker_cases("bound", F32)
+
+
+# --- zero_out -----------------------------------------------------------------------------------------
+
+
+def tried(
+    values: tuple[float, ...], fails: Callable[[tuple[float, ...]], bool]
+) -> tuple[list[tuple[float, ...]], tuple[float, ...]]:
+    trials: list[tuple[float, ...]] = []
+    case = Case(1, len(values), (), torch.float64, "strided", values, "prod")
+
+    def predicate(candidate: Case) -> bool:
+        assert replace(candidate, values=case.values) == case  # only the values change
+        trials.append(candidate.values)
+        return fails(candidate.values)
+
+    out = zero_out(case, predicate)
+    assert replace(out, values=case.values) == case
+    return trials, out.values
+
+
+@pytest.mark.clause("difftest-oracles")
+def test_zero_out_tries_each_non_zero_value_in_order_and_keeps_the_zeros_that_still_fail() -> None:
+    trials, out = tried((1.0, 2.0, 0.0, 3.0), lambda v: v[1] != 0)
+    assert trials == [(0.0, 2.0, 0.0, 3.0), (0.0, 0.0, 0.0, 3.0), (0.0, 2.0, 0.0, 0.0)]
+    assert out == (0.0, 2.0, 0.0, 0.0)
+
+
+@pytest.mark.clause("difftest-oracles")
+def test_zero_out_keeps_the_first_values_that_matter() -> None:
+    _, out = tried((1.0, 1.0, 1.0, 1.0, -0.0), lambda v: sum(v) >= 2)
+    assert out == (0.0, 0.0, 1.0, 1.0, -0.0)
+
+
+@pytest.mark.clause("difftest-oracles")
+def test_zero_out_changes_nothing_when_no_zero_still_fails() -> None:
+    trials, out = tried((5.0, -6.0), lambda v: all(x != 0 for x in v))
+    assert trials == [(0.0, -6.0), (5.0, 0.0)] and out == (5.0, -6.0)
+
+
+@pytest.mark.clause("difftest-oracles")
+def test_zero_out_stops_after_its_budget_of_values() -> None:
+    values = tuple(float(i) for i in range(ZERO_OUT_BUDGET + 10))  # the first is zero already
+    trials, out = tried(values, lambda v: True)
+    assert len(trials) == ZERO_OUT_BUDGET
+    assert out == (0.0,) * (ZERO_OUT_BUDGET + 1) + values[ZERO_OUT_BUDGET + 1 :]
+
+
+@pytest.mark.clause("difftest-oracles")
+def test_zero_out_of_an_all_zero_case_calls_nothing() -> None:
+    trials, out = tried((0.0, -0.0), lambda v: True)
+    assert trials == [] and out == (0.0, -0.0)
+
+
+@pytest.mark.clause("difftest-oracles")
+def test_the_search_ends_with_mostly_zeros_for_a_one_element_bug() -> None:
+    def first_doubled(x: torch.Tensor) -> torch.Tensor:
+        result = ring_all_reduce(x).clone()
+        result.view(-1)[0] *= 2
+        return result
+
+    mode: Mode = "bound"
+    result = run_mode(first_doubled, mode, examples=2, seed=0, max_workers=2, dtypes=F32)
+    first = one_worker_cases(mode, F32)[0]
+    assert result.counterexample == replace(first, values=(first.values[0], 0.0))

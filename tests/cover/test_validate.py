@@ -1,4 +1,4 @@
-"""The bad-input table's words (problem and fix) and its boundaries, where mutation testing found gaps.
+"""The bad-input table's words (problem and fix) and its boundaries (``ring_ref._validate``).
 
 Each refusal is checked word for word as ``ring_ref._validate`` words it for
 every entry point: the stacked torch and numpy inputs, one rank's tensor of

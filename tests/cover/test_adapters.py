@@ -1,4 +1,4 @@
-"""The bad-input table's exact words, where mutation testing found only the exception type checked.
+"""The adapters' refusals (``ring_ref._torch_adapter``, ``_numpy_adapter``): the bad-input table's words.
 
 Each case states the whole message (or its distinctive parts) as the spec's
 ``bad-input`` table words it, for the torch and numpy entry points and for one

@@ -1,8 +1,11 @@
-"""Processes a test started, seen from outside: whether one is gone, and MPI jobs that must leave none.
+"""Processes a test started, seen from outside: whether one is gone, MPI jobs that must leave none, and
+the gloo groups a test module shares.
 
 :func:`gone` reads ``/proc`` (it trusts no harness's own account); :class:`Jobs`
 holds the MPI jobs a test module shares and, on :meth:`~Jobs.close`, asserts
-that every process any of them ever started (``mpirun`` and each rank) is gone.
+that every process any of them ever started (``mpirun`` and each rank) is gone;
+:class:`Rings` holds a module's gloo groups, one per world size, and on
+:meth:`~Rings.close` asserts that every rank exited on its own with status 0.
 """
 
 from __future__ import annotations
@@ -13,9 +16,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ring_ref._processes._gloo import ProcessRing
 from ring_ref._processes._mpi_job import MpiRing, mpirun_path
 
-__all__ = ["Jobs", "gone"]
+__all__ = ["Jobs", "Rings", "gone"]
 
 
 def gone(pid: int, within_s: float = 0.0) -> bool:
@@ -68,3 +72,23 @@ class Jobs:
         deadline = time.monotonic() + 10
         left = [p for p in sorted(self.pids) if not gone(p, max(0.0, deadline - time.monotonic()))]
         assert not left, f"processes left behind: {left}"
+
+
+class Rings:
+    """One lazily spawned, reused :class:`ProcessRing` per world size, all closed by :meth:`close`."""
+
+    def __init__(self, group_timeout_s: float) -> None:
+        self._group_timeout_s = group_timeout_s
+        self._rings: dict[int, ProcessRing] = {}
+
+    def __call__(self, n: int) -> ProcessRing:
+        if n not in self._rings:
+            self._rings[n] = ProcessRing(n, group_timeout_s=self._group_timeout_s)
+        return self._rings[n]
+
+    def close(self) -> None:
+        """Close every ring; each rank still running must exit on its own with status 0 (no kill)."""
+        procs = [proc for ring in self._rings.values() for proc in ring._procs]
+        for ring in self._rings.values():
+            ring.close()
+        assert [proc.exitcode for proc in procs] == [0] * len(procs), "a rank did not shut down cleanly"

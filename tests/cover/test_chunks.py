@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from ring_ref._chunks import chunk_bounds, chunk_of_elements, chunk_rows, chunk_views, layout_views
-from tests.oracles import blocks_bounds, gloo_bounds
+from tests.common.oracles import blocks_bounds, gloo_bounds
 
 pytestmark = pytest.mark.clause("chunk-layout")
 
@@ -45,7 +45,7 @@ def test_views_are_numpy_split_and_share_the_buffer(n: int, k: int) -> None:
         assert np.shares_memory(got, array)
 
 
-# --- the schedule family's layouts (clause schedule-layouts), against tests/oracles.py -----------
+# --- the schedule family's layouts (clause schedule-layouts), against tests/common/oracles.py -----------
 
 BIG = [  # (n, s, itemsize): past gloo's 1 MiB segment limit, where the element size matters
     (2, 2**20, 4),

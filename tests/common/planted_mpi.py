@@ -117,7 +117,7 @@ EXPECTED: dict[str, str] = {
     "rank_1_raises": "raised",
     "exits_mid_call": "crashed",
 }
-"""Each planted bug's name (``tests.planted_mpi:NAME``) and the code it must get."""
+"""Each planted bug's name (``tests.common.planted_mpi:NAME``) and the code it must get."""
 
 
 # --collective reduce-scatter / all-gather: TARGET(comm, sendbuf, recvbuf), as comm.Reduce_scatter_block

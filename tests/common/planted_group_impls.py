@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from tests.planted_mpi import plain_ring
+from tests.common.planted_mpi import plain_ring
 
 __all__ = ["ODD_GROUP_CODE"]
 

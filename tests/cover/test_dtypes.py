@@ -2,8 +2,7 @@
 
 Each fact of ``ring_ref._dtypes`` is compared with an independent source:
 ``torch.finfo`` / ``numpy.finfo``, a tensor's bytes read back through
-``struct``, and the rounding of the conversion itself.  Written for the
-mutants of ``_dtypes.py`` that nothing else could tell apart.
+``struct``, and the rounding of the conversion itself.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from ring_ref._dtypes import (
     format_of,
     to_hex,
 )
-from tests.oracles import DTYPES, INT_OF_BITS
+from tests.common.oracles import DTYPES, INT_OF_BITS
 
 pytestmark = pytest.mark.clause("supported-dtypes")
 

@@ -1,4 +1,4 @@
-"""One call of a target (``ring_ref.difftest._call``), where mutation testing found it unchecked.
+"""One call of a target (``ring_ref.difftest._call``).
 
 What the worker sends back is plain data (clause ``difftest-isolation``): a
 header naming the returned value's type, shape, strides, dtype, device and

@@ -1,4 +1,4 @@
-"""The isolated worker process, where mutation testing found it unchecked.
+"""The isolated worker process (``ring_ref.difftest._worker``).
 
 Each test forks a :class:`Worker` from pytest's own process (milliseconds:
 torch is already imported) on a target defined here and loaded by name, and
@@ -41,7 +41,7 @@ from ring_ref._processes._shared import die_with_parent
 from ring_ref.difftest import Case, TargetError, _worker
 from ring_ref.difftest._call import decode
 from ring_ref.difftest._worker import Died, Reply, Stuck, Worker, exit_description, target_frames, trim
-from tests.processes import gone
+from tests.common.processes import gone
 
 # A per-test limit too: a hang (under mutation testing, say) fails its test instead of stalling the run.
 pytestmark = [pytest.mark.clause("difftest-isolation"), pytest.mark.timeout(20)]

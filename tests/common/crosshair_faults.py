@@ -7,7 +7,7 @@ and expects a counterexample for each function.
 from __future__ import annotations
 
 from ring_ref._contracts import add_ints, ag_round_is_copy, rs_round_is_add, small_round_input
-from tests.faults import adding_all_gather, wrong_chunk_reduce_scatter
+from tests.common.faults import adding_all_gather, wrong_chunk_reduce_scatter
 
 
 def faulty_ag_round_contract(state: tuple[tuple[int, ...], ...], r: int) -> None:

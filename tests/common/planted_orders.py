@@ -2,7 +2,7 @@
 
 Each is a plain loop over workers written here (no ``ring_ref``), so the trees
 the invariance tests expect are the ones typed in beside them.  They are
-module-level functions, loadable by name (``tests.planted_orders:NAME``) for
+module-level functions, loadable by name (``tests.common.planted_orders:NAME``) for
 the command line.
 """
 
@@ -12,7 +12,7 @@ from typing import Final
 
 import torch
 
-from tests.reveal_targets import linear_fold
+from tests.common.reveal_targets import linear_fold
 
 THRESHOLD: Final = 64
 """``switching`` folds up to this many elements per worker and adds pairwise above it."""

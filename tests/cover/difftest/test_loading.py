@@ -1,4 +1,4 @@
-"""Loading a ``TARGET`` by name, where mutation testing found it unchecked.
+"""Loading a ``TARGET`` by name (``ring_ref.difftest._loading``).
 
 ``package.module:function`` is looked up on ``sys.path`` and the current
 directory, ``path/to/file.py:function`` is imported from the file; every way

@@ -18,8 +18,8 @@ import jsonschema  # type: ignore[import-untyped]
 import pytest
 import torch
 
-from tests.oracles import DTYPES, INT_OF_BITS, bits
-from tests.paths import ROOT
+from tests.common.oracles import DTYPES, INT_OF_BITS, bits
+from tests.common.paths import ROOT
 
 VECTORS = ROOT / "spec" / "vectors"
 

@@ -14,7 +14,7 @@ def resolve(dotted: str) -> object:
     Raises ``ModuleNotFoundError`` when no prefix is a module, ``AttributeError``
     when an attribute is missing.
 
-    >>> resolve("tests.dotted.resolve") is resolve
+    >>> resolve("tests.common.dotted.resolve") is resolve
     True
     """
     parts = dotted.split(".")

@@ -3,7 +3,7 @@
 A stacked target and an MPI rank get the op's name, the one
 :func:`ring_ref.ring_all_reduce` takes; a gloo rank gets the member of
 ``torch.distributed.ReduceOp`` that ``torch.distributed.all_reduce`` takes,
-written out by hand in ``tests/oracles.py``.
+written out by hand in ``tests/common/oracles.py``.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from ring_ref.difftest._vocabulary import Op, Ranks, op_argument
-from tests.oracles import REDUCE_OPS
+from tests.common.oracles import REDUCE_OPS
 
 pytestmark = pytest.mark.clause("difftest-ops")
 

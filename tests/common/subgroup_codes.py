@@ -1,9 +1,9 @@
 """Run under ``torchrun`` (4 ranks): ``subgroups=True`` from inside the job, through the Python API.
 
-``python -m torch.distributed.run --standalone --nproc-per-node 4 -m tests.subgroup_codes OUT_DIR``:
+``python -m torch.distributed.run --standalone --nproc-per-node 4 -m tests.common.subgroup_codes OUT_DIR``:
 every rank joins the job's gloo group, then
 
-* checks the odd-group bug of ``tests/planted_group_impls.py`` without subgroups (only ``N = 4``),
+* checks the odd-group bug of ``tests/common/planted_group_impls.py`` without subgroups (only ``N = 4``),
 * checks the correct target with :func:`ring_ref.testing.assert_matches_reference` and ``subgroups=True``,
 * asserts on the odd-group bug with ``subgroups=True`` (it fails, at ``N = 3``),
 * on ranks 0 and 1 only, asks for subgroups of a group of two of the four ranks (refused),
@@ -21,9 +21,9 @@ import torch.distributed as dist
 
 from ring_ref.difftest import difftest
 from ring_ref.testing import assert_matches_reference
-from tests import planted_group_impls
+from tests.common import planted_group_impls
 
-BUG = "tests.planted_group_impls:odd_group_last_rank_keeps_input"
+BUG = "tests.common.planted_group_impls:odd_group_last_rank_keeps_input"
 OPTIONS = {"examples": 20, "seed": 1, "timeout": 20.0}
 
 

@@ -25,7 +25,7 @@ import torch
 from ring_ref import ring_all_reduce
 from ring_ref.difftest import Report, difftest
 from ring_ref.schedule import all_rounds, right, send_chunk
-from tests.oracles import blocks_bounds, schedule_fold
+from tests.common.oracles import blocks_bounds, schedule_fold
 
 Combine = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 

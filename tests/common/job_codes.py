@@ -1,6 +1,6 @@
 """Run under ``torchrun``: ``difftest(ranks="job")`` from inside the job, on the planted per-rank targets.
 
-``python -m torch.distributed.run --standalone --nproc-per-node N -m tests.job_codes OUT_DIR``: every
+``python -m torch.distributed.run --standalone --nproc-per-node N -m tests.common.job_codes OUT_DIR``: every
 rank joins the job's gloo group, then calls :func:`ring_ref.difftest.difftest` with ``ranks="job"`` on each
 correct target and each planted bug that leaves no rank inside the target (the others end the job:
 ``tests/nocover/test_difftest_job.py`` runs them one job each), then
@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from ring_ref.difftest import difftest
 from ring_ref.testing import assert_matches_reference
-from tests import planted_rank_impls
+from tests.common import planted_rank_impls
 
 CORRECT = ("plain_ring", "returns_a_new_tensor")
 """Targets that pass."""
@@ -29,7 +29,7 @@ ENDS_THE_JOB = ("receives_first", "exits_mid_call", "rank_1_raises")
 def targets() -> list[str]:
     """The targets run in one job, by name."""
     bugs = [f.__name__ for f in planted_rank_impls.EXPECTED if f.__name__ not in ENDS_THE_JOB]
-    return [f"tests.planted_rank_impls:{name}" for name in (*CORRECT, *bugs)]
+    return [f"tests.common.planted_rank_impls:{name}" for name in (*CORRECT, *bugs)]
 
 
 def main(out: Path) -> None:

@@ -1,4 +1,4 @@
-"""The core's guards and its per-round check, by behaviour (mutation testing found them untested).
+"""The core's guards and its per-round check (``ring_ref.core``), by behaviour.
 
 ``initial_state`` must refuse empty and ragged buffers with a message that says
 what a ring state needs; ``run_ring`` must report a faulty round *at that
@@ -15,7 +15,7 @@ from ring_ref import core
 from ring_ref.core import initial_state, run_ring
 from ring_ref.invariants import InvariantViolation, Provenance, State
 from ring_ref.schedule import ALL_GATHER, REDUCE_SCATTER, Phase, all_rounds
-from tests import faults
+from tests.common import faults
 
 pytestmark = pytest.mark.clause("inv-rs-provenance", "inv-ag-provenance")
 

@@ -1,7 +1,7 @@
-"""Helpers shared by the fast engine's tests (``tests/cover/test_fast*.py``, ``test_kills_fast.py``).
+"""Helpers shared by the fast engine's tests (``tests/cover/test_fast*.py``).
 
 They turn the engine's tuning knobs and read its plan; what a test then expects
-comes from ``tests/oracles.py`` or the reference engine, never from here.
+comes from ``tests/common/oracles.py`` or the reference engine, never from here.
 """
 
 from __future__ import annotations
@@ -9,25 +9,25 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ring_ref import _fast, ring_all_reduce
+from ring_ref import RingSchedule, _fast, ring_all_reduce
 from ring_ref._fast import _kernel
 
 __all__ = ["fast_in_small_tiles", "plan_fold_orders"]
 
 
 def fast_in_small_tiles(
-    x: torch.Tensor, tile_bytes: int, threads: int, op: str = "sum"
+    x: torch.Tensor, tile_bytes: int, threads: int, op: str = "sum", schedule: str | RingSchedule = "spec"
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The fast engine's result on ``x`` as a tensor and as a numpy array, with kernel tiles of
-    ``tile_bytes`` shared among ``threads`` threads and no minimum size per thread."""
+    """The fast engine's result on ``x`` (for the ring ``schedule``) as a tensor and as a numpy array,
+    with kernel tiles of ``tile_bytes`` shared among ``threads`` threads and no minimum size per thread."""
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(threads)
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(_kernel, "TILE_BYTES", tile_bytes)
             patch.setattr(_kernel, "MIN_BYTES_PER_THREAD", 1)
-            got = ring_all_reduce(x, engine="fast", op=op)
-            array = ring_all_reduce(x.numpy(), engine="fast", op=op)
+            got = ring_all_reduce(x, engine="fast", op=op, schedule=schedule)
+            array = ring_all_reduce(x.numpy(), engine="fast", op=op, schedule=schedule)
     finally:
         torch.set_num_threads(before)
     return got, torch.from_numpy(array)

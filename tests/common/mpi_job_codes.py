@@ -1,8 +1,8 @@
 """Run under ``mpirun``: ``difftest(ranks="mpi-job")`` from inside the job, on the planted ``mpi4py`` targets.
 
-``mpirun -n N python -m tests.mpi_job_codes OUT_DIR``: every rank calls
+``mpirun -n N python -m tests.common.mpi_job_codes OUT_DIR``: every rank calls
 :func:`ring_ref.difftest.difftest` with ``ranks="mpi-job"`` on the correct ring
-and on each planted bug of ``tests/planted_mpi.py`` that leaves no rank inside
+and on each planted bug of ``tests/common/planted_mpi.py`` that leaves no rank inside
 the target, and writes ``OUT_DIR/rank-R.json`` (the codes per target).
 """
 
@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from ring_ref.difftest import difftest
-from tests import planted_mpi
+from tests.common import planted_mpi
 
 ENDS_THE_JOB = ("send_send_deadlock", "rank_1_raises")
 """Planted bugs that leave ranks inside the target: the job ends after their report."""
@@ -24,7 +24,7 @@ KILLS_A_RANK = ("exits_mid_call",)
 def targets() -> list[str]:
     """The targets run in one job, by name: the correct ring first."""
     bugs = [name for name in planted_mpi.EXPECTED if name not in (*ENDS_THE_JOB, *KILLS_A_RANK)]
-    return [f"tests.planted_mpi:{name}" for name in ("plain_ring", *bugs)]
+    return [f"tests.common.planted_mpi:{name}" for name in ("plain_ring", *bugs)]
 
 
 def main(out: Path) -> None:

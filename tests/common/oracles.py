@@ -15,6 +15,7 @@ import math
 import random
 from fractions import Fraction
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -173,6 +174,25 @@ def schedule_fold(
             acc = acc + flat[w, lo:hi]
         pieces.append(acc)
     return torch.cat(pieces).reshape(x.shape[1:])
+
+
+def schedule_fold_by_worker(
+    x: torch.Tensor, direction: int, offset: int, bounds: list[tuple[int, int]]
+) -> torch.Tensor:
+    """:func:`schedule_fold` for all elements at once, one addition per step of the folds (large ``N``).
+
+    Element ``e`` of chunk ``c`` is the left fold over workers ``c + k, c + k + d,
+    ...`` (mod ``N``): step ``j`` adds, for every element together, worker
+    ``c + k + j d``'s value of it, in the input dtype.
+    """
+    n = x.shape[0]
+    flat = x.detach().reshape(n, -1).numpy()  # numpy adds float32 and float64 in their own dtype, rounded
+    chunk = np.array([c for c, (lo, hi) in enumerate(bounds) for _ in range(lo, hi)], dtype=np.int64)
+    columns = np.arange(flat.shape[1])
+    acc = flat[(chunk + offset) % n, columns]
+    for j in range(1, n):
+        acc = acc + flat[(chunk + offset + j * direction) % n, columns]
+    return torch.from_numpy(acc).reshape(x.shape[1:])
 
 
 def blocks_bounds(n: int, s: int) -> list[tuple[int, int]]:

@@ -1,0 +1,1 @@
+"""Helpers shared by the tests: oracles, strategies, planted targets, paths (no test modules)."""
