@@ -20,7 +20,8 @@ store, under a prefix of its own), never the group under test:
 * ``hb/R``: rank ``R``'s heartbeat, a counter its watchdog thread adds to every
   :data:`HEARTBEAT_S`; a rank whose counter stops for :data:`DEAD_AFTER_S` is ``crashed``;
 * ``bye/R``: rank ``R`` was sent ``SIGTERM`` (the launcher is ending the job,
-  as ``torchrun`` does once a rank died): a rank gone without saying so is the dead one;
+  as ``torchrun`` does once a rank died), or under ``mpirun`` ``SIGCONT`` (OpenMPI's first signal
+  when a rank died, :data:`MPIRUN_BYE_WAIT_S`): a rank gone without saying so is the dead one;
 * ``stackreq/R`` and ``stack/R``: on a timeout rank 0 asks every rank still
   inside the call for its Python stack, which that rank's watchdog writes
   (rank 0 cannot signal processes on other nodes);
@@ -92,6 +93,10 @@ DEAD_AFTER_S: Final = 10.0
 """A rank whose heartbeat has not moved for this long is ``crashed`` (its process died or froze)."""
 BYE_WAIT_S: Final = 1.0
 """After ``SIGTERM`` reached rank 0, how long the others get to say they were sent it too."""
+MPIRUN_BYE_WAIT_S: Final = 0.3
+"""The same under ``mpirun``, which sends every live rank ``SIGCONT`` as soon as one died, ``SIGTERM`` a
+second later and ``SIGKILL`` a second after that (OpenMPI's ``odls_base_sigkill_timeout``): rank 0 has
+under two seconds to name the dead rank and print the report."""
 JOB_GRACE_S: Final = 15.0
 """The job ends within ``--timeout`` plus this (stacks, the report, the verdict's acknowledgements)."""
 _WAIT: Final = datetime.timedelta(seconds=30)
@@ -163,9 +168,10 @@ def _store() -> Any:
 class _Watch:
     """Rank 0's view of which ranks are alive: heartbeats and ``bye`` notes, looked at once per beat."""
 
-    def __init__(self, store: Any, size: int, terminated: threading.Event) -> None:
+    def __init__(self, store: Any, size: int, terminated: threading.Event, bye_wait_s: float) -> None:
         self.store = store
         self.terminated = terminated
+        self.bye_wait_s = bye_wait_s
         self.terminated_at = float("inf")
         now = time.monotonic()
         self.beats = dict.fromkeys(range(size), (-1, now))
@@ -184,10 +190,10 @@ class _Watch:
             return f"its heartbeat stopped {silent:.0f} s ago (the process died or froze)"
         if self.terminated.is_set():
             self.terminated_at = min(self.terminated_at, now)
-            if now - self.terminated_at >= BYE_WAIT_S:
+            if now - self.terminated_at >= self.bye_wait_s:
                 if not self.store.check([f"bye/{rank}"]):
                     return _DIED_FIRST
-                if now - self.terminated_at >= 2 * BYE_WAIT_S + AFTER_FAILURE_GRACE_S:
+                if now - self.terminated_at >= 2 * self.bye_wait_s + AFTER_FAILURE_GRACE_S:
                     return "the launcher ended it (SIGTERM) during the call"
         return ""
 
@@ -254,8 +260,11 @@ class JobRanks(RankGroup):
         decode: Callable[[Reply], Answer] | None = None,
         *,
         subgroups: bool = False,
+        mpirun: bool = False,
     ) -> None:
         super().__init__(timeout_s)
+        if mpirun:  # the job ends two seconds after a rank died: no grace for the others
+            self.death_grace_s = 0.0
         self.decode = decode
         self.store = store
         self.size = size
@@ -263,7 +272,7 @@ class JobRanks(RankGroup):
         self.tested: set[int] = set()
         """The ``N`` of the cases called."""
         self.calls = 0
-        self.watch = _Watch(store, size, terminated)
+        self.watch = _Watch(store, size, terminated, MPIRUN_BYE_WAIT_S if mpirun else BYE_WAIT_S)
         self._ranks: Sequence[Rank] = [JobRank(self, r) for r in range(size)]
 
     def start(self) -> None:
@@ -358,8 +367,17 @@ def _watchdog(store: Any, rank: int, stop: threading.Event) -> None:
             _leave(1)
 
 
+def under_mpirun() -> bool:
+    """Whether OpenMPI's ``mpirun`` started this process (its variables are in the environment)."""
+    return "OMPI_COMM_WORLD_RANK" in os.environ
+
+
 class _Terminate:
-    """``SIGTERM`` noted instead of obeyed at once: a rank says ``bye`` (rank 0 finishes its report first)."""
+    """``SIGTERM`` noted instead of obeyed at once: a rank says ``bye`` (rank 0 finishes its report first).
+
+    Under ``mpirun`` ``SIGCONT`` is noted too, without leaving: OpenMPI sends it to every live rank as
+    soon as one died, a second before its ``SIGTERM`` (:data:`MPIRUN_BYE_WAIT_S`).
+    """
 
     def __init__(self, store: Any, rank: int) -> None:
         self.event = threading.Event()
@@ -371,6 +389,8 @@ class _Terminate:
         self.write = write
         self.old_fd = signal.set_wakeup_fd(write.fileno(), warn_on_full_buffer=False)
         self.old_handler = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+        self.noted = (signal.SIGTERM, signal.SIGCONT) if under_mpirun() else (signal.SIGTERM,)
+        self.old_cont = signal.signal(signal.SIGCONT, lambda signum, frame: None) if under_mpirun() else None
         threading.Thread(target=self._wait, args=(store, rank), daemon=True).start()
 
     def _wait(self, store: Any, rank: int) -> None:
@@ -381,10 +401,11 @@ class _Terminate:
                 return
             if not data:
                 return
-            if signal.SIGTERM in data:
+            if any(signum in data for signum in self.noted):
                 with contextlib.suppress(Exception):
                     store.set(f"bye/{rank}", "")
                 self.event.set()
+            if signal.SIGTERM in data:
                 if rank != 0:
                     _leave(128 + signal.SIGTERM)
                 time.sleep(JOB_GRACE_S)
@@ -395,6 +416,8 @@ class _Terminate:
         if self.installed:
             signal.set_wakeup_fd(self.old_fd)
             signal.signal(signal.SIGTERM, self.old_handler)
+            if self.old_cont is not None:
+                signal.signal(signal.SIGCONT, self.old_cont)
             self.write.close()
             self.read.close()
 
@@ -452,6 +475,7 @@ def _drive(
         stop = ("error", exc)
     if isinstance(outcome, Report) and launcher.broken:
         (show or _show_text)(outcome)
+        sys.stdout.flush()  # before mpirun's SIGKILL
         status = 0 if outcome.verdict == "pass" else 1
         store.set("verdict", str(status))
         give_up = time.monotonic() + 2 * BYE_WAIT_S
@@ -602,7 +626,13 @@ def _run_member(member: _Member, run: Callable[[Launcher], T], timeout_s: float)
     driver = None
     if rank == 0:
         launcher = JobRanks(
-            base.clone(), size, timeout_s, terminate.event, member.decode, subgroups=member.subgroups
+            base.clone(),
+            size,
+            timeout_s,
+            terminate.event,
+            member.decode,
+            subgroups=member.subgroups,
+            mpirun=under_mpirun(),
         )
         driver = threading.Thread(target=_drive, args=(run, launcher, base.clone(), show, got), daemon=True)
         driver.start()

@@ -119,12 +119,14 @@ class RankGroup(Launcher):
 
     Subclasses say where the ranks come from (:meth:`_group`) and what a
     failed call does to them (:meth:`_teardown`); ``poll_s`` is the longest
-    wait between two looks at ranks that have no descriptor to wait on.
+    wait between two looks at ranks that have no descriptor to wait on;
+    ``death_grace_s`` how long the other ranks may still answer after one died.
     """
 
     isolated = True
     per_rank = True
     poll_s = 0.05
+    death_grace_s = AFTER_FAILURE_GRACE_S
 
     def __init__(self, timeout_s: float) -> None:
         self.timeout_s = timeout_s
@@ -208,7 +210,7 @@ class RankGroup(Launcher):
                         grace_end = min(grace_end, time.monotonic() + AFTER_FAILURE_GRACE_S)
                 elif isinstance(got, Died):
                     dead[rank] = got
-                    grace_end = min(grace_end, time.monotonic() + AFTER_FAILURE_GRACE_S)
+                    grace_end = min(grace_end, time.monotonic() + self.death_grace_s)
             pending = [r for r in range(len(workers)) if r not in replies and r not in dead]
             remaining = min(deadline, grace_end) - time.monotonic()
             if not pending or remaining <= 0:

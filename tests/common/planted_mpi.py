@@ -9,6 +9,7 @@ to the diagnosis code the tester must give it.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -100,12 +101,21 @@ def rank_1_raises(comm: Any, array: Array) -> None:
         comm.Recv(np.empty(1, dtype=np.uint8), source=1)
 
 
+def exits_mid_call(comm: Any, array: Array) -> None:
+    """Rank 1 ends its process with status 3 while the others are in the ring, waiting for it
+    (``crashed``, rank 1 named; ``mpirun`` then ends the job)."""
+    if comm.Get_rank() == 1:
+        os._exit(3)
+    _ring(comm, array)
+
+
 EXPECTED: dict[str, str] = {
     "send_send_deadlock": "timed-out",
     "gather_adds": "double-counted",
     "chunk_off_by_one": "out-of-bound",
     "gather_drops_last_chunk": "out-of-bound",
     "rank_1_raises": "raised",
+    "exits_mid_call": "crashed",
 }
 """Each planted bug's name (``tests.common.planted_mpi:NAME``) and the code it must get."""
 

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import time
 
 import jsonschema  # type: ignore[import-untyped]
 import pytest
+import torch.distributed
 
 from ring_ref._cli import main
 from ring_ref._processes._job import JobEnv, JobEnvError, job_environment
 from ring_ref.difftest import difftest
-from ring_ref.difftest._job import takes_group
+from ring_ref.difftest._job import BYE_WAIT_S, MPIRUN_BYE_WAIT_S, JobRanks, _Terminate, takes_group
+from ring_ref.difftest._ranks import AFTER_FAILURE_GRACE_S
 from ring_ref.difftest._report import ModeResult, Report
 from tests.common.paths import ROOT
 
@@ -144,3 +149,33 @@ def test_a_job_report_says_which_n_were_tested() -> None:
     assert "at most 60 s per call; N tested: 1, 2, 3, 4)" in report.render()
     plain = Report("t:f", 1, "replay", isolated=True, ranks="gloo", timeout_s=60.0)
     assert "tested_n" not in plain.to_json() and "N tested" not in plain.render()
+
+
+@pytest.mark.clause("difftest-job-mpirun-death")
+@pytest.mark.parametrize("mpirun", [True, False])
+def test_under_mpirun_sigcont_says_bye_and_the_silent_rank_is_dead_at_once(
+    monkeypatch: pytest.MonkeyPatch, mpirun: bool
+) -> None:
+    """In-process, on a local store: under ``mpirun`` (OpenMPI's variables set) ``SIGCONT`` writes this
+    rank's ``bye`` and starts the count; a rank without one is dead ``MPIRUN_BYE_WAIT_S`` later, and the
+    others of the call get no grace.  Elsewhere ``SIGCONT`` is not noted and the grace is gloo's."""
+    if mpirun:
+        monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "0")
+    else:
+        monkeypatch.delenv("OMPI_COMM_WORLD_RANK", raising=False)
+    store = torch.distributed.HashStore()  # type: ignore[attr-defined]  # re-exported at runtime, not in stubs
+    terminate = _Terminate(store, 0)
+    try:
+        os.kill(os.getpid(), signal.SIGCONT)
+        noted = terminate.event.wait(2.0)
+    finally:
+        terminate.restore()
+    assert noted is mpirun and store.check(["bye/0"]) is mpirun
+    launcher = JobRanks(store, 2, 60.0, terminate.event, mpirun=mpirun)
+    assert launcher.death_grace_s == (0.0 if mpirun else AFTER_FAILURE_GRACE_S)
+    if mpirun:
+        started = time.monotonic()
+        while not launcher.watch.dead(1):
+            time.sleep(0.01)
+        assert MPIRUN_BYE_WAIT_S <= time.monotonic() - started < BYE_WAIT_S
+        assert launcher.watch.dead(1).startswith("its process died") and launcher.watch.dead(0) == ""

@@ -149,6 +149,7 @@ def test_a_hang_a_dead_rank_and_a_raising_rank_end_the_job_with_a_report(bug: st
         took,
         done.stderr[-3000:],
     )
+    assert "ChildFailedError" in done.stderr and "Root Cause" in done.stderr  # torchrun's trailer (the guide)
     cex = doc["modes"]["bound"]["counterexample"]
     if code == "timed-out":  # every rank's stack came through the store, stopped in recv
         assert cex["ranks"] == [0, 1] and cex["stack"].count("in receives_first") == 2, cex
@@ -243,6 +244,29 @@ def test_an_mpi_job_that_hangs_or_raises_ends_with_a_report(bug: str) -> None:
     cex = doc["modes"]["bound"]["counterexample"]
     if bug == "send_send_deadlock":
         assert cex["ranks"] == [0, 1, 2, 3] and cex["stack"].count("in send_send_deadlock") == 4, cex
+
+
+@pytest.mark.clause("difftest-job-mpirun-death")
+@pytest.mark.parametrize(
+    "ranks",
+    ["mpi-job", pytest.param("job", marks=pytest.mark.soak)],  # one mpirun job in make verify
+)
+def test_a_rank_that_dies_under_mpirun_is_reported_crashed(ranks: str) -> None:
+    """``mpirun -n 4``, rank 1 ends its process (status 3) while the others wait for it: OpenMPI kills the
+    other ranks within about 2 s, and rank 0 has printed the ``crashed`` report, rank 1 named, by then;
+    with mpirun's own options only (no option of the user's keeps the ranks alive)."""
+    cmd = [*_mpirun(4), "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS", "-x", "MASTER_ADDR=127.0.0.1"]
+    module = "tests.common.planted_mpi" if ranks == "mpi-job" else "tests.common.planted_rank_impls"
+    cmd += ["-x", f"MASTER_PORT={_free_port()}", sys.executable, "-m", "ring_ref", "difftest", "--ranks"]
+    done = _run([*cmd, ranks, f"{module}:exits_mid_call", "--examples", "5", "--seed", "1", "--json"], 300)
+    assert done.stdout, f"no report; mpirun said:\n{done.stderr[-3000:]}"
+    doc = json.loads(done.stdout)
+    jsonschema.validate(doc, SCHEMA)
+    assert doc["verdict"] == "fail" and doc["diagnoses"] == ["crashed"], done.stdout
+    assert done.returncode == 3, done.stderr[-3000:]  # mpirun's status: rank 1's, the first to fail
+    failed = [mode for mode in doc["modes"].values() if mode["verdict"] == "fail"]
+    assert len(failed) == 1 and failed[0]["counterexample"]["ranks"] == [1], doc["modes"]
+    assert "rank(s) [1] of 4 died during the call (rank 1: its process died" in failed[0]["explanation"]
 
 
 def test_reveal_in_the_job_then_difftest_pins_its_order(tmp_path: Path) -> None:

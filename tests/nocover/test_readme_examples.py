@@ -11,11 +11,13 @@ left out of the comparison; the explanations' wording is the diagnosis tests'.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -92,3 +94,43 @@ def test_a_worked_example_prints_what_the_readme_shows(example: Example) -> None
     )
     assert key_lines(run.stdout) == key_lines(example.output), run.stdout + run.stderr
     assert run.returncode == example.status, run.stdout + run.stderr
+
+
+def templates(readme: str) -> tuple[str, list[str]]:
+    """Worked example (d): the ```` ```python ```` block that defines ``stacked`` and ``per_rank``, and
+    the ``ring-ref difftest ... my_ring.py:NAME`` commands the text around it says to run."""
+    (code,) = [
+        b for b in re.findall(r"^```python\n(.*?)^```$", readme, flags=re.M | re.S) if "def stacked" in b
+    ]
+    return code, re.findall(r"`(ring-ref difftest\s[^`]*my_ring\.py:\w+)`", readme)
+
+
+def test_the_templates_pass_as_the_readme_says(tmp_path: Path) -> None:
+    """Saved as ``my_ring.py`` and run with the README's commands and ``--mode order-free --mode bound``,
+    the stacked and the per-rank template each pass (exit status 0)."""
+    code, commands = templates(README)
+    assert [c.split(":")[-1] for c in commands] == ["stacked", "per_rank"], commands
+    (tmp_path / "my_ring.py").write_text(code, encoding="utf-8")
+    for command in commands:
+        options = [
+            "--mode",
+            "order-free",
+            "--mode",
+            "bound",
+            "--examples",
+            "10",
+            "--seed",
+            "1",
+            "--max-workers",
+            "3",
+        ]
+        run = subprocess.run(
+            [sys.executable, "-m", "ring_ref", *shlex.split(command)[1:], *options],
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+        assert run.returncode == 0 and run.stdout.startswith("PASS: my_ring.py:"), run.stdout + run.stderr
