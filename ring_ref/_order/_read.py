@@ -199,10 +199,13 @@ class _Stream:
 
         return self.item(pos, token)[1]
 
-    def peek(self, pos: int, what: bytes) -> tuple[bool, int]:
-        """Whether ``what`` comes at ``pos``, and where ``pos`` is now."""
-        seen, pos = self.item(pos, lambda data, at: (data.startswith(what, at), at))
-        return bool(seen), pos
+    def next_item(self, pos: int, close: bytes, first: bool, between: str) -> tuple[bool, int]:
+        """In an array or object: ``(True, after it)`` where ``close`` ends it at ``pos``, else
+        ``(False, where its next item starts)``, past the ``,`` unless ``first``."""
+        seen, pos = self.item(pos, lambda data, at: (data.startswith(close, at), at))
+        if seen:
+            return True, self.expect(pos, close, f"Expecting {close.decode()!r}")
+        return False, pos if first else self.expect(pos, b",", between)
 
 
 def _value(data: bytes, pos: int) -> tuple[Any, int]:
@@ -227,14 +230,11 @@ def _trees(stream: _Stream, pos: int) -> tuple[list[Any], int]:
     pos = stream.expect(pos, b"[", "Expecting '[' (trees is an array)")
     trees: list[Any] = []
     while True:
-        end, pos = stream.peek(pos, b"]")
-        if end:
-            break
-        if trees:
-            pos = stream.expect(pos, b",", "Expecting ',' or ']' between trees")
+        done, pos = stream.next_item(pos, b"]", not trees, "Expecting ',' or ']' between trees")
+        if done:
+            return trees, pos
         tree, pos = stream.item(pos, _tree_or_null)
         trees.append(tree)
-    return trees, stream.expect(pos, b"]", "Expecting ']'")
 
 
 def _value_end(data: bytes, pos: int) -> int:
@@ -264,18 +264,15 @@ def reveal_document(file: BinaryIO) -> dict[str, Any]:
     pos = stream.expect(stream.item(0, _here)[1], b"{", "Expecting '{' (one JSON object)")
     doc: dict[str, Any] = {}
     while True:
-        end, pos = stream.peek(pos, b"}")
-        if end:
-            break
-        if doc:
-            pos = stream.expect(pos, b",", "Expecting ',' delimiter")
+        done, pos = stream.next_item(pos, b"}", not doc, "Expecting ',' delimiter")
+        if done:
+            stream.item(pos, _nothing)
+            return doc
         key, pos = stream.item(pos, _value)
         if not isinstance(key, str):
             raise _error("Expecting property name enclosed in double quotes", stream.data, pos)
         pos = stream.expect(pos, b":", "Expecting ':' delimiter")
         doc[key], pos = _trees(stream, pos) if key == "trees" else stream.item(pos, _value)
-    stream.item(stream.expect(pos, b"}", "Expecting '}'"), _nothing)
-    return doc
 
 
 def _here(data: bytes, pos: int) -> tuple[None, int]:
