@@ -7,7 +7,8 @@ against them and designs its probes from them, invariance compares them,
 the preset vectors and the pictures name them.  The modules, each one job:
 ``_trees`` (the algebra: leaves, the canonical spelling, folds and
 :class:`Fold`), ``_text`` (a tree as text and as pictures order it),
-``_json`` (the JSON form, ``spec/reveal.schema.json``), ``_sums`` (a tree's
+``_json`` (the JSON form, ``spec/reveal.schema.json``), ``_read`` (a
+``reveal --json`` document read without recursion), ``_sums`` (a tree's
 sum in a dtype, multiway nodes rounded once) and ``_fit`` (each element's
 tree under a ring of the schedule family, and which ring a set of trees is).
 """
@@ -21,7 +22,8 @@ from ring_ref._order._fit import (
     ring_trees,
     untold_sizes,
 )
-from ring_ref._order._json import tree_from_json, tree_json_text, tree_to_json
+from ring_ref._order._json import tree_from_json, tree_json_text, tree_to_json, tree_to_pairs
+from ring_ref._order._read import reveal_document
 from ring_ref._order._sums import evaluate, exact_sum
 from ring_ref._order._text import display_tree, format_tree
 from ring_ref._order._trees import (
@@ -53,11 +55,13 @@ __all__ = [
     "layout_matters",
     "layout_sizes",
     "leaves",
+    "reveal_document",
     "ring_step",
     "ring_trees",
     "tree_from_json",
     "tree_ids",
     "tree_json_text",
     "tree_to_json",
+    "tree_to_pairs",
     "untold_sizes",
 ]

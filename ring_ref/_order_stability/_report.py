@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Final, Literal
 
-from ring_ref._order import Tree, chunk_index, fold_tree, format_tree, tree_to_json
+from ring_ref._order import Tree, chunk_index, fold_tree, format_tree, tree_to_pairs
 from ring_ref._order_stability._placement import Placement
 from ring_ref.schedule import LAYOUTS, PRESETS, RingSchedule
 
@@ -305,7 +305,7 @@ class Invariance:
     def _side(self, placement: Placement, outcome: Hashable) -> dict[str, Any]:
         side: dict[str, Any] = {"m": placement.m, "offset": placement.offset}
         if self.method == "reveal":
-            side["tree"] = tree_to_json(outcome)  # type: ignore[arg-type]  # a Tree in reveal mode
+            side["tree"] = tree_to_pairs(outcome)  # type: ignore[arg-type]  # a Tree in reveal mode
         else:
             side["bits"] = outcome
         return side

@@ -38,7 +38,7 @@ from ring_ref.schedule import PRESETS, RingSchedule
 __all__ = ["REVEAL_FORMAT", "REVEAL_VERSION", "Classification", "Kind", "Revealed", "reveal"]
 
 REVEAL_FORMAT: Final = "ring-ref-reveal"
-REVEAL_VERSION: Final = 2
+REVEAL_VERSION: Final = 3
 
 Classification = Literal["ring", "folds", "trees", "partly-trees", "no-tree"]
 
@@ -200,8 +200,8 @@ class Revealed:
         return [spelt[v] for v in self.of.tolist()]
 
     def to_json_text(self) -> str:
-        """:meth:`to_json` as text, each distinct tree spelt once and a fold straight from its order,
-        so that ``M`` distinct folds of ``N`` workers never become ``N M`` nested lists."""
+        """:meth:`to_json` as text, each distinct tree spelt once (a fold flat, ``{"fold": [...]}``:
+        no tree nests deeper than its structure other than folds)."""
         doc = self.to_json(trees=False)
         spelt = [tree_json_text(tree) for tree, _ in self.verdicts]
         trees = ", ".join(spelt[v] for v in self.of.tolist())

@@ -43,7 +43,7 @@ from ring_ref._dispatch import ring_all_reduce
 from ring_ref._dtypes import FORMATS, bits
 from ring_ref._hints import ORDER_FILE, shape_hint
 from ring_ref._ops import OPS
-from ring_ref._order import Tree, evaluate, fold_order_of, format_tree, tree_from_json
+from ring_ref._order import Tree, evaluate, fold_order_of, format_tree, reveal_document, tree_from_json
 from ring_ref._reveal import REVEAL_FORMAT, REVEAL_VERSION, RevealError, reveal
 from ring_ref._validate import schedule_of
 from ring_ref.difftest._call import Answer, kind_hint, well_formed
@@ -168,7 +168,8 @@ def schedule_ring(schedule: str | Schedule) -> Schedule:
 
 def _load(path: Path) -> dict[str, Any]:
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        with path.open("rb") as file:
+            doc = reveal_document(file)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise OrderError(f"cannot read the order file {str(path)!r}: {exc}; {ORDER_FILE}") from exc
     if (
@@ -189,7 +190,7 @@ def read_order(path: Path) -> tuple[int, int, str, list[Tree], Layout]:
     ``layout`` is the fitted ring's; a file that names no ring cuts its
     elements as the spec does when ``N`` divides ``M``, else as OpenMPI's
     ``blocks`` (so that chunk labels stay within ``0 .. N - 1``).  An element
-    of kind ``exact`` (version 2) is checked against the exact sum rounded once:
+    of kind ``exact`` (versions 2 and 3) is checked against the exact sum rounded once:
     one multiway node of every worker.
     """
     doc = _load(path)

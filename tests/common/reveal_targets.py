@@ -19,7 +19,7 @@ import torch
 
 Target = Callable[[torch.Tensor], torch.Tensor]
 Spelt = Any
-"""A tree as nested lists (``reveal --json``'s spelling)."""
+"""A tree as nested lists (``reveal --json``'s spelling up to version 2; :func:`flat` gives version 3's)."""
 
 
 def spelt(tree: Spelt) -> Spelt:
@@ -45,6 +45,27 @@ def chain(order: list[Spelt]) -> Spelt:
     for w in order[1:]:
         tree = [tree, w]
     return tree
+
+
+def flat(tree: Spelt) -> Spelt:
+    """Version 3's spelling of a canonical ``tree`` (spec/reveal.md, ``reveal-json``), typed in from the
+    clause: a pair whose first child is a pair is ``{"fold": [...]}``, the items of its left spine."""
+    if isinstance(tree, int):
+        return tree
+    if len(tree) == 2 and isinstance(tree[0], list) and len(tree[0]) == 2:
+        items: list[Spelt] = []
+        node = tree
+        while isinstance(node, list) and len(node) == 2:
+            items.insert(0, node[1])
+            node = node[0]
+        return {"fold": [flat(item) for item in [node, *items]]}
+    return [flat(child) for child in tree]
+
+
+def ring_fold_json(n: int, order: list[int]) -> Spelt:
+    """Version 3's spelling of the fold of ``order`` (all ``n`` workers): flat, the first two ascending."""
+    assert sorted(order) == list(range(n))
+    return {"fold": sorted(order[:2]) + order[2:]}
 
 
 def _gather_fold(x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,7 @@ import torch
 from ring_ref import ring_all_reduce
 from ring_ref._chunks import chunk_bounds
 from ring_ref._cli import main
-from ring_ref._order import tree_to_json
+from ring_ref._order import tree_to_pairs
 from ring_ref._order_stability import Embedded, Placement, chunk_offsets, placements
 from ring_ref._reveal import RevealError
 from ring_ref._svg import invariance_svg
@@ -377,7 +377,7 @@ def test_a_switch_from_a_fold_to_a_ring_is_named_with_the_default_offsets() -> N
         "from M = 128 on)"
     )
     by_placement = {
-        p: [tree_to_json(t) for t in row] for p, row in zip(found.placements, found.trees, strict=True)
+        p: [tree_to_pairs(t) for t in row] for p, row in zip(found.placements, found.trees, strict=True)
     }
     assert by_placement[Placement(64, 48)] == [FOLD_4_JSON] * 16
     assert [by_placement[Placement(4096, 1024 * c)][0] for c in range(4)] == RING_4

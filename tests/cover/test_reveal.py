@@ -17,15 +17,21 @@ import pytest
 import torch
 
 from ring_ref import Engine, RingSchedule, ring_all_reduce
-from ring_ref._order import canonical, format_tree, tree_from_json, tree_to_json
+from ring_ref._order import canonical, format_tree, tree_from_json, tree_to_json, tree_to_pairs
 from ring_ref._reveal import Revealed, RevealError, reveal
 from ring_ref._svg import reveal_svg
 from tests.common.paths import ROOT
 from tests.common.planted_orders import mpich_ring
+from tests.common.reveal_targets import flat
 
 SCHEMA = json.loads((ROOT / "spec" / "reveal.schema.json").read_text(encoding="utf-8"))
 
 Target = Callable[[torch.Tensor], torch.Tensor]
+
+
+def _flat(trees: list[Any]) -> list[Any]:
+    """Trees written as nested lists, in ``reveal --json``'s spelling (version 3: folds flat)."""
+    return [None if tree is None else flat(tree) for tree in trees]
 
 
 def _json(found: Revealed) -> dict[str, Any]:
@@ -62,7 +68,7 @@ SPEC_RING_4 = [
 def test_reveal_names_the_spec_ring_on_both_engines(engine: Engine) -> None:
     found = reveal(lambda x: ring_all_reduce(x, engine), 4, 8)
     doc = _json(found)
-    assert doc["trees"] == SPEC_RING_4
+    assert doc["trees"] == _flat(SPEC_RING_4)
     assert doc["ring"] == {"direction": 1, "offset": 0, "layout": "even"}
     assert doc["matches"] == ["spec", "openmpi-ring"]  # M divisible by N: blocks are the spec's chunks
     assert doc["classification"] == "ring"
@@ -81,7 +87,7 @@ def test_reveal_names_a_ring_of_another_direction_offset_and_layout() -> None:
     chunk3 = [[[[0, 4], 3], 2], 1]  # fold 0,4,3,2,1
     chunk4 = [[[[0, 1], 4], 3], 2]  # fold 1,0,4,3,2
     doc = _json(found)
-    assert doc["trees"] == [chunk0, chunk0, chunk1, chunk1, chunk2, chunk3, chunk4]
+    assert doc["trees"] == _flat([chunk0, chunk0, chunk1, chunk1, chunk2, chunk3, chunk4])
     assert doc["ring"] == {"direction": -1, "offset": 2, "layout": "blocks"}
     assert doc["matches"] == []
     assert "element 5 (chunk 3): fold 0,4,3,2,1" in found.summary()
@@ -93,7 +99,7 @@ def test_reveal_fits_the_gloo_preset_on_its_segment_layout() -> None:
     found = reveal(lambda x: ring_all_reduce(x, schedule="gloo"), 4, 9)
     chunk0, chunk1, chunk2 = [[[2, 3], 1], 0], [[[0, 3], 2], 1], [[[0, 1], 3], 2]
     doc = _json(found)
-    assert doc["trees"] == [chunk0] * 4 + [chunk1] * 4 + [chunk2]
+    assert doc["trees"] == _flat([chunk0] * 4 + [chunk1] * 4 + [chunk2])
     assert doc["ring"] == {"direction": -1, "offset": 3, "layout": "gloo"}
     assert doc["matches"] == ["gloo"]
 
@@ -121,7 +127,7 @@ def test_reveal_a_pairwise_tree() -> None:
 
     found = reveal(pairwise, 8, 3)
     doc = _json(found)
-    assert doc["trees"] == [[[[0, 1], [2, 3]], [[4, 5], [6, 7]]]] * 3
+    assert doc["trees"] == _flat([[[[0, 1], [2, 3]], [[4, 5], [6, 7]]]] * 3)
     assert doc["classification"] == "trees" and doc["ring"] is None
     assert "elements 0..2: (((0+1)+(2+3))+((4+5)+(6+7)))" in found.summary()
 
@@ -130,11 +136,11 @@ def test_reveal_a_pairwise_tree() -> None:
 def test_reveal_a_sequential_fold() -> None:
     found = reveal(_fold([0, 1, 2, 3]), 4, 8)
     doc = _json(found)
-    assert doc["trees"] == [[[[0, 1], 2], 3]] * 8
+    assert doc["trees"] == _flat([[[[0, 1], 2], 3]] * 8)
     # no ring, but the chain (spec/schedules.md): the left fold in rank order
     assert doc["classification"] == "folds" and doc["ring"] is None and doc["matches"] == ["chain"]
     found = reveal(_fold([5, 2, 4, 0, 3, 1]), 6, 2, dtype="float64")
-    assert _json(found)["trees"] == [[[[[[2, 5], 4], 0], 3], 1]] * 2
+    assert _json(found)["trees"] == _flat([[[[[[2, 5], 4], 0], 3], 1]] * 2)
     assert found.matches == []
     assert "elements 0..1: fold 2,5,4,0,3,1" in found.summary()
 
@@ -153,13 +159,15 @@ def _mixed(x: torch.Tensor) -> torch.Tensor:
 def test_reveal_elements_of_one_result_with_different_trees() -> None:
     found = reveal(_mixed, 4, 5)
     doc = _json(found)
-    assert doc["trees"] == [
-        [[[2, 3], 1], 0],
-        [[[2, 3], 1], 0],
-        [[0, 1], [2, 3]],
-        [[[1, 2], 0], 3],
-        [[[1, 3], 2], 0],
-    ]
+    assert doc["trees"] == _flat(
+        [
+            [[[2, 3], 1], 0],
+            [[[2, 3], 1], 0],
+            [[0, 1], [2, 3]],
+            [[[1, 2], 0], 3],
+            [[[1, 3], 2], 0],
+        ]
+    )
     assert doc["classification"] == "trees"
     summary = found.summary()
     assert "elements 0..1: fold 3,2,1,0" in summary and "element 2: ((0+1)+(2+3))" in summary
@@ -175,7 +183,7 @@ def _wider(x: torch.Tensor) -> torch.Tensor:
 def test_a_wider_accumulator_is_reported_as_no_tree(n: int) -> None:
     found = reveal(_wider, n, 6)
     doc = _json(found)
-    assert doc["trees"] == [None] * 6
+    assert doc["trees"] == _flat([None] * 6)
     assert doc["classification"] == "no-tree" and doc["matches"] == []
     assert "no tree of float32 additions explains it" in found.summary()
 
@@ -188,7 +196,7 @@ def test_only_the_elements_no_tree_explains_get_none() -> None:
         return out
 
     doc = _json(reveal(half, 5, 6))
-    assert doc["trees"] == [[[[[0, 1], 2], 3], 4]] * 3 + [None] * 3
+    assert doc["trees"] == _flat([[[[[0, 1], 2], 3], 4]] * 3 + [None] * 3)
     assert doc["classification"] == "partly-trees"
 
 
@@ -271,7 +279,8 @@ def test_a_misbehaving_target_is_named() -> None:
 def test_tree_spelling() -> None:
     assert canonical((3, (1, (2, 0)))) == (((0, 2), 1), 3)
     assert canonical(((4, 5), (0, 1))) == ((0, 1), (4, 5))
-    assert tree_to_json((((0, 2), 1), 3)) == [[[0, 2], 1], 3]
+    assert tree_to_json((((0, 2), 1), 3)) == {"fold": [0, 2, 1, 3]}
+    assert tree_to_pairs((((0, 2), 1), 3)) == [[[0, 2], 1], 3]
     assert tree_from_json([[[0, 2], 1], 3], 4) == (((0, 2), 1), 3)
     assert format_tree(((0, 1), (2, 3))) == "((0+1)+(2+3))"
     assert format_tree((((0, 3), 1), 2)) == "fold 3,0,1,2"
@@ -284,7 +293,7 @@ def test_tree_spelling() -> None:
 def test_svg_has_one_panel_per_distinct_tree() -> None:
     svg = reveal_svg(reveal(_mixed, 4, 5))
     assert svg.startswith("<svg") and svg.count('class="tree"') == 4
-    assert 'data-tree="[[[2, 3], 1], 0]"' in svg and "elements 0..1: fold 3,2,1,0" in svg
+    assert 'data-tree="{&quot;fold&quot;: [2, 3, 1, 0]}"' in svg and "elements 0..1: fold 3,2,1,0" in svg
 
 
 def _drawn(svg: str) -> list[tuple[str, list[int]]]:
@@ -341,7 +350,7 @@ def test_the_command_line(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> 
     )
     doc = json.loads(capsys.readouterr().out)
     jsonschema.validate(doc, SCHEMA)
-    assert doc["trees"] == [[[0, 1], 2], [[1, 2], 0], [[0, 2], 1]] and doc["dtype"] == "float64"
+    assert doc["trees"] == _flat([[[0, 1], 2], [[1, 2], 0], [[0, 2], 1]]) and doc["dtype"] == "float64"
     assert main(["reveal", "ring_ref:ring_all_reduce", "-n", "257", "-m", "4", "--dtype", "bfloat16"]) == 2
     assert "N <= 256" in capsys.readouterr().err
     assert main(["reveal", "ring_ref:nothing_here", "-n", "2", "-m", "2"]) == 2

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import pickle
+import sys
+from collections.abc import Callable
 from typing import Any
 
 import jsonschema  # type: ignore[import-untyped]
@@ -24,12 +26,16 @@ from ring_ref._order import (
     fold_order_of,
     format_tree,
     leaves,
+    ring_trees,
     tree_from_json,
+    tree_ids,
     tree_to_json,
+    tree_to_pairs,
 )
-from ring_ref._reveal import reveal
+from ring_ref._reveal import Revealed, reveal
 from ring_ref._reveal._check import check_on_random_inputs
 from ring_ref._svg import reveal_svg
+from ring_ref.schedule import RingSchedule
 from tests.common import reveal_targets as rt
 from tests.common.paths import ROOT
 
@@ -60,7 +66,8 @@ def test_a_fold_is_equal_to_its_nested_pairs_and_hashes_as_they_do(order: list[i
     assert canonical(fold) is fold and canonical(pairs) == fold
     assert fold_order_of(fold) == fold_order_of(pairs)
     assert sorted(leaves(fold)) == sorted(order)
-    assert tree_to_json(fold) == tree_to_json(pairs) == json_fold(order)
+    assert tree_to_pairs(fold) == tree_to_pairs(pairs) == json_fold(order)
+    assert tree_to_json(fold) == tree_to_json(pairs) == {"fold": sorted(order[:2]) + order[2:]}
     assert pickle.loads(pickle.dumps(fold)) == pairs
 
 
@@ -113,11 +120,11 @@ def test_trees_beyond_64_workers_are_told_in_brief() -> None:
 def test_revealed_folds_are_held_as_one_array_each() -> None:
     """Every element of the spec's ring at ``N = 64`` (count probes; element ``e`` folds ``e, e + 1,
     ...``) has its own fold, held as a ``Fold``; the JSON spells each in full, as the loops of
-    ``tests/common/reveal_targets.py`` do."""
+    ``tests/common/reveal_targets.py`` do (flat, version 3)."""
     n = 64
     found = reveal(lambda x: ring_all_reduce(x, "fast"), n, n, checks=1)
     assert all(isinstance(tree, Fold) for tree in found.distinct())
-    assert found.to_json()["trees"] == [rt.ring_fold_tree(n, e) for e in range(n)]
+    assert found.to_json()["trees"] == [rt.flat(rt.ring_fold_tree(n, e)) for e in range(n)]
 
 
 @pytest.mark.clause("reveal-counts")
@@ -152,6 +159,65 @@ def test_the_json_text_is_the_json_object(target: rt.Target) -> None:
     found = reveal(target, 40, 9, checks=1)
     doc = json.loads(found.to_json_text())
     assert doc == found.to_json()
+    jsonschema.validate(doc, SCHEMA)
+
+
+@pytest.mark.clause("reveal-json")
+@pytest.mark.parametrize(
+    ("target", "tree"),
+    [
+        (rt.ring_fold, rt.ring_fold_tree),
+        (rt.recursive_doubling, rt.recursive_doubling_tree),
+        (rt.tree_of_chains, rt.tree_of_chains_tree),
+        (rt.fused_groups, rt.fused_groups_tree),
+    ],
+    ids=lambda t: getattr(t, "__name__", ""),
+)
+def test_a_reveal_round_trips_in_version_3(target: rt.Target, tree: Callable[[int, int], Any]) -> None:
+    """A real reveal at ``N = 24``: every fold flat, subtrees as the clause spells them (the oracle
+    typed in from it, ``tests/reveal_targets.py``), read back to the trees found."""
+    n, m = 24, 6
+    found = reveal(target, n, m, checks=1)
+    doc = json.loads(found.to_json_text())
+    assert doc["version"] == 3 and doc["trees"] == [rt.flat(rt.spelt(tree(n, e))) for e in range(m)]
+    jsonschema.validate(doc, SCHEMA)
+    assert [tree_from_json(t, n) for t in doc["trees"]] == found.trees
+
+
+def _depth(doc: Any) -> int:
+    """How deep ``doc`` nests (a list or object one level), without recursion."""
+    deepest, stack = 0, [(doc, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, list | dict):
+            deepest = max(deepest, depth)
+            stack.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
+    return deepest
+
+
+@pytest.mark.clause("reveal-json")
+def test_json_loads_reads_the_reveal_of_a_4096_worker_ring_at_the_default_recursion_limit() -> None:
+    """Issue #40 item 6: version 2 nested a fold of 4096 workers 4095 deep (``RecursionError``).  The
+    ``Revealed`` of OpenMPI's ring at ``N = 4096`` is built from the ring's trees (a reveal that large
+    takes minutes); ``M = 16`` elements, one per chunk, keep the file small."""
+    n, m, ring = 4096, 16, RingSchedule(1, 0, "blocks")  # the openmpi-ring preset
+    trees = ring_trees(ring, n, m, "float32")
+    assert trees is not None
+    ids, distinct = tree_ids(trees)
+    found = Revealed(
+        "ring", n, m, "float32", [(t, None) for t in distinct], ids, ring, ["openmpi-ring"], 0, 0, 0, 0.0
+    )
+    text = found.to_json_text()
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(1000)  # Python's default: reveal() raises it for deep trees
+    try:
+        doc = json.loads(text)
+    finally:
+        sys.setrecursionlimit(limit)
+    assert _depth(doc) <= 4
+    # OpenMPI's ring is the spec's on OpenMPI's blocks: chunk c folds c, c + 1, ..., c - 1 (as
+    # rt.ring_fold does); blocks of 16 elements over 4096 workers give element e chunk e
+    assert doc["trees"] == [rt.ring_fold_json(n, [(e + t) % n for t in range(n)]) for e in range(m)]
     jsonschema.validate(doc, SCHEMA)
 
 

@@ -39,7 +39,7 @@ def _trees(target: rt.Target, n: int, m: int, dtype: str = "float32") -> tuple[l
 def _check_all(name: str, n: int, m: int) -> None:
     target, tree = rt.TREES[name]
     trees, found = _trees(target, n, m)
-    assert trees == [tree(n, e) for e in range(m)], found.summary()[:2000]
+    assert trees == [rt.flat(tree(n, e)) for e in range(m)], found.summary()[:2000]
     assert found.kinds == ["tree"] * m
 
 
@@ -122,7 +122,7 @@ def test_balanced_and_hierarchical_trees_cost_at_most_n_log_n(name: str) -> None
     n = 96
     target, tree = rt.TREES[name]
     trees, found = _trees(target, n, 3)
-    assert trees == [tree(n, e) for e in range(3)]
+    assert trees == [rt.flat(tree(n, e)) for e in range(3)]
     assert found.probe_calls <= n * math.log2(n)
 
 
@@ -148,7 +148,7 @@ def test_any_tree_costs_at_most_n_n_minus_1_over_2(seed: int) -> None:
     rng.shuffle(workers)
     tree = _random_tree(rng, workers)
     trees, found = _trees(lambda x: _evaluate(tree, x), n, 2)
-    assert trees == [rt.spelt(tree)] * 2
+    assert trees == [rt.flat(rt.spelt(tree))] * 2
     assert found.probe_calls <= n * (n - 1) // 2
 
 
@@ -156,7 +156,7 @@ def test_any_tree_costs_at_most_n_n_minus_1_over_2(seed: int) -> None:
 @pytest.mark.parametrize(("dtype", "n"), [("float16", 40), ("bfloat16", 40), ("float64", 70)])
 def test_count_probes_in_every_dtype(dtype: str, n: int) -> None:
     trees, found = _trees(rt.ring_fold, n, 3, dtype)
-    assert trees == [rt.ring_fold_tree(n, e) for e in range(3)] and found.dtype == dtype
+    assert trees == [rt.flat(rt.ring_fold_tree(n, e)) for e in range(3)] and found.dtype == dtype
 
 
 @pytest.mark.clause("reveal-counts", "reveal-limits")
@@ -170,16 +170,14 @@ def test_a_target_that_does_not_count_is_named() -> None:
 
 
 @pytest.mark.clause("reveal-report", "difftest-exact-orders", "reveal-multiway")
-def test_order_files_of_version_2_serve_multiway_and_exact(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_order_files_serve_multiway_and_exact(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     for name, n in (("fused_groups", 12), ("wide_accumulator", 5)):
         saved = tmp_path / f"{name}.json"
         assert main(["reveal", f"tests.common.reveal_targets:{name}", "-n", str(n), "-m", "4", "--json"]) == 0
         saved.write_text(capsys.readouterr().out, encoding="utf-8")
         doc = json.loads(saved.read_text(encoding="utf-8"))
         jsonschema.validate(doc, SCHEMA)
-        assert doc["version"] == 2
+        assert doc["version"] == 3
         _, _, _, trees, _ = read_order(saved)
         if name == "wide_accumulator":
             assert doc["kinds"] == ["exact"] * 4 and trees == [tuple(range(n))] * 4

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import json
+import re
 import textwrap
+import tracemalloc
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+import jsonschema  # type: ignore[import-untyped]
 import pytest
 import torch
 
 from ring_ref import RingSchedule, ring_all_reduce
 from ring_ref._cli import main
+from ring_ref._order import Fold
 from ring_ref.difftest import OrderError, difftest
 from ring_ref.difftest._options import Options
 from ring_ref.difftest._orders import (
@@ -20,11 +24,13 @@ from ring_ref.difftest._orders import (
     exact_order,
     file_order,
     parse_schedule,
+    read_order,
     schedule_order,
 )
 from ring_ref.difftest._search import run_difftest
 from ring_ref.testing import assert_matches_reference
 from tests.common.oracles import blocks_bounds, gloo_bounds, same_bits, schedule_fold
+from tests.common.paths import ROOT
 from tests.common.planted_impls import (
     drops_the_remainder,
     fast_engine,
@@ -32,6 +38,8 @@ from tests.common.planted_impls import (
     openmpi_ring_preset,
     openmpi_ring_written_out,
 )
+
+REVEAL_SCHEMA = json.loads((ROOT / "spec" / "reveal.schema.json").read_text(encoding="utf-8"))
 
 TARGETS = textwrap.dedent(
     '''
@@ -386,3 +394,132 @@ def test_an_order_file_refuses_options_its_inputs_would_break(
         "exact's inputs are all N = 2, M = 4, float32, the file's" in out
         and "--dtypes float32 float64" in out
     )
+
+
+# --- order files of every version, read without recursion (issue #40 item 6) ---------------------------
+
+
+def _ring_order(n: int, e: int) -> list[int]:
+    """OpenMPI's ring (the spec's on OpenMPI's blocks): chunk ``e`` folds ``e, e + 1, ..., e - 1``; with
+    fewer elements than workers element ``e`` is chunk ``e``."""
+    return [(e + t) % n for t in range(n)]
+
+
+def _ring_file(path: Path, version: int, n: int, m: int) -> Path:
+    """The ring's reveal written by hand in ``version``'s spelling: flat folds (3) or nested pairs (1, 2),
+    the text made by string operations (``json.dumps`` recurses on nesting too)."""
+    orders = [_ring_order(n, e) for e in range(m)]
+    if version == 3:
+        trees = [json.dumps({"fold": [*sorted(order[:2]), *order[2:]]}) for order in orders]
+    else:
+        trees = [
+            "[" * (n - 1) + f"{o[0]}, {o[1]}]" + "".join(f", {w}]" for w in o[2:])
+            for o in ([*sorted(order[:2]), *order[2:]] for order in orders)
+        ]
+    doc = {
+        "format": "ring-ref-reveal",
+        "version": version,
+        "target": "ring",
+        "n": n,
+        "m": m,
+        "dtype": "float32",
+    }
+    rest: dict[str, object] = {
+        "ring": {"direction": 1, "offset": 0, "layout": "blocks"},
+        "matches": ["openmpi-ring"],
+        "classification": "ring",
+        "calls": 0,
+        "callsBy": {"probe": 0, "confirm": 0, "check": 0, **({"count": 0} if version > 1 else {})},
+        "seconds": 0.0,
+        **({"kinds": ["tree"] * m, "notes": []} if version > 1 else {}),
+    }
+    head, tail = json.dumps(doc)[:-1], json.dumps(rest)[1:]
+    path.write_text(f'{head}, "trees": [{", ".join(trees)}], {tail}', encoding="utf-8")
+    return path
+
+
+def _peak_bytes(read: Callable[[], object]) -> int:
+    """The most memory Python held at once during ``read()`` (everything imported before)."""
+    tracemalloc.start()
+    try:
+        read()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def _check_ring_read(path: Path, n: int, m: int) -> None:
+    size = path.stat().st_size
+    read_order(path)  # imports done, caches warm
+    peak = _peak_bytes(lambda: read_order(path))
+    assert peak < 2 * size, f"{peak} bytes held reading a file of {size}"
+    got_n, got_m, dtype, trees, layout = read_order(path)
+    assert (got_n, got_m, dtype, layout) == (n, m, "float32", "blocks")
+    for e, tree in enumerate(trees):
+        order = _ring_order(n, e)
+        assert isinstance(tree, Fold) and tree.order.tolist() == [*sorted(order[:2]), *order[2:]]
+
+
+@pytest.mark.clause("reveal-json", "difftest-exact-orders")
+@pytest.mark.parametrize("version", [1, 2, 3])
+def test_order_files_of_a_4096_worker_ring_are_read_in_less_than_twice_their_size(
+    tmp_path: Path, version: int
+) -> None:
+    """Issue #40 item 6: a version 1 or 2 file nests a fold of 4096 workers 4095 deep (``json.loads``
+    raised ``RecursionError``), and any version read as nested lists of Python ints took many times
+    the file; every version is read flat, each fold into one array."""
+    n, m = 4096, 24
+    _check_ring_read(_ring_file(tmp_path / f"v{version}.json", version, n, m), n, m)
+
+
+@pytest.mark.soak  # a 100 MB file (about a minute)
+@pytest.mark.clause("reveal-json", "difftest-exact-orders")
+@pytest.mark.parametrize("version", [2, 3])
+def test_an_order_file_of_4096_by_4096_is_read_in_less_than_twice_its_size(
+    tmp_path: Path, version: int
+) -> None:
+    n = 4096
+    _check_ring_read(_ring_file(tmp_path / f"v{version}.json", version, n, n), n, n)
+
+
+@pytest.mark.clause("reveal-json", "difftest-exact-orders")
+@pytest.mark.parametrize("version", [1, 2, 3])
+def test_order_files_of_every_version_conform_and_check_exact(tmp_path: Path, version: int) -> None:
+    """Versions 1, 2 and 3 of one ring: each valid against the schema, each read to the same trees, each
+    passing the ring and failing another order under ``exact``."""
+    saved = _ring_file(tmp_path / f"v{version}.json", version, 5, 3)
+    jsonschema.validate(json.loads(saved.read_text(encoding="utf-8")), REVEAL_SCHEMA)
+    expected = []
+    for e in range(3):
+        order = _ring_order(5, e)
+        tree: object = (min(order[:2]), max(order[:2]))
+        for w in order[2:]:
+            tree = (tree, w)
+        expected.append(tree)
+    assert read_order(saved)[3] == expected
+    options = Options(modes=("exact",), examples=5, seed=1)
+    assert run_difftest(openmpi_ring_written_out, options, file_order(saved)).verdict == "pass"
+    assert run_difftest(lambda x: x.sum(0), options, file_order(saved)).verdict == "fail"
+
+
+@pytest.mark.clause("reveal-json")
+def test_an_order_file_spells_any_tree_any_way_and_is_checked(tmp_path: Path) -> None:
+    """A fold's items may be subtrees, an addition may be nested pairs in a version 3 file; a tree that
+    repeats or misses a worker, names one beyond N, or is no node, is refused naming the file."""
+    saved = tmp_path / "order.json"
+    base = {"format": "ring-ref-reveal", "version": 3, "n": 4, "m": 3, "dtype": "float32"}
+    spellings = [{"fold": [[0, 1], 2, 3]}, {"fold": [0, 1, [2, 3]]}, [[[0, 1], 2], 3]]
+    saved.write_text(json.dumps({**base, "trees": spellings}), encoding="utf-8")
+    assert read_order(saved)[3] == [(((0, 1), 2), 3), ((0, 1), (2, 3)), (((0, 1), 2), 3)]
+    bad: list[tuple[object, str]] = [
+        ({"fold": [0, 1, 2, 2]}, "exactly once"),
+        ({"fold": [0, 1, 4, 3]}, "a tree node must be a worker id in 0 .. 3"),
+        ({"fold": [0, 1, 2]}, "exactly once"),
+        ({"fold": [[0, 1, 2, 3]]}, "cannot read the order file"),
+        ({"fold": [0, 1, 2, 3], "more": 1}, "cannot read the order file"),
+        ([0, 1.5, 2, 3], "cannot read the order file"),
+    ]
+    for tree, words in bad:
+        saved.write_text(json.dumps({**base, "trees": [tree] * 3}), encoding="utf-8")
+        with pytest.raises(OrderError, match=re.escape(words)):
+            read_order(saved)
