@@ -42,6 +42,7 @@ from ring_ref.difftest._diagnosis_probes import (
     position_probe,
     scaled_first,
     several_workers,
+    times_reciprocal,
     who,
 )
 from ring_ref.difftest._inputs import Case, exact_tensor, order_free_values, probe_cases
@@ -66,7 +67,14 @@ from ring_ref.schedule import Layout
 if TYPE_CHECKING:
     from ring_ref.difftest._orders import Explained
 
-_COUNTING: Final = ("double-counted", "mean-not-sum", "sum-not-op", "wrong-op", "avg-divided-first")
+_COUNTING: Final = (
+    "double-counted",
+    "mean-not-sum",
+    "sum-not-op",
+    "wrong-op",
+    "avg-divided-first",
+    "avg-times-reciprocal",
+)
 """Value codes that the probes establish for every input, not only the counterexample."""
 
 _WORDS: Final[dict[float, str]] = {0.0: "zeros", 1.0: "ones"}
@@ -412,6 +420,8 @@ def _op_finding(
     to the wrong elements is not taken for one with the wrong zeros.
     """
     op = case.reduction
+    if op == "avg" and (times := _times_reciprocal(fn, case, rank)):
+        return "avg-times-reciprocal", times
     divided = _divided_first(fn, case, result, rank) if op == "avg" else ""
     if divided:
         return "avg-divided-first", divided
@@ -509,6 +519,37 @@ def _shape_words(case: Case, probed: Case) -> str:
     return "" if probed.n == case.n else f" at N = {probed.n}, M = {probed.m}"
 
 
+def _on_two_workers(fn: Launcher, case: Case, a: int, b: int, rank: int | None) -> set[float] | None:
+    """The values the target gives when only workers 0 and 1 hold ``a`` and ``b`` (``None``: no result)."""
+    per_worker = len(case.values) // case.n
+    rows = [float(a), float(b)] + [0.0] * (case.n - 2)
+    got = well_formed(fn.call(replace(case, values=tuple(v for v in rows for _ in range(per_worker)))), rank)
+    return None if got is None else set(as_float_list(got))
+
+
+def _times_reciprocal(fn: Launcher, case: Case, rank: int | None) -> str:
+    """Why the ``avg`` result is the sum multiplied by ``fl(1/N)`` (``""``: it is not).
+
+    On a probe where only workers 0 and 1 hold ``a`` and ``b`` (:func:`times_reciprocal`: one
+    addition, the same in every order) every element is ``(a + b) * fl(1/N)`` rounded, which no
+    average divided once and no sum of contributions scaled first gives: XLA's ``pmean``.
+    """
+    fmt = format_of(case.dtype)
+    pair = times_reciprocal(fmt, case.n)
+    if pair is None:
+        return ""
+    a, b, times = pair
+    if _on_two_workers(fn, case, a, b, rank) != {times}:
+        return ""
+    reciprocal = float(round_to(fmt, Fraction(1, case.n)))
+    once = float(round_to(fmt, Fraction(a + b, case.n)))
+    return (
+        f"With only workers 0 and 1 holding {a} and {b} (one addition, the same in every order) the "
+        f"target gives {times!r} everywhere: the sum multiplied by 1/N rounded ({reciprocal!r}) after "
+        f"the sum, as XLA's pmean does; an average divided once gives {once!r} (clause op-avg)"
+    )
+
+
 def _divided_first(fn: Launcher, case: Case, result: torch.Tensor, rank: int | None) -> str:
     """Why the ``avg`` result is a sum of contributions each scaled by ``1/N`` first (``""``: it is not).
 
@@ -539,16 +580,12 @@ def _divided_first(fn: Launcher, case: Case, result: torch.Tensor, rank: int | N
                 f"The result is bit for bit the ring's sum of the contributions {words}, not the ring's "
                 "sum divided once (clause op-avg)"
             )
-    per_worker = len(case.values) // n
     for premultiply, words in ((False, divided_words), (True, premultiplied_words)):
         pair = scaled_first(fmt, n, premultiply)
         if pair is None:
             continue
         a, b, scaled, right = pair
-        rows = [float(a), float(b)] + [0.0] * (n - 2)
-        probe = replace(case, values=tuple(v for v in rows for _ in range(per_worker)))
-        got = well_formed(fn.call(probe), rank)
-        if got is not None and set(as_float_list(got)) == {scaled}:
+        if _on_two_workers(fn, case, a, b, rank) == {scaled}:
             once = " or ".join(repr(v) for v in sorted(right))
             return (
                 f"With only workers 0 and 1 holding {a} and {b} (one addition, the same in every order) "

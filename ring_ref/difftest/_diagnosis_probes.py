@@ -38,6 +38,7 @@ __all__ = [
     "position_probe",
     "scaled_first",
     "several_workers",
+    "times_reciprocal",
     "who",
 ]
 
@@ -261,6 +262,34 @@ def several_workers(case: Case) -> Case:
 
 
 @functools.lru_cache(maxsize=256)
+def times_reciprocal(fmt: FloatFormat, n: int) -> tuple[int, int, float] | None:
+    """Two small whole contributions ``a <= b`` that tell the sum times ``fl(1/N)`` from every other average.
+
+    Returns ``(a, b, times)``: with every other worker holding zero the sum ``a + b`` is exact (one
+    addition, the same in every order), and ``times`` is ``(a + b) * fl(1/N)`` rounded, which differs
+    from ``(a + b) / N`` rounded once and from the sums of the contributions divided by ``N`` or
+    multiplied by ``fl(1/N)`` first.  ``None`` when no pair up to 64 does (``N`` a power of two).
+    """
+    if n & (n - 1) == 0:
+        return None
+    reciprocal = Fraction(round_to(fmt, Fraction(1, n)))
+    for b in range(1, 65):
+        for a in range(1, b + 1):
+            times = round_to(fmt, (a + b) * reciprocal)
+            others = {
+                round_to(fmt, Fraction(a + b, n)),
+                round_to(
+                    fmt, Fraction(round_to(fmt, Fraction(a, n))) + Fraction(round_to(fmt, Fraction(b, n)))
+                ),
+                round_to(
+                    fmt, Fraction(round_to(fmt, a * reciprocal)) + Fraction(round_to(fmt, b * reciprocal))
+                ),
+            }
+            if times not in others:
+                return a, b, times
+    return None
+
+
 def scaled_first(
     fmt: FloatFormat, n: int, premultiply: bool
 ) -> tuple[int, int, float, frozenset[float]] | None:

@@ -63,6 +63,7 @@ CODES: Final = (
     "sum-not-op",
     "wrong-op",
     "avg-divided-first",
+    "avg-times-reciprocal",
     "double-counted",
     "signed-zero",
     "not-ring-order",

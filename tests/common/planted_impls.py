@@ -289,18 +289,25 @@ def premultiplies(x: torch.Tensor, op: str) -> torch.Tensor:
     return ring_all_reduce(x * torch.tensor(1.0 / x.shape[0], dtype=torch.float64).to(x.dtype))
 
 
+def multiplies_after_the_sum(x: torch.Tensor, op: str) -> torch.Tensor:
+    """XLA's CPU ``pmean`` (measured, docs/guide/jax.md): the ring's sum, then times 1/N rounded to the
+    dtype, a second rounding where the spec divides once."""
+    return ring_all_reduce(x) * torch.tensor(1.0 / x.shape[0], dtype=torch.float64).to(x.dtype)
+
+
 def op_chunks_rotated(x: torch.Tensor, op: str) -> torch.Tensor:
     """Bug: all-gather stores each finished chunk one slot off, for any op."""
     return torch.roll(ring_all_reduce(x, op=op), shifts=x.shape[1] // x.shape[0], dims=0)
 
 
 def drops_last_worker_op(x: torch.Tensor, op: str) -> torch.Tensor:
-    """Bug: the last worker's contribution is lost, for any op (avg still divides by N)."""
+    """Bug: the last worker's contribution is lost, for any op (avg still divides by N).  The N - 1 others
+    are reduced on a ring whose layout takes any M (N - 1 need not divide M, as at the probes' M = N)."""
     if x.shape[0] == 1:
         return x[0].clone()
     if op == "avg":
-        return _divide_once(ring_all_reduce(x[:-1]), x.shape[0])
-    return ring_all_reduce(x[:-1], op=op)
+        return _divide_once(ring_all_reduce(x[:-1], schedule="openmpi-ring"), x.shape[0])
+    return ring_all_reduce(x[:-1], op=op, schedule="openmpi-ring")
 
 
 def max_is_sum(x: torch.Tensor, op: str = "sum") -> torch.Tensor:
@@ -333,6 +340,11 @@ OP_EXPECTED: list[tuple[OpImpl, str, dict[str, set[str]]]] = [
     *(
         (fn, "avg", {"exact": {"avg-divided-first"}, "order-free": {"avg-divided-first"}, "bound": PASS})
         for fn in (divides_first, premultiplies)
+    ),
+    (
+        multiplies_after_the_sum,
+        "avg",
+        {"exact": {"avg-times-reciprocal"}, "order-free": {"avg-times-reciprocal"}, "bound": PASS},
     ),
     *(
         (op_chunks_rotated, op, {mode: {"out-of-bound"} for mode in ("exact", "order-free", "bound")})

@@ -1020,6 +1020,23 @@ def test_the_ring_sum_of_quotients_bit_for_bit_is_avg_divided_first(fn: Callable
         )
 
 
+@pytest.mark.clause("difftest-diagnoses", "op-avg")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_the_sum_times_a_rounded_reciprocal_is_named_not_divided_first(dtype: torch.dtype) -> None:
+    """XLA's pmean multiplies the sum by fl(1/N): named so in exact and order-free, on a counterexample
+    where it also equals the ring's sum of quotients (the coincidence once read as avg-divided-first)."""
+    # float32, N = 3: 1384399 + -2293284 = -908885, times fl(1/3) rounds to -302961.6875, the exact
+    # average to -302961.65625, as do the quotients summed (typed in from the counterexample jax gave)
+    values = (0.0, 0.0, 0.0, 1384399.0, 0.0, 0.0, -2293284.0, 0.0, 0.0)
+    case = Case(3, 3, (), dtype, "contiguous", values if dtype == torch.float32 else F16_THIRDS.values, "avg")
+    for mode in ("exact", "order-free"):
+        codes, text = find(planted_impls.multiplies_after_the_sum, case, mode)
+        assert codes == ["avg-times-reciprocal"], (mode, text)
+        assert "the sum multiplied by 1/N rounded" in text and "as XLA's pmean does" in text
+    for fn in (planted_impls.divides_first, planted_impls.premultiplies):
+        assert find(fn, F16_THIRDS, "order-free")[0] == ["avg-divided-first"]
+
+
 def _premultiplies_in_torch_order(x: torch.Tensor, op: str) -> torch.Tensor:
     return (x * torch.tensor(1.0 / x.shape[0], dtype=torch.float64).to(x.dtype)).sum(0)
 
