@@ -203,6 +203,8 @@ def raised_hint(raised: str, *, per_rank: bool) -> str:
 
     >>> raised_hint("IndexError: tuple index out of range", per_rank=True)[:40]
     '; this looks like a stacked target (work'
+    >>> raised_hint("IndexError: Dimension out of range (expected to be in [-1, 0])", per_rank=True)[-12:]
+    '(ranks=None)'
     >>> raised_hint("ValueError: Default process group has not been initialized", per_rank=False)[:44]
     '; this looks like a per-rank target: add --r'
     """
@@ -213,7 +215,7 @@ def raised_hint(raised: str, *, per_rank: bool) -> str:
         )
     if _MORE_ARGUMENTS in raised and raised.startswith("TypeError"):
         return f"; TARGET needs more arguments than this call passes: two fit {_FITS[2]}"
-    if per_rank and any(sign in raised for sign in _STACKED_SIGNS):
+    if per_rank and any(sign in raised.lower() for sign in _STACKED_SIGNS):
         return (
             "; this looks like a stacked target (worker_tensors of shape (N, M, ...)): drop --ranks "
             "(ranks=None)"
