@@ -20,7 +20,9 @@ entry names a module or a package and everything in it, so a new module of a lis
 entry.
 
 The checker is run on the real tree, and on copies of it with one import
-planted, each of which it must refuse.
+planted, each of which it must refuse.  Beside the imports, the same scan keeps a collective's name
+(``"all-reduce"``, ...) out of every module but the vocabulary, the command line's parsing and the
+report (:data:`NAMERS`): the others take a ``Collective`` and ask it.
 """
 
 from __future__ import annotations
