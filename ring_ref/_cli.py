@@ -26,7 +26,7 @@ from ring_ref.difftest._rules import (
     option_problem,
     refused_before_torch,
 )
-from ring_ref.schedule import ALL_REDUCE, COLLECTIVES
+from ring_ref.schedule import ALL_REDUCE, COLLECTIVES, REDUCE_SCATTER, Collective
 
 __all__ = ["build_parser", "main"]
 
@@ -112,7 +112,7 @@ def _difftest_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--collective",
         choices=COLLECTIVES,
-        default="all-reduce",
+        default=ALL_REDUCE,
         help="what TARGET computes (default all-reduce): reduce-scatter, (N, M, ...) -> (N, M/N, ...) with "
         "chunk r at rank r; all-gather, (N, S, ...) -> (N*S, ...), every bit copied; per rank both are "
         "TARGET(output, input) (mpi: TARGET(comm, sendbuf, recvbuf))",
@@ -209,8 +209,8 @@ def _reveal_arguments(parser: argparse.ArgumentParser) -> None:
     _framework_argument(parser)
     parser.add_argument(
         "--collective",
-        choices=("all-reduce", "reduce-scatter"),
-        default="all-reduce",
+        choices=(ALL_REDUCE, REDUCE_SCATTER),
+        default=ALL_REDUCE,
         help="reduce-scatter: TARGET maps (N, M) to (N, M/N) (per rank TARGET(output, input)); the "
         "shards, in rank order, are revealed as the M elements they make, and each shard's order is named",
     )
@@ -429,6 +429,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     _dash_value(parser, sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    if hasattr(args, "collective"):  # the one place a --collective name becomes the value
+        args.collective = Collective(args.collective)
     args.started = started  # for reveal's time line: the whole command, torch's import included
     problem = _usage_problem(args)
     if problem:

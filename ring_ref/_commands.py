@@ -30,7 +30,7 @@ from ring_ref.difftest._options import Options, rank_launcher, refused
 from ring_ref.difftest._report import Report
 from ring_ref.difftest._search import run_difftest
 from ring_ref.invariants import Provenance, State
-from ring_ref.schedule import ALL_REDUCE, PRESETS, SPEC, ChainSchedule, Phase, reduce_scatter_ring
+from ring_ref.schedule import PRESETS, SPEC, ChainSchedule, Phase, reduce_scatter_ring
 
 __all__ = ["COMMANDS"]
 
@@ -66,7 +66,7 @@ def _trace_command(args: argparse.Namespace) -> int:
     m = args.n if args.m is None else args.m
     try:
         ring = _orders.schedule_ring(args.schedule)
-        if args.collective != ALL_REDUCE:  # a preset's name takes its direction as the offset
+        if args.collective.alone:  # a preset's name takes its direction as the offset
             ring = reduce_scatter_ring(args.schedule if args.schedule in PRESETS else ring, args.n)
         check_trace_size(args.n, m, args.format, ring, collective=args.collective)
         records = trace(args.n, ring, args.op, collective=args.collective)
@@ -78,7 +78,7 @@ def _trace_command(args: argparse.Namespace) -> int:
     elif args.format == "svg":
         print(_svg.rounds_svg(records), end="")
     else:
-        if args.collective != ALL_REDUCE:
+        if args.collective.alone:
             print(f"collective: {args.collective} alone (spec section 12)")
         if isinstance(ring, ChainSchedule):
             print(f"schedule: {ring.describe()} (spec section 15: not a ring; rounds are its steps)\n")
@@ -170,7 +170,7 @@ def _difftest_in_job(args: argparse.Namespace, options: Options) -> int:
 
 def _reveal_command(args: argparse.Namespace) -> int:  # noqa: PLR0912 - one branch a usage error
     """Run ``ring-ref reveal``: 0 when it ran, 2 on a usage error or a misbehaving target."""
-    if args.ranks == "job" and args.collective != "all-reduce":
+    if args.ranks == "job" and args.collective.alone:
         print(
             "ring-ref reveal: error: --collective reduce-scatter is revealed on --ranks gloo or mpi (or "
             "stacked), not yet inside a job: drop --collective or run it on a gloo group of the same N",
@@ -187,7 +187,7 @@ def _reveal_command(args: argparse.Namespace) -> int:  # noqa: PLR0912 - one bra
             if misfit := signature_problem(args.target, args.ranks, args.collective):
                 raise TargetError(misfit)
             launcher = rank_launcher(args.ranks, args.target, args.timeout) if args.ranks else None
-            scatter = args.collective == "reduce-scatter"
+            scatter = args.collective.scatters
             if scatter and args.m % args.n:
                 raise _reveal.RevealError(
                     f"--collective reduce-scatter needs M a multiple of N; got {args.m}"
@@ -224,7 +224,7 @@ def _print_revealed(found: _reveal.Revealed, args: argparse.Namespace, out: Text
     out = out or sys.stdout
     whole = time.perf_counter() - args.started
     print(found.to_json_text() if args.json else found.summary(whole), file=out, flush=True)
-    if getattr(args, "collective", "all-reduce") == "reduce-scatter" and not args.json:
+    if args.collective.scatters and not args.json:
         print("reduce-scatter, each shard's order:", file=out)
         print(
             "\n".join(f"  {line}" for line in _orders.shard_orders(found.trees, args.n, found.ring)), file=out

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from ring_ref.schedule import Collective
+
 __all__ = [
     "ORDER_FILE",
     "Params",
@@ -80,16 +82,18 @@ class Params:
         return f"TARGET({', '.join(self.names[: self.required])})"
 
 
-def call_of(ranks: str | None, collective: str) -> tuple[str, ...]:
+def call_of(ranks: str | None, collective: Collective) -> tuple[str, ...]:
     """The positional arguments a launcher passes (``ranks`` ``None``: stacked).
 
-    >>> call_of(None, "reduce-scatter"), call_of("gloo", "all-gather"), call_of("mpi-job", "all-reduce")
-    (('worker_tensors',), ('output', 'input'), ('comm', 'array'))
+    >>> call_of(None, Collective.REDUCE_SCATTER), call_of("gloo", Collective.ALL_GATHER)
+    (('worker_tensors',), ('output', 'input'))
+    >>> call_of("mpi-job", Collective.ALL_REDUCE)
+    ('comm', 'array')
     """
     if ranks is None:
         return ("worker_tensors",)
     mpi = ranks in ("mpi", "mpi-job")
-    if collective == "all-reduce":
+    if not collective.alone:
         return ("comm", "array") if mpi else ("tensor",)
     return ("comm", "sendbuf", "recvbuf") if mpi else ("output", "input")
 
@@ -160,13 +164,13 @@ def _binds(node: ast.stmt, name: str) -> bool:
     return getattr(node, "name", None) == name
 
 
-def signature_problem(target: object, ranks: str | None, collective: str, *, op: bool = False) -> str:
+def signature_problem(target: object, ranks: str | None, collective: Collective, *, op: bool = False) -> str:
     """Why ``target``'s signature cannot take the call ``ranks`` and ``collective`` make (``op``: with
     ``op=``), with the calls it fits; ``""`` when it can, or when its signature cannot be read.
 
-    >>> signature_problem(lambda a, b: None, None, "all-reduce")[:72]
+    >>> signature_problem(lambda a, b: None, None, Collective.ALL_REDUCE)[:72]
     'TARGET(a, b) needs 2 positional arguments, but a stacked target is calle'
-    >>> signature_problem(lambda x, op: None, None, "all-reduce", op=True)
+    >>> signature_problem(lambda x, op: None, None, Collective.ALL_REDUCE, op=True)
     ''
     """
     params = params_of(target)
@@ -174,7 +178,7 @@ def signature_problem(target: object, ranks: str | None, collective: str, *, op:
     if params is None or params.fits(len(call), frozenset({"op"} if op else ())):
         return ""
     how = "a stacked target" if ranks is None else f"--ranks {ranks}"
-    how += "" if collective == "all-reduce" else f" --collective {collective}"
+    how += collective.option
     needs = params.required - (op and "op" in params.names[len(call) : params.required])
     fits = _FITS.get(needs if needs > len(call) else len(params.names))
     return (
@@ -224,19 +228,19 @@ def raised_hint(raised: str, *, per_rank: bool) -> str:
 
 
 def shape_hint(
-    got: tuple[int, ...], want: tuple[int, ...], *, n: int, per_rank: bool, collective: str
+    got: tuple[int, ...], want: tuple[int, ...], *, n: int, per_rank: bool, collective: Collective
 ) -> str:
     """A hint when an all-reduce's wrong result shape shows a target of another kind or collective, else
     ``""``: ``want`` is the result shape expected, ``(M, ...)``.
 
-    >>> shape_hint((), (2,), n=2, per_rank=True, collective="all-reduce")[:40]
+    >>> shape_hint((), (2,), n=2, per_rank=True, collective=Collective.ALL_REDUCE)[:40]
     '; this looks like a stacked target: rank'
-    >>> shape_hint((2, 3), (6,), n=2, per_rank=False, collective="all-reduce")[:44]
+    >>> shape_hint((2, 3), (6,), n=2, per_rank=False, collective=Collective.ALL_REDUCE)[:44]
     '; this looks like a reduce-scatter (row r is'
-    >>> shape_hint((2, 6), (6,), n=2, per_rank=False, collective="all-reduce")
+    >>> shape_hint((2, 6), (6,), n=2, per_rank=False, collective=Collective.ALL_REDUCE)
     ' (a stack of N copies?)'
     """
-    if collective != "all-reduce" or not want:
+    if collective.alone or not want:
         return ""
     if per_rank:
         if got == want[1:]:

@@ -35,14 +35,13 @@ from ring_ref._validate import check_collective_size, check_ring_size
 from ring_ref.core import fold, never_combine, provenance_state, run_ring
 from ring_ref.invariants import Provenance, State, expected_state, finished_chunks, is_complete
 from ring_ref.schedule import (
-    ALL_GATHER,
-    ALL_REDUCE,
     COLLECTIVES,
     PHASES,
     REDUCE_SCATTER,
     SPEC,
     ChainSchedule,
     Collective,
+    CollectiveName,
     Phase,
     Schedule,
     Send,
@@ -74,7 +73,11 @@ class RoundRecord(NamedTuple):
 
 
 def trace(
-    n: int, schedule: Schedule = SPEC, op: str = "sum", *, collective: Collective = ALL_REDUCE
+    n: int,
+    schedule: Schedule = SPEC,
+    op: str = "sum",
+    *,
+    collective: Collective | CollectiveName = Collective.ALL_REDUCE,
 ) -> tuple[RoundRecord, ...]:
     """Run the reference core for ``n`` workers and record every round (of ``schedule``'s ring; the
     chain's steps, clause ``chain-trace``).
@@ -92,11 +95,11 @@ def trace(
     the_op = op_name(op)
     if collective not in COLLECTIVES:
         raise ValueError(f"unknown collective {collective!r}; choose one of {', '.join(COLLECTIVES)}.")
-    phases: tuple[Phase, ...] = PHASES if collective == ALL_REDUCE else (collective,)
+    the = Collective(collective)
     start = provenance_state(n)
-    if collective != ALL_REDUCE:
+    if the.alone:
         schedule = reduce_scatter_ring(schedule, n)
-    if collective == ALL_GATHER:
+    if the.gathers:
         if the_op != "sum":
             raise ValueError(f"all-gather copies and takes no op; got op={the_op!r}. Leave --op out.")
         start = expected_state(REDUCE_SCATTER, rounds_per_phase(n) - 1, n, schedule=schedule)
@@ -106,8 +109,8 @@ def trace(
     def observe(phase: Phase, r: int, _state: State[Provenance], prov: State[Provenance]) -> None:
         records.append(RoundRecord(phase, r, send_list(phase, r, n), prov, the_op))
 
-    combine = never_combine if collective == ALL_GATHER else fold
-    run_ring(start, combine, observe, schedule=schedule, phases=phases)
+    combine = never_combine if the.gathers else fold
+    run_ring(start, combine, observe, schedule=schedule, phases=the.phases)
     if the_op == "avg":
         records.append(RoundRecord(DIVIDE, 0, (), records[-1].provenance, the_op))
     return tuple(records)
@@ -232,7 +235,12 @@ wide; at ``N = 64`` the SVG would be 112 MB.
 
 
 def check_trace_size(
-    n: int, m: int, fmt: str, schedule: Schedule = SPEC, *, collective: Collective = ALL_REDUCE
+    n: int,
+    m: int,
+    fmt: str,
+    schedule: Schedule = SPEC,
+    *,
+    collective: Collective | CollectiveName = Collective.ALL_REDUCE,
 ) -> None:
     """Raise ``ValueError`` for a ring the trace cannot hold (``bad-input``) or show readably in ``fmt``.
 
@@ -245,10 +253,10 @@ def check_trace_size(
         raise ValueError(
             f"{flag} {value}: a trace needs at least one worker and one row; give {flag} 1 or more."
         )
-    if collective == ALL_REDUCE:
-        check_ring_size(n, m, divisible=schedule.layout == "even")
-    else:
+    if Collective(collective).alone:
         check_collective_size(n, m, schedule)
+    else:
+        check_ring_size(n, m, divisible=schedule.layout == "even")
     limit = MAX_WORKERS[fmt]
     if n > limit:
         larger = [f"--format {f} (N <= {k})" for f, k in MAX_WORKERS.items() if k > limit]
@@ -292,7 +300,7 @@ def trace_json(
     m: int,
     schedule: Schedule = SPEC,
     *,
-    collective: Collective = ALL_REDUCE,
+    collective: Collective | CollectiveName = Collective.ALL_REDUCE,
 ) -> dict[str, Any]:
     """The JSON trace (schema ``spec/trace.schema.json``) of ``records`` for ``M = m`` one-element rows.
 
@@ -307,10 +315,10 @@ def trace_json(
     """
     n = len(records[0].provenance)
     op = records[0].op
-    if collective == ALL_REDUCE:
-        check_ring_size(n, m, divisible=schedule.layout == "even")
-    else:
+    if Collective(collective).alone:
         check_collective_size(n, m, schedule)
+    else:
+        check_ring_size(n, m, divisible=schedule.layout == "even")
     sizes = [hi - lo for lo, hi in chunk_bounds(schedule.layout, n, m, itemsize=4)]
     chunk = max(sizes)
     rounds = [_round_json(rec, sizes, n) for rec in records]
@@ -319,8 +327,8 @@ def trace_json(
         for s in rec.sends:
             sent[s.src] += sizes[s.chunk]
     extra: dict[str, Any] = {}
-    if collective != ALL_REDUCE:
-        extra["collective"] = collective
+    if Collective(collective).alone:
+        extra["collective"] = str(collective)
     if op != "sum":
         extra["op"] = op
     if isinstance(schedule, ChainSchedule):

@@ -50,7 +50,7 @@ from ring_ref._torch_adapter import chunk_state
 from ring_ref._validate import check_torch
 from ring_ref.core import run_ring
 from ring_ref.invariants import Provenance, State
-from ring_ref.schedule import Phase, all_rounds
+from ring_ref.schedule import REDUCE_SCATTER, Phase, all_rounds
 
 RoundCallback = Callable[[str, int, torch.Tensor], None]
 """``on_round(phase, round, buffers)``: called by the implementation after every round."""
@@ -164,7 +164,7 @@ def _first_slot(phase: str, r: int, got: torch.Tensor, want: torch.Tensor, n: in
 def _round_mismatch(rep: RoundBuffers, ref: RoundBuffers, k: int, n: int) -> Mismatch | None:
     """How report ``k`` differs from the reference's round ``k``: its label, its shape, or a slot."""
     if (rep.phase, rep.round) != (ref.phase, ref.round):
-        rs_rounds = ", ".join(str(r) for p, r in all_rounds(n) if p == "reduce-scatter")
+        rs_rounds = ", ".join(str(r) for p, r in all_rounds(n) if p == REDUCE_SCATTER)
         return Mismatch(
             rep.phase,
             rep.round,

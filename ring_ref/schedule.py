@@ -17,6 +17,7 @@ Send(phase='reduce-scatter', round=1, src=2, dst=0, chunk=1)
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Final, Literal, NamedTuple
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "SPEC",
     "ChainSchedule",
     "Collective",
+    "CollectiveName",
     "Layout",
     "Phase",
     "RingSchedule",
@@ -58,12 +60,83 @@ Phase = Literal["reduce-scatter", "all-gather"]
 REDUCE_SCATTER: Final = "reduce-scatter"
 ALL_GATHER: Final = "all-gather"
 PHASES: Final[tuple[Phase, Phase]] = (REDUCE_SCATTER, ALL_GATHER)
-Collective = Literal["all-reduce", "reduce-scatter", "all-gather"]
+CollectiveName = Literal["all-reduce", "reduce-scatter", "all-gather"]
 ALL_REDUCE: Final = "all-reduce"
-COLLECTIVES: Final[tuple[Collective, Collective, Collective]] = (ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER)
-"""The collectives: both phases (all-reduce), or one alone (``spec/reduce_scatter_all_gather.md``).
+COLLECTIVES: Final[tuple[CollectiveName, CollectiveName, CollectiveName]] = (
+    ALL_REDUCE,
+    REDUCE_SCATTER,
+    ALL_GATHER,
+)
+"""The collectives' names: both phases (all-reduce), or one alone (``spec/reduce_scatter_all_gather.md``).
 
 The one owner of the names that ``ring-ref trace``, ``difftest`` and ``reveal`` take as ``--collective``."""
+
+
+class Collective(StrEnum):
+    """A collective as a value: the one place its name is compared (``spec/reduce_scatter_all_gather.md``).
+
+    ``Collective(name)`` reads a name (``ValueError`` if it is none of :data:`COLLECTIVES`) and
+    returns a value unchanged; a value is its name wherever a string is (printed, in JSON, compared),
+    so the public functions keep taking the names.  The facts every layer shares are here (the
+    phases, the shapes, the option that names it); the layers above hold their own part (the
+    reference function, the oracle, the report's wording) in tables keyed by the value
+    (``docs/architecture.md``, *Collectives*).
+
+    >>> c = Collective("reduce-scatter")
+    >>> c is Collective.REDUCE_SCATTER, c.phases, f"{c}", c.result_shape(2, 4, (3,)), c.option
+    (True, ('reduce-scatter',), 'reduce-scatter', (2, 2, 3), ' --collective reduce-scatter')
+    """
+
+    ALL_REDUCE = ALL_REDUCE
+    REDUCE_SCATTER = REDUCE_SCATTER
+    ALL_GATHER = ALL_GATHER
+
+    @property
+    def phases(self) -> tuple[Phase, ...]:
+        """The phases it runs: both (all-reduce), or its own alone."""
+        return PHASES if self is Collective.ALL_REDUCE else (REDUCE_SCATTER if self.scatters else ALL_GATHER,)
+
+    @property
+    def alone(self) -> bool:
+        """One phase alone: reduce-scatter or all-gather, per rank ``TARGET(output, input)``."""
+        return self is not Collective.ALL_REDUCE
+
+    @property
+    def scatters(self) -> bool:
+        """Reduce-scatter: rank ``r`` ends with chunk ``r`` of the reduction, ``M / N`` rows."""
+        return self is Collective.REDUCE_SCATTER
+
+    @property
+    def gathers(self) -> bool:
+        """All-gather: every rank ends with every shard, each bit copied, no op applied."""
+        return self is Collective.ALL_GATHER
+
+    @property
+    def reduces(self) -> bool:
+        """Whether it applies an op: all-reduce and reduce-scatter; all-gather only copies."""
+        return not self.gathers
+
+    @property
+    def option(self) -> str:
+        """The command-line words that name it, ``""`` for the default (all-reduce), else with a space
+        first: `` --collective reduce-scatter``."""
+        return f" --collective {self}" if self.alone else ""
+
+    def result_shape(
+        self, n: int, m: int, trailing: tuple[int, ...], rank: int | None = None
+    ) -> tuple[int, ...]:
+        """The shape of its result on an input of shape ``(N, M, *trailing)`` (for all-gather ``M`` is
+        the shard's rows ``S``): stacked (``rank`` ``None``) or of one rank.
+
+        >>> [c.result_shape(2, 4, (3,), 1) for c in Collective]
+        [(4, 3), (2, 3), (8, 3)]
+        """
+        if self.scatters:
+            shard = (m // n, *trailing)
+            return shard if rank is not None else (n, *shard)
+        if self.gathers:
+            return (n * m, *trailing)
+        return (m, *trailing)
 
 
 class Send(NamedTuple):

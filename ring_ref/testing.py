@@ -30,7 +30,7 @@ from ring_ref._tracecheck import (
     first_mismatch,
 )
 from ring_ref.difftest import Report, Target, difftest
-from ring_ref.difftest._vocabulary import DEFAULT_TIMEOUT_S, Collective, OpTarget, Ranks
+from ring_ref.difftest._vocabulary import DEFAULT_TIMEOUT_S, Collective, CollectiveName, OpTarget, Ranks
 from ring_ref.schedule import RingSchedule
 
 __all__ = [
@@ -59,7 +59,7 @@ def assert_matches_reference(
     schedule: str | RingSchedule | None = None,
     order: str | Path | None = None,
     mca: Mapping[str, str] | None = None,
-    collective: Collective = "all-reduce",
+    collective: Collective | CollectiveName = Collective.ALL_REDUCE,
     group: object = None,
     device: str = "cpu",
     subgroups: bool = False,

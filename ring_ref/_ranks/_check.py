@@ -38,11 +38,9 @@ from ring_ref._ranks._rules import (
 )
 from ring_ref._validate import BadInput, schedule_of
 from ring_ref.schedule import (
-    ALL_GATHER,
-    REDUCE_SCATTER,
     SPEC,
     ChainSchedule,
-    Phase,
+    Collective,
     RingSchedule,
     Schedule,
     reduce_scatter_ring,
@@ -105,7 +103,7 @@ class Shards(NamedTuple):
     """The arguments of a reduce-scatter or an all-gather on one rank, which the check validates
     together (where an all-reduce's check validates its one tensor or array)."""
 
-    collective: Phase
+    collective: Collective
     output: object
     input: object
 
@@ -114,9 +112,9 @@ def ring_for(args: object, name: object, n: int) -> tuple[Schedule | None, BadIn
     """The ring a call runs, or the table's verdict on ``name``: :func:`ring_of` for an all-reduce,
     :func:`ring_ref.schedule.reduce_scatter_ring` for :class:`Shards` (whose ``None`` is ``"spec"``).
 
-    >>> ring_for(Shards(REDUCE_SCATTER, None, None), None, 4)[0]
+    >>> ring_for(Shards(Collective.REDUCE_SCATTER, None, None), None, 4)[0]
     RingSchedule(direction=1, offset=1, layout='even')
-    >>> print(ring_for(Shards(ALL_GATHER, None, None), RingSchedule(1, 0, "even"), 4)[1].message)
+    >>> print(ring_for(Shards(Collective.ALL_GATHER, None, None), RingSchedule(1, 0, "even"), 4)[1].message)
     ... # doctest: +ELLIPSIS
     reduce-scatter and all-gather leave chunk r at rank r, ... RingSchedule(1, 1, 'even') ...
     """
@@ -132,7 +130,7 @@ def ring_for(args: object, name: object, n: int) -> tuple[Schedule | None, BadIn
         return None, BadInput(ValueError, str(exc))
 
 
-SHARDS_KEYS: Final = (f"{REDUCE_SCATTER} ", f"{ALL_GATHER} ")
+SHARDS_KEYS: Final = tuple(f"{c} " for c in Collective if c.alone)
 """How :func:`call_key` starts for a reduce-scatter and an all-gather."""
 
 
@@ -341,7 +339,7 @@ def values_finite(tensor: torch.Tensor | Shards, n: int, backend: str, ring: Sch
     A NaN or infinity anywhere makes the sum non-finite; only then (or when finite
     values overflow the sum) are the elements scanned.  An all-gather copies any value.
     """
-    if isinstance(tensor, Shards) and tensor.collective == ALL_GATHER:
+    if isinstance(tensor, Shards) and tensor.collective.gathers:
         return True
     values = tensor.input if isinstance(tensor, Shards) else tensor
     assert isinstance(values, torch.Tensor)
@@ -441,7 +439,7 @@ def array_signature(array: object, n: int, name: object = "spec") -> tuple[list[
     signature = [1, code(array.dtype.str), key, *words]
     if _array_problem(args, n, name, finite=False) is not None:
         return signature, False
-    if isinstance(args, Shards) and args.collective == ALL_GATHER:
+    if isinstance(args, Shards) and args.collective.gathers:
         return signature, True  # a copy: any value
     with np.errstate(over="ignore", invalid="ignore"):
         total_finite = bool(np.isfinite(np.add.reduce(array, axis=None)))

@@ -26,7 +26,15 @@ from ring_ref._ranks._check import (
     describe_array,
     ring_for,
 )
-from ring_ref.schedule import ALL_GATHER, REDUCE_SCATTER, ChainSchedule, Phase, RingSchedule, Schedule
+from ring_ref.schedule import (
+    ALL_GATHER,
+    REDUCE_SCATTER,
+    ChainSchedule,
+    Collective,
+    Phase,
+    RingSchedule,
+    Schedule,
+)
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -169,7 +177,7 @@ def _checked(
     rank, n = comm.Get_rank(), comm.Get_size()
     call = "ring_all_reduce_"
     if isinstance(args, Shards):
-        call = "ring_reduce_scatter_" if args.collective == REDUCE_SCATTER else "ring_all_gather_"
+        call = "ring_reduce_scatter_" if args.collective.scatters else "ring_all_gather_"
     waiter = _Waiter(rank, n, timeout, call=call)
     _check_comm(comm, args, n, waiter, schedule)
     ring, _ = ring_for(args, schedule, n)
@@ -230,7 +238,9 @@ def ring_reduce_scatter_(
     raises the same exception on every rank before anything is written; ``timeout`` (seconds)
     as for :func:`ring_all_reduce_`.
     """
-    rank, n, ring, waiter = _checked(comm, Shards(REDUCE_SCATTER, output, input), schedule, timeout)
+    rank, n, ring, waiter = _checked(
+        comm, Shards(Collective.REDUCE_SCATTER, output, input), schedule, timeout
+    )
     work = np.array(input, order="C", copy=True)
     if n > 1:
         _ring(comm, work, rank, ring, waiter, REDUCE_SCATTER)
@@ -254,7 +264,7 @@ def ring_all_gather_(
     ``output`` of shape ``(n*S, ...)``; ``input`` may be any memory, ``output``'s own slot
     included.  Checked and timed out as :func:`ring_reduce_scatter_`.
     """
-    rank, n, ring, waiter = _checked(comm, Shards(ALL_GATHER, output, input), schedule, timeout)
+    rank, n, ring, waiter = _checked(comm, Shards(Collective.ALL_GATHER, output, input), schedule, timeout)
     work = output if output.flags.c_contiguous else np.empty(output.shape, dtype=output.dtype)
     slot = work.reshape(n, -1)[rank]
     source = np.array(input, copy=True) if np.may_share_memory(input, work) else input

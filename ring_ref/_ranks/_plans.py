@@ -23,7 +23,6 @@ from ring_ref._chunks import chunk_bounds
 from ring_ref._ops import Op, op_name
 from ring_ref._ranks._check import TENSOR_SIGNATURE_LENGTH, Shards, ring_for, tensor_metadata
 from ring_ref.schedule import (
-    REDUCE_SCATTER,
     ChainSchedule,
     Phase,
     RingSchedule,
@@ -174,7 +173,7 @@ def _buffer_size(args: object) -> tuple[int, int]:
     reduce-scatter's input (copied), an all-gather's output."""
     tensor = args
     if isinstance(args, Shards):
-        tensor = args.input if args.collective == REDUCE_SCATTER else args.output
+        tensor = args.input if args.collective.scatters else args.output
     assert isinstance(tensor, torch.Tensor)
     return tensor.numel(), tensor.element_size()
 

@@ -27,7 +27,7 @@ from ring_ref._validate import (
     torch_finite,
     torch_metadata_problem,
 )
-from ring_ref.schedule import Schedule
+from ring_ref.schedule import Collective, Schedule
 
 __all__ = [
     "rank_array_problem",
@@ -195,22 +195,26 @@ def _array_finite_problem(array: npt.NDArray[Any]) -> BadInput | None:
 
 
 def shards_problem(
-    collective: str, n: int, input_shape: tuple[int, ...], output_shape: tuple[int, ...], ring: Schedule
+    collective: Collective,
+    n: int,
+    input_shape: tuple[int, ...],
+    output_shape: tuple[int, ...],
+    ring: Schedule,
 ) -> BadInput | None:
     """Whether an output of ``output_shape`` fits a reduce-scatter or all-gather of an input of
     ``input_shape`` over ``n`` ranks on ``ring`` (whose layout must cut the reduce-scatter's input,
     or the all-gather's output, into ``n`` shards of equal rows), or the table's verdict.
 
-    >>> from ring_ref.schedule import SPEC
-    >>> shards_problem("all-gather", 2, (3, 2), (6, 2), SPEC) is None
+    >>> from ring_ref.schedule import SPEC, Collective
+    >>> shards_problem(Collective.ALL_GATHER, 2, (3, 2), (6, 2), SPEC) is None
     True
-    >>> print(shards_problem("reduce-scatter", 2, (3,), (1,), SPEC).message)  # doctest: +ELLIPSIS
+    >>> print(shards_problem(Collective.REDUCE_SCATTER, 2, (3,), (1,), SPEC).message)  # doctest: +ELLIPSIS
     reduce-scatter gives every rank M / N rows, but M = 3 is not divisible by N = 2; pad M to ...
-    >>> print(shards_problem("reduce-scatter", 4, (8,), (4,), SPEC).message)  # doctest: +ELLIPSIS
+    >>> print(shards_problem(Collective.REDUCE_SCATTER, 4, (8,), (4,), SPEC).message)  # doctest: +ELLIPSIS
     the output has shape (4,); a reduce-scatter of an input of shape (8,) over N = 4 ranks gives ...
     """
     rows, rest = input_shape[0], input_shape[1:]
-    if collective == "reduce-scatter" and rows % n:
+    if collective.scatters and rows % n:
         return BadInput(
             ValueError,
             f"reduce-scatter gives every rank M / N rows, but M = {rows} is not divisible by N = {n}; "
@@ -218,17 +222,17 @@ def shards_problem(
         )
     shard, full = (
         ((rows // n, *rest), input_shape)
-        if collective == "reduce-scatter"
+        if collective.scatters
         else (
             input_shape,
             (n * rows, *rest),
         )
     )
-    expected = shard if collective == "reduce-scatter" else full
+    expected = shard if collective.scatters else full
     if output_shape != expected:
         return BadInput(
             ValueError,
-            f"the output has shape {output_shape}; {'a' if collective == 'reduce-scatter' else 'an'} "
+            f"the output has shape {output_shape}; {'a' if collective.scatters else 'an'} "
             f"{collective} of an input of shape {input_shape} "
             f"over N = {n} ranks gives shape {expected}. Pass an output of that shape.",
         )
@@ -245,7 +249,7 @@ def shards_problem(
 
 
 def rank_shards_problem(  # noqa: PLR0917 (the call's own arguments)
-    collective: str,
+    collective: Collective,
     output: object,
     tensor: object,
     n: int,
@@ -262,14 +266,14 @@ def rank_shards_problem(  # noqa: PLR0917 (the call's own arguments)
     output is written: the input's dtype and device, the shape :func:`shards_problem`
     gives, distinct elements.
 
-    >>> from ring_ref.schedule import SPEC
-    >>> rank_shards_problem("all-gather", torch.zeros(4), torch.zeros(2), 2, "gloo", SPEC) is None
+    >>> from ring_ref.schedule import SPEC, Collective
+    >>> rank_shards_problem(Collective.ALL_GATHER, torch.zeros(4), torch.zeros(2), 2, "gloo", SPEC) is None
     True
-    >>> print(rank_shards_problem("reduce-scatter", [0.0], torch.zeros(2), 2, "gloo", SPEC).message)
+    >>> print(rank_shards_problem(Collective.REDUCE_SCATTER, [0.0], torch.zeros(2), 2, "gloo", SPEC).message)
     output: expects a torch.Tensor; got list.
     """
     problem = rank_tensor_problem(
-        tensor, n, backend, finite=finite and collective == "reduce-scatter", divisible=False, written=False
+        tensor, n, backend, finite=finite and collective.scatters, divisible=False, written=False
     )
     if problem is not None:
         return problem._replace(message=f"input: {problem.message}")
@@ -296,16 +300,16 @@ def rank_shards_problem(  # noqa: PLR0917 (the call's own arguments)
 
 
 def rank_array_shards_problem(
-    collective: str, output: object, array: object, n: int, ring: Schedule, *, finite: bool = True
+    collective: Collective, output: object, array: object, n: int, ring: Schedule, *, finite: bool = True
 ) -> BadInput | None:
     """:func:`rank_shards_problem` for ``numpy`` arrays (``ring_ref.mpi``).
 
-    >>> from ring_ref.schedule import SPEC
-    >>> rank_array_shards_problem("all-gather", np.zeros(4), np.zeros(2), 2, SPEC) is None
+    >>> from ring_ref.schedule import SPEC, Collective
+    >>> rank_array_shards_problem(Collective.ALL_GATHER, np.zeros(4), np.zeros(2), 2, SPEC) is None
     True
     """
     problem = rank_array_problem(
-        array, n, finite=finite and collective == "reduce-scatter", divisible=False, written=False
+        array, n, finite=finite and collective.scatters, divisible=False, written=False
     )
     if problem is not None:
         return problem._replace(message=f"input: {problem.message}")

@@ -18,7 +18,7 @@ from ring_ref._ops import finish_torch, torch_combine_into
 from ring_ref._ranks._check import Shards
 from ring_ref._ranks._plans import BYTES, SCRATCH, ChainPlan, Known, Plan, pipelined, plan_call
 from ring_ref._ranks._transport import Waiter, chain_steps, check_gloo, check_group, run_rounds
-from ring_ref.schedule import ALL_GATHER, REDUCE_SCATTER, Phase, RingSchedule, Schedule
+from ring_ref.schedule import ALL_GATHER, REDUCE_SCATTER, Collective, Phase, RingSchedule, Schedule
 
 __all__ = ["ring_all_gather_", "ring_all_reduce_", "ring_reduce_scatter_"]
 
@@ -232,7 +232,7 @@ def ring_reduce_scatter_(
     call = "ring_reduce_scatter_"
     group, rank, n, backend = _group_of(group, call)
     waiter = Waiter(rank, n, timeout, call=call)
-    args = Shards(REDUCE_SCATTER, output, input)
+    args = Shards(Collective.REDUCE_SCATTER, output, input)
     known = _known_or_checked(args, group, backend, waiter, op=op, name=schedule)
     work = None
     if known.sound:  # copied now: on gloo, its first chunk may travel with the check
@@ -272,7 +272,7 @@ def ring_all_gather_(
     call = "ring_all_gather_"
     group, rank, n, backend = _group_of(group, call)
     waiter = Waiter(rank, n, timeout, call=call)
-    args = Shards(ALL_GATHER, output, input)
+    args = Shards(Collective.ALL_GATHER, output, input)
     known = _known_or_checked(args, group, backend, waiter, op="sum", name=schedule)
     data = work = None
     if known.sound:

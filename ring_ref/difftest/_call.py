@@ -319,7 +319,7 @@ def observe(
     head["returned_none"] = False
     returned: object = None
     # a rank of a reduce-scatter or an all-gather is called TARGET(output, input), as torch.distributed's
-    output = case.output_tensor(rank) if rank is not None and case.collective != "all-reduce" else None
+    output = case.output_tensor(rank) if rank is not None and case.collective.alone else None
     args = (x,) if output is None else (output, x)
     try:
         if case.op is None:
@@ -472,7 +472,7 @@ def results(outcome: Outcome) -> dict[int | None, torch.Tensor | None]:
     if outcome.failure is not None:
         return {}
     got = {a.rank: result_tensor(a, case) for a in outcome.answers}
-    if case.collective != "reduce-scatter":
+    if not case.collective.scatters:
         return got
     full = (case.m, *case.trailing)
     if None in got:
@@ -508,7 +508,7 @@ def input_problem(answer: Answer, case: Case) -> str:
     sharing the argument's storage) may change its argument: that is its
     result.  A rank's reduce-scatter or all-gather writes its output, never its input.
     """
-    in_place = case.collective == "all-reduce" and (answer.returned_none or _shares(answer))
+    in_place = not case.collective.alone and (answer.returned_none or _shares(answer))
     if answer.rank is not None and in_place:
         return ""
     sent = case.tensor() if answer.rank is None else case.rank_tensor(answer.rank)

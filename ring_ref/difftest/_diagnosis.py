@@ -205,7 +205,7 @@ def diagnose(
     shard_finding = wrong_shard(launcher, outcome) if not findings else None
     if shard_finding is not None:
         findings.append(shard_finding)
-    elif case.collective == "all-gather" and results and all(r is not None for r in results):
+    elif case.collective.gathers and results and all(r is not None for r in results):
         findings.extend(gather_findings(case, by_rank))
     elif results and all(r is not None for r in results):
         values = cast(list[torch.Tensor], results)
@@ -640,7 +640,7 @@ def wrong_shard(fn: Launcher, outcome: Outcome) -> Finding | None:
     another collective, ``N = 1``, or when every rank holds its own chunk.
     """
     case = outcome.case
-    if case.collective != "reduce-scatter" or case.n < 2:
+    if not case.collective.scatters or case.n < 2:
         return None
     base_value, mark = PROBE_VALUES[case.reduction]
     per_worker = len(case.values) // case.n

@@ -66,9 +66,12 @@ class Case:
     op: Op | None = None
     """The op asked for (``--op``); ``None`` when none was given: the target is called without ``op=``
     and must sum."""
-    collective: Collective = "all-reduce"
-    """What the target computes (``--collective``): the values are its input either way, ``(N, M, ...)``;
-    for ``all-gather`` ``M`` is the shard's rows ``S``."""
+    collective: Collective = Collective.ALL_REDUCE
+    """What the target computes (``--collective``, its name read as the value): the values are its input
+    either way, ``(N, M, ...)``; for ``all-gather`` ``M`` is the shard's rows ``S``."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "collective", Collective(self.collective))
 
     def result_shape(self, rank: int | None = None) -> tuple[int, ...]:
         """The shape of a correct result, stacked (``rank`` ``None``) or of one rank.
@@ -77,12 +80,7 @@ class Case:
         >>> c.result_shape(), c.result_shape(1), replace(c, collective="all-gather").result_shape(0)
         ((2, 2, 3), (2, 3), (8, 3))
         """
-        if self.collective == "reduce-scatter":
-            shard = (self.m // self.n, *self.trailing)
-            return shard if rank is not None else (self.n, *shard)
-        if self.collective == "all-gather":
-            return (self.n * self.m, *self.trailing)
-        return (self.m, *self.trailing)
+        return self.collective.result_shape(self.n, self.m, self.trailing, rank)
 
     def output_tensor(self, rank: int) -> torch.Tensor:
         """A fresh output buffer for ``rank``'s ``TARGET(output, input)`` (reduce-scatter, all-gather),
@@ -300,7 +298,7 @@ def cases(
     *,
     op: Op | None = None,
     any_m: bool = False,
-    collective: Collective = "all-reduce",
+    collective: Collective = Collective.ALL_REDUCE,
     min_workers: int = 1,
 ) -> Case:
     """A valid ring input for ``mode``: ``M`` a multiple of ``N``, at most :data:`MAX_NUMEL` elements.
@@ -330,7 +328,7 @@ def cases(
     reduction: Op = op or "sum"
     dtype = draw(st.sampled_from(tuple(dtypes)))
     n = draw(st.integers(min_workers, max_workers))
-    if collective == "all-gather":
+    if collective.gathers:
         return draw(_gather_cases(dtype, n, layouts))
     if any_m and draw(st.booleans()):
         m = draw(st.integers(1, max(1, min(3 * n, MAX_NUMEL // n))))
@@ -408,7 +406,7 @@ def _gather_cases(draw: st.DrawFn, dtype: torch.dtype, n: int, layouts: Sequence
     for index, value in draw(st.lists(st.tuples(st.integers(0, count - 1), specials), max_size=8)):
         values[index] = value
     layout = draw(st.sampled_from(tuple(layouts)))
-    return Case(n, m, trailing, dtype, layout, tuple(values), collective="all-gather")
+    return Case(n, m, trailing, dtype, layout, tuple(values), collective=Collective.ALL_GATHER)
 
 
 def _draw_fill(
@@ -465,7 +463,7 @@ def one_worker_cases(
     *,
     per_rank: bool = False,
     op: Op | None = None,
-    collective: Collective = "all-reduce",
+    collective: Collective = Collective.ALL_REDUCE,
 ) -> list[Case]:
     """Explicit ``N = 1`` cases, always run first: per dtype one contiguous and one non-contiguous input.
 
@@ -488,7 +486,7 @@ def one_worker_cases(
         # all-gather: a NaN with a payload, -0, a subnormal, an infinity (every value exact in the dtype)
         exact = (
             tuple(_special_values(dtype)[i] for i in (8, 1, 4, 3))
-            if collective == "all-gather"
+            if collective.gathers
             else _in_dtype(values, dtype)
         )
         out.append(Case(1, 2, (), dtype, "contiguous", exact[:2], op, collective))
@@ -557,7 +555,7 @@ def every_n_cases(
     seed: int,
     per_rank: bool = False,
     op: Op | None = None,
-    collective: Collective = "all-reduce",
+    collective: Collective = Collective.ALL_REDUCE,
     drawn: bool = True,
 ) -> list[Case]:
     """Per ``N`` of ``workers``, three cases run first in every mode, whatever the seed (clause
@@ -579,12 +577,12 @@ def every_n_cases(
     layouts = ("contiguous",) if per_rank else LAYOUTS
     out = []
     for n in workers:
-        m = 2 if collective == "all-gather" else n
+        m = 2 if collective.gathers else n
         dtype = dtypes[n % len(dtypes)]
         rng = random.Random(seed * 1_000_003 + n)
         count = n * m
         values: tuple[float, ...]
-        if collective == "all-gather":
+        if collective.gathers:
             values = gather_values(dtype, count, rng)
         elif mode == "order-free":
             values = order_free_values(dtype, n, count, rng, reduction)

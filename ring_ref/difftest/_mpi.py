@@ -307,7 +307,7 @@ class MpiRanks(Launcher):
             tuple(inputs[0].shape),
             [x.tobytes() for x in inputs],
             case.op,
-            None if case.collective == "all-reduce" else case.result_shape(0),
+            case.result_shape(0) if case.collective.alone else None,
         )
         try:
             replies = ring.run(

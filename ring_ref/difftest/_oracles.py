@@ -616,8 +616,8 @@ def check_values(mode: Mode, case: Case, result: torch.Tensor, order: ExactOrder
     every mismatch's chunk, whatever the mode.
     """
     op, layout = case.reduction, order.layout
-    if mode == "exact" or case.collective == "all-gather":
-        copy = case.collective == "all-gather"
+    if mode == "exact" or case.collective.gathers:
+        copy = case.collective.gathers
         return Checked(gather_oracle(case, result) if copy else exact_oracle(case, result, order))
     if op in ("max", "min"):
         return Checked(extreme_oracle(case, result, layout))

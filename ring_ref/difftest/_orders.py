@@ -467,7 +467,7 @@ def exact_order(
 
 
 def per_rank_target(
-    launcher: Launcher, collective: Collective = "all-reduce"
+    launcher: Launcher, collective: Collective = Collective.ALL_REDUCE
 ) -> Callable[[torch.Tensor], torch.Tensor]:
     """A stacked target for :func:`ring_ref._reveal.reveal` over a per-rank launcher (``--ranks``).
 
@@ -485,7 +485,7 @@ def per_rank_target(
         outcome = launcher.call(case)
         if outcome.failure is not None:
             raise RevealError(f"the target {outcome.failure.code}: {outcome.failure.text}")
-        ranks = [None] if collective == "reduce-scatter" else range(case.n)
+        ranks = [None] if collective.scatters else range(case.n)
         results = [well_formed(outcome, rank) for rank in ranks]
         missing = [rank for rank, got in enumerate(results) if got is None]
         if missing:

@@ -90,7 +90,7 @@ def probe_cases(
     order: ExactOrder,
     max_workers: int,
     dtypes: Sequence[torch.dtype],
-    collective: Collective = "all-reduce",
+    collective: Collective = Collective.ALL_REDUCE,
 ) -> Iterator[Case]:
     """The probes, smallest ``N`` first: per ``N``, dtype and ``M`` of :meth:`ExactOrder.probe_sizes`,
     ``N - 1`` calls, call ``k`` asking each element about the ``k``-th addition of its expected tree.
@@ -108,7 +108,7 @@ def probe_cases(
             if n > probe_limit(dtype):
                 continue
             for m in order.probe_sizes(n):
-                if collective == "reduce-scatter" and m != 2 * n:
+                if collective.scatters and m != 2 * n:
                     continue
                 trees = order.trees(n, m, dtype)
                 if trees is None:
@@ -144,7 +144,7 @@ def first_failing_probe(
     dtypes: Sequence[torch.dtype],
     fails: Callable[[Case], bool],
     *,
-    collective: Collective = "all-reduce",
+    collective: Collective = Collective.ALL_REDUCE,
     min_workers: int = 1,
 ) -> tuple[Case | None, ProbeRun]:
     """Run the probes (of ``N`` from ``min_workers``) until one ``fails``; that probe (``None``: all pass)

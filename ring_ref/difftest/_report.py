@@ -95,18 +95,18 @@ def untried(
     (``--subgroups``), the dtypes it could take (``--dtypes``), and other ops (``--op``).
 
     >>> c = Coverage(n={4}, m={4, 8}, dtypes={"float32": None})
-    >>> untried(c, allowed=[torch.float32], min_workers=4, op=None, collective="all-reduce")[:2]
+    >>> untried(c, allowed=[torch.float32], min_workers=4, op=None, collective=Collective.ALL_REDUCE)[:2]
     [('M not a multiple of N', '--schedule openmpi-ring'), ('N = 1..3', '--subgroups')]
     """
     out = []
-    if collective == "all-reduce" and coverage.n and not coverage.remainder:
+    if not collective.alone and coverage.n and not coverage.remainder:
         out.append(("M not a multiple of N", "--schedule openmpi-ring"))
     if min_workers > 1:
         out.append((f"N = {_spans(range(1, min_workers))}", "--subgroups"))
     other = [name for name in map(dtype_name, allowed) if name not in coverage.dtypes]
     if other:
         out.append(("/".join(other), "--dtypes"))
-    if op is None and collective != "all-gather":
+    if op is None and collective.reduces:
         out.append(("ops other than sum", "--op prod/max/min/avg"))
     return out
 
@@ -184,10 +184,10 @@ def _json_float(v: float) -> float | str:
 
 
 _COLLECTIVE_WORDS: Final = {
-    "reduce-scatter": "reduce-scatter: (N, M, ...) -> (N, M/N, ...), rank r holding chunk r of the "
-    "reduction; per rank TARGET(output, input)",
-    "all-gather": "all-gather: (N, S, ...) -> (N*S, ...), rank r's shard in slot r, every bit copied; per "
-    "rank TARGET(output, input)",
+    Collective.REDUCE_SCATTER: "reduce-scatter: (N, M, ...) -> (N, M/N, ...), rank r holding chunk r of "
+    "the reduction; per rank TARGET(output, input)",
+    Collective.ALL_GATHER: "all-gather: (N, S, ...) -> (N*S, ...), rank r's shard in slot r, every bit "
+    "copied; per rank TARGET(output, input)",
 }
 """What a reduce-scatter or an all-gather target was checked as, in words."""
 
@@ -216,13 +216,16 @@ class Report:
     output: str = ""
     op: Op | None = None
     """The op asked for (``--op``); ``None``: none given, the target summed without ``op=``."""
-    collective: Collective = "all-reduce"
-    """The collective the target was checked as."""
+    collective: Collective = Collective.ALL_REDUCE
+    """The collective the target was checked as (its name read as the value)."""
     exact_against: ExactOrder | None = None
     """What ``exact`` checked against (``None`` when ``exact`` did not run)."""
     tested_n: list[int] | None = None
     """``--ranks job`` / ``mpi-job``: the ``N`` that were called (the world size; with ``--subgroups``
     the smaller ones too); ``None`` for the other launchers."""
+
+    def __post_init__(self) -> None:
+        self.collective = Collective(self.collective)
 
     @property
     def verdict(self) -> str:
@@ -255,7 +258,7 @@ class Report:
     def summary(self) -> str:
         """One sentence: the verdict in plain words."""
         op = f" (op {self.op})" if self.op is not None else ""
-        op += f" as {self.collective}" if self.collective != "all-reduce" else ""
+        op += f" as {self.collective}" if self.collective.alone else ""
         if self.verdict == "pass":
             return (
                 f"PASS: {self.target}{op} matches the reference in every mode run ({', '.join(self.modes)})."
@@ -292,7 +295,7 @@ class Report:
         """The JSON report (schema: ``spec/difftest_report.schema.json``)."""
         return {
             "target": self.target,
-            "collective": self.collective,
+            "collective": str(self.collective),
             "verdict": self.verdict,
             "seed": self.seed,
             "replay": self.replay,
@@ -330,7 +333,7 @@ class Report:
 
     def _mode_lines(self) -> list[tuple[str, ModeResult]]:
         """The modes as the text report prints them: an all-gather's three modes, one check, as one."""
-        if self.collective == "all-gather" and len(self.modes) > 1:
+        if self.collective.gathers and len(self.modes) > 1:
             return [(", ".join(self.modes), next(iter(self.modes.values())))]
         return list(self.modes.items())
 
@@ -361,7 +364,7 @@ class Report:
             lines.append(
                 f"  (op {self.op}: the target was called with op= too, and checked with {self.op}'s oracles)"
             )
-        if self.collective != "all-reduce":
+        if self.collective.alone:
             lines.append(f"  ({_COLLECTIVE_WORDS[self.collective]})")
         if self.ranks:
             tested = "" if self.tested_n is None else f"; N tested: {', '.join(map(str, self.tested_n))}"

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, Literal
 
-from ring_ref.schedule import COLLECTIVES, Collective, Schedule
+from ring_ref.schedule import COLLECTIVES, Collective, CollectiveName, Schedule
 
 if TYPE_CHECKING:
     import torch
@@ -83,7 +83,7 @@ class Options:
     op: object = None
     schedule: str | Schedule | None = None
     order: str | Path | None = None
-    collective: Collective = "all-reduce"
+    collective: Collective | CollectiveName = Collective.ALL_REDUCE
     group: object = None
     device: str = "cpu"
     framework: Framework = "torch"

@@ -43,6 +43,7 @@ from ring_ref.difftest._vocabulary import (
     DEFAULT_TIMEOUT_S,
     MODES,
     Collective,
+    CollectiveName,
     Framework,
     Mode,
     Op,
@@ -86,7 +87,7 @@ def run_mode(
     max_workers: int,
     dtypes: Sequence[torch.dtype],
     op: Op | None = None,
-    collective: Collective = "all-reduce",
+    collective: Collective = Collective.ALL_REDUCE,
     order: ExactOrder = SPEC_ORDER,
 ) -> ModeResult:
     """Run one oracle on ``examples`` generated inputs (plus the ``N = 1`` ones); shrink a failure.
@@ -163,7 +164,7 @@ def run_mode(
         )
 
     probes = None
-    order_probed = mode == "exact" and op in (None, "sum") and collective != "all-gather"
+    order_probed = mode == "exact" and op in (None, "sum") and collective.reduces
     try:
         case = _searched(test, fails)
         if case is None and order_probed:
@@ -230,7 +231,7 @@ def _search_test(
     max_workers: int,
     dtypes: Sequence[torch.dtype],
     op: Op | None,
-    collective: Collective = "all-reduce",
+    collective: Collective = Collective.ALL_REDUCE,
     min_workers: int = 1,
     order: ExactOrder = SPEC_ORDER,
 ) -> Callable[[], None]:
@@ -250,17 +251,17 @@ def _search_test(
         op=op,
         collective=collective,
         # exact's order probes run at every N after the search (a sum): they are its real inputs there
-        drawn=not (mode == "exact" and op in (None, "sum") and collective != "all-gather"),
+        drawn=not (mode == "exact" and op in (None, "sum") and collective.reduces),
     )
-    if collective != "all-reduce":
+    if collective.alone:
         drawn = cases(
             mode, dtypes, max_workers, layouts, op=op, collective=collective, min_workers=min_workers
         )
-        if collective == "reduce-scatter" and order.layout != "even":
+        if collective.scatters and order.layout != "even":
             drawn = drawn.filter(lambda c: _equal_chunks(c, order.layout))
         test = given(drawn)(check)
         ones = one_worker_cases(mode, dtypes, per_rank=per_rank, op=op, collective=collective)
-        if collective == "reduce-scatter":
+        if collective.scatters:
             every_n = [c for c in every_n if _equal_chunks(c, order.layout)]
         for case in reversed([*(ones if min_workers == 1 else []), *every_n]):
             test = example(case)(test)
@@ -346,7 +347,7 @@ def difftest(
     op: object = None,
     schedule: str | Schedule | None = None,
     order: str | Path | None = None,
-    collective: Collective = "all-reduce",
+    collective: Collective | CollectiveName = Collective.ALL_REDUCE,
     group: object = None,
     device: str = "cpu",
     framework: Framework = "torch",
@@ -505,7 +506,8 @@ def run_difftest(fn: Target | OpTarget | str, options: Options, exact: ExactOrde
     refusal = refused(options)
     if refusal:
         raise ValueError(refusal)
-    misfit = signature_problem(fn, options.ranks, options.collective, op=options.op is not None)
+    collective = Collective(options.collective)
+    misfit = signature_problem(fn, options.ranks, collective, op=options.op is not None)
     if misfit:
         raise TargetError(misfit)
     ranks, max_workers, timeout = options.ranks, options.max_workers, options.timeout
@@ -519,7 +521,7 @@ def run_difftest(fn: Target | OpTarget | str, options: Options, exact: ExactOrde
     dtypes = options.dtypes if options.dtypes is not None else allowed_dtypes(ranks)
     schedule, order = options.schedule, options.order
     if exact is None:
-        exact = _collective_order(options.collective, schedule, order, workers, reduce_op) or (
+        exact = _collective_order(collective, schedule, order, workers, reduce_op) or (
             exact_order(schedule, order, fn, workers, ranks, framework=options.framework) or SPEC_ORDER
         )
         if order is not None and exact.saved is not None:
@@ -545,7 +547,7 @@ def run_difftest(fn: Target | OpTarget | str, options: Options, exact: ExactOrde
         workers=workers,
         dtypes=dtypes,
         op=reduce_op,
-        collective=options.collective,
+        collective=collective,
         label=options.label or shown,
         replay=replay,
         isolated=isolated,
@@ -582,7 +584,7 @@ def _replay(  # noqa: PLR0917 - one line made of every option
     """The name the report shows for ``fn`` (``name``, or for a function that has none its qualified
     name) and what replays this run: the command line for a ``TARGET`` with a name, else the Python call
     (with the option that names the order ``exact`` checked, ``--schedule X`` or ``--order F``)."""
-    framework, collective, timeout = options.framework, options.collective, options.timeout
+    framework, collective, timeout = options.framework, Collective(options.collective), options.timeout
     if name is not None:
         where = f"--ranks {options.ranks} " if options.ranks else ""
         asked = f" --op {op}" if op is not None else ""
@@ -595,7 +597,7 @@ def _replay(  # noqa: PLR0917 - one line made of every option
         extra += " --subgroups" if options.subgroups else ""
         extra += "".join(f" --mca {key}={value}" for key, value in (options.mca or {}).items())
         extra += f" {exact.option}" if exact.option else ""
-        extra += f" --collective {collective}" if collective != "all-reduce" else ""
+        extra += collective.option
         return name, (
             f"ring-ref difftest {where}{name}{asked} --examples {options.examples} --seed {seed} "
             f"--max-workers {workers} --dtypes {' '.join(dtype_name(d) for d in dtypes)}{extra}"
@@ -603,7 +605,7 @@ def _replay(  # noqa: PLR0917 - one line made of every option
     shown = str(getattr(fn, "__qualname__", repr(fn)))
     asked = f", op={op!r}" if op is not None else ""
     asked += f", framework={framework!r}" if framework != "torch" else ""
-    named = exact.option or (f"--collective {collective}" if collective != "all-reduce" else "")
+    named = exact.option or collective.option.lstrip()
     if named:
         key, _, value = named.lstrip("-").replace("=", " ", 1).partition(" ")
         asked += f", {key}={value!r}"
@@ -621,7 +623,7 @@ def _run(plan: _Plan, launcher: Launcher) -> Report:
         for mode in plan.modes:
             if launcher.broken:
                 break
-            if plan.collective == "all-gather" and results:  # every mode is the one bitwise check
+            if plan.collective.gathers and results:  # every mode is the one bitwise check
                 results[mode] = replace(next(iter(results.values())), mode=mode)
                 continue
             results[mode] = run_mode(
@@ -674,7 +676,7 @@ def _collective_order(
 
     ``--schedule auto`` and ``--order`` reveal and name all-reduce orders, so they are refused here.
     """
-    if collective == "all-reduce":
+    if not collective.alone:
         return None
     if schedule == "auto" or order is not None:
         raise ValueError(
@@ -682,7 +684,7 @@ def _collective_order(
             "auto and --order reveal and name all-reduce orders (drop them; ring-ref reveal --collective "
             "reduce-scatter names a reduce-scatter's order)"
         )
-    if collective == "all-gather":
+    if collective.gathers:
         if op is not None:
             raise ValueError(
                 "an all-gather copies, it reduces nothing: drop op (--op) for --collective all-gather"

@@ -20,7 +20,7 @@ from ring_ref.difftest._rules import (
     Mode,
     Ranks,
 )
-from ring_ref.schedule import COLLECTIVES, Collective
+from ring_ref.schedule import COLLECTIVES, Collective, CollectiveName
 
 __all__ = [
     "CODES",
@@ -34,6 +34,7 @@ __all__ = [
     "OPS",
     "RANKS",
     "Collective",
+    "CollectiveName",
     "Framework",
     "Mode",
     "Op",
@@ -43,10 +44,11 @@ __all__ = [
     "op_argument",
 ]
 
-# COLLECTIVES (owned by ring_ref.schedule) are what the tester checks (--collective, clause
-# difftest-collectives): each is a value that the inputs, the oracles, the launchers and the report
-# take as a parameter, not a copy of each.  reduce-scatter: (N, M, ...) -> (N, M/N, ...), rank r ends
-# with chunk r of the reduction; all-gather: (N, S, ...) -> (N*S, ...), rank r's shard in slot r.
+# Collective (owned by ring_ref.schedule, COLLECTIVES its names) is what the tester checks (--collective,
+# clause difftest-collectives): a value that the inputs, the oracles, the launchers and the report take
+# as a parameter and ask (its phases, shapes, whether it reduces), never comparing its name.
+# reduce-scatter: (N, M, ...) -> (N, M/N, ...), rank r ends with chunk r of the reduction; all-gather:
+# (N, S, ...) -> (N*S, ...), rank r's shard in slot r.
 
 CODES: Final = (
     "wrong-shape",

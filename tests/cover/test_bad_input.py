@@ -13,7 +13,7 @@ import torch
 
 from ring_ref import ring_all_reduce
 from ring_ref._ranks._rules import rank_tensor_problem
-from ring_ref.schedule import RingSchedule
+from ring_ref.schedule import Collective, RingSchedule
 from tests.common.paths import SPEC, SPEC_DIR
 
 pytestmark = pytest.mark.clause(
@@ -271,8 +271,9 @@ def _shards_problem(
     from ring_ref._ranks._check import Shards, ring_for
     from ring_ref._ranks._rules import rank_shards_problem
 
-    ring, bad = ring_for(Shards(collective, output, tensor), schedule, 3)  # type: ignore[arg-type]
-    problem = bad if ring is None else rank_shards_problem(collective, output, tensor, 3, "gloo", ring)
+    the = Collective(collective)
+    ring, bad = ring_for(Shards(the, output, tensor), schedule, 3)
+    problem = bad if ring is None else rank_shards_problem(the, output, tensor, 3, "gloo", ring)
     assert problem is not None
     return problem.kind, problem.message
 
@@ -301,9 +302,9 @@ def test_good_shards_pass_and_inputs_are_only_read() -> None:
     ]
     for collective, output, tensor in pairs:
         for schedule in (None, "spec", "openmpi-ring", RingSchedule(-1, -1, "even")):
-            ring, bad = ring_for(Shards(collective, output, tensor), schedule, 3)  # type: ignore[arg-type]
+            ring, bad = ring_for(Shards(Collective(collective), output, tensor), schedule, 3)
             assert bad is None and ring is not None
-            assert rank_shards_problem(collective, output, tensor, 3, "gloo", ring) is None
+            assert rank_shards_problem(Collective(collective), output, tensor, 3, "gloo", ring) is None
 
 
 @pytest.mark.clause("dist-shards-bad-input")
@@ -345,7 +346,10 @@ def test_the_numpy_twin_words_the_shards_rows_alike() -> None:
         ),
     ]
     for collective, output, array, error, fragment in rows:
-        problem = rank_array_shards_problem(collective, output, array, 3, spec)
+        problem = rank_array_shards_problem(Collective(collective), output, array, 3, spec)
         assert problem is not None and (problem.kind, fragment in problem.message) == (error, True), problem
-    assert rank_array_shards_problem("all-gather", np.zeros(3), np.array([np.nan]), 3, spec) is None
-    assert rank_array_shards_problem("reduce-scatter", np.zeros((1, 2)), np.zeros((3, 2)), 3, spec) is None
+    assert rank_array_shards_problem(Collective.ALL_GATHER, np.zeros(3), np.array([np.nan]), 3, spec) is None
+    assert (
+        rank_array_shards_problem(Collective.REDUCE_SCATTER, np.zeros((1, 2)), np.zeros((3, 2)), 3, spec)
+        is None
+    )

@@ -20,7 +20,9 @@ entry names a module or a package and everything in it, so a new module of a lis
 entry.
 
 The checker is run on the real tree, and on copies of it with one import
-planted, each of which it must refuse.
+planted, each of which it must refuse.  Beside the imports, the same scan keeps a collective's name
+(``"all-reduce"``, ...) out of every module but the vocabulary, the command line's parsing and the
+report (:data:`NAMERS`): the others take a ``Collective`` and ask it.
 """
 
 from __future__ import annotations
@@ -404,3 +406,50 @@ def test_new_modules_fit_by_prefix_and_unlisted_ones_are_tools() -> None:
         "ring_ref._planted line 4: ring_ref._planted imports ring_ref.difftest._orders; "
         f"only {DIFFTEST_USERS} may"
     ]
+
+
+COLLECTIVE_NAMES: Final = frozenset({"all-reduce", "reduce-scatter", "all-gather"})
+NAMERS: Final = ("ring_ref.schedule", "ring_ref._cli", "ring_ref.difftest._report")
+"""The only modules that may write a collective's name as a string: the vocabulary (where
+``Collective`` reads a name into the value), the command line's parsing, and the report's JSON."""
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """The ``id`` of every docstring's constant node in ``tree`` (a module's, a class's, a function's)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            first = node.body[0] if node.body else None
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                found.add(id(first.value))
+    return found
+
+
+def collective_names(sources: Mapping[str, str]) -> dict[str, int]:
+    """Per module, how many string constants (docstrings aside) are a collective's name."""
+    counts: dict[str, int] = {}
+    for module, text in sources.items():
+        tree = ast.parse(text)
+        docs = _docstrings(tree)
+        found = sum(
+            isinstance(node, ast.Constant) and node.value in COLLECTIVE_NAMES and id(node) not in docs
+            for node in ast.walk(tree)
+        )
+        if found:
+            counts[module] = found
+    return counts
+
+
+def test_collective_names_are_compared_in_the_vocabulary_only() -> None:
+    """Every other module takes a ``Collective`` and asks it (its phases, shapes, kind): a name written
+    as a string outside the three modules that read or write names is refused, a docstring's aside."""
+    sources, _ = read_package()
+    assert len(NAMERS) <= 3 and all(m in sources for m in NAMERS)
+    assert set(collective_names(sources)) <= set(NAMERS), collective_names(sources)
+    assert "ring_ref.schedule" in collective_names(sources)
+    planted = dict(sources)
+    planted["ring_ref.difftest._oracles"] += '\n\ndef _planted(c: str) -> bool:\n    """all-gather."""\n'
+    assert set(collective_names(planted)) <= set(NAMERS)  # a docstring names it freely
+    planted["ring_ref.difftest._oracles"] += '    return c == "all-gather"\n'
+    assert collective_names(planted).get("ring_ref.difftest._oracles") == 1
+    assert not set(collective_names(planted)) <= set(NAMERS)

@@ -6,6 +6,7 @@ Expected values come from the spec's own code blocks, from ``tests/common/oracle
 
 from __future__ import annotations
 
+import json
 import re
 
 import numpy as np
@@ -18,6 +19,7 @@ from ring_ref.core import fold, provenance_state, run_ring, step
 from ring_ref.invariants import InvariantViolation, check_round, expected_state
 from ring_ref.schedule import (
     ALL_GATHER,
+    COLLECTIVES,
     GLOO,
     OPENMPI_RING,
     PHASES,
@@ -25,6 +27,7 @@ from ring_ref.schedule import (
     REDUCE_SCATTER,
     SPEC,
     ChainSchedule,
+    Collective,
     Layout,
     RingSchedule,
     Send,
@@ -359,3 +362,28 @@ def test_each_chunks_fold_starts_at_worker_c_plus_k(ring: RingSchedule) -> None:
     for n in range(1, 8):
         for c in range(n):
             assert ring.fold_start(c, n) == (c + ring.offset) % n == ring.fold_order(c, n)[0]
+
+
+@pytest.mark.clause("rsc-shape")
+def test_each_collective_is_one_value_that_answers_for_itself() -> None:
+    """A name reads into its value (a value stays itself; another name is refused), the value prints and
+    writes to JSON as its name, and it answers every question the modules above ask of it."""
+    ar, rs, ag = (Collective(name) for name in COLLECTIVES)
+    assert (ar, rs, ag) == (Collective.ALL_REDUCE, Collective.REDUCE_SCATTER, Collective.ALL_GATHER)
+    assert Collective(rs) is rs and f"{rs}" == "reduce-scatter" and json.dumps([ag]) == '["all-gather"]'
+    assert [c.phases for c in (ar, rs, ag)] == [PHASES, (REDUCE_SCATTER,), (ALL_GATHER,)]
+    assert [(c.alone, c.scatters, c.gathers, c.reduces) for c in (ar, rs, ag)] == [
+        (False, False, False, True),
+        (True, True, False, True),
+        (True, False, True, False),
+    ]
+    assert [c.option for c in (ar, rs, ag)] == [
+        "",
+        " --collective reduce-scatter",
+        " --collective all-gather",
+    ]
+    # (N, M, ...) = (4, 8, 3): all-reduce keeps (M, ...), reduce-scatter M / N rows, all-gather N * S rows
+    assert [c.result_shape(4, 8, (3,)) for c in (ar, rs, ag)] == [(8, 3), (4, 2, 3), (32, 3)]
+    assert [c.result_shape(4, 8, (), 1) for c in (ar, rs, ag)] == [(8,), (2,), (32,)]
+    with pytest.raises(ValueError, match="broadcast"):
+        Collective("broadcast")

@@ -147,22 +147,23 @@ def _run(
 def test_planted_mpi_collectives_get_their_codes(jobs: Jobs, name: str) -> None:
     collective, code = planted_mpi.COLLECTIVE_EXPECTED[name]
     mode: Mode = "exact" if code is None or collective == "all-gather" else "order-free"
-    got = _run(jobs, name, collective, mode, dtypes=(torch.float16, torch.float32))  # type: ignore[arg-type]
+    got = _run(jobs, name, Collective(collective), mode, dtypes=(torch.float16, torch.float32))
     assert got == (code or "pass")
 
 
 def test_openmpi_allgather_copies_and_reduce_scatter_block_sums_one_tree(jobs: Jobs) -> None:
     # MPI has no float16 type: OpenMPI's own collectives take float32 and float64
     wide = (torch.float32, torch.float64)
-    assert _run(jobs, "openmpi_allgather", "all-gather", "exact", dtypes=wide) == "pass"
-    assert _run(jobs, "openmpi_reduce_scatter_block", "reduce-scatter", "order-free", dtypes=wide) == "pass"
+    assert _run(jobs, "openmpi_allgather", Collective.ALL_GATHER, "exact", dtypes=wide) == "pass"
+    scatter = Collective.REDUCE_SCATTER
+    assert _run(jobs, "openmpi_reduce_scatter_block", scatter, "order-free", dtypes=wide) == "pass"
     launcher = MpiRanks(
         "tests.common.planted_mpi:openmpi_reduce_scatter_block",
         60.0,
         rings={r.world_size: r for r in jobs.rings},
     )
     try:
-        found = reveal(per_rank_target(launcher, "reduce-scatter"), 4, 8, "float32")
+        found = reveal(per_rank_target(launcher, Collective.REDUCE_SCATTER), 4, 8, "float32")
     finally:
         jobs.note()
     # every shard summed as one balanced tree, the same for every rank: no ring's fold

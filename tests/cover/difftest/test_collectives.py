@@ -16,7 +16,7 @@ from ring_ref._cli import main
 from ring_ref.difftest import Case, difftest
 from ring_ref.difftest._inputs import exact_tensor, gather_values
 from ring_ref.difftest._oracles import reduce_scatter_reference
-from ring_ref.schedule import GLOO, reduce_scatter_ring
+from ring_ref.schedule import GLOO, Collective, reduce_scatter_ring
 from ring_ref.testing import assert_matches_reference
 from tests.common import planted_impls
 from tests.common.paths import ROOT
@@ -106,9 +106,10 @@ def test_all_gather_inputs_hold_nan_payloads_signed_zeros_and_subnormals() -> No
 
 @pytest.mark.clause("difftest-collectives")
 def test_shapes_per_collective() -> None:
-    rs = Case(2, 4, (3,), torch.float32, "contiguous", (0.0,) * 24, collective="reduce-scatter")
+    rs = Case(2, 4, (3,), torch.float32, "contiguous", (0.0,) * 24, collective=Collective.REDUCE_SCATTER)
     assert rs.result_shape() == (2, 2, 3) and rs.result_shape(0) == (2, 3)
-    ag = Case(3, 2, (), torch.float32, "contiguous", (0.0,) * 6, collective="all-gather")
+    ag = Case(3, 2, (), torch.float32, "contiguous", (0.0,) * 6, collective="all-gather")  # type: ignore[arg-type]
+    assert ag.collective is Collective.ALL_GATHER  # a name is read as the value
     assert ag.result_shape() == (6,) and ag.result_shape(2) == (6,)
     assert torch.isnan(ag.output_tensor(1)).all() and ag.output_tensor(1).shape == (6,)
 
