@@ -24,8 +24,7 @@ into the same :class:`~ring_ref.difftest._call.Answer` the gloo ranks give
 :class:`~ring_ref.difftest._call.Failure`: ``timed-out`` with each unfinished
 rank's Python stack, ``crashed`` with the dead rank.  When a rank's target
 raised while others are still inside the call (waiting for it), those get
-:data:`~ring_ref._processes._mpi_job.FAILURE_GRACE_S` (as
-:data:`~ring_ref.difftest._ranks.AFTER_FAILURE_GRACE_S` under gloo), then the
+:data:`~ring_ref._processes._shared.FAILURE_GRACE_S` (as under gloo), then the
 job is killed and the outcome holds the answers that came, noting the
 stopped ranks, with the raised ranks' tracebacks and the stopped ranks' stacks.
 
@@ -46,7 +45,8 @@ import numpy.typing as npt
 import torch
 
 from ring_ref._dtypes import INT_OF_SIZE
-from ring_ref._processes._mpi_job import FAILURE_GRACE_S, MpiJob, RankFailed, RanksStopped, RanksTimedOut
+from ring_ref._processes._mpi_job import MpiJob, RankFailed, RanksStopped, RanksTimedOut
+from ring_ref._processes._shared import FAILURE_GRACE_S
 from ring_ref.difftest._call import (
     Answer,
     Failure,
