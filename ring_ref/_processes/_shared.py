@@ -175,7 +175,7 @@ class Harness(ABC):
     starts the ranks again.
     """
 
-    def __init__(self, world_size: int, start_timeout_s: float = START_TIMEOUT_S) -> None:
+    def __init__(self, world_size: int, start_timeout_s: float) -> None:
         if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
             raise ValueError(f"world_size must be a positive int; got {world_size!r}.")
         self.world_size = world_size

@@ -12,7 +12,9 @@ answer.  That is all the checks see: a launcher that starts its ranks some
 other way (``mpirun``) plugs in by producing the same outcomes.
 
 :class:`ForkedGroup` is the part common to groups whose ranks the tester
-forks itself: one group per ``N``, started on first use and reused; the case
+forks itself: one group per ``N`` (a :class:`ForkedRanks`, whose start,
+deadline and teardown are those of every harness of
+:mod:`ring_ref._processes`), started on first use and reused; the case
 sent to every rank and all of them waited on at once, with one deadline; on a
 timeout each rank still inside the call gives its Python stack before it is
 stopped; a rank that dies is named with its exit status or signal; after any
@@ -240,28 +242,23 @@ class RankGroup(Launcher):
 
 
 class ForkedRanks(Harness):
-    """The ``n`` forked workers of one group and the hub they join through, started and killed together.
+    """The ``n`` forked workers of one of ``group``'s groups and the hub they join through, started and
+    killed together.
 
-    :meth:`~ring_ref._processes._shared.Harness.start` makes the hub
-    (``make_hub``), forks every worker, lets the hub serve and waits until
-    every worker has loaded the target; a kill (or a start that failed) ends
-    the workers and the hub, but keeps each worker's output for a last
+    The lifecycle is the one every harness of :mod:`ring_ref._processes` has
+    (:class:`~ring_ref._processes._shared.Harness`): its start makes the hub
+    (:meth:`ForkedGroup.hub`), forks every worker, lets the hub serve and
+    waits until every worker has loaded the target, within the call time
+    limit or :data:`~ring_ref._processes._shared.START_TIMEOUT_S`, whichever
+    is longer; a kill (or a start that failed) ends the workers and the hub,
+    but keeps each worker's output for a last
     :meth:`~ring_ref.difftest._worker.Worker.read_output`, which
     :meth:`close` then releases.
     """
 
-    def __init__(
-        self,
-        n: int,
-        target: str,
-        framework: Framework,
-        make_hub: Callable[[int], Hub],
-        start_timeout_s: float,
-    ) -> None:
-        super().__init__(n, start_timeout_s)
-        self.target = target
-        self.framework = framework
-        self.make_hub = make_hub
+    def __init__(self, n: int, group: ForkedGroup) -> None:
+        super().__init__(n, max(group.timeout_s, START_TIMEOUT_S))
+        self.group = group
         self.workers: list[Worker] = []
         self._hub: Hub | None = None
 
@@ -271,9 +268,9 @@ class ForkedRanks(Harness):
         return any(worker.running for worker in self.workers)
 
     def _start(self, deadline: float) -> None:
-        self._hub = hub = self.make_hub(self.world_size)
+        self._hub = hub = self.group.hub(self.world_size)
         self.workers = [
-            Worker(self.target, rank=r, setup=hub.rank_setup(r), framework=self.framework)
+            Worker(self.group.target, rank=r, setup=hub.rank_setup(r), framework=self.group.framework)
             for r in range(self.world_size)
         ]
         for worker in self.workers:
@@ -322,7 +319,7 @@ class ForkedGroup(RankGroup):
     def _group(self, n: int) -> list[Worker]:
         if n in self._groups:
             return self._groups[n].workers
-        group = ForkedRanks(n, self.target, self.framework, self.hub, max(self.timeout_s, START_TIMEOUT_S))
+        group = ForkedRanks(n, self)
         try:
             group.start()
         except BaseException:

@@ -5,7 +5,9 @@ starts in milliseconds with ``torch`` already imported; the worker then
 imports the target itself, by name, and serves calls until it is killed.
 The parent never imports the target.  A rank of a process group
 (:mod:`ring_ref.difftest._ranks`) is such a worker too, with its rank and a
-``setup`` that joins the group before the target is imported.
+``setup`` that joins the group before the target is imported.  Killing
+it, taking its stack and its dying with the parent are the steps every
+harness of rank processes takes (:mod:`ring_ref._processes._shared`).
 
 Inside the worker (:func:`_child`): every inherited descriptor closed but its
 own pipes and files, a session of its own (so that killing
