@@ -276,6 +276,7 @@ MODULES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
         ("ring_ref/_processes/_shared.py",),
         (
             "ring_ref/_processes/_shared.py",
+            "tests/cover/test_processes_shared.py",
             "tests/cover/difftest/test_worker.py",
             *RANKS_TESTS,
             "tests/nocover/test_procs.py",
