@@ -15,7 +15,8 @@
   sending every rank a task, :meth:`~Harness.close` (the stop token
   :data:`STOP` to each rank, a grace period, then a kill), and the times every
   harness keeps (:data:`START_TIMEOUT_S`, :data:`FAILURE_GRACE_S`,
-  :data:`STACK_WAIT_S`);
+  :data:`STACK_WAIT_S`); :class:`PerSize`: one harness per world size, made on
+  first use and reused, all closed at once;
 * :func:`ask_for_stack` and :func:`wait_for_stacks`: the Python stacks of a
   rank that has not answered by its deadline, which its ``faulthandler`` writes
   to a file on ``SIGUSR1``; :func:`kill_session`: a process and its process
@@ -33,10 +34,10 @@ import signal
 import socket
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from multiprocessing.connection import Connection
 from types import TracebackType
-from typing import Final, Self
+from typing import Final, Generic, Self, TypeVar
 
 import torch.distributed as dist
 from torch.distributed import TCPStore  # type: ignore[attr-defined]  # re-exported at runtime, not in stubs
@@ -49,6 +50,7 @@ __all__ = [
     "STOP",
     "STOP_GRACE_S",
     "Harness",
+    "PerSize",
     "ask_for_stack",
     "die_with_parent",
     "host_store",
@@ -238,3 +240,32 @@ class Harness(ABC):
     @abstractmethod
     def _kill(self) -> None:
         """Kill whatever is left of the ranks and release what they held (``_conns`` emptied)."""
+
+
+H = TypeVar("H", bound=Harness)
+
+
+class PerSize(Generic[H]):
+    """One harness per world size ``n``, made by ``make(n)`` on first use and reused (``made``: some
+    made already); :meth:`drop` closes one, :meth:`close` every one."""
+
+    def __init__(self, make: Callable[[int], H], made: Mapping[int, H] | None = None) -> None:
+        self.make = make
+        self._made: dict[int, H] = dict(made or {})
+
+    def __contains__(self, n: object) -> bool:
+        return n in self._made
+
+    def __getitem__(self, n: int) -> H:
+        if n not in self._made:
+            self._made[n] = self.make(n)
+        return self._made[n]
+
+    def drop(self, n: int) -> None:
+        """Close the harness of ``n`` and forget it (the next use makes a new one)."""
+        self._made.pop(n).close()
+
+    def close(self) -> None:
+        """Close every harness."""
+        while self._made:
+            self._made.popitem()[1].close()

@@ -51,6 +51,7 @@ from ring_ref._processes._shared import (
     STACK_WAIT_S,
     START_TIMEOUT_S,
     Harness,
+    PerSize,
     host_store,
     join_group,
     loopback_listener,
@@ -306,7 +307,7 @@ class ForkedGroup(RankGroup):
     def __init__(self, target: str, timeout_s: float) -> None:
         super().__init__(timeout_s)
         self.target = target
-        self._groups: dict[int, ForkedRanks] = {}
+        self._groups = PerSize(lambda n: ForkedRanks(n, self))
 
     @abstractmethod
     def hub(self, n: int) -> Hub:
@@ -319,23 +320,21 @@ class ForkedGroup(RankGroup):
     def _group(self, n: int) -> list[Worker]:
         if n in self._groups:
             return self._groups[n].workers
-        group = ForkedRanks(n, self)
+        group = self._groups[n]
         try:
             group.start()
         except BaseException:
             self._read_output(group.workers)
-            group.close()
+            self._groups.drop(n)
             raise
-        self._groups[n] = group
         return group.workers
 
     def _teardown(self, n: int) -> None:
-        self._groups.pop(n).close()
+        self._groups.drop(n)
 
     def close(self) -> None:
         """Stop every group."""
-        for n in list(self._groups):
-            self._teardown(n)
+        self._groups.close()
 
 
 class _GlooHub(Hub):

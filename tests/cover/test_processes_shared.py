@@ -3,9 +3,10 @@
 Every harness of rank processes (spawned gloo groups, ``mpirun`` jobs,
 difftest's forked groups) derives from :class:`Harness`; its start, its
 teardown after a failed start and its ``with`` are checked here on a harness
-whose "ranks" are list entries, and the wait for the stacks of hung ranks on
-sizes given by hand.  The harnesses on real processes: ``nocover/test_procs.py``,
-``nocover/test_mpi.py``, ``nocover/test_difftest_ranks.py``.
+whose "ranks" are list entries, as is keeping one harness per world size, and
+the wait for the stacks of hung ranks on sizes given by hand.  The harnesses
+on real processes: ``nocover/test_procs.py``, ``nocover/test_mpi.py``,
+``nocover/test_difftest_ranks.py``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 
 from ring_ref._processes._gloo import SpawnedGroup
 from ring_ref._processes._mpi_job import MpiJob
-from ring_ref._processes._shared import STOP_GRACE_S, Harness, wait_for_stacks
+from ring_ref._processes._shared import STOP_GRACE_S, Harness, PerSize, wait_for_stacks
 from ring_ref.difftest._ranks import ForkedRanks
 
 
@@ -75,6 +76,20 @@ def test_a_failed_start_kills_what_it_began_and_the_next_start_begins_again() ->
 def test_a_harness_needs_a_positive_int_world_size(world_size: object) -> None:
     with pytest.raises(ValueError, match="world_size must be a positive int"):
         _Listed(world_size)  # type: ignore[arg-type]
+
+
+def test_one_harness_per_size_is_made_on_first_use_reused_and_each_closed_once() -> None:
+    given = _Listed(5)
+    made = PerSize(_Listed, {5: given})
+    two = made[2]
+    assert made[2] is two and made[5] is given and two.world_size == 2
+    assert 3 not in made and 2 in made
+    two.start()
+    made.drop(2)
+    assert two.kills == 1 and 2 not in made and made[2] is not two
+    made.close()
+    made.close()
+    assert [two.kills, given.kills] == [1, 1] and 5 not in made
 
 
 def test_the_stacks_are_written_once_every_file_is_non_empty_and_stopped_growing() -> None:
