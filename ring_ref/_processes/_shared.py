@@ -13,8 +13,8 @@
   :attr:`~Harness.running`, :meth:`~Harness.start` within
   :attr:`~Harness.start_timeout_s` (what a failed start began is killed),
   sending every rank a task, :meth:`~Harness.close` (the stop token
-  :data:`STOP` to each rank, a grace period, then a kill), and the times every
-  harness keeps (:data:`START_TIMEOUT_S`, :data:`FAILURE_GRACE_S`,
+  :data:`STOP` to each rank, a grace period, then a kill), and the times the
+  harnesses share (:data:`START_TIMEOUT_S`, :data:`FAILURE_GRACE_S`,
   :data:`STACK_WAIT_S`); :class:`PerSize`: one harness per world size, made on
   first use and reused, all closed at once;
 * :func:`ask_for_stack` and :func:`wait_for_stacks`: the Python stacks of a
@@ -242,21 +242,21 @@ class Harness(ABC):
         """Kill whatever is left of the ranks and release what they held (``_conns`` emptied)."""
 
 
-H = TypeVar("H", bound=Harness)
+_H = TypeVar("_H", bound=Harness)
 
 
-class PerSize(Generic[H]):
+class PerSize(Generic[_H]):
     """One harness per world size ``n``, made by ``make(n)`` on first use and reused (``made``: some
     made already); :meth:`drop` closes one, :meth:`close` every one."""
 
-    def __init__(self, make: Callable[[int], H], made: Mapping[int, H] | None = None) -> None:
+    def __init__(self, make: Callable[[int], _H], made: Mapping[int, _H] | None = None) -> None:
         self.make = make
-        self._made: dict[int, H] = dict(made or {})
+        self._made: dict[int, _H] = dict(made or {})
 
     def __contains__(self, n: object) -> bool:
         return n in self._made
 
-    def __getitem__(self, n: int) -> H:
+    def __getitem__(self, n: int) -> _H:
         if n not in self._made:
             self._made[n] = self.make(n)
         return self._made[n]
