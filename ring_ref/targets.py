@@ -51,6 +51,7 @@ import torch.distributed as dist
 
 from ring_ref._ops import REDUCE_OP_NAMES
 from ring_ref._processes._gloo import SpawnedGroup
+from ring_ref._processes._shared import PerSize
 
 if TYPE_CHECKING:
     import jax
@@ -67,7 +68,7 @@ __all__ = [
 
 
 CALL_TIMEOUT_S = 60.0
-_GROUPS: dict[int, SpawnedGroup] = {}
+_GROUPS = PerSize(lambda n: SpawnedGroup(n, backend="gloo"))
 
 
 _MPI_OPS = {"sum": "SUM", "prod": "PROD", "max": "MAX", "min": "MIN"}
@@ -96,9 +97,7 @@ def gloo_all_reduce(worker_tensors: torch.Tensor, op: str = "sum") -> torch.Tens
     """
     reduce_op = _op_key(op, REDUCE_OP_NAMES, "torch.distributed.ReduceOp")
     n = int(worker_tensors.shape[0])
-    group = _GROUPS.get(n)
-    if group is None:
-        group = _GROUPS[n] = SpawnedGroup(n, backend="gloo")
+    group = _GROUPS[n]
     payload = (worker_tensors.detach().contiguous(), reduce_op)
     results = group.run(_rank_all_reduce, payload, timeout_s=CALL_TIMEOUT_S)
     for rank, other in enumerate(results[1:], start=1):
@@ -109,8 +108,7 @@ def gloo_all_reduce(worker_tensors: torch.Tensor, op: str = "sum") -> torch.Tens
 
 def close() -> None:
     """Shut down every process group started by :func:`gloo_all_reduce`."""
-    while _GROUPS:
-        _GROUPS.popitem()[1].close()
+    _GROUPS.close()
 
 
 atexit.register(close)

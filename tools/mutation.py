@@ -253,7 +253,12 @@ MODULES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
     # jobs (seconds per mutant).
     "difftest.ranks": (
         ("ring_ref/difftest/_ranks.py",),
-        ("ring_ref/difftest/_ranks.py", *RANKS_TESTS),
+        (
+            "ring_ref/difftest/_ranks.py",
+            *RANKS_TESTS,
+            # a group whose hub cannot be made: its start fails before any worker is forked
+            "tests/cover/difftest/test_jax_framework.py::test_ranks_jax_refuses_to_fork_a_process_that_imported_jax",
+        ),
     ),
     "difftest.mpi": (
         ("ring_ref/difftest/_mpi.py",),
@@ -265,11 +270,13 @@ MODULES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
             ),
         ),
     ),
-    # What every launcher shares: die-with-parent (forked workers), the loopback store (gloo groups).
+    # What every launcher shares: die-with-parent, the stacks of hung ranks and the kill (forked workers),
+    # the loopback store (gloo groups), the lifecycle base (spawned and forked groups).
     "processes.shared": (
         ("ring_ref/_processes/_shared.py",),
         (
             "ring_ref/_processes/_shared.py",
+            "tests/cover/test_processes_shared.py",
             "tests/cover/difftest/test_worker.py",
             *RANKS_TESTS,
             "tests/nocover/test_procs.py",

@@ -2,8 +2,9 @@
 
 * :mod:`~ring_ref._processes._shared`: what every launcher shares (the
   loopback ``TCPStore`` and joining a group through it, dying with the parent,
-  the lifecycle base class :class:`~ring_ref._processes._shared.Harness`, the
-  stop token);
+  the lifecycle base class :class:`~ring_ref._processes._shared.Harness`, which
+  difftest's forked ranks (:class:`~ring_ref.difftest._ranks.ForkedRanks`)
+  derive from too, the stop token, the stacks of ranks that hang);
 * :mod:`~ring_ref._processes._gloo`: :class:`~ring_ref._processes._gloo.SpawnedGroup`,
   ``world_size`` spawned ranks of one ``torch.distributed`` group;
 * :mod:`~ring_ref._processes._mpi_job`: :class:`~ring_ref._processes._mpi_job.MpiJob`,

@@ -56,6 +56,7 @@ import torch.distributed as dist
 from torch.distributed import TCPStore  # type: ignore[attr-defined]  # re-exported at runtime, not in stubs
 
 from ring_ref._processes._shared import (
+    START_TIMEOUT_S,
     STOP,
     STOP_GRACE_S,
     Harness,
@@ -139,7 +140,7 @@ class SpawnedGroup(Harness):
         *,
         backend: str = "gloo",
         group_timeout_s: float = 30.0,
-        start_timeout_s: float = 120.0,
+        start_timeout_s: float = START_TIMEOUT_S,
         start_method: StartMethod = "forkserver",
     ) -> None:
         super().__init__(world_size, start_timeout_s)
@@ -151,10 +152,8 @@ class SpawnedGroup(Harness):
         self._procs: list[BaseProcess] = []
         self._store: TCPStore | None = None
 
-    def start(self) -> None:
-        """Spawn the ranks and wait until every one has joined the group (no-op when already up)."""
-        if self.running:
-            return
+    def _start(self, deadline: float) -> None:
+        """Spawn the ranks and wait until every one has joined the group."""
         self._store = host_store(loopback_listener(), datetime.timedelta(seconds=self.group_timeout_s))
         config = _Config(self.world_size, self.backend, self._store.port, self.group_timeout_s)
         ctx: multiprocessing.context.SpawnContext | multiprocessing.context.ForkServerContext
@@ -171,7 +170,7 @@ class SpawnedGroup(Harness):
             child_end.close()
             self._procs.append(proc)
             self._conns.append(parent_end)
-        self._collect("starting the process group", self.start_timeout_s)
+        self._collect("starting the process group", self.start_timeout_s, deadline)
 
     def run(self, fn: Callable[[int, int, _P], _R], payload: _P, *, timeout_s: float = 60.0) -> list[_R]:
         """Call ``fn(rank, world_size, payload)`` on every rank; return the results in rank order.
@@ -182,16 +181,17 @@ class SpawnedGroup(Harness):
         killed first, and the next call respawns the group.
         """
         self._send_task(fn, payload)
-        return [pickle.loads(blob) for blob in self._collect(f"running {task_name(fn)}", timeout_s)]
+        what = f"running {task_name(fn)}"
+        return [pickle.loads(blob) for blob in self._collect(what, timeout_s, time.monotonic() + timeout_s)]
 
     def _wait_stopped(self, deadline: float) -> None:
         """Join the ranks told to stop (each destroys its group and exits), until ``deadline``."""
         for proc in self._procs:
             proc.join(max(0.0, deadline - time.monotonic()))
 
-    def _collect(self, what: str, timeout_s: float) -> list[Any]:
-        """Wait for one reply per rank; on error, death or deadline kill all ranks and raise."""
-        deadline = time.monotonic() + timeout_s
+    def _collect(self, what: str, timeout_s: float, deadline: float) -> list[Any]:
+        """Wait for one reply per rank; on error, death or ``deadline`` (``timeout_s`` away) kill all ranks
+        and raise."""
         replies: dict[int, Any] = {}
         errors: dict[int, str] = {}
         while len(replies) < self.world_size and not errors:

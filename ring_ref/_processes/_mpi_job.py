@@ -73,10 +73,20 @@ from typing import Any, Final, TypeVar
 
 from ring_ref._processes import _netns
 from ring_ref._processes._mpi_rank import CONTROL_ENV, TOKEN_ENV, stack_path
-from ring_ref._processes._shared import STOP_GRACE_S, Harness, die_with_parent, task_name
+from ring_ref._processes._shared import (
+    FAILURE_GRACE_S,
+    STACK_WAIT_S,
+    START_TIMEOUT_S,
+    STOP_GRACE_S,
+    Harness,
+    ask_for_stack,
+    die_with_parent,
+    kill_session,
+    task_name,
+    wait_for_stacks,
+)
 
 __all__ = [
-    "FAILURE_GRACE_S",
     "MpiJob",
     "MpiUnavailable",
     "RankFailed",
@@ -89,9 +99,6 @@ __all__ = [
 _P = TypeVar("_P")
 _R = TypeVar("_R")
 
-FAILURE_GRACE_S: Final = 2.0
-"""After one rank has failed, how long the others may take to answer before the job is killed."""
-STACK_WAIT_S: Final = 2.0
 _POLL_S: Final = 0.25
 _LOG_TAIL: Final = 3000
 _BASE_MCA: Final = {"btl": "self,vader", "oob_tcp_if_include": "lo"}
@@ -245,7 +252,7 @@ class MpiJob(Harness):
         world_size: int,
         *,
         mca: Mapping[str, str] | None = None,
-        start_timeout_s: float = 120.0,
+        start_timeout_s: float = START_TIMEOUT_S,
         isolate: bool | None = None,
     ) -> None:
         super().__init__(world_size, start_timeout_s)
@@ -270,10 +277,8 @@ class MpiJob(Harness):
         cmd += ["-x", CONTROL_ENV, "-x", TOKEN_ENV, "-x", "PYTHONPATH"]
         return [*cmd, sys.executable, "-m", "ring_ref._processes._mpi_rank"]
 
-    def start(self) -> None:
-        """Start ``mpirun`` and wait until every rank has connected (no-op when already up)."""
-        if self._proc is not None:
-            return
+    def _start(self, deadline: float) -> None:
+        """Start ``mpirun`` and wait until every rank has connected."""
         command = self.command()
         isolate = _netns_works() if self.isolate is None else self.isolate
         if isolate:
@@ -303,16 +308,12 @@ class MpiJob(Harness):
                     start_new_session=True,
                     preexec_fn=partial(die_with_parent, signal.SIGTERM),  # noqa: PLW1509  (one prctl call; no locks)
                 )
-            self._accept(listener, token)
-        except BaseException:
-            self._kill()
-            raise
+            self._accept(listener, token, deadline)
         finally:
             listener.close()
 
-    def _accept(self, listener: socket.socket, token: bytes) -> None:
-        """Take one connection per rank; on a wrong token, ``mpirun`` exiting or the deadline, raise."""
-        deadline = time.monotonic() + self.start_timeout_s
+    def _accept(self, listener: socket.socket, token: bytes, deadline: float) -> None:
+        """Take one connection per rank; on a wrong token, ``mpirun`` exiting or ``deadline``, raise."""
         by_rank: dict[int, tuple[Connection, int]] = {}
         listener.settimeout(_POLL_S)
         while len(by_rank) < self.world_size:
@@ -440,16 +441,11 @@ class MpiJob(Harness):
         control = str(self._dir / "control.sock")
         paths = {r: Path(stack_path(control, r)) for r in ranks}
         for r in ranks:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self._pids[r], signal.SIGUSR1)
-        deadline = time.monotonic() + STACK_WAIT_S
-        sizes: dict[int, int] = {}
-        while time.monotonic() < deadline:
-            time.sleep(0.05)
-            now = {r: p.stat().st_size if p.exists() else 0 for r, p in paths.items()}
-            if all(now.values()) and now == sizes:
-                break
-            sizes = now
+            ask_for_stack(self._pids[r])
+        wait_for_stacks(
+            lambda: [p.stat().st_size if p.exists() else 0 for p in paths.values()],
+            time.monotonic() + STACK_WAIT_S,
+        )
         return {r: p.read_text(errors="replace") for r, p in paths.items() if p.exists() and p.stat().st_size}
 
     def _exited(self) -> bool:
@@ -475,8 +471,7 @@ class MpiJob(Harness):
         """Kill ``mpirun``'s session (it and every rank), reap it, close the sockets, remove the directory."""
         proc, self._proc = self._proc, None
         if proc is not None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
+            kill_session(proc.pid)
             ranks = []
             for pid in self._pids:  # each rank has a process group of its own, in mpirun's session
                 with contextlib.suppress(ProcessLookupError, PermissionError):

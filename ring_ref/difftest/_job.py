@@ -64,12 +64,13 @@ from typing import Any, Final, TypeVar, cast
 
 import torch.distributed as dist
 
+from ring_ref._processes._shared import FAILURE_GRACE_S, START_TIMEOUT_S
 from ring_ref.difftest._call import Answer, Outcome, observe
 from ring_ref.difftest._inputs import Case
 from ring_ref.difftest._launch import Launcher
 from ring_ref.difftest._loading import TargetError, load_target
 from ring_ref.difftest._mpi import decode_rank, observe_rank, plain_json, plain_unjson
-from ring_ref.difftest._ranks import AFTER_FAILURE_GRACE_S, START_TIMEOUT_S, Rank, RankGroup
+from ring_ref.difftest._ranks import Rank, RankGroup
 from ring_ref.difftest._report import Report
 from ring_ref.difftest._vocabulary import OpTarget, Target
 from ring_ref.difftest._worker import Died, Reply, frame, target_frames, unframe
@@ -193,7 +194,7 @@ class _Watch:
             if now - self.terminated_at >= self.bye_wait_s:
                 if not self.store.check([f"bye/{rank}"]):
                     return _DIED_FIRST
-                if now - self.terminated_at >= 2 * self.bye_wait_s + AFTER_FAILURE_GRACE_S:
+                if now - self.terminated_at >= 2 * self.bye_wait_s + FAILURE_GRACE_S:
                     return "the launcher ended it (SIGTERM) during the call"
         return ""
 

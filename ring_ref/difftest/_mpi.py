@@ -24,8 +24,7 @@ into the same :class:`~ring_ref.difftest._call.Answer` the gloo ranks give
 :class:`~ring_ref.difftest._call.Failure`: ``timed-out`` with each unfinished
 rank's Python stack, ``crashed`` with the dead rank.  When a rank's target
 raised while others are still inside the call (waiting for it), those get
-:data:`~ring_ref._processes._mpi_job.FAILURE_GRACE_S` (as
-:data:`~ring_ref.difftest._ranks.AFTER_FAILURE_GRACE_S` under gloo), then the
+:data:`~ring_ref._processes._shared.FAILURE_GRACE_S` (as under gloo), then the
 job is killed and the outcome holds the answers that came, noting the
 stopped ranks, with the raised ranks' tracebacks and the stopped ranks' stacks.
 
@@ -46,7 +45,8 @@ import numpy.typing as npt
 import torch
 
 from ring_ref._dtypes import INT_OF_SIZE
-from ring_ref._processes._mpi_job import FAILURE_GRACE_S, MpiJob, RankFailed, RanksStopped, RanksTimedOut
+from ring_ref._processes._mpi_job import MpiJob, RankFailed, RanksStopped, RanksTimedOut
+from ring_ref._processes._shared import FAILURE_GRACE_S, PerSize
 from ring_ref.difftest._call import (
     Answer,
     Failure,
@@ -282,7 +282,7 @@ class MpiRanks(Launcher):
         self.timeout_s = timeout_s
         self.mca = dict(mca or {})
         self.output = OutputLog()
-        self._rings: dict[int, MpiJob] = dict(rings or {})
+        self._rings = PerSize(lambda n: MpiJob(n, mca=self.mca), rings)
 
     def start(self) -> None:
         """Start a job of one rank and load the target in it (:class:`TargetError` if it cannot)."""
@@ -299,7 +299,7 @@ class MpiRanks(Launcher):
         if case.dtype not in MPI_DTYPES:
             raise ValueError(f"--ranks mpi takes {[str(d) for d in MPI_DTYPES]} only; got {case.dtype}")
         n = case.n
-        ring = self._rings.get(n) or self._rings.setdefault(n, MpiJob(n, mca=self.mca))
+        ring = self._rings[n]
         inputs = [case.rank_tensor(r).numpy() for r in range(n)]
         payload = (
             self.target,
@@ -334,5 +334,4 @@ class MpiRanks(Launcher):
 
     def close(self) -> None:
         """Stop every job."""
-        while self._rings:
-            self._rings.popitem()[1].close()
+        self._rings.close()

@@ -12,7 +12,9 @@ answer.  That is all the checks see: a launcher that starts its ranks some
 other way (``mpirun``) plugs in by producing the same outcomes.
 
 :class:`ForkedGroup` is the part common to groups whose ranks the tester
-forks itself: one group per ``N``, started on first use and reused; the case
+forks itself: one group per ``N`` (a :class:`ForkedRanks`, whose start,
+deadline and teardown are those of every harness of
+:mod:`ring_ref._processes`), started on first use and reused; the case
 sent to every rank and all of them waited on at once, with one deadline; on a
 timeout each rank still inside the call gives its Python stack before it is
 stopped; a rank that dies is named with its exit status or signal; after any
@@ -44,17 +46,26 @@ from typing import Final, Protocol
 
 from torch.distributed import TCPStore  # type: ignore[attr-defined]  # re-exported at runtime, not in stubs
 
-from ring_ref._processes._shared import host_store, join_group, loopback_listener
+from ring_ref._processes._shared import (
+    FAILURE_GRACE_S,
+    STACK_WAIT_S,
+    START_TIMEOUT_S,
+    Harness,
+    PerSize,
+    host_store,
+    join_group,
+    loopback_listener,
+)
 from ring_ref.difftest._call import Answer, Failure, Garbled, Outcome, decode, stopped_note
 from ring_ref.difftest._inputs import Case
 from ring_ref.difftest._launch import OUTPUT_LIMIT, Launcher, OutputLog
 from ring_ref.difftest._loading import TargetError
 from ring_ref.difftest._vocabulary import Framework
-from ring_ref.difftest._worker import STACK_WAIT_S, Died, Reply, Worker, trim
+from ring_ref.difftest._worker import Died, Reply, Worker, trim
 
 __all__ = [
-    "AFTER_FAILURE_GRACE_S",
     "ForkedGroup",
+    "ForkedRanks",
     "GlooRanks",
     "Hub",
     "JaxRanks",
@@ -63,11 +74,7 @@ __all__ = [
     "join_jax",
 ]
 
-AFTER_FAILURE_GRACE_S: Final = 2.0
-"""After a rank raised or died, how long the other ranks get to finish before they are stopped."""
 _NO_STACK: Final = "(no stack: the rank did not answer SIGUSR1)"
-START_TIMEOUT_S: Final = 120.0
-"""The longest a group may take to start and join (at least; the call time limit if that is longer)."""
 
 
 class Hub(ABC):
@@ -126,7 +133,7 @@ class RankGroup(Launcher):
     isolated = True
     per_rank = True
     poll_s = 0.05
-    death_grace_s = AFTER_FAILURE_GRACE_S
+    death_grace_s = FAILURE_GRACE_S
 
     def __init__(self, timeout_s: float) -> None:
         self.timeout_s = timeout_s
@@ -188,7 +195,7 @@ class RankGroup(Launcher):
             )
         elif pending:
             raised = [a.rank for a in answers if a.raised]
-            outcome.note = stopped_note(pending, raised, AFTER_FAILURE_GRACE_S)
+            outcome.note = stopped_note(pending, raised, FAILURE_GRACE_S)
         if dead or pending or any(a.raised for a in answers):
             self._teardown(case.n)
         return outcome
@@ -207,7 +214,7 @@ class RankGroup(Launcher):
                 if isinstance(got, Reply):
                     replies[rank] = got
                     if got.head.get("raised"):
-                        grace_end = min(grace_end, time.monotonic() + AFTER_FAILURE_GRACE_S)
+                        grace_end = min(grace_end, time.monotonic() + FAILURE_GRACE_S)
                 elif isinstance(got, Died):
                     dead[rank] = got
                     grace_end = min(grace_end, time.monotonic() + self.death_grace_s)
@@ -235,16 +242,72 @@ class RankGroup(Launcher):
         )
 
 
+class ForkedRanks(Harness):
+    """The ``n`` forked workers of one of ``group``'s groups and the hub they join through, started and
+    killed together.
+
+    The lifecycle is the one every harness of :mod:`ring_ref._processes` has
+    (:class:`~ring_ref._processes._shared.Harness`): its start makes the hub
+    (:meth:`ForkedGroup.hub`), forks every worker, lets the hub serve and
+    waits until every worker has loaded the target, within the call time
+    limit or :data:`~ring_ref._processes._shared.START_TIMEOUT_S`, whichever
+    is longer; a kill (or a start that failed) ends the workers and the hub,
+    but keeps each worker's output for a last
+    :meth:`~ring_ref.difftest._worker.Worker.read_output`, which
+    :meth:`close` then releases.
+    """
+
+    def __init__(self, n: int, group: ForkedGroup) -> None:
+        super().__init__(n, max(group.timeout_s, START_TIMEOUT_S))
+        self.group = group
+        self.workers: list[Worker] = []
+        self._hub: Hub | None = None
+
+    @property
+    def running(self) -> bool:
+        """Whether the workers are up."""
+        return any(worker.running for worker in self.workers)
+
+    def _start(self, deadline: float) -> None:
+        self._hub = hub = self.group.hub(self.world_size)
+        self.workers = [
+            Worker(self.group.target, rank=r, setup=hub.rank_setup(r), framework=self.group.framework)
+            for r in range(self.world_size)
+        ]
+        for worker in self.workers:
+            worker.spawn()
+        hub.started()
+        for worker in self.workers:
+            worker.wait_ready(deadline)
+
+    def _wait_stopped(self, deadline: float) -> None:
+        """Nothing to wait for: a worker is not told to stop but killed (its target may hold it)."""
+
+    def _kill(self) -> None:
+        """Kill every worker (its output kept) and close the hub."""
+        for worker in self.workers:
+            worker.kill()
+        if self._hub is not None:
+            self._hub.close()
+            self._hub = None
+
+    def close(self) -> None:
+        """Kill the workers and close the hub, then release the workers' output."""
+        super().close()
+        for worker in self.workers:
+            worker.close()
+
+
 class ForkedGroup(RankGroup):
-    """Groups of forked ranks, one per ``N``; subclasses say how a rank joins (:meth:`hub`) and what
-    the target is handed (``framework``)."""
+    """Groups of forked ranks (:class:`ForkedRanks`), one per ``N``; subclasses say how a rank joins
+    (:meth:`hub`) and what the target is handed (``framework``)."""
 
     framework: Framework = "torch"
 
     def __init__(self, target: str, timeout_s: float) -> None:
         super().__init__(timeout_s)
         self.target = target
-        self._groups: dict[int, tuple[list[Worker], Hub]] = {}
+        self._groups = PerSize(lambda n: ForkedRanks(n, self))
 
     @abstractmethod
     def hub(self, n: int) -> Hub:
@@ -256,37 +319,22 @@ class ForkedGroup(RankGroup):
 
     def _group(self, n: int) -> list[Worker]:
         if n in self._groups:
-            return self._groups[n][0]
-        hub = self.hub(n)
-        workers = [
-            Worker(self.target, rank=r, setup=hub.rank_setup(r), framework=self.framework) for r in range(n)
-        ]
+            return self._groups[n].workers
+        group = self._groups[n]
         try:
-            for worker in workers:
-                worker.spawn()
-            hub.started()
-            deadline = time.monotonic() + max(self.timeout_s, START_TIMEOUT_S)
-            for worker in workers:
-                worker.wait_ready(deadline)
+            group.start()
         except BaseException:
-            self._read_output(workers)
-            for worker in workers:
-                worker.close()
-            hub.close()
+            self._read_output(group.workers)
+            self._groups.drop(n)
             raise
-        self._groups[n] = (workers, hub)
-        return workers
+        return group.workers
 
     def _teardown(self, n: int) -> None:
-        workers, hub = self._groups.pop(n)
-        for worker in workers:
-            worker.close()
-        hub.close()
+        self._groups.drop(n)
 
     def close(self) -> None:
         """Stop every group."""
-        for n in list(self._groups):
-            self._teardown(n)
+        self._groups.close()
 
 
 class _GlooHub(Hub):

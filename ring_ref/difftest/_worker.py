@@ -5,7 +5,9 @@ starts in milliseconds with ``torch`` already imported; the worker then
 imports the target itself, by name, and serves calls until it is killed.
 The parent never imports the target.  A rank of a process group
 (:mod:`ring_ref.difftest._ranks`) is such a worker too, with its rank and a
-``setup`` that joins the group before the target is imported.
+``setup`` that joins the group before the target is imported.  Killing
+it, taking its stack and its dying with the parent are the steps every
+harness of rank processes takes (:mod:`ring_ref._processes._shared`).
 
 Inside the worker (:func:`_child`): every inherited descriptor closed but its
 own pipes and files, a session of its own (so that killing
@@ -48,7 +50,13 @@ from typing import Any, Final
 
 import torch
 
-from ring_ref._processes._shared import die_with_parent
+from ring_ref._processes._shared import (
+    STACK_WAIT_S,
+    ask_for_stack,
+    die_with_parent,
+    kill_session,
+    wait_for_stacks,
+)
 from ring_ref.difftest._call import Garbled
 from ring_ref.difftest._loading import TargetError
 from ring_ref.difftest._vocabulary import Framework
@@ -58,7 +66,6 @@ __all__ = ["Died", "Reply", "Stuck", "Worker", "exit_description", "frame", "tri
 MAX_HEADER: Final = 16 << 20
 MAX_PAYLOAD: Final = 64 << 20
 MAX_OUTPUT_KEPT: Final = 1 << 20
-STACK_WAIT_S: Final = 2.0
 EXIT_WAIT_S: Final = 2.0
 
 
@@ -397,18 +404,12 @@ class Worker:
     def request_stack(self) -> None:
         """Ask the worker for every thread's Python stack (``faulthandler`` on ``SIGUSR1``)."""
         os.ftruncate(self._fds["stack"], 0)
-        with contextlib.suppress(OSError):
-            os.kill(self.pid, signal.SIGUSR1)
+        ask_for_stack(self.pid)
 
     def collect_stack(self, give_up: float) -> str:
         """The stack asked for by :meth:`request_stack`, once it stops growing (or at ``give_up``)."""
-        stack_fd, size = self._fds["stack"], -1
-        while time.monotonic() < give_up:
-            time.sleep(0.05)
-            now = os.fstat(stack_fd).st_size
-            if now and now == size:
-                break
-            size = now
+        stack_fd = self._fds["stack"]
+        wait_for_stacks(lambda: [os.fstat(stack_fd).st_size], give_up)
         return self._read_stack()
 
     def _read_stack(self) -> str:
@@ -436,9 +437,7 @@ class Worker:
         """
         if not self.pid:
             return None
-        for kill, target in ((os.killpg, self.pid), (os.kill, self.pid)):
-            with contextlib.suppress(OSError):
-                kill(target, signal.SIGKILL)
+        kill_session(self.pid)
         status = None
         with contextlib.suppress(ChildProcessError):
             status = os.waitpid(self.pid, 0)[1]

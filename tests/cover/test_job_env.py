@@ -13,9 +13,9 @@ import torch.distributed
 
 from ring_ref._cli import main
 from ring_ref._processes._job import JobEnv, JobEnvError, job_environment
+from ring_ref._processes._shared import FAILURE_GRACE_S
 from ring_ref.difftest import difftest
 from ring_ref.difftest._job import BYE_WAIT_S, MPIRUN_BYE_WAIT_S, JobRanks, _Terminate, takes_group
-from ring_ref.difftest._ranks import AFTER_FAILURE_GRACE_S
 from ring_ref.difftest._report import ModeResult, Report
 from tests.common.paths import ROOT
 
@@ -172,7 +172,7 @@ def test_under_mpirun_sigcont_says_bye_and_the_silent_rank_is_dead_at_once(
         terminate.restore()
     assert noted is mpirun and store.check(["bye/0"]) is mpirun
     launcher = JobRanks(store, 2, 60.0, terminate.event, mpirun=mpirun)
-    assert launcher.death_grace_s == (0.0 if mpirun else AFTER_FAILURE_GRACE_S)
+    assert launcher.death_grace_s == (0.0 if mpirun else FAILURE_GRACE_S)
     if mpirun:
         started = time.monotonic()
         while not launcher.watch.dead(1):
