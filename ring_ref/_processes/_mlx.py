@@ -61,8 +61,6 @@ def join_ring() -> Group:
     then ``RuntimeError``, since one rank alone would return its own input.
     Joining again returns the same group.
     """
-    import mlx.core as mx  # the optional extra ring-ref[mlx], imported by the rank only
-
     env = os.environ
     hostfile = env.get(HOSTFILE)
     if hostfile and RANK not in env and "RANK" in env:
@@ -74,4 +72,6 @@ def join_ring() -> Group:
             f"set: MLX's ring is joined from {HOSTFILE} (a JSON list of each rank's [\"ip:port\"]) and "
             f"{RANK} (or RANK); write one for the job's ranks, or let difftest start them (--ranks mlx)"
         )
+    import mlx.core as mx  # the optional extra ring-ref[mlx], imported by the rank only
+
     return mx.distributed.init(strict=bool(hostfile), backend="ring")

@@ -31,7 +31,7 @@ from ring_ref.difftest._launch import Launcher, OutputLog, as_launcher
 from ring_ref.difftest._oracles import SPEC_ORDER, ExactOrder
 from ring_ref.difftest._orders import per_rank_target
 from ring_ref.difftest._verdict import difference, passes, structural
-from ring_ref.difftest._vocabulary import Mode, Op
+from ring_ref.difftest._vocabulary import RANKS, Mode, Op
 from ring_ref.testing import assert_matches_reference
 from tests.common import planted_impls, planted_rank_impls
 from tests.common.oracles import exact_sum, ring_fold, same_bits, spec_slot
@@ -46,6 +46,7 @@ ALL_DTYPES = tuple(DTYPES.values())
 
 @pytest.mark.clause("difftest-diagnoses", "sum-not-mean", "ag-copy-not-add", "input-unchanged")
 @pytest.mark.clause("no-aliasing", "preserve-dtype-device", "output-shape", "n1-no-rounds")
+@pytest.mark.clause("difftest-narrowed-dtype")
 @pytest.mark.parametrize("bug", list(planted_impls.EXPECTED), ids=lambda f: f.__name__)
 def test_planted_bug_gets_its_code_in_every_mode(bug: Impl) -> None:
     report = run_all(bug)
@@ -159,6 +160,7 @@ def test_the_guide_documents_every_code_and_the_schema() -> None:
     assert "spec/difftest_report.schema.json" in GUIDE
     # The schema's vocabularies are the module's.
     assert SCHEMA["$defs"]["code"]["enum"] == list(CODES)
+    assert SCHEMA["properties"]["ranks"]["oneOf"][0]["enum"] == list(RANKS)
     assert SCHEMA["$defs"]["counterexample"]["properties"]["dtype"]["enum"] == list(DTYPES)
     assert SCHEMA["$defs"]["counterexample"]["properties"]["layout"]["enum"] == list(LAYOUTS)
 
