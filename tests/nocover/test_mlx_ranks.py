@@ -22,27 +22,14 @@ import pytest
 
 from ring_ref._processes._mlx import loopback_hostfile
 from tests.common.paths import ROOT
+from tests.common.processes import ring_ref_json
 
 SCHEMA = json.loads((ROOT / "spec" / "difftest_report.schema.json").read_text(encoding="utf-8"))
 TARGET = "ring_ref.targets:mlx_all_sum"
 
 
-def _ring_ref(*args: str, status: int, cwd: Path = ROOT) -> Any:
-    """``ring-ref ARGS --json`` in a fresh process; its JSON, once the exit status is ``status``."""
-    done = subprocess.run(
-        [sys.executable, "-m", "ring_ref", *args, "--json"],
-        capture_output=True,
-        text=True,
-        timeout=500,
-        cwd=cwd,
-        check=False,
-    )
-    assert done.returncode == status, done.stderr[-3000:]
-    return json.loads(done.stdout)
-
-
 def _reveal(n: int, m: int, dtype: str = "float32") -> Any:
-    return _ring_ref(
+    return ring_ref_json(
         "reveal", "--ranks", "mlx", TARGET, "-n", str(n), "-m", str(m), "--dtype", dtype, status=0
     )
 
@@ -100,13 +87,15 @@ def test_soak_mlx_all_sum_passes_order_free_and_bound_and_a_saved_reveal_certifi
     tmp_path: Path,
 ) -> None:
     args = ["difftest", "--ranks", "mlx", TARGET, "--examples", "20", "--seed", "1"]
-    doc = _ring_ref(*args, status=1)
+    doc = ring_ref_json(*args, status=1)
     jsonschema.validate(doc, SCHEMA)
     assert doc["ranks"] == "mlx" and doc["diagnoses"] == ["not-ring-order"]
     assert [doc["modes"][m]["verdict"] for m in ("exact", "order-free", "bound")] == ["fail", "pass", "pass"]
     saved = tmp_path / "mlx-n3-m7.json"
     saved.write_text(json.dumps(_reveal(3, 7)), encoding="utf-8")
-    certified = _ring_ref(*args[:4], "--mode", "exact", "--order", str(saved), "--examples", "30", status=0)
+    certified = ring_ref_json(
+        *args[:4], "--mode", "exact", "--order", str(saved), "--examples", "30", status=0
+    )
     assert certified["verdict"] == "pass"
 
 
@@ -114,7 +103,7 @@ def test_soak_mlx_all_sum_passes_order_free_and_bound_and_a_saved_reveal_certifi
 @pytest.mark.clause("mlx-ranks", "difftest-narrowed-dtype")
 def test_soak_a_target_converting_with_mx_array_is_narrowed_dtype() -> None:
     args = ["difftest", "--ranks", "mlx", "tests.common.planted_mlx:converts_with_mx_array"]
-    doc = _ring_ref(*args, "--dtypes", "float64", "--examples", "20", "--seed", "1", status=1)
+    doc = ring_ref_json(*args, "--dtypes", "float64", "--examples", "20", "--seed", "1", status=1)
     assert doc["diagnoses"] == ["narrowed-dtype"]
     assert all(doc["modes"][m]["diagnoses"] == ["narrowed-dtype"] for m in doc["modes"])
 
@@ -124,8 +113,8 @@ def test_soak_a_target_converting_with_mx_array_is_narrowed_dtype() -> None:
 def test_soak_ops_reach_an_mlx_rank_and_mlx_has_no_product() -> None:
     args = ["difftest", "--ranks", "mlx", TARGET, "--mode", "order-free", "--examples", "5"]
     for op in ("max", "min"):
-        assert _ring_ref(*args, "--op", op, "--max-workers", "3", status=0)["verdict"] == "pass", op
-    prod = _ring_ref(*args, "--op", "prod", "--max-workers", "2", status=1)
+        assert ring_ref_json(*args, "--op", op, "--max-workers", "3", status=0)["verdict"] == "pass", op
+    prod = ring_ref_json(*args, "--op", "prod", "--max-workers", "2", status=1)
     assert prod["diagnoses"] == ["raised"]
 
 
