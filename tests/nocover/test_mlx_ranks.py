@@ -100,6 +100,13 @@ def test_soak_mlx_all_sum_passes_order_free_and_bound_and_a_saved_reveal_certifi
 
 
 @pytest.mark.soak
+@pytest.mark.clause("mlx-ranks")
+def test_soak_invariance_runs_on_mlx_ranks_and_sees_the_order_move() -> None:
+    doc = ring_ref_json("invariance", "--ranks", "mlx", TARGET, "-n", "3", "--sizes", "6,7", status=1)
+    assert doc["invariant"] is False, doc
+
+
+@pytest.mark.soak
 @pytest.mark.clause("mlx-ranks", "difftest-narrowed-dtype")
 def test_soak_a_target_converting_with_mx_array_is_narrowed_dtype() -> None:
     args = ["difftest", "--ranks", "mlx", "tests.common.planted_mlx:converts_with_mx_array"]
