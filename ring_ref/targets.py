@@ -256,8 +256,9 @@ _MLX_BITS = {2: "uint16", 4: "uint32", 8: "uint64"}
 def mlx_all_sum(tensor: torch.Tensor, op: object = "sum") -> torch.Tensor:
     """``mlx.core.distributed.all_sum`` of this rank's tensor over MLX's ring: this rank's result, new.
 
-    The rank joins the ring from the environment on first use (``MLX_HOSTFILE`` and
-    ``MLX_RANK``, or the job's ``RANK``; without ``MLX_HOSTFILE``, a group of one).
+    The rank joins the ring the environment names (``MLX_HOSTFILE`` and ``MLX_RANK``, or
+    the job's ``RANK``; without ``MLX_HOSTFILE``, a group of one); MLX returns the group
+    joined first on every later call.
     The tensor crosses to MLX by its bits, in its own dtype (float16, bfloat16,
     float32, float64), and comes back the same way.  ``op``: ``sum``, ``max``,
     ``min`` (``all_sum``, ``all_max``, ``all_min``), by name or as a
