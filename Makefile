@@ -14,7 +14,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,mpi,docs,jax]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,mpi,docs,jax,mlx]'
 	touch $@
 
 demo: $(STAMP)

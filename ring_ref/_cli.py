@@ -84,7 +84,8 @@ def _difftest_arguments(parser: argparse.ArgumentParser) -> None:
         "TARGET(tensor) on every rank of the job this command runs in, under torchrun, srun or mpirun; "
         "mpi-job: TARGET(comm, array) on every rank of the MPI job this command runs in; jax: TARGET(x), "
         "x a jax.Array, in every process of a jax.distributed group over gloo on 127.0.0.1, the extra "
-        "ring-ref[jax])",
+        "ring-ref[jax]; mlx: TARGET(tensor) in every process of an MLX ring on 127.0.0.1, MLX_HOSTFILE and "
+        "MLX_RANK set, the extra ring-ref[mlx])",
     )
     _job_arguments(parser)
     parser.add_argument(
@@ -124,7 +125,7 @@ def _difftest_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help=f"largest N generated (default 16; {MAX_RANKS} with --ranks gloo; {MPI_MAX_RANKS} with --ranks "
-        "jax and --ranks mpi, where a correct ring took about 50 s in all three modes, and 1.5-3 minutes "
+        "jax, mlx and mpi, where a correct ring took about 50 s in all three modes, and 1.5-3 minutes "
         "with 8)",
     )
     parser.add_argument(
@@ -201,7 +202,8 @@ def _reveal_arguments(parser: argparse.ArgumentParser) -> None:
         "--ranks",
         choices=[r for r in RANKS if r != "mpi-job"],
         help="TARGET is per rank: TARGET(tensor) on every rank of a gloo group (or TARGET(comm, array) in an "
-        "MPI job, or TARGET(x), x a jax.Array, in a jax.distributed group) of N processes, or (job) of the "
+        "MPI job, or TARGET(x), x a jax.Array, in a jax.distributed group, or TARGET(tensor) in an "
+        "MLX ring) of N processes, or (job) of the "
         "job this command runs in, whose size must be N; every rank must end with the same bits",
     )
     _rank_timeout_argument(parser)

@@ -36,6 +36,16 @@ algorithm OpenMPI runs is chosen when ``mpirun`` starts, by the ``--mca``
 options that :func:`ring_ref.mpi.openmpi_allreduce_mca` gives (the ring is
 algorithm 4).  MPI has no float16 type: float16 arrays are refused by MPI
 itself (``MPI_ERR_TYPE``).
+
+``mlx_all_sum`` is a per-rank target for MLX's ring backend (extra
+``ring-ref[mlx]``): ``mlx.core.distributed.all_sum`` of this rank's tensor,
+the rank joining the ring from the job's environment (``MLX_HOSTFILE`` and
+``MLX_RANK``, or the job's ``RANK``: :func:`ring_ref._processes._mlx.join_ring`).
+It hands MLX the tensor's own bits in its own dtype (``mlx.core.array`` of a
+float64 ``numpy`` array would silently make float32 of it).  ``difftest
+--ranks mlx`` starts the ranks on ``127.0.0.1``::
+
+    ring-ref difftest --ranks mlx ring_ref.targets:mlx_all_sum --max-workers 4
 """
 
 from __future__ import annotations
@@ -45,12 +55,14 @@ import functools
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
+import numpy as np
 import numpy.typing as npt
 import torch
 import torch.distributed as dist
 
-from ring_ref._ops import REDUCE_OP_NAMES
+from ring_ref._ops import REDUCE_OP_NAMES, op_name
 from ring_ref._processes._gloo import SpawnedGroup
+from ring_ref._processes._mlx import join_ring
 from ring_ref._processes._shared import PerSize
 
 if TYPE_CHECKING:
@@ -63,6 +75,7 @@ __all__ = [
     "jax_psum",
     "jax_psum_ranks",
     "jax_psum_scatter",
+    "mlx_all_sum",
     "mpi_allreduce",
 ]
 
@@ -231,3 +244,31 @@ def mpi_allreduce(comm: MPI.Comm, array: npt.NDArray[Any], op: str = "sum") -> N
     from mpi4py import MPI
 
     comm.Allreduce(MPI.IN_PLACE, array, op=getattr(MPI, _op_key(op, _MPI_OPS, "MPI (MPI_Op)")))
+
+
+_MLX_OPS = {"sum": "all_sum", "max": "all_max", "min": "all_min"}
+_MLX_BITS = {2: "uint16", 4: "uint32", 8: "uint64"}
+"""The unsigned integer type of each float width, by bytes: a tensor's bits cross to MLX and back as it."""
+
+
+def mlx_all_sum(tensor: torch.Tensor, op: object = "sum") -> torch.Tensor:
+    """``mlx.core.distributed.all_sum`` of this rank's tensor over MLX's ring: this rank's result, new.
+
+    The rank joins the ring the environment names (``MLX_HOSTFILE`` and ``MLX_RANK``, or
+    the job's ``RANK``; without ``MLX_HOSTFILE``, a group of one); MLX returns the group
+    joined first on every later call.
+    The tensor crosses to MLX by its bits, in its own dtype (float16, bfloat16,
+    float32, float64), and comes back the same way.  ``op``: ``sum``, ``max``,
+    ``min`` (``all_sum``, ``all_max``, ``all_min``), by name or as a
+    ``torch.distributed.ReduceOp``; MLX has no product or average collective.
+    """
+    import mlx.core as mx  # the optional extra ring-ref[mlx], imported by the rank only
+
+    collective = getattr(mx.distributed, _op_key(op_name(op), _MLX_OPS, "mlx.core.distributed"))
+    unsigned = _MLX_BITS[tensor.element_size()]
+    width = getattr(mx, unsigned)
+    bits = tensor.detach().cpu().contiguous().view(getattr(torch, unsigned)).numpy()
+    kind = getattr(mx, str(tensor.dtype).removeprefix("torch."))
+    reduced = collective(mx.array(bits).view(kind), group=join_ring(), stream=mx.cpu)
+    back = np.array(reduced.view(width)).view(unsigned)  # MLX's 64 bits come back as numpy's ulonglong
+    return torch.from_numpy(back).view(tensor.dtype).reshape(tensor.shape)

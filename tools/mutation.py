@@ -282,6 +282,11 @@ MODULES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
             "tests/nocover/test_procs.py",
         ),
     ),
+    # Joining MLX's ring from the environment: a stand-in for mlx.core in pytest's process.
+    "processes.mlx": (
+        ("ring_ref/_processes/_mlx.py",),
+        ("ring_ref/_processes/_mlx.py", "tests/cover/test_mlx_env.py"),
+    ),
 }
 
 

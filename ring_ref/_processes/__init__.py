@@ -10,5 +10,7 @@
 * :mod:`~ring_ref._processes._mpi_job`: :class:`~ring_ref._processes._mpi_job.MpiJob`,
   ``world_size`` ranks of one ``mpirun`` job, each running
   :mod:`~ring_ref._processes._mpi_rank`, with ``mpirun`` in a network namespace
-  of its own (:mod:`~ring_ref._processes._netns`) where ``unshare`` works.
+  of its own (:mod:`~ring_ref._processes._netns`) where ``unshare`` works;
+* :mod:`~ring_ref._processes._mlx`: MLX's ring, a hostfile of loopback ports
+  and joining the ring from the environment.
 """

@@ -10,7 +10,9 @@ ones; ``min``: -1 among zeros), an *op probe* (workers holding 2, 3, 2, 3, ...,
 where every op gives a different exact value) names the op a target computed
 instead (``sum-not-op``, ``wrong-op``), rows all equal to one value tell an
 average of contributions divided first (``avg-divided-first``), and a result
-wrong only in the sign of zeros is ``signed-zero``.
+wrong only in the sign of zeros is ``signed-zero``.  Wrong values that are all
+values of a narrower dtype, within that dtype's bound of the inputs rounded to
+it, are ``narrowed-dtype``: computed there and widened back.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import TYPE_CHECKING, Final, cast
 import torch
 
 from ring_ref._dispatch import ring_all_reduce
-from ring_ref._dtypes import FloatFormat, bits, format_of
+from ring_ref._dtypes import FloatFormat, bits, dtype_name, format_of
 from ring_ref._order import format_tree
 from ring_ref.difftest._call import Outcome, RaisedAt, shards, well_formed
 from ring_ref.difftest._call import results as results_of
@@ -326,7 +328,7 @@ def _classify_values(
     counts_of: Callable[[], list[list[float]] | None],
 ) -> Finding:
     """Name a value mismatch: double-counted, mean-not-sum, sum-not-op, wrong-op, avg-divided-first,
-    signed-zero, not-ring-order or out-of-bound.
+    signed-zero, not-ring-order, narrowed-dtype or out-of-bound.
 
     For an op other than ``sum`` the op probe comes first (an ``avg`` that does
     not divide counts every contribution ``N`` times).  Then the counting
@@ -335,7 +337,8 @@ def _classify_values(
     looks like a mean).  ``mean-not-sum`` needs the result out of bound, within
     rounding of the sum / N, and every probe (where it ran) to give 1 / N as
     well; then the op probe for ``sum``.  Then the equal rows (``avg`` divided
-    first), the signs of zeros, and ``not-ring-order`` last.  ``counts_of``
+    first), the signs of zeros, ``not-ring-order``; last, a result computed in a narrower dtype
+    (``narrowed-dtype``, :func:`_narrowed`).  ``counts_of``
     gives the counting probes' counts (:func:`count_contributions`; for a
     group, run once for every rank).
     """
@@ -393,9 +396,48 @@ def _classify_values(
                 f"(clause fold-order); only --mode exact requires that order{revealed}",
                 m,
             )
+    narrowed = None if within_bound else _narrowed(case, result, order)
+    if narrowed is not None:
+        return Finding(["narrowed-dtype"], f"{_describe(m)}. {narrowed}", m)
     return Finding(
         ["out-of-bound"], f"{_describe(m)}. Wrong values, not explained by a more specific code", m
     )
+
+
+_NARROWER: Final[dict[torch.dtype, tuple[torch.dtype, ...]]] = {
+    torch.float64: (torch.float32, torch.bfloat16, torch.float16),
+    torch.float32: (torch.bfloat16, torch.float16),
+}
+"""The dtypes of fewer significand bits than each dtype, widest first: where a narrowed result may have been
+computed (float16 and bfloat16 are not narrower than each other: one has the bits, the other the range)."""
+
+
+def _narrowed(case: Case, result: torch.Tensor, order: ExactOrder) -> str | None:
+    """``narrowed-dtype``'s words, or ``None``, for a result outside the case's ``bound``: some input is not
+    a value of a narrower dtype, every element of ``result`` is one, and the result passes that dtype's
+    ``bound`` on the inputs rounded to it (the target rounded its inputs, computed there, and widened the
+    result back); the widest such dtype is named.  Inputs that are all values of it leave no trace of
+    the narrowing that an error of another kind could not leave as well, so they name nothing."""
+    inputs = exact_tensor(case.values, case.dtype)
+    for narrow in _NARROWER.get(case.dtype, ()):
+        if not (_values_of(narrow, result) and not _values_of(narrow, inputs)):
+            continue
+        rounded = replace(case, dtype=narrow, values=tuple(inputs.to(narrow).tolist()))
+        if check_values("bound", rounded, result.to(narrow), order).mismatch is None:
+            wide, name = dtype_name(case.dtype), dtype_name(narrow)
+            return (
+                f"Every element is a {name} value, within {name}'s forward-error bound of the "
+                f"{case.reduction} of the inputs rounded to {name}: the target computed in {name} and "
+                f"widened the result back to {wide} (a conversion that narrows silently, as "
+                "mlx.core.array makes float32 of a float64 numpy array)"
+            )
+    return None
+
+
+def _values_of(narrow: torch.dtype, values: torch.Tensor) -> bool:
+    """Whether every element of ``values`` is a value of ``narrow`` (NaN for NaN)."""
+    back = values.to(narrow).to(values.dtype)
+    return bool(((back == values) | (back.isnan() & values.isnan())).all())
 
 
 def _mean_finding(

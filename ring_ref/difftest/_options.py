@@ -19,7 +19,7 @@ from ring_ref._ops import op_name
 from ring_ref.difftest._launch import Launcher
 from ring_ref.difftest._mpi import MPI_DTYPES, MpiRanks
 from ring_ref.difftest._oracles import SavedOrder
-from ring_ref.difftest._ranks import GlooRanks, JaxRanks
+from ring_ref.difftest._ranks import GlooRanks, JaxRanks, MlxRanks
 from ring_ref.difftest._rules import (
     Options,
     default_max_workers,
@@ -47,14 +47,15 @@ RANK_LAUNCHERS: Final[dict[str, Callable[[str, float, Mapping[str, str] | None],
     "gloo": lambda target, timeout, _mca: GlooRanks(target, timeout),
     "mpi": MpiRanks,
     "jax": lambda target, timeout, _mca: JaxRanks(target, timeout),
+    "mlx": lambda target, timeout, _mca: MlxRanks(target, timeout),
 }
 """Which launcher serves which ``--ranks`` value (``job`` and ``mpi-job`` have none: the job's ranks are
 this process and its peers, :mod:`ring_ref.difftest._job`)."""
 
 
 def rank_launcher(ranks: str, target: str, timeout: float, mca: Mapping[str, str] | None = None) -> Launcher:
-    """The launcher that runs ``TARGET`` on every rank of a gloo group, an MPI job or a
-    ``jax.distributed`` group (``mca``: ``mpirun``'s ``--mca`` options, for an MPI job only)."""
+    """The launcher that runs ``TARGET`` on every rank of a gloo group, an MPI job, a ``jax.distributed``
+    group or an MLX ring (``mca``: ``mpirun``'s ``--mca`` options, for an MPI job only)."""
     return RANK_LAUNCHERS[ranks](target, timeout, mca)
 
 

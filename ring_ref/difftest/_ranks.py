@@ -28,7 +28,11 @@ is a valid target); :class:`JaxRanks` picks a free port on ``127.0.0.1`` for
 ``jax.distributed``'s coordinator, and each rank imports jax only after it was
 forked (the tester never imports it), turns on gloo CPU collectives and joins
 (:func:`join_jax`), so that a ``jax`` collective over the global mesh of the
-``N`` processes' CPU devices (:func:`ring_ref.targets.jax_psum_ranks`) runs over gloo.
+``N`` processes' CPU devices (:func:`ring_ref.targets.jax_psum_ranks`) runs over gloo;
+:class:`MlxRanks` writes a hostfile of ``N`` loopback ports, and each rank
+sets ``MLX_HOSTFILE`` and ``MLX_RANK`` and joins MLX's ring
+(:mod:`ring_ref._processes._mlx`), so that a target joining it from the
+environment (:func:`ring_ref.targets.mlx_all_sum`) finds the group joined.
 """
 
 from __future__ import annotations
@@ -36,16 +40,21 @@ from __future__ import annotations
 import contextlib
 import datetime
 import functools
+import os
 import select
+import shutil
 import socket
 import sys
+import tempfile
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Final, Protocol
 
 from torch.distributed import TCPStore  # type: ignore[attr-defined]  # re-exported at runtime, not in stubs
 
+from ring_ref._processes._mlx import HOSTFILE, RANK, join_ring, loopback_hostfile
 from ring_ref._processes._shared import (
     FAILURE_GRACE_S,
     STACK_WAIT_S,
@@ -69,9 +78,11 @@ __all__ = [
     "GlooRanks",
     "Hub",
     "JaxRanks",
+    "MlxRanks",
     "Rank",
     "RankGroup",
     "join_jax",
+    "join_mlx",
 ]
 
 _NO_STACK: Final = "(no stack: the rank did not answer SIGUSR1)"
@@ -441,10 +452,71 @@ class JaxRanks(ForkedGroup):
 
     def hub(self, n: int) -> Hub:
         """A coordinator port for ``n`` processes (``RuntimeError`` if this process has imported jax)."""
-        if "jax" in sys.modules:
-            raise RuntimeError(
-                "ranks='jax' forks its ranks from this process, which has imported jax (a forked jax "
-                "process may hang): run difftest --ranks jax from a process that does not import jax "
-                "(the ring-ref command), or test the target stacked with framework='jax'"
-            )
+        _refuse_fork_of("jax", "jax", ", or test the target stacked with framework='jax'")
         return _JaxHub(n, int(2 * self.timeout_s + 30))
+
+
+def _refuse_fork_of(module: str, ranks: str, stacked: str) -> None:
+    """``RuntimeError`` if this process has imported ``module``: its ranks are forked from it, and a fork
+    of a multithreaded runtime may hang."""
+    if module in sys.modules:
+        raise RuntimeError(
+            f"ranks={ranks!r} forks its ranks from this process, which has imported {module} (a forked "
+            f"{module} process may hang): run difftest --ranks {ranks} from a process that does not import "
+            f"{module} (the ring-ref command){stacked}"
+        )
+
+
+def join_mlx(hostfile: str | None, rank: int, n: int) -> None:
+    """Join MLX's ring as rank ``rank`` of ``n`` through ``hostfile`` (``None`` for one rank: MLX's singleton
+    group), the variables set as ``mlx.launch`` sets them, so that the target finds them.
+
+    Run in the rank's own process before the target is imported.
+    """
+    os.environ[RANK] = str(rank)
+    if hostfile is None:
+        os.environ.pop(HOSTFILE, None)
+    else:
+        os.environ[HOSTFILE] = hostfile
+    size = join_ring().size()
+    if size != n:
+        raise RuntimeError(f"MLX's ring joined a group of {size}; expected {n}")
+
+
+class _MlxHub(Hub):
+    """A hostfile of ``n`` free ports on ``127.0.0.1`` for MLX's ring (none for one rank), in a directory
+    of its own."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.directory = tempfile.mkdtemp(prefix="ring-ref-mlx-")
+        self.hostfile = str(loopback_hostfile(n, Path(self.directory) / "hosts.json")) if n > 1 else None
+
+    def rank_setup(self, rank: int) -> Callable[[], None]:
+        """Join MLX's ring as ``rank`` (:func:`join_mlx`)."""
+        return functools.partial(join_mlx, self.hostfile, rank, self.n)
+
+    def started(self) -> None:
+        """Nothing to serve: the ranks connect to each other."""
+
+    def close(self) -> None:
+        """Remove the hostfile."""
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+class MlxRanks(ForkedGroup):
+    """``TARGET(tensor)`` on every process of an MLX ring group on ``127.0.0.1`` (extra ``ring-ref[mlx]``).
+
+    Each rank joins the ring of ``N`` (``mlx.core.distributed.init(backend="ring")``)
+    from ``MLX_HOSTFILE`` and ``MLX_RANK``, set before the target is imported; a
+    target may join again (the same group) or use the global group.  MLX's ring
+    needs two ranks: at ``N = 1`` the rank has no hostfile and MLX's singleton
+    group.  The tester must not have imported MLX (``RuntimeError``).
+    """
+
+    kind = "mlx"
+
+    def hub(self, n: int) -> Hub:
+        """A hostfile for ``n`` ranks (``RuntimeError`` if this process has imported MLX)."""
+        _refuse_fork_of("mlx", "mlx", "")
+        return _MlxHub(n)

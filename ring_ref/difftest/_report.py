@@ -197,6 +197,7 @@ _GROUPS: Final = {
     "job": "the job's own process group",
     "mpi-job": "the MPI job's own COMM_WORLD",
     "jax": "a jax.distributed group over gloo",
+    "mlx": "an MLX ring group on 127.0.0.1",
 }
 """What a per-rank target's ranks were, in words, by ``--ranks``."""
 

@@ -48,14 +48,16 @@ FRAMEWORKS: Final[tuple[Framework, ...]] = ("torch", "jax")
 """What a stacked target is handed (``--framework``): a ``torch.Tensor`` (the default), or a ``jax.Array``
 with the same bits, returning a ``jax.Array`` (the extra ``ring-ref[jax]``; :mod:`ring_ref.difftest._jax`)."""
 
-Ranks = Literal["gloo", "mpi", "job", "mpi-job", "jax"]
-RANKS: Final[tuple[Ranks, ...]] = ("gloo", "mpi", "job", "mpi-job", "jax")
+Ranks = Literal["gloo", "mpi", "job", "mpi-job", "jax", "mlx"]
+RANKS: Final[tuple[Ranks, ...]] = ("gloo", "mpi", "job", "mpi-job", "jax", "mlx")
 """The process groups a per-rank target can run on (``--ranks``): gloo, ``TARGET(tensor)``; mpi,
 ``TARGET(comm, array)`` with an ``mpi4py`` communicator and a ``numpy`` array; job, ``TARGET(tensor)``
 on every rank of the job the tester runs in (``torchrun``, ``srun``, ``mpirun``); mpi-job,
 ``TARGET(comm, array)`` on every rank of the MPI job the tester runs in; jax, ``TARGET(x)`` with a
 ``jax.Array`` on every process of a ``jax.distributed`` group over gloo
-(:class:`~ring_ref.difftest._ranks.JaxRanks`)."""
+(:class:`~ring_ref.difftest._ranks.JaxRanks`); mlx, ``TARGET(tensor)`` on every process of an MLX ring
+group on ``127.0.0.1``, joined from ``MLX_HOSTFILE`` and ``MLX_RANK``
+(:class:`~ring_ref.difftest._ranks.MlxRanks`)."""
 
 MAX_RANKS: Final = 8
 """The default largest group for a per-rank target (``--max-workers``; 16 for a stacked one)."""
@@ -149,13 +151,13 @@ def subgroups_refused(subgroups: object, ranks: str | None) -> str | None:
 
 
 def default_max_workers(ranks: Ranks | None) -> int:
-    """The largest ``N`` when none is given: 16 stacked, 8 on gloo ranks, 4 in MPI jobs and jax groups
-    (slower to start: every process imports jax).
+    """The largest ``N`` when none is given: 16 stacked, 8 on gloo ranks, 4 in MPI jobs, jax and MLX groups
+    (slower to start: every process imports jax or MLX).
 
-    >>> [default_max_workers(r) for r in (None, "gloo", "mpi", "jax")]
-    [16, 8, 4, 4]
+    >>> [default_max_workers(r) for r in (None, "gloo", "mpi", "jax", "mlx")]
+    [16, 8, 4, 4, 4]
     """
-    return MPI_MAX_RANKS if ranks in ("mpi", "jax") else MAX_RANKS if ranks else 16
+    return MPI_MAX_RANKS if ranks in ("mpi", "jax", "mlx") else MAX_RANKS if ranks else 16
 
 
 def modes_of(modes: str | Iterable[str]) -> tuple[Mode, ...]:

@@ -69,6 +69,7 @@ CODES: Final = (
     "double-counted",
     "signed-zero",
     "not-ring-order",
+    "narrowed-dtype",
     "out-of-bound",
     "wrong-shard",
     "gather-changed-bits",

@@ -95,6 +95,14 @@ def computes_in_float32(x: torch.Tensor) -> torch.Tensor:
     return ring_all_reduce(x.to(torch.float32))
 
 
+def narrows_float64(x: torch.Tensor) -> torch.Tensor:
+    """Bug: sums float64 in float32 and widens the result back, as a target converting a float64 array with
+    ``mlx.core.array`` (which makes float32 of it) does; every other dtype correctly."""
+    if x.dtype != torch.float64:
+        return ring_all_reduce(x)
+    return ring_all_reduce(x.to(torch.float32)).to(torch.float64)
+
+
 def stack_of_copies(x: torch.Tensor) -> torch.Tensor:
     """Bug: returns every worker's buffer, shape ``(N, M, ...)``."""
     return torch.stack([ring_all_reduce(x)] * x.shape[0])
@@ -186,6 +194,7 @@ EXPECTED: dict[Impl, set[str]] = {
     mutates_input: {"input-modified"},
     returns_view_of_input: {"aliases-input"},
     computes_in_float32: {"dtype-changed"},
+    narrows_float64: {"narrowed-dtype"},
     stack_of_copies: {"wrong-shape"},
     raises_on_one_worker: {"raised"},
     drops_last_worker: {"out-of-bound"},

@@ -1,5 +1,5 @@
-"""Processes a test started, seen from outside: whether one is gone, MPI jobs that must leave none, and
-the gloo groups a test module shares.
+"""Processes a test started, seen from outside: whether one is gone, MPI jobs that must leave none, the
+gloo groups a test module shares, and the ``ring-ref`` command's JSON from a fresh process.
 
 :func:`gone` reads ``/proc`` (it trusts no harness's own account); :class:`Jobs`
 holds the MPI jobs a test module shares and, on :meth:`~Jobs.close`, asserts
@@ -11,15 +11,34 @@ that every process any of them ever started (``mpirun`` and each rank) is gone;
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from ring_ref._processes._gloo import SpawnedGroup
 from ring_ref._processes._mpi_job import MpiJob, mpirun_path
+from tests.common.paths import ROOT
 
-__all__ = ["Jobs", "Rings", "gone"]
+__all__ = ["Jobs", "Rings", "gone", "ring_ref_json"]
+
+
+def ring_ref_json(*args: str, status: int) -> Any:
+    """``ring-ref ARGS --json`` in a fresh process, from the repository root (a tester that forks its ranks
+    must not have imported their library); its JSON, once the exit status is ``status``."""
+    done = subprocess.run(
+        [sys.executable, "-m", "ring_ref", *args, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=500,
+        cwd=ROOT,
+        check=False,
+    )
+    assert done.returncode == status, done.stderr[-3000:]
+    return json.loads(done.stdout)
 
 
 def gone(pid: int, within_s: float = 0.0) -> bool:

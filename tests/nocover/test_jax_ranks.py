@@ -9,8 +9,6 @@ code under test.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from typing import Any
 
 import jsonschema  # type: ignore[import-untyped]
@@ -18,27 +16,14 @@ import pytest
 
 from tests.common.paths import ROOT
 from tests.common.planted_jax import PLANTED_RANKS
+from tests.common.processes import ring_ref_json
 from tests.common.reveal_targets import flat
 
 SCHEMA = json.loads((ROOT / "spec" / "difftest_report.schema.json").read_text(encoding="utf-8"))
 
 
-def _ring_ref(*args: str, status: int) -> Any:
-    """``ring-ref ARGS --json`` in a fresh process; its JSON, once the exit status is ``status``."""
-    done = subprocess.run(
-        [sys.executable, "-m", "ring_ref", *args, "--json"],
-        capture_output=True,
-        text=True,
-        timeout=500,
-        cwd=ROOT,
-        check=False,
-    )
-    assert done.returncode == status, done.stderr[-3000:]
-    return json.loads(done.stdout)
-
-
 def _reveal(n: int) -> Any:
-    return _ring_ref(
+    return ring_ref_json(
         "reveal",
         "--ranks",
         "jax",
@@ -72,10 +57,10 @@ def test_multi_process_psum_over_gloo_is_the_gloo_preset_at_n_2_to_4() -> None:
 def test_multi_process_psum_passes_exact_against_gloo_but_in_bfloat16() -> None:
     args = ["difftest", "--ranks", "jax", "ring_ref.targets:jax_psum_ranks", "--schedule", "gloo"]
     args += ["--mode", "exact", "--examples", "5", "--seed", "1"]
-    same = _ring_ref(*args, "--dtypes", "float16", "float32", "float64", status=0)
+    same = ring_ref_json(*args, "--dtypes", "float16", "float32", "float64", status=0)
     jsonschema.validate(same, SCHEMA)
     assert same["ranks"] == "jax" and same["verdict"] == "pass"
-    bf16 = _ring_ref(*args, "--dtypes", "bfloat16", status=1)
+    bf16 = ring_ref_json(*args, "--dtypes", "bfloat16", status=1)
     assert bf16["diagnoses"] == ["not-ring-order"]
 
 
@@ -83,7 +68,7 @@ def test_multi_process_psum_passes_exact_against_gloo_but_in_bfloat16() -> None:
 def test_a_process_returning_other_bits_is_ranks_disagree() -> None:
     for name, code in PLANTED_RANKS.items():
         args = ["difftest", "--ranks", "jax", f"tests.common.planted_jax:{name}", "--mode", "order-free"]
-        doc = _ring_ref(*args, "--examples", "10", "--seed", "3", "--max-workers", "3", status=1)
+        doc = ring_ref_json(*args, "--examples", "10", "--seed", "3", "--max-workers", "3", status=1)
         jsonschema.validate(doc, SCHEMA)
         assert doc["diagnoses"] == [code]
         cex = doc["modes"]["order-free"]["counterexample"]
@@ -94,7 +79,7 @@ def test_a_process_returning_other_bits_is_ranks_disagree() -> None:
 @pytest.mark.clause("jax-ranks")
 def test_ops_reach_a_jax_rank_by_name() -> None:
     args = ["difftest", "--ranks", "jax", "ring_ref.targets:jax_psum_ranks", "--op", "max", "--mode"]
-    doc = _ring_ref(
+    doc = ring_ref_json(
         *args, "order-free", "--examples", "3", "--max-workers", "3", "--dtypes", "float32", status=0
     )
     assert doc["op"] == "max" and doc["verdict"] == "pass"
@@ -110,7 +95,7 @@ def test_a_hung_process_is_timed_out_with_every_ranks_stack() -> None:
         "--timeout",
         "5",
     ]
-    doc = _ring_ref(
+    doc = ring_ref_json(
         *args, "--mode", "bound", "--examples", "2", "--seed", "3", "--max-workers", "2", status=1
     )
     assert doc["diagnoses"] == ["timed-out"]

@@ -31,7 +31,7 @@ from ring_ref.difftest._launch import Launcher, OutputLog, as_launcher
 from ring_ref.difftest._oracles import SPEC_ORDER, ExactOrder
 from ring_ref.difftest._orders import per_rank_target
 from ring_ref.difftest._verdict import difference, passes, structural
-from ring_ref.difftest._vocabulary import Mode, Op
+from ring_ref.difftest._vocabulary import RANKS, Mode, Op
 from ring_ref.testing import assert_matches_reference
 from tests.common import planted_impls, planted_rank_impls
 from tests.common.oracles import exact_sum, ring_fold, same_bits, spec_slot
@@ -46,6 +46,7 @@ ALL_DTYPES = tuple(DTYPES.values())
 
 @pytest.mark.clause("difftest-diagnoses", "sum-not-mean", "ag-copy-not-add", "input-unchanged")
 @pytest.mark.clause("no-aliasing", "preserve-dtype-device", "output-shape", "n1-no-rounds")
+@pytest.mark.clause("difftest-narrowed-dtype")
 @pytest.mark.parametrize("bug", list(planted_impls.EXPECTED), ids=lambda f: f.__name__)
 def test_planted_bug_gets_its_code_in_every_mode(bug: Impl) -> None:
     report = run_all(bug)
@@ -159,6 +160,7 @@ def test_the_guide_documents_every_code_and_the_schema() -> None:
     assert "spec/difftest_report.schema.json" in GUIDE
     # The schema's vocabularies are the module's.
     assert SCHEMA["$defs"]["code"]["enum"] == list(CODES)
+    assert SCHEMA["properties"]["ranks"]["oneOf"][0]["enum"] == list(RANKS)
     assert SCHEMA["$defs"]["counterexample"]["properties"]["dtype"]["enum"] == list(DTYPES)
     assert SCHEMA["$defs"]["counterexample"]["properties"]["layout"]["enum"] == list(LAYOUTS)
 
@@ -1944,3 +1946,60 @@ def test_a_result_whose_bits_did_not_come_back_does_not_pass_and_is_garbled() ->
     finding = diagnose(ring_all_reduce, outcome, "bound")
     assert finding is not None and finding.codes == ["crashed"], finding
     assert "its reply was garbled" in finding.explanation and "without bits" in finding.explanation
+
+
+def _in_bfloat16(x: torch.Tensor) -> torch.Tensor:
+    return ring_all_reduce(x.to(torch.bfloat16)).to(x.dtype)
+
+
+def _max_in_float32(x: torch.Tensor, op: str) -> torch.Tensor:
+    return ring_all_reduce(x.to(torch.float32), op=op).to(x.dtype)
+
+
+# Worker 0 holds 1 + 2^-k, 2 and worker 1 2^-k, 3: every sum exact (order-free inputs), and 1 + 2^-k is no
+# value of float32 (k = 40) or of bfloat16 (k = 20), which round it to 1; and 1 + 2^-10 + 2^-40, whose
+# float32 sum (1 + 2^-10) tells float32 from bfloat16 (1), so that the narrower one is named.
+WIDE = (1 + 2**-40, 2.0, 2**-40, 3.0)
+F32 = (1 + 2**-20, 2.0, 2**-20, 3.0)
+WIDE_BF16 = (1 + 2**-10 + 2**-40, 2.0, 2**-40, 3.0)
+
+
+@pytest.mark.clause("difftest-narrowed-dtype")
+@pytest.mark.parametrize(
+    ("bug", "c", "narrow"),
+    [
+        (planted_impls.narrows_float64, case(WIDE, dtype=torch.float64), "float32"),
+        (_in_bfloat16, case(F32), "bfloat16"),
+        (_in_bfloat16, case(WIDE_BF16, dtype=torch.float64), "bfloat16"),
+        (_max_in_float32, case(WIDE, "max", dtype=torch.float64), "float32"),
+    ],
+    ids=["float64-in-float32", "float32-in-bfloat16", "float64-in-bfloat16", "max"],
+)
+def test_a_result_computed_in_a_narrower_dtype_is_named_for_any_target(
+    bug: Callable[..., torch.Tensor], c: Case, narrow: str
+) -> None:
+    wide = str(c.dtype).removeprefix("torch.")
+    for mode in MODES:
+        codes, text = find(bug, c, mode)
+        assert codes == ["narrowed-dtype"], (mode, text)
+        assert f"Every element is a {narrow} value" in text and f"widened the result back to {wide}" in text
+    # The same on every rank of a group: each rank's result is named, the ranks listed.
+    group = _bug_on_every_rank(bug)
+    finding = diagnose(group, group.call(c), "bound")
+    assert finding is not None and finding.codes == ["narrowed-dtype"] and finding.ranks == [0, 1]
+
+
+@pytest.mark.clause("difftest-narrowed-dtype")
+@pytest.mark.parametrize(
+    "bug",
+    [
+        lambda x: -planted_impls.narrows_float64(x),  # float32 values, but nowhere near the sum
+        lambda x: ring_all_reduce(x) * (1 + 2**-30),  # off by more than float64's bound, not float32 values
+    ],
+    ids=["negated", "scaled"],
+)
+def test_wrong_values_of_no_narrower_computation_are_not_narrowed_dtype(
+    bug: Callable[..., torch.Tensor],
+) -> None:
+    codes, _ = find(bug, case(WIDE, dtype=torch.float64), "bound")
+    assert "narrowed-dtype" not in codes and codes == ["out-of-bound"]
