@@ -131,16 +131,21 @@ from ring_ref._ranks._plans import (  # noqa: I001
 )
 from ring_ref._ranks._torch import ring_all_reduce_, ring_reduce_scatter_, ring_all_gather_
 from ring_ref._ranks._adapters import RingReduceScatter, RingAllGather, RingHookState, ring_hook
+from ring_ref._ranks._backend import BACKEND, ORDER_ENV, RingRefOptions, RingRefProcessGroup
 
 __all__ = [
+    "BACKEND",
     "EXCHANGE_SEGMENT_BYTES",
     "LEAD_BYTES",
     "MAX_SEGMENTS",
+    "ORDER_ENV",
     "SEGMENT_BYTES",
     "SWAP_BYTES",
     "RingAllGather",
     "RingHookState",
     "RingReduceScatter",
+    "RingRefOptions",
+    "RingRefProcessGroup",
     "ring_all_gather_",
     "ring_all_reduce_",
     "ring_hook",
