@@ -130,6 +130,7 @@ class RingRefProcessGroup(_Group):
         rank, n = int(opts.group_rank), int(opts.group_size)
         super().__init__(rank, n)
         self._rank, self._n = rank, n
+        self._group_name = self._group_desc = ""
         store: Store = opts.store
         self.order = agree_on_order(store, rank, n, _order_text(options))
         self.inner = _inner_gloo(store, opts, rank, n)
@@ -137,6 +138,22 @@ class RingRefProcessGroup(_Group):
     def getBackendName(self) -> str:
         """The backend's name, as ``dist.get_backend(group)`` reports it."""
         return BACKEND
+
+    def setGroupName(self, name: str) -> None:
+        """Kept, for ``group.group_name`` (the functional collectives find a group by it)."""
+        self._group_name = name
+
+    def getGroupName(self) -> str:
+        """The name torch gave the group."""
+        return self._group_name
+
+    def setGroupDesc(self, desc: str) -> None:
+        """Kept, for ``group.group_desc``."""
+        self._group_desc = desc
+
+    def getGroupDesc(self) -> str:
+        """The description torch gave the group."""
+        return self._group_desc
 
     def __repr__(self) -> str:
         return f"RingRefProcessGroup(rank={self._rank}, size={self._n}, order={self.order!r})"

@@ -22,10 +22,15 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 
 from ring_ref import ring_all_reduce, ring_reduce_scatter
 from ring_ref._processes._gloo import SpawnedGroup
-from ring_ref.distributed import RingRefOptions  # also registers the backend in each rank
+from ring_ref.distributed import (  # also registers the backend in each rank
+    RingAllGather,
+    RingReduceScatter,
+    RingRefOptions,
+)
 from ring_ref.schedule import PRESETS
 from tests.common.oracles import REDUCE_OPS, fold, same_bits
 from tests.common.paths import EXAMPLES, ROOT
@@ -78,6 +83,8 @@ def reductions(rank: int, n: int, order: str) -> dict[str, Any]:
     root = inputs(n, 1)[rank].clone()
     dist.reduce(root, dst=n - 1, group=group)
     out["reduce"] = root
+    out["functional all_reduce"] = funcol.all_reduce(inputs(n, 1)[rank], "sum", group).wait()
+    out["functional reduce_scatter_tensor"] = funcol.reduce_scatter_tensor(rows, "sum", 0, group).wait()
     return out
 
 
@@ -120,6 +127,8 @@ def check_reductions(n: int, order: str, got: list[dict[str, Any]]) -> None:
         assert same_bits(mine["reduce_scatter"], shards[rank]), rank
         want_root = all_reduce_reference(x, order) if rank == n - 1 else x[rank]
         assert same_bits(mine["reduce"], want_root), rank
+        assert same_bits(mine["functional all_reduce"], all_reduce_reference(x, order)), rank
+        assert same_bits(mine["functional reduce_scatter_tensor"], shards[rank]), rank
     if order == "chain":  # the chain is the left fold over the ranks, whatever the size
         assert same_bits(got[0]["all_reduce sum"], fold(list(x)))
 
@@ -287,3 +296,62 @@ def test_gloo_and_the_spec_ring_change_bits_with_the_bucket_size(backend: str, o
     out = bucket_experiment(backend, order)
     differing = int(re.findall(r"0\.05 vs 25: ([\d,]+)", out)[0].replace(",", ""))
     assert differing > 0 and "every rank holds the same bits: yes" in out, out
+
+
+# --- FSDP2 with no custom comms ----------------------------------------------------------------
+
+
+def fsdp_twice(rank: int, n: int, order: str) -> tuple[list[list[torch.Tensor]], list[str]]:
+    """On each rank: FSDP2 trained on the ``order`` group with torch's own comms, then on the gloo world
+    with :class:`RingReduceScatter` and :class:`RingAllGather` of the same order; this rank's shards,
+    and the collectives the ``order`` group ran."""
+    from torch.distributed.device_mesh import DeviceMesh  # FSDP takes a second to import
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    torch.set_num_threads(1)
+    shards = []
+    ran: list[str] = []
+    cls = type(ring_ref_group(order))
+    originals = {name: getattr(cls, name) for name in ("reduce_scatter_single", "all_gather_single")}
+
+    def recorder(name: str) -> Any:
+        def record(self: Any, *args: Any) -> Any:
+            ran.append(name)
+            return originals[name](self, *args)
+
+        return record
+
+    for name in originals:
+        setattr(cls, name, recorder(name))
+    for backend in ("ring_ref", "gloo"):
+        group = ring_ref_group(order) if backend == "ring_ref" else dist.group.WORLD
+        assert group is not None
+        mesh = DeviceMesh.from_group(group, "cpu")
+        torch.manual_seed(5)
+        model = torch.nn.Sequential(torch.nn.Linear(5, 6), torch.nn.Tanh(), torch.nn.Linear(6, 3))
+        for layer in (model[0], model[2], model):
+            fully_shard(layer, mesh=mesh)
+            assert isinstance(layer, FSDPModule)
+            if backend == "gloo":
+                layer.set_custom_reduce_scatter(RingReduceScatter(schedule=order))  # type: ignore[arg-type]
+                layer.set_custom_all_gather(RingAllGather(schedule=order))  # type: ignore[arg-type]
+        optimizer = torch.optim.SGD(model.parameters(), lr=2.0**-3, momentum=0.5)
+        for step in range(3):
+            optimizer.zero_grad()
+            x = inputs(n, 100 * step + rank, (4, 5))[0] * 10.0 ** torch.arange(-2, 3)  # order-sensitive sums
+            model(x).square().mean().backward()
+            optimizer.step()
+        shards.append([p.to_local().detach().clone() for p in model.parameters()])  # type: ignore[attr-defined]
+        if backend == "ring_ref":
+            for name, original in originals.items():
+                setattr(cls, name, original)
+    return shards, ran
+
+
+@pytest.mark.clause("backend-fsdp")
+@pytest.mark.parametrize("order", ["spec", pytest.param("openmpi-ring", marks=pytest.mark.soak)])
+def test_fsdp2_without_custom_comms_trains_as_the_rings_custom_comms(world: SpawnedGroup, order: str) -> None:
+    for rank, ((ours, custom), ran) in enumerate(world.run(fsdp_twice, order, timeout_s=TIMEOUT_S)):
+        assert ran.count("reduce_scatter_single") >= 3 and "all_gather_single" in ran, ran
+        for k, (a, b) in enumerate(zip(ours, custom, strict=True)):
+            assert same_bits(a, b), (rank, k)
