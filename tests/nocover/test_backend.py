@@ -156,6 +156,7 @@ def movements(rank: int, n: int, order: str) -> dict[str, list[torch.Tensor]]:
     return out
 
 
+@pytest.mark.clause("backend-fsdp")  # the functional collectives too
 def test_every_reduction_matches_the_stacked_reference(world: SpawnedGroup) -> None:
     check_reductions(3, "spec", world.run(reductions, "spec", timeout_s=TIMEOUT_S))
 
