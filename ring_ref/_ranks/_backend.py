@@ -37,6 +37,7 @@ else:
 
 from ring_ref._ranks._adapters import all_reduce_flat_
 from ring_ref._ranks._torch import ring_reduce_scatter_
+from ring_ref._ranks._transport import Waiter
 from ring_ref.schedule import PRESETS
 
 __all__ = ["BACKEND", "ORDER_ENV", "RingRefOptions", "RingRefProcessGroup"]
@@ -133,6 +134,7 @@ class RingRefProcessGroup(_Group):
         self._group_name = self._group_desc = ""
         store: Store = opts.store
         self.order = agree_on_order(store, rank, n, _order_text(options))
+        self._pads = PRESETS[self.order].layout == "even"  # its all-reduce pads: lengths are checked
         self.inner = _inner_gloo(store, opts, rank, n)
 
     def getBackendName(self) -> str:
@@ -161,9 +163,28 @@ class RingRefProcessGroup(_Group):
     # --- the reductions: the order's ring ---------------------------------------------------------
 
     def _all_reduce(self, tensor: torch.Tensor, op: object) -> None:
+        if self._pads:
+            self._same_length(tensor)
         _flat_into(
             tensor, lambda flat: all_reduce_flat_(flat, self.inner, op=op, schedule=self.order, timeout=None)
         )
+
+    def _same_length(self, tensor: torch.Tensor) -> None:
+        """Every rank's element count, exchanged: two lengths that pad to the same multiple of ``N``
+        would pass the ring's own check, which sees the padded tensors."""
+        mine = torch.tensor([tensor.numel() if isinstance(tensor, torch.Tensor) else -1])
+        everyone = [torch.empty_like(mine) for _ in range(self._n)]
+        waiter = Waiter(self._rank, self._n, None, call="the ring_ref backend's all_reduce")
+        waiter.wait(
+            self.inner.allgather([everyone], [mine]), ": exchanging every rank's length before the ring"
+        )
+        lengths = [int(length) for length in everyone]
+        if len(set(lengths)) > 1:
+            listed = "; ".join(f"rank {r}: {length}" for r, length in enumerate(lengths))
+            raise ValueError(
+                f"ring_ref backend: an all-reduce needs the same number of elements on every rank of the "
+                f"group; got {listed}. Pass tensors of the same shape on every rank."
+            )
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> dist.Work:
         """``all_reduce``: each tensor as the flat vector of its elements, in the group's order."""

@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -356,3 +357,62 @@ def test_fsdp2_without_custom_comms_trains_as_the_rings_custom_comms(world: Spaw
         assert ran.count("reduce_scatter_single") >= 3 and "all_gather_single" in ran, ran
         for k, (a, b) in enumerate(zip(ours, custom, strict=True)):
             assert same_bits(a, b), (rank, k)
+
+
+# --- faults --------------------------------------------------------------------------------------
+
+FAULTS = {  # what every rank but the faulty one must say (rank 1, for the first three, says the same)
+    "shape": "ValueError: ring_ref backend: an all-reduce needs the same number of elements on every rank "
+    "of the group; got rank 0: 4; rank 1: 5; rank 2: 4.",
+    "op": "ValueError: ring_all_reduce_ rejected the input on every rank: the ranks passed different "
+    "tensors, ops or schedules",
+    "nan": "ValueError: ring_all_reduce_ rejected the input on every rank: rank 1: inputs must be finite",
+    "dead": "RuntimeError: ",
+    "hang": "RuntimeError: ",
+}
+
+
+@pytest.mark.clause("backend-faults")
+@pytest.mark.parametrize(
+    ("mode", "order"),
+    [
+        ("shape", "spec"),
+        *[pytest.param(m, "spec", marks=pytest.mark.soak) for m in ("op", "nan", "dead", "hang")],
+        *[pytest.param(m, "chain", marks=pytest.mark.soak) for m in ("shape", "dead", "hang")],
+    ],
+)
+def test_a_fault_on_one_rank_is_a_clear_error_on_every_rank_within_the_timeout(
+    mode: str, order: str, tmp_path: Path
+) -> None:
+    """``tests/common/backend_faults.py`` under ``torchrun`` on 3 ranks, rank 1 at fault; the others
+    (and rank 1, where it calls) end with the error within the group's 5 s timeout, and no process stays."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3"]
+    launcher = subprocess.Popen(
+        [*command, str(ROOT / "tests" / "common" / "backend_faults.py"), mode, str(tmp_path)],
+        cwd=ROOT,
+        env={**os.environ, "GLOO_SOCKET_IFNAME": "lo", "RING_REF_ORDER": order},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = launcher.communicate(timeout=TIMEOUT_S)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.communicate()
+    assert launcher.returncode == 0, stdout + stderr
+    ranks = (0, 1, 2) if mode in ("shape", "op", "nan") else (0, 2)
+    outcomes = {r: (tmp_path / f"rank{r}.txt").read_text().split("\n", 1) for r in ranks}
+    for rank, (seconds, outcome) in outcomes.items():
+        assert float(seconds) < 5.0 + 2.0, (rank, seconds)
+        # the chain does not pad: the ring's own check sees the lengths differ
+        assert outcome.startswith(FAULTS["op" if (mode, order) == ("shape", "chain") else mode]), (
+            rank,
+            outcome,
+        )
+        if mode in ("dead", "hang"):
+            assert "failed or timed out; a peer probably raised, exited or did not call" in outcome
+    if mode in ("shape", "op", "nan"):
+        assert len({outcome for _, outcome in outcomes.values()}) == 1, outcomes
