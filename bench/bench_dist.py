@@ -39,7 +39,13 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from ring_ref._processes._gloo import SpawnedGroup
-from ring_ref.distributed import ring_all_gather_, ring_all_reduce_, ring_hook, ring_reduce_scatter_
+from ring_ref.distributed import (  # the last also registers the backend "ring_ref"
+    RingRefOptions,
+    ring_all_gather_,
+    ring_all_reduce_,
+    ring_hook,
+    ring_reduce_scatter_,
+)
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -51,18 +57,42 @@ TARGETS = (  # (label, smallest and largest size in bytes it applies to, largest
 DDP_TARGET = 1.5
 MIN_REPS, MAX_REPS = 5, 60
 DDP_STEPS, DDP_WARMUP = 12, 2
-COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "chain")
+BACKEND = ("backend_all_reduce", "backend_reduce_scatter", "backend_all_gather", "backend_chain")
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "chain", *BACKEND, "backend_layer")
 """The collectives timed: each gloo's own (its ``dist`` function's name) against the ring's; ``chain``
-is ``ring_all_reduce_(schedule="chain")`` (spec/schedules.md) against ``dist.all_reduce``, with no target."""
+is ``ring_all_reduce_(schedule="chain")`` (spec/schedules.md) against ``dist.all_reduce``, with no target.
+The ``backend_*`` ones are the same ``dist`` call on gloo's world and on a ``"ring_ref"`` group
+(``backend_chain``: of order ``chain``); ``backend_layer`` is ``ring_all_reduce_`` called directly
+against ``dist.all_reduce`` on a ``"ring_ref"`` group: what the backend layer itself costs."""
 RESULT_KEY = {"all_reduce": "collective", "reduce_scatter": "reduce_scatter", "all_gather": "all_gather"}
-RESULT_KEY["chain"] = "chain"
+RESULT_KEY |= {c: c for c in ("chain", *BACKEND, "backend_layer")}
 """Where each collective's rows are in a result (the all-reduce's under its first name)."""
 RING_NAME = {"all_reduce": "ring_all_reduce_", "reduce_scatter": "ring_reduce_scatter_"}
 RING_NAME["all_gather"] = "ring_all_gather_"
 RING_NAME["chain"] = 'ring_all_reduce_(schedule="chain")'
+RING_NAME |= {c: f"{c.removeprefix('backend_')} on ring_ref" for c in BACKEND}
+RING_NAME |= {"backend_all_reduce": "all_reduce on ring_ref", "backend_layer": "all_reduce on ring_ref"}
 GLOO_NAME = {"all_reduce": "dist.all_reduce", "reduce_scatter": "dist.reduce_scatter_tensor"}
 GLOO_NAME["all_gather"] = "dist.all_gather_into_tensor"
 GLOO_NAME["chain"] = "dist.all_reduce"
+GLOO_NAME |= {"backend_all_reduce": "dist.all_reduce", "backend_chain": "dist.all_reduce"}
+GLOO_NAME |= {
+    "backend_reduce_scatter": GLOO_NAME["reduce_scatter"],
+    "backend_all_gather": GLOO_NAME["all_gather"],
+}
+GLOO_NAME["backend_layer"] = "ring_all_reduce_"
+BACKEND_TARGETS = {"backend_all_reduce": 1.25, "backend_chain": 2.0}
+"""The backend's targets at >= 1 MiB per rank, against gloo's own all-reduce (the spec's ring, the chain)."""
+_GROUPS: dict[str, dist.ProcessGroup] = {}
+
+
+def _ring_ref_group(order: str) -> dist.ProcessGroup:
+    """A rank's ``"ring_ref"`` group of ``order``, made once (every rank makes them in the same turn)."""
+    if order not in _GROUPS:
+        group = dist.new_group(backend="ring_ref", pg_options=RingRefOptions(order=order))
+        assert group is not None
+        _GROUPS[order] = group
+    return _GROUPS[order]
 
 
 def _timed(fn: Callable[[], object]) -> float:
@@ -79,6 +109,8 @@ def _operations(
     repetition (an all-reduce works in place), and the two results."""
     gen = torch.Generator().manual_seed(rank)
     elements = nbytes // 4
+    if collective.startswith("backend"):
+        return _backend_operations(collective, n, elements, gen)
     if collective in ("all_reduce", "chain"):
         source = torch.randn(elements, generator=gen)
         a, b = source.clone(), source.clone()
@@ -105,6 +137,43 @@ def _operations(
         ops = {
             "all_gather": partial(dist.all_gather_into_tensor, a, source),
             "ring": partial(ring_all_gather_, b, source),
+        }
+    return ops, lambda: None, a, b
+
+
+def _backend_operations(
+    collective: str, n: int, elements: int, gen: torch.Generator
+) -> tuple[dict[str, Callable[[], object]], Callable[[], None], torch.Tensor, torch.Tensor]:
+    """As :func:`_operations`, for the ``backend_*`` collectives: the ``dist`` call on the world (gloo)
+    or the ring called directly (``backend_layer``), against the same call on a ``"ring_ref"`` group."""
+    group = _ring_ref_group("chain" if collective == "backend_chain" else "spec")
+    if collective in ("backend_all_reduce", "backend_chain", "backend_layer"):
+        source = torch.randn(elements, generator=gen)
+        a, b = source.clone(), source.clone()
+        first = partial(ring_all_reduce_, a) if collective == "backend_layer" else partial(dist.all_reduce, a)
+        ops: dict[str, Callable[[], object]] = {
+            collective: first,
+            "ring": partial(dist.all_reduce, b, group=group),
+        }
+
+        def reset() -> None:
+            a.copy_(source)
+            b.copy_(source)
+
+        return ops, reset, a, b
+    if collective == "backend_reduce_scatter":
+        source = torch.randn(elements, generator=gen)
+        a, b = torch.empty(elements // n), torch.empty(elements // n)
+        ops = {
+            collective: partial(dist.reduce_scatter_tensor, a, source),
+            "ring": partial(dist.reduce_scatter_tensor, b, source, group=group),
+        }
+    else:
+        source = torch.randn(elements // n, generator=gen)
+        a, b = torch.empty(elements), torch.empty(elements)
+        ops = {
+            collective: partial(dist.all_gather_into_tensor, a, source),
+            "ring": partial(dist.all_gather_into_tensor, b, source, group=group),
         }
     return ops, lambda: None, a, b
 
@@ -152,9 +221,11 @@ def ddp_rank(rank: int, n: int, spec: dict[str, Any]) -> dict[str, list[float]]:
     default = DistributedDataParallel(_model(width, depth))
     ring = DistributedDataParallel(_model(width, depth))
     ring.register_comm_hook(None, ring_hook)
+    backend = DistributedDataParallel(_model(width, depth), process_group=_ring_ref_group("spec"))
     runs = {
         "default": (default, torch.optim.SGD(default.parameters(), lr=1e-3)),
         "ring_hook": (ring, torch.optim.SGD(ring.parameters(), lr=1e-3)),
+        "backend": (backend, torch.optim.SGD(backend.parameters(), lr=1e-3)),
     }
     gen = torch.Generator().manual_seed(rank)
     inputs, targets = torch.randn(batch, width, generator=gen), torch.randn(batch, 1, generator=gen)
@@ -226,6 +297,8 @@ def measure_once(n: int, args: argparse.Namespace) -> dict[str, Any]:
             "default_step_s": steps["default"],
             "ring_hook_step_s": steps["ring_hook"],
             "ratio": steps["ring_hook"] / steps["default"],
+            "backend_step_s": steps["backend"],
+            "backend_ratio": steps["backend"] / steps["default"],
             "parameters": params,
             "steps": args.ddp_steps,
         }
@@ -261,6 +334,8 @@ def measure(n: int, args: argparse.Namespace) -> dict[str, Any]:
             "ring_hook_step_s": statistics.median(d["ring_hook_step_s"] for d in ddps),
             "run_ratios": [d["ratio"] for d in ddps],
             "ratio": statistics.median(d["ratio"] for d in ddps),
+            "backend_step_s": statistics.median(d["backend_step_s"] for d in ddps),
+            "backend_ratio": statistics.median(d["backend_ratio"] for d in ddps),
             "parameters": ddps[0]["parameters"],
             "steps": sum(d["steps"] for d in ddps),
         }
@@ -287,12 +362,16 @@ def report(results: list[dict[str, Any]]) -> list[str]:
                 )
     ddp_rows = [res for res in results if "ddp" in res]
     if ddp_rows:
-        lines += ["", "| N | DDP step, default hook | DDP step, ring_hook | ratio |", "|---|---|---|---|"]
+        lines += [
+            "",
+            "| N | DDP step, default hook | DDP step, ring_hook | ratio | DDP step on ring_ref | ratio |",
+            "|---|---|---|---|---|---|",
+        ]
         for res in ddp_rows:
             d = res["ddp"]
             lines.append(
                 f"| {res['n']} | {fmt_s(d['default_step_s'])} | {fmt_s(d['ring_hook_step_s'])} | "
-                f"{d['ratio']:.2f}x |"
+                f"{d['ratio']:.2f}x | {fmt_s(d['backend_step_s'])} | {d['backend_ratio']:.2f}x |"
             )
     return lines
 
@@ -311,6 +390,16 @@ def target_lines(results: list[dict[str, Any]]) -> list[str]:
                         f"ring / {collective} {label}, N={res['n']}: worst {worst['ratio']:.2f}x "
                         f"(target <= {limit}x: {verdict(worst['ratio'], limit)}); {ratios}"
                     )
+    for collective, limit in BACKEND_TARGETS.items():
+        for res in results:
+            picked = [row for row in res.get(collective, []) if row["bytes"] >= 1 << 20]
+            if picked:
+                worst = max(picked, key=lambda row: row["ratio"])
+                ratios = ", ".join(f"{fmt_bytes(r['bytes'])} {r['ratio']:.2f}x" for r in picked)
+                lines.append(
+                    f"{RING_NAME[collective]} / gloo at >= 1 MiB per rank, N={res['n']}: worst "
+                    f"{worst['ratio']:.2f}x (target <= {limit}x: {verdict(worst['ratio'], limit)}); {ratios}"
+                )
     for res in results:
         if "ddp" in res:
             ratio = res["ddp"]["ratio"]
@@ -379,6 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ddp-batch", type=int, default=32)
     parser.add_argument("--update", action="store_true", help="write the committed docs/bench/ files")
     parser.add_argument("--out", type=Path, default=None, help="folder for the results (default: scratch)")
+    parser.add_argument("--stem", default="bench_dist", help="the results' file name, before .json and .png")
     args = parser.parse_args(argv)
     out = args.out or (ROOT / "docs" / "bench" if args.update else ROOT / "build" / "bench-dist")
     load_before = os.getloadavg()
@@ -410,9 +500,9 @@ def main(argv: list[str] | None = None) -> int:
         "results": results,
     }
     out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_dist.json").write_text(json.dumps(payload, indent=2) + "\n")
-    plot(results, out / "bench_dist.png")
-    print(f"wrote {out / 'bench_dist.json'} and {out / 'bench_dist.png'}")
+    (out / f"{args.stem}.json").write_text(json.dumps(payload, indent=2) + "\n")
+    plot(results, out / f"{args.stem}.png")
+    print(f"wrote {out / f'{args.stem}.json'} and {out / f'{args.stem}.png'}")
     return 0
 
 
