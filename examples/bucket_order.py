@@ -64,7 +64,7 @@ def train(bucket_cap_mb: float) -> torch.Tensor:
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
     for step in range(STEPS):
         optimizer.zero_grad()
-        loss_of(ddp, step, dist.get_rank()).backward()
+        loss_of(ddp, step, dist.get_rank()).backward()  # type: ignore[no-untyped-call]
         optimizer.step()
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
@@ -77,7 +77,7 @@ def chain_replay(n: int) -> torch.Tensor:
         folded: list[torch.Tensor] | None = None
         for rank in range(n):
             model.zero_grad()
-            loss_of(model, step, rank).backward()
+            loss_of(model, step, rank).backward()  # type: ignore[no-untyped-call]
             grads = [p.grad.detach().clone() / n for p in model.parameters() if p.grad is not None]
             folded = grads if folded is None else [a + g for a, g in zip(folded, grads, strict=True)]
         assert folded is not None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch.distributed as dist
+from torch._C._distributed_c10d import HashStore, _make_nccl_premul_sum
 
 from ring_ref._ranks._backend import ORDER_ENV, RingRefOptions, _op_of, _order_text, agree_on_order
 
@@ -16,7 +17,7 @@ def agree(asked: list[str]) -> list[str]:
     """Every rank's outcome: the agreed order, or the error's text."""
     outcomes = []
     for rank in range(len(asked)):
-        store = dist.HashStore()
+        store = HashStore()
         for other, order in enumerate(asked):
             if other != rank:
                 store.set(f"order/{other}", order)
@@ -63,8 +64,8 @@ def test_the_options_come_before_the_environment(monkeypatch: pytest.MonkeyPatch
 @pytest.mark.clause("backend-reductions")
 def test_premul_sum_is_refused_with_the_fix() -> None:
     opts = dist.AllreduceOptions()
-    opts.reduceOp = dist._make_nccl_premul_sum(2.0)
+    opts.reduceOp = _make_nccl_premul_sum(2.0)
     with pytest.raises(ValueError, match=r"PREMUL_SUM .* scale the tensor first"):
         _op_of(opts)
-    opts.reduceOp = dist.ReduceOp.MAX
+    opts.reduceOp = dist.ReduceOp(dist.ReduceOp.MAX)
     assert _op_of(opts) == dist.ReduceOp.MAX

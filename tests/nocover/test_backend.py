@@ -212,7 +212,8 @@ def ddp_buckets(
     order, bucket_cap_mb, bucket_view, accumulate = config
     group = ring_ref_group(order)
     calls: list[tuple[torch.Tensor, torch.Tensor]] = []
-    inner = type(group).allreduce
+    cls: Any = type(group)
+    inner = cls.allreduce
 
     def recording(self: Any, tensors: list[torch.Tensor], opts: Any) -> Any:
         before = [t.detach().clone() for t in tensors]
@@ -220,7 +221,7 @@ def ddp_buckets(
         calls.extend(zip(before, [t.detach().clone() for t in tensors], strict=True))
         return work
 
-    type(group).allreduce = recording  # type: ignore[method-assign]
+    cls.allreduce = recording
     try:
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(9, 13), torch.nn.Tanh(), torch.nn.Linear(13, 3))
@@ -238,7 +239,7 @@ def ddp_buckets(
             ddp(x).square().mean().backward()
             optimizer.step()
     finally:
-        type(group).allreduce = inner  # type: ignore[method-assign]
+        cls.allreduce = inner
     return calls
 
 
@@ -335,8 +336,8 @@ def fsdp_twice(rank: int, n: int, order: str) -> tuple[list[list[torch.Tensor]],
             fully_shard(layer, mesh=mesh)
             assert isinstance(layer, FSDPModule)
             if backend == "gloo":
-                layer.set_custom_reduce_scatter(RingReduceScatter(schedule=order))  # type: ignore[arg-type]
-                layer.set_custom_all_gather(RingAllGather(schedule=order))  # type: ignore[arg-type]
+                layer.set_custom_reduce_scatter(RingReduceScatter(schedule=order))
+                layer.set_custom_all_gather(RingAllGather(schedule=order))
         optimizer = torch.optim.SGD(model.parameters(), lr=2.0**-3, momentum=0.5)
         for step in range(3):
             optimizer.zero_grad()
