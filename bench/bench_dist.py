@@ -38,17 +38,14 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from ring_ref._processes._gloo import SpawnedGroup
-from ring_ref.distributed import (  # the last also registers the backend "ring_ref"
-    RingRefOptions,
-    ring_all_gather_,
-    ring_all_reduce_,
-    ring_hook,
-    ring_reduce_scatter_,
-)
-
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+
+from ring_ref._processes._gloo import SpawnedGroup  # noqa: E402
+from ring_ref.distributed import ring_all_gather_, ring_all_reduce_, ring_hook, ring_reduce_scatter_  # noqa: E402
+from tests.common.backend_groups import ring_ref_group  # noqa: E402
+
 SIZES = tuple(4 << (10 + 2 * k) for k in range(8))  # 4 KiB, 16 KiB, ..., 64 MiB per rank
 TARGETS = (  # (label, smallest and largest size in bytes it applies to, largest ratio)
     ("at >= 1 MiB per rank", 1 << 20, 1 << 62, 1.25),
@@ -83,16 +80,6 @@ GLOO_NAME |= {
 GLOO_NAME["backend_layer"] = "ring_all_reduce_"
 BACKEND_TARGETS = {"backend_all_reduce": 1.25, "backend_chain": 2.0}
 """The backend's targets at >= 1 MiB per rank, against gloo's own all-reduce (the spec's ring, the chain)."""
-_GROUPS: dict[str, dist.ProcessGroup] = {}
-
-
-def _ring_ref_group(order: str) -> dist.ProcessGroup:
-    """A rank's ``"ring_ref"`` group of ``order``, made once (every rank makes them in the same turn)."""
-    if order not in _GROUPS:
-        group = dist.new_group(backend="ring_ref", pg_options=RingRefOptions(order=order))
-        assert group is not None
-        _GROUPS[order] = group
-    return _GROUPS[order]
 
 
 def _timed(fn: Callable[[], object]) -> float:
@@ -106,76 +93,51 @@ def _operations(
     collective: str, rank: int, n: int, nbytes: int
 ) -> tuple[dict[str, Callable[[], object]], Callable[[], None], torch.Tensor, torch.Tensor]:
     """gloo's and the ring's call of ``collective`` on ``nbytes`` per rank, the reset before each
-    repetition (an all-reduce works in place), and the two results."""
+    repetition (an all-reduce works in place), and the two results.  A ``backend_*`` collective is
+    the ``dist`` call on gloo's world (``backend_layer``: ``ring_all_reduce_`` called directly)
+    against the same ``dist`` call on a ``"ring_ref"`` group."""
     gen = torch.Generator().manual_seed(rank)
     elements = nbytes // 4
-    if collective.startswith("backend"):
-        return _backend_operations(collective, n, elements, gen)
-    if collective in ("all_reduce", "chain"):
+    kind = collective.removeprefix("backend_")
+    group = None
+    if collective.startswith("backend_"):
+        group = ring_ref_group("chain" if kind == "chain" else "spec")
+    if kind in ("all_reduce", "chain", "layer"):
         source = torch.randn(elements, generator=gen)
         a, b = source.clone(), source.clone()
-        ops: dict[str, Callable[[], object]] = {
-            collective: partial(dist.all_reduce, a),
-            "ring": partial(ring_all_reduce_, b, schedule="chain" if collective == "chain" else "spec"),
-        }
+        first: Callable[[], object] = (
+            partial(ring_all_reduce_, a) if kind == "layer" else partial(dist.all_reduce, a)
+        )
+        second: Callable[[], object] = (
+            partial(ring_all_reduce_, b, schedule="chain" if kind == "chain" else "spec")
+            if group is None
+            else partial(dist.all_reduce, b, group=group)
+        )
 
         def reset() -> None:
             a.copy_(source)
             b.copy_(source)
 
-        return ops, reset, a, b
-    if collective == "reduce_scatter":
+        return {collective: first, "ring": second}, reset, a, b
+    if kind == "reduce_scatter":
         source = torch.randn(elements, generator=gen)
         a, b = torch.empty(elements // n), torch.empty(elements // n)
-        ops = {
-            "reduce_scatter": partial(dist.reduce_scatter_tensor, a, source),
-            "ring": partial(ring_reduce_scatter_, b, source),
-        }
+        first = partial(dist.reduce_scatter_tensor, a, source)
+        second = (
+            partial(ring_reduce_scatter_, b, source)
+            if group is None
+            else partial(dist.reduce_scatter_tensor, b, source, group=group)
+        )
     else:
         source = torch.randn(elements // n, generator=gen)
         a, b = torch.empty(elements), torch.empty(elements)
-        ops = {
-            "all_gather": partial(dist.all_gather_into_tensor, a, source),
-            "ring": partial(ring_all_gather_, b, source),
-        }
-    return ops, lambda: None, a, b
-
-
-def _backend_operations(
-    collective: str, n: int, elements: int, gen: torch.Generator
-) -> tuple[dict[str, Callable[[], object]], Callable[[], None], torch.Tensor, torch.Tensor]:
-    """As :func:`_operations`, for the ``backend_*`` collectives: the ``dist`` call on the world (gloo)
-    or the ring called directly (``backend_layer``), against the same call on a ``"ring_ref"`` group."""
-    group = _ring_ref_group("chain" if collective == "backend_chain" else "spec")
-    if collective in ("backend_all_reduce", "backend_chain", "backend_layer"):
-        source = torch.randn(elements, generator=gen)
-        a, b = source.clone(), source.clone()
-        first = partial(ring_all_reduce_, a) if collective == "backend_layer" else partial(dist.all_reduce, a)
-        ops: dict[str, Callable[[], object]] = {
-            collective: first,
-            "ring": partial(dist.all_reduce, b, group=group),
-        }
-
-        def reset() -> None:
-            a.copy_(source)
-            b.copy_(source)
-
-        return ops, reset, a, b
-    if collective == "backend_reduce_scatter":
-        source = torch.randn(elements, generator=gen)
-        a, b = torch.empty(elements // n), torch.empty(elements // n)
-        ops = {
-            collective: partial(dist.reduce_scatter_tensor, a, source),
-            "ring": partial(dist.reduce_scatter_tensor, b, source, group=group),
-        }
-    else:
-        source = torch.randn(elements // n, generator=gen)
-        a, b = torch.empty(elements), torch.empty(elements)
-        ops = {
-            collective: partial(dist.all_gather_into_tensor, a, source),
-            "ring": partial(dist.all_gather_into_tensor, b, source, group=group),
-        }
-    return ops, lambda: None, a, b
+        first = partial(dist.all_gather_into_tensor, a, source)
+        second = (
+            partial(ring_all_gather_, b, source)
+            if group is None
+            else partial(dist.all_gather_into_tensor, b, source, group=group)
+        )
+    return {collective: first, "ring": second}, lambda: None, a, b
 
 
 def collective_rank(rank: int, n: int, spec: dict[str, Any]) -> list[dict[str, Any]]:
@@ -221,7 +183,7 @@ def ddp_rank(rank: int, n: int, spec: dict[str, Any]) -> dict[str, list[float]]:
     default = DistributedDataParallel(_model(width, depth))
     ring = DistributedDataParallel(_model(width, depth))
     ring.register_comm_hook(None, ring_hook)
-    backend = DistributedDataParallel(_model(width, depth), process_group=_ring_ref_group("spec"))
+    backend = DistributedDataParallel(_model(width, depth), process_group=ring_ref_group("spec"))
     runs = {
         "default": (default, torch.optim.SGD(default.parameters(), lr=1e-3)),
         "ring_hook": (ring, torch.optim.SGD(ring.parameters(), lr=1e-3)),
@@ -376,29 +338,32 @@ def report(results: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _targets() -> list[tuple[str, str, int, int, float]]:
+    """Each target: the collective, how its line starts, the sizes it applies to, the largest ratio."""
+    targets = [
+        (collective, f"ring / {collective} {label}", low, high, limit)
+        for collective in COLLECTIVES[:3]  # the chain has no target (docs/guide/chain.md)
+        for label, low, high, limit in TARGETS
+    ]
+    for collective, limit in BACKEND_TARGETS.items():
+        targets.append(
+            (collective, f"{RING_NAME[collective]} / gloo at >= 1 MiB per rank", 1 << 20, 1 << 62, limit)
+        )
+    return targets
+
+
 def target_lines(results: list[dict[str, Any]]) -> list[str]:
     lines = []
-    for collective in COLLECTIVES[:3]:  # the chain has no target (docs/guide/chain.md)
-        for label, low, high, limit in TARGETS:
-            for res in results:
-                rows = res.get(RESULT_KEY[collective], [])
-                picked = [row for row in rows if low <= row["bytes"] <= high]
-                if picked:
-                    worst = max(picked, key=lambda row: row["ratio"])
-                    ratios = ", ".join(f"{fmt_bytes(r['bytes'])} {r['ratio']:.2f}x" for r in picked)
-                    lines.append(
-                        f"ring / {collective} {label}, N={res['n']}: worst {worst['ratio']:.2f}x "
-                        f"(target <= {limit}x: {verdict(worst['ratio'], limit)}); {ratios}"
-                    )
-    for collective, limit in BACKEND_TARGETS.items():
+    for collective, start, low, high, limit in _targets():
         for res in results:
-            picked = [row for row in res.get(collective, []) if row["bytes"] >= 1 << 20]
+            rows = res.get(RESULT_KEY[collective], [])
+            picked = [row for row in rows if low <= row["bytes"] <= high]
             if picked:
                 worst = max(picked, key=lambda row: row["ratio"])
                 ratios = ", ".join(f"{fmt_bytes(r['bytes'])} {r['ratio']:.2f}x" for r in picked)
                 lines.append(
-                    f"{RING_NAME[collective]} / gloo at >= 1 MiB per rank, N={res['n']}: worst "
-                    f"{worst['ratio']:.2f}x (target <= {limit}x: {verdict(worst['ratio'], limit)}); {ratios}"
+                    f"{start}, N={res['n']}: worst {worst['ratio']:.2f}x "
+                    f"(target <= {limit}x: {verdict(worst['ratio'], limit)}); {ratios}"
                 )
     for res in results:
         if "ddp" in res:

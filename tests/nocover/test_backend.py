@@ -27,12 +27,9 @@ import torch.distributed._functional_collectives as funcol
 
 from ring_ref import ring_all_reduce, ring_reduce_scatter
 from ring_ref._processes._gloo import SpawnedGroup
-from ring_ref.distributed import (  # also registers the backend in each rank
-    RingAllGather,
-    RingReduceScatter,
-    RingRefOptions,
-)
+from ring_ref.distributed import RingAllGather, RingReduceScatter, RingRefOptions
 from ring_ref.schedule import PRESETS
+from tests.common.backend_groups import ring_ref_group
 from tests.common.oracles import REDUCE_OPS, fold, same_bits
 from tests.common.paths import EXAMPLES, ROOT
 
@@ -40,17 +37,6 @@ ORDERS = tuple(PRESETS)
 SHAPE = (5, 3)  # 15 elements: no world size of 2 to 4 divides it, so the spec's rings pad
 SHARD = 4
 TIMEOUT_S = 120.0
-
-_GROUPS: dict[str, dist.ProcessGroup] = {}
-
-
-def ring_ref_group(order: str) -> dist.ProcessGroup:
-    """In a rank: the world's ``ring_ref`` group of ``order``, made once (every rank asks in turn)."""
-    if order not in _GROUPS:
-        group = dist.new_group(backend="ring_ref", pg_options=RingRefOptions(order=order))
-        assert group is not None
-        _GROUPS[order] = group
-    return _GROUPS[order]
 
 
 def inputs(n: int, seed: int, shape: tuple[int, ...] = SHAPE) -> torch.Tensor:
