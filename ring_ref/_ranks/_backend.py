@@ -208,16 +208,19 @@ class RingRefProcessGroup(_Group):
         return _done(tensors)
 
     def _reduce_scatter(self, output: torch.Tensor, flat_input: torch.Tensor, op: object) -> None:
-        """Rank ``r``'s ``output`` gets chunk ``r`` of the reduction of every rank's ``flat_input``."""
-        if output.numel() * self._n != flat_input.numel():
-            raise ValueError(
-                f"ring_ref backend: reduce-scatter needs an input of {self._n} times the output's "
-                f"{output.numel()} elements on every rank; got {flat_input.numel()}."
-            )
+        """Rank ``r``'s ``output`` gets chunk ``r`` of the reduction of every rank's ``flat_input``.
+
+        The ring's check compares every rank's output and input (so a rank's wrong size is an error
+        on every rank); the chain, which checks only the inputs, checks the output once it is done."""
         if self.order == "chain":  # no ring: the chain's all-reduce, then this rank's chunk
             work = flat_input.detach().clone()
             all_reduce_flat_(work, self.inner, op=op, schedule="chain", timeout=None)
-            _flat_into(output, lambda flat: flat.copy_(work.chunk(self._n)[self._rank]))
+            if output.numel() * self._n != work.numel():
+                raise ValueError(
+                    f"ring_ref backend: reduce-scatter needs an input of {self._n} times the output's "
+                    f"{output.numel()} elements; got {work.numel()}."
+                )
+            _flat_into(output, lambda flat: flat.copy_(work.view(self._n, -1)[self._rank]))
             return
         source = flat_input.detach()
         _flat_into(
