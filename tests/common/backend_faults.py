@@ -3,9 +3,11 @@
 ``python -m torch.distributed.run ... tests/common/backend_faults.py MODE OUT``: every rank joins the
 backend with a 5 s timeout and all-reduces once; rank 1 misbehaves as ``MODE`` says (``shape``:
 one element more; ``op``: ``MAX`` where the others sum; ``nan``: a NaN; ``dead``: its process ends
-before the call, with status 0 so that ``torchrun`` lets the others run; ``hang``: it raises on its own
-and lingers, never calling).  Each rank writes what happened to it (``ok``, or the exception's type and
-text) and the seconds it took to ``OUT/rank<r>.txt``, then leaves at once (a failed group is not torn down).
+before the call, with status 0 so that ``torchrun`` lets the others run; ``hang``: it raises on its
+own and lingers, never calling; ``subgroup``: no fault, ranks 0 and 1 all-reduce on a
+``new_group()``).  Each rank writes what happened to it (``ok`` and the backends and result, or the
+exception's type and text) and the seconds it took to ``OUT/rank<r>.txt``, then leaves at once (a
+failed group is not torn down).
 """
 
 from __future__ import annotations
@@ -44,10 +46,15 @@ def main(mode: str, out: Path) -> None:
             except RuntimeError:
                 time.sleep(4 * TIMEOUT_S)
                 os._exit(0)
+    group = None
+    if mode == "subgroup":  # no fault: new_group() in a "ring_ref" world is a "ring_ref" group
+        group = dist.new_group([0, 1])
+        if rank > 1:
+            os._exit(0)
     start = time.monotonic()
     try:
-        dist.all_reduce(tensor, op=op)
-        outcome = "ok"
+        dist.all_reduce(tensor, op=op, group=group)
+        outcome = f"ok {dist.get_backend(group)} {dist.get_backend()} {tensor.tolist()}"
     except Exception as exc:
         outcome = f"{type(exc).__name__}: {exc}"
     (out / f"rank{rank}.txt").write_text(f"{time.monotonic() - start:.2f}\n{outcome}")

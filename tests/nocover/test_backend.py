@@ -248,6 +248,35 @@ def test_ddp_without_a_hook_reduces_each_bucket_in_the_groups_order(
             assert same_bits(calls[k][1], want), (k, rank)
 
 
+def run_faults_script(mode: str, order: str, out: Path) -> None:
+    """``tests/common/backend_faults.py MODE OUT`` under ``torchrun`` on 3 ranks; it must exit with 0."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3"]
+    launcher = subprocess.Popen(
+        [*command, str(ROOT / "tests" / "common" / "backend_faults.py"), mode, str(out)],
+        cwd=ROOT,
+        env={**os.environ, "GLOO_SOCKET_IFNAME": "lo", "RING_REF_ORDER": order},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, so a timeout can take the ranks down with it
+    )
+    try:
+        stdout, stderr = launcher.communicate(timeout=TIMEOUT_S)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.communicate()
+    assert launcher.returncode == 0, stdout + stderr
+
+
+@pytest.mark.clause("backend-fsdp")
+def test_a_new_group_of_a_ring_ref_world_is_a_ring_ref_group(tmp_path: Path) -> None:
+    run_faults_script("subgroup", "chain", tmp_path)
+    for rank in (0, 1):
+        outcome = (tmp_path / f"rank{rank}.txt").read_text().split("\n", 1)[1]
+        assert outcome == "ok ring_ref ring_ref [3.0, 3.0, 3.0, 3.0]", outcome
+
+
 def bucket_experiment(backend: str, order: str) -> str:
     """``examples/bucket_order.py`` under ``torchrun`` on 4 ranks, as the guide runs it; its output."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4"]
@@ -373,23 +402,7 @@ def test_a_fault_on_one_rank_is_a_clear_error_on_every_rank_within_the_timeout(
 ) -> None:
     """``tests/common/backend_faults.py`` under ``torchrun`` on 3 ranks, rank 1 at fault; the others
     (and rank 1, where it calls) end with the error within the group's 5 s timeout, and no process stays."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3"]
-    launcher = subprocess.Popen(
-        [*command, str(ROOT / "tests" / "common" / "backend_faults.py"), mode, str(tmp_path)],
-        cwd=ROOT,
-        env={**os.environ, "GLOO_SOCKET_IFNAME": "lo", "RING_REF_ORDER": order},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        stdout, stderr = launcher.communicate(timeout=TIMEOUT_S)
-    finally:
-        if launcher.poll() is None:
-            os.killpg(launcher.pid, signal.SIGKILL)
-            launcher.communicate()
-    assert launcher.returncode == 0, stdout + stderr
+    run_faults_script(mode, order, tmp_path)
     ranks = (0, 1, 2) if mode in ("shape", "op", "nan") else (0, 2)
     outcomes = {r: (tmp_path / f"rank{r}.txt").read_text().split("\n", 1) for r in ranks}
     for rank, (seconds, outcome) in outcomes.items():
