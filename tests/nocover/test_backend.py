@@ -138,8 +138,14 @@ def movements(rank: int, n: int, order: str) -> dict[str, list[torch.Tensor]]:
             dist.send(mine, dst=n - 1, group=group)
         elif rank == n - 1:
             dist.recv(received, src=0, group=group)
+        pieces = [torch.empty(2) for _ in range(n)]
+        dist.all_to_all(pieces, list(inputs(n, 5, (n, 2))[rank]), group=group)
+        collected = [torch.empty(SHAPE) for _ in range(n)] if rank == 0 else None
+        dist.gather(mine, collected, dst=0, group=group)
+        scattered = torch.empty(2)
+        dist.scatter(scattered, list(inputs(n, 6, (n, 2))[0]) if rank == 0 else None, src=0, group=group)
         dist.barrier(group=group)
-        out[label] = [*gathered, into, sent, swapped, received]
+        out[label] = [*gathered, into, sent, swapped, received, *pieces, *(collected or []), scattered]
     return out
 
 
