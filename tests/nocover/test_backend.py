@@ -238,7 +238,11 @@ def ddp_buckets(
 @pytest.mark.clause("backend-ddp")
 @pytest.mark.parametrize(
     "config",
-    [("spec", 100 / 2**20, False, True), ("gloo", 100 / 2**20, True, False), ("chain", 25.0, False, True)],
+    [
+        ("spec", 100 / 2**20, False, True),
+        pytest.param(("gloo", 100 / 2**20, True, False), marks=pytest.mark.soak),
+        pytest.param(("chain", 25.0, False, True), marks=pytest.mark.soak),
+    ],
 )
 def test_ddp_without_a_hook_reduces_each_bucket_in_the_groups_order(
     world: SpawnedGroup, config: tuple[str, float, bool, bool]
