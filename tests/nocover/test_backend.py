@@ -264,7 +264,7 @@ def run_faults_script(mode: str, order: str, out: Path) -> None:
     launcher = subprocess.Popen(
         [*command, str(ROOT / "tests" / "common" / "backend_faults.py"), mode, str(out)],
         cwd=ROOT,
-        env={**os.environ, "GLOO_SOCKET_IFNAME": "lo", "RING_REF_ORDER": order},
+        env={**os.environ, "GLOO_SOCKET_IFNAME": "lo", "RING_REF_ORDER": order, "PYTHONFAULTHANDLER": "1"},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -293,7 +293,7 @@ def bucket_experiment(backend: str, order: str) -> str:
     launcher = subprocess.Popen(
         [*command, str(EXAMPLES / "bucket_order.py"), "--backend", backend],
         cwd=ROOT,
-        env={**os.environ, "GLOO_SOCKET_IFNAME": "lo", "RING_REF_ORDER": order},
+        env={**os.environ, "GLOO_SOCKET_IFNAME": "lo", "RING_REF_ORDER": order, "PYTHONFAULTHANDLER": "1"},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
