@@ -38,11 +38,14 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from ring_ref._processes._gloo import SpawnedGroup
-from ring_ref.distributed import ring_all_gather_, ring_all_reduce_, ring_hook, ring_reduce_scatter_
-
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+
+from ring_ref._processes._gloo import SpawnedGroup  # noqa: E402
+from ring_ref.distributed import ring_all_gather_, ring_all_reduce_, ring_hook, ring_reduce_scatter_  # noqa: E402
+from tests.common.backend_groups import ring_ref_group  # noqa: E402
+
 SIZES = tuple(4 << (10 + 2 * k) for k in range(8))  # 4 KiB, 16 KiB, ..., 64 MiB per rank
 TARGETS = (  # (label, smallest and largest size in bytes it applies to, largest ratio)
     ("at >= 1 MiB per rank", 1 << 20, 1 << 62, 1.25),
@@ -51,18 +54,32 @@ TARGETS = (  # (label, smallest and largest size in bytes it applies to, largest
 DDP_TARGET = 1.5
 MIN_REPS, MAX_REPS = 5, 60
 DDP_STEPS, DDP_WARMUP = 12, 2
-COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "chain")
+BACKEND = ("backend_all_reduce", "backend_reduce_scatter", "backend_all_gather", "backend_chain")
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "chain", *BACKEND, "backend_layer")
 """The collectives timed: each gloo's own (its ``dist`` function's name) against the ring's; ``chain``
-is ``ring_all_reduce_(schedule="chain")`` (spec/schedules.md) against ``dist.all_reduce``, with no target."""
+is ``ring_all_reduce_(schedule="chain")`` (spec/schedules.md) against ``dist.all_reduce``, with no target.
+The ``backend_*`` ones are the same ``dist`` call on gloo's world and on a ``"ring_ref"`` group
+(``backend_chain``: of order ``chain``); ``backend_layer`` is ``ring_all_reduce_`` called directly
+against ``dist.all_reduce`` on a ``"ring_ref"`` group: what the backend layer itself costs."""
 RESULT_KEY = {"all_reduce": "collective", "reduce_scatter": "reduce_scatter", "all_gather": "all_gather"}
-RESULT_KEY["chain"] = "chain"
+RESULT_KEY |= {c: c for c in ("chain", *BACKEND, "backend_layer")}
 """Where each collective's rows are in a result (the all-reduce's under its first name)."""
 RING_NAME = {"all_reduce": "ring_all_reduce_", "reduce_scatter": "ring_reduce_scatter_"}
 RING_NAME["all_gather"] = "ring_all_gather_"
 RING_NAME["chain"] = 'ring_all_reduce_(schedule="chain")'
+RING_NAME |= {c: f"{c.removeprefix('backend_')} on ring_ref" for c in BACKEND}
+RING_NAME |= {"backend_all_reduce": "all_reduce on ring_ref", "backend_layer": "all_reduce on ring_ref"}
 GLOO_NAME = {"all_reduce": "dist.all_reduce", "reduce_scatter": "dist.reduce_scatter_tensor"}
 GLOO_NAME["all_gather"] = "dist.all_gather_into_tensor"
 GLOO_NAME["chain"] = "dist.all_reduce"
+GLOO_NAME |= {"backend_all_reduce": "dist.all_reduce", "backend_chain": "dist.all_reduce"}
+GLOO_NAME |= {
+    "backend_reduce_scatter": GLOO_NAME["reduce_scatter"],
+    "backend_all_gather": GLOO_NAME["all_gather"],
+}
+GLOO_NAME["backend_layer"] = "ring_all_reduce_"
+BACKEND_TARGETS = {"backend_all_reduce": 1.25, "backend_chain": 2.0}
+"""The backend's targets at >= 1 MiB per rank, against gloo's own all-reduce (the spec's ring, the chain)."""
 
 
 def _timed(fn: Callable[[], object]) -> float:
@@ -76,37 +93,51 @@ def _operations(
     collective: str, rank: int, n: int, nbytes: int
 ) -> tuple[dict[str, Callable[[], object]], Callable[[], None], torch.Tensor, torch.Tensor]:
     """gloo's and the ring's call of ``collective`` on ``nbytes`` per rank, the reset before each
-    repetition (an all-reduce works in place), and the two results."""
+    repetition (an all-reduce works in place), and the two results.  A ``backend_*`` collective is
+    the ``dist`` call on gloo's world (``backend_layer``: ``ring_all_reduce_`` called directly)
+    against the same ``dist`` call on a ``"ring_ref"`` group."""
     gen = torch.Generator().manual_seed(rank)
     elements = nbytes // 4
-    if collective in ("all_reduce", "chain"):
+    kind = collective.removeprefix("backend_")
+    group = None
+    if collective.startswith("backend_"):
+        group = ring_ref_group("chain" if kind == "chain" else "spec")
+    if kind in ("all_reduce", "chain", "layer"):
         source = torch.randn(elements, generator=gen)
         a, b = source.clone(), source.clone()
-        ops: dict[str, Callable[[], object]] = {
-            collective: partial(dist.all_reduce, a),
-            "ring": partial(ring_all_reduce_, b, schedule="chain" if collective == "chain" else "spec"),
-        }
+        first: Callable[[], object] = (
+            partial(ring_all_reduce_, a) if kind == "layer" else partial(dist.all_reduce, a)
+        )
+        second: Callable[[], object] = (
+            partial(ring_all_reduce_, b, schedule="chain" if kind == "chain" else "spec")
+            if group is None
+            else partial(dist.all_reduce, b, group=group)
+        )
 
         def reset() -> None:
             a.copy_(source)
             b.copy_(source)
 
-        return ops, reset, a, b
-    if collective == "reduce_scatter":
+        return {collective: first, "ring": second}, reset, a, b
+    if kind == "reduce_scatter":
         source = torch.randn(elements, generator=gen)
         a, b = torch.empty(elements // n), torch.empty(elements // n)
-        ops = {
-            "reduce_scatter": partial(dist.reduce_scatter_tensor, a, source),
-            "ring": partial(ring_reduce_scatter_, b, source),
-        }
+        first = partial(dist.reduce_scatter_tensor, a, source)
+        second = (
+            partial(ring_reduce_scatter_, b, source)
+            if group is None
+            else partial(dist.reduce_scatter_tensor, b, source, group=group)
+        )
     else:
         source = torch.randn(elements // n, generator=gen)
         a, b = torch.empty(elements), torch.empty(elements)
-        ops = {
-            "all_gather": partial(dist.all_gather_into_tensor, a, source),
-            "ring": partial(ring_all_gather_, b, source),
-        }
-    return ops, lambda: None, a, b
+        first = partial(dist.all_gather_into_tensor, a, source)
+        second = (
+            partial(ring_all_gather_, b, source)
+            if group is None
+            else partial(dist.all_gather_into_tensor, b, source, group=group)
+        )
+    return {collective: first, "ring": second}, lambda: None, a, b
 
 
 def collective_rank(rank: int, n: int, spec: dict[str, Any]) -> list[dict[str, Any]]:
@@ -152,9 +183,11 @@ def ddp_rank(rank: int, n: int, spec: dict[str, Any]) -> dict[str, list[float]]:
     default = DistributedDataParallel(_model(width, depth))
     ring = DistributedDataParallel(_model(width, depth))
     ring.register_comm_hook(None, ring_hook)
+    backend = DistributedDataParallel(_model(width, depth), process_group=ring_ref_group("spec"))
     runs = {
         "default": (default, torch.optim.SGD(default.parameters(), lr=1e-3)),
         "ring_hook": (ring, torch.optim.SGD(ring.parameters(), lr=1e-3)),
+        "backend": (backend, torch.optim.SGD(backend.parameters(), lr=1e-3)),
     }
     gen = torch.Generator().manual_seed(rank)
     inputs, targets = torch.randn(batch, width, generator=gen), torch.randn(batch, 1, generator=gen)
@@ -226,6 +259,8 @@ def measure_once(n: int, args: argparse.Namespace) -> dict[str, Any]:
             "default_step_s": steps["default"],
             "ring_hook_step_s": steps["ring_hook"],
             "ratio": steps["ring_hook"] / steps["default"],
+            "backend_step_s": steps["backend"],
+            "backend_ratio": steps["backend"] / steps["default"],
             "parameters": params,
             "steps": args.ddp_steps,
         }
@@ -261,6 +296,8 @@ def measure(n: int, args: argparse.Namespace) -> dict[str, Any]:
             "ring_hook_step_s": statistics.median(d["ring_hook_step_s"] for d in ddps),
             "run_ratios": [d["ratio"] for d in ddps],
             "ratio": statistics.median(d["ratio"] for d in ddps),
+            "backend_step_s": statistics.median(d["backend_step_s"] for d in ddps),
+            "backend_ratio": statistics.median(d["backend_ratio"] for d in ddps),
             "parameters": ddps[0]["parameters"],
             "steps": sum(d["steps"] for d in ddps),
         }
@@ -287,30 +324,47 @@ def report(results: list[dict[str, Any]]) -> list[str]:
                 )
     ddp_rows = [res for res in results if "ddp" in res]
     if ddp_rows:
-        lines += ["", "| N | DDP step, default hook | DDP step, ring_hook | ratio |", "|---|---|---|---|"]
+        lines += [
+            "",
+            "| N | DDP step, default hook | DDP step, ring_hook | ratio | DDP step on ring_ref | ratio |",
+            "|---|---|---|---|---|---|",
+        ]
         for res in ddp_rows:
             d = res["ddp"]
             lines.append(
                 f"| {res['n']} | {fmt_s(d['default_step_s'])} | {fmt_s(d['ring_hook_step_s'])} | "
-                f"{d['ratio']:.2f}x |"
+                f"{d['ratio']:.2f}x | {fmt_s(d['backend_step_s'])} | {d['backend_ratio']:.2f}x |"
             )
     return lines
 
 
+def _targets() -> list[tuple[str, str, int, int, float]]:
+    """Each target: the collective, how its line starts, the sizes it applies to, the largest ratio."""
+    targets = [
+        (collective, f"ring / {collective} {label}", low, high, limit)
+        for collective in COLLECTIVES[:3]  # the chain has no target (docs/guide/chain.md)
+        for label, low, high, limit in TARGETS
+    ]
+    for collective, limit in BACKEND_TARGETS.items():
+        targets.append(
+            (collective, f"{RING_NAME[collective]} / gloo at >= 1 MiB per rank", 1 << 20, 1 << 62, limit)
+        )
+    return targets
+
+
 def target_lines(results: list[dict[str, Any]]) -> list[str]:
     lines = []
-    for collective in COLLECTIVES[:3]:  # the chain has no target (docs/guide/chain.md)
-        for label, low, high, limit in TARGETS:
-            for res in results:
-                rows = res.get(RESULT_KEY[collective], [])
-                picked = [row for row in rows if low <= row["bytes"] <= high]
-                if picked:
-                    worst = max(picked, key=lambda row: row["ratio"])
-                    ratios = ", ".join(f"{fmt_bytes(r['bytes'])} {r['ratio']:.2f}x" for r in picked)
-                    lines.append(
-                        f"ring / {collective} {label}, N={res['n']}: worst {worst['ratio']:.2f}x "
-                        f"(target <= {limit}x: {verdict(worst['ratio'], limit)}); {ratios}"
-                    )
+    for collective, start, low, high, limit in _targets():
+        for res in results:
+            rows = res.get(RESULT_KEY[collective], [])
+            picked = [row for row in rows if low <= row["bytes"] <= high]
+            if picked:
+                worst = max(picked, key=lambda row: row["ratio"])
+                ratios = ", ".join(f"{fmt_bytes(r['bytes'])} {r['ratio']:.2f}x" for r in picked)
+                lines.append(
+                    f"{start}, N={res['n']}: worst {worst['ratio']:.2f}x "
+                    f"(target <= {limit}x: {verdict(worst['ratio'], limit)}); {ratios}"
+                )
     for res in results:
         if "ddp" in res:
             ratio = res["ddp"]["ratio"]
@@ -379,6 +433,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ddp-batch", type=int, default=32)
     parser.add_argument("--update", action="store_true", help="write the committed docs/bench/ files")
     parser.add_argument("--out", type=Path, default=None, help="folder for the results (default: scratch)")
+    parser.add_argument("--stem", default="bench_dist", help="the results' file name, before .json and .png")
     args = parser.parse_args(argv)
     out = args.out or (ROOT / "docs" / "bench" if args.update else ROOT / "build" / "bench-dist")
     load_before = os.getloadavg()
@@ -410,9 +465,9 @@ def main(argv: list[str] | None = None) -> int:
         "results": results,
     }
     out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_dist.json").write_text(json.dumps(payload, indent=2) + "\n")
-    plot(results, out / "bench_dist.png")
-    print(f"wrote {out / 'bench_dist.json'} and {out / 'bench_dist.png'}")
+    (out / f"{args.stem}.json").write_text(json.dumps(payload, indent=2) + "\n")
+    plot(results, out / f"{args.stem}.png")
+    print(f"wrote {out / f'{args.stem}.json'} and {out / f'{args.stem}.png'}")
     return 0
 
 

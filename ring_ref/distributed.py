@@ -27,6 +27,16 @@ ranks.
 :func:`ring_hook` plugs the same ring into ``DistributedDataParallel``
 (``model.register_comm_hook(None, ring_hook)``).
 
+**The backend.**  Importing this module registers the ``torch.distributed`` backend
+``"ring_ref"`` (:data:`BACKEND`): ``dist.init_process_group("ring_ref")`` (or
+``new_group(backend="ring_ref")``) makes a :class:`RingRefProcessGroup`, whose every reduction
+(``all_reduce``, ``reduce``, ``reduce_scatter_tensor``, ``reduce_scatter``) runs one order, chosen
+once per group by :class:`RingRefOptions` (``pg_options=``) or the environment variable
+:data:`ORDER_ENV` (``spec``, ``chain`` or another preset) and checked equal on every rank, and
+whose other collectives are an inner gloo group's.  DDP with no hook, FSDP2 with no custom comms
+and the functional collectives run through it unchanged (spec ``backend.md``; the guide's *Train
+with a specified order*).
+
 :func:`ring_reduce_scatter_` and :func:`ring_all_gather_` (torch's ``reduce_scatter_tensor`` and
 ``all_gather_into_tensor``, argument order included; spec section 13) run one phase each of the
 same code: the rounds of that phase alone, with the same check, transports and
@@ -131,16 +141,21 @@ from ring_ref._ranks._plans import (  # noqa: I001
 )
 from ring_ref._ranks._torch import ring_all_reduce_, ring_reduce_scatter_, ring_all_gather_
 from ring_ref._ranks._adapters import RingReduceScatter, RingAllGather, RingHookState, ring_hook
+from ring_ref._ranks._backend import BACKEND, ORDER_ENV, RingRefOptions, RingRefProcessGroup
 
 __all__ = [
+    "BACKEND",
     "EXCHANGE_SEGMENT_BYTES",
     "LEAD_BYTES",
     "MAX_SEGMENTS",
+    "ORDER_ENV",
     "SEGMENT_BYTES",
     "SWAP_BYTES",
     "RingAllGather",
     "RingHookState",
     "RingReduceScatter",
+    "RingRefOptions",
+    "RingRefProcessGroup",
     "ring_all_gather_",
     "ring_all_reduce_",
     "ring_hook",

@@ -130,6 +130,12 @@ MODULES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
             "tests/cover/test_validate.py",
         ),
     ),
+    # The backend's order check and op refusal in one process (its collectives run on real ranks only, in
+    # tests/nocover/test_backend.py, some 20 s per mutant).
+    "ranks.backend": (
+        ("ring_ref/_ranks/_backend.py",),
+        ("ring_ref/_ranks/_backend.py", "tests/cover/test_backend.py"),
+    ),
     "adapters": (
         ("ring_ref/_torch_adapter.py", "ring_ref/_numpy_adapter.py"),
         (

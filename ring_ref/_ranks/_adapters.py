@@ -21,7 +21,7 @@ from ring_ref._ranks._plans import SCRATCH
 from ring_ref._ranks._torch import ring_all_gather_, ring_all_reduce_, ring_reduce_scatter_
 from ring_ref.schedule import RingSchedule, Schedule
 
-__all__ = ["RingAllGather", "RingHookState", "RingReduceScatter", "ring_hook"]
+__all__ = ["RingAllGather", "RingHookState", "RingReduceScatter", "all_reduce_flat_", "ring_hook"]
 
 
 @dataclass(frozen=True)
@@ -127,23 +127,38 @@ def ring_hook(
         group, timeout, name = state.group, state.timeout, state.schedule
     else:
         group, timeout, name = state, None, "spec"
-    n = dist.get_world_size(group)
     buffer = bucket.buffer()
-    length = buffer.numel()
-    ring, _ = ring_of(name)  # a bad schedule is refused by ring_all_reduce_, on every rank
-    if length % n and ring is not None and ring.layout == "even":
-        padded = SCRATCH.get("hook", length + (-length) % n, buffer)
-        padded[:length].copy_(buffer)
-        padded[length:].zero_()
-        try:
-            ring_all_reduce_(padded, group, timeout=timeout, schedule=name)
-        except BaseException:
-            SCRATCH.forget("hook", buffer)
-            raise
-        buffer.copy_(padded[:length])
-    else:
-        ring_all_reduce_(buffer, group, timeout=timeout, schedule=name)
-    buffer.div_(n)
+    all_reduce_flat_(buffer, group, op="sum", schedule=name, timeout=timeout)
+    buffer.div_(dist.get_world_size(group))
     future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     future.set_result(buffer)
     return future
+
+
+def all_reduce_flat_(
+    flat: torch.Tensor,
+    group: dist.ProcessGroup | None,
+    *,
+    op: object,
+    schedule: str | Schedule,
+    timeout: datetime.timedelta | None,
+) -> None:
+    """:func:`ring_all_reduce_` of a 1-D contiguous tensor of any length ``L``: on a ring whose
+    layout is ``even`` and whose group size ``n`` does not divide ``L``, the zero-padded tensor of
+    ``L + (-L) % n`` elements (each element is reduced on its own, so the padding changes no other
+    element's bits); other rings and the chain take it as it is."""
+    n = dist.get_world_size(group)
+    length = flat.numel()
+    ring, _ = ring_of(schedule)  # a bad schedule is refused by ring_all_reduce_, on every rank
+    if length % n and ring is not None and ring.layout == "even":
+        padded = SCRATCH.get("hook", length + (-length) % n, flat)
+        padded[:length].copy_(flat)
+        padded[length:].zero_()
+        try:
+            ring_all_reduce_(padded, group, op=op, timeout=timeout, schedule=schedule)
+        except BaseException:
+            SCRATCH.forget("hook", flat)
+            raise
+        flat.copy_(padded[:length])
+    else:
+        ring_all_reduce_(flat, group, op=op, timeout=timeout, schedule=schedule)
