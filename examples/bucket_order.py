@@ -117,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
             same = all(torch.equal(bits(replay), bits(run)) for run in runs)
             print(f"  both runs equal the one-process left-fold replay: {'yes' if same else 'NO'}")
             ok = ok and same and differing == 0
+    dist.barrier()  # every rank is done (rank 0's replay included) before any tears its group down
     dist.destroy_process_group()
     return 0 if ok else 1
 
