@@ -46,7 +46,14 @@ import numpy.typing as npt
 import torch
 
 from ring_ref._dtypes import INT_OF_SIZE
-from ring_ref._processes._mpi_job import FAILURE_GRACE_S, MpiJob, RankFailed, RanksStopped, RanksTimedOut
+from ring_ref._processes._mpi_job import (
+    FAILURE_GRACE_S,
+    MpiJob,
+    RankFailed,
+    RanksStopped,
+    RanksTimedOut,
+    StartFailed,
+)
 from ring_ref.difftest._call import (
     Answer,
     Failure,
@@ -260,10 +267,13 @@ def _stopped(case: Case, exc: RanksStopped) -> Outcome:
 class MpiRanks(Launcher):
     """``TARGET(comm, array)`` on every rank of an ``mpirun`` job of ``N`` ranks (see the module docstring).
 
-    ``mca`` is passed to ``mpirun`` as ``--mca KEY VALUE`` (e.g.
+    The jobs are started by the launcher of the MPI ``mpi4py`` uses (``mpiexec``:
+    that launcher's path; ``None`` finds it, :mod:`ring_ref._processes._launchers`).
+    ``mca`` is passed to OpenMPI's ``mpirun`` as ``--mca KEY VALUE`` (e.g.
     ``{"coll_tuned_use_dynamic_rules": "1", "coll_tuned_allreduce_algorithm": "4"}``
-    for OpenMPI's ring all-reduce); ``rings`` hands it jobs already started, by
-    ``N`` (it closes them in :meth:`close` like its own).
+    for OpenMPI's ring all-reduce); ``env`` is set in every rank's environment (e.g.
+    ``{"MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM": "ring"}`` under MPICH); ``rings`` hands
+    it jobs already started, by ``N`` (it closes them in :meth:`close` like its own).
     """
 
     isolated = True
@@ -276,11 +286,15 @@ class MpiRanks(Launcher):
         timeout_s: float,
         mca: Mapping[str, str] | None = None,
         *,
+        env: Mapping[str, str] | None = None,
+        mpiexec: str | None = None,
         rings: Mapping[int, MpiJob] | None = None,
     ) -> None:
         self.target = target
         self.timeout_s = timeout_s
         self.mca = dict(mca or {})
+        self.env = dict(env or {})
+        self.mpiexec = mpiexec
         self.output = OutputLog()
         self._rings: dict[int, MpiJob] = dict(rings or {})
 
@@ -299,7 +313,9 @@ class MpiRanks(Launcher):
         if case.dtype not in MPI_DTYPES:
             raise ValueError(f"--ranks mpi takes {[str(d) for d in MPI_DTYPES]} only; got {case.dtype}")
         n = case.n
-        ring = self._rings.get(n) or self._rings.setdefault(n, MpiJob(n, mca=self.mca))
+        ring = self._rings.get(n) or self._rings.setdefault(
+            n, MpiJob(n, mca=self.mca, env=self.env, mpiexec=self.mpiexec)
+        )
         inputs = [case.rank_tensor(r).numpy() for r in range(n)]
         payload = (
             self.target,
@@ -321,7 +337,9 @@ class MpiRanks(Launcher):
             )
         except RankFailed as exc:
             return Outcome(case, failure=Failure("crashed", str(exc), _stacks(exc.stacks), tuple(exc.ranks)))
-        except RuntimeError as exc:  # mpirun could not start the ranks (or is missing)
+        except StartFailed as exc:  # its message says it all: the launcher assumed, its output
+            raise TargetError(str(exc)) from exc
+        except RuntimeError as exc:  # the launcher could not start the ranks (or is missing)
             raise TargetError(f"starting {n} MPI rank(s) failed: {exc}") from exc
         errors = [r["load_error"] for r in replies if isinstance(r, dict) and "load_error" in r]
         if errors:

@@ -19,7 +19,7 @@ from typing import Any
 from ring_ref._processes._gloo import SpawnedGroup
 from ring_ref._processes._mpi_job import MpiJob, mpirun_path
 
-__all__ = ["Jobs", "Rings", "gone"]
+__all__ = ["Jobs", "Rings", "environ_of", "gone"]
 
 
 def gone(pid: int, within_s: float = 0.0) -> bool:
@@ -92,3 +92,8 @@ class Rings:
         for ring in self._rings.values():
             ring.close()
         assert [proc.exitcode for proc in procs] == [0] * len(procs), "a rank did not shut down cleanly"
+
+
+def environ_of(_comm: object, names: list[str]) -> list[str | None]:
+    """On a rank of an MPI job: the values of the environment variables ``names`` (``None``: unset)."""
+    return [os.environ.get(name) for name in names]

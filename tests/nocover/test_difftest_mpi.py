@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,6 +24,7 @@ import pytest
 import torch
 
 from ring_ref._cli import main
+from ring_ref._processes import _launchers as launchers
 from ring_ref._processes._mpi_job import MpiJob, RankFailed, RanksStopped, RanksTimedOut, mpirun_path
 from ring_ref.difftest import Mode, _mpi, difftest
 from ring_ref.difftest._call import Answer, Garbled, TensorView
@@ -34,7 +36,7 @@ from ring_ref.difftest._search import run_mode
 from ring_ref.difftest._vocabulary import MODES, Op
 from ring_ref.mpi import openmpi_allreduce_mca
 from tests.common import planted_hints, planted_mpi
-from tests.common.processes import Jobs
+from tests.common.processes import Jobs, environ_of
 
 pytestmark = pytest.mark.clause("difftest-ranks")
 
@@ -822,3 +824,59 @@ def test_a_real_job_starts_with_the_mca_options_and_a_hung_rank_is_timed_out(job
     assert hung.failure.ranks == (0,) and "rank 0:\n" in hung.failure.stack
     assert "in_the_job" in hung.failure.stack
     assert 2.0 <= time.monotonic() - started < 30
+
+
+# --- The launcher of the MPI mpi4py uses (clause difftest-mpi-launcher) and the ranks' environment ---
+
+
+def _fake_launcher(tmp_path: Path, version: str, run: str) -> str:
+    """A launcher that answers ``--version`` with ``version`` and otherwise runs the shell line ``run``."""
+    path = tmp_path / "mpiexec"
+    answer = f'if [ "$1" = --version ]; then printf "%s\\n" "{version}"; exit 0; fi'
+    path.write_text(f"#!/bin/sh\n{answer}\n{run}\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+@pytest.mark.clause("difftest-mpi-launcher")
+@pytest.mark.timeout(120)
+def test_a_launcher_of_another_mpi_is_refused_before_any_rank_starts(tmp_path: Path) -> None:
+    """MPICH's hydra named for mpi4py's OpenMPI (or the other way round): refused, naming both, not run."""
+    library = launchers.library_version(sys.executable)
+    other = "MPICH Version: 5.0.2" if library[0] != "MPICH" else "mpiexec (OpenRTE) 4.1.4"
+    fake = _fake_launcher(tmp_path, other, f"touch {tmp_path}/ran")
+    with pytest.raises(TargetError) as refused:
+        MpiRanks("ring_ref.targets:mpi_allreduce", 10.0, mpiexec=fake).start()
+    said = str(refused.value)
+    assert said.count("starting 1 MPI rank(s) failed") == 1
+    assert f"mpi4py uses {library[0]} {library[1]}" in said and f"{fake} (" in said, said
+    assert not (tmp_path / "ran").exists()
+
+
+@pytest.mark.clause("difftest-mpi-launcher")
+@pytest.mark.timeout(120)
+def test_a_launcher_that_exits_is_named_once_with_the_way_out(tmp_path: Path) -> None:
+    """A launcher of the right MPI that cannot start the ranks: one message, naming it, its command line and
+    its output, and pointing to ``--ranks mpi-job`` (the prefix was doubled)."""
+    library = launchers.library_version(sys.executable)[2]
+    fake = _fake_launcher(tmp_path, library, "echo 'no such option'; exit 3")
+    with pytest.raises(TargetError) as failed:
+        MpiRanks("ring_ref.targets:mpi_allreduce", 10.0, mpiexec=fake).start()
+    said = str(failed.value)
+    assert said.count("starting 1 MPI rank(s)") == 1, said
+    assert said.startswith("starting 1 MPI rank(s) failed: the launcher exited (0 connected"), said
+    assert f"--ranks mpi assumed {fake} (" in said and f"and ran: {fake} -n 1 " in said
+    assert "mpiexec -n N ring-ref difftest --ranks mpi-job TARGET" in said and "no such option" in said
+
+
+@pytest.mark.clause("difftest-rank-env")
+@pytest.mark.timeout(120)
+def test_env_reaches_every_rank() -> None:
+    """``--env NAME=VALUE``: every rank's environment holds it (by name, through the launcher)."""
+    jobs = Jobs()
+    try:
+        job = jobs.ring(2, env={"RING_REF_PROBE_A": "1", "RING_REF_PROBE_B": "two words"})
+        assert job.run(environ_of, ["RING_REF_PROBE_A", "RING_REF_PROBE_B"]) == [["1", "two words"]] * 2
+        assert "two words" not in job.command()
+    finally:
+        jobs.close()
