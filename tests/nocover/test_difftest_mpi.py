@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -36,6 +37,7 @@ from ring_ref.difftest._search import run_mode
 from ring_ref.difftest._vocabulary import MODES, Op
 from ring_ref.mpi import openmpi_allreduce_mca
 from tests.common import planted_hints, planted_mpi
+from tests.common.paths import ROOT
 from tests.common.processes import Jobs, environ_of
 
 pytestmark = pytest.mark.clause("difftest-ranks")
@@ -880,3 +882,28 @@ def test_env_reaches_every_rank() -> None:
         assert "two words" not in job.command()
     finally:
         jobs.close()
+
+
+MPICH_PYTHON = ROOT / ".venv-mpich" / "bin" / "python"
+
+
+@pytest.mark.clause("difftest-mpi-launcher", "difftest-rank-env")
+@pytest.mark.timeout(600)
+def test_mpich_from_its_own_virtualenv_not_activated() -> None:
+    """The issue's case: MPICH and its mpi4py from PyPI, the virtualenv not activated (Debian's OpenMPI
+    ``mpirun`` first on ``PATH``): ``--ranks mpi`` starts MPICH's ranks with MPICH's ``mpiexec``, and
+    ``--env`` picks MPICH's ring, which reveal names a ring."""
+    if not MPICH_PYTHON.exists():
+        pytest.fail("no .venv-mpich: run tools/ensure_mpich.sh (make test does)")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PATH": os.environ.get("PATH", "")}
+    cli = [str(MPICH_PYTHON), "-m", "ring_ref"]
+    target = "ring_ref.targets:mpi_allreduce"
+    difftest_argv = [*cli, "difftest", "--ranks", "mpi", target, "--mode", "order-free", "--max-workers", "3"]
+    difftest_argv += ["--examples", "5", "--seed", "1"]
+    done = subprocess.run(difftest_argv, capture_output=True, text=True, env=env, check=False)
+    assert done.returncode == 0 and "PASS" in done.stdout, (done.stdout, done.stderr[-3000:])
+    ring = "MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM=ring"
+    reveal = [*cli, "reveal", "--ranks", "mpi", target, "-n", "3", "-m", "6", "--env", ring]
+    done = subprocess.run(reveal, capture_output=True, text=True, env=env, check=False)
+    assert done.returncode == 0, (done.stdout, done.stderr[-3000:])
+    assert "classification: ring (" in done.stdout, done.stdout  # the default is recursive doubling: trees

@@ -128,15 +128,13 @@ def test_schedule_options_name_rings() -> None:
 def test_schedule_auto_reveals_with_the_ranks_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """``--schedule auto`` under ``--ranks mpi`` reveals the algorithm ``--env``/``--mca`` choose, not the
     library's default: its reveal is run with the same options."""
-    from ring_ref.difftest import _orders
-
     seen: list[list[str]] = []
 
     def run(argv: list[str], **_: object) -> subprocess.CompletedProcess[str]:
         seen.append(argv)
         return subprocess.CompletedProcess(argv, 2, "", "ring-ref reveal: error: stood in")
 
-    monkeypatch.setattr(_orders.subprocess, "run", run)
+    monkeypatch.setattr("ring_ref.difftest._orders.subprocess.run", run)
     spawn = Spawn({"btl": "self"}, {"I_MPI_ADJUST_ALLREDUCE": "8"}, "/v/bin/mpiexec")
     with pytest.raises(OrderError, match="stood in"):
         exact_order("auto", None, "m:f", 4, "mpi", spawn=spawn)
