@@ -12,7 +12,14 @@ import sys
 import time
 from collections.abc import Sequence
 
-from ring_ref._names import DTYPE_NAMES, INVARIANCE_DRAWS, INVARIANCE_PROBE, OPS, REVEAL_CHECKS
+from ring_ref._names import (
+    DTYPE_NAMES,
+    INVARIANCE_DRAWS,
+    INVARIANCE_IN_JOB,
+    INVARIANCE_PROBE,
+    OPS,
+    REVEAL_CHECKS,
+)
 from ring_ref._version import __version__
 from ring_ref.difftest._rules import (
     DEFAULT_TIMEOUT_S,
@@ -443,6 +450,8 @@ def _invariance_problem(args: argparse.Namespace) -> str:
     """What is wrong with ``invariance``'s arguments before anything is imported (``""``: nothing yet)."""
     if problem := _mpi_problem(args):
         return problem
+    if args.ranks in ("job", "mpi-job"):
+        return INVARIANCE_IN_JOB
     if args.svg and args.by_bits:
         return "--svg draws trees, and --by-bits reveals none: drop one"
     return ""

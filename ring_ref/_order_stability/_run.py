@@ -21,7 +21,7 @@ from typing import Final
 import torch
 
 from ring_ref._dtypes import to_hex
-from ring_ref._names import INVARIANCE_DRAWS
+from ring_ref._names import INVARIANCE_DRAWS, INVARIANCE_IN_JOB
 from ring_ref._order_stability._placement import Embedded, InvarianceError, Placement, batches, placements
 from ring_ref._order_stability._report import Invariance, Method
 from ring_ref._reveal import CHECKS, check_reveal_size, reveal
@@ -108,6 +108,8 @@ def _resolve(
         return (load_target(target) if isinstance(target, str) else target), None
     if ranks not in RANKS:
         raise InvarianceError(f"ranks must be one of {', '.join(RANKS)}; got {ranks!r}")
+    if ranks in ("job", "mpi-job"):
+        raise InvarianceError(INVARIANCE_IN_JOB)
     if not isinstance(target, str):
         raise InvarianceError(
             "a per-rank target runs in processes of its own: give it by name (package.module:function or "
