@@ -52,7 +52,7 @@ typecheck: $(STAMP)
 system-tools: $(STAMP)
 	@bash tools/ensure_spin.sh
 	@bash tools/ensure_mpi.sh
-	@bash tools/ensure_mpich.sh
+	@bash tools/ensure_pypi_mpi.sh mpich
 
 # Two pytest worker processes (pytest-xdist): the suite waits on its own child processes much of the
 # time, so two workers on this 2-core machine take about 40 % less time than one.

