@@ -307,8 +307,10 @@ class FakeRing(MpiJob):
         mca: dict[str, str] | None = None,
         fails: BaseException | None = None,
         replies: list[object] | None = None,
+        env: dict[str, str] | None = None,
+        mpiexec: str | None = None,
     ) -> None:
-        super().__init__(n, mca=mca)
+        super().__init__(n, mca=mca, env=env, mpiexec=mpiexec)
         FakeRing.made.append(self)
         self.fails, self.replies = fails, replies
         self.runs: list[tuple[float, bool]] = []
@@ -777,7 +779,7 @@ def test_a_garbled_reply_is_crashed_and_the_job_stopped() -> None:
 def test_one_job_per_n_is_made_on_first_use_with_the_mca_options(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_mpi, "MpiJob", FakeRing)
     monkeypatch.setattr(FakeRing, "made", [])
-    launcher = MpiRanks(f"{HERE}:returns_list", 1.0, {"btl": "self"})
+    launcher = MpiRanks(f"{HERE}:returns_list", 1.0, {"btl": "self"}, env={"E": "1"}, mpiexec="/v/mpiexec")
     sizes = []
     for n in (1, 2, 1, 2, 3):
         got = launcher.call(Case(n, 1, (), torch.float64, "contiguous", (0.0,) * n))
@@ -789,6 +791,7 @@ def test_one_job_per_n_is_made_on_first_use_with_the_mca_options(monkeypatch: py
         (2, {"btl": "self"}, 2),
         (3, {"btl": "self"}, 1),
     ]
+    assert all((ring.env, ring.mpiexec) == ({"E": "1"}, "/v/mpiexec") for ring in FakeRing.made)
     launcher.close()
     assert [ring.closed for ring in FakeRing.made] == [1, 1, 1]
 
