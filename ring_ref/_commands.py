@@ -236,7 +236,7 @@ def _print_revealed(found: _reveal.Revealed, args: argparse.Namespace, out: Text
     if found.classification != "ring":
         # reveal names an order, it gives no verdict: the exit status stays 0 (docs/guide/reveal.md)
         ranks = f"--ranks {args.ranks} " if args.ranks else ""
-        ranks += "".join(f"{item} " for item in _orders.spawn_options(getattr(args, "spawn", None)))
+        ranks += "".join(f"{item} " for item in _orders.spawn_options(args.spawn))
         ranks += "" if args.framework == "torch" else f"--framework {args.framework} "
         print(
             f"ring-ref reveal: the order is not one ring's fold ({found.classification}); to find out "
