@@ -48,10 +48,11 @@ typecheck: $(STAMP)
 	$(BIN)/mypy --strict
 
 # spin and a C compiler: tests/nocover/test_spin.py, tests/nocover/test_c_consumer.py and model-check;
-# OpenMPI: tests/nocover/test_mpi.py.
-system-tools:
+# OpenMPI: tests/nocover/test_mpi.py; MPICH from PyPI in .venv-mpich: tests/nocover/test_difftest_mpi.py.
+system-tools: $(STAMP)
 	@bash tools/ensure_spin.sh
 	@bash tools/ensure_mpi.sh
+	@bash tools/ensure_pypi_mpi.sh mpich
 
 # Two pytest worker processes (pytest-xdist): the suite waits on its own child processes much of the
 # time, so two workers on this 2-core machine take about 40 % less time than one.

@@ -12,7 +12,14 @@ import sys
 import time
 from collections.abc import Sequence
 
-from ring_ref._names import DTYPE_NAMES, INVARIANCE_DRAWS, INVARIANCE_PROBE, OPS, REVEAL_CHECKS
+from ring_ref._names import (
+    DTYPE_NAMES,
+    INVARIANCE_DRAWS,
+    INVARIANCE_IN_JOB,
+    INVARIANCE_PROBE,
+    OPS,
+    REVEAL_CHECKS,
+)
 from ring_ref._version import __version__
 from ring_ref.difftest._rules import (
     DEFAULT_TIMEOUT_S,
@@ -22,7 +29,9 @@ from ring_ref.difftest._rules import (
     MPI_MAX_RANKS,
     RANKS,
     Options,
+    Spawn,
     default_max_workers,
+    env_names_refused,
     option_problem,
     refused_before_torch,
 )
@@ -31,21 +40,53 @@ from ring_ref.schedule import ALL_REDUCE, COLLECTIVES, REDUCE_SCATTER, Collectiv
 __all__ = ["build_parser", "main"]
 
 
-def _mca_argument(parser: argparse.ArgumentParser) -> None:
-    """``--mca KEY=VALUE`` (repeatable), passed to ``mpirun`` under ``--ranks mpi``."""
+def _mpi_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--env NAME=VALUE`` and ``--mca KEY=VALUE`` (repeatable) and ``--mpiexec PATH``: how ``--ranks mpi``
+    starts its jobs."""
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="with --ranks mpi: set NAME=VALUE in every rank's environment (repeatable), e.g. "
+        "MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM=ring (MPICH), I_MPI_ADJUST_ALLREDUCE=8 (Intel MPI), "
+        "OMPI_MCA_coll_tuned_allreduce_algorithm=4 (OpenMPI)",
+    )
     parser.add_argument(
         "--mca",
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="with --ranks mpi: pass --mca KEY VALUE to mpirun (repeatable), e.g. "
+        help="with --ranks mpi under OpenMPI: pass --mca KEY VALUE to mpirun (repeatable), e.g. "
         "coll_tuned_use_dynamic_rules=1 --mca coll_tuned_allreduce_algorithm=4 (OpenMPI's ring)",
+    )
+    parser.add_argument(
+        "--mpiexec",
+        metavar="PATH",
+        default=None,
+        help="with --ranks mpi: the launcher to start the ranks with (default: the mpiexec or mpirun beside "
+        "this Python, else on PATH, of the MPI mpi4py uses)",
     )
 
 
-def _mca_malformed(items: list[str]) -> bool:
-    """Whether some ``--mca`` item is not ``KEY=VALUE``."""
-    return any(not item.partition("=")[0] or "=" not in item for item in items)
+def _assignments(items: list[str]) -> dict[str, str]:
+    """``KEY=VALUE`` items as a mapping (the last of a key wins)."""
+    return dict(item.partition("=")[::2] for item in items)
+
+
+def _mpi_problem(args: argparse.Namespace, *, ranks: bool = True) -> str:
+    """What is wrong with ``--env``, ``--mca`` and ``--mpiexec`` (``""``: nothing): each item ``KEY=VALUE``,
+    names an environment can hold, and (``ranks``; difftest's own rules say it) ``--ranks mpi``."""
+    for option, items in (("--env", args.env), ("--mca", args.mca)):
+        if any(not item.partition("=")[0] or "=" not in item for item in items):
+            return f"{option} takes {'NAME' if option == '--env' else 'KEY'}=VALUE; got {items}"
+    if ranks and (args.env or args.mca or args.mpiexec) and args.ranks != "mpi":
+        return (
+            "--env, --mca and --mpiexec say how the tester starts the ranks of an MPI job: they need "
+            "ranks='mpi' (--ranks mpi); inside your own job give the variables to its launcher (mpiexec "
+            f"-genv NAME VALUE, mpirun -x NAME=VALUE); got --ranks {args.ranks}"
+        )
+    return env_names_refused(_assignments(args.env)) or ""
 
 
 def _rank_timeout_argument(parser: argparse.ArgumentParser) -> None:
@@ -88,6 +129,7 @@ def _difftest_arguments(parser: argparse.ArgumentParser) -> None:
         "MLX_RANK set, the extra ring-ref[mlx])",
     )
     _job_arguments(parser)
+    _mpi_arguments(parser)
     parser.add_argument(
         "--subgroups",
         action="store_true",
@@ -95,7 +137,6 @@ def _difftest_arguments(parser: argparse.ArgumentParser) -> None:
         "subgroup of ranks 0..N-1 (torch.distributed.new_group: TARGET(tensor, group=G); mpi-job: "
         "TARGET(comm_N, array)); the report says which N were tested",
     )
-    _mca_argument(parser)
     _framework_argument(parser)
     parser.add_argument(
         "--mode",
@@ -200,14 +241,15 @@ def _reveal_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object (spec/reveal.schema.json)")
     parser.add_argument(
         "--ranks",
-        choices=[r for r in RANKS if r != "mpi-job"],
+        choices=RANKS,
         help="TARGET is per rank: TARGET(tensor) on every rank of a gloo group (or TARGET(comm, array) in an "
         "MPI job, or TARGET(x), x a jax.Array, in a jax.distributed group, or TARGET(tensor) in an "
-        "MLX ring) of N processes, or (job) of the "
-        "job this command runs in, whose size must be N; every rank must end with the same bits",
+        "MLX ring) of N processes, or (job, mpi-job) of the job this command runs in, whose size must be "
+        "N; every rank must end with the same bits",
     )
     _rank_timeout_argument(parser)
     _job_arguments(parser)
+    _mpi_arguments(parser)
     _framework_argument(parser)
     parser.add_argument(
         "--collective",
@@ -284,7 +326,7 @@ def _invariance_arguments(parser: argparse.ArgumentParser) -> None:
         choices=RANKS,
         help="TARGET is per rank, as for difftest --ranks: each rank's buffer holds its probe at the offset",
     )
-    _mca_argument(parser)
+    _mpi_arguments(parser)
     _rank_timeout_argument(parser)
 
 
@@ -382,7 +424,9 @@ def _difftest_problem(args: argparse.Namespace) -> str:
         timeout=args.timeout,
         isolate=not args.in_process,
         ranks=args.ranks,
-        mca=dict(item.partition("=")[::2] for item in args.mca),
+        mca=args.spawn.mca,
+        env=args.spawn.env,
+        mpiexec=args.mpiexec,
         op=args.op,
         schedule=args.schedule,
         order=args.order,
@@ -392,8 +436,8 @@ def _difftest_problem(args: argparse.Namespace) -> str:
     )
     if unknown or (args.dtypes is not None and not names):
         return f"unknown dtype(s) {unknown or names}; choose from {', '.join(DTYPE_NAMES)}"
-    if _mca_malformed(args.mca):
-        return f"--mca takes KEY=VALUE; got {args.mca}"
+    if problem := _mpi_problem(args, ranks=False):
+        return problem
     if (args.backend or args.device) and args.ranks != "job":
         return "--backend and --device choose the job's process group and device: they need --ranks job"
     # in a job N is the job's size, known only inside it: --max-workers is checked there
@@ -406,8 +450,10 @@ def _difftest_problem(args: argparse.Namespace) -> str:
 
 def _invariance_problem(args: argparse.Namespace) -> str:
     """What is wrong with ``invariance``'s arguments before anything is imported (``""``: nothing yet)."""
-    if _mca_malformed(args.mca):
-        return f"--mca takes KEY=VALUE; got {args.mca}"
+    if problem := _mpi_problem(args):
+        return problem
+    if args.ranks in ("job", "mpi-job"):
+        return INVARIANCE_IN_JOB
     if args.svg and args.by_bits:
         return "--svg draws trees, and --by-bits reveals none: drop one"
     return ""
@@ -419,6 +465,8 @@ def _usage_problem(args: argparse.Namespace) -> str:
         return _difftest_problem(args)
     if args.command == "invariance":
         return _invariance_problem(args)
+    if args.command == "reveal":
+        return _mpi_problem(args)
     if args.command == "vectors" and not args.out.strip():
         return "--out must name a directory; got an empty path"
     return ""
@@ -434,6 +482,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if hasattr(args, "collective"):  # the one place a --collective name becomes the value
         args.collective = Collective(args.collective)
     args.started = started  # for reveal's time line: the whole command, torch's import included
+    if args.command in ("difftest", "reveal", "invariance"):  # how --ranks mpi starts its jobs
+        args.spawn = Spawn(_assignments(args.mca), _assignments(args.env), args.mpiexec)
     problem = _usage_problem(args)
     if problem:
         error = "" if args.command == "vectors" else "error: "

@@ -170,14 +170,14 @@ def _difftest_in_job(args: argparse.Namespace, options: Options) -> int:
 
 def _reveal_command(args: argparse.Namespace) -> int:  # noqa: PLR0912 - one branch a usage error
     """Run ``ring-ref reveal``: 0 when it ran, 2 on a usage error or a misbehaving target."""
-    if args.ranks == "job" and args.collective.alone:
+    if args.ranks in ("job", "mpi-job") and args.collective.alone:
         print(
             "ring-ref reveal: error: --collective reduce-scatter is revealed on --ranks gloo or mpi (or "
             "stacked), not yet inside a job: drop --collective or run it on a gloo group of the same N",
             file=sys.stderr,
         )
         return 2
-    if args.ranks == "job":
+    if args.ranks in ("job", "mpi-job"):
         return _reveal_in_job(args)
     with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
         try:
@@ -186,7 +186,11 @@ def _reveal_command(args: argparse.Namespace) -> int:  # noqa: PLR0912 - one bra
             _reveal.check_reveal_size(args.n, args.m, args.dtype)
             if misfit := signature_problem(args.target, args.ranks, args.collective):
                 raise TargetError(misfit)
-            launcher = rank_launcher(args.ranks, args.target, args.timeout) if args.ranks else None
+            launcher = (
+                rank_launcher(args.ranks, args.target, args.timeout, **args.spawn._asdict())
+                if args.ranks
+                else None
+            )
             scatter = args.collective.scatters
             if scatter and args.m % args.n:
                 raise _reveal.RevealError(
@@ -232,6 +236,7 @@ def _print_revealed(found: _reveal.Revealed, args: argparse.Namespace, out: Text
     if found.classification != "ring":
         # reveal names an order, it gives no verdict: the exit status stays 0 (docs/guide/reveal.md)
         ranks = f"--ranks {args.ranks} " if args.ranks else ""
+        ranks += "".join(f"{item} " for item in _orders.spawn_options(args.spawn))
         ranks += "" if args.framework == "torch" else f"--framework {args.framework} "
         print(
             f"ring-ref reveal: the order is not one ring's fold ({found.classification}); to find out "
@@ -241,8 +246,8 @@ def _print_revealed(found: _reveal.Revealed, args: argparse.Namespace, out: Text
 
 
 def _reveal_in_job(args: argparse.Namespace) -> int:
-    """``reveal --ranks job``: every rank joins and serves; rank 0 reveals and prints (the order of the job's
-    own all-reduce at its N, for ``difftest --ranks job --order``)."""
+    """``reveal --ranks job`` or ``mpi-job``: every rank joins and serves; rank 0 reveals and prints (the
+    order of the job's own all-reduce at its N, for ``difftest --ranks job --order``)."""
     out = sys.stdout
 
     def show(outcome: object) -> None:
@@ -269,12 +274,18 @@ def _reveal_in_job(args: argparse.Namespace) -> int:
     def body(device: str) -> int:
         with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
             return reveal_in_job(
-                args.target, run, n=args.n, checks=args.checks, device=device, timeout=args.timeout
+                args.target,
+                run,
+                n=args.n,
+                checks=args.checks,
+                device=device,
+                timeout=args.timeout,
+                ranks=args.ranks,
             )
 
     return command_in_job(
         "reveal",
-        "job",
+        args.ranks,
         backend=args.backend,
         device=args.device,
         timeout=args.timeout,
@@ -296,7 +307,7 @@ def _invariance_command(args: argparse.Namespace) -> int:
                 probe=args.probe,
                 dtype=args.dtype,
                 ranks=args.ranks,
-                mca=dict(item.partition("=")[::2] for item in args.mca),
+                **args.spawn._asdict(),
                 by_bits=args.by_bits,
                 draws=args.draws,
                 seed=args.seed,

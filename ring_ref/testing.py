@@ -63,6 +63,8 @@ def assert_matches_reference(
     group: object = None,
     device: str = "cpu",
     subgroups: bool = False,
+    env: Mapping[str, str] | None = None,
+    mpiexec: str | None = None,
 ) -> Report:
     """Check ``fn`` against the reference; raise ``AssertionError`` with the report on failure.
 
@@ -76,7 +78,7 @@ def assert_matches_reference(
     command line: a module-level function (or a ``"module:function"`` string)
     runs isolated in a worker process, each call limited to ``timeout``
     seconds, a lambda or local function in this process (``isolate``);
-    ``ranks="gloo"`` or ``"mpi"`` (with ``mca``) for a per-rank target;
+    ``ranks="gloo"`` or ``"mpi"`` (with ``mca``, ``env`` and ``mpiexec``) for a per-rank target;
     ``ranks="job"`` (with ``group``, ``device``, ``subgroups``: every smaller
     ``N`` too, on subgroups, ``fn(tensor, group=G)``) inside a job's process group,
     called on every rank, which all get the same report or the same error;
@@ -111,6 +113,8 @@ def assert_matches_reference(
         group=group,
         device=device,
         subgroups=subgroups,
+        env=env,
+        mpiexec=mpiexec,
     )
     if report.verdict != "pass":
         raise AssertionError(report.render()) from None

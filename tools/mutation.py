@@ -276,6 +276,11 @@ MODULES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
             ),
         ),
     ),
+    # Which MPI launcher starts --ranks mpi's jobs, and its flags.
+    "processes.launchers": (
+        ("ring_ref/_processes/_launchers.py",),
+        ("ring_ref/_processes/_launchers.py", "tests/cover/test_launchers.py"),
+    ),
     # What every launcher shares: die-with-parent, the stacks of hung ranks and the kill (forked workers),
     # the loopback store (gloo groups), the lifecycle base (spawned and forked groups).
     "processes.shared": (

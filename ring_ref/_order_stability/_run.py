@@ -21,7 +21,7 @@ from typing import Final
 import torch
 
 from ring_ref._dtypes import to_hex
-from ring_ref._names import INVARIANCE_DRAWS
+from ring_ref._names import INVARIANCE_DRAWS, INVARIANCE_IN_JOB
 from ring_ref._order_stability._placement import Embedded, InvarianceError, Placement, batches, placements
 from ring_ref._order_stability._report import Invariance, Method
 from ring_ref._reveal import CHECKS, check_reveal_size, reveal
@@ -30,6 +30,7 @@ from ring_ref.difftest import load_target
 from ring_ref.difftest._launch import Launcher
 from ring_ref.difftest._options import rank_launcher
 from ring_ref.difftest._orders import per_rank_target
+from ring_ref.difftest._rules import Options, Spawn, spawn_refused
 from ring_ref.difftest._vocabulary import DEFAULT_TIMEOUT_S, RANKS, Ranks
 
 __all__ = ["BITS_DRAWS", "invariance"]
@@ -95,22 +96,26 @@ def _check(n: int, k: int, dtype: str, *, by_bits: bool, draws: int, checks: int
 def _resolve(
     target: Callable[[torch.Tensor], object] | str,
     ranks: Ranks | None,
-    mca: Mapping[str, str] | None,
+    spawn: Spawn,
     timeout: float,
 ) -> tuple[Callable[[torch.Tensor], object], Launcher | None]:
     """The stacked function to place probes into, and the rank launcher behind it (to close)."""
-    if mca and ranks != "mpi":
+    if spawn.mca and ranks != "mpi":
         raise InvarianceError("mca options are passed to mpirun: they need ranks='mpi' (--ranks mpi)")
+    if refusal := spawn_refused(Options(ranks=ranks, env=spawn.env, mpiexec=spawn.mpiexec)):
+        raise InvarianceError(refusal)
     if ranks is None:
         return (load_target(target) if isinstance(target, str) else target), None
     if ranks not in RANKS:
         raise InvarianceError(f"ranks must be one of {', '.join(RANKS)}; got {ranks!r}")
+    if ranks in ("job", "mpi-job"):
+        raise InvarianceError(INVARIANCE_IN_JOB)
     if not isinstance(target, str):
         raise InvarianceError(
             "a per-rank target runs in processes of its own: give it by name (package.module:function or "
             "path/to/file.py:function), not as a function object"
         )
-    launcher = rank_launcher(ranks, target, timeout, mca)
+    launcher = rank_launcher(ranks, target, timeout, **spawn._asdict())
     return per_rank_target(launcher), launcher
 
 
@@ -124,6 +129,8 @@ def invariance(
     dtype: str = "float32",
     ranks: Ranks | None = None,
     mca: Mapping[str, str] | None = None,
+    env: Mapping[str, str] | None = None,
+    mpiexec: str | None = None,
     by_bits: bool = False,
     draws: int = BITS_DRAWS,
     checks: int = CHECKS,
@@ -135,7 +142,8 @@ def invariance(
     ``target`` is stacked (``fn(x)``, ``x`` of shape ``(N, M)``, returning the
     ``(M,)`` sum, like :func:`ring_ref.ring_all_reduce`), or with ``ranks``
     (``"gloo"``, ``"mpi"``) the name of a per-rank target, as ``difftest
-    --ranks`` runs it (``mca``: ``mpirun``'s ``--mca`` options).  ``K =
+    --ranks`` runs it (``mca``: OpenMPI's ``--mca`` options; ``env``: the ranks' environment variables;
+    ``mpiexec``: the launcher, as for :func:`~ring_ref.difftest.difftest`).  ``K =
     probe`` elements (default ``min(32, smallest M - smallest offset)``) are
     placed at every offset in every size where they fit (``offsets=None``:
     at each size, offsets that probe every chunk of a ring of ``n`` workers
@@ -158,7 +166,7 @@ def invariance(
     itemsize = REVEAL_DTYPES[dtype].itemsize if dtype in REVEAL_DTYPES else 4
     k, placed = placements(sizes, offsets, probe, n=n, itemsize=itemsize)
     _check(n, k, dtype, by_bits=by_bits, draws=draws, checks=checks)
-    fn, launcher = _resolve(target, ranks, mca, timeout)
+    fn, launcher = _resolve(target, ranks, Spawn(mca or {}, env or {}, mpiexec), timeout)
     name = target if isinstance(target, str) else getattr(target, "__qualname__", type(target).__name__)
     counterexample = None
     try:

@@ -7,16 +7,18 @@ directory, and each :meth:`MpiJob.run` sends all ranks one task,
 returns the per-rank results in rank order.  So a run pays ``mpirun``'s start
 (about 2-4 s here) once per ``N``, not per call.
 
-``mpirun`` is given what OpenMPI needs on one machine: ``--oversubscribe``
-(more ranks than cores), ``--bind-to none``, ``--allow-run-as-root`` when
-running as root, shared memory between ranks (``btl self,vader``) and its
-runtime on loopback (``oob_tcp_if_include lo``); ``mca`` adds ``--mca``
-options (e.g. ``{"coll_tuned_use_dynamic_rules": "1",
-"coll_tuned_allreduce_algorithm": "4"}``; the second is silently ignored
-without the first).  Environment variables reach the ranks only through
-``-x``; the launcher passes its own that way.
+The launcher is the one of the MPI ``mpi4py`` uses, found and identified by
+:func:`~ring_ref._processes._launchers.find_launcher` (``mpiexec`` names it:
+``None`` looks beside the interpreter, then on ``PATH``), and given that
+implementation's own flags (:meth:`~ring_ref._processes._launchers.MpiLauncher.command`):
+OpenMPI's ``--oversubscribe``, shared memory and loopback, hydra's ``-iface lo``.
+``mca`` adds ``--mca`` options under OpenMPI (e.g.
+``{"coll_tuned_use_dynamic_rules": "1", "coll_tuned_allreduce_algorithm": "4"}``;
+the second is silently ignored without the first); ``env`` sets the ranks'
+environment variables (``MPIR_CVAR_*``, ``I_MPI_ADJUST_*``, ``OMPI_MCA_*``),
+passed by name, as the launcher's own variables are.
 
-**Loopback only.**  Where ``unshare --net`` works (root, as on CI), ``mpirun``
+**Loopback only.**  Where ``unshare --net`` works (root, as on CI), the launcher
 runs in a network namespace of its own whose only interface is loopback
 (:mod:`ring_ref._processes._netns` brings it up), so none of OpenMPI's sockets, including
 its PMIx server's (which listens on every interface otherwise), can be reached
@@ -72,6 +74,7 @@ from pathlib import Path
 from typing import Any, Final, TypeVar
 
 from ring_ref._processes import _netns
+from ring_ref._processes._launchers import MpiLauncher, MpiUnavailable, find_launcher
 from ring_ref._processes._mpi_rank import CONTROL_ENV, TOKEN_ENV, stack_path
 from ring_ref._processes._shared import (
     FAILURE_GRACE_S,
@@ -92,6 +95,7 @@ __all__ = [
     "RankFailed",
     "RanksStopped",
     "RanksTimedOut",
+    "StartFailed",
     "mpirun_path",
     "plain_loads",
 ]
@@ -101,11 +105,13 @@ _R = TypeVar("_R")
 
 _POLL_S: Final = 0.25
 _LOG_TAIL: Final = 3000
-_BASE_MCA: Final = {"btl": "self,vader", "oob_tcp_if_include": "lo"}
+_PASSED: Final = (CONTROL_ENV, TOKEN_ENV, "PYTHONPATH")
+"""The variables every rank is handed: the control socket, the token, the parent's ``PYTHONPATH``."""
 
 
-class MpiUnavailable(RuntimeError):
-    """``mpirun`` or ``mpi4py`` is missing; the message says what to install."""
+class StartFailed(RuntimeError):
+    """The ranks did not all connect: the launcher exited or the start timed out; the message names the
+    launcher, its command line and its output, and points to ``--ranks mpi-job``."""
 
 
 @dataclass
@@ -188,19 +194,10 @@ def _shown(ranks: list[int], stacks: dict[int, str]) -> str:
     return "\n\n".join(f"rank {r} at:\n{stacks.get(r, '(no stack could be taken)').rstrip()}" for r in ranks)
 
 
-def mpirun_path() -> str:
-    """The ``mpirun`` to use; :class:`MpiUnavailable` if there is none or ``mpi4py`` is missing."""
-    found = shutil.which("mpirun")
-    if found is None:
-        raise MpiUnavailable(
-            "mpirun not found: install OpenMPI (Debian/Ubuntu: apt-get install -y --no-install-recommends "
-            "openmpi-bin libopenmpi-dev; or run tools/ensure_mpi.sh)."
-        )
-    try:
-        import mpi4py  # noqa: F401
-    except ImportError as exc:
-        raise MpiUnavailable("mpi4py is not installed: pip install 'ring-ref[mpi]' (or mpi4py).") from exc
-    return found
+def mpirun_path(mpiexec: str | None = None) -> str:
+    """The launcher to use (:func:`~ring_ref._processes._launchers.find_launcher`'s path);
+    :class:`MpiUnavailable` if there is none of ``mpi4py``'s MPI, or no ``mpi4py``."""
+    return find_launcher(mpiexec, os.environ.get("PATH")).path
 
 
 @cache
@@ -218,6 +215,9 @@ def _netns_works() -> bool:
 
 _EXIT = re.compile(r"Process name: \[\[\d+,\d+\],(\d+)\]\s+Exit code:\s+(-?\d+)")
 _SIGNAL = re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited on signal (\d+)(?: \(([^)]*)\))?")
+_HYDRA = re.compile(
+    r"RANK (\d+) PID \d+ RUNNING AT \S+\s*=\s*(?:KILLED BY SIGNAL: (\d+) \(([^)]*)\)|EXIT CODE: (\d+))"
+)
 
 
 def _mpirun_account(log: str) -> dict[int, str]:
@@ -227,11 +227,15 @@ def _mpirun_account(log: str) -> dict[int, str]:
     {1: 'exited with code 3'}
     >>> _mpirun_account("process rank 2 with PID 0 on node vm exited on signal 9 (Killed).")
     {2: 'killed by signal 9 (Killed)'}
+    >>> _mpirun_account("=   RANK 1 PID 7 RUNNING AT vm\\n=   KILLED BY SIGNAL: 9 (Killed)")
+    {1: 'killed by signal 9 (Killed)'}
     """
     if m := _EXIT.search(log):
         return {int(m[1]): f"exited with code {m[2]}"}
     if m := _SIGNAL.search(log):
         return {int(m[1]): f"killed by signal {m[2]}" + (f" ({m[3]})" if m[3] else "")}
+    if m := _HYDRA.search(log):
+        return {int(m[1]): f"killed by signal {m[2]} ({m[3]})" if m[2] else f"exited with code {m[4]}"}
     return {}
 
 
@@ -254,9 +258,13 @@ class MpiJob(Harness):
         mca: Mapping[str, str] | None = None,
         start_timeout_s: float = START_TIMEOUT_S,
         isolate: bool | None = None,
+        env: Mapping[str, str] | None = None,
+        mpiexec: str | None = None,
     ) -> None:
         super().__init__(world_size, start_timeout_s)
         self.mca = dict(mca or {})
+        self.env = dict(env or {})
+        self.mpiexec = mpiexec
         self.isolate = isolate
         self._proc: subprocess.Popen[bytes] | None = None
         self._dir: Path | None = None
@@ -267,14 +275,22 @@ class MpiJob(Harness):
         """The process ids: ``mpirun``'s, then each rank's (empty when no job is up)."""
         return [self._proc.pid, *self._pids] if self._proc is not None else []
 
+    @property
+    def launcher(self) -> MpiLauncher:
+        """The launcher of the MPI ``mpi4py`` uses (:class:`MpiUnavailable` when there is none)."""
+        return find_launcher(self.mpiexec, os.environ.get("PATH"))
+
     def command(self) -> list[str]:
-        """The command line that starts the job (without the network-namespace prefix)."""
-        cmd = [mpirun_path(), "-n", str(self.world_size), "--oversubscribe", "--bind-to", "none"]
-        if os.geteuid() == 0:
-            cmd.append("--allow-run-as-root")
-        for key, value in {**_BASE_MCA, **self.mca}.items():
-            cmd += ["--mca", key, str(value)]
-        cmd += ["-x", CONTROL_ENV, "-x", TOKEN_ENV, "-x", "PYTHONPATH"]
+        """The command line that starts the job (without the network-namespace prefix);
+        :class:`MpiUnavailable` for ``mca`` options under a launcher that is not OpenMPI's."""
+        launcher = self.launcher
+        if self.mca and launcher.hydra:
+            raise MpiUnavailable(
+                f"--mca options are OpenMPI's, and mpi4py's MPI is {launcher.implementation} ({launcher}): "
+                "set its variables with --env NAME=VALUE instead (MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM=ring "
+                "under MPICH, I_MPI_ADJUST_ALLREDUCE=8 under Intel MPI)"
+            )
+        cmd = launcher.command(self.world_size, [*_PASSED, *self.env], self.mca)
         return [*cmd, sys.executable, "-m", "ring_ref._processes._mpi_rank"]
 
     def _start(self, deadline: float) -> None:
@@ -290,6 +306,7 @@ class MpiJob(Harness):
         package_root = str(Path(__file__).resolve().parents[2])
         env = {
             **os.environ,
+            **self.env,
             CONTROL_ENV: control,
             TOKEN_ENV: token.hex(),
             "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p),
@@ -319,11 +336,7 @@ class MpiJob(Harness):
         while len(by_rank) < self.world_size:
             if time.monotonic() > deadline or self._exited():
                 self._conns = [c for c, _ in by_rank.values()]
-                why = "timed out" if not self._exited() else "failed: mpirun exited"
-                raise RuntimeError(
-                    f"starting {self.world_size} MPI rank(s) {why} ({len(by_rank)} connected, "
-                    f"{self.start_timeout_s:g} s allowed).\n{self._log_tail()}"
-                )
+                raise StartFailed(self._start_failure(len(by_rank)))
             try:
                 sock, _ = listener.accept()
             except TimeoutError:
@@ -337,6 +350,17 @@ class MpiJob(Harness):
             by_rank[hello[0]] = (conn, hello[1])
         self._conns = [by_rank[r][0] for r in range(self.world_size)]
         self._pids = [by_rank[r][1] for r in range(self.world_size)]
+
+    def _start_failure(self, connected: int) -> str:
+        """Why the start failed, naming the launcher assumed, with its output and the way out."""
+        why = "failed: the launcher exited" if self._exited() else "timed out"
+        return (
+            f"starting {self.world_size} MPI rank(s) {why} ({connected} connected, "
+            f"{self.start_timeout_s:g} s allowed); --ranks mpi assumed {self.launcher}, the launcher of the "
+            f"MPI mpi4py uses, and ran: {' '.join(self.command())}. If your MPI needs other options, start "
+            "the job yourself and run the tester inside it: mpiexec -n N ring-ref difftest --ranks mpi-job "
+            f"TARGET (reveal and invariance take --ranks mpi-job too).\n{self._log_tail()}"
+        )
 
     def run(
         self,

@@ -15,7 +15,7 @@ import torch
 import torch.distributed
 
 from ring_ref._processes._job import JobEnvError, job_environment, join_job
-from ring_ref.difftest._job import SHOW, job_size, run_in_job
+from ring_ref.difftest._job import SHOW, job_size, run_in_job, run_in_mpi_job
 from ring_ref.difftest._launch import Launcher
 
 __all__ = ["command_in_job", "join", "reveal_in_job"]
@@ -77,18 +77,38 @@ def command_in_job(
 
 
 def reveal_in_job(
-    target: str, run: Callable[[Launcher], object], *, n: int, checks: int, device: str, timeout: float
+    target: str,
+    run: Callable[[Launcher], object],
+    *,
+    n: int,
+    checks: int,
+    device: str,
+    timeout: float,
+    ranks: str = "job",
 ) -> int:
-    """``reveal --ranks job`` on this rank (in :func:`command_in_job`): every rank serves, rank 0 runs
-    ``run`` (the reveal); 2 when ``n`` is not the job's size or ``checks`` is negative (rank 0 says so)."""
-    size = job_size("job", None, None)
+    """``reveal --ranks job`` (or ``mpi-job``: ``TARGET(comm, array)`` on every rank of the MPI job) on this
+    rank (in :func:`command_in_job`): every rank serves, rank 0 runs ``run`` (the reveal); 2 when ``n`` is
+    not the job's size or ``checks`` is negative (rank 0 says so)."""
+    size = job_size(ranks, None, None)
     if n != size or checks < 0:
-        if torch.distributed.get_rank() == 0:
+        if _rank(ranks) == 0:
             print(
                 f"ring-ref reveal: error: -n must be the job's {size} ranks (got {n}) and --checks "
                 f"0 or more (got {checks})",
                 file=sys.stderr,
             )
         return 2
-    run_in_job(target, run, device=device, timeout_s=timeout)
+    if ranks == "mpi-job":
+        run_in_mpi_job(target, run, timeout_s=timeout)
+    else:
+        run_in_job(target, run, device=device, timeout_s=timeout)
     return 0
+
+
+def _rank(ranks: str) -> int:
+    """This process's rank in the job (``COMM_WORLD``'s for ``mpi-job``)."""
+    if ranks == "mpi-job":
+        from mpi4py import MPI
+
+        return int(MPI.COMM_WORLD.Get_rank())
+    return int(torch.distributed.get_rank())

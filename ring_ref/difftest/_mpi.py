@@ -45,7 +45,7 @@ import numpy.typing as npt
 import torch
 
 from ring_ref._dtypes import INT_OF_SIZE
-from ring_ref._processes._mpi_job import MpiJob, RankFailed, RanksStopped, RanksTimedOut
+from ring_ref._processes._mpi_job import MpiJob, RankFailed, RanksStopped, RanksTimedOut, StartFailed
 from ring_ref._processes._shared import FAILURE_GRACE_S, PerSize
 from ring_ref.difftest._call import (
     Answer,
@@ -260,10 +260,13 @@ def _stopped(case: Case, exc: RanksStopped) -> Outcome:
 class MpiRanks(Launcher):
     """``TARGET(comm, array)`` on every rank of an ``mpirun`` job of ``N`` ranks (see the module docstring).
 
-    ``mca`` is passed to ``mpirun`` as ``--mca KEY VALUE`` (e.g.
+    The jobs are started by the launcher of the MPI ``mpi4py`` uses (``mpiexec``:
+    that launcher's path; ``None`` finds it, :mod:`ring_ref._processes._launchers`).
+    ``mca`` is passed to OpenMPI's ``mpirun`` as ``--mca KEY VALUE`` (e.g.
     ``{"coll_tuned_use_dynamic_rules": "1", "coll_tuned_allreduce_algorithm": "4"}``
-    for OpenMPI's ring all-reduce); ``rings`` hands it jobs already started, by
-    ``N`` (it closes them in :meth:`close` like its own).
+    for OpenMPI's ring all-reduce); ``env`` is set in every rank's environment (e.g.
+    ``{"MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM": "ring"}`` under MPICH); ``rings`` hands
+    it jobs already started, by ``N`` (it closes them in :meth:`close` like its own).
     """
 
     isolated = True
@@ -276,13 +279,17 @@ class MpiRanks(Launcher):
         timeout_s: float,
         mca: Mapping[str, str] | None = None,
         *,
+        env: Mapping[str, str] | None = None,
+        mpiexec: str | None = None,
         rings: Mapping[int, MpiJob] | None = None,
     ) -> None:
         self.target = target
         self.timeout_s = timeout_s
         self.mca = dict(mca or {})
+        self.env = dict(env or {})
+        self.mpiexec = mpiexec
         self.output = OutputLog()
-        self._rings = PerSize(lambda n: MpiJob(n, mca=self.mca), rings)
+        self._rings = PerSize(lambda n: MpiJob(n, mca=self.mca, env=self.env, mpiexec=self.mpiexec), rings)
 
     def start(self) -> None:
         """Start a job of one rank and load the target in it (:class:`TargetError` if it cannot)."""
@@ -321,7 +328,9 @@ class MpiRanks(Launcher):
             )
         except RankFailed as exc:
             return Outcome(case, failure=Failure("crashed", str(exc), _stacks(exc.stacks), tuple(exc.ranks)))
-        except RuntimeError as exc:  # mpirun could not start the ranks (or is missing)
+        except StartFailed as exc:  # its message says it all: the launcher assumed, its output
+            raise TargetError(str(exc)) from exc
+        except RuntimeError as exc:  # the launcher could not start the ranks (or is missing)
             raise TargetError(f"starting {n} MPI rank(s) failed: {exc}") from exc
         errors = [r["load_error"] for r in replies if isinstance(r, dict) and "load_error" in r]
         if errors:

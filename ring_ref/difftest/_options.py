@@ -22,6 +22,7 @@ from ring_ref.difftest._oracles import SavedOrder
 from ring_ref.difftest._ranks import GlooRanks, JaxRanks, MlxRanks
 from ring_ref.difftest._rules import (
     Options,
+    Spawn,
     default_max_workers,
     kinds_refused,
     modes_of,
@@ -43,20 +44,31 @@ __all__ = [
 ]
 
 
-RANK_LAUNCHERS: Final[dict[str, Callable[[str, float, Mapping[str, str] | None], Launcher]]] = {
-    "gloo": lambda target, timeout, _mca: GlooRanks(target, timeout),
-    "mpi": MpiRanks,
-    "jax": lambda target, timeout, _mca: JaxRanks(target, timeout),
-    "mlx": lambda target, timeout, _mca: MlxRanks(target, timeout),
+RANK_LAUNCHERS: Final[dict[str, Callable[[str, float, Spawn], Launcher]]] = {
+    "gloo": lambda target, timeout, _spawn: GlooRanks(target, timeout),
+    "mpi": lambda target, timeout, spawn: MpiRanks(
+        target, timeout, spawn.mca, env=spawn.env, mpiexec=spawn.mpiexec
+    ),
+    "jax": lambda target, timeout, _spawn: JaxRanks(target, timeout),
+    "mlx": lambda target, timeout, _spawn: MlxRanks(target, timeout),
 }
 """Which launcher serves which ``--ranks`` value (``job`` and ``mpi-job`` have none: the job's ranks are
 this process and its peers, :mod:`ring_ref.difftest._job`)."""
 
 
-def rank_launcher(ranks: str, target: str, timeout: float, mca: Mapping[str, str] | None = None) -> Launcher:
+def rank_launcher(
+    ranks: str,
+    target: str,
+    timeout: float,
+    mca: Mapping[str, str] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    mpiexec: str | None = None,
+) -> Launcher:
     """The launcher that runs ``TARGET`` on every rank of a gloo group, an MPI job, a ``jax.distributed``
-    group or an MLX ring (``mca``: ``mpirun``'s ``--mca`` options, for an MPI job only)."""
-    return RANK_LAUNCHERS[ranks](target, timeout, mca)
+    group or an MLX ring (for an MPI job only: ``mca``, ``mpirun``'s ``--mca`` options; ``env``, the
+    ranks' environment variables; ``mpiexec``, the launcher's path)."""
+    return RANK_LAUNCHERS[ranks](target, timeout, Spawn(mca or {}, env or {}, mpiexec))
 
 
 def allowed_dtypes(ranks: Ranks | None) -> tuple[torch.dtype, ...]:

@@ -51,6 +51,7 @@ from ring_ref.difftest._inputs import LAYOUTS, Case
 from ring_ref.difftest._launch import Launcher
 from ring_ref.difftest._loading import with_framework
 from ring_ref.difftest._oracles import ExactOrder, SavedOrder, reduce_scatter_reference
+from ring_ref.difftest._rules import Spawn
 from ring_ref.difftest._vocabulary import Collective, Framework
 from ring_ref.schedule import LAYOUTS as LAYOUT_NAMES
 from ring_ref.schedule import PRESETS, ChainSchedule, Layout, RingSchedule, Schedule, reduce_scatter_ring
@@ -363,19 +364,22 @@ def auto_order_isolated(
     target: str,
     max_workers: int,
     timeout: float = 600.0,
+    *,
     ranks: str | None = None,
     framework: Framework = "torch",
+    spawn: Spawn | None = None,
 ) -> ExactOrder:
     """:func:`auto_order` for a ``TARGET`` name, revealed by ``ring-ref reveal --json`` in its own process.
 
     So nothing the target leaves behind (process groups, threads, module state) is in the tester's
-    process when difftest forks its workers.
+    process when difftest forks its workers.  ``spawn``: how ``--ranks mpi`` starts its jobs (``--mca``,
+    ``--env``, ``--mpiexec``), handed to reveal, so that it reveals the algorithm they choose.
     """
 
     def reveal_at(n: int, m: int) -> dict[str, Any] | str:
         argv = [sys.executable, "-m", "ring_ref", "reveal", target, "-n", str(n), "-m", str(m), "--json"]
         if ranks is not None:
-            argv += ["--ranks", ranks]
+            argv += ["--ranks", ranks, *spawn_options(spawn)]
         if framework != "torch":
             argv += ["--framework", framework]
         try:
@@ -434,6 +438,19 @@ def parse_schedule(text: str) -> str | RingSchedule:
     return RingSchedule(direction, offset, parts[2])  # type: ignore[arg-type]  # schedule_of checks it
 
 
+def spawn_options(spawn: Spawn | None) -> list[str]:
+    """``spawn`` as the command line's options (``--mca``, ``--env``, ``--mpiexec``), in that order.
+
+    >>> spawn_options(Spawn({"btl": "self"}, {"I_MPI_ADJUST_ALLREDUCE": "8"}, "/opt/bin/mpiexec"))
+    ['--mca', 'btl=self', '--env', 'I_MPI_ADJUST_ALLREDUCE=8', '--mpiexec', '/opt/bin/mpiexec']
+    """
+    if spawn is None:
+        return []
+    out = [item for key, value in spawn.mca.items() for item in ("--mca", f"{key}={value}")]
+    out += [item for key, value in spawn.env.items() for item in ("--env", f"{key}={value}")]
+    return out + (["--mpiexec", spawn.mpiexec] if spawn.mpiexec else [])
+
+
 def exact_order(
     schedule: str | Schedule | None,
     order: str | Path | None,
@@ -442,6 +459,7 @@ def exact_order(
     ranks: str | None = None,
     *,
     framework: Framework = "torch",
+    spawn: Spawn | None = None,
 ) -> ExactOrder | None:
     """What ``exact`` checks against for ``difftest(schedule=..., order=...)`` (``None``: the spec's ring).
 
@@ -462,7 +480,7 @@ def exact_order(
     if schedule != "auto":
         return schedule_order(schedule)
     if isinstance(target, str):
-        return auto_order_isolated(target, max_workers, ranks=ranks, framework=framework)
+        return auto_order_isolated(target, max_workers, ranks=ranks, framework=framework, spawn=spawn)
     return auto_order(with_framework(target, framework), max_workers)
 
 

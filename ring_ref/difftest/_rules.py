@@ -11,7 +11,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Final, Literal
+from typing import TYPE_CHECKING, Final, Literal, NamedTuple
 
 from ring_ref.schedule import COLLECTIVES, Collective, CollectiveName, Schedule
 
@@ -29,11 +29,14 @@ __all__ = [
     "Mode",
     "Options",
     "Ranks",
+    "Spawn",
     "default_max_workers",
+    "env_names_refused",
     "kinds_refused",
     "modes_of",
     "option_problem",
     "refused_before_torch",
+    "spawn_refused",
     "subgroups_refused",
 ]
 
@@ -66,6 +69,32 @@ MPI_MAX_RANKS: Final = 4
 """The default largest job for ``--ranks mpi``: a correct ring answered in about 50 s (8 ranks: 1.5-3 min)."""
 
 
+class Spawn(NamedTuple):
+    """How the tester starts an MPI job's ranks (``--ranks mpi``): OpenMPI's ``--mca`` options, the ranks'
+    environment variables (``--env``), the launcher's path (``--mpiexec``; ``None``: found)."""
+
+    mca: Mapping[str, str]
+    env: Mapping[str, str]
+    mpiexec: str | None
+
+
+def env_names_refused(env: Mapping[str, str]) -> str | None:
+    """Why ``env`` (``--env NAME=VALUE``) cannot be an environment, or ``None``.
+
+    >>> env_names_refused({"MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM": "ring"}) is None
+    True
+    >>> env_names_refused({"1X": "2"})
+    "env (--env) names must be NAME=VALUE with NAME letters, digits and '_' (not first a digit); got '1X'"
+    """
+    bad = [name for name in env if not (name.isidentifier() and name.isascii())]
+    if bad:
+        return (
+            "env (--env) names must be NAME=VALUE with NAME letters, digits and '_' (not first a digit); "
+            f"got {', '.join(map(repr, bad))}"
+        )
+    return None
+
+
 @dataclass(frozen=True)
 class Options:
     """:func:`~ring_ref.difftest.difftest`'s keyword arguments, as given (its docstring says what each
@@ -90,6 +119,13 @@ class Options:
     device: str = "cpu"
     framework: Framework = "torch"
     subgroups: bool = False
+    env: Mapping[str, str] | None = None
+    mpiexec: str | None = None
+
+    @property
+    def spawn(self) -> Spawn:
+        """How ``--ranks mpi`` starts its jobs."""
+        return Spawn(self.mca or {}, self.env or {}, self.mpiexec)
 
 
 def kinds_refused(options: Options) -> str | None:
@@ -119,7 +155,23 @@ def kinds_refused(options: Options) -> str | None:
             "mca (--mca) options are passed to mpirun: they need ranks='mpi' (--ranks mpi); "
             f"got ranks={ranks!r}"
         )
-    return None
+    return spawn_refused(options)
+
+
+def spawn_refused(options: Options) -> str | None:
+    """Why ``options.env`` and ``options.mpiexec`` cannot be used (``None``: they can): they need
+    ``ranks='mpi'``, and names an environment holds.
+
+    >>> spawn_refused(Options(env={"X": "1"}, ranks="gloo"))[:45]
+    'env (--env) and mpiexec (--mpiexec) say how t'
+    """
+    if (options.env or options.mpiexec) and options.ranks != "mpi":
+        return (
+            "env (--env) and mpiexec (--mpiexec) say how the tester starts the ranks of an MPI job: they "
+            "need ranks='mpi' (--ranks mpi); inside your own job give the variables to its launcher "
+            f"(mpiexec -genv NAME VALUE, mpirun -x NAME=VALUE); got ranks={options.ranks!r}"
+        )
+    return env_names_refused(options.env or {})
 
 
 def refused_before_torch(options: Options) -> str | None:

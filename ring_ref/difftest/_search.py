@@ -18,6 +18,7 @@ from ring_ref._chunks import chunk_bounds, chunk_rows
 from ring_ref._dtypes import dtype_name
 from ring_ref._hints import signature_problem
 from ring_ref._ops import op_name
+from ring_ref._processes._job import launch_prefix
 from ring_ref.difftest._call import Outcome, well_formed
 from ring_ref.difftest._diagnosis import Finding, diagnose, plus_zeros_only
 from ring_ref.difftest._inputs import LAYOUTS, Case, cases, every_n_cases, one_worker_cases, uneven_cases
@@ -35,9 +36,10 @@ from ring_ref.difftest._options import (
     refused,
 )
 from ring_ref.difftest._oracles import SPEC_ORDER, ExactOrder
-from ring_ref.difftest._orders import exact_order, reduce_scatter_order
+from ring_ref.difftest._orders import exact_order, reduce_scatter_order, spawn_options
 from ring_ref.difftest._probes import ProbeRun, first_failing_probe
 from ring_ref.difftest._report import Coverage, ModeResult, Report, untried
+from ring_ref.difftest._rules import Spawn
 from ring_ref.difftest._verdict import difference, passes
 from ring_ref.difftest._vocabulary import (
     DEFAULT_TIMEOUT_S,
@@ -353,6 +355,8 @@ def difftest(
     framework: Framework = "torch",
     subgroups: bool = False,
     target: str | None = None,
+    env: Mapping[str, str] | None = None,
+    mpiexec: str | None = None,
 ) -> Report:
     """Check ``fn`` against the reference in each of ``modes``; return the :class:`Report`.
 
@@ -381,8 +385,12 @@ def difftest(
     ``ranks="mpi"``: ``fn(comm, array)`` on every rank of an ``mpirun`` job of
     ``N`` ranks, ``comm`` an ``mpi4py`` communicator of the ``N`` ranks and
     ``array`` that rank's own ``numpy`` input; ``mca`` adds ``--mca KEY VALUE``
-    options to ``mpirun`` (e.g. ``{"coll_tuned_use_dynamic_rules": "1",
-    "coll_tuned_allreduce_algorithm": "4"}``).  ``numpy`` has no bfloat16, so
+    options to OpenMPI's ``mpirun`` (e.g. ``{"coll_tuned_use_dynamic_rules": "1",
+    "coll_tuned_allreduce_algorithm": "4"}``), ``env`` variables to every rank's
+    environment (e.g. ``{"MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM": "ring"}`` under
+    MPICH), and ``mpiexec`` is the launcher's path (default: the ``mpiexec`` or
+    ``mpirun`` of the MPI ``mpi4py`` uses, beside the interpreter, then on
+    ``PATH``; clause ``difftest-mpi-launcher``).  ``numpy`` has no bfloat16, so
     the dtypes are float16, float32 and float64 (the default drops bfloat16;
     asking for it is refused).
 
@@ -471,6 +479,8 @@ def difftest(
         device=device,
         framework=framework,
         subgroups=subgroups,
+        env=env,
+        mpiexec=mpiexec,
     )
     return run_difftest(fn, options)
 
@@ -522,7 +532,8 @@ def run_difftest(fn: Target | OpTarget | str, options: Options, exact: ExactOrde
     schedule, order = options.schedule, options.order
     if exact is None:
         exact = _collective_order(collective, schedule, order, workers, reduce_op) or (
-            exact_order(schedule, order, fn, workers, ranks, framework=options.framework) or SPEC_ORDER
+            exact_order(schedule, order, fn, workers, ranks, framework=options.framework, spawn=options.spawn)
+            or SPEC_ORDER
         )
         if order is not None and exact.saved is not None:
             check_order_file_fits(order, exact.saved, max_workers, options.dtypes)
@@ -535,7 +546,7 @@ def run_difftest(fn: Target | OpTarget | str, options: Options, exact: ExactOrde
     launcher, name = (
         _job_target(fn, ranks, workers, exact, schedule, device=options.device)
         if ranks in ("job", "mpi-job")
-        else _launcher(fn, options.isolate, timeout, ranks, options.mca, framework=options.framework)
+        else _launcher(fn, options.isolate, timeout, ranks, options.spawn, framework=options.framework)
     )
     isolated = launcher is None or launcher.isolated
     shown, replay = _replay(fn, name, options, chosen, exact, seed, workers, dtypes, reduce_op, isolated)
@@ -595,11 +606,15 @@ def _replay(  # noqa: PLR0917 - one line made of every option
         extra += "" if isolated else " --in-process"
         extra += f" --device {options.device}" if options.device != "cpu" else ""
         extra += " --subgroups" if options.subgroups else ""
-        extra += "".join(f" --mca {key}={value}" for key, value in (options.mca or {}).items())
+        extra += "".join(f" {item}" for item in spawn_options(options.spawn))
         extra += f" {exact.option}" if exact.option else ""
         extra += collective.option
+        # inside a job the line starts it again: its launcher and its number of ranks
+        in_job = options.ranks in ("job", "mpi-job")
+        launch = launch_prefix(workers, options.ranks == "mpi-job") if in_job else ""
+        launch += " " if launch else ""
         return name, (
-            f"ring-ref difftest {where}{name}{asked} --examples {options.examples} --seed {seed} "
+            f"{launch}ring-ref difftest {where}{name}{asked} --examples {options.examples} --seed {seed} "
             f"--max-workers {workers} --dtypes {' '.join(dtype_name(d) for d in dtypes)}{extra}"
         )
     shown = str(getattr(fn, "__qualname__", repr(fn)))
@@ -724,7 +739,7 @@ def _launcher(
     isolate: bool | None,
     timeout: float,
     ranks: Ranks | None,
-    mca: Mapping[str, str] | None = None,
+    spawn: Spawn | None = None,
     *,
     framework: Framework = "torch",
 ) -> tuple[Launcher, str | None]:
@@ -736,7 +751,7 @@ def _launcher(
                 f"a per-rank target runs in the ranks' own processes, which import it by name: "
                 f"{getattr(fn, '__qualname__', fn)!r} must be a module-level function or a TARGET string"
             )
-        return rank_launcher(ranks, name, timeout, mca), name
+        return rank_launcher(ranks, name, timeout, **({} if spawn is None else spawn._asdict())), name
     if name is None and isolate:
         raise ValueError(
             f"{getattr(fn, '__qualname__', fn)!r} cannot be isolated: the worker imports the target by "

@@ -23,7 +23,7 @@ from ring_ref._processes._gloo import SpawnedGroup
 from ring_ref._processes._mpi_job import MpiJob, mpirun_path
 from tests.common.paths import ROOT
 
-__all__ = ["Jobs", "Rings", "gone", "ring_ref_json"]
+__all__ = ["Jobs", "Rings", "environ_of", "gone", "ring_ref_json"]
 
 
 def ring_ref_json(*args: str, status: int) -> Any:
@@ -111,3 +111,8 @@ class Rings:
         for ring in self._rings.values():
             ring.close()
         assert [proc.exitcode for proc in procs] == [0] * len(procs), "a rank did not shut down cleanly"
+
+
+def environ_of(_comm: object, names: list[str]) -> list[str | None]:
+    """On a rank of an MPI job: the values of the environment variables ``names`` (``None``: unset)."""
+    return [os.environ.get(name) for name in names]

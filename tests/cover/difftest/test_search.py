@@ -26,6 +26,7 @@ from ring_ref.difftest._inputs import every_n_cases, one_worker_cases
 from ring_ref.difftest._launch import Launcher, OutputLog
 from ring_ref.difftest._options import Options, option_problem
 from ring_ref.difftest._oracles import SPEC_ORDER, ExactOrder
+from ring_ref.difftest._rules import Spawn
 from ring_ref.difftest._search import (
     ZERO_OUT_BUDGET,
     _Failed,
@@ -563,7 +564,7 @@ def test_mpi_ranks_get_the_mca_options_and_numpys_dtypes(fake_ranks: type[FakeRa
     report = difftest(
         ring_all_reduce, ranks="mpi", mca=mca, modes=("exact",), examples=1, seed=4, max_workers=2, timeout=3
     )
-    assert fake_ranks.made == [("mpi", "ring_ref:ring_all_reduce", 3, mca)]
+    assert fake_ranks.made == [("mpi", "ring_ref:ring_all_reduce", 3, Spawn(mca, {}, None))]
     assert report.ranks == "mpi" and report.timeout_s == 3
     assert report.replay == (
         "ring-ref difftest --ranks mpi ring_ref:ring_all_reduce --mode exact --examples 1 --seed 4 "
@@ -571,6 +572,18 @@ def test_mpi_ranks_get_the_mca_options_and_numpys_dtypes(fake_ranks: type[FakeRa
         "--mca coll_tuned_use_dynamic_rules=1 --mca btl=self,vader"
     )
     assert {c.dtype for c in fake_ranks.last.cases} == {torch.float16, torch.float32, torch.float64}
+
+
+@pytest.mark.clause("difftest-rank-env")
+def test_mpi_ranks_get_the_environment_and_the_launcher_asked_for(fake_ranks: type[FakeRanks]) -> None:
+    env = {"MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM": "ring"}
+    report = difftest(
+        ring_all_reduce, ranks="mpi", env=env, mpiexec="/v/bin/mpiexec", modes="bound", examples=1, seed=4
+    )
+    assert fake_ranks.made == [("mpi", "ring_ref:ring_all_reduce", 60.0, Spawn({}, env, "/v/bin/mpiexec"))]
+    assert report.replay.endswith(
+        " --env MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM=ring --mpiexec /v/bin/mpiexec"
+    ), report.replay
 
 
 @pytest.mark.clause("difftest-oracles")
