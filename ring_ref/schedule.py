@@ -25,7 +25,9 @@ __all__ = [
     "CHAIN",
     "COLLECTIVES",
     "GLOO",
+    "INTEL_RING",
     "LAYOUTS",
+    "MPICH_RING",
     "OPENMPI_RING",
     "PHASES",
     "PRESETS",
@@ -166,10 +168,10 @@ def elements_sent_per_worker(n: int, s: int) -> int:
 
 # --- The ring schedule family (clauses schedule-family, schedule-presets) ----------------------------
 
-Layout = Literal["even", "blocks", "gloo"]
+Layout = Literal["even", "blocks", "gloo", "ceil", "floor"]
 """How a worker's elements are cut into the ``n`` chunks (:func:`ring_ref._chunks.chunk_bounds`)."""
 
-LAYOUTS: Final[tuple[Layout, Layout, Layout]] = ("even", "blocks", "gloo")
+LAYOUTS: Final[tuple[Layout, ...]] = ("even", "blocks", "gloo", "ceil", "floor")
 
 
 class RingSchedule(NamedTuple):
@@ -276,6 +278,14 @@ OPENMPI_RING: Final = RingSchedule(1, 0, "blocks")
 GLOO: Final = RingSchedule(-1, -1, "gloo")
 """gloo's ring allreduce (``torch.distributed`` on the gloo backend): the ring run the other way."""
 
+MPICH_RING: Final = RingSchedule(1, 1, "ceil")
+"""MPICH's ring allreduce (``MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM=ring``): chunk ``c`` folds from worker
+``c + 1``, on ``ceil(S / N)``-element chunks."""
+
+INTEL_RING: Final = RingSchedule(1, 0, "floor")
+"""Intel MPI's ring allreduce (``I_MPI_ADJUST_ALLREDUCE=8``): the spec's fold on ``floor(S / N)``-element
+chunks, the rest on the last."""
+
 
 # --- The chain (clauses chain-*): not a ring ------------------------------------------------------
 
@@ -377,8 +387,10 @@ PRESETS: Final[dict[str, Schedule]] = {
     "openmpi-ring": OPENMPI_RING,
     "gloo": GLOO,
     "chain": CHAIN,
+    "mpich-ring": MPICH_RING,
+    "intel-ring": INTEL_RING,
 }
-"""The named schedules, in the order ``reveal`` reports matches."""
+"""The named schedules, in the order ``reveal`` reports matches (and they were published in)."""
 
 
 def reduce_scatter_ring(schedule: str | Schedule | None, n: int) -> RingSchedule:

@@ -2,7 +2,7 @@
 
 Every expected value is re-derived without ``ring_ref``: bit patterns decoded
 by reinterpreting integers, chunks from ``tests.common.oracles.blocks_bounds`` /
-``gloo_bounds`` (gloo's arithmetic in bytes, as its source does), results
+``gloo_bounds`` (gloo's arithmetic in bytes, as its source does) / ``ceil_bounds`` / ``floor_bounds``, results
 from ``tests.common.oracles.schedule_fold`` (the chain's from ``tests.common.oracles.left_fold``).
 """
 
@@ -15,14 +15,25 @@ import jsonschema  # type: ignore[import-untyped]
 import pytest
 
 from ring_ref._cli import main
-from tests.common.oracles import blocks_bounds, gloo_bounds, left_fold, same_bits, schedule_fold
+from tests.common.oracles import (
+    blocks_bounds,
+    ceil_bounds,
+    floor_bounds,
+    gloo_bounds,
+    left_fold,
+    same_bits,
+    schedule_fold,
+)
 from tests.common.vector_files import VECTORS, check_regenerated, expected_of, input_of, load
 
 JSON_FILE = VECTORS / "ring_all_reduce_presets_v1.json"
 SCHEMA_FILE = VECTORS / "ring_all_reduce_presets_schema_v1.json"
 GENERATED = (JSON_FILE.name, SCHEMA_FILE.name)
 DOC: dict[str, Any] = load(JSON_FILE)
-RINGS = {"spec": (1, 0, "even"), "openmpi-ring": (1, 0, "blocks"), "gloo": (-1, -1, "gloo")}
+FIRST_RINGS = {"spec": (1, 0, "even"), "openmpi-ring": (1, 0, "blocks"), "gloo": (-1, -1, "gloo")}
+LIBRARY_RINGS = {"mpich-ring": (1, 1, "ceil"), "intel-ring": (1, 0, "floor")}
+"""Published after the chain: their vectors differ from every ring's and from the chain's."""
+RINGS = FIRST_RINGS | LIBRARY_RINGS
 VECTOR_LIST = [(group, t) for group in DOC["testGroups"] for t in group["tests"]]
 
 
@@ -31,6 +42,10 @@ def _bounds(layout: str, n: int, s: int, itemsize: int) -> list[tuple[int, int]]
         return blocks_bounds(n, s)
     if layout == "gloo":
         return gloo_bounds(n, s, itemsize)
+    if layout == "ceil":
+        return ceil_bounds(n, s)
+    if layout == "floor":
+        return floor_bounds(n, s)
     return [(c * s // n, (c + 1) * s // n) for c in range(n)]
 
 
@@ -67,30 +82,37 @@ def test_expected_results_match_the_independent_fold(vector: tuple[dict[str, Any
 @pytest.mark.clause("schedule-presets", "chain-vectors")
 def test_every_vector_tells_its_preset_from_the_others() -> None:
     """Each vector's bits differ from those of every ring preset whose fold order differs on that shape
-    (a ring's vectors predate the chain; the chain's differ from every ring's)."""
+    (the first rings' vectors predate the chain; the chain's differ from theirs; the libraries' rings'
+    from every ring's and the chain's)."""
     for group, t in VECTOR_LIST:
         x = input_of(group["dtype"], t)
         s, size = x[0].numel(), group["bits"] // 8
         expected = expected_of(group["dtype"], t)
         if group["preset"] == "chain":
-            for preset, (d, k, layout) in RINGS.items():
-                chain_order = [(frozenset((0, 1)), *(frozenset([w]) for w in range(2, t["n"])))] * s
+            for preset, (d, k, layout) in FIRST_RINGS.items():
                 if (layout == "even" and t["m"] % t["n"]) or _orders(
                     (d, k, layout), t["n"], s, size
-                ) == chain_order:
+                ) == _chain_orders(t["n"], s):
                     continue
                 assert not same_bits(expected, schedule_fold(x, d, k, _bounds(layout, t["n"], s, size))), (
                     preset
                 )
             continue
         mine = RINGS[group["preset"]]
-        for preset, (d, k, layout) in RINGS.items():
+        if group["preset"] in LIBRARY_RINGS and _orders(mine, t["n"], s, size) != _chain_orders(t["n"], s):
+            assert not same_bits(expected, left_fold(x, "sum")), (t["tcId"], "chain")
+        for preset, (d, k, layout) in (RINGS if group["preset"] in LIBRARY_RINGS else FIRST_RINGS).items():
             if layout == "even" and t["m"] % t["n"]:
                 continue
             if _orders((d, k, layout), t["n"], s, size) == _orders(mine, t["n"], s, size):
                 continue
             other = schedule_fold(x, d, k, _bounds(layout, t["n"], s, size))
             assert not same_bits(expected, other), (t["tcId"], preset)
+
+
+def _chain_orders(n: int, s: int) -> list[tuple[frozenset[int], ...]]:
+    """The chain's order for every element, as :func:`_orders` writes it."""
+    return [(frozenset((0, 1)), *(frozenset([w]) for w in range(2, n)))] * s
 
 
 def _orders(ring: tuple[int, int, str], n: int, s: int, size: int) -> list[tuple[frozenset[int], ...]]:
