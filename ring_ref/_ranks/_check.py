@@ -42,6 +42,7 @@ from ring_ref.schedule import (
     REDUCE_SCATTER,
     SPEC,
     ChainSchedule,
+    DoublingSchedule,
     Phase,
     RingSchedule,
     Schedule,
@@ -274,6 +275,13 @@ def _tensor_problem(
     if isinstance(tensor, Shards):
         return rank_shards_problem(
             tensor.collective, tensor.output, tensor.input, n, backend, ring, finite=finite
+        )
+    if isinstance(ring, DoublingSchedule):
+        return BadInput(
+            ValueError,
+            "recursive doubling is not a ring: ring_ref.distributed runs the rings and the chain only; "
+            "run it with ring_ref.mpi.ring_all_reduce_(comm, array, schedule='recursive-doubling') or "
+            "ring_all_reduce(x, schedule='recursive-doubling') on one process.",
         )
     return rank_tensor_problem(tensor, n, backend, finite=finite, divisible=ring.layout == "even")
 

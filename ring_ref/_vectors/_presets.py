@@ -1,11 +1,11 @@
 """Conformance vectors for the schedule presets (``spec/schedules.md``), a file apart from the v1 vectors.
 
 ``ring_all_reduce_presets_v1.json`` (schema ``ring_all_reduce_presets_schema_v1.json``)
-holds, for each preset (``spec``, ``openmpi-ring``, ``gloo``, ``chain``, ``mpich-ring``, ``intel-ring``)
-and dtype, inputs on which the preset's bits differ from every preset published with it or before it
-whose order differs there (:data:`PUBLISHED`: the first rings' vectors from one another's, the
-chain's from theirs, the libraries' rings from all of those), with ``M`` divisible by ``N``
-and not, empty chunks (gloo) and trailing dimensions.  Each vector names its
+holds, for each preset (``spec``, ``openmpi-ring``, ``gloo``, ``chain``, ``mpich-ring``, ``intel-ring``,
+``recursive-doubling``) and dtype, inputs on which the preset's bits differ from every preset
+published with it or before it whose order differs there (:data:`PUBLISHED`: the first rings'
+vectors from one another's, the chain's from theirs, the later presets' from all before them),
+with ``M`` divisible by ``N`` and not, empty chunks (gloo) and trailing dimensions.  Each vector names its
 schedule and each chunk's size, and gives the input and the expected result
 as bit patterns (the format of ``spec/vectors/README.md``).  Expected values
 come from ``ring_all_reduce(x, schedule=preset)``; ``tests/cover/test_preset_vectors.py``
@@ -45,7 +45,7 @@ from ring_ref._vectors._format import (
     strict,
     write_files,
 )
-from ring_ref.schedule import LAYOUTS, PRESETS, RingSchedule, Schedule
+from ring_ref.schedule import LAYOUTS, PRESETS, ChainSchedule, RingSchedule, Schedule
 
 __all__ = ["JSON_NAME", "SCHEMA_NAME", "VERSION", "build", "contents", "schema", "write"]
 
@@ -67,7 +67,8 @@ SHAPES: Final[tuple[tuple[int, int, tuple[int, ...], str], ...]] = (
 
 NOTES: Final[dict[str, str]] = {
     "schedule": "{direction, offset, layout}: the ring of spec section 10 (offset as the preset defines it); "
-    "{kind: chain, layout}: the chain of spec section 15 (every element the left fold over workers).",
+    "{kind: chain, layout}: the chain of spec section 15 (every element the left fold over workers); "
+    "{kind: recursive-doubling, layout}: recursive doubling (spec/schedules.md, every element one tree).",
     "chunkSizes": "elements of each worker in each chunk, row-major over (m, *trailingShape).",
     "input": "shape (n, m, *trailingShape), IEEE bit patterns as fixed-width lowercase hex, row-major.",
     "expected": "shape (m, *trailingShape): ring_all_reduce(input, schedule=<the group's preset>).",
@@ -77,7 +78,7 @@ NOTES: Final[dict[str, str]] = {
 HEADER: Final = header(
     VERSION,
     "the schedule presets of spec/ring_all_reduce.md: the rings of section 10 (spec, openmpi-ring, gloo, "
-    "mpich-ring, intel-ring) and the chain of section 15.",
+    "mpich-ring, intel-ring), the chain of section 15 and recursive doubling.",
     COMMAND,
 )
 
@@ -86,6 +87,7 @@ PUBLISHED: Final[tuple[tuple[str, ...], ...]] = (
     ("spec", "openmpi-ring", "gloo"),
     ("chain",),
     ("mpich-ring", "intel-ring"),
+    ("recursive-doubling",),
 )
 """The presets in the order their vectors were published: each preset's vectors tell it from the presets
 published with it or before it, so that a later preset leaves the earlier vectors byte for byte."""
@@ -122,7 +124,10 @@ def _telling(rng: random.Random, preset: str, shape: tuple[int, ...], dtype: tor
 def _schedule_json(ring: Schedule) -> dict[str, Any]:
     if isinstance(ring, RingSchedule):
         return {"direction": ring.direction, "offset": ring.offset, "layout": ring.layout}
-    return {"kind": "chain", "layout": ring.layout}
+    return {
+        "kind": "chain" if isinstance(ring, ChainSchedule) else "recursive-doubling",
+        "layout": ring.layout,
+    }
 
 
 def build() -> dict[str, Any]:
@@ -187,6 +192,7 @@ def schema() -> dict[str, Any]:
                 "oneOf": [
                     schedule_schema(),
                     strict({"kind": {"const": "chain"}, "layout": {"enum": list(LAYOUTS)}}),
+                    strict({"kind": {"const": "recursive-doubling"}, "layout": {"enum": list(LAYOUTS)}}),
                 ]
             },
             "dtype": {"enum": list(FORMATS)},

@@ -53,7 +53,15 @@ from ring_ref.difftest._loading import with_framework
 from ring_ref.difftest._oracles import ExactOrder, SavedOrder, reduce_scatter_reference
 from ring_ref.difftest._vocabulary import Collective, Framework
 from ring_ref.schedule import LAYOUTS as LAYOUT_NAMES
-from ring_ref.schedule import PRESETS, ChainSchedule, Layout, RingSchedule, Schedule, reduce_scatter_ring
+from ring_ref.schedule import (
+    PRESETS,
+    ChainSchedule,
+    DoublingSchedule,
+    Layout,
+    RingSchedule,
+    Schedule,
+    reduce_scatter_ring,
+)
 
 __all__ = [
     "Explained",
@@ -100,8 +108,11 @@ def schedule_order(schedule: str | Schedule) -> ExactOrder:
     name = next((key for key, preset in PRESETS.items() if preset == ring), None)
     if name is not None:
         label, option = f"the {name} schedule's order", f"--schedule {name}"
-    elif isinstance(ring, ChainSchedule):
-        raise OrderError(f"difftest checks against the chain preset only ('--schedule chain'); got {ring}")
+    elif isinstance(ring, ChainSchedule | DoublingSchedule):
+        preset = "chain" if isinstance(ring, ChainSchedule) else "recursive-doubling"
+        raise OrderError(
+            f"difftest checks against the {preset} preset only ('--schedule {preset}'); got {ring}"
+        )
     else:
         label = f"the order of the ring with {ring.describe()}"
         # with '=': argparse would read "-1,2,blocks" after a space as an option of its own

@@ -119,3 +119,21 @@ def mpich_ring(x: torch.Tensor) -> torch.Tensor:
             acc = acc + flat[(c + step) % n, lo:hi]
         out[lo:hi] = acc
     return out.reshape(x.shape[1:])
+
+
+def intel_ring(x: torch.Tensor) -> torch.Tensor:
+    """A ring as Intel MPI's ring allreduce (``I_MPI_ADJUST_ALLREDUCE=8``) cuts it: ``floor(M / N)``-element
+    chunks of the flat buffer, the rest on the last (2, 2, 2, 3 at ``M = 9``, ``N = 4``), chunk ``c``
+    folded ``c, c + 1, ..., c - 1`` (mod ``N``): the spec's ring when ``N`` divides ``M``."""
+    n = int(x.shape[0])
+    flat = x.reshape(n, -1)
+    s = int(flat.shape[1])
+    size = s // n
+    out = torch.empty(s, dtype=x.dtype)
+    for c in range(n):
+        lo, hi = c * size, s if c == n - 1 else (c + 1) * size
+        acc = flat[c, lo:hi].clone()
+        for step in range(1, n):
+            acc = acc + flat[(c + step) % n, lo:hi]
+        out[lo:hi] = acc
+    return out.reshape(x.shape[1:])

@@ -24,6 +24,7 @@ from tests.common.oracles import (
     same_bits,
     schedule_fold,
 )
+from tests.common.planted_orders import recursive_doubling
 from tests.common.vector_files import VECTORS, check_regenerated, expected_of, input_of, load
 
 JSON_FILE = VECTORS / "ring_all_reduce_presets_v1.json"
@@ -57,13 +58,19 @@ def test_committed_files_are_what_the_generator_writes_and_validate(
     check_regenerated(tmp_path, capsys.readouterr().out, ("--presets",), GENERATED)
     jsonschema.validate(DOC, load(SCHEMA_FILE))
     assert DOC["numberOfTests"] == len(VECTOR_LIST) == len({t["tcId"] for _, t in VECTOR_LIST})
-    assert {g["preset"] for g in DOC["testGroups"]} == {*RINGS, "chain"}
+    assert {g["preset"] for g in DOC["testGroups"]} == {*RINGS, "chain", "recursive-doubling"}
 
 
 @pytest.mark.clause("schedule-presets", "schedule-layouts", "schedule-fold-order", "chain-vectors")
 @pytest.mark.parametrize("vector", VECTOR_LIST, ids=lambda v: f"{v[0]['preset']}-{v[1]['tcId']}")
 def test_expected_results_match_the_independent_fold(vector: tuple[dict[str, Any], dict[str, Any]]) -> None:
     group, t = vector
+    if group["preset"] == "recursive-doubling":
+        assert group["schedule"] == {"kind": "recursive-doubling", "layout": "blocks"}
+        x = input_of(group["dtype"], t)
+        assert t["chunkSizes"] == [hi - lo for lo, hi in blocks_bounds(t["n"], x[0].numel())]
+        assert same_bits(expected_of(group["dtype"], t), recursive_doubling(x))
+        return
     if group["preset"] == "chain":
         assert group["schedule"] == {"kind": "chain", "layout": "blocks"}
         x = input_of(group["dtype"], t)
@@ -88,6 +95,17 @@ def test_every_vector_tells_its_preset_from_the_others() -> None:
         x = input_of(group["dtype"], t)
         s, size = x[0].numel(), group["bits"] // 8
         expected = expected_of(group["dtype"], t)
+        if group["preset"] == "recursive-doubling":  # one tree; at N = 3 the chain's and some rings' fold
+            if t["n"] >= 4:
+                assert not same_bits(expected, left_fold(x, "sum")), (t["tcId"], "chain")
+            for preset, (d, k, layout) in RINGS.items():
+                if (layout == "even" and t["m"] % t["n"]) or (
+                    t["n"] < 4 and _orders((d, k, layout), t["n"], s, size) == _chain_orders(t["n"], s)
+                ):
+                    continue
+                other = schedule_fold(x, d, k, _bounds(layout, t["n"], s, size))
+                assert not same_bits(expected, other), (t["tcId"], preset)
+            continue
         if group["preset"] == "chain":
             for preset, (d, k, layout) in FIRST_RINGS.items():
                 if (layout == "even" and t["m"] % t["n"]) or _orders(
