@@ -29,6 +29,7 @@ from ring_ref.difftest._orders import (
 )
 from ring_ref.difftest._search import run_difftest
 from ring_ref.testing import assert_matches_reference
+from tests.common import planted_orders
 from tests.common.oracles import blocks_bounds, gloo_bounds, same_bits, schedule_fold
 from tests.common.paths import ROOT
 from tests.common.planted_impls import (
@@ -523,3 +524,28 @@ def test_an_order_file_spells_any_tree_any_way_and_is_checked(tmp_path: Path) ->
         saved.write_text(json.dumps({**base, "trees": [tree] * 3}), encoding="utf-8")
         with pytest.raises(OrderError, match=re.escape(words)):
             read_order(saved)
+
+
+# --- The libraries' presets, each against a stacked twin of its library (issue #41) -----------------
+
+LIBRARY_TWINS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "mpich-ring": planted_orders.mpich_ring,
+    "intel-ring": planted_orders.intel_ring,
+    "recursive-doubling": planted_orders.recursive_doubling,
+}
+"""Each library preset's twin in ``tests/common/planted_orders.py``: a plain loop, no ``ring_ref``."""
+
+
+@pytest.mark.clause("schedule-presets", "doubling-tools")
+@pytest.mark.parametrize("preset", list(LIBRARY_TWINS))
+def test_each_library_preset_passes_its_twin_and_fails_the_others(preset: str) -> None:
+    kwargs: dict[str, object] = {"modes": ("exact",), "examples": 12, "seed": 5, "max_workers": 4}
+    passed = difftest(LIBRARY_TWINS[preset], isolate=False, schedule=preset, **kwargs)  # type: ignore[arg-type]
+    assert passed.verdict == "pass", passed.render()
+    for other, twin in LIBRARY_TWINS.items():
+        if other != preset:
+            failed = difftest(twin, isolate=False, schedule=preset, **kwargs)  # type: ignore[arg-type]
+            assert failed.verdict == "fail" and failed.diagnoses == ["not-ring-order"], (
+                other,
+                failed.render(),
+            )
