@@ -50,7 +50,7 @@ def _bounds(layout: str, n: int, s: int, itemsize: int) -> list[tuple[int, int]]
     return [(c * s // n, (c + 1) * s // n) for c in range(n)]
 
 
-@pytest.mark.clause("schedule-presets", "chain-vectors")
+@pytest.mark.clause("schedule-presets", "chain-vectors", "doubling-tools")
 def test_committed_files_are_what_the_generator_writes_and_validate(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -61,7 +61,9 @@ def test_committed_files_are_what_the_generator_writes_and_validate(
     assert {g["preset"] for g in DOC["testGroups"]} == {*RINGS, "chain", "recursive-doubling"}
 
 
-@pytest.mark.clause("schedule-presets", "schedule-layouts", "schedule-fold-order", "chain-vectors")
+@pytest.mark.clause(
+    "schedule-presets", "schedule-layouts", "schedule-fold-order", "chain-vectors", "doubling-tools"
+)
 @pytest.mark.parametrize("vector", VECTOR_LIST, ids=lambda v: f"{v[0]['preset']}-{v[1]['tcId']}")
 def test_expected_results_match_the_independent_fold(vector: tuple[dict[str, Any], dict[str, Any]]) -> None:
     group, t = vector
@@ -86,7 +88,7 @@ def test_expected_results_match_the_independent_fold(vector: tuple[dict[str, Any
     assert same_bits(expected_of(group["dtype"], t), want)
 
 
-@pytest.mark.clause("schedule-presets", "chain-vectors")
+@pytest.mark.clause("schedule-presets", "chain-vectors", "doubling-tools")
 def test_every_vector_tells_its_preset_from_the_others() -> None:
     """Each vector's bits differ from those of every ring preset whose fold order differs on that shape
     (the first rings' vectors predate the chain; the chain's differ from theirs; the libraries' rings'
