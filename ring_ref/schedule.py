@@ -27,6 +27,7 @@ __all__ = [
     "GLOO",
     "INTEL_RING",
     "LAYOUTS",
+    "MLX_RING",
     "MPICH_RING",
     "OPENMPI_RING",
     "PHASES",
@@ -284,6 +285,10 @@ MPICH_RING: Final = RingSchedule(1, 1, "ceil")
 """MPICH's ring allreduce (``MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM=ring``): chunk ``c`` folds from worker
 ``c + 1``, on ``ceil(S / N)``-element chunks."""
 
+MLX_RING: Final = RingSchedule(-1, 0, "ceil")
+"""MLX's ring all-reduce (``mx.distributed.all_sum``, ring backend, one ring): rank ``i`` sends to ``i - 1``
+and chunk ``c`` folds from worker ``c`` down, on ``ceil(S / N)``-element chunks."""
+
 INTEL_RING: Final = RingSchedule(1, 0, "floor")
 """Intel MPI's ring allreduce (``I_MPI_ADJUST_ALLREDUCE=8``): the spec's fold on ``floor(S / N)``-element
 chunks, the rest on the last."""
@@ -498,6 +503,7 @@ PRESETS: Final[dict[str, Schedule]] = {
     "chain": CHAIN,
     "mpich-ring": MPICH_RING,
     "intel-ring": INTEL_RING,
+    "mlx-ring": MLX_RING,
     "recursive-doubling": RECURSIVE_DOUBLING,
 }
 """The named schedules, in the order ``reveal`` reports matches (and they were published in)."""

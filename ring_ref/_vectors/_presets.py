@@ -2,7 +2,7 @@
 
 ``ring_all_reduce_presets_v1.json`` (schema ``ring_all_reduce_presets_schema_v1.json``)
 holds, for each preset (``spec``, ``openmpi-ring``, ``gloo``, ``chain``, ``mpich-ring``, ``intel-ring``,
-``recursive-doubling``) and dtype, inputs on which the preset's bits differ from every preset
+``mlx-ring``, ``recursive-doubling``) and dtype, inputs on which the preset's bits differ from every preset
 published with it or before it whose order differs there (:data:`PUBLISHED`: the first rings'
 vectors from one another's, the chain's from theirs, the later presets' from all before them),
 with ``M`` divisible by ``N`` and not, empty chunks (gloo) and trailing dimensions.  Each vector names its
@@ -78,7 +78,7 @@ NOTES: Final[dict[str, str]] = {
 HEADER: Final = header(
     VERSION,
     "the schedule presets of spec/ring_all_reduce.md: the rings of section 10 (spec, openmpi-ring, gloo, "
-    "mpich-ring, intel-ring), the chain of section 15 and recursive doubling.",
+    "mpich-ring, intel-ring, mlx-ring), the chain of section 15 and recursive doubling.",
     COMMAND,
 )
 
@@ -88,6 +88,7 @@ PUBLISHED: Final[tuple[tuple[str, ...], ...]] = (
     ("chain",),
     ("mpich-ring", "intel-ring"),
     ("recursive-doubling",),
+    ("mlx-ring",),
 )
 """The presets in the order their vectors were published: each preset's vectors tell it from the presets
 published with it or before it, so that a later preset leaves the earlier vectors byte for byte."""

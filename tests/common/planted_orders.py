@@ -137,3 +137,21 @@ def intel_ring(x: torch.Tensor) -> torch.Tensor:
             acc = acc + flat[(c + step) % n, lo:hi]
         out[lo:hi] = acc
     return out.reshape(x.shape[1:])
+
+
+def mlx_ring(x: torch.Tensor) -> torch.Tensor:
+    """A ring as MLX's ring backend runs it (one ring, ``M >= N``): ``ceil(M / N)``-element chunks of the
+    flat buffer, the tail ones short or empty, rank ``i`` sending to ``i - 1``, chunk ``c`` folded
+    ``c, c - 1, ..., c + 1`` (mod ``N``)."""
+    n = int(x.shape[0])
+    flat = x.reshape(n, -1)
+    s = int(flat.shape[1])
+    size = -(-s // n)
+    out = torch.empty(s, dtype=x.dtype)
+    for c in range(n):
+        lo, hi = min(c * size, s), min((c + 1) * size, s)
+        acc = flat[c, lo:hi].clone()
+        for step in range(1, n):
+            acc = acc + flat[(c - step) % n, lo:hi]
+        out[lo:hi] = acc
+    return out.reshape(x.shape[1:])

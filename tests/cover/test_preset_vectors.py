@@ -32,7 +32,7 @@ SCHEMA_FILE = VECTORS / "ring_all_reduce_presets_schema_v1.json"
 GENERATED = (JSON_FILE.name, SCHEMA_FILE.name)
 DOC: dict[str, Any] = load(JSON_FILE)
 FIRST_RINGS = {"spec": (1, 0, "even"), "openmpi-ring": (1, 0, "blocks"), "gloo": (-1, -1, "gloo")}
-LIBRARY_RINGS = {"mpich-ring": (1, 1, "ceil"), "intel-ring": (1, 0, "floor")}
+LIBRARY_RINGS = {"mpich-ring": (1, 1, "ceil"), "intel-ring": (1, 0, "floor"), "mlx-ring": (-1, 0, "ceil")}
 """Published after the chain: their vectors differ from every ring's and from the chain's."""
 RINGS = FIRST_RINGS | LIBRARY_RINGS
 VECTOR_LIST = [(group, t) for group in DOC["testGroups"] for t in group["tests"]]

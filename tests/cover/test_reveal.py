@@ -16,7 +16,7 @@ import jsonschema  # type: ignore[import-untyped]
 import pytest
 import torch
 
-from ring_ref import Engine, RingSchedule, ring_all_reduce
+from ring_ref import PRESETS, Engine, RingSchedule, ring_all_reduce
 from ring_ref._order import canonical, format_tree, tree_from_json, tree_to_json, tree_to_pairs
 from ring_ref._reveal import Revealed, RevealError, reveal
 from ring_ref._svg import reveal_svg
@@ -119,7 +119,8 @@ def test_a_preset_is_named_at_the_revealed_size_only_where_layouts_are_not_told_
     chain = reveal(lambda x: ring_all_reduce(x, schedule="chain"), 3, 64)
     assert "matches presets: chain\n" in chain.summary() and chain.untold == ()
     # at N = 2 every ring adds its two workers alike: every preset matches, at any M
-    every = "matches presets: spec, openmpi-ring, gloo, chain, mpich-ring, intel-ring\n"
+    every = f"matches presets: {', '.join(PRESETS)}\n"
+    assert list(PRESETS)[-2:] == ["mlx-ring", "recursive-doubling"]
     assert every in reveal(ring_all_reduce, 2, 4).summary()
 
 
@@ -235,13 +236,9 @@ def test_one_and_two_workers(n: int) -> None:
     found = reveal(lambda x: ring_all_reduce(x, "fast", schedule="gloo"), n, 3)
     assert found.trees == ([0] * 3 if n == 1 else [(0, 1)] * 3)
     assert found.probe_calls == 0 and found.check_calls == 4
-    # Every ring (and the chain) is the same for N <= 2; only N = 1 divides M = 3, as the spec's layout
-    # needs.
-    assert found.matches == (
-        ["spec", "openmpi-ring", "gloo", "chain", "mpich-ring", "intel-ring"]
-        if n == 1
-        else ["openmpi-ring", "gloo", "chain", "mpich-ring", "intel-ring"]
-    )
+    # Every preset (the rings, the chain, recursive doubling) is the same for N <= 2; only N = 1 divides
+    # M = 3, as the spec's layout needs.
+    assert found.matches == (list(PRESETS) if n == 1 else [name for name in PRESETS if name != "spec"])
 
 
 @pytest.mark.clause("reveal-limits")

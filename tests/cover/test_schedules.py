@@ -79,7 +79,17 @@ def test_family_sends_match_spec_code(n: int) -> None:
 @pytest.mark.clause("schedule-presets", "schedule-fold-order")
 def test_presets_are_the_named_rings() -> None:
     # the chain is not a ring; the libraries' rings came after it
-    assert list(PRESETS) == ["spec", "openmpi-ring", "gloo", "chain", "mpich-ring", "intel-ring"]
+    assert list(PRESETS) == [
+        "spec",
+        "openmpi-ring",
+        "gloo",
+        "chain",
+        "mpich-ring",
+        "intel-ring",
+        "mlx-ring",
+        "recursive-doubling",
+    ]
+    assert PRESETS["mlx-ring"] == RingSchedule(-1, 0, "ceil")
     assert PRESETS["mpich-ring"] == RingSchedule(1, 1, "ceil")
     assert PRESETS["intel-ring"] == RingSchedule(1, 0, "floor")
     # MPICH, N = 4 (allreduce_intra_ring.c): step i sends chunk rank - 1 - i; chunk c folds c+1, ..., c.

@@ -333,7 +333,8 @@ def test_the_even_layout_is_the_default_and_only_it_needs_m_divisible_by_n() -> 
 # --- schedule= (clause schedule-bad-input) ------------------------------------------------------
 
 CHOOSE = (
-    "choose a preset ('spec', 'openmpi-ring', 'gloo', 'chain', 'mpich-ring', 'intel-ring') or a "
+    "choose a preset ('spec', 'openmpi-ring', 'gloo', 'chain', 'mpich-ring', 'intel-ring', 'mlx-ring', "
+    "'recursive-doubling') or a "
     "ring_ref.schedule.RingSchedule(direction, offset, layout) or ChainSchedule(layout)."
 )
 

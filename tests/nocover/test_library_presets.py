@@ -1,6 +1,7 @@
 """The libraries' presets against the libraries themselves (issue #41): MPICH and Intel MPI, each run
 under its own ``mpiexec`` from the virtualenv this suite runs in (``pip install mpich mpi4py`` or
-``pip install impi-rt mpi4py`` beside ring-ref).
+``pip install impi-rt mpi4py`` beside ring-ref), and MLX's ring backend under ``mlx.launch``
+(``pip install 'mlx[cpu]'``: reveal only, at ``M >= N``).
 
 ``reveal`` (``tests/common/mpi_reveal.py``) names the preset of each algorithm at ``N = 3, 4`` and at
 ``M`` multiple and not multiple of ``N``; ``difftest --ranks mpi-job --mode exact --schedule PRESET``
@@ -108,3 +109,29 @@ def test_difftest_passes_the_librarys_preset_and_fails_the_others(
                 schedule,
                 done.stdout + done.stderr,
             )
+
+
+@pytest.mark.clause("schedule-presets")
+@pytest.mark.parametrize("n", [3, 4])
+def test_reveal_names_mlx_ring(n: int) -> None:
+    launcher = BIN / "mlx.launch"
+    try:
+        import mlx.core  # type: ignore[import-not-found]  # noqa: F401
+    except ImportError:
+        launcher = Path("/nonexistent")
+    if not launcher.exists():
+        pytest.skip("MLX is not installed here: pip install 'mlx[cpu]' (beside ring-ref)")
+    environment = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    for m in (n, 2 * n + 1, 2 * n + 2, 64, 4096):
+        command = [str(launcher), "-n", str(n), "--backend", "ring", "--python", sys.executable]
+        done = subprocess.run(
+            [*command, str(ROOT / "tests" / "common" / "mlx_reveal.py"), str(m)],
+            env=environment,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        found = json.loads(done.stdout.strip().splitlines()[-1])
+        assert "mlx-ring" in found["matches"], (m, found)

@@ -531,6 +531,7 @@ def test_an_order_file_spells_any_tree_any_way_and_is_checked(tmp_path: Path) ->
 LIBRARY_TWINS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "mpich-ring": planted_orders.mpich_ring,
     "intel-ring": planted_orders.intel_ring,
+    "mlx-ring": planted_orders.mlx_ring,
     "recursive-doubling": planted_orders.recursive_doubling,
 }
 """Each library preset's twin in ``tests/common/planted_orders.py``: a plain loop, no ``ring_ref``."""
