@@ -13,6 +13,7 @@ from typing import Any
 
 import jsonschema  # type: ignore[import-untyped]
 import pytest
+import torch
 
 from ring_ref._cli import main
 from tests.common.oracles import (
@@ -33,7 +34,9 @@ GENERATED = (JSON_FILE.name, SCHEMA_FILE.name)
 DOC: dict[str, Any] = load(JSON_FILE)
 FIRST_RINGS = {"spec": (1, 0, "even"), "openmpi-ring": (1, 0, "blocks"), "gloo": (-1, -1, "gloo")}
 LIBRARY_RINGS = {"mpich-ring": (1, 1, "ceil"), "intel-ring": (1, 0, "floor"), "mlx-ring": (-1, 0, "ceil")}
-"""Published after the chain: their vectors differ from every ring's and from the chain's."""
+"""Published after the chain: their vectors differ from the chain's and from every ring's published with
+them or before them (MLX's came after MPICH's and Intel's)."""
+PUBLISHED_WITH = {"mpich-ring": ("mpich-ring", "intel-ring"), "intel-ring": ("mpich-ring", "intel-ring")}
 RINGS = FIRST_RINGS | LIBRARY_RINGS
 VECTOR_LIST = [(group, t) for group in DOC["testGroups"] for t in group["tests"]]
 
@@ -97,16 +100,8 @@ def test_every_vector_tells_its_preset_from_the_others() -> None:
         x = input_of(group["dtype"], t)
         s, size = x[0].numel(), group["bits"] // 8
         expected = expected_of(group["dtype"], t)
-        if group["preset"] == "recursive-doubling":  # one tree; at N = 3 the chain's and some rings' fold
-            if t["n"] >= 4:
-                assert not same_bits(expected, left_fold(x, "sum")), (t["tcId"], "chain")
-            for preset, (d, k, layout) in RINGS.items():
-                if (layout == "even" and t["m"] % t["n"]) or (
-                    t["n"] < 4 and _orders((d, k, layout), t["n"], s, size) == _chain_orders(t["n"], s)
-                ):
-                    continue
-                other = schedule_fold(x, d, k, _bounds(layout, t["n"], s, size))
-                assert not same_bits(expected, other), (t["tcId"], preset)
+        if group["preset"] == "recursive-doubling":
+            _tells_doubling(t, x, expected, size)
             continue
         if group["preset"] == "chain":
             for preset, (d, k, layout) in FIRST_RINGS.items():
@@ -119,15 +114,39 @@ def test_every_vector_tells_its_preset_from_the_others() -> None:
                 )
             continue
         mine = RINGS[group["preset"]]
+        if group["preset"] == "mlx-ring" and t["n"] >= 4:  # published after recursive doubling
+            assert not same_bits(expected, recursive_doubling(x)), (t["tcId"], "recursive-doubling")
         if group["preset"] in LIBRARY_RINGS and _orders(mine, t["n"], s, size) != _chain_orders(t["n"], s):
             assert not same_bits(expected, left_fold(x, "sum")), (t["tcId"], "chain")
-        for preset, (d, k, layout) in (RINGS if group["preset"] in LIBRARY_RINGS else FIRST_RINGS).items():
+        for preset, (d, k, layout) in _told_from(group["preset"]).items():
             if layout == "even" and t["m"] % t["n"]:
                 continue
             if _orders((d, k, layout), t["n"], s, size) == _orders(mine, t["n"], s, size):
                 continue
             other = schedule_fold(x, d, k, _bounds(layout, t["n"], s, size))
             assert not same_bits(expected, other), (t["tcId"], preset)
+
+
+def _tells_doubling(t: dict[str, Any], x: torch.Tensor, expected: torch.Tensor, size: int) -> None:
+    """A recursive-doubling vector differs from the chain (``N >= 4``: at ``N = 3`` its tree is the chain's
+    fold) and from every ring published before it whose order differs there."""
+    s = x[0].numel()
+    if t["n"] >= 4:
+        assert not same_bits(expected, left_fold(x, "sum")), (t["tcId"], "chain")
+    for preset, (d, k, layout) in _told_from("intel-ring").items():  # the rings published before it
+        if (layout == "even" and t["m"] % t["n"]) or (
+            t["n"] < 4 and _orders((d, k, layout), t["n"], s, size) == _chain_orders(t["n"], s)
+        ):
+            continue
+        other = schedule_fold(x, d, k, _bounds(layout, t["n"], s, size))
+        assert not same_bits(expected, other), (t["tcId"], preset)
+
+
+def _told_from(preset: str) -> dict[str, tuple[int, int, str]]:
+    """The rings a ring preset's vectors differ from: those published with it or before it."""
+    if preset not in LIBRARY_RINGS:
+        return FIRST_RINGS
+    return FIRST_RINGS | {p: RINGS[p] for p in PUBLISHED_WITH.get(preset, tuple(LIBRARY_RINGS))}
 
 
 def _chain_orders(n: int, s: int) -> list[tuple[frozenset[int], ...]]:
