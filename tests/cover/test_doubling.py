@@ -6,6 +6,9 @@ no ``ring_ref``) or are written out by hand here.
 
 from __future__ import annotations
 
+import json
+
+import jsonschema  # type: ignore[import-untyped]
 import numpy as np
 import pytest
 import torch
@@ -13,11 +16,13 @@ import torch
 from ring_ref import ring_all_reduce
 from ring_ref._order import doubling_tree
 from ring_ref._reveal import reveal
+from ring_ref._trace import trace, trace_json
 from ring_ref.core import initial_state, run_ring
 from ring_ref.difftest import difftest
 from ring_ref.invariants import InvariantViolation, check, doubling_expected
 from ring_ref.schedule import ALL_GATHER, PRESETS, RECURSIVE_DOUBLING, REDUCE_SCATTER, DoublingSchedule
 from tests.common.oracles import same_bits
+from tests.common.paths import ROOT
 from tests.common.planted_orders import intel_ring, left_fold, mpich_ring, recursive_doubling
 
 
@@ -115,3 +120,15 @@ def test_reveal_names_recursive_doubling_and_difftest_checks_against_it() -> Non
     for other in (left_fold, mpich_ring, intel_ring):
         failed = difftest(other, isolate=False, schedule="recursive-doubling", **kwargs)  # type: ignore[arg-type]
         assert failed.verdict == "fail" and failed.diagnoses == ["not-ring-order"], failed.render()
+
+
+@pytest.mark.clause("doubling-tools")
+def test_doubling_trace_names_it_and_its_steps() -> None:
+    schema = json.loads((ROOT / "spec" / "trace.schema.json").read_text(encoding="utf-8"))
+    doc = trace_json(trace(6, RECURSIVE_DOUBLING), 7, RECURSIVE_DOUBLING)
+    jsonschema.validate(doc, schema)
+    assert doc["schedule"] == {"kind": "recursive-doubling", "layout": "blocks"}
+    # N = 6: the pre-step and two doubling steps, then the post-step
+    assert doc["traffic"]["roundsPerPhase"] == 3 and len(doc["rounds"]) == 1 + 3 + 1
+    pre = doc["rounds"][1]["sends"]
+    assert sorted({(s["src"], s["dst"]) for s in pre}) == [(0, 1), (2, 3)]
