@@ -415,6 +415,8 @@ class DoublingSchedule(NamedTuple):
     """
 
     layout: Layout = "blocks"
+    kind: Literal["recursive-doubling"] = "recursive-doubling"
+    """Tells it from the chain, whose tuple ``(layout,)`` would otherwise equal this one's."""
 
     def powers(self, n: int) -> tuple[int, int]:
         """``(P, rem)``: the largest power of two ``P <= n`` and ``rem = n - P``."""

@@ -311,8 +311,12 @@ def _fit_of(doc: dict[str, Any], n: int, *, even_only: bool = False) -> ExactOrd
     matches = list(doc["matches"])
     if even_only:
         ring = None if ring is None else ring._replace(layout="even")
-        # the chain's order does not depend on its layout
-        matches = [name for name in matches if PRESETS[name].layout == "even" or name == "chain"]
+        # the chain's and recursive doubling's orders do not depend on their layout
+        matches = [
+            name
+            for name in matches
+            if PRESETS[name].layout == "even" or isinstance(PRESETS[name], ChainSchedule | DoublingSchedule)
+        ]
     return _fitted(ring, matches, n)
 
 

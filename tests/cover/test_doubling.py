@@ -19,6 +19,7 @@ from ring_ref._reveal import reveal
 from ring_ref._trace import trace, trace_json
 from ring_ref.core import initial_state, run_ring
 from ring_ref.difftest import difftest
+from ring_ref.difftest._orders import _fit_of
 from ring_ref.invariants import InvariantViolation, check, doubling_expected
 from ring_ref.schedule import ALL_GATHER, PRESETS, RECURSIVE_DOUBLING, REDUCE_SCATTER, DoublingSchedule
 from tests.common.oracles import same_bits
@@ -132,3 +133,16 @@ def test_doubling_trace_names_it_and_its_steps() -> None:
     assert doc["traffic"]["roundsPerPhase"] == 3 and len(doc["rounds"]) == 1 + 3 + 1
     pre = doc["rounds"][1]["sends"]
     assert sorted({(s["src"], s["dst"]) for s in pre}) == [(0, 1), (2, 3)]
+
+
+@pytest.mark.clause("doubling-tools")
+def test_schedule_auto_takes_a_matched_recursive_doubling_where_no_ring_fits() -> None:
+    doc = {"ring": None, "matches": ["recursive-doubling"]}
+    for even_only in (True, False):
+        fitted = _fit_of(doc, 4, even_only=even_only)
+        assert fitted is not None and fitted.ring == RECURSIVE_DOUBLING
+        assert fitted.option == "--schedule recursive-doubling"
+    found = difftest(
+        recursive_doubling, isolate=False, schedule="auto", modes=("exact",), examples=10, max_workers=4
+    )
+    assert found.verdict == "pass", found.render()
