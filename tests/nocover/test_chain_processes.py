@@ -154,6 +154,25 @@ def test_a_chain_on_one_rank_only_is_refused_on_every_rank(rings: dict[int, Spaw
     assert all(unchanged for _, _, unchanged in per_rank)
 
 
+def refuse_doubling(rank: int, world_size: int, _: None) -> tuple[str, str, bool]:
+    """Every rank asks for recursive doubling, which torch ranks do not run: every rank raises the same."""
+    mine = torch.arange(6.0)
+    try:
+        ring_all_reduce_(mine, schedule="recursive-doubling")
+    except ValueError as exc:
+        return "ValueError", str(exc), bool(torch.equal(mine, torch.arange(6.0)))
+    return "ok", "", True
+
+
+@pytest.mark.clause("doubling-processes")
+def test_doubling_on_torch_ranks_is_refused_on_every_rank(rings: dict[int, SpawnedGroup]) -> None:
+    per_rank = rings[3].run(refuse_doubling, None, timeout_s=CALL_TIMEOUT_S)
+    assert {kind for kind, _, _ in per_rank} == {"ValueError"}, per_rank
+    assert len({message for _, message, _ in per_rank}) == 1
+    assert "recursive doubling is not a ring" in per_rank[0][1]
+    assert all(unchanged for _, _, unchanged in per_rank)
+
+
 # --- MPI ---------------------------------------------------------------------------------------
 
 
