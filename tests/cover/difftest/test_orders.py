@@ -325,7 +325,12 @@ def test_auto_reveals_at_an_uneven_m_only_a_target_that_needs_it() -> None:
     with pytest.raises(OrderError, match=r"--schedule auto: .*no all-reduce here"):
         auto_order(raises, 4)
     with pytest.raises(OrderError, match=r"not one ring's fold at N = 4, M = 8"):
-        auto_order(lambda x: (x[0] + x[1]) + (x[2] + x[3]), 4)  # a tree, no fold
+        auto_order(lambda x: (x[0] + x[2]) + (x[1] + x[3]), 4)  # a tree, no fold, not recursive doubling's
+    # ((0 + 1) + (2 + 3)) is recursive doubling's tree: auto takes the preset
+    assert (
+        auto_order(lambda x: (x[0] + x[1]) + (x[2] + x[3]), 4).name
+        == "the recursive-doubling schedule's order"
+    )
     # torch.sum(x, 0) of four workers of 8 and 9 elements adds worker after worker: the chain's order
     assert auto_order(lambda x: x.sum(0), 4).name == "the chain schedule's order"
 
@@ -371,7 +376,7 @@ def test_schedule_auto_reveals_a_function_in_this_process() -> None:
     assert against["revealed"].startswith("revealed at N = 4, M = 9 in ")
     with pytest.raises(OrderError, match="not one ring's fold"):
         difftest(
-            lambda x: (x[0] + x[1]) + (x[2] + x[3]), modes="exact", examples=2, max_workers=4, schedule="auto"
+            lambda x: (x[0] + x[2]) + (x[1] + x[3]), modes="exact", examples=2, max_workers=4, schedule="auto"
         )
 
 
