@@ -7,8 +7,10 @@ into ``N`` chunks of ``M / N`` consecutive rows each; trailing dimensions stay
 whole.  The other layouts of the schedule family cut the ``S`` elements of a
 buffer, in row-major order, into ``N`` consecutive ranges of any sizes, as the
 libraries they come from see a flat buffer: ``blocks`` (OpenMPI: the first
-``S mod N`` chunks one element longer) and ``gloo`` (gloo's segments: the last
-chunks may be short or empty).  The chunks are views (basic slicing), so
+``S mod N`` chunks one element longer), ``gloo`` (gloo's segments: the last
+chunks may be short or empty), ``ceil`` (MPICH, MLX: ``ceil(S / N)`` elements
+per chunk, the last ones short or empty) and ``floor`` (Intel MPI: ``floor(S /
+N)`` elements per chunk, the rest on the last).  The chunks are views (basic slicing), so
 nothing is copied, for ``torch.Tensor`` and ``numpy.ndarray`` alike.
 
 >>> import numpy as np
@@ -18,6 +20,8 @@ nothing is copied, for ``torch.Tensor`` and ``numpy.ndarray`` alike.
 [(0, 2), (2, 4), (4, 6)]
 >>> chunk_bounds("blocks", 3, 7), chunk_bounds("gloo", 3, 7, itemsize=4)
 ([(0, 3), (3, 5), (5, 7)], [(0, 4), (4, 7), (7, 7)])
+>>> chunk_bounds("ceil", 4, 9), chunk_bounds("floor", 4, 9)
+([(0, 3), (3, 6), (6, 9), (9, 9)], [(0, 2), (2, 4), (4, 6), (6, 9)])
 """
 
 from __future__ import annotations
@@ -97,7 +101,9 @@ def chunk_bounds(layout: Layout, n: int, s: int, *, itemsize: int = 4) -> list[t
     ``even`` needs ``s`` divisible by ``n`` (chunks of ``s / n``); ``blocks`` gives
     the first ``s mod n`` chunks ``ceil(s / n)`` elements and the rest
     ``floor(s / n)``; ``gloo`` depends on the element size ``itemsize`` (bytes)
-    once a chunk exceeds gloo's segment limit.
+    once a chunk exceeds gloo's segment limit; ``ceil`` gives every chunk
+    ``ceil(s / n)`` elements until the buffer ends (the last ones short or
+    empty); ``floor`` gives every chunk ``floor(s / n)`` and the last the rest.
 
     >>> chunk_bounds("gloo", 4, 4, itemsize=8)
     [(0, 2), (2, 4), (4, 4), (4, 4)]
@@ -108,7 +114,9 @@ def chunk_bounds(layout: Layout, n: int, s: int, *, itemsize: int = 4) -> list[t
         small, extra = divmod(s, n)
         starts = [c * small + min(c, extra) for c in range(n + 1)]
         return list(itertools.pairwise(starts))
-    size = _gloo_chunk_elements(n, s, itemsize)
+    if layout == "floor":
+        return [(c * (s // n), s if c == n - 1 else (c + 1) * (s // n)) for c in range(n)]
+    size = _ceil_div(s, n) if layout == "ceil" else _gloo_chunk_elements(n, s, itemsize)
     return [(min(c * size, s), min((c + 1) * size, s)) for c in range(n)]
 
 
@@ -133,8 +141,8 @@ def layout_views(flat: B, layout: Layout, n: int, *, itemsize: int) -> tuple[B, 
 def worker_chunks(worker_tensors: W, layout: Layout, *, itemsize: int) -> list[tuple[W, ...]]:
     """Each worker's ``N`` chunks of an ``(N, M, ...)`` stack under ``layout``, as views where possible.
 
-    ``even``: ``M / N`` rows each, trailing dimensions whole.  ``blocks`` and
-    ``gloo``: ranges of the worker's elements in row-major order (views when the
+    ``even``: ``M / N`` rows each, trailing dimensions whole.  The other
+    layouts: ranges of the worker's elements in row-major order (views when the
     worker's buffer is contiguous; otherwise ``reshape`` reads it into a new
     buffer, never writing the input).  Both adapters cut their input here.
 

@@ -35,7 +35,7 @@ from ring_ref.difftest._rules import (
     option_problem,
     refused_before_torch,
 )
-from ring_ref.schedule import ALL_REDUCE, COLLECTIVES, REDUCE_SCATTER, Collective
+from ring_ref.schedule import ALL_REDUCE, COLLECTIVES, PRESETS, REDUCE_SCATTER, Collective
 
 __all__ = ["build_parser", "main"]
 
@@ -194,7 +194,7 @@ def _difftest_arguments(parser: argparse.ArgumentParser) -> None:
     order.add_argument(
         "--schedule",
         metavar="NAME",
-        help="check exact against this order: a preset (spec, openmpi-ring, gloo, chain), "
+        help=f"check exact against this order: a preset ({', '.join(PRESETS)}), "
         "=DIRECTION,OFFSET,LAYOUT, or auto (reveal the target's order first)",
     )
     order.add_argument(

@@ -30,7 +30,14 @@ from ring_ref.difftest._options import Options, rank_launcher, refused
 from ring_ref.difftest._report import Report
 from ring_ref.difftest._search import run_difftest
 from ring_ref.invariants import Provenance, State
-from ring_ref.schedule import PRESETS, SPEC, ChainSchedule, Phase, reduce_scatter_ring
+from ring_ref.schedule import (
+    PRESETS,
+    SPEC,
+    ChainSchedule,
+    DoublingSchedule,
+    Phase,
+    reduce_scatter_ring,
+)
 
 __all__ = ["COMMANDS"]
 
@@ -80,8 +87,9 @@ def _trace_command(args: argparse.Namespace) -> int:
     else:
         if args.collective.alone:
             print(f"collective: {args.collective} alone (spec section 12)")
-        if isinstance(ring, ChainSchedule):
-            print(f"schedule: {ring.describe()} (spec section 15: not a ring; rounds are its steps)\n")
+        if isinstance(ring, ChainSchedule | DoublingSchedule):
+            where = "spec section 15" if isinstance(ring, ChainSchedule) else "spec/schedules.md"
+            print(f"schedule: {ring.describe()} ({where}: not a ring; rounds are its steps)\n")
         elif ring != SPEC:
             print(f"ring: {ring.normalized(args.n).describe()} (spec section 10)\n")
         print(render_table(records))

@@ -42,6 +42,7 @@ from ring_ref.schedule import (
     ChainSchedule,
     Collective,
     CollectiveName,
+    DoublingSchedule,
     Phase,
     Schedule,
     Send,
@@ -333,6 +334,8 @@ def trace_json(
         extra["op"] = op
     if isinstance(schedule, ChainSchedule):
         extra["schedule"] = {"kind": "chain", "layout": schedule.layout}
+    elif isinstance(schedule, DoublingSchedule):
+        extra["schedule"] = {"kind": "recursive-doubling", "layout": schedule.layout}
     elif schedule != SPEC:
         ring = schedule.normalized(n)
         extra["schedule"] = {"direction": ring.direction, "offset": ring.offset, "layout": ring.layout}
@@ -350,7 +353,11 @@ def trace_json(
         "traffic": {
             "rounds": sum(1 for rec in records if rec.phase in PHASES),
             "roundsPerPhase": (
-                schedule.steps_per_phase(n) if isinstance(schedule, ChainSchedule) else rounds_per_phase(n)
+                schedule.steps_per_phase(n)
+                if isinstance(schedule, ChainSchedule)
+                else sum(1 for phase, _ in schedule.all_rounds(n) if phase == REDUCE_SCATTER)
+                if isinstance(schedule, DoublingSchedule)
+                else rounds_per_phase(n)
             ),
             "elementsPerWorkerPerRound": chunk,
             "elementsSentByWorker": sent,

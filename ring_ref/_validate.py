@@ -33,6 +33,7 @@ from ring_ref.schedule import (
     PRESETS,
     SPEC,
     ChainSchedule,
+    DoublingSchedule,
     RingSchedule,
     Schedule,
     reduce_scatter_ring,
@@ -361,10 +362,11 @@ def _fields_problem(schedule: RingSchedule) -> BadInput | None:
     return None
 
 
-def _chain_problem(chain: ChainSchedule) -> BadInput | None:
+def _chain_problem(chain: ChainSchedule | DoublingSchedule) -> BadInput | None:
     if chain.layout not in LAYOUTS:
+        what = "chain" if isinstance(chain, ChainSchedule) else "recursive doubling"
         return BadInput(
-            ValueError, f"unknown chain layout {chain.layout!r}; choose one of {', '.join(LAYOUTS)}."
+            ValueError, f"unknown {what} layout {chain.layout!r}; choose one of {', '.join(LAYOUTS)}."
         )
     return None
 
@@ -376,7 +378,7 @@ def _schedule_problem(schedule: object) -> BadInput | None:
             if schedule in PRESETS
             else BadInput(ValueError, f"unknown schedule {schedule!r}; {_CHOOSE_SCHEDULE}.")
         )
-    if isinstance(schedule, ChainSchedule):
+    if isinstance(schedule, ChainSchedule | DoublingSchedule):
         return _chain_problem(schedule)
     if not isinstance(schedule, RingSchedule):
         return BadInput(
@@ -388,20 +390,20 @@ def _schedule_problem(schedule: object) -> BadInput | None:
 
 
 def schedule_of(schedule: object) -> Schedule:
-    """The schedule a ``schedule=`` argument names: a preset name, a valid :class:`RingSchedule` or
-    :class:`ChainSchedule`.
+    """The schedule a ``schedule=`` argument names: a preset name, a valid :class:`RingSchedule`,
+    :class:`ChainSchedule` or :class:`DoublingSchedule`.
 
     >>> schedule_of("gloo")
     RingSchedule(direction=-1, offset=-1, layout='gloo')
     >>> schedule_of("ring")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    ValueError: unknown schedule 'ring'; choose a preset ('spec', 'openmpi-ring', 'gloo', 'chain') or a ...
+    ValueError: unknown schedule 'ring'; choose a preset ('spec', 'openmpi-ring', 'gloo', 'chain', ...) or ...
     """
     _raise(_schedule_problem(schedule))
     if isinstance(schedule, str):
         return PRESETS[schedule]
-    assert isinstance(schedule, RingSchedule | ChainSchedule)
+    assert isinstance(schedule, RingSchedule | ChainSchedule | DoublingSchedule)
     return SPEC if schedule == SPEC else schedule
 
 

@@ -30,6 +30,7 @@ from ring_ref.schedule import (
     REDUCE_SCATTER,
     SPEC,
     ChainSchedule,
+    DoublingSchedule,
     Phase,
     RingSchedule,
     Schedule,
@@ -124,6 +125,7 @@ def exchange(
     neighbour is ``schedule``'s (``i - d``; the spec's ``i - 1`` by default).
     """
     n = len(state)
+    assert not isinstance(schedule, DoublingSchedule), "recursive doubling runs doubling_step"
     sender = left if schedule is SPEC else schedule.left
     new_rows = []
     for i, row in enumerate(state):
@@ -186,10 +188,40 @@ def chain_step(state: State[T], phase: Phase, t: int, combine: Combine[T], chain
     return exchange(state, lambda i: chain.recv_segment(phase, i, t, n), update, schedule=chain)
 
 
+def doubling_step(
+    state: State[T], phase: Phase, t: int, combine: Combine[T], doubling: DoublingSchedule
+) -> State[T]:
+    """Step ``t`` of recursive doubling's ``phase`` (clause ``doubling-steps``).
+
+    In reduce-scatter a receiving worker stores ``combine(lower, upper)`` in
+    every slot, the lower worker's buffer first (its own or what it receives);
+    in all-gather (the post-step) it copies every slot.  A worker that receives
+    nothing keeps its buffer.  All reads are from ``state``.
+
+    >>> from ring_ref.schedule import RECURSIVE_DOUBLING as RD
+    >>> doubling_step(initial_state([[1], [2], [4]]), "reduce-scatter", 0, lambda a, b: a + b, RD)
+    ((1,), (3,), (4,))
+    """
+    n = len(state)
+    new_rows = []
+    for i, row in enumerate(state):
+        j = doubling.partner(phase, i, t, n)
+        if j is None:
+            new_rows.append(row)
+        elif phase == ALL_GATHER:
+            new_rows.append(state[j])
+        else:
+            lower, upper = (state[j], row) if j < i else (row, state[j])
+            new_rows.append(tuple(combine(a, b) for a, b in zip(lower, upper, strict=True)))
+    return tuple(new_rows)
+
+
 def step(
     state: State[T], phase: Phase, r: int, combine: Combine[T], *, schedule: Schedule = SPEC
 ) -> State[T]:
-    """Round ``r`` of ``phase`` (for the chain: step ``r``)."""
+    """Round ``r`` of ``phase`` (for the chain and recursive doubling: step ``r``)."""
+    if isinstance(schedule, DoublingSchedule):
+        return doubling_step(state, phase, r, combine, schedule)
     if isinstance(schedule, ChainSchedule):
         return chain_step(state, phase, r, combine, schedule)
     if phase == REDUCE_SCATTER:
@@ -229,8 +261,9 @@ def run_ring(
         raise ValueError(
             f"phases must be both phases, reduce-scatter alone or all-gather alone; got {phases}"
         )
-    if isinstance(schedule, ChainSchedule) and tuple(phases) != PHASES:
-        raise ValueError(f"the chain is not a ring: it runs both phases together; got phases={phases}")
+    if isinstance(schedule, ChainSchedule | DoublingSchedule) and tuple(phases) != PHASES:
+        what = "the chain" if isinstance(schedule, ChainSchedule) else "recursive doubling"
+        raise ValueError(f"{what} is not a ring: it runs both phases together; got phases={phases}")
     phase: Phase = REDUCE_SCATTER
     r = -1 if phases[0] == REDUCE_SCATTER else rounds_per_phase(n) - 1
     # all-gather alone starts where reduce-scatter ends: each worker's owned slot complete

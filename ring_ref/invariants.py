@@ -28,7 +28,9 @@ the whole fold when ``(t + 1) mod n <= r + 1``.  For the spec's ring
 
 The chain (:class:`~ring_ref.schedule.ChainSchedule`, clause ``chain-invariants``)
 is not a ring and has closed forms of its own, per step ``t`` of each phase:
-:func:`chain_expected` and :func:`chain_finished`.
+:func:`chain_expected` and :func:`chain_finished`.  Nor is recursive doubling
+(:class:`~ring_ref.schedule.DoublingSchedule`, clause ``doubling-invariants``): every
+slot of a worker holds the same contributions, :func:`doubling_expected`.
 
 From one round to the next the closed form changes in exactly one slot per
 worker (:func:`changed_slot`), so :func:`check_round` can confirm a round in
@@ -56,6 +58,7 @@ from ring_ref.schedule import (
     REDUCE_SCATTER,
     SPEC,
     ChainSchedule,
+    DoublingSchedule,
     Phase,
     RingSchedule,
     Schedule,
@@ -74,6 +77,7 @@ __all__ = [
     "changed_slot",
     "check",
     "check_round",
+    "doubling_expected",
     "expected_finished",
     "expected_state",
     "expected_state_before",
@@ -206,8 +210,38 @@ def chain_finished(phase: Phase, t: int, n: int) -> tuple[frozenset[int], ...]:
     )
 
 
+def doubling_expected(phase: Phase, t: int, n: int, i: int, doubling: DoublingSchedule) -> Provenance:
+    """Recursive doubling's closed form of every slot of worker ``i`` after step ``t`` of ``phase``.
+
+    Clause ``doubling-invariants``.  After the post-step (all-gather), and after
+    the last doubling step for every worker taking part, the whole ``(0, ..., n -
+    1)``.  After reduce-scatter step ``t`` (``t = -1``: the start) worker ``i``
+    with new rank ``v`` that has done ``s`` doubling steps holds, in rank order,
+    the workers of the new ranks that agree with ``v`` above bit ``s``
+    (new rank ``w`` is workers ``2 w, 2 w + 1`` for ``w < rem``, else ``w + rem``);
+    before the pre-step, and an even worker below ``2 rem`` throughout, ``(i,)``.
+
+    >>> from ring_ref.schedule import RECURSIVE_DOUBLING as RD
+    >>> [doubling_expected("reduce-scatter", 0, 3, i, RD) for i in range(3)]
+    [(0,), (0, 1), (2,)]
+    >>> [doubling_expected("reduce-scatter", 0, 4, i, RD) for i in range(4)]
+    [(0, 1), (0, 1), (2, 3), (2, 3)]
+    """
+    if phase == ALL_GATHER:
+        return tuple(range(n))
+    _, rem = doubling.powers(n)
+    v = doubling.new_rank(i, n)
+    if v is None or (rem and t < 0):
+        return (i,)
+    s = doubling.doubling_step(t, n) if t >= 0 else 0
+    block = [w for w in range(doubling.powers(n)[0]) if w >> s == v >> s]
+    return tuple(worker for w in block for worker in ((2 * w, 2 * w + 1) if w < rem else (w + rem,)))
+
+
 def expected_state(phase: Phase, r: int, n: int, *, schedule: Schedule = SPEC) -> State[Provenance]:
     """The whole provenance state after round ``r`` of ``phase`` (reduce-scatter ``r = -1``: start)."""
+    if isinstance(schedule, DoublingSchedule):
+        return tuple((doubling_expected(phase, r, n, i, schedule),) * n for i in range(n))
     if isinstance(schedule, ChainSchedule):
         return tuple(tuple(chain_expected(phase, r, n, i, c) for c in range(n)) for i in range(n))
     slot = rs_expected if phase == REDUCE_SCATTER else ag_expected
@@ -222,7 +256,7 @@ def expected_state_before(phase: Phase, r: int, n: int, *, schedule: Schedule = 
     True
     """
     if phase == ALL_GATHER and r == 0:
-        last = schedule.steps_per_phase(n) if isinstance(schedule, ChainSchedule) else rounds_per_phase(n)
+        last = sum(1 for p, _ in schedule.all_rounds(n) if p == REDUCE_SCATTER)
         return expected_state(REDUCE_SCATTER, last - 1, n, schedule=schedule)
     return expected_state(phase, r - 1, n, schedule=schedule)
 
@@ -278,6 +312,10 @@ def expected_finished(
     """
     if isinstance(schedule, ChainSchedule):
         return chain_finished(phase, r, n)
+    if isinstance(schedule, DoublingSchedule):
+        whole = tuple(range(n))
+        done = (doubling_expected(phase, r, n, i, schedule) == whole for i in range(n))
+        return tuple(frozenset(range(n)) if full else frozenset() for full in done)
     reach = r + 1 if phase == ALL_GATHER else (0 if r == n - 2 else -1)
     return tuple(
         frozenset(c for c in range(n) if (schedule.position(i, c, n) + 1) % n <= reach) for i in range(n)
@@ -364,6 +402,9 @@ def check_round(
     nothing must keep every slot (:meth:`~ring_ref.schedule.ChainSchedule.recv_segment`).
     """
     n = len(after)
+    if isinstance(schedule, DoublingSchedule):  # every slot of a receiving worker changes
+        check(after, phase, r, schedule=schedule)
+        return
     if isinstance(schedule, ChainSchedule):
         if not _chain_step_holds(before, after, phase, r, schedule):
             check(after, phase, r, schedule=schedule)

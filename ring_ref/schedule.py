@@ -26,15 +26,20 @@ __all__ = [
     "CHAIN",
     "COLLECTIVES",
     "GLOO",
+    "INTEL_RING",
     "LAYOUTS",
+    "MLX_RING",
+    "MPICH_RING",
     "OPENMPI_RING",
     "PHASES",
     "PRESETS",
+    "RECURSIVE_DOUBLING",
     "REDUCE_SCATTER",
     "SPEC",
     "ChainSchedule",
     "Collective",
     "CollectiveName",
+    "DoublingSchedule",
     "Layout",
     "Phase",
     "RingSchedule",
@@ -239,10 +244,10 @@ def elements_sent_per_worker(n: int, s: int) -> int:
 
 # --- The ring schedule family (clauses schedule-family, schedule-presets) ----------------------------
 
-Layout = Literal["even", "blocks", "gloo"]
+Layout = Literal["even", "blocks", "gloo", "ceil", "floor"]
 """How a worker's elements are cut into the ``n`` chunks (:func:`ring_ref._chunks.chunk_bounds`)."""
 
-LAYOUTS: Final[tuple[Layout, Layout, Layout]] = ("even", "blocks", "gloo")
+LAYOUTS: Final[tuple[Layout, ...]] = ("even", "blocks", "gloo", "ceil", "floor")
 
 
 class RingSchedule(NamedTuple):
@@ -349,6 +354,18 @@ OPENMPI_RING: Final = RingSchedule(1, 0, "blocks")
 GLOO: Final = RingSchedule(-1, -1, "gloo")
 """gloo's ring allreduce (``torch.distributed`` on the gloo backend): the ring run the other way."""
 
+MPICH_RING: Final = RingSchedule(1, 1, "ceil")
+"""MPICH's ring allreduce (``MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM=ring``): chunk ``c`` folds from worker
+``c + 1``, on ``ceil(S / N)``-element chunks."""
+
+MLX_RING: Final = RingSchedule(-1, 0, "ceil")
+"""MLX's ring all-reduce (``mx.distributed.all_sum``, ring backend, one ring): rank ``i`` sends to ``i - 1``
+and chunk ``c`` folds from worker ``c`` down, on ``ceil(S / N)``-element chunks."""
+
+INTEL_RING: Final = RingSchedule(1, 0, "floor")
+"""Intel MPI's ring allreduce (``I_MPI_ADJUST_ALLREDUCE=8``): the spec's fold on ``floor(S / N)``-element
+chunks, the rest on the last."""
+
 
 # --- The chain (clauses chain-*): not a ring ------------------------------------------------------
 
@@ -442,16 +459,129 @@ class ChainSchedule(NamedTuple):
 CHAIN: Final = ChainSchedule("blocks")
 """The chain (``chain-order``): the left fold ``((x_0 + x_1) + x_2) + ...`` for every element."""
 
-Schedule = RingSchedule | ChainSchedule
-"""Any schedule the engines run: a ring of the family or the chain."""
+# --- Recursive doubling (clauses doubling-*): not a ring either ------------------------------------
+
+
+class DoublingSchedule(NamedTuple):
+    """Recursive doubling as MPICH and OpenMPI run it: one tree for every element (``doubling-order``).
+
+    It is not a ring of the family: every worker exchanges its whole buffer, so
+    every element sums in the same tree, whatever ``M``.  With ``P`` the largest
+    power of two ``<= n`` and ``rem = n - P``: in the pre-step (only when
+    ``rem > 0``) worker ``2 j`` sends to ``2 j + 1`` for ``j < rem``, which stores
+    ``x_{2j} ∘ x_{2j+1}`` and takes part as new rank ``j``; worker ``i >= 2 rem``
+    takes part as new rank ``i - rem``; the even workers below ``2 rem`` wait.
+    In doubling step ``s = 1 .. log2 P`` new ranks ``v`` and ``v XOR 2^(s-1)``
+    swap their buffers and both store ``lower ∘ upper`` (the lower new rank's
+    value first), so both hold the same bits.  Phase ``reduce-scatter`` is the
+    pre-step and the doubling steps; phase ``all-gather`` is the post-step
+    (only when ``rem > 0``): worker ``2 j + 1`` sends the result to ``2 j``, which
+    copies it.  ``layout`` only cuts each buffer into the ``n`` slots the
+    engines carry; it does not change any element's tree.
+
+    >>> RECURSIVE_DOUBLING.all_rounds(3)
+    (('reduce-scatter', 0), ('reduce-scatter', 1), ('all-gather', 0))
+    >>> [RECURSIVE_DOUBLING.partner(REDUCE_SCATTER, i, 1, 3) for i in range(3)]
+    [None, 2, 1]
+    >>> [RECURSIVE_DOUBLING.new_rank(i, 6) for i in range(6)]
+    [None, 0, None, 1, 2, 3]
+    """
+
+    layout: Layout = "blocks"
+    kind: Literal["recursive-doubling"] = "recursive-doubling"
+    """Tells it from the chain, whose tuple ``(layout,)`` would otherwise equal this one's."""
+
+    def powers(self, n: int) -> tuple[int, int]:
+        """``(P, rem)``: the largest power of two ``P <= n`` and ``rem = n - P``."""
+        p = 1 << (n.bit_length() - 1)
+        return p, n - p
+
+    def new_rank(self, i: int, n: int) -> int | None:
+        """Worker ``i``'s rank among the ``P`` workers of the doubling steps; ``None`` for an even
+        worker below ``2 rem``, which hands its buffer on in the pre-step."""
+        _, rem = self.powers(n)
+        if i < 2 * rem:
+            return i // 2 if i % 2 else None
+        return i - rem
+
+    def old_rank(self, v: int, n: int) -> int:
+        """The worker that takes part as new rank ``v``."""
+        _, rem = self.powers(n)
+        return 2 * v + 1 if v < rem else v + rem
+
+    def all_rounds(self, n: int) -> tuple[tuple[Phase, int], ...]:
+        """Every ``(phase, step)`` pair in execution order: the pre-step and ``log2 P`` doubling steps,
+        then the post-step (the steps around the doubling only when ``rem > 0``)."""
+        p, rem = self.powers(n)
+        reduce = (1 if rem else 0) + p.bit_length() - 1
+        return tuple((REDUCE_SCATTER, t) for t in range(reduce)) + tuple(
+            (ALL_GATHER, t) for t in range(1 if rem else 0)
+        )
+
+    def doubling_step(self, t: int, n: int) -> int:
+        """Which doubling step ``s`` (``1 .. log2 P``) reduce-scatter step ``t`` is; ``0``: the pre-step."""
+        _, rem = self.powers(n)
+        return t if rem else t + 1
+
+    def partner(self, phase: Phase, i: int, t: int, n: int) -> int | None:
+        """The worker that ``i`` receives from in step ``t`` of ``phase``, or ``None`` when it receives
+        nothing (``doubling-steps``)."""
+        _, rem = self.powers(n)
+        if phase == ALL_GATHER:
+            return i + 1 if i < 2 * rem and i % 2 == 0 else None
+        s = self.doubling_step(t, n)
+        if s == 0:
+            return i - 1 if i < 2 * rem and i % 2 else None
+        v = self.new_rank(i, n)
+        return None if v is None else self.old_rank(v ^ (1 << (s - 1)), n)
+
+    def first(self, phase: Phase, i: int, t: int, n: int) -> bool:
+        """Whether worker ``i`` puts what it receives first in step ``t`` of ``phase``: the sender holds
+        the lower workers' sum (``doubling-order``)."""
+        sender = self.partner(phase, i, t, n)
+        return sender is not None and sender < i
+
+    def sends(self, phase: Phase, t: int, n: int) -> tuple[Send, ...]:
+        """The transfers of step ``t`` of ``phase``, one per slot of each buffer that moves, by sender."""
+        return tuple(
+            Send(phase, t, src, dst, c)
+            for src in range(n)
+            for dst in range(n)
+            if self.partner(phase, dst, t, n) == src
+            for c in range(n)
+        )
+
+    def normalized(self, n: int) -> DoublingSchedule:
+        """Recursive doubling itself: it has no offset to normalise."""
+        return self
+
+    def describe(self) -> str:
+        """``recursive doubling, layout blocks``.
+
+        >>> RECURSIVE_DOUBLING.describe()
+        'recursive doubling, layout blocks'
+        """
+        return f"recursive doubling, layout {self.layout}"
+
+
+RECURSIVE_DOUBLING: Final = DoublingSchedule("blocks")
+"""Recursive doubling (``doubling-order``): ``((x_0 + x_1) + (x_2 + x_3))`` for every element at ``N = 4``;
+the default of MPICH, of Intel MPI for large messages and of OpenMPI below 16 KB at ``N = 3``."""
+
+Schedule = RingSchedule | ChainSchedule | DoublingSchedule
+"""Any schedule the engines run: a ring of the family, the chain or recursive doubling."""
 
 PRESETS: Final[dict[str, Schedule]] = {
     "spec": SPEC,
     "openmpi-ring": OPENMPI_RING,
     "gloo": GLOO,
     "chain": CHAIN,
+    "mpich-ring": MPICH_RING,
+    "intel-ring": INTEL_RING,
+    "mlx-ring": MLX_RING,
+    "recursive-doubling": RECURSIVE_DOUBLING,
 }
-"""The named schedules, in the order ``reveal`` reports matches."""
+"""The named schedules, in the order ``reveal`` reports matches (and they were published in)."""
 
 
 def reduce_scatter_ring(schedule: str | Schedule | None, n: int) -> RingSchedule:
@@ -473,15 +603,18 @@ def reduce_scatter_ring(schedule: str | Schedule | None, n: int) -> RingSchedule
     ValueError: reduce-scatter and all-gather leave chunk r at rank r, ... RingSchedule(1, 1, 'even') ...
     """
     rings = ", ".join(repr(name) for name, ring in PRESETS.items() if isinstance(ring, RingSchedule))
-    if isinstance(schedule, ChainSchedule) or schedule == "chain":
+    named = PRESETS.get(schedule) if isinstance(schedule, str) else schedule
+    if not isinstance(named, RingSchedule | None):
+        what = "the chain (spec section 15)" if isinstance(named, ChainSchedule) else "recursive doubling"
         raise ValueError(
-            "reduce-scatter and all-gather run on a ring; the chain (spec section 15) is not one: use "
+            f"reduce-scatter and all-gather run on a ring; {what} is not one: use "
             f"a ring preset ({rings}) or a RingSchedule(d, d, layout)"
         )
     if schedule is None or isinstance(schedule, str):
         preset = PRESETS["spec" if schedule is None else schedule]
         assert isinstance(preset, RingSchedule)
         return RingSchedule(preset.direction, preset.direction, preset.layout)
+    assert isinstance(schedule, RingSchedule)
     d, k, layout = schedule
     if n > 1 and (k - d) % n:
         raise ValueError(

@@ -75,7 +75,7 @@ from ring_ref._fast._run import (
     torch_all_finite,
 )
 from ring_ref._ops import Op, finish_numpy, finish_torch, numpy_combine_out, torch_combine_out
-from ring_ref.schedule import SPEC, ChainSchedule, Layout, RingSchedule, Schedule
+from ring_ref.schedule import SPEC, ChainSchedule, DoublingSchedule, Layout, RingSchedule, Schedule
 
 TILE_BYTES = 2 << 20
 """Bytes of partial sums per CPU tile on the batched path with torch operations (see ``make bench``)."""
@@ -267,8 +267,12 @@ def forward(arrays: Arrays[A], x: A, ring: Schedule, op: Op) -> tuple[A, bool]:
     The result is an array of its own, never a view (autograd allows in-place
     operations on it).
     """
-    if not isinstance(ring, ChainSchedule) and ring.layout != "even":
-        return _uneven(arrays, x, ring, op)
+    if isinstance(ring, DoublingSchedule) or (not isinstance(ring, ChainSchedule) and ring.layout != "even"):
+        return (
+            _doubling(arrays, x, ring, op)
+            if isinstance(ring, DoublingSchedule)
+            else _uneven(arrays, x, ring, op)
+        )
     n, m = x.shape[0], x.shape[1]
     k = m // n
     trailing: tuple[int, ...] = tuple(x.shape[2:])
@@ -299,6 +303,32 @@ def forward(arrays: Arrays[A], x: A, ring: Schedule, op: Op) -> tuple[A, bool]:
             tile=tile,
         )
     return result, finite if on_result else arrays.all_finite(x)
+
+
+def _doubling(arrays: Arrays[A], x: A, doubling: DoublingSchedule, op: Op) -> tuple[A, bool]:
+    """Recursive doubling's one tree over whole buffers (clause ``doubling-order``): the pre-step's pairs
+    ``x_{2j} ∘ x_{2j+1}``, then the new ranks' values combined pairwise, the lower first, ``log2 P``
+    times; one combine over the whole buffer per node of the tree."""
+    n = x.shape[0]
+    x = arrays.prepare(x)
+    combine = arrays.combine(op)
+    shape = tuple(x.shape[1:])
+    _, rem = doubling.powers(n)
+    values = [x[doubling.old_rank(v, n)] for v in range(n - rem)]
+    with arrays.quiet():
+        for j in range(rem):
+            values[j] = arrays.new(x, shape)
+            combine(x[2 * j], x[2 * j + 1], values[j])
+        while len(values) > 1:
+            pairs = []
+            for lower, upper in zip(values[::2], values[1::2], strict=True):
+                out = arrays.new(x, shape)
+                combine(lower, upper, out)
+                pairs.append(out)
+            values = pairs
+    result = arrays.new(x, shape)
+    arrays.copy(result, values[0])
+    return result, arrays.all_finite(result if result_proves_finite(op) else x)
 
 
 def _uneven(arrays: Arrays[A], x: A, ring: RingSchedule, op: Op) -> tuple[A, bool]:

@@ -16,6 +16,7 @@ tree under a ring of the schedule family, and which ring a set of trees is).
 from ring_ref._order._fit import (
     RingFit,
     chunk_index,
+    doubling_tree,
     fit_ring,
     layout_matters,
     layout_sizes,
@@ -46,6 +47,7 @@ __all__ = [
     "canonical",
     "chunk_index",
     "display_tree",
+    "doubling_tree",
     "evaluate",
     "exact_sum",
     "fit_ring",

@@ -20,12 +20,21 @@ import torch
 from ring_ref._chunks import chunk_bounds
 from ring_ref._dispatch import ring_all_reduce
 from ring_ref._dtypes import FORMATS, bits
-from ring_ref._order._trees import Tree, fold_order_of, fold_tree, ring_step, tree_ids
-from ring_ref.schedule import LAYOUTS, PRESETS, ChainSchedule, Layout, RingSchedule, Schedule
+from ring_ref._order._trees import Tree, canonical, fold_order_of, fold_tree, ring_step, tree_ids
+from ring_ref.schedule import (
+    LAYOUTS,
+    PRESETS,
+    ChainSchedule,
+    DoublingSchedule,
+    Layout,
+    RingSchedule,
+    Schedule,
+)
 
 __all__ = [
     "RingFit",
     "chunk_index",
+    "doubling_tree",
     "fit_ring",
     "layout_matters",
     "layout_sizes",
@@ -44,8 +53,25 @@ def chunk_index(layout: Layout, n: int, m: int, dtype_name: str) -> npt.NDArray[
     return np.repeat(np.arange(n, dtype=np.int64), [hi - lo for lo, hi in bounds])
 
 
+def doubling_tree(doubling: DoublingSchedule, n: int) -> Tree:
+    """Recursive doubling's one tree (clause ``doubling-order``), canonical: the pre-step's pairs
+    ``(2 j, 2 j + 1)``, then the new ranks' subtrees paired ``log2 P`` times.
+
+    >>> from ring_ref.schedule import RECURSIVE_DOUBLING as RD
+    >>> doubling_tree(RD, 3), doubling_tree(RD, 4), doubling_tree(RD, 6)
+    (((0, 1), 2), ((0, 1), (2, 3)), (((0, 1), (2, 3)), (4, 5)))
+    """
+    _, rem = doubling.powers(n)
+    subtrees: list[Tree] = [(2 * v, 2 * v + 1) if v < rem else v + rem for v in range(n - rem)]
+    while len(subtrees) > 1:
+        subtrees = [(a, b) for a, b in zip(subtrees[::2], subtrees[1::2], strict=True)]
+    return canonical(subtrees[0])
+
+
 def _chunk_folds(ring: Schedule, n: int) -> list[Tree]:
-    """Each chunk's tree under ``ring``: the fold of its order."""
+    """Each chunk's tree under ``ring``: the fold of its order (recursive doubling: its one tree)."""
+    if isinstance(ring, DoublingSchedule):
+        return [doubling_tree(ring, n)] * n
     return [fold_tree(ring.fold_order(c, n)) for c in range(n)]
 
 
@@ -130,6 +156,7 @@ class RingFit:
     def __init__(self, ids: npt.NDArray[np.int64], distinct: Sequence[Tree], n: int, dtype_name: str) -> None:
         self.n, self.m, self.dtype = n, len(ids), dtype_name
         self.ids = {t: k for k, t in enumerate(distinct)}
+        self.raw = ids
         keys = np.array([_fold_key(t, n) for t in distinct] if n >= 4 else range(len(distinct)), np.int64)
         self.found = np.where(ids >= 0, keys[np.maximum(ids, 0)] if len(keys) else -1, -1)
         self.complete = bool((ids >= 0).all())
@@ -148,6 +175,9 @@ class RingFit:
         """Whether every element's tree is its chunk's fold under ``ring``."""
         if not self.complete or (ring.layout == "even" and self.m % self.n):
             return False
+        if isinstance(ring, DoublingSchedule):  # one tree, which no fold key names for N >= 4
+            tree = self.ids.get(doubling_tree(ring, self.n), -1)
+            return tree >= 0 and bool((self.raw == tree).all())
         if ring.layout not in self.chunk_of:
             self.chunk_of[ring.layout] = chunk_index(ring.layout, self.n, self.m, self.dtype)
         return bool(np.array_equal(self._per_chunk(ring)[self.chunk_of[ring.layout]], self.found))

@@ -41,6 +41,7 @@ from ring_ref.schedule import (
     SPEC,
     ChainSchedule,
     Collective,
+    DoublingSchedule,
     RingSchedule,
     Schedule,
     reduce_scatter_ring,
@@ -272,6 +273,13 @@ def _tensor_problem(
     if isinstance(tensor, Shards):
         return rank_shards_problem(
             tensor.collective, tensor.output, tensor.input, n, backend, ring, finite=finite
+        )
+    if isinstance(ring, DoublingSchedule):
+        return BadInput(
+            ValueError,
+            "recursive doubling is not a ring: ring_ref.distributed runs the rings and the chain only; "
+            "run it with ring_ref.mpi.ring_all_reduce_(comm, array, schedule='recursive-doubling') or "
+            "ring_all_reduce(x, schedule='recursive-doubling') on one process.",
         )
     return rank_tensor_problem(tensor, n, backend, finite=finite, divisible=ring.layout == "even")
 

@@ -31,6 +31,7 @@ from ring_ref.schedule import (
     REDUCE_SCATTER,
     ChainSchedule,
     Collective,
+    DoublingSchedule,
     Phase,
     RingSchedule,
     Schedule,
@@ -126,7 +127,37 @@ def _bytes(chunk: npt.NDArray[Any]) -> list[Any]:
     return [chunk.view(np.uint8), MPI.BYTE]
 
 
-def _step(ring: Schedule, phase: schedule.Phase, rank: int, r: int, n: int) -> tuple[int | None, int | None]:
+def _doubling(
+    comm: MPI.Comm, work: npt.NDArray[Any], rank: int, doubling: DoublingSchedule, waiter: _Waiter
+) -> None:
+    """Recursive doubling's steps on the C-contiguous ``work`` (clause ``doubling-steps``): per step the
+    whole buffer to the worker that receives from this rank, from the one this rank receives from; a
+    reduce step stores ``lower + upper``, the post-step copies."""
+    n = comm.Get_size()
+    flat = work.reshape(-1)
+    staging = np.empty_like(flat)
+    for phase, t in doubling.all_rounds(n):
+        source = doubling.partner(phase, rank, t, n)
+        dest = next((k for k in range(n) if doubling.partner(phase, k, t, n) == rank), None)
+        requests = []
+        if source is not None:
+            into = staging if phase == schedule.REDUCE_SCATTER else flat
+            requests.append(comm.Irecv(_bytes(into), source=source, tag=_TAG))
+        if dest is not None:
+            requests.append(comm.Isend(_bytes(flat), dest=dest, tag=_TAG))
+        waiter.wait(
+            requests,
+            f", recursive doubling {phase} step {t}: with rank {dest} (send) and rank {source} (receive)",
+        )
+        if phase == schedule.REDUCE_SCATTER and source is not None:
+            lower, upper = (staging, flat) if source < rank else (flat, staging)
+            with np.errstate(over="ignore"):  # overflow to +-inf is the rounded sum (input-finite)
+                np.add(lower, upper, out=flat)
+
+
+def _step(
+    ring: RingSchedule | ChainSchedule, phase: schedule.Phase, rank: int, r: int, n: int
+) -> tuple[int | None, int | None]:
     """The chunk (the chain: segment) ``rank`` sends and the one it receives in round (step) ``r``."""
     if isinstance(ring, ChainSchedule):
         return ring.send_segment(phase, rank, r, n), ring.recv_segment(phase, rank, r, n)
@@ -145,6 +176,9 @@ def _ring(  # noqa: PLR0917 (the ring's state)
     phases or ``only`` one: per round one receive and one send (the chain's steps: each only where the
     rank does not idle, clause ``chain-steps``)."""
     n = comm.Get_size()
+    if isinstance(ring, DoublingSchedule):
+        _doubling(comm, work, rank, ring, waiter)
+        return
     chunks = layout_views(work.reshape(-1), ring.layout, n, itemsize=work.itemsize)
     right, left = ring.right(rank, n), ring.left(rank, n)
     staging = np.empty(max(len(c) for c in chunks), dtype=chunks[0].dtype)

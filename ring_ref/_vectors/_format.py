@@ -35,7 +35,7 @@ import torch
 from ring_ref._dtypes import FORMATS, bits, to_hex
 from ring_ref._ops import Op
 from ring_ref._tracecheck import reference_rounds
-from ring_ref.schedule import PHASES
+from ring_ref.schedule import LAYOUTS, PHASES
 
 ROUND_BUFFER_LIMIT: Final = 96
 """Per-round buffers are included when ``n > 1`` and the input has at most this many elements."""
@@ -202,7 +202,7 @@ def schedule_schema() -> dict[str, Any]:
         {
             "direction": {"enum": [1, -1]},
             "offset": {"type": "integer"},
-            "layout": {"enum": ["even", "blocks", "gloo"]},
+            "layout": {"enum": list(LAYOUTS)},
         }
     )
 

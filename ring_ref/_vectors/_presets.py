@@ -1,11 +1,11 @@
 """Conformance vectors for the schedule presets (``spec/schedules.md``), a file apart from the v1 vectors.
 
 ``ring_all_reduce_presets_v1.json`` (schema ``ring_all_reduce_presets_schema_v1.json``)
-holds, for each preset (``spec``, ``openmpi-ring``, ``gloo``, ``chain``) and dtype,
-inputs on which the preset's bits differ from every other preset whose order
-differs there (a ring's vectors from every other ring's, as published before
-the chain came; the chain's from every ring's), with ``M`` divisible by ``N``
-and not, empty chunks (gloo) and trailing dimensions.  Each vector names its
+holds, for each preset (``spec``, ``openmpi-ring``, ``gloo``, ``chain``, ``mpich-ring``, ``intel-ring``,
+``mlx-ring``, ``recursive-doubling``) and dtype, inputs on which the preset's bits differ from every preset
+published with it or before it whose order differs there (:data:`PUBLISHED`: the first rings'
+vectors from one another's, the chain's from theirs, the later presets' from all before them),
+with ``M`` divisible by ``N`` and not, empty chunks (gloo) and trailing dimensions.  Each vector names its
 schedule and each chunk's size, and gives the input and the expected result
 as bit patterns (the format of ``spec/vectors/README.md``).  Expected values
 come from ``ring_all_reduce(x, schedule=preset)``; ``tests/cover/test_preset_vectors.py``
@@ -45,7 +45,7 @@ from ring_ref._vectors._format import (
     strict,
     write_files,
 )
-from ring_ref.schedule import PRESETS, RingSchedule, Schedule
+from ring_ref.schedule import LAYOUTS, PRESETS, ChainSchedule, RingSchedule, Schedule
 
 __all__ = ["JSON_NAME", "SCHEMA_NAME", "VERSION", "build", "contents", "schema", "write"]
 
@@ -67,7 +67,8 @@ SHAPES: Final[tuple[tuple[int, int, tuple[int, ...], str], ...]] = (
 
 NOTES: Final[dict[str, str]] = {
     "schedule": "{direction, offset, layout}: the ring of spec section 10 (offset as the preset defines it); "
-    "{kind: chain, layout}: the chain of spec section 15 (every element the left fold over workers).",
+    "{kind: chain, layout}: the chain of spec section 15 (every element the left fold over workers); "
+    "{kind: recursive-doubling, layout}: recursive doubling (spec/schedules.md, every element one tree).",
     "chunkSizes": "elements of each worker in each chunk, row-major over (m, *trailingShape).",
     "input": "shape (n, m, *trailingShape), IEEE bit patterns as fixed-width lowercase hex, row-major.",
     "expected": "shape (m, *trailingShape): ring_all_reduce(input, schedule=<the group's preset>).",
@@ -76,29 +77,42 @@ NOTES: Final[dict[str, str]] = {
 
 HEADER: Final = header(
     VERSION,
-    "the schedule presets of spec/ring_all_reduce.md: the rings of section 10 (spec, openmpi-ring, gloo) "
-    "and the chain of section 15.",
+    "the schedule presets of spec/ring_all_reduce.md: the rings of section 10 (spec, openmpi-ring, gloo, "
+    "mpich-ring, intel-ring, mlx-ring), the chain of section 15 and recursive doubling.",
     COMMAND,
 )
 
 
+PUBLISHED: Final[tuple[tuple[str, ...], ...]] = (
+    ("spec", "openmpi-ring", "gloo"),
+    ("chain",),
+    ("mpich-ring", "intel-ring"),
+    ("recursive-doubling",),
+    ("mlx-ring",),
+)
+"""The presets in the order their vectors were published: each preset's vectors tell it from the presets
+published with it or before it, so that a later preset leaves the earlier vectors byte for byte."""
+
+
+def _known_by(preset: str) -> list[str]:
+    """The presets published with ``preset`` or before it (:data:`PUBLISHED`)."""
+    at = next(k for k, names in enumerate(PUBLISHED) if preset in names)
+    return [p for names in PUBLISHED[: at + 1] for p in names]
+
+
 def _telling(rng: random.Random, preset: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """Random values on which ``preset``'s result differs from every preset with another order here.
+    """Random values on which ``preset``'s result differs from every preset with another order here
+    among those published with it or before it (:data:`PUBLISHED`).
 
     (Presets can coincide: OpenMPI's blocks are the spec's chunks when ``N`` divides ``M``, and for
-    ``N <= 2`` every ring is the same.)  A ring's vectors are told apart from the other rings only,
-    as they were published before the chain came (so they stay byte for byte); the chain's from
-    every ring.
+    ``N <= 2`` every ring is the same.)
     """
     name, n, per_worker = dtype_name(dtype), shape[0], math.prod(shape) // shape[0]
-    mine = PRESETS[preset]
-    mine_trees = ring_trees(mine, n, per_worker, name)
+    mine_trees = ring_trees(PRESETS[preset], n, per_worker, name)
     others = [
         p
-        for p, ring in PRESETS.items()
-        if (isinstance(ring, RingSchedule) or not isinstance(mine, RingSchedule))
-        and (trees := ring_trees(ring, n, per_worker, name)) is not None
-        and trees != mine_trees
+        for p in _known_by(preset)
+        if (trees := ring_trees(PRESETS[p], n, per_worker, name)) is not None and trees != mine_trees
     ]
 
     def telling(x: torch.Tensor) -> bool:
@@ -111,7 +125,10 @@ def _telling(rng: random.Random, preset: str, shape: tuple[int, ...], dtype: tor
 def _schedule_json(ring: Schedule) -> dict[str, Any]:
     if isinstance(ring, RingSchedule):
         return {"direction": ring.direction, "offset": ring.offset, "layout": ring.layout}
-    return {"kind": "chain", "layout": ring.layout}
+    return {
+        "kind": "chain" if isinstance(ring, ChainSchedule) else "recursive-doubling",
+        "layout": ring.layout,
+    }
 
 
 def build() -> dict[str, Any]:
@@ -175,7 +192,8 @@ def schema() -> dict[str, Any]:
             "schedule": {
                 "oneOf": [
                     schedule_schema(),
-                    strict({"kind": {"const": "chain"}, "layout": {"enum": ["even", "blocks", "gloo"]}}),
+                    strict({"kind": {"const": "chain"}, "layout": {"enum": list(LAYOUTS)}}),
+                    strict({"kind": {"const": "recursive-doubling"}, "layout": {"enum": list(LAYOUTS)}}),
                 ]
             },
             "dtype": {"enum": list(FORMATS)},

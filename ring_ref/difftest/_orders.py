@@ -54,7 +54,15 @@ from ring_ref.difftest._oracles import ExactOrder, SavedOrder, reduce_scatter_re
 from ring_ref.difftest._rules import Spawn
 from ring_ref.difftest._vocabulary import Collective, Framework
 from ring_ref.schedule import LAYOUTS as LAYOUT_NAMES
-from ring_ref.schedule import PRESETS, ChainSchedule, Layout, RingSchedule, Schedule, reduce_scatter_ring
+from ring_ref.schedule import (
+    PRESETS,
+    ChainSchedule,
+    DoublingSchedule,
+    Layout,
+    RingSchedule,
+    Schedule,
+    reduce_scatter_ring,
+)
 
 __all__ = [
     "Explained",
@@ -101,8 +109,11 @@ def schedule_order(schedule: str | Schedule) -> ExactOrder:
     name = next((key for key, preset in PRESETS.items() if preset == ring), None)
     if name is not None:
         label, option = f"the {name} schedule's order", f"--schedule {name}"
-    elif isinstance(ring, ChainSchedule):
-        raise OrderError(f"difftest checks against the chain preset only ('--schedule chain'); got {ring}")
+    elif isinstance(ring, ChainSchedule | DoublingSchedule):
+        preset = "chain" if isinstance(ring, ChainSchedule) else "recursive-doubling"
+        raise OrderError(
+            f"difftest checks against the {preset} preset only ('--schedule {preset}'); got {ring}"
+        )
     else:
         label = f"the order of the ring with {ring.describe()}"
         # with '=': argparse would read "-1,2,blocks" after a space as an option of its own
@@ -301,8 +312,12 @@ def _fit_of(doc: dict[str, Any], n: int, *, even_only: bool = False) -> ExactOrd
     matches = list(doc["matches"])
     if even_only:
         ring = None if ring is None else ring._replace(layout="even")
-        # the chain's order does not depend on its layout
-        matches = [name for name in matches if PRESETS[name].layout == "even" or name == "chain"]
+        # the chain's and recursive doubling's orders do not depend on their layout
+        matches = [
+            name
+            for name in matches
+            if PRESETS[name].layout == "even" or isinstance(PRESETS[name], ChainSchedule | DoublingSchedule)
+        ]
     return _fitted(ring, matches, n)
 
 

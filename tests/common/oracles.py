@@ -202,6 +202,25 @@ def blocks_bounds(n: int, s: int) -> list[tuple[int, int]]:
     return [(start, start + size) for start, size in zip(starts, sizes, strict=True)]
 
 
+def ceil_bounds(n: int, s: int) -> list[tuple[int, int]]:
+    """MPICH's and MLX's chunks: ``ceil(s / n)`` elements each until the buffer ends (3, 3, 3, 0 for
+    ``s = 9``, ``n = 4``)."""
+    size, left, ranges = (s + n - 1) // n, s, []
+    for _ in range(n):
+        take = min(size, left)
+        ranges.append((s - left, s - left + take))
+        left -= take
+    return ranges
+
+
+def floor_bounds(n: int, s: int) -> list[tuple[int, int]]:
+    """Intel MPI's chunks: ``floor(s / n)`` elements each, the rest on the last (2, 2, 2, 3 for ``s = 9``,
+    ``n = 4``)."""
+    sizes = [s // n] * (n - 1) + [s - (n - 1) * (s // n)]
+    starts = [sum(sizes[:c]) for c in range(n)]
+    return [(start, start + size) for start, size in zip(starts, sizes, strict=True)]
+
+
 def gloo_bounds(n: int, s: int, itemsize: int) -> list[tuple[int, int]]:
     """gloo's ring chunks, computed in bytes as ``gloo/allreduce.cc`` does (``kMaxSegmentSize`` = 1 MiB)."""
     total = s * itemsize

@@ -8,6 +8,7 @@ the command line.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Final
 
 import torch
@@ -98,7 +99,34 @@ def doubling_then_ring(x: torch.Tensor) -> torch.Tensor:
     return recursive_doubling(x) if x.shape[1] < RING_FROM else blocks_ring(x)
 
 
-# --- A ring whose layout coincides with gloo's at many sizes (issue #40: presets told apart) ---
+# --- Rings as the libraries cut them (issue #40: presets told apart; issue #41: the libraries' presets) ---
+
+
+def _ceil_cuts(n: int, s: int) -> list[tuple[int, int]]:
+    """``ceil(s / n)``-element chunks until the buffer ends (MPICH, MLX)."""
+    size = -(-s // n)
+    return [(min(c * size, s), min((c + 1) * size, s)) for c in range(n)]
+
+
+def _floor_cuts(n: int, s: int) -> list[tuple[int, int]]:
+    """``floor(s / n)``-element chunks, the rest on the last (Intel MPI)."""
+    return [(c * (s // n), s if c == n - 1 else (c + 1) * (s // n)) for c in range(n)]
+
+
+def _flat_ring(
+    x: torch.Tensor, cuts: Callable[[int, int], list[tuple[int, int]]], start: int, step: int
+) -> torch.Tensor:
+    """Each chunk ``c`` of the flat buffer (``cuts``) folded over ``c + start, c + start + step, ...``."""
+    n = int(x.shape[0])
+    flat = x.reshape(n, -1)
+    s = int(flat.shape[1])
+    out = torch.empty(s, dtype=x.dtype)
+    for c, (lo, hi) in enumerate(cuts(n, s)):
+        acc = flat[(c + start) % n, lo:hi].clone()
+        for j in range(1, n):
+            acc = acc + flat[(c + start + j * step) % n, lo:hi]
+        out[lo:hi] = acc
+    return out.reshape(x.shape[1:])
 
 
 def mpich_ring(x: torch.Tensor) -> torch.Tensor:
@@ -107,15 +135,18 @@ def mpich_ring(x: torch.Tensor) -> torch.Tensor:
 
     At ``N = 3`` its trees are gloo's wherever the two layouts cut alike: at ``M = 2N``, ``2N - 1``, 64
     and 4096, not at ``M = 2N + 1`` (3, 3, 1 against gloo's 4, 3, 0)."""
-    n = int(x.shape[0])
-    flat = x.reshape(n, -1)
-    s = int(flat.shape[1])
-    size = -(-s // n)
-    out = torch.empty(s, dtype=x.dtype)
-    for c in range(n):
-        lo, hi = min(c * size, s), min((c + 1) * size, s)
-        acc = flat[(c + 1) % n, lo:hi].clone()
-        for step in range(2, n + 1):
-            acc = acc + flat[(c + step) % n, lo:hi]
-        out[lo:hi] = acc
-    return out.reshape(x.shape[1:])
+    return _flat_ring(x, _ceil_cuts, 1, 1)
+
+
+def intel_ring(x: torch.Tensor) -> torch.Tensor:
+    """A ring as Intel MPI's ring allreduce (``I_MPI_ADJUST_ALLREDUCE=8``) cuts it: ``floor(M / N)``-element
+    chunks of the flat buffer, the rest on the last (2, 2, 2, 3 at ``M = 9``, ``N = 4``), chunk ``c``
+    folded ``c, c + 1, ..., c - 1`` (mod ``N``): the spec's ring when ``N`` divides ``M``."""
+    return _flat_ring(x, _floor_cuts, 0, 1)
+
+
+def mlx_ring(x: torch.Tensor) -> torch.Tensor:
+    """A ring as MLX's ring backend runs it (one ring, ``M >= N``): ``ceil(M / N)``-element chunks of the
+    flat buffer, the tail ones short or empty, rank ``i`` sending to ``i - 1``, chunk ``c`` folded
+    ``c, c - 1, ..., c + 1`` (mod ``N``)."""
+    return _flat_ring(x, _ceil_cuts, 0, -1)

@@ -205,7 +205,9 @@ def test_a_broken_chain_is_caught_by_both_engines(broken: ChainSchedule) -> None
 
 @pytest.mark.clause("chain-bad-input")
 def test_bad_chain_layouts_and_names_are_refused() -> None:
-    with pytest.raises(ValueError, match="unknown chain layout 'diagonal'; choose one of even, blocks, gloo"):
+    with pytest.raises(
+        ValueError, match="unknown chain layout 'diagonal'; choose one of even, blocks, gloo, ceil, floor"
+    ):
         schedule_of(ChainSchedule("diagonal"))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"unknown schedule 'chains'.*'chain'"):
         ring_all_reduce(torch.zeros(2, 2), schedule="chains")

@@ -344,7 +344,7 @@ def test_the_default_offsets_probe_every_chunk_of_every_layout(n: int, itemsize:
         return
     offsets = chunk_offsets(n, m, k, itemsize=itemsize)
     assert offsets == sorted(set(offsets)) and all(0 <= o <= m - k for o in offsets)
-    layouts: tuple[Layout, ...] = ("blocks", "gloo", "even") if m % n == 0 else ("blocks", "gloo")
+    layouts: tuple[Layout, ...] = ("blocks", "gloo", "ceil", "floor") + (("even",) if m % n == 0 else ())
     chunks = [(lo, hi) for layout in layouts for lo, hi in chunk_bounds(layout, n, m, itemsize=itemsize)]
     for lo, hi in [*chunks, (m - 1, m)]:
         assert hi == lo or any(o < hi and lo < o + k for o in offsets), (lo, hi)
@@ -355,13 +355,14 @@ def test_the_default_offsets_probe_every_chunk_of_every_layout(n: int, itemsize:
 
 @pytest.mark.clause("invariance-placements")
 def test_the_default_placements_are_per_size() -> None:
-    # N = 3, K = 7: M = 64 is cut at 22, 43 (blocks) and 22, 44 (gloo); M = 4096 at 1366, 2731 and 2732.
+    # N = 3, K = 7: M = 64 is cut at 22, 43 (blocks), 22, 44 (gloo, ceil) and 21, 42 (floor); M = 4096 at
+    # 1366, 2731 and 2732, and 1365, 2730 (floor): one region of 7 from the first cut of each cluster.
     k, placed = placements([4096, 7, 64], None, None, n=3)
     assert k == 7
     assert placed == [
         Placement(7, 0),
-        *(Placement(64, o) for o in (0, 22, 43, 57)),
-        *(Placement(4096, o) for o in (0, 1366, 2731, 4089)),
+        *(Placement(64, o) for o in (0, 21, 42, 57)),
+        *(Placement(4096, o) for o in (0, 1365, 2730, 4089)),
     ]
     with pytest.raises(InvarianceError, match=r"M = 2 cannot hold the 4 probed elements"):
         placements([2, 8], None, 4, n=4)

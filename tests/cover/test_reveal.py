@@ -16,7 +16,7 @@ import jsonschema  # type: ignore[import-untyped]
 import pytest
 import torch
 
-from ring_ref import Engine, RingSchedule, ring_all_reduce
+from ring_ref import PRESETS, Engine, RingSchedule, ring_all_reduce
 from ring_ref._order import canonical, format_tree, tree_from_json, tree_to_json, tree_to_pairs
 from ring_ref._reveal import Revealed, RevealError, reveal
 from ring_ref._svg import reveal_svg
@@ -70,7 +70,8 @@ def test_reveal_names_the_spec_ring_on_both_engines(engine: Engine) -> None:
     doc = _json(found)
     assert doc["trees"] == _flat(SPEC_RING_4)
     assert doc["ring"] == {"direction": 1, "offset": 0, "layout": "even"}
-    assert doc["matches"] == ["spec", "openmpi-ring"]  # M divisible by N: blocks are the spec's chunks
+    # M divisible by N: blocks and floor are the spec's chunks
+    assert doc["matches"] == ["spec", "openmpi-ring", "intel-ring"]
     assert doc["classification"] == "ring"
     assert doc["calls"] == sum(doc["callsBy"].values())
     assert "elements 6..7 (chunk 3): fold 3,0,1,2" in found.summary()
@@ -109,15 +110,19 @@ def test_a_preset_is_named_at_the_revealed_size_only_where_layouts_are_not_told_
     # MPICH's ceil(M/N) chunks cut as gloo's at N = 3, M = 64 (22, 22, 20), its folds there are gloo's, so
     # its trees are the gloo preset's; at M = 7 (3, 3, 1 against gloo's 4, 3, 0) they are not.
     found = reveal(mpich_ring, 3, 64)
-    assert found.matches == ["gloo"]
-    told = "matches presets: gloo (at M = 64 only: the layouts are told apart at M = 7, 9)\n"
+    assert found.matches == ["gloo", "mpich-ring"]
+    told = "matches presets: gloo, mpich-ring (at M = 64 only: the layouts are told apart at M = 7, 9)\n"
     assert told in found.summary()
-    assert reveal(mpich_ring, 3, 7).matches == []
+    # at M = 7 MPICH's own preset alone: its ceil layout (3, 3, 1) is no other layout's there
+    assert reveal(mpich_ring, 3, 7).matches == ["mpich-ring"]
     # the chain's one fold needs no other size
     chain = reveal(lambda x: ring_all_reduce(x, schedule="chain"), 3, 64)
-    assert "matches presets: chain\n" in chain.summary() and chain.untold == ()
+    # (at N = 3 recursive doubling's tree is the chain's fold: both are named)
+    assert "matches presets: chain, recursive-doubling\n" in chain.summary() and chain.untold == ()
     # at N = 2 every ring adds its two workers alike: every preset matches, at any M
-    assert "matches presets: spec, openmpi-ring, gloo, chain\n" in reveal(ring_all_reduce, 2, 4).summary()
+    every = f"matches presets: {', '.join(PRESETS)}\n"
+    assert list(PRESETS)[-2:] == ["mlx-ring", "recursive-doubling"]
+    assert every in reveal(ring_all_reduce, 2, 4).summary()
 
 
 @pytest.mark.clause("reveal-trees")
@@ -232,11 +237,9 @@ def test_one_and_two_workers(n: int) -> None:
     found = reveal(lambda x: ring_all_reduce(x, "fast", schedule="gloo"), n, 3)
     assert found.trees == ([0] * 3 if n == 1 else [(0, 1)] * 3)
     assert found.probe_calls == 0 and found.check_calls == 4
-    # Every ring (and the chain) is the same for N <= 2; only N = 1 divides M = 3, as the spec's layout
-    # needs.
-    assert found.matches == (
-        ["spec", "openmpi-ring", "gloo", "chain"] if n == 1 else ["openmpi-ring", "gloo", "chain"]
-    )
+    # Every preset (the rings, the chain, recursive doubling) is the same for N <= 2; only N = 1 divides
+    # M = 3, as the spec's layout needs.
+    assert found.matches == (list(PRESETS) if n == 1 else [name for name in PRESETS if name != "spec"])
 
 
 @pytest.mark.clause("reveal-limits")

@@ -21,6 +21,7 @@ from ring_ref.schedule import (
     ALL_GATHER,
     COLLECTIVES,
     GLOO,
+    LAYOUTS,
     OPENMPI_RING,
     PHASES,
     PRESETS,
@@ -35,7 +36,14 @@ from ring_ref.schedule import (
     send_chunk,
     sends,
 )
-from tests.common.oracles import blocks_bounds, gloo_bounds, same_bits, schedule_fold
+from tests.common.oracles import (
+    blocks_bounds,
+    ceil_bounds,
+    floor_bounds,
+    gloo_bounds,
+    same_bits,
+    schedule_fold,
+)
 from tests.cover.test_spec_clauses import SPEC_PY
 
 RINGS = [RingSchedule(d, k, "even") for d in (1, -1) for k in (-1, 0, 1, 2, 5)]
@@ -73,7 +81,23 @@ def test_family_sends_match_spec_code(n: int) -> None:
 
 @pytest.mark.clause("schedule-presets", "schedule-fold-order")
 def test_presets_are_the_named_rings() -> None:
-    assert list(PRESETS) == ["spec", "openmpi-ring", "gloo", "chain"]  # the chain is not a ring
+    # the chain is not a ring; the libraries' rings came after it
+    assert list(PRESETS) == [
+        "spec",
+        "openmpi-ring",
+        "gloo",
+        "chain",
+        "mpich-ring",
+        "intel-ring",
+        "mlx-ring",
+        "recursive-doubling",
+    ]
+    assert PRESETS["mlx-ring"] == RingSchedule(-1, 0, "ceil")
+    assert PRESETS["mpich-ring"] == RingSchedule(1, 1, "ceil")
+    assert PRESETS["intel-ring"] == RingSchedule(1, 0, "floor")
+    # MPICH, N = 4 (allreduce_intra_ring.c): step i sends chunk rank - 1 - i; chunk c folds c+1, ..., c.
+    assert [PRESETS["mpich-ring"].rs_send_chunk(i, 0, 4) for i in range(4)] == [3, 0, 1, 2]
+    assert PRESETS["mpich-ring"].fold_order(0, 4) == (1, 2, 3, 0)
     assert PRESETS["chain"] == ChainSchedule("blocks")
     assert PRESETS["spec"] == RingSchedule(1, 0, "even")
     assert PRESETS["openmpi-ring"] == RingSchedule(1, 0, "blocks")
@@ -102,6 +126,13 @@ def test_layouts_written_out_by_hand() -> None:
     # 4 segments per rank; float64 -> 24 segments of 125,001, 8 per rank.
     assert chunk_bounds("gloo", 3, 3_000_001, itemsize=4)[0] == (0, 1_000_004)
     assert chunk_bounds("gloo", 3, 3_000_001, itemsize=8)[0] == (0, 1_000_008)
+    # MPICH and MLX: ceil(S / N) until the buffer ends; Intel MPI: floor(S / N), the rest last.
+    assert chunk_bounds("ceil", 4, 9) == [(0, 3), (3, 6), (6, 9), (9, 9)]
+    assert chunk_bounds("ceil", 4, 2) == [(0, 1), (1, 2), (2, 2), (2, 2)]
+    assert chunk_bounds("ceil", 3, 7) == [(0, 3), (3, 6), (6, 7)]
+    assert chunk_bounds("floor", 4, 9) == [(0, 2), (2, 4), (4, 6), (6, 9)]
+    assert chunk_bounds("floor", 4, 2) == [(0, 0), (0, 0), (0, 0), (0, 2)]
+    assert chunk_bounds("floor", 3, 7) == [(0, 2), (2, 4), (4, 7)]
 
 
 @pytest.mark.clause("schedule-layouts")
@@ -112,6 +143,8 @@ def test_layouts_match_spec_code_and_gloo_formula(n: int) -> None:
             cases: tuple[tuple[Layout, list[tuple[int, int]]], ...] = (
                 ("blocks", blocks_bounds(n, s)),
                 ("gloo", gloo_bounds(n, s, itemsize)),
+                ("ceil", ceil_bounds(n, s)),
+                ("floor", floor_bounds(n, s)),
             )
             for layout, oracle in cases:
                 got = chunk_bounds(layout, n, s, itemsize=itemsize)
@@ -129,6 +162,10 @@ def _bounds(ring: RingSchedule, n: int, s: int, itemsize: int) -> list[tuple[int
         return blocks_bounds(n, s)
     if ring.layout == "gloo":
         return gloo_bounds(n, s, itemsize)
+    if ring.layout == "ceil":
+        return ceil_bounds(n, s)
+    if ring.layout == "floor":
+        return floor_bounds(n, s)
     return [(c * s // n, (c + 1) * s // n) for c in range(n)]
 
 
@@ -139,7 +176,7 @@ def test_every_ring_is_its_fold_bit_for_bit(engine: Engine, dtype: torch.dtype) 
     gen = torch.Generator().manual_seed(7)
     rings = [
         *(ring for ring in PRESETS.values() if isinstance(ring, RingSchedule)),
-        *(RingSchedule(d, k, lay) for d in (1, -1) for k in (0, 2, -3) for lay in ("even", "blocks", "gloo")),
+        *(RingSchedule(d, k, lay) for d in (1, -1) for k in (0, 2, -3) for lay in LAYOUTS),
     ]
     for n in (1, 2, 3, 5, 8):
         for m, trailing in ((n, ()), (2 * n, (3,)), (2 * n + 1, ()), (3, (2, 2))):
@@ -264,7 +301,7 @@ def test_bad_schedules_are_refused_by_name(
 def test_any_m_is_accepted_by_blocks_and_gloo_only(engine: Engine) -> None:
     x = torch.arange(15.0).reshape(3, 5)
     column_sums = [15.0, 18.0, 21.0, 24.0, 27.0]
-    for name in ("openmpi-ring", "gloo"):
+    for name in ("openmpi-ring", "gloo", "mpich-ring", "intel-ring"):
         assert ring_all_reduce(x, engine, schedule=name).tolist() == column_sums
         assert ring_all_reduce(np.asarray(x), engine, schedule=name).tolist() == column_sums
     for ring in ("spec", RingSchedule(-1, 1, "even")):

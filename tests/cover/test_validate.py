@@ -333,7 +333,8 @@ def test_the_even_layout_is_the_default_and_only_it_needs_m_divisible_by_n() -> 
 # --- schedule= (clause schedule-bad-input) ------------------------------------------------------
 
 CHOOSE = (
-    "choose a preset ('spec', 'openmpi-ring', 'gloo', 'chain') or a "
+    "choose a preset ('spec', 'openmpi-ring', 'gloo', 'chain', 'mpich-ring', 'intel-ring', 'mlx-ring', "
+    "'recursive-doubling') or a "
     "ring_ref.schedule.RingSchedule(direction, offset, layout) or ChainSchedule(layout)."
 )
 
@@ -349,7 +350,7 @@ def test_schedule_refusals_word_for_word() -> None:
     )
     rows = RingSchedule(1, 0, "rows")  # type: ignore[arg-type]
     assert _message(lambda: ring_all_reduce(x, schedule=rows), ValueError) == (
-        "unknown schedule layout 'rows'; choose one of even, blocks, gloo."
+        "unknown schedule layout 'rows'; choose one of even, blocks, gloo, ceil, floor."
     )
 
 

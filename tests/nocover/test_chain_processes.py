@@ -25,8 +25,9 @@ from ring_ref._processes._mpi_job import MpiJob
 from ring_ref._ranks import _plans
 from ring_ref.distributed import RingHookState, ring_all_reduce_, ring_hook
 from ring_ref.mpi import ring_all_reduce_ as mpi_ring_all_reduce_
-from ring_ref.schedule import ChainSchedule
+from ring_ref.schedule import ChainSchedule, DoublingSchedule
 from tests.common.oracles import left_fold, same_bits
+from tests.common.planted_orders import recursive_doubling
 from tests.common.processes import Jobs
 
 CALL_TIMEOUT_S = 120.0
@@ -153,6 +154,25 @@ def test_a_chain_on_one_rank_only_is_refused_on_every_rank(rings: dict[int, Spaw
     assert all(unchanged for _, _, unchanged in per_rank)
 
 
+def refuse_doubling(rank: int, world_size: int, _: None) -> tuple[str, str, bool]:
+    """Every rank asks for recursive doubling, which torch ranks do not run: every rank raises the same."""
+    mine = torch.arange(6.0)
+    try:
+        ring_all_reduce_(mine, schedule="recursive-doubling")
+    except ValueError as exc:
+        return "ValueError", str(exc), bool(torch.equal(mine, torch.arange(6.0)))
+    return "ok", "", True
+
+
+@pytest.mark.clause("doubling-processes")
+def test_doubling_on_torch_ranks_is_refused_on_every_rank(rings: dict[int, SpawnedGroup]) -> None:
+    per_rank = rings[3].run(refuse_doubling, None, timeout_s=CALL_TIMEOUT_S)
+    assert {kind for kind, _, _ in per_rank} == {"ValueError"}, per_rank
+    assert len({message for _, message, _ in per_rank}) == 1
+    assert "recursive doubling is not a ring" in per_rank[0][1]
+    assert all(unchanged for _, _, unchanged in per_rank)
+
+
 # --- MPI ---------------------------------------------------------------------------------------
 
 
@@ -164,7 +184,9 @@ def mpi4() -> Iterator[tuple[Jobs, MpiJob]]:
     pool.close()
 
 
-def mpi_rows(comm: Any, cases: list[tuple[Array, str | ChainSchedule]]) -> list[Array | None]:
+def mpi_rows(
+    comm: Any, cases: list[tuple[Array, str | ChainSchedule | DoublingSchedule]]
+) -> list[Array | None]:
     """On each rank: the MPI ring's chain on ``x[rank]`` among the first ``N`` ranks (others: ``None``)."""
     from mpi4py import MPI
 
@@ -204,3 +226,24 @@ def test_chain_on_mpi_ranks_is_the_left_fold(mpi4: tuple[Jobs, MpiJob], data: st
                 schedule,
                 rank,
             )
+
+
+@pytest.mark.clause("doubling-processes")
+@PROCESS_SETTINGS
+@given(data=st.data())
+def test_doubling_on_mpi_ranks_is_the_doubling_tree(mpi4: tuple[Jobs, MpiJob], data: st.DataObject) -> None:
+    jobs, world4 = mpi4
+    cases: list[tuple[Array, str | ChainSchedule | DoublingSchedule]] = []
+    for n in (1, 2, 3, 4):
+        stack = data.draw(stacked(n, (torch.float16, torch.float32, torch.float64)))
+        schedules: list[str | ChainSchedule | DoublingSchedule] = [
+            "recursive-doubling",
+            DoublingSchedule("ceil"),
+        ]
+        cases.append((stack.numpy(), data.draw(st.sampled_from(schedules))))
+    per_rank = jobs.run(world4, mpi_rows, cases, timeout_s=CALL_TIMEOUT_S)
+    for k, (x, schedule) in enumerate(cases):
+        want = recursive_doubling(torch.from_numpy(x))
+        for rank in range(x.shape[0]):
+            got = per_rank[rank][k]
+            assert got is not None and same_bits(torch.from_numpy(got), want), (x.shape, schedule, rank)

@@ -50,9 +50,10 @@ def _mlx_folds(n: int, m: int) -> list[object]:
 
 @pytest.mark.clause("mlx-findings", "mlx-ranks")
 def test_mlx_all_sum_folds_each_ceil_chunk_from_its_own_rank_down_at_n_4_m_9() -> None:
-    # M = 9 at N = 4: chunks of 3, 3, 3 and 0 elements, so no ring of the family (folds)
+    # M = 9 at N = 4: chunks of 3, 3, 3 and 0 elements, the ceil layout: MLX's ring preset
     found = _reveal(4, 9)
-    assert found["classification"] == "folds" and found["matches"] == []
+    assert found["classification"] == "ring" and found["matches"] == ["mlx-ring"], found
+    assert found["ring"] == {"direction": -1, "offset": 0, "layout": "ceil"}
     assert (
         found["trees"]
         == [{"fold": [0, 3, 2, 1]}] * 3 + [{"fold": [0, 1, 3, 2]}] * 3 + [{"fold": [1, 2, 0, 3]}] * 3

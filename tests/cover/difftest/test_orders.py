@@ -31,6 +31,7 @@ from ring_ref.difftest._orders import (
 from ring_ref.difftest._rules import Spawn
 from ring_ref.difftest._search import run_difftest
 from ring_ref.testing import assert_matches_reference
+from tests.common import planted_orders
 from tests.common.oracles import blocks_bounds, gloo_bounds, same_bits, schedule_fold
 from tests.common.paths import ROOT
 from tests.common.planted_impls import (
@@ -356,7 +357,12 @@ def test_auto_reveals_at_an_uneven_m_only_a_target_that_needs_it() -> None:
     with pytest.raises(OrderError, match=r"--schedule auto: .*no all-reduce here"):
         auto_order(raises, 4)
     with pytest.raises(OrderError, match=r"not one ring's fold at N = 4, M = 8"):
-        auto_order(lambda x: (x[0] + x[1]) + (x[2] + x[3]), 4)  # a tree, no fold
+        auto_order(lambda x: (x[0] + x[2]) + (x[1] + x[3]), 4)  # a tree, no fold, not recursive doubling's
+    # ((0 + 1) + (2 + 3)) is recursive doubling's tree: auto takes the preset
+    assert (
+        auto_order(lambda x: (x[0] + x[1]) + (x[2] + x[3]), 4).name
+        == "the recursive-doubling schedule's order"
+    )
     # torch.sum(x, 0) of four workers of 8 and 9 elements adds worker after worker: the chain's order
     assert auto_order(lambda x: x.sum(0), 4).name == "the chain schedule's order"
 
@@ -402,7 +408,7 @@ def test_schedule_auto_reveals_a_function_in_this_process() -> None:
     assert against["revealed"].startswith("revealed at N = 4, M = 9 in ")
     with pytest.raises(OrderError, match="not one ring's fold"):
         difftest(
-            lambda x: (x[0] + x[1]) + (x[2] + x[3]), modes="exact", examples=2, max_workers=4, schedule="auto"
+            lambda x: (x[0] + x[2]) + (x[1] + x[3]), modes="exact", examples=2, max_workers=4, schedule="auto"
         )
 
 
@@ -555,3 +561,29 @@ def test_an_order_file_spells_any_tree_any_way_and_is_checked(tmp_path: Path) ->
         saved.write_text(json.dumps({**base, "trees": [tree] * 3}), encoding="utf-8")
         with pytest.raises(OrderError, match=re.escape(words)):
             read_order(saved)
+
+
+# --- The libraries' presets, each against a stacked twin of its library (issue #41) -----------------
+
+LIBRARY_TWINS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "mpich-ring": planted_orders.mpich_ring,
+    "intel-ring": planted_orders.intel_ring,
+    "mlx-ring": planted_orders.mlx_ring,
+    "recursive-doubling": planted_orders.recursive_doubling,
+}
+"""Each library preset's twin in ``tests/common/planted_orders.py``: a plain loop, no ``ring_ref``."""
+
+
+@pytest.mark.clause("schedule-presets", "doubling-tools")
+@pytest.mark.parametrize("preset", list(LIBRARY_TWINS))
+def test_each_library_preset_passes_its_twin_and_fails_the_others(preset: str) -> None:
+    kwargs: dict[str, object] = {"modes": ("exact",), "examples": 12, "seed": 5, "max_workers": 4}
+    passed = difftest(LIBRARY_TWINS[preset], isolate=False, schedule=preset, **kwargs)  # type: ignore[arg-type]
+    assert passed.verdict == "pass", passed.render()
+    for other, twin in LIBRARY_TWINS.items():
+        if other != preset:
+            failed = difftest(twin, isolate=False, schedule=preset, **kwargs)  # type: ignore[arg-type]
+            assert failed.verdict == "fail" and failed.diagnoses == ["not-ring-order"], (
+                other,
+                failed.render(),
+            )
