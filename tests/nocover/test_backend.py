@@ -258,11 +258,12 @@ def test_ddp_without_a_hook_reduces_each_bucket_in_the_groups_order(
             assert same_bits(calls[k][1], want), (k, rank)
 
 
-def run_faults_script(mode: str, order: str, out: Path) -> None:
-    """``tests/common/backend_faults.py MODE OUT`` under ``torchrun`` on 3 ranks; it must exit with 0."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3"]
+def torchrun(n: int, script: Path, args: list[str], order: str, timeout: float) -> str:
+    """``script ARGS`` under ``torchrun`` on ``n`` ranks with ``RING_REF_ORDER=order``; its output, once it
+    has exited with 0 (killed with its ranks after ``timeout`` seconds)."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n)]
     launcher = subprocess.Popen(
-        [*command, str(ROOT / "tests" / "common" / "backend_faults.py"), mode, str(out)],
+        [*command, str(script), *args],
         cwd=ROOT,
         env={**os.environ, "GLOO_SOCKET_IFNAME": "lo", "RING_REF_ORDER": order, "PYTHONFAULTHANDLER": "1"},
         stdout=subprocess.PIPE,
@@ -271,12 +272,18 @@ def run_faults_script(mode: str, order: str, out: Path) -> None:
         start_new_session=True,  # its own process group, so a timeout can take the ranks down with it
     )
     try:
-        stdout, stderr = launcher.communicate(timeout=TIMEOUT_S)
+        stdout, stderr = launcher.communicate(timeout=timeout)
     finally:
         if launcher.poll() is None:
             os.killpg(launcher.pid, signal.SIGKILL)
             launcher.communicate()
     assert launcher.returncode == 0, stdout + stderr
+    return stdout
+
+
+def run_faults_script(mode: str, order: str, out: Path) -> None:
+    """``tests/common/backend_faults.py MODE OUT`` under ``torchrun`` on 3 ranks; it must exit with 0."""
+    torchrun(3, ROOT / "tests" / "common" / "backend_faults.py", [mode, str(out)], order, TIMEOUT_S)
 
 
 @pytest.mark.clause("backend-fsdp")
@@ -289,24 +296,7 @@ def test_a_new_group_of_a_ring_ref_world_is_a_ring_ref_group(tmp_path: Path) -> 
 
 def bucket_experiment(backend: str, order: str) -> str:
     """``examples/bucket_order.py`` under ``torchrun`` on 4 ranks, as the guide runs it; its output."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4"]
-    launcher = subprocess.Popen(
-        [*command, str(EXAMPLES / "bucket_order.py"), "--backend", backend],
-        cwd=ROOT,
-        env={**os.environ, "GLOO_SOCKET_IFNAME": "lo", "RING_REF_ORDER": order, "PYTHONFAULTHANDLER": "1"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # its own process group, so a timeout can take the ranks down with it
-    )
-    try:
-        stdout, stderr = launcher.communicate(timeout=4 * TIMEOUT_S)
-    finally:
-        if launcher.poll() is None:
-            os.killpg(launcher.pid, signal.SIGKILL)
-            launcher.communicate()
-    assert launcher.returncode == 0, stdout + stderr
-    return stdout
+    return torchrun(4, EXAMPLES / "bucket_order.py", ["--backend", backend], order, 4 * TIMEOUT_S)
 
 
 @pytest.mark.clause("backend-ddp")
