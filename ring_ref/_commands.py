@@ -239,7 +239,10 @@ def _print_revealed(found: _reveal.Revealed, args: argparse.Namespace, out: Text
     if args.collective.scatters and not args.json:
         print("reduce-scatter, each shard's order:", file=out)
         print(
-            "\n".join(f"  {line}" for line in _orders.shard_orders(found.trees, args.n, found.ring)), file=out
+            "\n".join(
+                f"  {line}" for line in _orders.shard_orders(found.trees, args.n, found.ring, args.dtype)
+            ),
+            file=out,
         )
     if found.classification != "ring":
         # reveal names an order, it gives no verdict: the exit status stays 0 (docs/guide/reveal.md)

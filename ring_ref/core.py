@@ -199,8 +199,8 @@ def doubling_step(
     nothing keeps its buffer.  All reads are from ``state``.
 
     >>> from ring_ref.schedule import RECURSIVE_DOUBLING as RD
-    >>> doubling_step(initial_state([[1], [2], [4]]), "reduce-scatter", 0, lambda a, b: a + b, RD)
-    ((1,), (3,), (4,))
+    >>> doubling_step(initial_state([[1] * 3, [2] * 3, [4] * 3]), "reduce-scatter", 0, lambda a, b: a + b, RD)
+    ((1, 1, 1), (3, 3, 3), (4, 4, 4))
     """
     n = len(state)
     new_rows = []

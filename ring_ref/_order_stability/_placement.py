@@ -59,12 +59,12 @@ def chunk_offsets(n: int, m: int, k: int, *, itemsize: int = 4) -> list[int]:
     """The default offsets at size ``m`` (clause ``invariance-placements``): the fewest regions of ``k``
     elements that probe every chunk of every layout of the ring family at ``n`` workers, and the last element.
 
-    Each chunk's first element (``even`` where ``n`` divides ``m``, ``blocks``, ``gloo`` for elements of
-    ``itemsize`` bytes) and element ``m - 1`` are points to cover; a region starts at the first point not yet
-    covered, moved back to ``m - k`` where it would run past the end.
+    Each chunk's first element (``even`` where ``n`` divides ``m``, ``blocks``, ``ceil``, ``floor``,
+    ``gloo`` for elements of ``itemsize`` bytes) and element ``m - 1`` are points to cover; a region starts
+    at the first point not yet covered, moved back to ``m - k`` where it would run past the end.
 
     >>> chunk_offsets(3, 64, 7), chunk_offsets(4, 16, 16), chunk_offsets(3, 4096, 32)
-    ([0, 22, 43, 57], [0], [0, 1366, 2731, 4064])
+    ([0, 21, 42, 57], [0], [0, 1365, 2730, 4064])
     """
     points = {m - 1}
     for layout in LAYOUTS:

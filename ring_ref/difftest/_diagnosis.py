@@ -417,10 +417,13 @@ def _narrowed(case: Case, result: torch.Tensor, order: ExactOrder) -> str | None
     a value of a narrower dtype, every element of ``result`` is one, and the result passes that dtype's
     ``bound`` on the inputs rounded to it (the target rounded its inputs, computed there, and widened the
     result back); the widest such dtype is named.  Inputs that are all values of it leave no trace of
-    the narrowing that an error of another kind could not leave as well, so they name nothing."""
+    the narrowing that an error of another kind could not leave as well, so they name nothing; nor do
+    inputs that are not its values only by lying below its normal range (a subnormal flushed to zero, as
+    XLA's CPU collectives do, is not a narrowed dtype)."""
     inputs = exact_tensor(case.values, case.dtype)
     for narrow in _NARROWER.get(case.dtype, ()):
-        if not (_values_of(narrow, result) and not _values_of(narrow, inputs)):
+        normal = inputs[inputs.abs() >= torch.finfo(narrow).tiny]
+        if not (_values_of(narrow, result) and not _values_of(narrow, normal)):
             continue
         rounded = replace(case, dtype=narrow, values=tuple(inputs.to(narrow).tolist()))
         if check_values("bound", rounded, result.to(narrow), order).mismatch is None:

@@ -43,7 +43,15 @@ from ring_ref._dispatch import ring_all_reduce
 from ring_ref._dtypes import FORMATS, bits
 from ring_ref._hints import ORDER_FILE, shape_hint
 from ring_ref._ops import OPS
-from ring_ref._order import Tree, evaluate, fold_order_of, format_tree, reveal_document, tree_from_json
+from ring_ref._order import (
+    Tree,
+    evaluate,
+    fold_order_of,
+    format_tree,
+    reveal_document,
+    ring_trees,
+    tree_from_json,
+)
 from ring_ref._reveal import REVEAL_FORMAT, REVEAL_VERSION, RevealError, reveal
 from ring_ref._validate import schedule_of
 from ring_ref.difftest._call import Answer, kind_hint, well_formed
@@ -574,7 +582,9 @@ def stacked_reduce_scatter(fn: Callable[[torch.Tensor], object]) -> Callable[[to
     return call
 
 
-def shard_orders(trees: list[Tree | None], n: int, ring: RingSchedule | None = None) -> list[str]:
+def shard_orders(
+    trees: list[Tree | None], n: int, ring: RingSchedule | None = None, dtype_name: str = "float32"
+) -> list[str]:
     """``shard r (rank r): fold 1,2,0``: each shard's order, from the trees of the ``M`` elements a
     reduce-scatter's shards make in rank order (``reveal --collective reduce-scatter``); with the
     fitted ``ring``, the presets whose reduce-scatter ring it is (:func:`reduce_scatter_ring`).
@@ -588,12 +598,14 @@ def shard_orders(trees: list[Tree | None], n: int, ring: RingSchedule | None = N
         shard = trees[r * rows : (r + 1) * rows]
         own = {format_tree(t) if t is not None else "no tree of additions" for t in shard}
         lines.append(f"shard {r} (rank {r}): {' / '.join(sorted(own))}")
-    if ring is not None:
+    if ring is not None:  # a preset is named by the trees its reduce-scatter ring makes at this M, so
+        # that two layouts that cut M alike (even and ceil where N divides M) both name theirs
+        fitted = ring_trees(ring, n, len(trees), dtype_name)
         named = [
             p
             for p, preset in PRESETS.items()
             if isinstance(preset, RingSchedule)
-            and reduce_scatter_ring(p, n).normalized(n) == ring.normalized(n)
+            and ring_trees(reduce_scatter_ring(p, n), n, len(trees), dtype_name) == fitted
         ]
         lines.append(f"the reduce-scatter ring of preset(s): {', '.join(named) if named else 'none'}")
     return lines

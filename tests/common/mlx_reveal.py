@@ -13,7 +13,6 @@ import json
 import sys
 from typing import Any
 
-import mlx.core as mx
 import numpy as np
 import numpy.typing as npt
 import torch
@@ -21,12 +20,16 @@ import torch
 
 def _exact(group: Any, bits: npt.NDArray[np.int32]) -> npt.NDArray[np.int32]:
     """``all_sum`` of ``int32`` arrays of which at most one rank's is not zero: that rank's, exactly."""
+    import mlx.core as mx  # not at import: pytest imports this module, and --ranks mlx forks no mlx
+
     return np.array(mx.distributed.all_sum(mx.array(bits), group=group), dtype=np.int32)
 
 
 def _call(group: Any, m: int, rows: npt.NDArray[np.float32] | None) -> npt.NDArray[np.int32] | None:
     """One ``all_sum`` of rank 0's ``(N, M)`` rows, every rank's result as bits; ``None`` once rank 0 is
     done (``rows`` is ``None`` on rank 0)."""
+    import mlx.core as mx  # not at import: pytest imports this module, and --ranks mlx forks no mlx
+
     rank, n = group.rank(), group.size()
     go = np.array([0 if rows is None else 1], np.int32) if rank == 0 else np.zeros(1, np.int32)
     if _exact(group, go)[0] == 0:
@@ -40,6 +43,8 @@ def _call(group: Any, m: int, rows: npt.NDArray[np.float32] | None) -> npt.NDArr
 
 
 def main(m: int) -> None:
+    import mlx.core as mx  # not at import: pytest imports this module, and --ranks mlx forks no mlx
+
     group = mx.distributed.init(backend="ring", strict=True)
     if group.rank() != 0:
         while _call(group, m, None) is not None:

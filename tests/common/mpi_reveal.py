@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from mpi4py import MPI
 
 
 def _call(comm: Any, rows: Any) -> list[Any] | None:
@@ -24,12 +23,16 @@ def _call(comm: Any, rows: Any) -> list[Any] | None:
         return None
     mine = np.ascontiguousarray(rows[comm.Get_rank()])
     out = np.empty_like(mine)
+    from mpi4py import MPI  # here: pytest imports this module for its doctests, outside any MPI job
+
     comm.Allreduce(mine, out, op=MPI.SUM)
     gathered: list[Any] | None = comm.gather(out, root=0)
     return gathered if comm.Get_rank() == 0 else []
 
 
 def main(m: int) -> None:
+    from mpi4py import MPI  # imported under mpiexec only: an import initialises MPI (a singleton's orted)
+
     comm = MPI.COMM_WORLD
     if comm.Get_rank() != 0:
         while _call(comm, None) is not None:

@@ -166,6 +166,6 @@ def test_openmpi_allgather_copies_and_reduce_scatter_block_sums_one_tree(jobs: J
         found = reveal(per_rank_target(launcher, Collective.REDUCE_SCATTER), 4, 8, "float32")
     finally:
         jobs.note()
-    # every shard summed as one balanced tree, the same for every rank: no ring's fold
+    # every shard summed as one balanced tree, the same for every rank: no ring's fold, recursive doubling's
     assert {format_tree(t) for t in found.trees if t is not None} == {"((0+1)+(2+3))"}
-    assert found.classification == "trees" and not found.matches
+    assert found.classification == "trees" and found.matches == ["recursive-doubling"]

@@ -86,5 +86,7 @@ def test_openmpi_default_at_three_ranks_switches_to_its_ring_at_4096() -> None:
         "order changes above M = 64 (the same up to M = 64, each element folds its chunk of the openmpi-ring "
         "ring from M = 4096 on)"
     )
-    assert found.placements[-4:] == [(4096, 0), (4096, 1366), (4096, 2731), (4096, 4089)]
-    assert [row[0] for row in found.trees[-4:]] == [((0, 1), 2), ((1, 2), 0), ((0, 2), 1), ((0, 2), 1)]
+    # regions at each layout's chunk starts: floor's 1365 and 2730 cover blocks' 1366 and 2731 (K = 7); in
+    # openmpi-ring's blocks (1366, 1365, 1365) element 1365 is chunk 0's, 2730 chunk 1's, 4089 chunk 2's
+    assert found.placements[-4:] == [(4096, 0), (4096, 1365), (4096, 2730), (4096, 4089)]
+    assert [row[0] for row in found.trees[-4:]] == [((0, 1), 2), ((0, 1), 2), ((1, 2), 0), ((0, 2), 1)]

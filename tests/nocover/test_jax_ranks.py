@@ -48,7 +48,8 @@ def test_multi_process_psum_over_gloo_is_the_gloo_preset_at_n_2_to_4() -> None:
     }
     for n, trees in by_chunk.items():
         found = _reveal(n)
-        assert found["classification"] == "ring" and found["matches"] == ["gloo"], found
+        alike = ["mpich-ring"] if n == 3 else []  # at N = 3, M = 6 gloo's and ceil's cuts and trees agree
+        assert found["classification"] == "ring" and found["matches"] == ["gloo", *alike], found
         assert found["ring"] == {"direction": -1, "offset": n - 1, "layout": "gloo"}
         assert found["trees"] == [flat(tree) for tree in trees for _ in range(2)]  # version 3: folds flat
 

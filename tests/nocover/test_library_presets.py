@@ -32,9 +32,12 @@ LIBRARY_PRESETS: Final = ("mpich-ring", "intel-ring", "recursive-doubling")
 def _library() -> str:
     """``MPI.Get_library_version()`` of the ``mpi4py`` this suite imports, or ``""`` without one."""
     try:
-        from mpi4py import MPI
+        import mpi4py
     except ImportError:
         return ""
+    mpi4py.rc.initialize = False  # never MPI_Init here: OpenMPI would start a singleton's orted (a leftover)
+    from mpi4py import MPI
+
     return str(MPI.Get_library_version())
 
 

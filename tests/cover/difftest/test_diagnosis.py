@@ -2003,3 +2003,18 @@ def test_wrong_values_of_no_narrower_computation_are_not_narrowed_dtype(
 ) -> None:
     codes, _ = find(bug, case(WIDE, dtype=torch.float64), "bound")
     assert "narrowed-dtype" not in codes and codes == ["out-of-bound"]
+
+
+def _flushes_subnormals(x: torch.Tensor) -> torch.Tensor:
+    total = ring_all_reduce(x)
+    return torch.where(total.abs() < torch.finfo(x.dtype).tiny, torch.zeros_like(total), total)
+
+
+@pytest.mark.clause("difftest-narrowed-dtype")
+def test_a_subnormal_flushed_to_zero_is_out_of_bound_not_narrowed_dtype() -> None:
+    """XLA's CPU collectives flush subnormals: 2^-140 + 2^-141 comes back 0.0, a value of every narrower
+    dtype, and within bfloat16's bound of the inputs rounded to it (both round to 0); no input of a
+    narrower dtype's normal range lost a bit, so nothing names a narrowing."""
+    c = Case(2, 2, (), torch.float32, "contiguous", (2.0**-140, 1.0, 2.0**-141, 1.0))
+    codes, _ = find(_flushes_subnormals, c, "bound")
+    assert codes == ["out-of-bound"]
