@@ -187,7 +187,11 @@ class RingFit:
         layouts ``even``, ``blocks``, ``gloo`` (small rings fit several; for ``N <= 2`` all are one)."""
         candidates = [p.normalized(self.n) for p in PRESETS.values() if isinstance(p, RingSchedule)]
         candidates += [RingSchedule(d, k, lay) for d in (1, -1) for k in range(self.n) for lay in LAYOUTS]
-        return next((ring for ring in dict.fromkeys(candidates) if self.fits(ring)), None)
+        ring = next((ring for ring in dict.fromkeys(candidates) if self.fits(ring)), None)
+        if ring is None:
+            return None
+        # where layouts cut this M alike (even and ceil where N divides M), the first of LAYOUTS names it
+        return next(r for lay in LAYOUTS if self.fits(r := ring._replace(layout=lay)))
 
     def matching_presets(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> list[str]:
         """The presets (``chain`` too: it fits when every element is the left fold ``0, 1, ..., N - 1``)
