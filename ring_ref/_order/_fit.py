@@ -190,8 +190,10 @@ class RingFit:
         ring = next((ring for ring in dict.fromkeys(candidates) if self.fits(ring)), None)
         if ring is None:
             return None
-        # where layouts cut this M alike (even and ceil where N divides M), the first of LAYOUTS names it
-        return next(r for lay in LAYOUTS if self.fits(r := ring._replace(layout=lay)))
+        # a library's layout (ceil, floor) that cuts this M as one of the family's first layouts does (even
+        # where N divides M) is named by that one, as before the library layouts were added
+        named = (*LAYOUTS[:3], ring.layout) if ring.layout in LAYOUTS[3:] else (ring.layout,)
+        return next(r for lay in named if self.fits(r := ring._replace(layout=lay)))
 
     def matching_presets(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> list[str]:
         """The presets (``chain`` too: it fits when every element is the left fold ``0, 1, ..., N - 1``)
