@@ -184,7 +184,8 @@ class RingFit:
 
     def first_ring(self) -> RingSchedule | None:
         """The first ring of the family that fits: the ring presets, then ``d = +1, -1``, ``k = 0 .. N - 1``,
-        layouts ``even``, ``blocks``, ``gloo`` (small rings fit several; for ``N <= 2`` all are one)."""
+        layouts ``even``, ``blocks``, ``gloo``, ``ceil``, ``floor`` (small rings fit several; for ``N <= 2``
+        all are one); a library layout that cuts ``M`` as one of the first three does is named by that one."""
         candidates = [p.normalized(self.n) for p in PRESETS.values() if isinstance(p, RingSchedule)]
         candidates += [RingSchedule(d, k, lay) for d in (1, -1) for k in range(self.n) for lay in LAYOUTS]
         ring = next((ring for ring in dict.fromkeys(candidates) if self.fits(ring)), None)
