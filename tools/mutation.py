@@ -293,6 +293,52 @@ MODULES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
             "tests/nocover/test_procs.py",
         ),
     ),
+    # A job's rank and size from torchrun's, srun's and the MPIs' variables: environments built by hand.
+    "processes.job": (
+        ("ring_ref/_processes/_job.py",),
+        ("ring_ref/_processes/_job.py", "tests/cover/test_job_env.py"),
+    ),
+    # The JAX adapter: both engines on jax arrays in pytest's process (jax on the CPU).
+    "jax_adapter": (
+        ("ring_ref/_jax_adapter.py",),
+        ("ring_ref/_jax_adapter.py", "tests/cover/test_jax_adapter.py"),
+    ),
+    # FPRev's count probes: hand-built trees and the call bounds at moderate N (the file's N = 1024 cases
+    # take minutes each).
+    "reveal.count": (
+        ("ring_ref/_reveal/_count.py",),
+        (
+            "ring_ref/_reveal/_count.py",
+            *(
+                f"tests/cover/test_reveal_scale.py::{name}"
+                for name in (
+                    "test_count_probes_reveal_hand_built_trees",
+                    "test_a_multiway_node_is_one_node",
+                    "test_a_fold_of_any_ring_costs_at_most_n_plus_two_calls",
+                    "test_balanced_and_hierarchical_trees_cost_at_most_n_log_n",
+                    "test_any_tree_costs_at_most_n_n_minus_1_over_2",
+                    "test_count_probes_in_every_dtype",
+                    "test_a_target_that_does_not_count_is_named",
+                )
+            ),
+        ),
+    ),
+    # The hints difftest and reveal share: outcomes and signatures built by hand, targets in pytest's process.
+    "hints": (("ring_ref/_hints.py",), ("ring_ref/_hints.py", "tests/cover/test_hints.py")),
+    # The invariance tool (placements, runs over sizes and offsets, the report): stacked targets in-process.
+    "order_stability": (
+        (
+            "ring_ref/_order_stability/_placement.py",
+            "ring_ref/_order_stability/_run.py",
+            "ring_ref/_order_stability/_report.py",
+        ),
+        (
+            "ring_ref/_order_stability/_placement.py",
+            "ring_ref/_order_stability/_run.py",
+            "ring_ref/_order_stability/_report.py",
+            "tests/cover/test_invariance.py",
+        ),
+    ),
     # Joining MLX's ring from the environment: a stand-in for mlx.core in pytest's process.
     "processes.mlx": (
         ("ring_ref/_processes/_mlx.py",),
