@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import signal
+import socket
 import time
 
 import jsonschema  # type: ignore[import-untyped]
 import pytest
+import torch
 import torch.distributed
 
 from ring_ref._cli import main
-from ring_ref._processes._job import JobEnv, JobEnvError, job_environment, launch_prefix
+from ring_ref._processes._job import JobEnv, JobEnvError, job_environment, join_job, launch_prefix
 from ring_ref._processes._shared import FAILURE_GRACE_S
 from ring_ref.difftest import difftest
 from ring_ref.difftest._job import BYE_WAIT_S, MPIRUN_BYE_WAIT_S, JobRanks, _Terminate, takes_group
@@ -205,3 +208,105 @@ def test_under_mpirun_sigcont_says_bye_and_the_silent_rank_is_dead_at_once(
             time.sleep(0.01)
         assert MPIRUN_BYE_WAIT_S <= time.monotonic() - started < BYE_WAIT_S
         assert launcher.watch.dead(1).startswith("its process died") and launcher.watch.dead(0) == ""
+
+
+def test_an_incomplete_environment_is_refused_in_full_words() -> None:
+    with pytest.raises(JobEnvError) as one:
+        job_environment({"RANK": "0"})
+    assert str(one.value) == (
+        "torchrun's variables are incomplete: RANK is set but WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, "
+        "MASTER_PORT are not (--ranks job joins a job through RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, "
+        "MASTER_PORT; run under torchrun, srun, mpirun or mpiexec, and give MASTER_ADDR and MASTER_PORT to "
+        "srun, mpirun and mpiexec jobs)"
+    )
+    with pytest.raises(JobEnvError) as two:
+        job_environment({**TORCHRUN, "MASTER_PORT": ""})
+    assert "RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR are set but MASTER_PORT is not" in str(two.value)
+
+
+def test_outside_any_job_the_refusal_names_every_launcher_and_pmix_only_when_set() -> None:
+    launchers = (
+        "--ranks job found no job in the environment: none of RANK, WORLD_SIZE, SLURM_PROCID, SLURM_NTASKS, "
+        "OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, PMI_RANK, PMI_SIZE is set"
+    )
+    fix = (
+        "; start every rank with torchrun, srun, mpirun or mpiexec (srun, mpirun and mpiexec jobs also need "
+        "MASTER_ADDR and MASTER_PORT)"
+    )
+    with pytest.raises(JobEnvError) as plain:
+        job_environment({})
+    assert str(plain.value) == launchers + fix
+    with pytest.raises(JobEnvError) as pmix:
+        job_environment({"PMIX_RANK": "2"})
+    assert str(pmix.value) == (
+        f"{launchers} (PMIX_RANK=2 is set, but a PMIx launcher gives no world size: run under one of those "
+        f"launchers, whose variables say it){fix}"
+    )
+
+
+def _ranked(rank: int, size: int, local: int, port: int) -> dict[str, str]:
+    return {"RANK": str(rank), "WORLD_SIZE": str(size), "LOCAL_RANK": str(local), "MASTER_ADDR": "h",
+            "MASTER_PORT": str(port)}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("rank", "size", "local", "port"),
+    [(0, 1, 0, 1), (0, 1, 0, 65535), (3, 4, 3, 29500), (3, 4, 0, 29500)],
+    ids=["one-rank-port-1", "last-port", "local-is-rank", "local-zero"],
+)
+def test_the_edges_of_a_consistent_environment_are_accepted(
+    rank: int, size: int, local: int, port: int
+) -> None:
+    assert job_environment(_ranked(rank, size, local, port)) == JobEnv(
+        "torchrun", rank, size, local, "h", port
+    )
+
+
+@pytest.mark.parametrize(
+    ("rank", "size", "local", "port"),
+    [(0, 0, 0, 29500), (-1, 4, 0, 29500), (4, 4, 0, 29500), (2, 4, 3, 29500), (1, 4, -1, 29500),
+     (0, 4, 0, 0), (0, 4, 0, 65536)],
+    ids=["no-ranks", "negative-rank", "rank-is-size", "local-above-rank", "negative-local", "port-0",
+         "port-65536"],
+)  # fmt: skip
+def test_just_past_each_edge_the_environment_is_inconsistent(
+    rank: int, size: int, local: int, port: int
+) -> None:
+    with pytest.raises(JobEnvError) as raised:
+        job_environment(_ranked(rank, size, local, port))
+    assert str(raised.value) == (
+        f"torchrun's variables are inconsistent: RANK={rank}, WORLD_SIZE={size}, LOCAL_RANK={local}, "
+        f"MASTER_PORT={port} (need 0 <= local rank <= rank < world size and a port from 1 to 65535)"
+    )
+
+
+def test_the_launcher_is_read_from_this_processs_environment_by_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("TORCHELASTIC_RUN_ID", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PMI_RANK", "0")
+    assert launch_prefix(3) == "mpiexec -n 3"
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    assert launch_prefix(3) == "srun -n 3"
+
+
+def test_joining_a_job_makes_its_default_group_with_the_rank_size_and_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.setenv(name, "unset")  # restored after the test: join_job writes them
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    join_job(JobEnv("hydra", 0, 1, 0, "127.0.0.1", port), "gloo", datetime.timedelta(seconds=77))
+    try:
+        assert (torch.distributed.get_rank(), torch.distributed.get_world_size()) == (0, 1)
+        assert torch.distributed.get_backend() == "gloo"
+        world = torch.distributed.group.WORLD
+        assert world is not None
+        assert world._get_backend(torch.device("cpu")).options._timeout == datetime.timedelta(seconds=77)
+        names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+        assert [os.environ[n] for n in names] == ["0", "1", "0", "127.0.0.1", str(port)]
+    finally:
+        torch.distributed.destroy_process_group()
