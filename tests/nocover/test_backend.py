@@ -375,6 +375,18 @@ def test_fsdp2_without_custom_comms_trains_as_the_rings_custom_comms(world: Spaw
             assert same_bits(a, b), (rank, k)
 
 
+@pytest.mark.soak
+@pytest.mark.clause("backend-fsdp")
+@pytest.mark.parametrize("order", ["spec", "chain"])
+def test_fsdp2_under_torchrun_trains_to_the_one_process_replay_of_the_order(order: str) -> None:
+    """``examples/fsdp_order.py`` on 4 ranks, as the guide runs it: FSDP2 with no custom comms on
+    ``init_process_group("ring_ref")``; every rank's weights equal the script's replay, which folds
+    each rank's gradients in one process as FSDP2 lays them out (no backend code)."""
+    out = torchrun(4, EXAMPLES / "fsdp_order.py", [], order, 4 * TIMEOUT_S)
+    assert "every rank holds the same bits: yes" in out, out
+    assert "equal to the one-process replay of the order: yes" in out, out
+
+
 # --- faults --------------------------------------------------------------------------------------
 
 FAULTS = {  # what every rank but the faulty one must say (rank 1, for the first three, says the same)
