@@ -134,7 +134,7 @@ class RingRefProcessGroup(_Group):
         self._group_name = self._group_desc = ""
         store: Store = opts.store
         self.order = agree_on_order(store, rank, n, _order_text(options))
-        self._pads = PRESETS[self.order].layout == "even"  # its all-reduce pads: lengths are checked
+        self._pads = PRESETS[self.order].layout == "even"  # its all-reduce pads (backend-flat)
         self.inner = _inner_gloo(store, opts, rank, n)
 
     def getBackendName(self) -> str:
@@ -163,20 +163,26 @@ class RingRefProcessGroup(_Group):
     # --- the reductions: the order's ring ---------------------------------------------------------
 
     def _all_reduce(self, tensor: torch.Tensor, op: object) -> None:
-        if self._pads:
-            self._same_length(tensor)
-        _flat_into(
-            tensor, lambda flat: all_reduce_flat_(flat, self.inner, op=op, schedule=self.order, timeout=None)
-        )
+        try:
+            _flat_into(
+                tensor,
+                lambda flat: all_reduce_flat_(flat, self.inner, op=op, schedule=self.order, timeout=None),
+            )
+        except (TypeError, ValueError):  # refused on every rank by the ring's check
+            if self._pads:
+                self._same_length(tensor)
+            raise
 
     def _same_length(self, tensor: torch.Tensor) -> None:
-        """Every rank's element count, exchanged: two lengths that pad to the same multiple of ``N``
-        would pass the ring's own check, which sees the padded tensors."""
+        """After the ring's check has refused the call on every rank: where the order pads, whether
+        the element counts differ, which is then the error (as two counts pad to different lengths
+        or rings, the check saw different tensors; this words it).  An exchange of every rank's
+        count, on the refused call's path only."""
         mine = torch.tensor([tensor.numel() if isinstance(tensor, torch.Tensor) else -1])
         everyone = [torch.empty_like(mine) for _ in range(self._n)]
         waiter = Waiter(self._rank, self._n, None, call="the ring_ref backend's all_reduce")
         waiter.wait(
-            self.inner.allgather([everyone], [mine]), ": exchanging every rank's length before the ring"
+            self.inner.allgather([everyone], [mine]), ": exchanging every rank's length after the check"
         )
         lengths = [int(length) for length in everyone]
         if len(set(lengths)) > 1:

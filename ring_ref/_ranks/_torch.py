@@ -17,7 +17,14 @@ import torch.distributed as dist
 from ring_ref._ops import finish_torch, torch_combine_into
 from ring_ref._ranks._check import Shards
 from ring_ref._ranks._plans import BYTES, SCRATCH, ChainPlan, Known, Plan, pipelined, plan_call
-from ring_ref._ranks._transport import Waiter, chain_steps, check_gloo, check_group, run_rounds
+from ring_ref._ranks._transport import (
+    Waiter,
+    chain_pipelined,
+    chain_steps,
+    check_gloo,
+    check_group,
+    run_rounds,
+)
 from ring_ref.schedule import ALL_GATHER, REDUCE_SCATTER, Collective, Phase, RingSchedule, Schedule
 
 __all__ = ["ring_all_gather_", "ring_all_reduce_", "ring_reduce_scatter_"]
@@ -183,7 +190,8 @@ def _run(  # noqa: PLR0917 (the call's own state)
         if fill is not None:
             fill()
         if isinstance(plan, ChainPlan):
-            chain_steps(flat, work, plan, group, waiter, combine_into=combine_into)
+            chain = chain_pipelined if piped else chain_steps
+            chain(flat, work, plan, group, waiter, combine_into=combine_into)
         elif not done:
             run_rounds(
                 flat, slots, work, plan, group, waiter, combine_into=combine_into, lead=lead, steps=steps

@@ -39,9 +39,9 @@ from ring_ref._ranks._plans import (
     check_row,
     plan_call,
 )
-from ring_ref.schedule import REDUCE_SCATTER, Phase
+from ring_ref.schedule import ALL_GATHER, REDUCE_SCATTER, Phase
 
-__all__ = ["Waiter", "chain_steps", "check_gloo", "check_group", "run_rounds"]
+__all__ = ["Waiter", "chain_pipelined", "chain_steps", "check_gloo", "check_group", "run_rounds"]
 
 
 class Waiter:
@@ -496,6 +496,65 @@ def chain_steps(
                 waiter.round(request, phase, t)
         if phase == REDUCE_SCATTER and into is not None and slot is not None:
             combine_into(into, segments[slot])
+
+
+def chain_pipelined(
+    flat: torch.Tensor,
+    work: torch.Tensor,
+    plan: ChainPlan,
+    group: dist.ProcessGroup,
+    waiter: Waiter,
+    *,
+    combine_into: Callable[[torch.Tensor, torch.Tensor], None],
+) -> None:
+    """The chain's steps on ``flat`` over gloo's point-to-point sends, driven by the data rather than
+    by the steps (clause ``chain-steps``: the same transfers and combines as :func:`chain_steps`).
+
+    Every receive is posted first (a gloo send waits for its receive): a reduce step's into its
+    own part of staging, a broadcast step's straight into the slot.  Then each segment is sent on
+    as soon as it is ready: a reduce segment once it has arrived and been added into its slot
+    (``incoming + own``; rank 0's at once), a broadcast segment once it has arrived (the last rank's
+    once its reduce is complete).  No step waits for the steps of other segments, so the ``4 (n - 1)``
+    steps cost no wake-up each, and no slot is overwritten while a send still reads it: a
+    broadcast segment arrives only once it is complete, after the next rank has received this
+    rank's partial sum sent from the same slot.  The sends are waited on at the end.
+    """
+    segments = [flat[start:stop] for start, stop in plan.bounds]
+    stages = SCRATCH.get("staging", flat.numel(), work)
+    sending: list[tuple[int, dist.Work]] = []
+    receiving: dict[int, tuple[int, torch.Tensor | None, dist.Work]] = {}
+    for k, ((phase, _), c) in enumerate(zip(plan.steps, plan.received, strict=True)):
+        if c is not None and segments[c].numel():
+            start, stop = plan.bounds[c]
+            into = stages[start:stop] if phase == REDUCE_SCATTER else None
+            receiving[k] = (c, into, group.recv([segments[c] if into is None else into], plan.left, k))
+    sends = {
+        (phase, c): k
+        for k, ((phase, _), c) in enumerate(zip(plan.steps, plan.sent, strict=True))
+        if c is not None and segments[c].numel()
+    }
+
+    def send_on(phase: Phase, c: int) -> None:
+        k = sends.get((phase, c))
+        if k is not None:
+            sending.append((k, group.send([segments[c]], plan.right, k)))
+
+    added = {c for c, into, _ in receiving.values() if into is not None}
+    for phase, c in sends:  # reduce segments that receive nothing first (rank 0's): sent at once
+        if phase == REDUCE_SCATTER and c not in added:
+            send_on(phase, c)
+    for k in sorted(receiving):
+        c, into, request = receiving.pop(k)
+        waiter.round(request, *plan.steps[k])
+        if into is not None:
+            combine_into(into, segments[c])  # incoming + own (or the op's)
+            send_on(REDUCE_SCATTER, c)
+            if (REDUCE_SCATTER, c) not in sends:  # the last rank: complete, so broadcast it
+                send_on(ALL_GATHER, c)
+        else:
+            send_on(ALL_GATHER, c)
+    for k, request in sending:
+        waiter.round(request, *plan.steps[k])
 
 
 def run_rounds(  # noqa: PLR0917 (the call's own arguments)
