@@ -94,7 +94,8 @@ def ring_all_reduce_(
     layouts ``blocks`` and ``gloo`` accept any ``M``.  ``schedule="gloo"`` gives
     the bits of ``torch.distributed.all_reduce`` on gloo.  ``schedule="chain"``
     (spec section 15, not a ring) gives every rank the left fold over the ranks
-    for any ``M``; its steps run one ``batch_isend_irecv`` each, after the same check.
+    for any ``M``, after the same check; on gloo each segment is sent on as soon as it is
+    ready (every receive posted first), elsewhere its steps run one ``batch_isend_irecv`` each.
 
     ``timeout`` bounds every wait for a peer (the check before the ring, and
     each send and receive): a peer that never calls, or fails mid-ring, makes
