@@ -157,6 +157,12 @@ class RingRefProcessGroup(_Group):
         """The description torch gave the group."""
         return self._group_desc
 
+    def shutdown(self) -> None:
+        """Release the inner gloo group with this one: ``dist.destroy_process_group(group)`` calls this
+        (so does the world's, which then forgets every group itself)."""
+        if self.inner in _c10d._world.pg_map:
+            dist.destroy_process_group(self.inner)
+
     def __repr__(self) -> str:
         return f"RingRefProcessGroup(rank={self._rank}, size={self._n}, order={self.order!r})"
 
