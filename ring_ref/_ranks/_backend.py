@@ -35,6 +35,7 @@ if TYPE_CHECKING:  # torch's stubs overload each collective by its C++ and its P
 else:
     _Group = dist.ProcessGroup
 
+from ring_ref._ops import op_name
 from ring_ref._ranks._adapters import all_reduce_flat_
 from ring_ref._ranks._torch import ring_reduce_scatter_
 from ring_ref._ranks._transport import Waiter
@@ -101,14 +102,17 @@ def _done(result: object) -> dist.Work:
 
 
 def _op_of(opts: Any) -> object:
-    """The ``ReduceOp`` of a collective's options, as the ring's op check takes it; premul-sum refused."""
+    """The op of a collective's options by its name (as the ring's check takes it); premul-sum refused."""
     op = opts.reduceOp.op
     if op == dist.ReduceOp.RedOpType.PREMUL_SUM:  # type: ignore[attr-defined]  # not in the stubs
         raise ValueError(
             "ring_ref backend: ReduceOp.PREMUL_SUM (a sum of pre-scaled tensors) is not one of the "
             "ring's ops; scale the tensor first (tensor.mul_(factor)) and reduce with SUM, or use AVG."
         )
-    return op
+    try:
+        return op_name(op)  # by its name, on which the ring keeps what a call's metadata decides
+    except ValueError:
+        return op  # not an op of the ring's: its check refuses it, on every rank
 
 
 def _flat_into(target: torch.Tensor, fill: Callable[[torch.Tensor], object]) -> None:
