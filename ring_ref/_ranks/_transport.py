@@ -195,14 +195,14 @@ def check_group(
 
 
 def _payload(
-    flat: torch.Tensor | None, plan: Plan, first: int, source: torch.Tensor | None
+    flat: torch.Tensor | None, plan: Plan | ChainPlan, first: int, source: torch.Tensor | None
 ) -> torch.Tensor | None:
     """What a clean call sends with the check (:func:`check_gloo`): its whole ``flat`` buffer
     (:attr:`Plan.swap`), the chunk it sends at step ``first`` (:attr:`Plan.lead`; ``source``
     when given, else read from ``flat``), or nothing."""
     if plan.swap:
         return flat
-    if not plan.lead:
+    if not isinstance(plan, Plan) or not plan.lead:
         return None
     if source is not None:
         payload = source.detach().reshape(-1)
@@ -253,7 +253,9 @@ def check_gloo(  # noqa: PLR0917 (the call's own arguments)
     exchange full descriptions (:func:`ring_ref._ranks._check.refuse_everywhere`).
     """
     n, rank = waiter.n, waiter.rank
-    plan = known.plan if isinstance(known.plan, Plan) else None  # the chain sends no data with the check
+    plan = known.plan  # the chain sends data with the check only to swap (ChainPlan.swap)
+    if isinstance(plan, ChainPlan) and not plan.swap:
+        plan = None
     clean = known.sound
     if clean:
         assert isinstance(tensor, (torch.Tensor, Shards)) and known.ring is not None
@@ -284,6 +286,7 @@ def check_gloo(  # noqa: PLR0917 (the call's own arguments)
         assert plan is not None and combine_into is not None
         came = inbox[layout.offsets[plan.left] + head :]
         if not plan.swap:
+            assert isinstance(plan, Plan)
             count, chunk = plan.per_chunk, plan.received[first]
             arrived = came[: plan.chunks[chunk] * payload.element_size()].view(payload.dtype)
             return False, arrived.split_with_sizes(plan.pieces[chunk * count : (chunk + 1) * count])
