@@ -23,13 +23,11 @@ the world size.  Exit status 1 where ranks disagree or the replay differs.
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 
 import torch
 import torch.distributed as dist
-from bucket_order import STEPS, bits, loss_of, make_model
+from bucket_order import STEPS, bits, loss_of, make_model, start
 
 import ring_ref.distributed  # noqa: F401 (registers the "ring_ref" backend)
 from ring_ref import ring_reduce_scatter
@@ -118,21 +116,15 @@ def replay(n: int, order: str) -> torch.Tensor:
 
 def main(argv: list[str] | None = None) -> int:
     """Train; rank 0 prints the comparison; 0 when every rank agrees (and equals the replay)."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", default="ring_ref")
-    args = parser.parse_args(argv)
-    torch.set_num_threads(1)
-    dist.init_process_group(args.backend)
-    rank, n = dist.get_rank(), dist.get_world_size()
-    order = (os.environ.get("RING_REF_ORDER") or "spec") if args.backend == "ring_ref" else "gloo's own"
+    backend, rank, n, order = start(argv, __doc__.splitlines()[0])
     params = train(n)
     everyone = [torch.empty_like(params) for _ in range(n)]
     dist.all_gather(everyone, params)
     ok = all(torch.equal(bits(p), bits(params)) for p in everyone)
     if rank == 0:
-        print(f"FSDP2, backend {args.backend}, order {order}, {n} ranks, {params.numel():,} parameters")
+        print(f"FSDP2, backend {backend}, order {order}, {n} ranks, {params.numel():,} parameters")
         print(f"  every rank holds the same bits: {'yes' if ok else 'NO'}")
-        if args.backend == "ring_ref":
+        if backend == "ring_ref":
             same = torch.equal(bits(replay(n, order)), bits(params))
             print(f"  equal to the one-process replay of the order: {'yes' if same else 'NO'}")
             ok = ok and same

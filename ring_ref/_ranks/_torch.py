@@ -191,8 +191,10 @@ def _run(  # noqa: PLR0917 (the call's own state)
         if fill is not None:
             fill()
         if isinstance(plan, ChainPlan) and not done:
-            chain = chain_pipelined if piped else chain_steps
-            chain(flat, work, plan, group, waiter, combine_into=combine_into)
+            if piped:
+                chain_pipelined(flat, plan, group, waiter, combine_into=combine_into)
+            else:
+                chain_steps(flat, work, plan, group, waiter, combine_into=combine_into)
         elif isinstance(plan, Plan) and not done:
             run_rounds(
                 flat, slots, work, plan, group, waiter, combine_into=combine_into, lead=lead, steps=steps

@@ -503,7 +503,6 @@ def chain_steps(
 
 def chain_pipelined(
     flat: torch.Tensor,
-    work: torch.Tensor,
     plan: ChainPlan,
     group: dist.ProcessGroup,
     waiter: Waiter,
@@ -523,7 +522,7 @@ def chain_pipelined(
     rank's partial sum sent from the same slot.  The sends are waited on at the end.
     """
     segments = [flat[start:stop] for start, stop in plan.bounds]
-    stages = SCRATCH.get("staging", flat.numel(), work)
+    stages = SCRATCH.get("staging", flat.numel(), flat)  # flat is work (contiguous): the same key
     sending: list[tuple[int, dist.Work]] = []
     receiving: dict[int, tuple[int, torch.Tensor | None, dist.Work]] = {}
     for k, ((phase, _), c) in enumerate(zip(plan.steps, plan.received, strict=True)):
