@@ -184,10 +184,12 @@ class RingRefProcessGroup(_Group):
             raise
 
     def _same_length(self, tensor: torch.Tensor) -> None:
-        """After the ring's check has refused the call on every rank: where the order pads, whether
-        the element counts differ, which is then the error (as two counts pad to different lengths
-        or rings, the check saw different tensors; this words it).  An exchange of every rank's
-        count, on the refused call's path only."""
+        """Raise the backend's own error, the same on every rank, where the element counts differ.
+
+        Called on every rank once the ring's check has refused a call of an order that pads
+        (``backend-flat``): unequal counts are unequal unpadded tensors to that check, which this
+        words as a count error (as before the padding moved into the ring's layout).  The counts
+        are exchanged on this refused path only, never before a call."""
         mine = torch.tensor([tensor.numel() if isinstance(tensor, torch.Tensor) else -1])
         everyone = [torch.empty_like(mine) for _ in range(self._n)]
         waiter = Waiter(self._rank, self._n, None, call="the ring_ref backend's all_reduce")
