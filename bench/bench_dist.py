@@ -9,8 +9,9 @@ the all-gather's output).  A repetition's time is the
 slowest rank's (ranks start together after a barrier); reported are medians over repetitions,
 and bus bandwidth ``2 (N - 1) / N * bytes / time`` (``(N - 1) / N`` for reduce-scatter and
 all-gather), as nccl-tests reports it.  Then the same
-processes time DDP training steps of one model with DDP's default all-reduce and with
-``ring_ref.distributed.ring_hook``, again taking turns.  All of this is repeated on ``--runs``
+processes time DDP training steps of one model with DDP's default all-reduce, with
+``ring_ref.distributed.ring_hook`` and on a ``"ring_ref"`` group, and FSDP2 steps (no custom comms)
+on gloo's world and on a ``"ring_ref"`` group, again taking turns.  All of this is repeated on ``--runs``
 fresh groups (default 5), and every cell is the median over the runs: one run's ratios tend to
 move together, by up to about 1.5x between runs on this 2-core machine (with 3 groups, one
 unlucky pair of them moved a cell by about 0.1x).
@@ -176,19 +177,37 @@ def _model(width: int, depth: int) -> torch.nn.Module:
     return torch.nn.Sequential(*layers, torch.nn.Linear(width, 1))
 
 
+def _fsdp(width: int, depth: int, group: dist.ProcessGroup) -> torch.nn.Module:
+    """The model under FSDP2 on ``group`` with torch's own comms: each ``Linear``, then the whole."""
+    from torch.distributed.device_mesh import DeviceMesh  # FSDP takes a second to import
+    from torch.distributed.fsdp import fully_shard
+
+    model = _model(width, depth)
+    mesh = DeviceMesh.from_group(group, "cpu")
+    for module in [*(m for m in model.modules() if isinstance(m, torch.nn.Linear)), model]:
+        fully_shard(module, mesh=mesh)
+    return model
+
+
 def ddp_rank(rank: int, n: int, spec: dict[str, Any]) -> dict[str, list[float]]:
-    """On one rank: step times of the same model under DDP's default hook and under ``ring_hook``."""
+    """On one rank: step times of the same model under DDP's default hook, under ``ring_hook`` and on
+    a ``"ring_ref"`` group, and under FSDP2 on gloo's world and on a ``"ring_ref"`` group."""
     torch.set_num_threads(spec["threads"])
     width, depth, batch = spec["width"], spec["depth"], spec["batch"]
     default = DistributedDataParallel(_model(width, depth))
     ring = DistributedDataParallel(_model(width, depth))
     ring.register_comm_hook(None, ring_hook)
     backend = DistributedDataParallel(_model(width, depth), process_group=ring_ref_group("spec"))
-    runs = {
-        "default": (default, torch.optim.SGD(default.parameters(), lr=1e-3)),
-        "ring_hook": (ring, torch.optim.SGD(ring.parameters(), lr=1e-3)),
-        "backend": (backend, torch.optim.SGD(backend.parameters(), lr=1e-3)),
+    world = dist.group.WORLD
+    assert world is not None
+    models = {
+        "default": default,
+        "ring_hook": ring,
+        "backend": backend,
+        "fsdp_default": _fsdp(width, depth, world),
+        "fsdp_backend": _fsdp(width, depth, ring_ref_group("spec")),
     }
+    runs = {name: (model, torch.optim.SGD(model.parameters(), lr=1e-3)) for name, model in models.items()}
     gen = torch.Generator().manual_seed(rank)
     inputs, targets = torch.randn(batch, width, generator=gen), torch.randn(batch, 1, generator=gen)
     times: dict[str, list[float]] = {name: [] for name in runs}
@@ -261,6 +280,9 @@ def measure_once(n: int, args: argparse.Namespace) -> dict[str, Any]:
             "ratio": steps["ring_hook"] / steps["default"],
             "backend_step_s": steps["backend"],
             "backend_ratio": steps["backend"] / steps["default"],
+            "fsdp_default_step_s": steps["fsdp_default"],
+            "fsdp_backend_step_s": steps["fsdp_backend"],
+            "fsdp_ratio": steps["fsdp_backend"] / steps["fsdp_default"],
             "parameters": params,
             "steps": args.ddp_steps,
         }
@@ -298,6 +320,9 @@ def measure(n: int, args: argparse.Namespace) -> dict[str, Any]:
             "ratio": statistics.median(d["ratio"] for d in ddps),
             "backend_step_s": statistics.median(d["backend_step_s"] for d in ddps),
             "backend_ratio": statistics.median(d["backend_ratio"] for d in ddps),
+            "fsdp_default_step_s": statistics.median(d["fsdp_default_step_s"] for d in ddps),
+            "fsdp_backend_step_s": statistics.median(d["fsdp_backend_step_s"] for d in ddps),
+            "fsdp_ratio": statistics.median(d["fsdp_ratio"] for d in ddps),
             "parameters": ddps[0]["parameters"],
             "steps": sum(d["steps"] for d in ddps),
         }
@@ -334,6 +359,13 @@ def report(results: list[dict[str, Any]]) -> list[str]:
             lines.append(
                 f"| {res['n']} | {fmt_s(d['default_step_s'])} | {fmt_s(d['ring_hook_step_s'])} | "
                 f"{d['ratio']:.2f}x | {fmt_s(d['backend_step_s'])} | {d['backend_ratio']:.2f}x |"
+            )
+        lines += ["", "| N | FSDP2 step on gloo | FSDP2 step on ring_ref | ratio |", "|---|---|---|---|"]
+        for res in ddp_rows:
+            d = res["ddp"]
+            lines.append(
+                f"| {res['n']} | {fmt_s(d['fsdp_default_step_s'])} | {fmt_s(d['fsdp_backend_step_s'])} | "
+                f"{d['fsdp_ratio']:.2f}x |"
             )
     return lines
 

@@ -91,15 +91,21 @@ def bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.int32)
 
 
+def start(argv: list[str] | None, description: str) -> tuple[str, int, int, str]:
+    """Read ``--backend`` (default ``ring_ref``) and join the default group on it: the backend, this
+    rank, the world size and the order (``RING_REF_ORDER``, or gloo's own)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--backend", default="ring_ref")
+    backend: str = parser.parse_args(argv).backend
+    torch.set_num_threads(1)
+    dist.init_process_group(backend)
+    order = (os.environ.get("RING_REF_ORDER") or "spec") if backend == "ring_ref" else "gloo's own"
+    return backend, dist.get_rank(), dist.get_world_size(), order
+
+
 def main(argv: list[str] | None = None) -> int:
     """Train at both bucket sizes; rank 0 prints the comparison; 0 when every rank agrees."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", default="ring_ref")
-    args = parser.parse_args(argv)
-    torch.set_num_threads(1)
-    dist.init_process_group(args.backend)
-    rank, n = dist.get_rank(), dist.get_world_size()
-    order = (os.environ.get("RING_REF_ORDER") or "spec") if args.backend == "ring_ref" else "gloo's own"
+    backend, rank, n, order = start(argv, __doc__.splitlines()[0])
     runs = [train(mb) for mb in BUCKETS_MB]
     agree = True
     for params in runs:
@@ -109,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     ok = agree
     if rank == 0:
         differing = int((bits(runs[0]) != bits(runs[1])).sum())
-        print(f"backend {args.backend}, order {order}, {n} ranks, {runs[0].numel():,} parameters")
+        print(f"backend {backend}, order {order}, {n} ranks, {runs[0].numel():,} parameters")
         print(f"  parameters differing in their bits, bucket_cap_mb 0.05 vs 25: {differing:,}")
         print(f"  every rank holds the same bits: {'yes' if agree else 'NO'}")
         if order == "chain":

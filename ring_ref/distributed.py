@@ -82,7 +82,10 @@ depend on the segment size, nor on how the segments travel:
   combine itself with those roles: the ring's combines and bits, the same bytes
   on the wire, one exchange in all instead of two (the check carrying
   reduce-scatter, then all-gather), and twice the combines, which is why larger
-  tensors take the rounds.
+  tensors take the rounds.  The chain on two ranks swaps alike: every element
+  is the one combine ``incoming = x_0``, ``own = x_1``.
+* the chain on three or more ranks (or larger) posts every receive first and
+  sends each segment on as soon as it is ready, rather than step by step.
 
 Contiguous tensors are reduced in place; a non-contiguous one is reduced in a
 contiguous copy that is written back at the end.  Other backends (NCCL) run

@@ -17,7 +17,6 @@ else:
     _AllGather = _ReduceScatter = object
 
 from ring_ref._ranks._check import ring_of
-from ring_ref._ranks._plans import SCRATCH
 from ring_ref._ranks._torch import ring_all_gather_, ring_all_reduce_, ring_reduce_scatter_
 from ring_ref.schedule import RingSchedule, Schedule
 
@@ -143,22 +142,17 @@ def all_reduce_flat_(
     schedule: str | Schedule,
     timeout: datetime.timedelta | None,
 ) -> None:
-    """:func:`ring_all_reduce_` of a 1-D contiguous tensor of any length ``L``: on a ring whose
-    layout is ``even`` and whose group size ``n`` does not divide ``L``, the zero-padded tensor of
-    ``L + (-L) % n`` elements (each element is reduced on its own, so the padding changes no other
-    element's bits); other rings and the chain take it as it is."""
-    n = dist.get_world_size(group)
-    length = flat.numel()
+    """:func:`ring_all_reduce_` of a 1-D contiguous tensor of any length ``L``, with the bits of the
+    zero-padded tensor of ``L + (-L) % n`` elements on a ring whose layout is ``even`` and whose group
+    size ``n`` does not divide ``L`` (each element is reduced on its own, so the padding changes no
+    other element's bits); other rings and the chain take it as it is.
+
+    The padded ring is run as the ring of the same direction and offset on ``ceil`` chunks of the
+    unpadded tensor: ``ceil(L / n)`` elements per chunk until the tensor ends, which are the padded
+    tensor's equal chunks without their zeros, so every element is in the same chunk and folds in the
+    same order, with no padded copy.  Ranks whose lengths differ then pass different tensors, which
+    the ring's own check refuses on every rank."""
     ring, _ = ring_of(schedule)  # a bad schedule is refused by ring_all_reduce_, on every rank
-    if length % n and ring is not None and ring.layout == "even":
-        padded = SCRATCH.get("hook", length + (-length) % n, flat)
-        padded[:length].copy_(flat)
-        padded[length:].zero_()
-        try:
-            ring_all_reduce_(padded, group, op=op, timeout=timeout, schedule=schedule)
-        except BaseException:
-            SCRATCH.forget("hook", flat)
-            raise
-        flat.copy_(padded[:length])
-    else:
-        ring_all_reduce_(flat, group, op=op, timeout=timeout, schedule=schedule)
+    if isinstance(ring, RingSchedule) and ring.layout == "even" and flat.numel() % dist.get_world_size(group):
+        schedule = ring._replace(layout="ceil")
+    ring_all_reduce_(flat, group, op=op, timeout=timeout, schedule=schedule)

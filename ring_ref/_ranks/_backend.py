@@ -35,6 +35,7 @@ if TYPE_CHECKING:  # torch's stubs overload each collective by its C++ and its P
 else:
     _Group = dist.ProcessGroup
 
+from ring_ref._ops import op_name
 from ring_ref._ranks._adapters import all_reduce_flat_
 from ring_ref._ranks._torch import ring_reduce_scatter_
 from ring_ref._ranks._transport import Waiter
@@ -101,14 +102,17 @@ def _done(result: object) -> dist.Work:
 
 
 def _op_of(opts: Any) -> object:
-    """The ``ReduceOp`` of a collective's options, as the ring's op check takes it; premul-sum refused."""
+    """The op of a collective's options by its name (as the ring's check takes it); premul-sum refused."""
     op = opts.reduceOp.op
     if op == dist.ReduceOp.RedOpType.PREMUL_SUM:  # type: ignore[attr-defined]  # not in the stubs
         raise ValueError(
             "ring_ref backend: ReduceOp.PREMUL_SUM (a sum of pre-scaled tensors) is not one of the "
             "ring's ops; scale the tensor first (tensor.mul_(factor)) and reduce with SUM, or use AVG."
         )
-    return op
+    try:
+        return op_name(op)  # by its name, on which the ring keeps what a call's metadata decides
+    except ValueError:
+        return op  # not an op of the ring's: its check refuses it, on every rank
 
 
 def _flat_into(target: torch.Tensor, fill: Callable[[torch.Tensor], object]) -> None:
@@ -134,7 +138,7 @@ class RingRefProcessGroup(_Group):
         self._group_name = self._group_desc = ""
         store: Store = opts.store
         self.order = agree_on_order(store, rank, n, _order_text(options))
-        self._pads = PRESETS[self.order].layout == "even"  # its all-reduce pads: lengths are checked
+        self._pads = PRESETS[self.order].layout == "even"  # its all-reduce pads (backend-flat)
         self.inner = _inner_gloo(store, opts, rank, n)
 
     def getBackendName(self) -> str:
@@ -157,26 +161,40 @@ class RingRefProcessGroup(_Group):
         """The description torch gave the group."""
         return self._group_desc
 
+    def shutdown(self) -> None:
+        """Release the inner gloo group with this one: ``dist.destroy_process_group(group)`` calls this
+        (so does the world's, which then forgets every group itself)."""
+        if self.inner in _c10d._world.pg_map:
+            dist.destroy_process_group(self.inner)
+
     def __repr__(self) -> str:
         return f"RingRefProcessGroup(rank={self._rank}, size={self._n}, order={self.order!r})"
 
     # --- the reductions: the order's ring ---------------------------------------------------------
 
     def _all_reduce(self, tensor: torch.Tensor, op: object) -> None:
-        if self._pads:
-            self._same_length(tensor)
-        _flat_into(
-            tensor, lambda flat: all_reduce_flat_(flat, self.inner, op=op, schedule=self.order, timeout=None)
-        )
+        try:
+            _flat_into(
+                tensor,
+                lambda flat: all_reduce_flat_(flat, self.inner, op=op, schedule=self.order, timeout=None),
+            )
+        except (TypeError, ValueError):  # refused on every rank by the ring's check
+            if self._pads:
+                self._same_length(tensor)
+            raise
 
     def _same_length(self, tensor: torch.Tensor) -> None:
-        """Every rank's element count, exchanged: two lengths that pad to the same multiple of ``N``
-        would pass the ring's own check, which sees the padded tensors."""
+        """Raise the backend's own error, the same on every rank, where the element counts differ.
+
+        Called on every rank once the ring's check has refused a call of an order that pads
+        (``backend-flat``): unequal counts are unequal unpadded tensors to that check, which this
+        words as a count error (as before the padding moved into the ring's layout).  The counts
+        are exchanged on this refused path only, never before a call."""
         mine = torch.tensor([tensor.numel() if isinstance(tensor, torch.Tensor) else -1])
         everyone = [torch.empty_like(mine) for _ in range(self._n)]
         waiter = Waiter(self._rank, self._n, None, call="the ring_ref backend's all_reduce")
         waiter.wait(
-            self.inner.allgather([everyone], [mine]), ": exchanging every rank's length before the ring"
+            self.inner.allgather([everyone], [mine]), ": exchanging every rank's length after the check"
         )
         lengths = [int(length) for length in everyone]
         if len(set(lengths)) > 1:

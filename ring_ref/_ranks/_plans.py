@@ -192,7 +192,7 @@ def plan_call(tensor: object, rank: int, n: int, backend: str, *, op: object, na
             assert ring is not None
             ring = ring.normalized(n)
             if n > 1 and isinstance(ring, ChainSchedule):
-                plan = _chain_plan(ring, rank, n, *_buffer_size(tensor))
+                plan = _chain_plan(ring, rank, n, *_buffer_size(tensor), _tuning(tensor)[3])
             elif n > 1:
                 plan = _plan(ring, rank, n, *_buffer_size(tensor), *_tuning(tensor))
         known = Known(signature, sound, flags, ring, reduce_op, plan)
@@ -379,19 +379,28 @@ class ChainPlan(NamedTuple):
     received: tuple[int | None, ...]
     bounds: tuple[tuple[int, int], ...]
     """Each segment's ``(start, stop)`` in the flat buffer (``chain.layout``)."""
+    swap: tuple[tuple[int, int, bool], ...]
+    """Two ranks reducing at most :data:`SWAP_BYTES` (:attr:`Plan.swap`): every element is the one
+    combine ``incoming = x_0``, ``own = x_1`` that rank 1 makes in the chain's reduce and rank 0
+    receives in its broadcast, so both ranks swap tensors with the check and make it
+    (``here`` on rank 1, the chain's receiver); empty otherwise."""
 
 
 @functools.lru_cache(maxsize=64)
-def _chain_plan(chain: ChainSchedule, rank: int, n: int, numel: int, itemsize: int) -> ChainPlan:
+def _chain_plan(  # noqa: PLR0917 (cached by its positional arguments)
+    chain: ChainSchedule, rank: int, n: int, numel: int, itemsize: int, swap_bytes: int
+) -> ChainPlan:
     """The chain's steps for ``rank`` (cached: they depend on nothing else)."""
     steps = chain.all_rounds(n)
+    bounds = chunk_bounds(chain.layout, n, numel, itemsize=itemsize)
     return ChainPlan(
         right=chain.right(rank, n),
         left=chain.left(rank, n),
         steps=steps,
         sent=tuple(chain.send_segment(phase, rank, t, n) for phase, t in steps),
         received=tuple(chain.recv_segment(phase, rank, t, n) for phase, t in steps),
-        bounds=tuple(chunk_bounds(chain.layout, n, numel, itemsize=itemsize)),
+        bounds=tuple(bounds),
+        swap=((0, numel, rank == 1),) if n == 2 and 0 < numel * itemsize <= swap_bytes else (),
     )
 
 

@@ -17,7 +17,14 @@ import torch.distributed as dist
 from ring_ref._ops import finish_torch, torch_combine_into
 from ring_ref._ranks._check import Shards
 from ring_ref._ranks._plans import BYTES, SCRATCH, ChainPlan, Known, Plan, pipelined, plan_call
-from ring_ref._ranks._transport import Waiter, chain_steps, check_gloo, check_group, run_rounds
+from ring_ref._ranks._transport import (
+    Waiter,
+    chain_pipelined,
+    chain_steps,
+    check_gloo,
+    check_group,
+    run_rounds,
+)
 from ring_ref.schedule import ALL_GATHER, REDUCE_SCATTER, Collective, Phase, RingSchedule, Schedule
 
 __all__ = ["ring_all_gather_", "ring_all_reduce_", "ring_reduce_scatter_"]
@@ -87,7 +94,8 @@ def ring_all_reduce_(
     layouts ``blocks`` and ``gloo`` accept any ``M``.  ``schedule="gloo"`` gives
     the bits of ``torch.distributed.all_reduce`` on gloo.  ``schedule="chain"``
     (spec section 15, not a ring) gives every rank the left fold over the ranks
-    for any ``M``; its steps run one ``batch_isend_irecv`` each, after the same check.
+    for any ``M``, after the same check; on gloo each segment is sent on as soon as it is
+    ready (every receive posted first), elsewhere its steps run one ``batch_isend_irecv`` each.
 
     ``timeout`` bounds every wait for a peer (the check before the ring, and
     each send and receive): a peer that never calls, or fails mid-ring, makes
@@ -182,9 +190,12 @@ def _run(  # noqa: PLR0917 (the call's own state)
         waiter.right, waiter.left = plan.right, plan.left
         if fill is not None:
             fill()
-        if isinstance(plan, ChainPlan):
-            chain_steps(flat, work, plan, group, waiter, combine_into=combine_into)
-        elif not done:
+        if isinstance(plan, ChainPlan) and not done:
+            if piped:
+                chain_pipelined(flat, plan, group, waiter, combine_into=combine_into)
+            else:
+                chain_steps(flat, work, plan, group, waiter, combine_into=combine_into)
+        elif isinstance(plan, Plan) and not done:
             run_rounds(
                 flat, slots, work, plan, group, waiter, combine_into=combine_into, lead=lead, steps=steps
             )

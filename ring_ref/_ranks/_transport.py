@@ -39,9 +39,9 @@ from ring_ref._ranks._plans import (
     check_row,
     plan_call,
 )
-from ring_ref.schedule import REDUCE_SCATTER, Phase
+from ring_ref.schedule import ALL_GATHER, REDUCE_SCATTER, Phase
 
-__all__ = ["Waiter", "chain_steps", "check_gloo", "check_group", "run_rounds"]
+__all__ = ["Waiter", "chain_pipelined", "chain_steps", "check_gloo", "check_group", "run_rounds"]
 
 
 class Waiter:
@@ -195,14 +195,14 @@ def check_group(
 
 
 def _payload(
-    flat: torch.Tensor | None, plan: Plan, first: int, source: torch.Tensor | None
+    flat: torch.Tensor | None, plan: Plan | ChainPlan, first: int, source: torch.Tensor | None
 ) -> torch.Tensor | None:
     """What a clean call sends with the check (:func:`check_gloo`): its whole ``flat`` buffer
     (:attr:`Plan.swap`), the chunk it sends at step ``first`` (:attr:`Plan.lead`; ``source``
     when given, else read from ``flat``), or nothing."""
     if plan.swap:
         return flat
-    if not plan.lead:
+    if not isinstance(plan, Plan) or not plan.lead:
         return None
     if source is not None:
         payload = source.detach().reshape(-1)
@@ -253,7 +253,9 @@ def check_gloo(  # noqa: PLR0917 (the call's own arguments)
     exchange full descriptions (:func:`ring_ref._ranks._check.refuse_everywhere`).
     """
     n, rank = waiter.n, waiter.rank
-    plan = known.plan if isinstance(known.plan, Plan) else None  # the chain sends no data with the check
+    plan = known.plan  # the chain sends data with the check only to swap (ChainPlan.swap)
+    if isinstance(plan, ChainPlan) and not plan.swap:
+        plan = None
     clean = known.sound
     if clean:
         assert isinstance(tensor, (torch.Tensor, Shards)) and known.ring is not None
@@ -284,6 +286,7 @@ def check_gloo(  # noqa: PLR0917 (the call's own arguments)
         assert plan is not None and combine_into is not None
         came = inbox[layout.offsets[plan.left] + head :]
         if not plan.swap:
+            assert isinstance(plan, Plan)
             count, chunk = plan.per_chunk, plan.received[first]
             arrived = came[: plan.chunks[chunk] * payload.element_size()].view(payload.dtype)
             return False, arrived.split_with_sizes(plan.pieces[chunk * count : (chunk + 1) * count])
@@ -496,6 +499,64 @@ def chain_steps(
                 waiter.round(request, phase, t)
         if phase == REDUCE_SCATTER and into is not None and slot is not None:
             combine_into(into, segments[slot])
+
+
+def chain_pipelined(
+    flat: torch.Tensor,
+    plan: ChainPlan,
+    group: dist.ProcessGroup,
+    waiter: Waiter,
+    *,
+    combine_into: Callable[[torch.Tensor, torch.Tensor], None],
+) -> None:
+    """The chain's steps on ``flat`` over gloo's point-to-point sends, driven by the data rather than
+    by the steps (clause ``chain-steps``: the same transfers and combines as :func:`chain_steps`).
+
+    Every receive is posted first (a gloo send waits for its receive): a reduce step's into its
+    own part of staging, a broadcast step's straight into the slot.  Then each segment is sent on
+    as soon as it is ready: a reduce segment once it has arrived and been added into its slot
+    (``incoming + own``; rank 0's at once), a broadcast segment once it has arrived (the last rank's
+    once its reduce is complete).  No step waits for the steps of other segments, so the ``4 (n - 1)``
+    steps cost no wake-up each, and no slot is overwritten while a send still reads it: a
+    broadcast segment arrives only once it is complete, after the next rank has received this
+    rank's partial sum sent from the same slot.  The sends are waited on at the end.
+    """
+    segments = [flat[start:stop] for start, stop in plan.bounds]
+    stages = SCRATCH.get("staging", flat.numel(), flat)  # flat is work (contiguous): the same key
+    sending: list[tuple[int, dist.Work]] = []
+    receiving: dict[int, tuple[int, torch.Tensor | None, dist.Work]] = {}
+    for k, ((phase, _), c) in enumerate(zip(plan.steps, plan.received, strict=True)):
+        if c is not None and segments[c].numel():
+            start, stop = plan.bounds[c]
+            into = stages[start:stop] if phase == REDUCE_SCATTER else None
+            receiving[k] = (c, into, group.recv([segments[c] if into is None else into], plan.left, k))
+    sends = {
+        (phase, c): k
+        for k, ((phase, _), c) in enumerate(zip(plan.steps, plan.sent, strict=True))
+        if c is not None and segments[c].numel()
+    }
+
+    def send_on(phase: Phase, c: int) -> None:
+        k = sends.get((phase, c))
+        if k is not None:
+            sending.append((k, group.send([segments[c]], plan.right, k)))
+
+    added = {c for c, into, _ in receiving.values() if into is not None}
+    for phase, c in sends:  # reduce segments that receive nothing first (rank 0's): sent at once
+        if phase == REDUCE_SCATTER and c not in added:
+            send_on(phase, c)
+    for k in sorted(receiving):
+        c, into, request = receiving.pop(k)
+        waiter.round(request, *plan.steps[k])
+        if into is not None:
+            combine_into(into, segments[c])  # incoming + own (or the op's)
+            send_on(REDUCE_SCATTER, c)
+            if (REDUCE_SCATTER, c) not in sends:  # the last rank: complete, so broadcast it
+                send_on(ALL_GATHER, c)
+        else:
+            send_on(ALL_GATHER, c)
+    for k, request in sending:
+        waiter.round(request, *plan.steps[k])
 
 
 def run_rounds(  # noqa: PLR0917 (the call's own arguments)

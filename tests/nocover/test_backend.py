@@ -294,6 +294,30 @@ def test_a_new_group_of_a_ring_ref_world_is_a_ring_ref_group(tmp_path: Path) -> 
         assert outcome == "ok ring_ref ring_ref [3.0, 3.0, 3.0, 3.0]", outcome
 
 
+def destroy_a_group(_rank: int, _n: int, _payload: None) -> tuple[list[str], list[str], float]:
+    """On each rank: make a ``"ring_ref"`` group and destroy it; the names of the groups torch knows
+    before and after, and a sum on the world afterwards."""
+    from torch.distributed import distributed_c10d
+
+    def names() -> list[str]:
+        return sorted(str(name) for name in distributed_c10d._world.pg_names.values())
+
+    group = dist.new_group(backend="ring_ref")
+    before = names()
+    dist.destroy_process_group(group)
+    total = torch.ones(1)
+    dist.all_reduce(total)
+    return before, names(), float(total)
+
+
+@pytest.mark.clause("backend-fsdp")
+def test_destroying_a_group_releases_its_inner_gloo_group(world: SpawnedGroup) -> None:
+    for before, after, total in world.run(destroy_a_group, None, timeout_s=TIMEOUT_S):
+        made = set(before) - set(after)
+        assert len(made) == 2 and any(name.endswith("/ring_ref_gloo") for name in made), (before, after)
+        assert total == 3.0
+
+
 def bucket_experiment(backend: str, order: str) -> str:
     """``examples/bucket_order.py`` under ``torchrun`` on 4 ranks, as the guide runs it; its output."""
     return torchrun(4, EXAMPLES / "bucket_order.py", ["--backend", backend], order, 4 * TIMEOUT_S)
@@ -373,6 +397,18 @@ def test_fsdp2_without_custom_comms_trains_as_the_rings_custom_comms(world: Spaw
         assert ran.count("reduce_scatter_single") >= 3 and "all_gather_single" in ran, ran
         for k, (a, b) in enumerate(zip(ours, custom, strict=True)):
             assert same_bits(a, b), (rank, k)
+
+
+@pytest.mark.soak
+@pytest.mark.clause("backend-fsdp")
+@pytest.mark.parametrize("order", ["spec", "chain"])
+def test_fsdp2_under_torchrun_trains_to_the_one_process_replay_of_the_order(order: str) -> None:
+    """``examples/fsdp_order.py`` on 4 ranks, as the guide runs it: FSDP2 with no custom comms on
+    ``init_process_group("ring_ref")``; every rank's weights equal the script's replay, which folds
+    each rank's gradients in one process as FSDP2 lays them out (no backend code)."""
+    out = torchrun(4, EXAMPLES / "fsdp_order.py", [], order, 4 * TIMEOUT_S)
+    assert "every rank holds the same bits: yes" in out, out
+    assert "equal to the one-process replay of the order: yes" in out, out
 
 
 # --- faults --------------------------------------------------------------------------------------
