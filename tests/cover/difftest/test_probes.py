@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
@@ -18,10 +19,11 @@ from ring_ref._order import Tree, canonical, evaluate, layout_sizes
 from ring_ref._reveal import reveal
 from ring_ref.difftest import Case, difftest
 from ring_ref.difftest._options import Options
-from ring_ref.difftest._oracles import ExactOrder, SavedOrder
+from ring_ref.difftest._oracles import SPEC_ORDER, ExactOrder, SavedOrder
 from ring_ref.difftest._orders import file_order, schedule_order
-from ring_ref.difftest._probes import first_failing_probe, probe_cases
+from ring_ref.difftest._probes import ProbeRun, first_failing_probe, probe_cases
 from ring_ref.difftest._search import run_difftest
+from ring_ref.difftest._vocabulary import Collective
 from tests.common.paths import ROOT
 from tests.common.planted_orders import mpich_ring
 
@@ -227,3 +229,78 @@ def test_the_probe_sizes_tell_every_layout_from_the_others() -> None:
         (6, 9),
         (6, 5),  # one fold for every chunk: the layout changes no tree
     ]
+
+
+# --- the probes' values, sizes and report line, each from the rules of the module's docstring ---
+
+
+def _small_exponent(n: int, dtype: torch.dtype) -> tuple[int, int]:
+    """``(s, p)`` of the docstring: s is 0, or lower where ``2^(s + N + p + 1)`` would pass the dtype's
+    largest power of two ``2^emax``; p the precision (typed in: IEEE 754 and bfloat16's definitions)."""
+    p = {torch.float32: 24, torch.float64: 53, torch.float16: 11, torch.bfloat16: 8}[dtype]
+    emax = math.frexp(torch.finfo(dtype).max)[1] - 1
+    return min(0, emax - (n + p + 1)), p
+
+
+@pytest.mark.clause("difftest-order-probes")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("n", [3, 4, 6])
+def test_each_probe_holds_plus_and_minus_b_once_and_every_other_worker_its_small_value(
+    n: int, dtype: torch.dtype
+) -> None:
+    s, p = _small_exponent(n, dtype)
+    big = 2.0 ** (s + n + p + 1)
+    cases = [c for c in probe_cases(SPEC_ORDER, n, [dtype]) if c.n == n]
+    assert cases, "no probe at this N"
+    for case in cases:
+        columns = [case.values[w * case.m : (w + 1) * case.m] for w in range(n)]
+        for e in range(case.m):
+            column = [columns[w][e] for w in range(n)]
+            assert column.count(big) == 1 and column.count(-big) == 1, column
+            assert all(v == 2.0 ** (s + w) for w, v in enumerate(column) if abs(v) != big), column
+
+
+def test_every_dtype_is_probed_up_to_its_limit_and_no_further() -> None:
+    # the N small values add exactly while N <= p: 8 in bfloat16, 11 in float16, 24 in float32
+    cases = list(probe_cases(SPEC_ORDER, 12, [torch.bfloat16, torch.float32]))
+    by_dtype = {d: sorted({c.n for c in cases if c.dtype == d}) for d in (torch.bfloat16, torch.float32)}
+    assert by_dtype == {torch.bfloat16: list(range(2, 9)), torch.float32: list(range(2, 13))}
+
+
+def test_a_reduce_scatters_probes_are_at_m_2n_and_carry_the_collective() -> None:
+    cases = list(probe_cases(SPEC_ORDER, 4, [torch.float32], Collective.REDUCE_SCATTER))
+    assert [(c.n, c.m) for c in cases] == [(2, 4), (3, 6), (3, 6), (4, 8), (4, 8), (4, 8)]
+    assert {c.collective for c in cases} == {Collective.REDUCE_SCATTER}
+    found, run = first_failing_probe(
+        SPEC_ORDER, 4, [torch.float32], lambda case: False, collective=Collective.REDUCE_SCATTER
+    )
+    assert found is None and run.calls == 6
+    found, _ = first_failing_probe(
+        SPEC_ORDER, 4, [torch.float32], lambda case: case.n == 3, collective=Collective.REDUCE_SCATTER
+    )
+    assert found is not None and (found.n, found.m, found.collective) == (3, 6, Collective.REDUCE_SCATTER)
+
+
+def test_probes_start_at_the_smallest_n_asked() -> None:
+    found, run = first_failing_probe(SPEC_ORDER, 4, [torch.float32], lambda case: False, min_workers=3)
+    assert found is None and run.workers == {"float32": [3, 4]}
+    assert run.calls == sum(1 for c in probe_cases(SPEC_ORDER, 4, [torch.float32]) if c.n >= 3)
+
+
+@pytest.mark.parametrize(
+    ("calls", "workers", "line"),
+    [
+        (0, {}, "no order probes"),
+        (1, {"float32": [2]}, "order probes: 1 calls at N = 2 (float32)"),
+        (3, {"float32": [2, 3]}, "order probes: 3 calls at N = 2..3 (float32)"),
+        (
+            9,
+            {"float32": [2, 3, 4], "float64": [2, 3, 4], "float16": [2]},
+            "order probes: 9 calls at N = 2..4 (float32, float64), N = 2 (float16)",
+        ),
+    ],
+)
+def test_the_probes_line_says_calls_and_n_per_dtype(
+    calls: int, workers: dict[str, list[int]], line: str
+) -> None:
+    assert ProbeRun(calls, workers).describe() == line
