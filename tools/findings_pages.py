@@ -63,10 +63,8 @@ def _signature(document: dict[str, Any]) -> str:
 def scan_point(m: int, result: dict[str, Any]) -> dict[str, Any]:
     """One size of the switch-point scan: the kind of order the default sums in there."""
     document = result["json"]
-    return {
-        "m": m,
-        "kind": "failed: " + _first_line(result["error"]) if document is None else _signature(document),
-    }
+    kind = "failed: " + _first_line(result["error"]) if document is None else _signature(document)
+    return {"m": m, "kind": kind, "svg": result.get("svg", "")}
 
 
 def switch_sizes(scans: Iterable[dict[str, Any]]) -> list[list[int]]:
@@ -268,6 +266,10 @@ def _certified_text(c: dict[str, Any]) -> str:
     return f"{certified['verdict']}: {_escape(certified['summary'])}"
 
 
+def _svg_link(item: dict[str, Any]) -> str:
+    return f"[svg](svg/{item['svg']})" if item.get("svg") else "—"
+
+
 def _settings_text(settings: dict[str, str]) -> str:
     return " ".join(f"`{k}={v}`" for k, v in settings.items()) or "(none: the library's default)"
 
@@ -294,8 +296,12 @@ def library_page(library: dict[str, Any], generated: str) -> str:
         lines += [f"Listing the algorithms failed: {library['algorithms_error']}", ""]
     lines += ["## Switch points of the default", ""]
     lines += ["The default revealed at each size; a change of kind between two sizes is a switch point.", ""]
-    lines += ["| N | M | order |", "|---|---|---|"]
-    lines += [f"| {s['n']} | {p['m']} | {_escape(p['kind'])} |" for s in library["scan"] for p in s["sizes"]]
+    lines += ["| N | M | order | trees |", "|---|---|---|---|"]
+    lines += [
+        f"| {s['n']} | {p['m']} | {_escape(p['kind'])} | {_svg_link(p)} |"
+        for s in library["scan"]
+        for p in s["sizes"]
+    ]
     switches = ", ".join(f"between M = {a} and {b}" for a, b in library["switches"]) or "none found"
     lines += ["", f"Switch points: {switches}.", "", "## Findings", ""]
     verdicts = {(v["algorithm"], v["n"]): v for v in library["invariance"]}
@@ -310,7 +316,7 @@ def library_page(library: dict[str, Any], generated: str) -> str:
         ]
         for c in cells:
             preset = ", ".join(c.get("matches", [])) or "no preset"
-            svg = f"[svg](svg/{c['svg']})" if c.get("svg") else "—"
+            svg = _svg_link(c)
             lines.append(
                 f"| {c['n']} | {c['m']} | {_order_text(c)} | {preset} | {_certified_text(c)} | {svg} |"
             )
@@ -366,3 +372,12 @@ def write(document: dict[str, Any], out: Path) -> None:
     (out / "index.md").write_text(index_page(document))
     for key, library in document["libraries"].items():
         (out / f"{key}.md").write_text(library_page(library, document["generated"]) + "\n")
+    drawn = {
+        item["svg"]
+        for library in document["libraries"].values()
+        for item in [*library["cells"], *(p for s in library["scan"] for p in s["sizes"])]
+        if item.get("svg")
+    }
+    for stale in sorted((out / "svg").glob("*.svg")) if (out / "svg").is_dir() else []:
+        if stale.name not in drawn:
+            stale.unlink()  # a drawing no finding names any more

@@ -68,7 +68,7 @@ def _catalogue() -> dict[str, Any]:
         "algorithms": ["default", "ring", "tree"],
         "algorithms_error": "",
         "command": "make findings FINDINGS=lib",
-        "scan": [{"n": 3, "sizes": [{"m": 7, "kind": "trees"}]}],
+        "scan": [{"n": 3, "sizes": [{"m": 7, "kind": "trees", "svg": ""}]}],
         "switches": [],
         "cells": cells,
         "invariance": invariance,
@@ -78,7 +78,11 @@ def _catalogue() -> dict[str, Any]:
 
 def test_a_catalogue_is_written_and_read_back(tmp_path: Path) -> None:
     document = _catalogue()
+    (tmp_path / "svg").mkdir()
+    for name in ("x.svg", "stale.svg"):
+        (tmp_path / "svg" / name).write_text("<svg/>")
     pages.write(document, tmp_path)
+    assert [p.name for p in (tmp_path / "svg").iterdir()] == ["x.svg"]  # a drawing no finding names goes
     back = json.loads((tmp_path / "findings.json").read_text())
     assert pages.problems(back) == []
     ring = back["libraries"]["lib"]["cells"][1]
