@@ -247,11 +247,14 @@ class Environment:
         return info
 
 
-def _run(environment: Environment, args: list[str], cache: Path) -> dict[str, Any]:
-    """One command of the real CLI in the library's environment, cached as JSON in ``cache``."""
+def _run(environment: Environment, args: list[str], cache: Path, cached_only: bool) -> dict[str, Any] | None:
+    """One command of the real CLI in the library's environment, cached as JSON in ``cache``; ``None``
+    where it is not cached and ``cached_only`` forbids running it."""
     if cache.exists():
         cached: dict[str, Any] = json.loads(cache.read_text())
         return cached
+    if cached_only:
+        return None
     command = [str(environment.python), "-m", "ring_ref", *args]
     print("  $", " ".join(args), flush=True)
     started = time.monotonic()
@@ -295,6 +298,7 @@ class Run:
     environment: Environment
     svg_dir: Path
     cache_root: Path = CACHE
+    cached_only: bool = False
 
     @property
     def library(self) -> Library:
@@ -306,7 +310,7 @@ class Run:
     def env_args(self, settings: dict[str, str]) -> list[str]:
         return [arg for k, v in sorted(settings.items()) for arg in ("--env", f"{k}={v}")]
 
-    def reveal(self, algorithm: str, settings: dict[str, str], n: int, m: int) -> dict[str, Any]:
+    def reveal(self, algorithm: str, settings: dict[str, str], n: int, m: int) -> dict[str, Any] | None:
         svg = self.svg_dir / f"{self.library.key}-{_slug(algorithm)}-n{n}-m{m}.svg"
         args = [
             "reveal",
@@ -323,11 +327,14 @@ class Run:
         ]
         if self.library.ranks:
             args += ["--timeout", str(CALL_TIMEOUT_S)]
-        result = _run(self.environment, args, self.cache(algorithm, f"reveal-n{n}-m{m}.json"))
-        result["svg"] = svg.name if svg.exists() else ""
+        result = _run(
+            self.environment, args, self.cache(algorithm, f"reveal-n{n}-m{m}.json"), self.cached_only
+        )
+        if result is not None:
+            result["svg"] = svg.name if svg.exists() else ""
         return result
 
-    def certify(self, algorithm: str, settings: dict[str, str], n: int, m: int) -> dict[str, Any]:
+    def certify(self, algorithm: str, settings: dict[str, str], n: int, m: int) -> dict[str, Any] | None:
         order = self.cache(algorithm, f"reveal-n{n}-m{m}.order.json")
         revealed = json.loads(self.cache(algorithm, f"reveal-n{n}-m{m}.json").read_text())["json"]
         order.write_text(json.dumps(revealed))
@@ -343,17 +350,20 @@ class Run:
         args += ["--seed", "0", "--json", *self.env_args(settings)]
         if self.library.ranks:
             args += ["--timeout", str(CALL_TIMEOUT_S)]
-        return _run(self.environment, args, self.cache(algorithm, f"certify-n{n}-m{m}.json"))
+        return _run(
+            self.environment, args, self.cache(algorithm, f"certify-n{n}-m{m}.json"), self.cached_only
+        )
 
     def invariance(
         self, algorithm: str, settings: dict[str, str], n: int, sizes: list[int]
-    ) -> dict[str, Any]:
+    ) -> dict[str, Any] | None:
         spelled = ",".join(map(str, sizes))
         args = ["invariance", *self.library.ranks, self.library.target, "-n", str(n), "--sizes", spelled]
         args += ["--json", *self.env_args(settings)]
         if self.library.ranks:
             args += ["--timeout", str(CALL_TIMEOUT_S)]
-        return _run(self.environment, args, self.cache(algorithm, f"invariance-n{n}-{spelled}.json"))
+        cache = self.cache(algorithm, f"invariance-n{n}-{spelled}.json")
+        return _run(self.environment, args, cache, self.cached_only)
 
 
 def scan_sizes(n: int) -> list[int]:
@@ -377,7 +387,7 @@ def run_library(
     scans = []
     for n in SCAN_N:
         points = [(m, run.reveal(DEFAULT, {}, n, m)) for m in scan_sizes(n)]
-        scans.append({"n": n, "sizes": [findings_pages.scan_point(m, r) for m, r in points]})
+        scans.append({"n": n, "sizes": [findings_pages.scan_point(m, r) for m, r in points if r is not None]})
     switches = findings_pages.switch_sizes(scans)
     cells: list[dict[str, Any]] = []
     invariance: list[dict[str, Any]] = []
@@ -388,13 +398,17 @@ def run_library(
             row_ok = []
             for m in sizes:
                 revealed = run.reveal(name, settings, n, m)
+                if revealed is None:
+                    continue  # --cached-only, and not run yet
                 certified = run.certify(name, settings, n, m) if revealed["json"] is not None else None
+                if revealed["json"] is not None and certified is None:
+                    continue
                 cells.append(
                     findings_pages.cell(name, settings, n, m, revealed=revealed, certified=certified)
                 )
                 row_ok.append(revealed["json"] is not None)
-            if any(row_ok):
-                checked = run.invariance(name, settings, n, sizes)
+            checked = run.invariance(name, settings, n, sizes) if any(row_ok) else None
+            if checked is not None:
                 invariance.append(findings_pages.invariance_entry(name, n, sizes, checked))
     return {
         "key": library.key,
@@ -407,6 +421,7 @@ def run_library(
         "algorithms": [name for name, _ in everything],
         "algorithms_error": listing_error,
         "command": f"make findings FINDINGS={library.key}",
+        "n_planned": sorted(ALL_N),
         "scan": scans,
         "switches": switches,
         "cells": cells,
@@ -438,6 +453,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--create", action="store_true", help="create missing environments the documented way"
     )
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument(
+        "--cached-only", action="store_true", help="run nothing: write the pages from the cache alone"
+    )
+    parser.add_argument(
+        "--no-pages", action="store_true", help="only fill the cache (parallel runs; then --cached-only)"
+    )
     args = parser.parse_args(argv)
     where = _venvs(args.venv)
     ns = [int(n) for n in args.n.split(",")]
@@ -454,8 +475,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(info, str):
             print(f"{library.title}: skipped, {info}", flush=True)
             continue
-        entry = run_library(Run(environment, args.out / "svg"), info, args.algorithm, ns)
+        run = Run(environment, args.out / "svg", cached_only=args.cached_only)
+        entry = run_library(run, info, args.algorithm, ns)
         document["libraries"][key] = findings_pages.merge(document["libraries"].get(key), entry)
+    if args.no_pages:
+        return 0
     document["generated"] = datetime.now(UTC).strftime("%Y-%m-%d")
     findings_pages.write(document, args.out)
     print(f"findings: wrote {args.out}")

@@ -274,6 +274,17 @@ def _settings_text(settings: dict[str, str]) -> str:
     return " ".join(f"`{k}={v}`" for k, v in settings.items()) or "(none: the library's default)"
 
 
+def _not_run(library: dict[str, Any]) -> list[tuple[str, list[int]]]:
+    """Each algorithm and the planned ``N`` it has no finding at."""
+    missing = []
+    for algorithm in library["algorithms"]:
+        done = {c["n"] for c in library["cells"] if c["algorithm"] == algorithm}
+        left = [n for n in library["n_planned"] if n not in done]
+        if left:
+            missing.append((algorithm, left))
+    return missing
+
+
 def library_page(library: dict[str, Any], generated: str) -> str:
     """One library's page: versions, machine, the command, the switch points and every finding."""
     lines = [
@@ -304,6 +315,11 @@ def library_page(library: dict[str, Any], generated: str) -> str:
     ]
     switches = ", ".join(f"between M = {a} and {b}" for a, b in library["switches"]) or "none found"
     lines += ["", f"Switch points: {switches}.", "", "## Findings", ""]
+    missing = _not_run(library)
+    if missing:
+        lines += ["Not run yet (the run was cut short; `make findings` resumes it):", ""]
+        lines += [f"- {algorithm}: N = {', '.join(map(str, ns))}" for algorithm, ns in missing]
+        lines.append("")
     verdicts = {(v["algorithm"], v["n"]): v for v in library["invariance"]}
     for algorithm in library["algorithms"]:
         cells = [c for c in library["cells"] if c["algorithm"] == algorithm]

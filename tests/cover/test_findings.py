@@ -68,6 +68,7 @@ def _catalogue() -> dict[str, Any]:
         "algorithms": ["default", "ring", "tree"],
         "algorithms_error": "",
         "command": "make findings FINDINGS=lib",
+        "n_planned": [2, 3],
         "scan": [{"n": 3, "sizes": [{"m": 7, "kind": "trees", "svg": ""}]}],
         "switches": [],
         "cells": cells,
@@ -99,6 +100,7 @@ def test_a_catalogue_is_written_and_read_back(tmp_path: Path) -> None:
     assert "**failed**: error: a call took longer than 30 s" in page  # the failure kept, with its error
     assert "- N = 3: invariant: order invariant" in page and "- N = 3: failed: error: a call took" in page
     assert "| no preset | pass |" in page  # the default's trees name no preset
+    assert "- default: N = 2\n- ring: N = 2\n- tree: N = 2\n" in page  # what was not run is said
     assert page.count("Generated ") == 1  # the one line that changes between reruns
     assert "[Lib](lib.md)" in (tmp_path / "index.md").read_text()
     (tmp_path / "again").mkdir()

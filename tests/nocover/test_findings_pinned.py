@@ -48,7 +48,7 @@ def _reveal_again(key: str, finding: dict[str, Any]) -> list[str]:
     with tempfile.TemporaryDirectory() as scratch:
         run = findings.Run(environment, Path(scratch), cache_root=Path(scratch))
         result = run.reveal(finding["algorithm"], finding["settings"], finding["n"], finding["m"])
-    assert result["json"] is not None, result["error"]
+    assert result is not None and result["json"] is not None, result
     return findings_pages.differences(finding, result["json"])
 
 
