@@ -195,7 +195,8 @@ if sys.argv[2] == "mpi":
     import mpi4py
     mpi4py.rc.initialize = False
     from mpi4py import MPI
-    info["library"] = MPI.Get_library_version().strip().splitlines()[0].strip()
+    text = MPI.Get_library_version().replace("\\0", "")  # OpenMPI 5 ends it with a NUL
+    info["library"] = text.strip().splitlines()[0].strip()
 elif sys.argv[1] == "mlx":
     import mlx.core
 info["machine"] = f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}"
