@@ -16,8 +16,15 @@ import torch.distributed as dist
 
 from ring_ref._ops import finish_torch, torch_combine_into
 from ring_ref._ranks._check import Shards
-from ring_ref._ranks._plans import BYTES, SCRATCH, ChainPlan, Known, Plan, pipelined, plan_call
-from ring_ref._ranks._transport import Waiter, chain_steps, check_gloo, check_group, run_rounds
+from ring_ref._ranks._plans import BYTES, SCRATCH, ChainPlan, DoublingPlan, Known, Plan, pipelined, plan_call
+from ring_ref._ranks._transport import (
+    Waiter,
+    chain_steps,
+    check_gloo,
+    check_group,
+    doubling_steps,
+    run_rounds,
+)
 from ring_ref.schedule import ALL_GATHER, REDUCE_SCATTER, Collective, Phase, RingSchedule, Schedule
 
 __all__ = ["ring_all_gather_", "ring_all_reduce_", "ring_reduce_scatter_"]
@@ -88,6 +95,8 @@ def ring_all_reduce_(
     the bits of ``torch.distributed.all_reduce`` on gloo.  ``schedule="chain"``
     (spec section 15, not a ring) gives every rank the left fold over the ranks
     for any ``M``; its steps run one ``batch_isend_irecv`` each, after the same check.
+    ``schedule="recursive-doubling"`` (not a ring either) gives every rank recursive doubling's one tree
+    for any ``M`` (clause ``doubling-processes``), each step one ``batch_isend_irecv`` of whole buffers.
 
     ``timeout`` bounds every wait for a peer (the check before the ring, and
     each send and receive): a peer that never calls, or fails mid-ring, makes
@@ -184,6 +193,8 @@ def _run(  # noqa: PLR0917 (the call's own state)
             fill()
         if isinstance(plan, ChainPlan):
             chain_steps(flat, work, plan, group, waiter, combine_into=combine_into)
+        elif isinstance(plan, DoublingPlan):
+            doubling_steps(flat, work, plan, group, waiter, combine_into=combine_into)
         elif not done:
             run_rounds(
                 flat, slots, work, plan, group, waiter, combine_into=combine_into, lead=lead, steps=steps
