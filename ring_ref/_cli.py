@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from ring_ref._names import (
     DTYPE_NAMES,
     INVARIANCE_DRAWS,
-    INVARIANCE_IN_JOB,
     INVARIANCE_PROBE,
     OPS,
     REVEAL_CHECKS,
@@ -329,7 +328,8 @@ def _invariance_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ranks",
         choices=RANKS,
-        help="TARGET is per rank, as for difftest --ranks: each rank's buffer holds its probe at the offset",
+        help="TARGET is per rank, as for difftest --ranks: each rank's buffer holds its probe at the offset "
+        "(job, mpi-job: every rank of the job this command runs in, -n its size; rank 0 prints)",
     )
     _mpi_arguments(parser)
     _rank_timeout_argument(parser)
@@ -455,8 +455,6 @@ def _invariance_problem(args: argparse.Namespace) -> str:
     """What is wrong with ``invariance``'s arguments before anything is imported (``""``: nothing yet)."""
     if problem := _mpi_problem(args):
         return problem
-    if args.ranks in ("job", "mpi-job"):
-        return INVARIANCE_IN_JOB
     if args.svg and args.by_bits:
         return "--svg draws trees, and --by-bits reveals none: drop one"
     return ""

@@ -166,7 +166,7 @@ _USAGE: list[tuple[list[str], int]] = [
     (["invariance", "x:y", "-n", "3", "--sizes", "4", "--svg", "f.svg", "--by-bits"], 2),
     (["invariance", "x:y", "-n", "3", "--sizes", "4", "--mca", "btl"], 2),
     (["invariance", "x:y", "-n", "3", "--sizes", "4", "--env", "A=1"], 2),
-    (["invariance", "x:y", "-n", "3", "--sizes", "4", "--ranks", "mpi-job"], 2),
+    (["invariance", "x:y", "-n", "3", "--sizes", "4", "--ranks", "mpi-job", "--env", "A=1"], 2),
     (["difftest", "--ranks", "mpi", "--env", "A", "x:y"], 2),
     (["reveal", "x:y", "-n", "3", "-m", "4", "--env", "A=1"], 2),
     (["reveal", "x:y", "-n", "3", "-m", "4", "--ranks", "gloo", "--mca", "btl=self"], 2),

@@ -224,7 +224,7 @@ def test_placements_that_cannot_serve_are_refused(
         invariance(planted_orders.left_fold, 4, sizes, offsets=offsets, probe=probe)
 
 
-@pytest.mark.clause("invariance-placements")
+@pytest.mark.clause("invariance-placements", "invariance-in-job")
 def test_options_that_cannot_serve_are_refused() -> None:
     with pytest.raises(RevealError, match="beyond reveal's limit"):
         invariance(planted_orders.left_fold, 65537, [8], probe=4)
@@ -236,8 +236,8 @@ def test_options_that_cannot_serve_are_refused() -> None:
         invariance("tests.common.planted_orders:left_fold", 4, [8], mca={"a": "1"})
     with pytest.raises(InvarianceError, match=r"a stacked TARGET runs in the tester's own process"):
         invariance("tests.common.planted_orders:left_fold", 4, [8], env={"A": "1"})
-    with pytest.raises(InvarianceError, match="does not run inside a job yet"):  # was a KeyError
-        invariance("tests.common.planted_orders:left_fold", 4, [8], ranks="mpi-job")
+    with pytest.raises(ValueError, match="none is initialised"):  # outside a job: no group to run in
+        invariance("tests.common.planted_orders:left_fold", 4, [8], ranks="job")
     with pytest.raises(InvarianceError, match="draws must be 1 or more"):
         invariance(planted_orders.left_fold, 4, [8], by_bits=True, draws=0)
 
