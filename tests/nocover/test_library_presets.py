@@ -176,7 +176,9 @@ def test_difftest_passes_the_librarys_preset_and_fails_the_others(algorithm: Alg
     done = _run(algorithm, n, *seeds)
     assert done.returncode == 0, done.stdout + done.stderr
     verdicts = _verdicts(done.stdout)
-    expected = {(seed, preset): ("pass", []) for seed in range(SEEDS)}
+    expected: dict[tuple[int, str], tuple[str, list[str]]] = {
+        (seed, preset): ("pass", []) for seed in range(SEEDS)
+    }
     expected |= {(seed, other): ("fail", ["not-ring-order"]) for seed in range(SEEDS) for other in others}
     assert verdicts == expected, done.stdout
 
@@ -220,7 +222,9 @@ def test_difftest_passes_mlx_ring_and_fails_the_others() -> None:
         [sys.executable, *seeds], env=environment, capture_output=True, text=True, timeout=3000, check=False
     )
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
-    expected = {(seed, "mlx-ring"): ("pass", []) for seed in range(SEEDS)}
+    expected: dict[tuple[int, str], tuple[str, list[str]]] = {
+        (seed, "mlx-ring"): ("pass", []) for seed in range(SEEDS)
+    }
     others = [p for p in LIBRARY_PRESETS if p != "mlx-ring"]
     expected |= {(seed, other): ("fail", ["not-ring-order"]) for seed in range(SEEDS) for other in others}
     assert _verdicts(done.stdout) == expected, done.stdout
