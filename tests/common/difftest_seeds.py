@@ -6,7 +6,8 @@ It runs :func:`ring_ref.difftest.difftest` on the library's bundled target (``ri
 mpi_allreduce`` on every rank of the MPI job, or ``mlx_all_sum`` on MLX ranks the tester forks, ``N`` up
 to 4) once per (seed, preset), so that ten seeds of every preset cost one job's (one process's) start;
 rank 0 (the process, under ``mlx``) prints one JSON line per run: ``{"seed", "schedule", "verdict",
-"codes"}``.  Under ``mlx`` this process must not import MLX (the ranks are forked from it).
+"codes", "counterexample"}``, the last ``[N, M, dtype]`` of exact's counterexample (``null`` on a
+pass).  Under ``mlx`` this process must not import MLX (the ranks are forked from it).
 """
 
 from __future__ import annotations
@@ -39,8 +40,15 @@ def main(ranks: str, seeds: int, dtypes: str, presets: list[str]) -> None:
                 dtypes=chosen,
             )
             if rank == 0:
-                line = {"seed": seed, "schedule": preset, "verdict": report.verdict}
-                print(json.dumps({**line, "codes": report.diagnoses}), flush=True)
+                line = {
+                    "seed": seed,
+                    "schedule": preset,
+                    "verdict": report.verdict,
+                    "codes": report.diagnoses,
+                }
+                case = report.modes["exact"].counterexample
+                shown = None if case is None else [case.n, case.m, str(case.dtype).removeprefix("torch.")]
+                print(json.dumps({**line, "counterexample": shown}), flush=True)
 
 
 if __name__ == "__main__":

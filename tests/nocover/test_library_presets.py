@@ -88,6 +88,9 @@ class Algorithm(NamedTuple):
     large: dict[int, str] | None = None
     dtypes: str = "all"
     """The dtypes difftest draws (``all``: float16, float32, float64) where the preset holds."""
+    below_n: bool = True
+    """Whether the preset holds for ``M < N`` too (else the library runs another algorithm there: a seed
+    whose draws reach it may fail the preset, with a counterexample of ``M < N``, and no other)."""
 
     def expected(self, n: int, m: int) -> str:
         return (self.large or {}).get(n, self.preset[n]) if m >= 4096 else self.preset[n]
@@ -98,13 +101,15 @@ CASES: Final = [
     Algorithm(MPICH, {}, RD),  # MPICH's default at every size
     Algorithm(MPICH, {"MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM": "recursive_doubling"}, RD),
     Algorithm(MPICH, {"MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM": "ring"}, {3: "mpich-ring", 4: "mpich-ring"}),
-    # Intel MPI's default: the chain at N = 4 below its switch (one order with recursive doubling at N = 3),
-    # for float32 only: float64 at M = 12 folds 1,3,0,2 (no preset; seeds 1..9 of difftest found it)
-    Algorithm(INTEL, {}, {3: "recursive-doubling", 4: "chain"}, large=RD, dtypes="float32"),
+    # Intel MPI's default: the chain at N = 4 below its switch in reveal (one order with recursive doubling
+    # at N = 3); difftest finds other orders there (float64 at M = 12: fold 1,3,0,2; INTEL_DEFAULT_AT_4)
+    Algorithm(INTEL, {}, {3: "recursive-doubling", 4: "chain"}, large=RD),
     Algorithm(INTEL, {"I_MPI_ADJUST_ALLREDUCE": "8"}, {3: "intel-ring", 4: "intel-ring"}),
     Algorithm(INTEL, {"I_MPI_ADJUST_ALLREDUCE": "1"}, RD),
-    Algorithm(OPENMPI5, {}, RD, large={3: "openmpi-ring", 4: "openmpi-ring"}),  # below 16 KB: doubling
-    Algorithm(OPENMPI5, OPENMPI_RING, {3: "openmpi-ring", 4: "openmpi-ring"}),
+    # below 16 KB: doubling, float32 and float64 only (float16 at N = 4, M = 7: openmpi-ring's folds)
+    Algorithm(OPENMPI5, {}, RD, large={3: "openmpi-ring", 4: "openmpi-ring"}, dtypes="float32,float64"),
+    # its ring falls back to recursive doubling below N elements (docs/guide/ranks.md)
+    Algorithm(OPENMPI5, OPENMPI_RING, {3: "openmpi-ring", 4: "openmpi-ring"}, below_n=False),
 ]
 IDS: Final = [f"{c.library.pip}-{','.join(c.env.values()) or 'default'}" for c in CASES]
 
@@ -160,22 +165,48 @@ def _last_json(out: str) -> Any:
     return json.loads(next(line for line in reversed(out.splitlines()) if line.startswith("{")))
 
 
-def _verdicts(lines: str) -> dict[tuple[int, str], tuple[str, list[str]]]:
-    """``(seed, preset) -> (verdict, codes)`` from the JSON lines of ``tests/common/difftest_seeds``."""
+def _verdicts(lines: str, preset: str, below_n: bool) -> dict[tuple[int, str], tuple[str, list[str]]]:
+    """``(seed, preset) -> (verdict, codes)`` from the JSON lines of ``tests/common/difftest_seeds``;
+    unless ``below_n``, ``preset``'s failures with a counterexample of ``M < N`` (where the library runs
+    another algorithm) count as passes."""
     found = [json.loads(line) for line in lines.splitlines() if line.startswith("{")]
-    return {(f["seed"], f["schedule"]): (f["verdict"], f["codes"]) for f in found}
+    outside = {
+        f["seed"]
+        for f in found
+        if not below_n
+        and f["schedule"] == preset
+        and f["counterexample"] is not None
+        and f["counterexample"][1] < f["counterexample"][0]
+    }
+    return {
+        (f["seed"], f["schedule"]): ("pass", [])
+        if f["seed"] in outside and f["schedule"] == preset
+        else (f["verdict"], f["codes"])
+        for f in found
+    }
+
+
+INTEL_DEFAULT_AT_4: Final = pytest.mark.xfail(
+    strict=True,
+    reason="Intel MPI 2021.18's default at N = 4 is not one order within a job: reveal's first calls and "
+    "seed 0 fold 0,1,2,3 (the chain) at M = 8, float32, seeds 1..9 later in the same job fold otherwise",
+)
 
 
 @pytest.mark.clause("schedule-presets", "doubling-tools")
 @pytest.mark.parametrize("algorithm", CASES, ids=IDS)
 @pytest.mark.parametrize("n", [3, 4])
-def test_difftest_passes_the_librarys_preset_and_fails_the_others(algorithm: Algorithm, n: int) -> None:
+def test_difftest_passes_the_librarys_preset_and_fails_the_others(
+    algorithm: Algorithm, n: int, request: pytest.FixtureRequest
+) -> None:
+    if algorithm.library == INTEL and not algorithm.env and n == 4:
+        request.applymarker(INTEL_DEFAULT_AT_4)
     preset = algorithm.preset[n]
     others = _others(preset, n)
     seeds = ["-m", "tests.common.difftest_seeds", "mpi-job", str(SEEDS), algorithm.dtypes, preset, *others]
     done = _run(algorithm, n, *seeds)
     assert done.returncode == 0, done.stdout + done.stderr
-    verdicts = _verdicts(done.stdout)
+    verdicts = _verdicts(done.stdout, preset, algorithm.below_n)
     expected: dict[tuple[int, str], tuple[str, list[str]]] = {
         (seed, preset): ("pass", []) for seed in range(SEEDS)
     }
@@ -227,4 +258,4 @@ def test_difftest_passes_mlx_ring_and_fails_the_others() -> None:
     }
     others = [p for p in LIBRARY_PRESETS if p != "mlx-ring"]
     expected |= {(seed, other): ("fail", ["not-ring-order"]) for seed in range(SEEDS) for other in others}
-    assert _verdicts(done.stdout) == expected, done.stdout
+    assert _verdicts(done.stdout, "mlx-ring", below_n=False) == expected, done.stdout  # padded below N
