@@ -107,7 +107,7 @@ CASES: Final = [
     Algorithm(INTEL, {"I_MPI_ADJUST_ALLREDUCE": "8"}, {3: "intel-ring", 4: "intel-ring"}),
     Algorithm(INTEL, {"I_MPI_ADJUST_ALLREDUCE": "1"}, RD),
     # below 16 KB: doubling, float32 and float64 only (float16 at N = 4, M = 7: openmpi-ring's folds)
-    Algorithm(OPENMPI5, {}, RD, large={3: "openmpi-ring", 4: "openmpi-ring"}, dtypes="float32,float64"),
+    Algorithm(OPENMPI5, {}, RD, large={3: "openmpi-ring"}, dtypes="float32,float64"),  # 4096 at N = 4: doubling
     # its ring falls back to recursive doubling below N elements (docs/guide/ranks.md)
     Algorithm(OPENMPI5, OPENMPI_RING, {3: "openmpi-ring", 4: "openmpi-ring"}, below_n=False),
 ]
