@@ -106,8 +106,9 @@ CASES: Final = [
     Algorithm(INTEL, {}, {3: "recursive-doubling", 4: "chain"}, large=RD),
     Algorithm(INTEL, {"I_MPI_ADJUST_ALLREDUCE": "8"}, {3: "intel-ring", 4: "intel-ring"}),
     Algorithm(INTEL, {"I_MPI_ADJUST_ALLREDUCE": "1"}, RD),
-    # below 16 KB: doubling, float32 and float64 only (float16 at N = 4, M = 7: openmpi-ring's folds)
-    Algorithm(OPENMPI5, {}, RD, large={3: "openmpi-ring"}, dtypes="float32,float64"),  # 4096 at N = 4: doubling
+    # below 16 KB: doubling, float32 and float64 only (float16 at N = 4, M = 7: openmpi-ring's folds); at
+    # M = 4096 its ring at N = 3, doubling still at N = 4
+    Algorithm(OPENMPI5, {}, RD, large={3: "openmpi-ring"}, dtypes="float32,float64"),
     # its ring falls back to recursive doubling below N elements (docs/guide/ranks.md)
     Algorithm(OPENMPI5, OPENMPI_RING, {3: "openmpi-ring", 4: "openmpi-ring"}, below_n=False),
 ]
