@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from ring_ref._names import (
     DTYPE_NAMES,
     INVARIANCE_DRAWS,
-    INVARIANCE_IN_JOB,
     INVARIANCE_PROBE,
     OPS,
     REVEAL_CHECKS,
@@ -32,6 +31,7 @@ from ring_ref.difftest._rules import (
     Spawn,
     default_max_workers,
     env_names_refused,
+    env_refused,
     option_problem,
     refused_before_torch,
 )
@@ -41,16 +41,17 @@ __all__ = ["build_parser", "main"]
 
 
 def _mpi_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--env NAME=VALUE`` and ``--mca KEY=VALUE`` (repeatable) and ``--mpiexec PATH``: how ``--ranks mpi``
-    starts its jobs."""
+    """``--env NAME=VALUE`` and ``--mca KEY=VALUE`` (repeatable) and ``--mpiexec PATH``: how the tester starts
+    its ranks (``--env``: every launcher's; the others ``--ranks mpi``'s)."""
     parser.add_argument(
         "--env",
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        help="with --ranks mpi: set NAME=VALUE in every rank's environment (repeatable), e.g. "
-        "MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM=ring (MPICH), I_MPI_ADJUST_ALLREDUCE=8 (Intel MPI), "
-        "OMPI_MCA_coll_tuned_allreduce_algorithm=4 (OpenMPI)",
+        help="with --ranks mpi, gloo, jax or mlx: set NAME=VALUE in every rank's environment (repeatable; "
+        "mpi: through the launcher; gloo, jax, mlx: in each forked rank before it joins the group and "
+        "imports TARGET), e.g. MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM=ring (MPICH), I_MPI_ADJUST_ALLREDUCE=8 "
+        "(Intel MPI), OMPI_MCA_coll_tuned_allreduce_algorithm=4 (OpenMPI), MLX_RING_VERBOSE=1 (MLX)",
     )
     parser.add_argument(
         "--mca",
@@ -76,16 +77,19 @@ def _assignments(items: list[str]) -> dict[str, str]:
 
 def _mpi_problem(args: argparse.Namespace, *, ranks: bool = True) -> str:
     """What is wrong with ``--env``, ``--mca`` and ``--mpiexec`` (``""``: nothing): each item ``KEY=VALUE``,
-    names an environment can hold, and (``ranks``; difftest's own rules say it) ``--ranks mpi``."""
+    names an environment can hold, and (``ranks``; difftest's own rules say it) ranks that take them
+    (:func:`~ring_ref.difftest._rules.env_refused`; ``--mca``: ``--ranks mpi``)."""
     for option, items in (("--env", args.env), ("--mca", args.mca)):
         if any(not item.partition("=")[0] or "=" not in item for item in items):
             return f"{option} takes {'NAME' if option == '--env' else 'KEY'}=VALUE; got {items}"
-    if ranks and (args.env or args.mca or args.mpiexec) and args.ranks != "mpi":
+    if ranks and args.mca and args.ranks != "mpi":
         return (
-            "--env, --mca and --mpiexec say how the tester starts the ranks of an MPI job: they need "
-            "ranks='mpi' (--ranks mpi); inside your own job give the variables to its launcher (mpiexec "
-            f"-genv NAME VALUE, mpirun -x NAME=VALUE); got --ranks {args.ranks}"
+            "--mca options are passed to the mpirun the tester starts: they need ranks='mpi' (--ranks mpi); "
+            "inside your own job give them to its mpirun (or as OMPI_MCA_KEY variables); got --ranks "
+            f"{args.ranks}"
         )
+    if ranks:
+        return env_refused(_assignments(args.env), args.mpiexec, args.ranks) or ""
     return env_names_refused(_assignments(args.env)) or ""
 
 
@@ -324,7 +328,8 @@ def _invariance_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ranks",
         choices=RANKS,
-        help="TARGET is per rank, as for difftest --ranks: each rank's buffer holds its probe at the offset",
+        help="TARGET is per rank, as for difftest --ranks: each rank's buffer holds its probe at the offset "
+        "(job, mpi-job: every rank of the job this command runs in, -n its size; rank 0 prints)",
     )
     _mpi_arguments(parser)
     _rank_timeout_argument(parser)
@@ -450,8 +455,6 @@ def _invariance_problem(args: argparse.Namespace) -> str:
     """What is wrong with ``invariance``'s arguments before anything is imported (``""``: nothing yet)."""
     if problem := _mpi_problem(args):
         return problem
-    if args.ranks in ("job", "mpi-job"):
-        return INVARIANCE_IN_JOB
     if args.svg and args.by_bits:
         return "--svg draws trees, and --by-bits reveals none: drop one"
     return ""

@@ -12,7 +12,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TextIO
+from typing import Final, TextIO
 
 import torch
 
@@ -24,7 +24,7 @@ from ring_ref._trace import check_trace_size, render_table, trace, trace_json
 from ring_ref._vectors import _collectives, _ops, _presets, _sums
 from ring_ref.core import initial_state, run_ring
 from ring_ref.difftest import DTYPES, OrderError, TargetError, _orders, load_target
-from ring_ref.difftest._in_job import command_in_job, reveal_in_job
+from ring_ref.difftest._in_job import command_in_job, job_rank, reveal_in_job
 from ring_ref.difftest._launch import Launcher
 from ring_ref.difftest._options import Options, rank_launcher, refused
 from ring_ref.difftest._report import Report
@@ -306,31 +306,77 @@ def _reveal_in_job(args: argparse.Namespace) -> int:
     )
 
 
+def _invariance(args: argparse.Namespace) -> _order_stability.Invariance:
+    """``invariance()`` of the command's arguments, its picture written where ``--svg`` asks."""
+    found = _order_stability.invariance(
+        args.target,
+        args.n,
+        args.sizes,
+        offsets=args.offsets,
+        probe=args.probe,
+        dtype=args.dtype,
+        ranks=args.ranks,
+        **args.spawn._asdict(),
+        by_bits=args.by_bits,
+        draws=args.draws,
+        seed=args.seed,
+        timeout=args.timeout,
+    )
+    if args.svg:
+        Path(args.svg).write_text(_svg.invariance_svg(found), encoding="utf-8")
+    return found
+
+
+_INVARIANCE_ERRORS: Final = (TargetError, _reveal.RevealError, _order_stability.InvarianceError, OSError)
+
+
 def _invariance_command(args: argparse.Namespace) -> int:
     """Run ``ring-ref invariance``: 0 invariant, 1 not invariant, 2 usage error or misbehaving target."""
+    if args.ranks in ("job", "mpi-job"):
+        return _invariance_in_job(args)
     with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
         try:
-            found = _order_stability.invariance(
-                args.target,
-                args.n,
-                args.sizes,
-                offsets=args.offsets,
-                probe=args.probe,
-                dtype=args.dtype,
-                ranks=args.ranks,
-                **args.spawn._asdict(),
-                by_bits=args.by_bits,
-                draws=args.draws,
-                seed=args.seed,
-                timeout=args.timeout,
-            )
-            if args.svg:
-                Path(args.svg).write_text(_svg.invariance_svg(found), encoding="utf-8")
-        except (TargetError, _reveal.RevealError, _order_stability.InvarianceError, OSError) as exc:
+            found = _invariance(args)
+        except _INVARIANCE_ERRORS as exc:
             print(f"ring-ref invariance: error: {exc}", file=sys.stderr)
             return 2
     print(json.dumps(found.to_json()) if args.json else found.render())
     return 0 if found.invariant else 1
+
+
+def _invariance_in_job(args: argparse.Namespace) -> int:
+    """``invariance --ranks job`` or ``mpi-job``: every rank joins and serves; rank 0 measures and prints
+    before the others may leave; every rank returns the verdict's status (clause ``invariance-in-job``)."""
+    out = sys.stdout
+    shown: list[object] = []
+
+    def show(outcome: object) -> None:
+        shown.append(outcome)
+        if isinstance(outcome, _order_stability.Invariance):
+            print(json.dumps(outcome.to_json()) if args.json else outcome.render(), file=out, flush=True)
+        else:
+            print(f"ring-ref invariance: error: {outcome}", file=sys.stderr, flush=True)
+
+    def body(device: str) -> int:
+        del device  # invariance's probes are CPU tensors
+        with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
+            try:
+                return 0 if _invariance(args).invariant else 1
+            except _INVARIANCE_ERRORS as exc:  # refused on every rank before the job's run: rank 0 says so
+                if not shown and job_rank(args.ranks) == 0:
+                    show(exc)
+                raise
+
+    return command_in_job(
+        "invariance",
+        args.ranks,
+        backend=None,
+        device=None,
+        timeout=args.timeout,
+        show=show,
+        body=body,
+        errors=_INVARIANCE_ERRORS,
+    )
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {

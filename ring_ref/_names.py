@@ -15,7 +15,6 @@ from typing import Final, Literal
 __all__ = [
     "DTYPE_NAMES",
     "INVARIANCE_DRAWS",
-    "INVARIANCE_IN_JOB",
     "INVARIANCE_PROBE",
     "OPS",
     "REVEAL_CHECKS",
@@ -34,13 +33,6 @@ REVEAL_CHECKS: Final = 4
 
 INVARIANCE_PROBE: Final = 32
 """How many elements invariance probes by default (``--probe``)."""
-
-INVARIANCE_IN_JOB: Final = (
-    "invariance does not run inside a job yet (ranks 'job', 'mpi-job'): run it on ranks the tester starts "
-    "(--ranks mpi, with --env for the algorithm's variables, or --ranks gloo), or reveal in the job at each "
-    "size (ring-ref reveal --ranks mpi-job TARGET -n N -m M)"
-)
-"""Why invariance refuses ``ranks='job'`` and ``'mpi-job'`` (the command line before torch, the API alike)."""
 
 INVARIANCE_DRAWS: Final = 4
 """How many random inputs ``invariance --by-bits`` tries by default (``--draws``)."""

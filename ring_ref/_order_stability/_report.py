@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Final, Literal
 
-from ring_ref._order import Tree, chunk_index, fold_tree, format_tree, tree_to_pairs
+from ring_ref._order import Tree, chunk_index, fold_tree, format_tree, ring_trees, tree_to_pairs
 from ring_ref._order_stability._placement import Placement
 from ring_ref.schedule import LAYOUTS, PRESETS, RingSchedule
 
@@ -114,6 +114,9 @@ class _Run:
     first: int
     last: int
     rule: Rule
+    one: str = ""
+    """Where ``rule`` is ``None`` in reveal mode and every element has one tree: that tree, named (see
+    :func:`_one_tree_label`)."""
 
 
 def _ring_label(rule: tuple[str, RingSchedule]) -> str:
@@ -156,9 +159,29 @@ def _size_runs(
             if not wider:
                 break
             rule, stop = wider_rule, stop + 1
-        runs.append(_Run(sizes[start], sizes[stop - 1], rule))
+        lo, hi = sizes[start], sizes[stop - 1]
+        picked = {t for p, got in zip(order, outcomes, strict=True) if lo <= p.m <= hi for t in got}
+        one = (
+            _one_tree_label(n, picked.pop())
+            if method == "reveal" and rule is None and len(picked) == 1
+            else ""
+        )
+        runs.append(_Run(lo, hi, rule, one))
         start = stop
     return runs
+
+
+def _one_tree_label(n: int, tree: Hashable) -> str:
+    """``every element fold 0,1,2 (chain, recursive-doubling)``: one tree for every element, with the
+    presets whose one tree it is (the schedules that are not rings: the chain, recursive doubling)."""
+    if tree is None:
+        return ""
+    names = [
+        name
+        for name, schedule in PRESETS.items()
+        if not isinstance(schedule, RingSchedule) and ring_trees(schedule, n, n, "float32") == [tree] * n
+    ]
+    return f"every element {_tree_text(tree)}" + (f" ({', '.join(names)})" if names else "")
 
 
 def _switch_text(what: str, changes: str, runs: Sequence[_Run]) -> str:
@@ -174,6 +197,8 @@ def _switch_text(what: str, changes: str, runs: Sequence[_Run]) -> str:
             span = f"at M = {run.first}" + ("" if run.first == run.last else f" to {run.last}")
         if run.rule is not None:
             parts.append(f"each element folds its chunk of {_ring_label(run.rule)} {span}")
+        elif run.one:
+            parts.append(f"{run.one} {span}")
         else:
             parts.append(f"{'the same' if i == 0 else 'other'} {span}")
     return f"{what} {changes} {above} ({', '.join(parts)})"

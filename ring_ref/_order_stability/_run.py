@@ -21,12 +21,13 @@ from typing import Final
 import torch
 
 from ring_ref._dtypes import to_hex
-from ring_ref._names import INVARIANCE_DRAWS, INVARIANCE_IN_JOB
+from ring_ref._names import INVARIANCE_DRAWS
 from ring_ref._order_stability._placement import Embedded, InvarianceError, Placement, batches, placements
 from ring_ref._order_stability._report import Invariance, Method
 from ring_ref._reveal import CHECKS, check_reveal_size, reveal
 from ring_ref._reveal._target import REVEAL_DTYPES
 from ring_ref.difftest import load_target
+from ring_ref.difftest._job import job_size, run_in_job, run_in_mpi_job
 from ring_ref.difftest._launch import Launcher
 from ring_ref.difftest._options import rank_launcher
 from ring_ref.difftest._orders import per_rank_target
@@ -93,6 +94,21 @@ def _check(n: int, k: int, dtype: str, *, by_bits: bool, draws: int, checks: int
         raise InvarianceError(f"checks must be 0 or more; got {checks}")
 
 
+def _refuse(target: Callable[[torch.Tensor], object] | str, ranks: Ranks | None, spawn: Spawn) -> None:
+    """:class:`InvarianceError` for ranks, launcher options or a per-rank target that cannot serve."""
+    if spawn.mca and ranks != "mpi":
+        raise InvarianceError("mca options are passed to mpirun: they need ranks='mpi' (--ranks mpi)")
+    if refusal := spawn_refused(Options(ranks=ranks, env=spawn.env, mpiexec=spawn.mpiexec)):
+        raise InvarianceError(refusal)
+    if ranks is not None and ranks not in RANKS:
+        raise InvarianceError(f"ranks must be one of {', '.join(RANKS)}; got {ranks!r}")
+    if ranks is not None and not isinstance(target, str):
+        raise InvarianceError(
+            "a per-rank target runs in processes of its own: give it by name (package.module:function or "
+            "path/to/file.py:function), not as a function object"
+        )
+
+
 def _resolve(
     target: Callable[[torch.Tensor], object] | str,
     ranks: Ranks | None,
@@ -100,23 +116,34 @@ def _resolve(
     timeout: float,
 ) -> tuple[Callable[[torch.Tensor], object], Launcher | None]:
     """The stacked function to place probes into, and the rank launcher behind it (to close)."""
-    if spawn.mca and ranks != "mpi":
-        raise InvarianceError("mca options are passed to mpirun: they need ranks='mpi' (--ranks mpi)")
-    if refusal := spawn_refused(Options(ranks=ranks, env=spawn.env, mpiexec=spawn.mpiexec)):
-        raise InvarianceError(refusal)
     if ranks is None:
         return (load_target(target) if isinstance(target, str) else target), None
-    if ranks not in RANKS:
-        raise InvarianceError(f"ranks must be one of {', '.join(RANKS)}; got {ranks!r}")
-    if ranks in ("job", "mpi-job"):
-        raise InvarianceError(INVARIANCE_IN_JOB)
-    if not isinstance(target, str):
-        raise InvarianceError(
-            "a per-rank target runs in processes of its own: give it by name (package.module:function or "
-            "path/to/file.py:function), not as a function object"
-        )
+    assert isinstance(target, str)  # _refuse
     launcher = rank_launcher(ranks, target, timeout, **spawn._asdict())
     return per_rank_target(launcher), launcher
+
+
+def _in_job(
+    target: str,
+    ranks: Ranks,
+    n: int,
+    timeout: float,
+    measure: Callable[[Callable[[torch.Tensor], object]], Invariance],
+) -> Invariance:
+    """``ranks="job"`` or ``"mpi-job"``: on every rank of the job this process is in, serve ``target``; on
+    rank 0 also measure through the job's ranks.  Every rank gets the result (clause
+    ``invariance-in-job``)."""
+    size = job_size(ranks, None, None)
+    if n != size:
+        raise InvarianceError(f"n (-n) must be the job's {size} ranks; got {n}")
+
+    def run(launcher: Launcher) -> Invariance:
+        launcher.start()
+        return measure(per_rank_target(launcher))
+
+    if ranks == "mpi-job":
+        return run_in_mpi_job(target, run, timeout_s=timeout)
+    return run_in_job(target, run, timeout_s=timeout)
 
 
 def invariance(
@@ -141,9 +168,11 @@ def invariance(
 
     ``target`` is stacked (``fn(x)``, ``x`` of shape ``(N, M)``, returning the
     ``(M,)`` sum, like :func:`ring_ref.ring_all_reduce`), or with ``ranks``
-    (``"gloo"``, ``"mpi"``) the name of a per-rank target, as ``difftest
+    (``"gloo"``, ``"mpi"``, ``"jax"``, ``"mlx"``) the name of a per-rank target, as ``difftest
     --ranks`` runs it (``mca``: OpenMPI's ``--mca`` options; ``env``: the ranks' environment variables;
-    ``mpiexec``: the launcher, as for :func:`~ring_ref.difftest.difftest`).  ``K =
+    ``mpiexec``: the launcher, as for :func:`~ring_ref.difftest.difftest`); with ``ranks="mpi-job"``
+    (or ``"job"``, in a ``torch.distributed`` group already joined) every rank of the job this process
+    is in calls it, rank 0 measures, and every rank gets the result.  ``K =
     probe`` elements (default ``min(32, smallest M - smallest offset)``) are
     placed at every offset in every size where they fit (``offsets=None``:
     at each size, offsets that probe every chunk of a ring of ``n`` workers
@@ -166,36 +195,75 @@ def invariance(
     itemsize = REVEAL_DTYPES[dtype].itemsize if dtype in REVEAL_DTYPES else 4
     k, placed = placements(sizes, offsets, probe, n=n, itemsize=itemsize)
     _check(n, k, dtype, by_bits=by_bits, draws=draws, checks=checks)
-    fn, launcher = _resolve(target, ranks, Spawn(mca or {}, env or {}, mpiexec), timeout)
+    spawn = Spawn(mca or {}, env or {}, mpiexec)
+    _refuse(target, ranks, spawn)
     name = target if isinstance(target, str) else getattr(target, "__qualname__", type(target).__name__)
-    counterexample = None
+
+    def measure(fn: Callable[[torch.Tensor], object]) -> Invariance:
+        return _measure(
+            fn,
+            name,
+            n,
+            k,
+            placed,
+            dtype=dtype,
+            by_bits=by_bits,
+            draws=draws,
+            checks=checks,
+            seed=seed,
+            start=start,
+        )
+
+    if ranks in ("job", "mpi-job"):
+        assert isinstance(target, str) and ranks is not None  # _refuse
+        return _in_job(target, ranks, n, timeout, measure)
+    fn, launcher = _resolve(target, ranks, spawn, timeout)
     try:
         if launcher is not None:
             launcher.start()
-        if by_bits:
-            order = [Placement(k, 0), *(p for p in placed if p != Placement(k, 0))]
-            outcomes, counterexample, calls = _by_bits(
-                fn, n=n, k=k, order=order, dtype=dtype, draws=draws, seed=seed
-            )
-        else:
-            order, outcomes, calls = placed, [], 0
-            for batch in batches(placed, k):
-                also = tuple(p.offset for p in batch[1:])
-                found = reveal(
-                    Embedded(fn, batch[0], also=also),
-                    n,
-                    k * len(batch),
-                    dtype,
-                    checks=checks,
-                    seed=seed,
-                    name=name,
-                )
-                trees: list[Hashable] = list(found.trees)
-                outcomes += [trees[i * k : (i + 1) * k] for i in range(len(batch))]
-                calls += found.calls
+        return measure(fn)
     finally:
         if launcher is not None:
             launcher.close()
+
+
+def _measure(
+    fn: Callable[[torch.Tensor], object],
+    name: str,
+    n: int,
+    k: int,
+    placed: list[Placement],
+    *,
+    dtype: str,
+    by_bits: bool,
+    draws: int,
+    checks: int,
+    seed: int,
+    start: float,
+) -> Invariance:
+    """The outcomes of ``fn`` (stacked, or through a launcher already started) at every placement."""
+    counterexample = None
+    if by_bits:
+        order = [Placement(k, 0), *(p for p in placed if p != Placement(k, 0))]
+        outcomes, counterexample, calls = _by_bits(
+            fn, n=n, k=k, order=order, dtype=dtype, draws=draws, seed=seed
+        )
+    else:
+        order, outcomes, calls = placed, [], 0
+        for batch in batches(placed, k):
+            also = tuple(p.offset for p in batch[1:])
+            found = reveal(
+                Embedded(fn, batch[0], also=also),
+                n,
+                k * len(batch),
+                dtype,
+                checks=checks,
+                seed=seed,
+                name=name,
+            )
+            trees: list[Hashable] = list(found.trees)
+            outcomes += [trees[i * k : (i + 1) * k] for i in range(len(batch))]
+            calls += found.calls
     method: Method = "bits" if by_bits else "reveal"
     result = Invariance(name, n, k, dtype, method, order, outcomes, calls, time.perf_counter() - start)
     result.counterexample = counterexample

@@ -16,8 +16,10 @@ another MPI fails in ways that do not say so: MPICH's ranks under OpenMPI's
 machine and loopback only: OpenMPI (4 and 5) ``--oversubscribe --bind-to none``,
 ``--allow-run-as-root`` as root, shared memory between ranks and its runtime on
 ``lo`` (``--mca``), variables by ``-x NAME``; MPICH's and Intel MPI's hydra
-``-iface lo`` and variables by ``-genvlist NAME,...`` (the values stay in the
-environment, off the command line).
+``-iface lo``, ``-print-all-exitcodes`` (which rank ended a job: hydra names no
+rank that exits with a status, and only the ranks it killed afterwards) and
+variables by ``-genvlist NAME,...`` (the values stay in the environment, off the
+command line).
 """
 
 from __future__ import annotations
@@ -108,12 +110,12 @@ class MpiLauncher:
         launcher's environment) and, under OpenMPI, ``--mca KEY VALUE`` for each of ``mca``.
 
         >>> MpiLauncher("mpiexec", "MPICH", "5.0.2").command(3, ["A", "B"])
-        ['mpiexec', '-n', '3', '-iface', 'lo', '-genvlist', 'A,B']
+        ['mpiexec', '-n', '3', '-iface', 'lo', '-print-all-exitcodes', '-genvlist', 'A,B']
         """
         names = list(passed)
         if self.hydra:
             passing = ["-genvlist", ",".join(names)] if names else []
-            return [self.path, "-n", str(n), "-iface", "lo", *passing]
+            return [self.path, "-n", str(n), "-iface", "lo", "-print-all-exitcodes", *passing]
         cmd = [self.path, "-n", str(n), "--oversubscribe", "--bind-to", "none"]
         if os.geteuid() == 0:
             cmd.append("--allow-run-as-root")

@@ -215,6 +215,8 @@ def _netns_works() -> bool:
 
 _EXIT = re.compile(r"Process name: \[\[\d+,\d+\],(\d+)\]\s+Exit code:\s+(-?\d+)")
 _SIGNAL = re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited on signal (\d+)(?: \(([^)]*)\))?")
+_HYDRA_CODES = re.compile(r"Exit codes: \[[^\]]*\] (\d+(?:,\d+)*)")
+"""Hydra's ``-print-all-exitcodes`` line: every rank's wait status, in rank order (MPICH, Intel MPI)."""
 _HYDRA = re.compile(
     r"RANK (\d+) PID \d+ RUNNING AT \S+\s*=\s*(?:KILLED BY SIGNAL: (\d+) \(([^)]*)\)|EXIT CODE: (\d+))"
 )
@@ -229,7 +231,12 @@ def _mpirun_account(log: str) -> dict[int, str]:
     {2: 'killed by signal 9 (Killed)'}
     >>> _mpirun_account("=   RANK 1 PID 7 RUNNING AT vm\\n=   KILLED BY SIGNAL: 9 (Killed)")
     {1: 'killed by signal 9 (Killed)'}
+    >>> _mpirun_account("=   RANK 0 PID 7 RUNNING AT vm\\n=   KILLED BY SIGNAL: 9 (Killed)\\n"
+    ...                 "[mpiexec@vm] Exit codes: [vm:0] 9,768,9")
+    {1: 'exited with code 3'}
     """
+    if m := _HYDRA_CODES.search(log):
+        return _hydra_statuses([int(status) for status in m[1].split(",")])
     if m := _EXIT.search(log):
         return {int(m[1]): f"exited with code {m[2]}"}
     if m := _SIGNAL.search(log):
@@ -237,6 +244,25 @@ def _mpirun_account(log: str) -> dict[int, str]:
     if m := _HYDRA.search(log):
         return {int(m[1]): f"killed by signal {m[2]} ({m[3]})" if m[2] else f"exited with code {m[4]}"}
     return {}
+
+
+def _hydra_statuses(statuses: list[int]) -> dict[int, str]:
+    """The ranks that ended on their own, from hydra's wait statuses: an exit code, or a signal other than
+    the ``SIGKILL`` with which hydra ends the others once one has ended (every one that ended otherwise
+    when all were killed).
+
+    >>> _hydra_statuses([0, 768, 0]), _hydra_statuses([9, 11, 9])
+    ({1: 'exited with code 3'}, {1: 'killed by signal 11'})
+    >>> _hydra_statuses([9, 9])
+    {0: 'killed by signal 9', 1: 'killed by signal 9'}
+    """
+    ended = {
+        r: f"killed by signal {status & 0x7F}" if status & 0x7F else f"exited with code {status >> 8}"
+        for r, status in enumerate(statuses)
+        if status
+    }
+    first = {r: how for r, how in ended.items() if how != "killed by signal 9"}
+    return first or ended
 
 
 class MpiJob(Harness):

@@ -39,7 +39,7 @@ from ring_ref._ops import op_name
 from ring_ref._ranks._adapters import all_reduce_flat_
 from ring_ref._ranks._torch import ring_reduce_scatter_
 from ring_ref._ranks._transport import Waiter
-from ring_ref.schedule import PRESETS
+from ring_ref.schedule import PRESETS, RingSchedule
 
 __all__ = ["BACKEND", "ORDER_ENV", "RingRefOptions", "RingRefProcessGroup"]
 
@@ -229,10 +229,11 @@ class RingRefProcessGroup(_Group):
         """Rank ``r``'s ``output`` gets chunk ``r`` of the reduction of every rank's ``flat_input``.
 
         The ring's check compares every rank's output and input (so a rank's wrong size is an error
-        on every rank); the chain, which checks only the inputs, checks the output once it is done."""
-        if self.order == "chain":  # no ring: the chain's all-reduce, then this rank's chunk
+        on every rank); the chain and recursive doubling, which check only the inputs, check the output
+        once they are done."""
+        if not isinstance(PRESETS[self.order], RingSchedule):  # the all-reduce, then this rank's chunk
             work = flat_input.detach().clone()
-            all_reduce_flat_(work, self.inner, op=op, schedule="chain", timeout=None)
+            all_reduce_flat_(work, self.inner, op=op, schedule=self.order, timeout=None)
             if output.numel() * self._n != work.numel():
                 raise ValueError(
                     f"ring_ref backend: reduce-scatter needs an input of {self._n} times the output's "

@@ -41,7 +41,6 @@ from ring_ref.schedule import (
     SPEC,
     ChainSchedule,
     Collective,
-    DoublingSchedule,
     RingSchedule,
     Schedule,
     reduce_scatter_ring,
@@ -88,7 +87,8 @@ class Description:
 
 
 def ring_of(name: object) -> tuple[Schedule | None, BadInput | None]:
-    """The schedule (a ring or the chain) a ``schedule=`` argument names, or the table's verdict on it."""
+    """The schedule (a ring, the chain or recursive doubling) a ``schedule=`` argument names, or the table's
+    verdict on it."""
     try:
         return schedule_of(name), None
     except (TypeError, ValueError) as exc:
@@ -273,13 +273,6 @@ def _tensor_problem(
     if isinstance(tensor, Shards):
         return rank_shards_problem(
             tensor.collective, tensor.output, tensor.input, n, backend, ring, finite=finite
-        )
-    if isinstance(ring, DoublingSchedule):
-        return BadInput(
-            ValueError,
-            "recursive doubling is not a ring: ring_ref.distributed runs the rings and the chain only; "
-            "run it with ring_ref.mpi.ring_all_reduce_(comm, array, schedule='recursive-doubling') or "
-            "ring_all_reduce(x, schedule='recursive-doubling') on one process.",
         )
     return rank_tensor_problem(tensor, n, backend, finite=finite, divisible=ring.layout == "even")
 

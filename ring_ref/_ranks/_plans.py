@@ -24,6 +24,7 @@ from ring_ref._ops import Op, op_name
 from ring_ref._ranks._check import TENSOR_SIGNATURE_LENGTH, Shards, ring_for, tensor_metadata
 from ring_ref.schedule import (
     ChainSchedule,
+    DoublingSchedule,
     Phase,
     RingSchedule,
     Schedule,
@@ -41,6 +42,7 @@ __all__ = [
     "SEGMENT_BYTES",
     "SWAP_BYTES",
     "ChainPlan",
+    "DoublingPlan",
     "Known",
     "Layout",
     "Plan",
@@ -101,10 +103,10 @@ class Known(NamedTuple):
     flags: torch.Tensor | None
     """The clean rank's contribution to the check (:func:`check_row`; ``None`` for NCCL)."""
     ring: Schedule | None
-    """The ring (offset taken mod ``n``) or the chain, when ``sound``."""
+    """The ring (offset taken mod ``n``), the chain or recursive doubling, when ``sound``."""
     reduce_op: Op | None
-    plan: Plan | ChainPlan | None
-    """The ring's (or the chain's) steps for this rank, when ``sound`` and ``n > 1``."""
+    plan: Plan | ChainPlan | DoublingPlan | None
+    """The ring's (the chain's, recursive doubling's) steps for this rank, when ``sound`` and ``n > 1``."""
 
 
 _KNOWN: Final[dict[tuple[object, ...], Known]] = {}
@@ -186,13 +188,15 @@ def plan_call(tensor: object, rank: int, n: int, backend: str, *, op: object, na
         signature, sound = tensor_metadata(tensor, n, backend, op, name)
         flags = None if backend == "nccl" else check_row(signature, True, n, backend)
         ring = reduce_op = None
-        plan: Plan | ChainPlan | None = None
+        plan: Plan | ChainPlan | DoublingPlan | None = None
         if sound:
             ring, reduce_op = ring_for(tensor, name, n)[0], op_name(op)
             assert ring is not None
             ring = ring.normalized(n)
             if n > 1 and isinstance(ring, ChainSchedule):
                 plan = _chain_plan(ring, rank, n, *_buffer_size(tensor), _tuning(tensor)[3])
+            elif n > 1 and isinstance(ring, DoublingSchedule):
+                plan = _doubling_plan(ring, rank, n)
             elif n > 1:
                 plan = _plan(ring, rank, n, *_buffer_size(tensor), *_tuning(tensor))
         known = Known(signature, sound, flags, ring, reduce_op, plan)
@@ -402,6 +406,33 @@ def _chain_plan(  # noqa: PLR0917 (cached by its positional arguments)
         bounds=tuple(bounds),
         swap=((0, numel, rank == 1),) if n == 2 and 0 < numel * itemsize <= swap_bytes else (),
     )
+
+
+class DoublingPlan(NamedTuple):
+    """A recursive-doubling call's steps for one rank (clause ``doubling-steps``): per step the rank it
+    sends its whole buffer to and the one it receives a whole buffer from, ``None`` when it does not."""
+
+    steps: tuple[tuple[Phase, int], ...]
+    dest: tuple[int | None, ...]
+    source: tuple[int | None, ...]
+    right: int
+    left: int
+    """The first step's peers (or this rank), for a failure's message before the steps."""
+
+
+@functools.lru_cache(maxsize=64)
+def _doubling_plan(doubling: DoublingSchedule, rank: int, n: int) -> DoublingPlan:
+    """Recursive doubling's steps for ``rank`` (cached: they depend on nothing else)."""
+    steps = doubling.all_rounds(n)
+
+    def dest(phase: Phase, t: int) -> int | None:
+        return next((k for k in range(n) if doubling.partner(phase, k, t, n) == rank), None)
+
+    dests = tuple(dest(phase, t) for phase, t in steps)
+    sources = tuple(doubling.partner(phase, rank, t, n) for phase, t in steps)
+    right = next((p for p in dests if p is not None), rank)
+    left = next((p for p in sources if p is not None), rank)
+    return DoublingPlan(steps, dests, sources, right, left)
 
 
 def _swap_runs(

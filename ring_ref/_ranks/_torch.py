@@ -16,13 +16,14 @@ import torch.distributed as dist
 
 from ring_ref._ops import finish_torch, torch_combine_into
 from ring_ref._ranks._check import Shards
-from ring_ref._ranks._plans import BYTES, SCRATCH, ChainPlan, Known, Plan, pipelined, plan_call
+from ring_ref._ranks._plans import BYTES, SCRATCH, ChainPlan, DoublingPlan, Known, Plan, pipelined, plan_call
 from ring_ref._ranks._transport import (
     Waiter,
     chain_pipelined,
     chain_steps,
     check_gloo,
     check_group,
+    doubling_steps,
     run_rounds,
 )
 from ring_ref.schedule import ALL_GATHER, REDUCE_SCATTER, Collective, Phase, RingSchedule, Schedule
@@ -96,6 +97,8 @@ def ring_all_reduce_(
     (spec section 15, not a ring) gives every rank the left fold over the ranks
     for any ``M``, after the same check; on gloo each segment is sent on as soon as it is
     ready (every receive posted first), elsewhere its steps run one ``batch_isend_irecv`` each.
+    ``schedule="recursive-doubling"`` (not a ring either) gives every rank recursive doubling's one tree
+    for any ``M`` (clause ``doubling-processes``), each step one ``batch_isend_irecv`` of whole buffers.
 
     ``timeout`` bounds every wait for a peer (the check before the ring, and
     each send and receive): a peer that never calls, or fails mid-ring, makes
@@ -195,6 +198,8 @@ def _run(  # noqa: PLR0917 (the call's own state)
                 chain_pipelined(flat, plan, group, waiter, combine_into=combine_into)
             else:
                 chain_steps(flat, work, plan, group, waiter, combine_into=combine_into)
+        elif isinstance(plan, DoublingPlan):
+            doubling_steps(flat, work, plan, group, waiter, combine_into=combine_into)
         elif isinstance(plan, Plan) and not done:
             run_rounds(
                 flat, slots, work, plan, group, waiter, combine_into=combine_into, lead=lead, steps=steps

@@ -31,6 +31,7 @@ from ring_ref._ranks._plans import (
     ROW_WORDS,
     SCRATCH,
     ChainPlan,
+    DoublingPlan,
     Known,
     Plan,
     by_exchanges,
@@ -41,7 +42,15 @@ from ring_ref._ranks._plans import (
 )
 from ring_ref.schedule import ALL_GATHER, REDUCE_SCATTER, Phase
 
-__all__ = ["Waiter", "chain_pipelined", "chain_steps", "check_gloo", "check_group", "run_rounds"]
+__all__ = [
+    "Waiter",
+    "chain_pipelined",
+    "chain_steps",
+    "check_gloo",
+    "check_group",
+    "doubling_steps",
+    "run_rounds",
+]
 
 
 class Waiter:
@@ -253,8 +262,8 @@ def check_gloo(  # noqa: PLR0917 (the call's own arguments)
     exchange full descriptions (:func:`ring_ref._ranks._check.refuse_everywhere`).
     """
     n, rank = waiter.n, waiter.rank
-    plan = known.plan  # the chain sends data with the check only to swap (ChainPlan.swap)
-    if isinstance(plan, ChainPlan) and not plan.swap:
+    plan = known.plan  # the chain sends data with the check only to swap (ChainPlan.swap); doubling none
+    if not isinstance(plan, Plan | ChainPlan) or (isinstance(plan, ChainPlan) and not plan.swap):
         plan = None
     clean = known.sound
     if clean:
@@ -557,6 +566,44 @@ def chain_pipelined(
             send_on(ALL_GATHER, c)
     for k, request in sending:
         waiter.round(request, *plan.steps[k])
+
+
+def doubling_steps(
+    flat: torch.Tensor,
+    work: torch.Tensor,
+    plan: DoublingPlan,
+    group: dist.ProcessGroup,
+    waiter: Waiter,
+    *,
+    combine_into: Callable[[torch.Tensor, torch.Tensor], None],
+) -> None:
+    """Recursive doubling's steps on ``flat``, one ``batch_isend_irecv`` of whole buffers each (clause
+    ``doubling-steps``).
+
+    In a reduce step the buffer received lands in staging and this rank stores ``lower ∘ upper``, the
+    lower rank's value first (``doubling-order``); in the post-step it lands in ``flat``.  Every send of
+    a step reads the buffer at the start of the step (the receive goes to staging), and each step's
+    pairs are disjoint or swap with each other, so waiting on each step before the next cannot
+    deadlock.
+    """
+    staging = SCRATCH.get("staging", flat.numel(), work)
+    for (phase, t), dest, source in zip(plan.steps, plan.dest, plan.source, strict=True):
+        waiter.right, waiter.left = (rank if rank is not None else waiter.rank for rank in (dest, source))
+        ops = []
+        if dest is not None:
+            ops.append(dist.P2POp(dist.isend, flat, group=group, group_peer=dest))
+        into = staging if phase == REDUCE_SCATTER else flat
+        if source is not None:
+            ops.append(dist.P2POp(dist.irecv, into, group=group, group_peer=source))
+        if ops:
+            for request in dist.batch_isend_irecv(ops):
+                waiter.round(request, phase, t)
+        if phase == REDUCE_SCATTER and source is not None:
+            if source < waiter.rank:
+                combine_into(staging, flat)  # flat = received (the lower ranks) ∘ own
+            else:
+                combine_into(flat, staging)  # staging = own (the lower ranks) ∘ received
+                flat.copy_(staging)
 
 
 def run_rounds(  # noqa: PLR0917 (the call's own arguments)

@@ -18,7 +18,7 @@ from ring_ref._processes._job import JobEnvError, job_environment, join_job
 from ring_ref.difftest._job import SHOW, job_size, run_in_job, run_in_mpi_job
 from ring_ref.difftest._launch import Launcher
 
-__all__ = ["command_in_job", "join", "reveal_in_job"]
+__all__ = ["command_in_job", "job_rank", "join", "reveal_in_job"]
 
 
 def join(
@@ -91,7 +91,7 @@ def reveal_in_job(
     not the job's size or ``checks`` is negative (rank 0 says so)."""
     size = job_size(ranks, None, None)
     if n != size or checks < 0:
-        if _rank(ranks) == 0:
+        if job_rank(ranks) == 0:
             print(
                 f"ring-ref reveal: error: -n must be the job's {size} ranks (got {n}) and --checks "
                 f"0 or more (got {checks})",
@@ -105,7 +105,7 @@ def reveal_in_job(
     return 0
 
 
-def _rank(ranks: str) -> int:
+def job_rank(ranks: str) -> int:
     """This process's rank in the job (``COMM_WORLD``'s for ``mpi-job``)."""
     if ranks == "mpi-job":
         from mpi4py import MPI

@@ -45,12 +45,12 @@ __all__ = [
 
 
 RANK_LAUNCHERS: Final[dict[str, Callable[[str, float, Spawn], Launcher]]] = {
-    "gloo": lambda target, timeout, _spawn: GlooRanks(target, timeout),
+    "gloo": lambda target, timeout, spawn: GlooRanks(target, timeout, spawn.env),
     "mpi": lambda target, timeout, spawn: MpiRanks(
         target, timeout, spawn.mca, env=spawn.env, mpiexec=spawn.mpiexec
     ),
-    "jax": lambda target, timeout, _spawn: JaxRanks(target, timeout),
-    "mlx": lambda target, timeout, _spawn: MlxRanks(target, timeout),
+    "jax": lambda target, timeout, spawn: JaxRanks(target, timeout, spawn.env),
+    "mlx": lambda target, timeout, spawn: MlxRanks(target, timeout, spawn.env),
 }
 """Which launcher serves which ``--ranks`` value (``job`` and ``mpi-job`` have none: the job's ranks are
 this process and its peers, :mod:`ring_ref.difftest._job`)."""
@@ -66,8 +66,8 @@ def rank_launcher(
     mpiexec: str | None = None,
 ) -> Launcher:
     """The launcher that runs ``TARGET`` on every rank of a gloo group, an MPI job, a ``jax.distributed``
-    group or an MLX ring (for an MPI job only: ``mca``, ``mpirun``'s ``--mca`` options; ``env``, the
-    ranks' environment variables; ``mpiexec``, the launcher's path)."""
+    group or an MLX ring (``env``, the ranks' environment variables; for an MPI job only: ``mca``,
+    ``mpirun``'s ``--mca`` options; ``mpiexec``, the launcher's path)."""
     return RANK_LAUNCHERS[ranks](target, timeout, Spawn(mca or {}, env or {}, mpiexec))
 
 

@@ -48,7 +48,7 @@ import sys
 import tempfile
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Final, Protocol
 
@@ -253,6 +253,13 @@ class RankGroup(Launcher):
         )
 
 
+def _in_environment(env: Mapping[str, str], setup: Callable[[], None]) -> None:
+    """In a forked rank: ``env`` into its environment, then ``setup`` (joining the group), so that a
+    library reads the variables when it joins or is first imported (``--env``)."""
+    os.environ.update(env)
+    setup()
+
+
 class ForkedRanks(Harness):
     """The ``n`` forked workers of one of ``group``'s groups and the hub they join through, started and
     killed together.
@@ -281,8 +288,14 @@ class ForkedRanks(Harness):
 
     def _start(self, deadline: float) -> None:
         self._hub = hub = self.group.hub(self.world_size)
+        env = dict(self.group.env)
         self.workers = [
-            Worker(self.group.target, rank=r, setup=hub.rank_setup(r), framework=self.group.framework)
+            Worker(
+                self.group.target,
+                rank=r,
+                setup=functools.partial(_in_environment, env, hub.rank_setup(r)),
+                framework=self.group.framework,
+            )
             for r in range(self.world_size)
         ]
         for worker in self.workers:
@@ -315,9 +328,11 @@ class ForkedGroup(RankGroup):
 
     framework: Framework = "torch"
 
-    def __init__(self, target: str, timeout_s: float) -> None:
+    def __init__(self, target: str, timeout_s: float, env: Mapping[str, str] | None = None) -> None:
         super().__init__(timeout_s)
         self.target = target
+        self.env: Mapping[str, str] = env or {}
+        """``--env``: set in every rank's process (after the fork, before it joins and loads the target)."""
         self._groups = PerSize(lambda n: ForkedRanks(n, self))
 
     @abstractmethod

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
+    "ENV_RANKS",
     "FRAMEWORKS",
     "MAX_RANKS",
     "MODES",
@@ -32,6 +33,7 @@ __all__ = [
     "Spawn",
     "default_max_workers",
     "env_names_refused",
+    "env_refused",
     "kinds_refused",
     "modes_of",
     "option_problem",
@@ -158,20 +160,47 @@ def kinds_refused(options: Options) -> str | None:
     return spawn_refused(options)
 
 
-def spawn_refused(options: Options) -> str | None:
-    """Why ``options.env`` and ``options.mpiexec`` cannot be used (``None``: they can): they need
-    ``ranks='mpi'``, and names an environment holds.
+ENV_RANKS: Final = ("gloo", "mpi", "jax", "mlx")
+"""The ``--ranks`` whose processes the tester starts, and so can hand ``--env``'s variables."""
 
-    >>> spawn_refused(Options(env={"X": "1"}, ranks="gloo"))[:45]
-    'env (--env) and mpiexec (--mpiexec) say how t'
+
+def env_refused(env: Mapping[str, str], mpiexec: str | None, ranks: str | None) -> str | None:
+    """Why ``env`` (``--env``) and ``mpiexec`` (``--mpiexec``) cannot be used with ``ranks`` (``None``: they
+    can): ``env`` needs ranks the tester starts (:data:`ENV_RANKS`) and names an environment holds,
+    ``mpiexec`` an MPI job the tester starts.
+
+    >>> env_refused({"X": "1"}, None, "gloo") is None
+    True
+    >>> env_refused({"X": "1"}, None, "mpi-job")[:52]
+    'env (--env) sets variables in the processes that the'
     """
-    if (options.env or options.mpiexec) and options.ranks != "mpi":
+    if mpiexec and ranks != "mpi":
         return (
-            "env (--env) and mpiexec (--mpiexec) say how the tester starts the ranks of an MPI job: they "
-            "need ranks='mpi' (--ranks mpi); inside your own job give the variables to its launcher "
-            f"(mpiexec -genv NAME VALUE, mpirun -x NAME=VALUE); got ranks={options.ranks!r}"
+            "mpiexec (--mpiexec) is the launcher the tester starts an MPI job with: it needs ranks='mpi' "
+            f"(--ranks mpi); got ranks={ranks!r}"
         )
-    return env_names_refused(options.env or {})
+    if env and ranks not in ENV_RANKS:
+        where = (
+            "a stacked TARGET runs in the tester's own process: set the variables in the environment "
+            "ring-ref runs in"
+            if ranks is None
+            else "inside your own job give the variables to its launcher (mpiexec -genv NAME VALUE, mpirun "
+            "-x NAME=VALUE, or export NAME=VALUE before torchrun or mlx.launch)"
+        )
+        return (
+            f"env (--env) sets variables in the processes that the tester starts: it needs ranks "
+            f"{', '.join(map(repr, ENV_RANKS))}; {where}; got ranks={ranks!r}"
+        )
+    return env_names_refused(env)
+
+
+def spawn_refused(options: Options) -> str | None:
+    """Why ``options.env`` and ``options.mpiexec`` cannot be used (``None``: they can): :func:`env_refused`.
+
+    >>> spawn_refused(Options(mpiexec="mpiexec", ranks="gloo"))[:45]
+    'mpiexec (--mpiexec) is the launcher the teste'
+    """
+    return env_refused(options.env or {}, options.mpiexec, options.ranks)
 
 
 def refused_before_torch(options: Options) -> str | None:

@@ -66,16 +66,7 @@ on (OpenMPI 5's default all-reduce switches there for these sizes)."""
 def blocks_ring(x: torch.Tensor) -> torch.Tensor:
     """A ring as OpenMPI cuts it: the first ``M mod N`` chunks one element longer, chunk ``c`` folded
     ``c, c + 1, ..., c + N - 1`` (mod ``N``): the spec's ring when ``N`` divides ``M``."""
-    n, m = int(x.shape[0]), int(x.shape[1])
-    small, extra = divmod(m, n)
-    out = torch.empty(m, dtype=x.dtype)
-    for c in range(n):
-        lo, hi = c * small + min(c, extra), (c + 1) * small + min(c + 1, extra)
-        acc = x[c, lo:hi].clone()
-        for step in range(1, n):
-            acc = acc + x[(c + step) % n, lo:hi]
-        out[lo:hi] = acc
-    return out
+    return _flat_ring(x, _blocks_cuts, 0, 1)
 
 
 def recursive_doubling(x: torch.Tensor) -> torch.Tensor:
@@ -100,6 +91,12 @@ def doubling_then_ring(x: torch.Tensor) -> torch.Tensor:
 
 
 # --- Rings as the libraries cut them (issue #40: presets told apart; issue #41: the libraries' presets) ---
+
+
+def _blocks_cuts(n: int, s: int) -> list[tuple[int, int]]:
+    """``floor(s / n)``-element chunks, the first ``s mod n`` one longer (OpenMPI)."""
+    small, extra = divmod(s, n)
+    return [(c * small + min(c, extra), (c + 1) * small + min(c + 1, extra)) for c in range(n)]
 
 
 def _ceil_cuts(n: int, s: int) -> list[tuple[int, int]]:

@@ -179,6 +179,17 @@ def _ring_op(tensor: torch.Tensor, combine: Callable[[torch.Tensor, torch.Tensor
         chunks[recv].copy_(incoming)
 
 
+ENV_PROBE = "RING_REF_ENV_PROBE"
+"""The variable :func:`ring_if_told` needs (``--env RING_REF_ENV_PROBE=on``)."""
+
+
+def ring_if_told(tensor: torch.Tensor) -> None:
+    """Correct where the rank's environment holds ``RING_REF_ENV_PROBE=on`` (``--env``), else it raises."""
+    if os.environ.get(ENV_PROBE) != "on":
+        raise RuntimeError(f"{ENV_PROBE} is {os.environ.get(ENV_PROBE)!r} in rank {dist.get_rank()}")
+    _ring(tensor)
+
+
 def openmpi_ring(tensor: torch.Tensor) -> None:
     """Correct under ``--schedule openmpi-ring``: ``ring_ref``'s distributed ring on OpenMPI's blocks."""
     ring_all_reduce_(tensor, schedule="openmpi-ring")

@@ -166,7 +166,7 @@ _USAGE: list[tuple[list[str], int]] = [
     (["invariance", "x:y", "-n", "3", "--sizes", "4", "--svg", "f.svg", "--by-bits"], 2),
     (["invariance", "x:y", "-n", "3", "--sizes", "4", "--mca", "btl"], 2),
     (["invariance", "x:y", "-n", "3", "--sizes", "4", "--env", "A=1"], 2),
-    (["invariance", "x:y", "-n", "3", "--sizes", "4", "--ranks", "mpi-job"], 2),
+    (["invariance", "x:y", "-n", "3", "--sizes", "4", "--ranks", "mpi-job", "--env", "A=1"], 2),
     (["difftest", "--ranks", "mpi", "--env", "A", "x:y"], 2),
     (["reveal", "x:y", "-n", "3", "-m", "4", "--env", "A=1"], 2),
     (["reveal", "x:y", "-n", "3", "-m", "4", "--ranks", "gloo", "--mca", "btl=self"], 2),
@@ -262,13 +262,16 @@ def test_an_early_refusal_is_the_apis_words(capsys: pytest.CaptureFixture[str]) 
 def test_env_mca_and_mpiexec_are_for_the_mpi_ranks_the_tester_starts(
     command: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """``--env`` on every command that runs per-rank targets, refused (exit 2, before torch) without ``--ranks
-    mpi``: a job someone else started has its environment already."""
+    """``--env`` on every command that runs per-rank targets, refused (exit 2, before torch) without ranks
+    the tester starts: a job someone else started has its environment already; ``--mpiexec`` without
+    ``--ranks mpi``."""
     sizes = {"difftest": [], "reveal": ["-n", "2", "-m", "2"], "invariance": ["-n", "2", "--sizes", "4"]}
     base = [command, "x:y", *sizes[command]]
     assert main([*base, "--ranks", "mpi-job", "--env", "MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM=ring"]) == 2
     said = capsys.readouterr().err
-    assert "need ranks='mpi' (--ranks mpi)" in said and "mpiexec -genv NAME VALUE" in said
+    assert "needs ranks 'gloo', 'mpi', 'jax', 'mlx'" in said and "mpiexec -genv NAME VALUE" in said
+    assert main([*base, "--ranks", "gloo", "--mpiexec", "/usr/bin/mpiexec"]) == 2
+    assert "mpiexec (--mpiexec) is the launcher the tester starts an MPI job with" in capsys.readouterr().err
     assert main([*base, "--ranks", "mpi", "--env", "NOT A NAME=1"]) == 2
     assert "names must be NAME=VALUE with NAME letters, digits and '_'" in capsys.readouterr().err
     argv = [*base, "--ranks", "mpi", "--env", "A=1=2", "--env", "B=", "--mca", "k=v"]

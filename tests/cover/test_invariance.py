@@ -83,7 +83,11 @@ def test_a_switch_above_a_size_is_found_and_named() -> None:
     found = invariance(planted_orders.switching, 4, [16, 32, 64, 65, 128], offsets=[0, 1], probe=8)
     doc = _json(found)
     assert doc["invariant"] is False
-    assert doc["summary"] == "order changes above M = 64 (the same up to M = 64, other from M = 65 on)"
+    assert doc["summary"] == (
+        "order changes above M = 64 (every element fold 0,1,2,3 (chain) up to M = 64, every "
+        "element ((0+1)+(2+3)) (recursive-doubling) from M = 65 "
+        "on)"
+    )
     assert _sides(doc) == [(j, (64, 0), (65, 0)) for j in range(8)]
     assert all(c["a"]["tree"] == FOLD_4_JSON and c["b"]["tree"] == PAIRWISE_4_JSON for c in doc["changes"])
     assert (
@@ -220,7 +224,7 @@ def test_placements_that_cannot_serve_are_refused(
         invariance(planted_orders.left_fold, 4, sizes, offsets=offsets, probe=probe)
 
 
-@pytest.mark.clause("invariance-placements")
+@pytest.mark.clause("invariance-placements", "invariance-in-job")
 def test_options_that_cannot_serve_are_refused() -> None:
     with pytest.raises(RevealError, match="beyond reveal's limit"):
         invariance(planted_orders.left_fold, 65537, [8], probe=4)
@@ -230,10 +234,10 @@ def test_options_that_cannot_serve_are_refused() -> None:
         invariance(planted_orders.left_fold, 4, [8], ranks="gloo")
     with pytest.raises(InvarianceError, match="need ranks='mpi'"):
         invariance("tests.common.planted_orders:left_fold", 4, [8], mca={"a": "1"})
-    with pytest.raises(InvarianceError, match=r"need ranks='mpi' \(--ranks mpi\); inside your own job"):
-        invariance("tests.common.planted_orders:left_fold", 4, [8], ranks="gloo", env={"A": "1"})
-    with pytest.raises(InvarianceError, match="does not run inside a job yet"):  # was a KeyError
-        invariance("tests.common.planted_orders:left_fold", 4, [8], ranks="mpi-job")
+    with pytest.raises(InvarianceError, match=r"a stacked TARGET runs in the tester's own process"):
+        invariance("tests.common.planted_orders:left_fold", 4, [8], env={"A": "1"})
+    with pytest.raises(ValueError, match="none is initialised"):  # outside a job: no group to run in
+        invariance("tests.common.planted_orders:left_fold", 4, [8], ranks="job")
     with pytest.raises(InvarianceError, match="draws must be 1 or more"):
         invariance(planted_orders.left_fold, 4, [8], by_bits=True, draws=0)
 
@@ -378,8 +382,9 @@ def test_a_switch_from_a_fold_to_a_ring_is_named_with_the_default_offsets() -> N
     doc = _json(found)
     assert doc["invariant"] is False
     assert doc["summary"] == (
-        "order changes above M = 64 (the same up to M = 64, each element folds its chunk of the spec ring "
-        "from M = 128 on)"
+        "order changes above M = 64 (every element fold 0,1,2,3 (chain) up to M = 64, each element "
+        "folds its chunk of the "
+        "spec ring from M = 128 on)"
     )
     by_placement = {
         p: [tree_to_pairs(t) for t in row] for p, row in zip(found.placements, found.trees, strict=True)
@@ -398,8 +403,9 @@ def test_recursive_doubling_then_a_ring_is_a_change_with_the_size(offsets: list[
     doc = _json(found)
     assert doc["invariant"] is False
     assert doc["summary"] == (
-        "order changes above M = 64 (the same up to M = 64, each element folds its chunk of the openmpi-ring "
-        "ring from M = 4096 on)"
+        "order changes above M = 64 (every element fold 0,1,2 (chain, recursive-doubling) up to M "
+        "= 64, each element folds its "
+        "chunk of the openmpi-ring ring from M = 4096 on)"
     )
     assert all(
         row == [((0, 1), 2)] * 7 for p, row in zip(found.placements, found.trees, strict=True) if p.m < 4096
@@ -429,8 +435,13 @@ def test_two_changes_with_the_size_are_both_named() -> None:
 
     found = invariance(three, 4, [8, 16, 32, 64, 128])
     assert found.summary_line() == (
-        "order changes above M = 16 and above M = 64 (the same up to M = 16, each element folds its chunk of "
-        "the spec ring at M = 32 to 64, other from M = 128 on)"
+        "order changes above M = 16 and above M = 64 (every element fold 0,1,2,3 (chain) up to M = "
+        "16, each element folds "
+        "its chunk of the spec ring at M = 32 to 64, every element ((0+1)+(2+3)) "
+        "(recursive-doubling) from M = 128 on)"
     )
     found = invariance(three, 4, [16, 32, 128])
-    assert "the spec ring at M = 32, other from M = 128 on" in found.summary_line()
+    assert (
+        "the spec ring at M = 32, every element ((0+1)+(2+3)) (recursive-doubling) from M = 128 on"
+        in found.summary_line()
+    )

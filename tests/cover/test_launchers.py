@@ -54,8 +54,9 @@ def test_each_launcher_and_library_is_named_by_its_version_text(
 
 def test_hydra_gets_its_own_flags_and_openmpi_its_own() -> None:
     hydra = MpiLauncher("/v/bin/mpiexec", "MPICH", "5.0.2").command(4, ["A", "B"], {"btl": "self"})
-    assert hydra == ["/v/bin/mpiexec", "-n", "4", "-iface", "lo", "-genvlist", "A,B"]
-    assert MpiLauncher("i", "Intel MPI", "2021.18.1").command(2, []) == ["i", "-n", "2", "-iface", "lo"]
+    assert hydra == ["/v/bin/mpiexec", "-n", "4", "-iface", "lo", "-print-all-exitcodes", "-genvlist", "A,B"]
+    intel = MpiLauncher("i", "Intel MPI", "2021.18.1").command(2, [])
+    assert intel == ["i", "-n", "2", "-iface", "lo", "-print-all-exitcodes"]
     ompi = MpiLauncher("/usr/bin/mpirun", "OpenMPI", "4.1.4").command(3, ["A"], {"btl": "self"})
     assert ompi[:6] == ["/usr/bin/mpirun", "-n", "3", "--oversubscribe", "--bind-to", "none"]
     assert ("--allow-run-as-root" in ompi) == (os.geteuid() == 0)

@@ -28,7 +28,7 @@ import torch.distributed._functional_collectives as funcol
 from ring_ref import ring_all_reduce, ring_reduce_scatter
 from ring_ref._processes._gloo import SpawnedGroup
 from ring_ref.distributed import RingAllGather, RingReduceScatter, RingRefOptions
-from ring_ref.schedule import PRESETS
+from ring_ref.schedule import PRESETS, RingSchedule
 from tests.common.backend_groups import ring_ref_group
 from tests.common.oracles import REDUCE_OPS, fold, same_bits
 from tests.common.paths import EXAMPLES, ROOT
@@ -91,10 +91,11 @@ def all_reduce_reference(x: torch.Tensor, order: str, op: str = "sum") -> torch.
 
 
 def reduce_scatter_reference(x: torch.Tensor, order: str, op: str = "sum") -> torch.Tensor:
-    """``(N, S)``: rank ``r``'s shard; the chain (no ring) gives chunk ``r`` of its all-reduce."""
+    """``(N, S)``: rank ``r``'s shard; the chain and recursive doubling (no rings) give chunk ``r`` of
+    their all-reduce."""
     n = x.shape[0]
-    if order == "chain":
-        return ring_all_reduce(x, schedule="chain", op=op).view(n, -1)
+    if not isinstance(PRESETS[order], RingSchedule):
+        return ring_all_reduce(x, schedule=order, op=op).view(n, -1)
     return ring_reduce_scatter(x, schedule=order, op=op)
 
 

@@ -1,9 +1,11 @@
-"""The chain (spec/schedules.md) across processes: gloo groups of 2 to 4 ranks, ``ring_hook``, and MPI.
+"""The chain and recursive doubling (spec/schedules.md) across processes: gloo groups of 2 to 6 ranks,
+``ring_hook``, and MPI.
 
-Every rank must end with the left fold over the ranks' inputs in rank order, bit
-for bit, for any ``M``; the oracle is :func:`tests.common.oracles.left_fold`, which
-imports nothing from ``ring_ref``.  Inputs are drawn by Hypothesis in the parent
-and shipped to long-lived groups (one per world size).
+Every rank must end with the left fold over the ranks' inputs in rank order (the chain), or
+with recursive doubling's one tree, bit for bit, for any ``M``; the oracles are
+:func:`tests.common.oracles.left_fold` and :func:`tests.common.planted_orders.recursive_doubling`,
+which import nothing from ``ring_ref``, and the stacked engines for every op.  Inputs are drawn
+by Hypothesis in the parent and shipped to long-lived groups (one per world size).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch._C._distributed_c10d import GradBucket  # dist.GradBucket, which the stubs do not export
 
+from ring_ref import ring_all_reduce
 from ring_ref._processes._gloo import SpawnedGroup
 from ring_ref._processes._mpi_job import MpiJob
 from ring_ref._ranks import _plans
@@ -45,13 +48,14 @@ PROCESS_SETTINGS = settings(
 
 @pytest.fixture(scope="module")
 def rings() -> Iterator[dict[int, SpawnedGroup]]:
-    """Gloo groups of 2, 3 and 4 processes, reused by every test of the module."""
+    """Gloo groups of 2, 3, 4 and 6 processes, reused by every test of the module."""
     with (
         SpawnedGroup(2, group_timeout_s=CALL_TIMEOUT_S) as two,
         SpawnedGroup(3, group_timeout_s=CALL_TIMEOUT_S) as three,
         SpawnedGroup(4, group_timeout_s=CALL_TIMEOUT_S) as four,
+        SpawnedGroup(6, group_timeout_s=CALL_TIMEOUT_S) as six,
     ):
-        yield {2: two, 3: three, 4: four}
+        yield {2: two, 3: three, 4: four, 6: six}
 
 
 @st.composite
@@ -69,17 +73,17 @@ def stacked(draw: st.DrawFn, n: int, dtypes: tuple[torch.dtype, ...] = DTYPES) -
 
 
 def reduce_cases(
-    rank: int, world_size: int, payload: tuple[dict[str, Any], list[Case]]
+    rank: int, world_size: int, payload: tuple[dict[str, Any], str, list[Case]]
 ) -> list[torch.Tensor]:
-    """On each rank: ``ring_all_reduce_(x[rank], schedule="chain", op=...)`` in place, per case."""
-    patches, cases = payload
+    """On each rank: ``ring_all_reduce_(x[rank], schedule=SCHEDULE, op=...)`` in place, per case."""
+    patches, schedule, cases = payload
     results = []
     with mock.patch.multiple(_plans, **patches) if patches else contextlib.nullcontext():
         for x, op, column_major in cases:
             mine = x[rank].clone()
             if column_major:
                 mine = mine.transpose(0, -1).contiguous().transpose(0, -1)
-            assert ring_all_reduce_(mine, schedule="chain", op=op) is mine
+            assert ring_all_reduce_(mine, schedule=schedule, op=op) is mine
             results.append(mine)
     return results
 
@@ -96,7 +100,7 @@ def test_chain_on_gloo_ranks_is_the_left_fold(
         (data.draw(stacked(n)), data.draw(st.sampled_from(OPS)), data.draw(st.booleans())) for _ in range(6)
     ]
     cases.append((data.draw(stacked(n)), "sum", False))
-    per_rank = rings[n].run(reduce_cases, (patches, cases), timeout_s=CALL_TIMEOUT_S)
+    per_rank = rings[n].run(reduce_cases, (patches, "chain", cases), timeout_s=CALL_TIMEOUT_S)
     for k, (x, op, _) in enumerate(cases):
         want = left_fold(x, op)
         for rank in range(n):
@@ -154,23 +158,50 @@ def test_a_chain_on_one_rank_only_is_refused_on_every_rank(rings: dict[int, Spaw
     assert all(unchanged for _, _, unchanged in per_rank)
 
 
-def refuse_doubling(rank: int, world_size: int, _: None) -> tuple[str, str, bool]:
-    """Every rank asks for recursive doubling, which torch ranks do not run: every rank raises the same."""
-    mine = torch.arange(6.0)
-    try:
-        ring_all_reduce_(mine, schedule="recursive-doubling")
-    except ValueError as exc:
-        return "ValueError", str(exc), bool(torch.equal(mine, torch.arange(6.0)))
-    return "ok", "", True
+@pytest.mark.clause("doubling-processes")
+@pytest.mark.parametrize("n", [2, 3, 4, 6])
+@pytest.mark.parametrize("patches", [{}, PER_ROUND], ids=["gloo-check", "gathered-check"])
+@PROCESS_SETTINGS
+@given(data=st.data())
+def test_doubling_on_gloo_ranks_is_the_doubling_tree(
+    rings: dict[int, SpawnedGroup], n: int, patches: dict[str, Any], data: st.DataObject
+) -> None:
+    """Recursive doubling on torch ranks, ``N`` a power of two or not (the pre-step's pairs at 3 and 6):
+    every rank ends with the stacked engines' bits for every op, and for a sum with the doubling tree of
+    ``tests.common.planted_orders.recursive_doubling`` (a plain loop, no ``ring_ref``)."""
+    cases: list[Case] = [
+        (data.draw(stacked(n)), data.draw(st.sampled_from(OPS)), data.draw(st.booleans())) for _ in range(6)
+    ]
+    cases.append((data.draw(stacked(n)), "sum", False))
+    per_rank = rings[n].run(reduce_cases, (patches, "recursive-doubling", cases), timeout_s=CALL_TIMEOUT_S)
+    for k, (x, op, _) in enumerate(cases):
+        want = ring_all_reduce(x, schedule="recursive-doubling", op=op)
+        fast = ring_all_reduce(x, schedule="recursive-doubling", op=op, engine="fast")
+        assert same_bits(fast, want)
+        if op == "sum":
+            assert same_bits(recursive_doubling(x), want)
+        for rank in range(n):
+            assert same_bits(per_rank[rank][k], want), (op, x.dtype, tuple(x.shape), rank)
+
+
+def hook_doubling(rank: int, world_size: int, x: torch.Tensor) -> torch.Tensor:
+    """On each rank: ``ring_hook`` with ``RingHookState(schedule="recursive-doubling")`` on ``x[rank]``."""
+    buffer = x[rank].clone()
+    future = ring_hook(RingHookState(schedule="recursive-doubling"), cast(GradBucket, Bucket(buffer)))
+    assert future.wait() is buffer
+    return buffer
 
 
 @pytest.mark.clause("doubling-processes")
-def test_doubling_on_torch_ranks_is_refused_on_every_rank(rings: dict[int, SpawnedGroup]) -> None:
-    per_rank = rings[3].run(refuse_doubling, None, timeout_s=CALL_TIMEOUT_S)
-    assert {kind for kind, _, _ in per_rank} == {"ValueError"}, per_rank
-    assert len({message for _, message, _ in per_rank}) == 1
-    assert "recursive doubling is not a ring" in per_rank[0][1]
-    assert all(unchanged for _, _, unchanged in per_rank)
+def test_ring_hook_with_recursive_doubling_averages_the_doubling_tree(rings: dict[int, SpawnedGroup]) -> None:
+    """A bucket of 37 elements on 3 ranks (the pre-step's pair, then the doubling step): the tree / N."""
+    n = 3
+    gen = torch.Generator().manual_seed(12)
+    x = torch.randn(n, 37, generator=gen) * torch.exp2(torch.randint(-8, 9, (n, 37), generator=gen).float())
+    per_rank = rings[n].run(hook_doubling, x, timeout_s=CALL_TIMEOUT_S)
+    want = recursive_doubling(x) / n
+    for rank in range(n):
+        assert same_bits(per_rank[rank], want), rank
 
 
 # --- MPI ---------------------------------------------------------------------------------------

@@ -214,6 +214,30 @@ def test_reveal_in_an_mpi_job_prints_the_trees() -> None:
     assert "classification: ring" in done.stdout and "fold 0,1" in done.stdout, done.stdout
 
 
+@pytest.mark.clause("invariance-in-job")
+def test_invariance_in_an_mpi_job_finds_the_ring_that_mca_picks() -> None:
+    """``mpirun -n 3 ring-ref invariance --ranks mpi-job``: rank 0 places the probes in the job's own
+    ``MPI_Allreduce`` (OpenMPI's ring, ``-x OMPI_MCA_...``) and prints, once; every rank exits 1 (the order
+    moves with the chunks); ``-n`` other than the job's size is refused on every rank (exit 2), rank 0
+    saying why."""
+    cmd = [*_mpirun(3), "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS", "-x", "MASTER_ADDR=127.0.0.1"]
+    cmd += [
+        "-x",
+        "OMPI_MCA_coll_tuned_use_dynamic_rules=1",
+        "-x",
+        "OMPI_MCA_coll_tuned_allreduce_algorithm=4",
+    ]
+    invariance = ["-m", "ring_ref", "invariance", "--ranks", "mpi-job", "ring_ref.targets:mpi_allreduce"]
+    done = _run([*cmd, sys.executable, *invariance, "-n", "3", "--sizes", "6,9"], 300)
+    assert done.returncode == 1, (done.stdout, done.stderr[-3000:])
+    assert done.stdout.count("ring-ref invariance ring_ref.targets:mpi_allreduce  (N = 3,") == 1
+    assert "NOT invariant: order changes with M: at chunk boundaries" in done.stdout, done.stdout
+    assert "the openmpi-ring ring" in done.stdout or "the spec ring" in done.stdout, done.stdout
+    refused = _run([*cmd, sys.executable, *invariance, "-n", "4", "--sizes", "6,9"], 300)
+    assert refused.returncode == 2, (refused.stdout, refused.stderr[-3000:])
+    assert refused.stderr.count("n (-n) must be the job's 3 ranks; got 4") == 1
+
+
 def test_planted_mpi_codes_in_an_mpi_job_of_four(tmp_path: Path) -> None:
     """``--ranks mpi-job`` under ``mpirun -n 4``: each planted bug's code (``planted_mpi.EXPECTED``, as
     ``test_difftest_mpi.py`` checks under ``--ranks mpi``), the correct ring passing; alike on every rank."""

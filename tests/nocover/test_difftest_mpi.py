@@ -925,6 +925,21 @@ def test_mpich_from_its_own_virtualenv_not_activated() -> None:
     _difftest_and_ring("mpich", "MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM=ring")
 
 
+@pytest.mark.clause("difftest-mpi-launcher")
+@pytest.mark.timeout(600)
+def test_a_rank_that_dies_under_mpich_is_named() -> None:
+    """MPICH's ``mpiexec`` prints nothing when a rank exits with a status and kills the others: rank 1's
+    ``os._exit(3)`` was reported as every rank dead; hydra's exit codes name rank 1 alone."""
+    cli = [str(_pypi_mpi("mpich")), "-m", "ring_ref", "difftest", "--ranks", "mpi"]
+    argv = [*cli, "tests.common.planted_mpi:exits_mid_call", "--mode", "order-free", "--max-workers", "2"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    argv += ["--examples", "3", "--seed", "0"]
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
+    assert done.returncode == 1, (done.stdout, done.stderr[-3000:])
+    assert "rank(s) [1] failed; the job was killed." in done.stdout, done.stdout
+    assert "rank 1 of 2 died: exited with code 3" in done.stdout, done.stdout
+
+
 @pytest.mark.soak
 @pytest.mark.clause("difftest-mpi-launcher", "difftest-rank-env")
 @pytest.mark.timeout(900)

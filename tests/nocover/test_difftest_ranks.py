@@ -96,6 +96,18 @@ def test_planted_per_rank_bug_gets_its_code(bug: RankImpl) -> None:
             assert "the input was modified" in finding.explanation
 
 
+@pytest.mark.clause("difftest-ranks", "difftest-rank-env")
+def test_env_reaches_every_gloo_rank() -> None:
+    """``env`` (``--env``) with ``ranks="gloo"``: every forked rank has it before it joins the group (the
+    target raises where it is missing)."""
+    target = "tests.common.planted_rank_impls:ring_if_told"
+    common: dict[str, object] = {"ranks": "gloo", "modes": "order-free", "examples": 3, "max_workers": 3}
+    told = difftest(target, env={planted_rank_impls.ENV_PROBE: "on"}, seed=0, **common)  # type: ignore[arg-type]
+    assert told.verdict == "pass", told.render()
+    untold = difftest(target, seed=0, **common)  # type: ignore[arg-type]
+    assert untold.diagnoses == ["raised"], untold.render()
+
+
 @pytest.mark.clause("difftest-ranks", "difftest-report")
 def test_cli_ranks_gloo_json_names_the_ranks(capfd: pytest.CaptureFixture[str]) -> None:
     args = ["difftest", "--ranks", "gloo", "tests.common.planted_rank_impls:constant_on_last_rank"]

@@ -83,8 +83,9 @@ def test_openmpi_default_at_three_ranks_switches_to_its_ring_at_4096() -> None:
     # ring at M = 4096, whose chunk 0 folds 0, 1, 2 too: offset 0 alone calls it invariant.
     found = invariance("ring_ref.targets:mpi_allreduce", 3, [7, 64, 4096], ranks="mpi", timeout=120)
     assert found.summary_line() == (
-        "order changes above M = 64 (the same up to M = 64, each element folds its chunk of the openmpi-ring "
-        "ring from M = 4096 on)"
+        "order changes above M = 64 (every element fold 0,1,2 (chain, recursive-doubling) up to M "
+        "= 64, each element folds its "
+        "chunk of the openmpi-ring ring from M = 4096 on)"
     )
     # regions at each layout's chunk starts: floor's 1365 and 2730 cover blocks' 1366 and 2731 (K = 7); in
     # openmpi-ring's blocks (1366, 1365, 1365) element 1365 is chunk 0's, 2730 chunk 1's, 4089 chunk 2's

@@ -141,3 +141,14 @@ def test_soak_mlx_all_sum_joins_a_torchrun_job_from_mlx_hostfile_and_rank(tmp_pa
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "PASS" in done.stdout
+
+
+@pytest.mark.clause("mlx-ranks", "difftest-rank-env")
+def test_env_reaches_every_mlx_rank_mlxs_own_variables_too() -> None:
+    """``--env NAME=VALUE`` with ``--ranks mlx``: each forked rank has it before it joins MLX's ring (the
+    target raises where ``RING_REF_ENV_PROBE`` or MLX's ``MLX_RING_VERBOSE`` is missing)."""
+    args = ["difftest", "--ranks", "mlx", "tests.common.planted_mlx:all_sum_if_told", "--mode", "order-free"]
+    args += ["--examples", "3", "--max-workers", "3", "--seed", "0"]
+    told = ["--env", "RING_REF_ENV_PROBE=on", "--env", "MLX_RING_VERBOSE=1"]
+    assert ring_ref_json(*args, *told, status=0)["verdict"] == "pass"
+    assert ring_ref_json(*args, status=1)["diagnoses"] == ["raised"]
