@@ -226,6 +226,7 @@ MODULES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
         ("ring_ref/difftest/_rules.py",),
         (
             "ring_ref/difftest/_rules.py",
+            "tests/cover/difftest/test_rules.py",
             *SEARCH_TESTS,
             *tests_from(
                 "tests/cover/test_cli.py", "test_help_and_usage_errors_answer_without_importing_torch"

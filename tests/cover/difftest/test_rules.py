@@ -1,0 +1,83 @@
+"""The rules that need no torch (``ring_ref.difftest._rules``): each refusal in full words, and the edges of
+each rule, typed in from the option rules the difftest spec and the CLI's help state."""
+
+from __future__ import annotations
+
+import pytest
+
+from ring_ref.difftest._rules import (
+    Options,
+    env_names_refused,
+    env_refused,
+    kinds_refused,
+    modes_of,
+    refused_before_torch,
+    subgroups_refused,
+)
+
+
+def test_an_unknown_collective_is_refused_with_the_three_names() -> None:
+    assert kinds_refused(Options(collective="all-to-all")) == (  # type: ignore[arg-type]
+        "collective (--collective) must be one of ['all-reduce', 'reduce-scatter', 'all-gather']; "
+        "got 'all-to-all'"
+    )
+
+
+@pytest.mark.parametrize(
+    ("framework", "ranks", "refused"),
+    [
+        ("jax", None, False),
+        ("jax", "jax", False),
+        ("torch", "gloo", False),
+        ("torch", "jax", False),
+        ("jax", "gloo", True),
+        ("jax", "mpi", True),
+        ("numpy", None, True),
+    ],
+)
+def test_jax_is_for_stacked_targets_or_jax_ranks(framework: str, ranks: str | None, refused: bool) -> None:
+    problem = kinds_refused(Options(framework=framework, ranks=ranks))  # type: ignore[arg-type]
+    if not refused:
+        assert problem is None
+        return
+    assert problem == (
+        "framework (--framework) must be one of ['torch', 'jax'], and jax is for stacked targets or "
+        f"ranks='jax' (--ranks jax); got framework={framework!r}, ranks={ranks!r}"
+    )
+
+
+SUBGROUPS = (
+    "subgroups (--subgroups) tests every smaller N inside a job, through subgroups of its ranks: it needs "
+    "ranks='job' or 'mpi-job' (--ranks job / mpi-job); got ranks={!r} (--ranks gloo and mpi draw every N "
+    "up to --max-workers already)"
+)
+
+
+@pytest.mark.parametrize("ranks", ["job", "mpi-job"])
+def test_subgroups_run_inside_a_job(ranks: str) -> None:
+    assert subgroups_refused(True, ranks) is None
+    assert refused_before_torch(Options(subgroups=True, ranks=ranks)) is None  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("ranks", ["gloo", "mpi", None])
+def test_subgroups_elsewhere_are_refused_naming_the_ranks_given(ranks: str | None) -> None:
+    assert subgroups_refused(True, ranks) == SUBGROUPS.format(ranks)
+    assert refused_before_torch(Options(subgroups=True, ranks=ranks)) == SUBGROUPS.format(ranks)  # type: ignore[arg-type]
+    assert subgroups_refused(False, ranks) is None
+
+
+def test_env_names_are_refused_all_at_once() -> None:
+    assert env_names_refused({"1X": "1", "OK": "2", "A-B": "3"}) == (
+        "env (--env) names must be NAME=VALUE with NAME letters, digits and '_' (not first a digit); "
+        "got '1X', 'A-B'"
+    )
+    assert env_refused({"1X": "1"}, None, "gloo") is not None
+
+
+def test_a_bad_mode_is_refused_naming_every_mode_and_all() -> None:
+    with pytest.raises(ValueError) as raised:
+        modes_of(["exact", "fast"])
+    assert str(raised.value) == (
+        "each mode must be one of ['exact', 'order-free', 'bound', 'all']; modes (mode=, --mode) takes one "
+        "or a non-empty list of them; got ['exact', 'fast']"
+    )
