@@ -41,7 +41,7 @@ from ring_ref._ranks._torch import ring_reduce_scatter_
 from ring_ref._ranks._transport import Waiter
 from ring_ref.schedule import PRESETS, RingSchedule
 
-__all__ = ["BACKEND", "ORDER_ENV", "RingRefOptions", "RingRefProcessGroup"]
+__all__ = ["BACKEND", "ORDER_ENV", "RingRefOptions", "RingRefProcessGroup", "on_cpu"]
 
 BACKEND: Final = "ring_ref"
 """The backend's name, for ``torch.distributed.init_process_group(BACKEND)``."""
@@ -115,6 +115,19 @@ def _op_of(opts: Any) -> object:
         return op  # not an op of the ring's: its check refuses it, on every rank
 
 
+def on_cpu(*tensors: torch.Tensor) -> None:
+    """Refuse a reduction of a tensor that is not on the CPU (clause ``backend-devices``): the backend's
+    rings run over its gloo connections, and torch hands a Python group every device's tensors."""
+    for tensor in tensors:
+        if isinstance(tensor, torch.Tensor) and tensor.device.type != "cpu":
+            raise ValueError(
+                f"ring_ref backend: reductions run on CPU tensors only; got a tensor on {tensor.device}. "
+                "Move it to the CPU (tensor.cpu()) and back, or, for CUDA tensors in the same order, call "
+                "ring_ref.distributed.ring_all_reduce_(tensor, group=...) on an NCCL group; the backend "
+                "does not route CUDA tensors to NCCL."
+            )
+
+
 def _flat_into(target: torch.Tensor, fill: Callable[[torch.Tensor], object]) -> None:
     """``fill`` a 1-D view of ``target``'s elements, or a contiguous copy that is written back."""
     data = target.detach()
@@ -173,6 +186,7 @@ class RingRefProcessGroup(_Group):
     # --- the reductions: the order's ring ---------------------------------------------------------
 
     def _all_reduce(self, tensor: torch.Tensor, op: object) -> None:
+        on_cpu(tensor)
         try:
             _flat_into(
                 tensor,
@@ -231,6 +245,7 @@ class RingRefProcessGroup(_Group):
         The ring's check compares every rank's output and input (so a rank's wrong size is an error
         on every rank); the chain and recursive doubling, which check only the inputs, check the output
         once they are done."""
+        on_cpu(output, flat_input)
         if not isinstance(PRESETS[self.order], RingSchedule):  # the all-reduce, then this rank's chunk
             work = flat_input.detach().clone()
             all_reduce_flat_(work, self.inner, op=op, schedule=self.order, timeout=None)

@@ -6,11 +6,14 @@ process plays every rank in turn; the backend on real ranks is ``nocover/test_ba
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
+import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import HashStore, _make_nccl_premul_sum
 
-from ring_ref._ranks._backend import ORDER_ENV, RingRefOptions, _op_of, _order_text, agree_on_order
+from ring_ref._ranks._backend import ORDER_ENV, RingRefOptions, _op_of, _order_text, agree_on_order, on_cpu
 
 
 def agree(asked: list[str]) -> list[str]:
@@ -71,3 +74,35 @@ def test_premul_sum_is_refused_with_the_fix() -> None:
     assert _op_of(opts) == "max"  # by name: the ring's per-call cache keys on it
     opts.reduceOp = dist.ReduceOp(dist.ReduceOp.BAND)
     assert _op_of(opts) == dist.ReduceOp.BAND  # no op of the ring's: its check refuses it on every rank
+
+
+@pytest.mark.clause("backend-devices")
+def test_a_reduction_of_a_tensor_off_the_cpu_is_refused_with_the_fix() -> None:
+    # torch hands a Python group every device's tensors; the meta device stands in for CUDA here
+    with pytest.raises(ValueError) as raised:
+        on_cpu(torch.ones(2), torch.ones(2, device="meta"))
+    assert str(raised.value).startswith(
+        "ring_ref backend: reductions run on CPU tensors only; got a tensor on meta. Move it to the CPU"
+    )
+    assert "ring_all_reduce_(tensor, group=...) on an NCCL group" in str(raised.value)
+    on_cpu(torch.ones(2), torch.zeros((), dtype=torch.float64))  # CPU tensors pass
+
+
+@pytest.mark.clause("backend-devices")
+def test_every_reduction_of_a_one_rank_group_refuses_a_tensor_off_the_cpu() -> None:
+    dist.init_process_group("ring_ref", store=HashStore(), rank=0, world_size=1)
+    try:
+        meta = torch.ones(4, device="meta")
+        calls: list[Callable[[], object]] = [
+            lambda: dist.all_reduce(meta),
+            lambda: dist.reduce(meta, dst=0),
+            lambda: dist.reduce_scatter_single(torch.empty(4, device="meta"), meta),
+        ]
+        for call in calls:
+            with pytest.raises(ValueError, match="reductions run on CPU tensors only; got a tensor on meta"):
+                call()
+        cpu = torch.ones(4)
+        dist.all_reduce(cpu)  # one rank: its own tensor
+        assert cpu.tolist() == [1.0] * 4
+    finally:
+        dist.destroy_process_group()
