@@ -108,15 +108,19 @@ def probe_cases(
             if n > probe_limit(dtype):
                 continue
             for m in order.probe_sizes(n):
-                if collective.scatters and m != 2 * n:
-                    continue
-                trees = order.trees(n, m, dtype)
-                if trees is None:
-                    continue
-                asked = [additions(tree) for tree in trees]
-                for k in range(n - 1):
-                    values = _values(n, dtype, [pairs[k] for pairs in asked])
-                    yield Case(n, m, (), dtype, "contiguous", values, collective=collective)
+                trees = order.trees(n, m, dtype) if m == 2 * n or not collective.scatters else None
+                if trees:  # None: not known, or a size this collective is not probed at
+                    yield from _asking(n, m, dtype, trees, collective)
+
+
+def _asking(
+    n: int, m: int, dtype: torch.dtype, trees: Sequence[Tree], collective: Collective
+) -> Iterator[Case]:
+    """The ``N - 1`` probes at one ``M``: call ``k`` asks each element about its tree's ``k``-th addition."""
+    asked = [additions(tree) for tree in trees]
+    for k in range(n - 1):
+        values = _values(n, dtype, [pairs[k] for pairs in asked])
+        yield Case(n, m, (), dtype, "contiguous", values, collective=collective)
 
 
 @dataclass
