@@ -81,3 +81,25 @@ def test_a_bad_mode_is_refused_naming_every_mode_and_all() -> None:
         "each mode must be one of ['exact', 'order-free', 'bound', 'all']; modes (mode=, --mode) takes one "
         "or a non-empty list of them; got ['exact', 'fast']"
     )
+
+
+ENV_NEEDS = (
+    "env (--env) sets variables in the processes that the tester starts: it needs ranks 'gloo', 'mpi', "
+    "'jax', 'mlx'; "
+)
+
+
+def test_env_for_a_stacked_target_says_to_set_it_where_ring_ref_runs() -> None:
+    assert env_refused({"X": "1"}, None, None) == (
+        f"{ENV_NEEDS}a stacked TARGET runs in the tester's own process: set the variables in the environment "
+        "ring-ref runs in; got ranks=None"
+    )
+
+
+@pytest.mark.parametrize("ranks", ["job", "mpi-job"])
+def test_env_inside_a_job_says_to_give_it_to_the_jobs_launcher(ranks: str) -> None:
+    assert env_refused({"X": "1"}, None, ranks) == (
+        f"{ENV_NEEDS}inside your own job give the variables to its launcher (mpiexec -genv NAME VALUE, "
+        f"mpirun -x NAME=VALUE, or export NAME=VALUE before torchrun or mlx.launch); got ranks={ranks!r}"
+    )
+    assert env_refused({}, None, ranks) is None
