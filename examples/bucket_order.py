@@ -129,4 +129,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # not sys.exit: gloo's threads can abort the interpreter's teardown (the guide's "When a rank fails")
+    os._exit(status)
