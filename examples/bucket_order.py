@@ -123,14 +123,23 @@ def main(argv: list[str] | None = None) -> int:
             same = all(torch.equal(bits(replay), bits(run)) for run in runs)
             print(f"  both runs equal the one-process left-fold replay: {'yes' if same else 'NO'}")
             ok = ok and same and differing == 0
-    dist.barrier()  # every rank is done (rank 0's replay included) before any tears its group down
+    return finish(ok)
+
+
+def finish(ok: bool) -> int:
+    """Tear the job's group down once every rank is done (rank 0's replay included): 0 when ``ok``."""
+    dist.barrier()
     dist.destroy_process_group()
     return 0 if ok else 1
 
 
-if __name__ == "__main__":
-    status = main()
+def leave(status: int) -> None:
+    """Exit with ``status`` once the output is flushed, by ``os._exit``: gloo's threads can abort the
+    interpreter's normal teardown (the train-order guide's "When a rank fails")."""
     sys.stdout.flush()
     sys.stderr.flush()
-    # not sys.exit: gloo's threads can abort the interpreter's teardown (the guide's "When a rank fails")
     os._exit(status)
+
+
+if __name__ == "__main__":
+    leave(main())

@@ -23,12 +23,9 @@ the world size.  Exit status 1 where ranks disagree or the replay differs.
 
 from __future__ import annotations
 
-import os
-import sys
-
 import torch
 import torch.distributed as dist
-from bucket_order import STEPS, bits, loss_of, make_model, start
+from bucket_order import STEPS, bits, finish, leave, loss_of, make_model, start
 
 import ring_ref.distributed  # noqa: F401 (registers the "ring_ref" backend)
 from ring_ref import ring_reduce_scatter
@@ -129,14 +126,8 @@ def main(argv: list[str] | None = None) -> int:
             same = torch.equal(bits(replay(n, order)), bits(params))
             print(f"  equal to the one-process replay of the order: {'yes' if same else 'NO'}")
             ok = ok and same
-    dist.barrier()  # every rank is done (rank 0's replay included) before any tears its group down
-    dist.destroy_process_group()
-    return 0 if ok else 1
+    return finish(ok)
 
 
 if __name__ == "__main__":
-    status = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # not sys.exit: gloo's threads can abort the interpreter's teardown (the guide's "When a rank fails")
-    os._exit(status)
+    leave(main())
