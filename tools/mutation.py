@@ -80,6 +80,19 @@ SEARCH_TESTS: Final = tests_from(
 )
 """The search's fast tests (the file's last section), which also hold the option rules'."""
 
+BACKEND_TESTS: Final = tuple(
+    f"tests/nocover/test_backend.py::{name}"
+    for name in (
+        "test_every_reduction_matches_the_stacked_reference",
+        "test_every_data_collective_gives_gloos_bits",
+        "test_differing_orders_are_refused_on_every_rank_when_the_group_is_made",
+        "test_coalesced_calls_any_source_receives_and_bad_sizes_on_every_rank",
+        "test_destroying_a_group_releases_its_inner_gloo_group",
+    )
+)
+"""The backend's collectives on a module's world of three spawned ranks (its fixture spawns them, so that
+they import the mutated package with the mutant's environment)."""
+
 MODULES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
     # name: (files mutated, tests run: fast test files, or a file's fast last section, and doctests)
     "schedule": (
@@ -130,11 +143,11 @@ MODULES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
             "tests/cover/test_validate.py",
         ),
     ),
-    # The backend's order check and op refusal in one process (its collectives run on real ranks only, in
-    # tests/nocover/test_backend.py, some 20 s per mutant).
+    # The backend: its order check and op refusal in one process, and every collective of its groups on
+    # three spawned gloo ranks (BACKEND_TESTS; seconds per mutant, see FORKED).
     "ranks.backend": (
         ("ring_ref/_ranks/_backend.py",),
-        ("ring_ref/_ranks/_backend.py", "tests/cover/test_backend.py"),
+        ("ring_ref/_ranks/_backend.py", "tests/cover/test_backend.py", *BACKEND_TESTS),
     ),
     "adapters": (
         ("ring_ref/_torch_adapter.py", "ring_ref/_numpy_adapter.py"),
@@ -386,6 +399,52 @@ FORKED: Final[dict[str, Forked]] = {
         (
             "tests/cover/difftest/test_worker.py::test_a_worker_whose_parent_is_already_gone_leaves_at_once_with_status_0",
         ),
+    ),
+    # The backend's groups live in the ranks only (torch calls _create there).
+    "ranks.backend": Forked(
+        "ring_ref._ranks._backend.x__create",
+        (
+            *(
+                f"ring_ref._ranks._backend.x_{f}"
+                for f in ("_order_text", "_done", "_flat_into", "_inner_gloo")
+            ),
+            *(
+                f"ring_ref._ranks._backend.xǁRingRefProcessGroupǁ{method}"
+                for method in (
+                    "__init__",
+                    "getBackendName",
+                    "setGroupName",
+                    "getGroupName",
+                    "setGroupDesc",
+                    "getGroupDesc",
+                    "shutdown",
+                    "__repr__",
+                    "_all_reduce",
+                    "_same_length",
+                    "allreduce",
+                    "allreduce_coalesced",
+                    "reduce",
+                    "_reduce_scatter",
+                    "reduce_scatter_single",
+                    "reduce_scatter_single_coalesced",
+                    "reduce_scatter",
+                    "broadcast",
+                    "allgather",
+                    "allgather_coalesced",
+                    "all_gather_single",
+                    "all_gather_single_coalesced",
+                    "gather",
+                    "scatter",
+                    "all_to_all_single",
+                    "alltoall",
+                    "barrier",
+                    "send",
+                    "recv",
+                    "recv_anysource",
+                )
+            ),
+        ),
+        BACKEND_TESTS,
     ),
     # The at-fork handler runs only in a child the test forks itself.
     "kernel": Forked(

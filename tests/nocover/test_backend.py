@@ -177,9 +177,97 @@ def test_differing_orders_are_refused_on_every_rank_when_the_group_is_made(world
     assert world.run(make_group_asking, ["chain"] * 3, timeout_s=TIMEOUT_S) == ["made"] * 3
 
 
+def corners(rank: int, n: int, order: str) -> dict[str, Any]:
+    """On each rank: the coalesced reductions, a receive from any rank, the group's repr, and what
+    every rank hears when one rank passes a longer tensor or a reduce-scatter the wrong sizes."""
+    group = ring_ref_group(order)
+    out: dict[str, Any] = {"repr": repr(group)}
+    first, second = inputs(n, 7, (5,))[rank].clone(), inputs(n, 8, (2, 3))[rank].clone()
+    dist.all_reduce_coalesced([first, second], group=group)
+    out["all_reduce_coalesced"] = [first, second]
+    shards = [torch.empty(2), torch.empty(3)]
+    with dist._coalescing_manager(group=group):
+        dist.reduce_scatter_tensor(shards[0], inputs(n, 9, (2 * n,))[rank], group=group)
+        dist.reduce_scatter_tensor(shards[1], inputs(n, 10, (3 * n,))[rank], group=group)
+    out["reduce_scatter_tensor coalesced"] = shards
+    if rank in (0, n - 1):
+        received = torch.zeros(2)
+        if rank == 0:
+            dist.send(inputs(n, 11, (2,))[0], dst=n - 1, group=group)
+        else:
+            out["recv from any rank"] = (dist.recv(received, group=group), received)
+    for label, call in (
+        ("longer on the last rank", lambda: dist.all_reduce(torch.ones(4 + (rank == n - 1)), group=group)),
+        (
+            "a short reduce-scatter input",
+            lambda: dist.reduce_scatter_tensor(torch.empty(2), torch.ones(5), group=group),
+        ),
+        (
+            "a reduce_scatter list one short",
+            lambda: dist.reduce_scatter(torch.empty(2), [torch.ones(2)] * (n - 1), group=group),
+        ),
+    ):
+        try:
+            call()
+            out[label] = "no error"
+        except ValueError as exc:
+            out[label] = str(exc)
+    return out
+
+
+@pytest.mark.clause("backend-order")
+@pytest.mark.parametrize("order", ["spec", "chain"])
+def test_coalesced_calls_any_source_receives_and_bad_sizes_on_every_rank(
+    world: SpawnedGroup, order: str
+) -> None:
+    got = world.run(corners, order, timeout_s=TIMEOUT_S)
+    n = len(got)
+    x, y = inputs(n, 7, (5,)), inputs(n, 8, (2, 3))
+    rs_small, rs_large = (
+        reduce_scatter_reference(inputs(n, 9, (2 * n,)), order),
+        reduce_scatter_reference(inputs(n, 10, (3 * n,)), order),
+    )
+    for rank, mine in enumerate(got):
+        assert mine["repr"] == f"RingRefProcessGroup(rank={rank}, size={n}, order={order!r})"
+        ours = mine["all_reduce_coalesced"]
+        assert same_bits(ours[0], all_reduce_reference(x, order)) and same_bits(
+            ours[1], all_reduce_reference(y, order)
+        )
+        shards = mine["reduce_scatter_tensor coalesced"]
+        assert same_bits(shards[0], rs_small[rank]) and same_bits(shards[1], rs_large[rank]), rank
+        longer = mine["longer on the last rank"]
+        if order == "spec":  # an order that pads words the count itself
+            assert longer == (
+                "ring_ref backend: an all-reduce needs the same number of elements on every rank of the "
+                "group; got rank 0: 4; rank 1: 4; rank 2: 5. Pass tensors of the same shape on every rank."
+            )
+        else:
+            assert longer.startswith(
+                "ring_all_reduce_ rejected the input on every rank: the ranks passed different"
+            )
+            assert "rank 2: shape (5,)" in longer, longer
+        short = mine["a short reduce-scatter input"]
+        if order == "chain":  # no ring: the all-reduce runs, then the sizes are checked
+            assert short == (
+                "ring_ref backend: reduce-scatter needs an input of 3 times the output's 2 elements; got 5."
+            )
+        else:
+            assert short.startswith("ring_reduce_scatter_ rejected the input on every rank: rank 0: reduce-")
+            assert "M = 5 is not divisible by N = 3" in short, short
+        assert mine["a reduce_scatter list one short"] == (
+            "ring_ref backend: reduce_scatter needs 3 input tensors of the output's 2 elements each; "
+            "got [2, 2]."
+        )
+    received = got[-1]["recv from any rank"]
+    assert received[0] == 0 and same_bits(received[1], inputs(n, 11, (2,))[0])
+    assert "recv from any rank" not in got[0]
+
+
 @pytest.fixture(scope="module")
 def world() -> Iterator[SpawnedGroup]:
-    with SpawnedGroup(3) as group:
+    # spawned, not forked from a forkserver: the ranks import the package afresh from this process's
+    # path and environment, so that a mutation run's ranks run the mutant under test
+    with SpawnedGroup(3, start_method="spawn") as group:
         yield group
 
 
