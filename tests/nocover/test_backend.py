@@ -16,7 +16,7 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
+from torch.distributed.distributed_c10d import _coalescing_manager
 
 from ring_ref import ring_all_reduce, ring_reduce_scatter
 from ring_ref._processes._gloo import SpawnedGroup
@@ -186,7 +187,7 @@ def corners(rank: int, n: int, order: str) -> dict[str, Any]:
     dist.all_reduce_coalesced([first, second], group=group)
     out["all_reduce_coalesced"] = [first, second]
     shards = [torch.empty(2), torch.empty(3)]
-    with dist._coalescing_manager(group=group):
+    with _coalescing_manager(group=group):
         dist.reduce_scatter_tensor(shards[0], inputs(n, 9, (2 * n,))[rank], group=group)
         dist.reduce_scatter_tensor(shards[1], inputs(n, 10, (3 * n,))[rank], group=group)
     out["reduce_scatter_tensor coalesced"] = shards
@@ -196,7 +197,7 @@ def corners(rank: int, n: int, order: str) -> dict[str, Any]:
             dist.send(inputs(n, 11, (2,))[0], dst=n - 1, group=group)
         else:
             out["recv from any rank"] = (dist.recv(received, group=group), received)
-    for label, call in (
+    calls: tuple[tuple[str, Callable[[], object]], ...] = (
         ("longer on the last rank", lambda: dist.all_reduce(torch.ones(4 + (rank == n - 1)), group=group)),
         (
             "a short reduce-scatter input",
@@ -206,7 +207,8 @@ def corners(rank: int, n: int, order: str) -> dict[str, Any]:
             "a reduce_scatter list one short",
             lambda: dist.reduce_scatter(torch.empty(2), [torch.ones(2)] * (n - 1), group=group),
         ),
-    ):
+    )
+    for label, call in calls:
         try:
             call()
             out[label] = "no error"
