@@ -36,6 +36,7 @@ from ring_ref.schedule import (
     ChainSchedule,
     DoublingSchedule,
     Phase,
+    preset_schedule,
     reduce_scatter_ring,
 )
 
@@ -75,6 +76,8 @@ def _trace_command(args: argparse.Namespace) -> int:
         ring = _orders.schedule_ring(args.schedule)
         if args.collective.alone:  # a preset's name takes its direction as the offset
             ring = reduce_scatter_ring(args.schedule if args.schedule in PRESETS else ring, args.n)
+        elif args.schedule in PRESETS:  # by name: what the library runs at this size (schedule-below-n)
+            ring = preset_schedule(args.schedule, args.n, m)
         check_trace_size(args.n, m, args.format, ring, collective=args.collective)
         records = trace(args.n, ring, args.op, collective=args.collective)
     except (ValueError, TypeError) as err:

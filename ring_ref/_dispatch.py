@@ -15,6 +15,7 @@ tensor([4., 6.])
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import TYPE_CHECKING, Final, Literal, TypeVar, overload
 
@@ -31,7 +32,7 @@ from ring_ref._validate import (
     not_an_array,
     schedule_of,
 )
-from ring_ref.schedule import Schedule
+from ring_ref.schedule import Schedule, preset_schedule
 
 if TYPE_CHECKING:
     import jax
@@ -114,10 +115,17 @@ def ring_all_reduce(
     ``schedule="chain"`` (a :class:`~ring_ref.schedule.ChainSchedule`, clauses
     ``chain-*``) is not a ring: a pipelined chain reduce and broadcast whose
     result is the left fold ``((x_0 + x_1) + x_2) + ...`` for every ``M``.
+    A preset given by name runs what its library runs below ``N`` elements per
+    worker (:data:`~ring_ref.schedule.BELOW_N`: OpenMPI's ring hands such calls to
+    recursive doubling, MLX's runs the other way round; clause ``schedule-below-n``).
     """
     _check_engine(engine)
     reduce_op = op_name(op)
     ring = schedule_of(schedule)
+    nested = isinstance(worker_tensors, torch.Tensor) and worker_tensors.is_nested  # no shape: refused below
+    shape: tuple[int, ...] = () if nested else tuple(getattr(worker_tensors, "shape", ()))
+    if isinstance(schedule, str) and len(shape) >= 2:  # a preset by name: the library's, at this size
+        ring = preset_schedule(schedule, int(shape[0]), math.prod(shape[1:]))
     if isinstance(worker_tensors, torch.Tensor):
         if engine == "fast":
             return _fast.ring_all_reduce_torch(worker_tensors, reduce_op, ring)

@@ -23,6 +23,7 @@ from typing import Final, Literal, NamedTuple
 __all__ = [
     "ALL_GATHER",
     "ALL_REDUCE",
+    "BELOW_N",
     "CHAIN",
     "COLLECTIVES",
     "GLOO",
@@ -51,6 +52,7 @@ __all__ = [
     "elements_sent_per_worker",
     "left",
     "owned_chunk",
+    "preset_schedule",
     "reduce_scatter_ring",
     "right",
     "rounds_per_phase",
@@ -582,6 +584,27 @@ PRESETS: Final[dict[str, Schedule]] = {
     "recursive-doubling": RECURSIVE_DOUBLING,
 }
 """The named schedules, in the order ``reveal`` reports matches (and they were published in)."""
+
+BELOW_N: Final[dict[str, Schedule]] = {
+    "openmpi-ring": RECURSIVE_DOUBLING,
+    "mlx-ring": RingSchedule(1, 0, "ceil"),
+}
+"""What a library's ring runs when a worker holds fewer elements than there are workers (``S < N``),
+by the preset's name (clause ``schedule-below-n``): OpenMPI's ring hands the call to its recursive
+doubling; MLX pads the input to ``N`` elements and runs its ring the other way round (rank ``i`` sends
+to ``i + 1``, element ``c`` folds ``c, c + 1, ...``).  Only a preset *named* runs these; a
+:class:`RingSchedule` given as a value is the ring of the family at every size."""
+
+
+def preset_schedule(name: str, n: int, s: int) -> Schedule:
+    """The schedule the preset ``name`` runs on ``n`` workers of ``s`` elements each (:data:`BELOW_N`).
+
+    >>> preset_schedule("openmpi-ring", 4, 2).describe(), preset_schedule("openmpi-ring", 4, 4).describe()
+    ('recursive doubling, layout blocks', 'direction +1, offset 0, layout blocks')
+    >>> preset_schedule("mlx-ring", 3, 1).describe(), preset_schedule("gloo", 3, 1) == GLOO
+    ('direction +1, offset 0, layout ceil', True)
+    """
+    return BELOW_N[name] if name in BELOW_N and 0 < s < n else PRESETS[name]
 
 
 def reduce_scatter_ring(schedule: str | Schedule | None, n: int) -> RingSchedule:

@@ -43,6 +43,7 @@ from ring_ref.schedule import (
     Collective,
     RingSchedule,
     Schedule,
+    preset_schedule,
     reduce_scatter_ring,
 )
 
@@ -120,7 +121,17 @@ def ring_for(args: object, name: object, n: int) -> tuple[Schedule | None, BadIn
     reduce-scatter and all-gather leave chunk r at rank r, ... RingSchedule(1, 1, 'even') ...
     """
     if not isinstance(args, Shards):
-        return ring_of(name)
+        ring, bad = ring_of(name)
+        size = (
+            args.numel()
+            if isinstance(args, torch.Tensor)
+            else args.size
+            if isinstance(args, np.ndarray)
+            else 0
+        )
+        if ring is not None and isinstance(name, str):  # a preset by name: the library's, at this size
+            ring = preset_schedule(name, n, size)
+        return ring, bad
     ring, bad = ring_of("spec" if name is None else name)
     if ring is None:
         return None, bad

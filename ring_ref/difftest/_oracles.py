@@ -32,7 +32,7 @@ from ring_ref._dtypes import FloatFormat, bits, dtype_name, format_of
 from ring_ref._order import Tree, layout_matters, layout_sizes, ring_trees
 from ring_ref.difftest._inputs import Case, exact_tensor
 from ring_ref.difftest._vocabulary import OPS, Mode, Op
-from ring_ref.schedule import SPEC, Layout, Schedule
+from ring_ref.schedule import BELOW_N, SPEC, Layout, Schedule, preset_schedule
 
 __all__ = [
     "SPEC_ORDER",
@@ -387,6 +387,9 @@ class ExactOrder:
     ring: Schedule | None = None
     saved: SavedOrder | None = None
     revealed: str = ""
+    preset: str | None = None
+    """The preset named (``--schedule NAME``), whose order below ``N`` elements is its library's
+    (:data:`~ring_ref.schedule.BELOW_N`, clause ``schedule-below-n``); ``None``: ``ring`` at every size."""
 
     @property
     def layout(self) -> Layout:
@@ -420,7 +423,8 @@ class ExactOrder:
         [((0, 1), 2), ((1, 2), 0), ((0, 2), 1)]
         """
         if self.ring is not None:
-            return ring_trees(self.ring, n, m, dtype_name(dtype))
+            ring = self.ring if self.preset is None else preset_schedule(self.preset, n, m)
+            return ring_trees(ring, n, m, dtype_name(dtype))
         if self.saved is not None and self.saved[:3] == (n, m, dtype):
             return self.saved.trees
         return None
@@ -429,17 +433,21 @@ class ExactOrder:
         """The ``M`` the order probes use at ``n`` workers: ``2N`` (every chunk non-empty), for a layout that
         takes any ``M`` ``2N - 1`` too, and where the trees depend on the layout the sizes that tell it
         from every other layout (:func:`ring_ref._order.layout_sizes`: ``2N + 1``, and where two layouts
-        cut chunks differently); an order file's own ``M`` at its ``N``.
+        cut chunks differently); for a preset whose library runs another order below ``N`` elements,
+        ``N - 1`` (clause ``schedule-below-n``); an order file's own ``M`` at its ``N``.
 
         >>> from dataclasses import replace
-        >>> from ring_ref.schedule import GLOO
+        >>> from ring_ref.schedule import GLOO, OPENMPI_RING
         >>> SPEC_ORDER.probe_sizes(4), replace(SPEC_ORDER, ring=GLOO).probe_sizes(4)
         ((8, 12), (8, 7, 9, 12))
+        >>> replace(SPEC_ORDER, ring=OPENMPI_RING, preset="openmpi-ring").probe_sizes(4)
+        (8, 7, 9, 3)
         """
         if self.ring is not None:
             sizes = (2 * n,) if self.ring.layout == "even" else (2 * n, 2 * n - 1)
             told = layout_sizes(self.ring.layout, n) if layout_matters(self.ring, n) else ()
-            return tuple(dict.fromkeys((*sizes, *told)))
+            below = (n - 1,) if self.preset in BELOW_N and n > 1 else ()  # its library's order there
+            return tuple(dict.fromkeys((*sizes, *told, *below)))
         if self.saved is not None and self.saved.n == n:
             return (self.saved.m,)
         return ()

@@ -61,8 +61,8 @@ from ring_ref.difftest._loading import with_framework
 from ring_ref.difftest._oracles import ExactOrder, SavedOrder, reduce_scatter_reference
 from ring_ref.difftest._rules import Spawn
 from ring_ref.difftest._vocabulary import Collective, Framework
-from ring_ref.schedule import LAYOUTS as LAYOUT_NAMES
 from ring_ref.schedule import (
+    BELOW_N,
     PRESETS,
     ChainSchedule,
     DoublingSchedule,
@@ -71,6 +71,7 @@ from ring_ref.schedule import (
     Schedule,
     reduce_scatter_ring,
 )
+from ring_ref.schedule import LAYOUTS as LAYOUT_NAMES
 
 __all__ = [
     "Explained",
@@ -111,10 +112,13 @@ def schedule_order(schedule: str | Schedule) -> ExactOrder:
     """``exact`` against ``ring_all_reduce(x, schedule=schedule, op=...)``, for every op.
 
     ``schedule`` is a preset name, a :class:`RingSchedule` or its text
-    ``DIRECTION,OFFSET,LAYOUT`` (:func:`parse_schedule`).
+    ``DIRECTION,OFFSET,LAYOUT`` (:func:`parse_schedule`).  A preset named runs what its library
+    runs below ``N`` elements (clause ``schedule-below-n``); a ring given as a value or as text does not.
     """
     ring = schedule_ring(schedule)
-    name = next((key for key, preset in PRESETS.items() if preset == ring), None)
+    # a ring given as a value is a preset's only where the name means that ring at every size
+    names = (key for key, p in PRESETS.items() if p == ring and (key not in BELOW_N or key == schedule))
+    name = next(names, None)
     if name is not None:
         label, option = f"the {name} schedule's order", f"--schedule {name}"
     elif isinstance(ring, ChainSchedule | DoublingSchedule):
@@ -126,13 +130,15 @@ def schedule_order(schedule: str | Schedule) -> ExactOrder:
         label = f"the order of the ring with {ring.describe()}"
         # with '=': argparse would read "-1,2,blocks" after a space as an option of its own
         option = f"--schedule={ring.direction},{ring.offset},{ring.layout}"
+    named = name or ring  # by name: the library's order below N elements too
     return ExactOrder(
         label,
-        lambda case: ring_all_reduce(case.tensor(), "fast", schedule=ring, op=case.reduction),
+        lambda case: ring_all_reduce(case.tensor(), "fast", schedule=named, op=case.reduction),
         option,
         ops=OPS,
         source="schedule",
         ring=ring,
+        preset=name,
     )
 
 

@@ -147,3 +147,16 @@ def mlx_ring(x: torch.Tensor) -> torch.Tensor:
     flat buffer, the tail ones short or empty, rank ``i`` sending to ``i - 1``, chunk ``c`` folded
     ``c, c - 1, ..., c + 1`` (mod ``N``)."""
     return _flat_ring(x, _ceil_cuts, 0, -1)
+
+
+def openmpi_ring_algorithm(x: torch.Tensor) -> torch.Tensor:
+    """OpenMPI's ring algorithm as its source runs it: recursive doubling for fewer elements than workers
+    (``count < size``), its ring on blocks from there on."""
+    return recursive_doubling(x) if x[0].numel() < x.shape[0] else blocks_ring(x)
+
+
+def mlx_all_sum(x: torch.Tensor) -> torch.Tensor:
+    """MLX's ring ``all_sum`` as its source runs it: for fewer elements than workers the input padded to
+    ``N`` one-element chunks and the ring run the other way (rank ``i`` sending to ``i + 1``: element ``c``
+    folds ``c, c + 1, ...``), :func:`mlx_ring` from there on."""
+    return _flat_ring(x, _ceil_cuts, 0, 1) if x[0].numel() < x.shape[0] else mlx_ring(x)

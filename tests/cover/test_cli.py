@@ -106,6 +106,18 @@ def test_a_schedule_that_starts_with_a_dash_or_is_unknown_is_told_the_command_li
     assert "direction -1, offset 2, layout blocks" in capsys.readouterr().out
 
 
+@pytest.mark.clause("schedule-below-n")
+def test_a_trace_of_a_named_library_ring_below_n_elements_traces_what_the_library_runs(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["trace", "-n", "4", "-m", "1", "--schedule", "openmpi-ring"]) == 0
+    assert capsys.readouterr().out.startswith("schedule: recursive doubling, layout blocks")
+    assert main(["trace", "-n", "4", "-m", "4", "--schedule", "openmpi-ring"]) == 0
+    assert capsys.readouterr().out.startswith("ring: direction +1, offset 0, layout blocks")
+    assert main(["trace", "-n", "4", "-m", "1", "--schedule=1,0,blocks"]) == 0  # a ring as text: the ring
+    assert capsys.readouterr().out.startswith("ring: direction +1, offset 0, layout blocks")
+
+
 @pytest.mark.clause("reveal-report")
 def test_reveal_of_an_order_that_is_no_ring_suggests_difftest_and_still_exits_0(
     capsys: pytest.CaptureFixture[str],

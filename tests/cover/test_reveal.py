@@ -125,6 +125,20 @@ def test_a_preset_is_named_at_the_revealed_size_only_where_layouts_are_not_told_
     assert every in reveal(ring_all_reduce, 2, 4).summary()
 
 
+@pytest.mark.clause("schedule-below-n", "reveal-report")
+def test_below_n_elements_reveal_names_the_library_ring_that_runs_another_order_there() -> None:
+    def doubling(x: torch.Tensor) -> torch.Tensor:  # OpenMPI's ring below N = 4 elements
+        return (x[0] + x[1]) + (x[2] + x[3])
+
+    assert reveal(doubling, 4, 2).matches == ["openmpi-ring", "recursive-doubling"]
+
+    def other_way(x: torch.Tensor) -> torch.Tensor:  # MLX below N = 3 elements: element e folds e, e+1, e+2
+        return torch.stack([(x[e, e] + x[(e + 1) % 3, e]) + x[(e + 2) % 3, e] for e in range(x.shape[1])])
+
+    assert reveal(other_way, 3, 2).matches == ["mlx-ring"]
+    assert reveal(other_way, 3, 3).matches == ["spec", "openmpi-ring", "intel-ring"]  # from N on: no MLX ring
+
+
 @pytest.mark.clause("reveal-trees")
 def test_reveal_a_pairwise_tree() -> None:
     def pairwise(x: torch.Tensor) -> torch.Tensor:

@@ -114,6 +114,34 @@ def test_presets_are_the_named_rings() -> None:
     assert [OPENMPI_RING.fold_order(c, 3) for c in range(3)] == [(0, 1, 2), (1, 2, 0), (2, 0, 1)]
 
 
+@pytest.mark.clause("schedule-below-n")
+@pytest.mark.parametrize("engine", ["reference", "fast"])
+def test_a_named_library_ring_runs_what_the_library_runs_below_n_elements(engine: Engine) -> None:
+    f32 = np.float32
+    # N = 4, one element: OpenMPI's ring hands the call to recursive doubling, (x0 + x1) + (x2 + x3);
+    # the ring (+1, 0, blocks) itself folds ((x0 + x1) + x2) + x3
+    x = np.array([[1.0], [1e8], [-1e8], [1.0]], f32)
+    doubling = (x[0, 0] + x[1, 0]) + (x[2, 0] + x[3, 0])
+    ring = ((x[0, 0] + x[1, 0]) + x[2, 0]) + x[3, 0]
+    assert (doubling, ring) == (f32(0.0), f32(1.0))
+    for arrays in (x, torch.from_numpy(x)):
+        assert float(ring_all_reduce(arrays, engine, schedule="openmpi-ring")[0]) == doubling
+        assert float(ring_all_reduce(arrays, engine, schedule=OPENMPI_RING)[0]) == ring  # a value: the ring
+    # N = 3, one element: MLX pads to N and runs its ring the other way, element 0 folding 0, 1, 2; its
+    # ring (-1, 0, ceil) folds 0, 2, 1
+    y = np.array([[1e8], [1.0], [-1e8]], f32)
+    other_way, mlx = (y[0, 0] + y[1, 0]) + y[2, 0], (y[0, 0] + y[2, 0]) + y[1, 0]
+    assert (other_way, mlx) == (f32(0.0), f32(1.0))
+    for arrays in (y, torch.from_numpy(y)):
+        assert float(ring_all_reduce(arrays, engine, schedule="mlx-ring")[0]) == other_way
+        assert float(ring_all_reduce(arrays, engine, schedule=PRESETS["mlx-ring"])[0]) == mlx
+    # from N elements on, the named preset is its ring: N = 3, M = 3, element 0 of mlx-ring folds 0, 2, 1
+    z = np.array([[1e8, 0.0, 0.0], [1.0, 0.0, 0.0], [-1e8, 0.0, 0.0]], f32)
+    assert float(ring_all_reduce(z, engine, schedule="mlx-ring")[0]) == mlx
+    # every other preset is the same schedule at every size
+    assert set(schedule.BELOW_N) == {"openmpi-ring", "mlx-ring"}
+
+
 @pytest.mark.clause("schedule-layouts")
 def test_layouts_written_out_by_hand() -> None:
     assert chunk_bounds("even", 3, 6) == [(0, 2), (2, 4), (4, 6)]

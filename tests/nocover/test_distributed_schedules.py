@@ -28,7 +28,7 @@ from ring_ref._processes._gloo import SpawnedGroup
 from ring_ref._ranks import _plans, _torch
 from ring_ref.distributed import RingHookState, ring_all_reduce_, ring_hook
 from ring_ref.schedule import RingSchedule
-from tests.common.oracles import blocks_bounds, gloo_bounds, same_bits, schedule_fold
+from tests.common.oracles import blocks_bounds, gloo_bounds, pairwise_tree, same_bits, schedule_fold
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 CALL_TIMEOUT_S = 120.0
@@ -81,6 +81,8 @@ def cases_for(n: int) -> list[Case]:
     x = stacked(n, 2 * n + 1, (2,), torch.float32, seed=n)
     x[0, 0, 0], x[1, 0, 0] = -0.0, 0.0  # the signed-zero rule of max and min, in the first chunk
     x[0, -1, 1], x[1, -1, 1] = 0.0, -0.0  # and in the last, made on another rank
+    if n == 4:  # one element: (x0 + x1) + (x2 + x3) = 0, where the ring's ((x0 + x1) + x2) + x3 = 1
+        cases.append((torch.tensor([[1.0], [1e8], [-1e8], [1.0]]), "openmpi-ring", "sum", False))
     cases += [
         (x, "gloo", "max", False),
         (x, "plus-1-offset-2-blocks", "prod", True),
@@ -114,6 +116,9 @@ def oracle(x: torch.Tensor, name: str) -> torch.Tensor:
     """The ring's sum from the spec's fold order on layouts typed in from the spec (no ring_ref)."""
     n = x.shape[0]
     s = x[0].numel()
+    if name == "openmpi-ring" and s < n:  # the name runs recursive doubling there (schedule-below-n),
+        assert n <= 4  # whose tree is the pairwise one up to N = 4: (x0 + x1) + x2, (x0 + x1) + (x2 + x3)
+        return pairwise_tree(list(x))
     direction, offset, layout = SCHEDULES[name]
     if layout == "even":
         bounds = [(c * s // n, (c + 1) * s // n) for c in range(n)]
@@ -151,7 +156,7 @@ SETTINGS: dict[int, list[dict[str, object]]] = {
 }
 
 
-@pytest.mark.clause("schedule-family", "schedule-fold-order", "schedule-layouts")
+@pytest.mark.clause("schedule-family", "schedule-fold-order", "schedule-layouts", "schedule-below-n")
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_every_ring_on_every_rank_equals_the_simulation(rings: dict[int, SpawnedGroup], n: int) -> None:
     """Whole chunks and segments of 1 to 4 elements (short chunks cut into empty segments), on

@@ -88,9 +88,6 @@ class Algorithm(NamedTuple):
     large: dict[int, str] | None = None
     dtypes: str = "all"
     """The dtypes difftest draws (``all``: float16, float32, float64) where the preset holds."""
-    below_n: bool = True
-    """Whether the preset holds for ``M < N`` too (else the library runs another algorithm there: a seed
-    whose draws reach it may fail the preset, with a counterexample of ``M < N``, and no other)."""
 
     def expected(self, n: int, m: int) -> str:
         return (self.large or {}).get(n, self.preset[n]) if m >= 4096 else self.preset[n]
@@ -109,8 +106,8 @@ CASES: Final = [
     # below 16 KB: doubling, float32 and float64 only (float16 at N = 4, M = 7: openmpi-ring's folds); at
     # M = 4096 its ring at N = 3, doubling still at N = 4
     Algorithm(OPENMPI5, {}, RD, large={3: "openmpi-ring"}, dtypes="float32,float64"),
-    # its ring falls back to recursive doubling below N elements (docs/guide/ranks.md)
-    Algorithm(OPENMPI5, OPENMPI_RING, {3: "openmpi-ring", 4: "openmpi-ring"}, below_n=False),
+    # its ring falls back to recursive doubling below N elements, as the named preset does (schedule-below-n)
+    Algorithm(OPENMPI5, OPENMPI_RING, {3: "openmpi-ring", 4: "openmpi-ring"}),
 ]
 IDS: Final = [f"{c.library.pip}-{','.join(c.env.values()) or 'default'}" for c in CASES]
 
@@ -166,25 +163,10 @@ def _last_json(out: str) -> Any:
     return json.loads(next(line for line in reversed(out.splitlines()) if line.startswith("{")))
 
 
-def _verdicts(lines: str, preset: str, below_n: bool) -> dict[tuple[int, str], tuple[str, list[str]]]:
-    """``(seed, preset) -> (verdict, codes)`` from the JSON lines of ``tests/common/difftest_seeds``;
-    unless ``below_n``, ``preset``'s failures with a counterexample of ``M < N`` (where the library runs
-    another algorithm) count as passes."""
+def _verdicts(lines: str) -> dict[tuple[int, str], tuple[str, list[str]]]:
+    """``(seed, preset) -> (verdict, codes)`` from the JSON lines of ``tests/common/difftest_seeds``."""
     found = [json.loads(line) for line in lines.splitlines() if line.startswith("{")]
-    outside = {
-        f["seed"]
-        for f in found
-        if not below_n
-        and f["schedule"] == preset
-        and f["counterexample"] is not None
-        and f["counterexample"][1] < f["counterexample"][0]
-    }
-    return {
-        (f["seed"], f["schedule"]): ("pass", [])
-        if f["seed"] in outside and f["schedule"] == preset
-        else (f["verdict"], f["codes"])
-        for f in found
-    }
+    return {(f["seed"], f["schedule"]): (f["verdict"], f["codes"]) for f in found}
 
 
 INTEL_DEFAULT_AT_4: Final = pytest.mark.xfail(
@@ -194,7 +176,7 @@ INTEL_DEFAULT_AT_4: Final = pytest.mark.xfail(
 )
 
 
-@pytest.mark.clause("schedule-presets", "doubling-tools")
+@pytest.mark.clause("schedule-presets", "schedule-below-n", "doubling-tools")
 @pytest.mark.parametrize("algorithm", CASES, ids=IDS)
 @pytest.mark.parametrize("n", [3, 4])
 def test_difftest_passes_the_librarys_preset_and_fails_the_others(
@@ -207,7 +189,7 @@ def test_difftest_passes_the_librarys_preset_and_fails_the_others(
     seeds = ["-m", "tests.common.difftest_seeds", "mpi-job", str(SEEDS), algorithm.dtypes, preset, *others]
     done = _run(algorithm, n, *seeds)
     assert done.returncode == 0, done.stdout + done.stderr
-    verdicts = _verdicts(done.stdout, preset, algorithm.below_n)
+    verdicts = _verdicts(done.stdout)
     expected: dict[tuple[int, str], tuple[str, list[str]]] = {
         (seed, preset): ("pass", []) for seed in range(SEEDS)
     }
@@ -242,7 +224,7 @@ def test_reveal_names_mlx_ring(n: int) -> None:
         assert "mlx-ring" in _last_json(done.stdout)["matches"], (m, done.stdout)
 
 
-@pytest.mark.clause("schedule-presets")
+@pytest.mark.clause("schedule-presets", "schedule-below-n")
 def test_difftest_passes_mlx_ring_and_fails_the_others() -> None:
     """``difftest --ranks mlx --mode exact --schedule PRESET`` on MLX's ``all_sum`` at ``N = 1 .. 4``, every
     seed of ten: ``mlx-ring`` passes, every other library preset fails (one fresh process: this one may
@@ -259,4 +241,4 @@ def test_difftest_passes_mlx_ring_and_fails_the_others() -> None:
     }
     others = [p for p in LIBRARY_PRESETS if p != "mlx-ring"]
     expected |= {(seed, other): ("fail", ["not-ring-order"]) for seed in range(SEEDS) for other in others}
-    assert _verdicts(done.stdout, "mlx-ring", below_n=False) == expected, done.stdout  # padded below N
+    assert _verdicts(done.stdout) == expected, done.stdout  # below N too (schedule-below-n)

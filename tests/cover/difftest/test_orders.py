@@ -114,7 +114,10 @@ def test_exact_against_a_schedule_passes_its_ring_and_fails_others() -> None:
 def test_schedule_options_name_rings() -> None:
     assert parse_schedule("gloo") == "gloo"
     assert parse_schedule("-1,2,blocks") == RingSchedule(-1, 2, "blocks")
-    assert schedule_order(RingSchedule(1, 0, "blocks")).option == "--schedule openmpi-ring"
+    assert schedule_order(RingSchedule(-1, -1, "gloo")).option == "--schedule gloo"
+    # OpenMPI's name means more than its ring (recursive doubling below N elements: schedule-below-n)
+    assert schedule_order(RingSchedule(1, 0, "blocks")).option == "--schedule=1,0,blocks"
+    assert schedule_order("openmpi-ring").option == "--schedule openmpi-ring"
     assert schedule_order(RingSchedule(-1, 2, "blocks")).option == "--schedule=-1,2,blocks"
     with pytest.raises(OrderError, match="unknown schedule 'ring'"):
         schedule_order("ring")
@@ -605,3 +608,30 @@ def test_each_library_preset_passes_its_twin_and_fails_the_others(preset: str, e
                     other,
                     failed.render(),
                 )
+
+
+@pytest.mark.clause("schedule-below-n", "difftest-exact-orders")
+def test_a_library_ring_by_name_passes_below_n_elements_where_the_ring_as_a_value_fails() -> None:
+    for target, name, ring in (
+        (planted_orders.openmpi_ring_algorithm, "openmpi-ring", "1,0,blocks"),
+        (planted_orders.mlx_all_sum, "mlx-ring", "-1,0,ceil"),
+    ):
+        common: dict[str, object] = {"modes": "exact", "examples": 60, "seed": 7, "max_workers": 4}
+        named = difftest(target, schedule=name, isolate=False, **common)
+        assert named.verdict == "pass", named.render()
+        as_ring = difftest(target, schedule=ring, isolate=False, **common)
+        exact = as_ring.modes["exact"]
+        assert as_ring.verdict == "fail" and exact.counterexample is not None, as_ring.render()
+        assert exact.counterexample.m < exact.counterexample.n, as_ring.render()  # only below N
+    # the other way round at any seed: the name's order probes include M = N - 1, where the plain rings
+    # fold otherwise (OpenMPI's doubling tree at N = 3, M = 2 is every element's (x0 + x1) + x2)
+    for ring_only, name in (
+        (planted_orders.blocks_ring, "openmpi-ring"),
+        (planted_orders.mlx_ring, "mlx-ring"),
+    ):
+        for seed in (0, 1):
+            caught = difftest(
+                ring_only, schedule=name, modes="exact", examples=3, seed=seed, max_workers=4, isolate=False
+            )
+            cex = caught.modes["exact"].counterexample
+            assert cex is not None and (cex.n, cex.m) == (3, 2), caught.render()
