@@ -38,7 +38,7 @@ from ring_ref.difftest._inputs import Case
 from ring_ref.difftest._oracles import ExactOrder
 from ring_ref.difftest._vocabulary import Collective
 
-__all__ = ["ProbeRun", "additions", "first_failing_probe", "probe_cases", "probe_limit"]
+__all__ = ["ProbeRun", "additions", "first_failing_probe", "probe_cases", "probe_limit", "size_form"]
 
 
 def probe_limit(dtype: torch.dtype) -> int:
@@ -123,15 +123,41 @@ def _asking(
         yield Case(n, m, (), dtype, "contiguous", values, collective=collective)
 
 
+def size_form(m: int, n: int) -> str:
+    """``M`` as ``aN + k`` (``a`` 2, 1, 3 or 4 in that order of preference, ``|k| <= 1``), else its value.
+
+    >>> [size_form(m, 4) for m in (8, 7, 9, 3, 12, 30)]
+    ['2N', '2N-1', '2N+1', 'N-1', '3N', '30']
+    """
+    for a in (2, 1, 3, 4):
+        if abs(k := m - a * n) <= 1:
+            return f"{'' if a == 1 else a}N{'' if k == 0 else f'{k:+d}'}"
+    return str(m)
+
+
+def _spans(keys: Sequence[int]) -> str:
+    """Consecutive ``N`` as ``2..8``, the others listed: ``2..4, 6``."""
+    runs: list[list[int]] = []
+    for k in keys:
+        if runs and k == runs[-1][-1] + 1:
+            runs[-1].append(k)
+        else:
+            runs.append([k])
+    return ", ".join(f"{r[0]}..{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
+
+
 @dataclass
 class ProbeRun:
-    """What the order probes covered: calls, and per dtype the ``N`` probed (consecutive, ascending)."""
+    """What the order probes covered: calls, per dtype the ``N`` probed (consecutive, ascending), and per
+    ``N`` the ``M`` probed (in any dtype, in the order probed)."""
 
     calls: int = 0
     workers: dict[str, list[int]] = field(default_factory=dict)
+    sizes: dict[int, list[int]] = field(default_factory=dict)
 
     def describe(self) -> str:
-        """``order probes: 84 calls at N = 2..8 (float32, float64), N = 2..3 (float16)``."""
+        """``order probes: 84 calls at N = 2..8 (float32, float64), N = 2..3 (float16); M = 2N (N = 2..8)``:
+        each ``M`` probed as ``aN + k`` (:func:`size_form`), for the ``N`` that probed the same sizes."""
         if not self.calls:
             return "no order probes"
         by_span: dict[str, list[str]] = {}
@@ -139,7 +165,11 @@ class ProbeRun:
             span = f"{ns[0]}..{ns[-1]}" if len(ns) > 1 else str(ns[0])  # consecutive: N ascends, stops
             by_span.setdefault(span, []).append(name)
         where = ", ".join(f"N = {span} ({', '.join(names)})" for span, names in by_span.items())
-        return f"order probes: {self.calls} calls at {where}"
+        by_forms: dict[str, list[int]] = {}
+        for n, ms in sorted(self.sizes.items()):
+            by_forms.setdefault(", ".join(size_form(m, n) for m in sorted(ms)), []).append(n)
+        sizes = "; ".join(f"M = {forms} (N = {_spans(ns)})" for forms, ns in by_forms.items())
+        return f"order probes: {self.calls} calls at {where}" + (f"; {sizes}" if sizes else "")
 
 
 def first_failing_probe(
@@ -159,6 +189,8 @@ def first_failing_probe(
         ns = run.workers.setdefault(dtype_name(case.dtype), [])
         if not ns or ns[-1] != case.n:
             ns.append(case.n)
+        if case.m not in (ms := run.sizes.setdefault(case.n, [])):
+            ms.append(case.m)
         if fails(case):
             return case, run
     return None, run

@@ -150,7 +150,11 @@ class ModeResult:
             "underflow_skipped": self.underflow_skipped,
         }
         if self.probes is not None:
-            out["order_probes"] = {"calls": self.probes.calls, "n": self.probes.workers}
+            out["order_probes"] = {
+                "calls": self.probes.calls,
+                "n": self.probes.workers,
+                "m": {str(n): ms for n, ms in sorted(self.probes.sizes.items())},
+            }
         if self.coverage is not None:
             out["coverage"] = self.coverage.to_json()
         if self.finding is not None and self.counterexample is not None:

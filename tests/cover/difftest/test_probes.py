@@ -21,7 +21,7 @@ from ring_ref.difftest import Case, difftest
 from ring_ref.difftest._options import Options
 from ring_ref.difftest._oracles import SPEC_ORDER, ExactOrder, SavedOrder
 from ring_ref.difftest._orders import file_order, schedule_order
-from ring_ref.difftest._probes import ProbeRun, first_failing_probe, probe_cases
+from ring_ref.difftest._probes import ProbeRun, first_failing_probe, probe_cases, size_form
 from ring_ref.difftest._search import run_difftest
 from ring_ref.difftest._vocabulary import Collective
 from tests.common.paths import ROOT
@@ -154,10 +154,17 @@ def test_correct_targets_pass_and_the_report_says_what_was_probed() -> None:
     assert result.probes.calls == 4 * (1 + 2 * 2 + 2 * 3)
     names = ("float16", "bfloat16", "float32", "float64")
     assert result.probes.workers == {name: [2, 3, 4] for name in names}
-    assert "order probes: 44 calls at N = 2..4 (float16, bfloat16, float32, float64)" in report.render()
+    assert (
+        "order probes: 44 calls at N = 2..4 (float16, bfloat16, float32, float64); M = 2N (N = 2); "
+        "M = 2N, 3N (N = 3..4)"
+    ) in report.render()
     doc = report.to_json()
     jsonschema.validate(doc, SCHEMA)
-    assert doc["modes"]["exact"]["order_probes"] == {"calls": 44, "n": {name: [2, 3, 4] for name in names}}
+    assert doc["modes"]["exact"]["order_probes"] == {
+        "calls": 44,
+        "n": {name: [2, 3, 4] for name in names},
+        "m": {"2": [4], "3": [6, 9], "4": [8, 12]},
+    }
     # gloo's layout takes any M: uneven M = 2N - 1 and 2N + 1 as well, and 3N from N = 3 on; gloo's own
     # ring passes, OpenMPI's fails
     options = Options(modes=("exact",), examples=1, seed=3, max_workers=4, isolate=False)
@@ -304,3 +311,16 @@ def test_the_probes_line_says_calls_and_n_per_dtype(
     calls: int, workers: dict[str, list[int]], line: str
 ) -> None:
     assert ProbeRun(calls, workers).describe() == line
+
+
+def test_the_probes_line_names_each_size_probed_as_a_multiple_of_n() -> None:
+    assert [size_form(m, 3) for m in (6, 5, 7, 2, 4, 9, 11, 14)] == [
+        "2N", "2N-1", "2N+1", "N-1", "N+1", "3N", "4N-1", "14"
+    ]  # fmt: skip
+    sizes = {2: [4, 3], 3: [6, 5, 7, 2], 4: [8, 7, 9, 3], 6: [12, 11, 13, 5]}
+    assert ProbeRun(9, {"float32": [2, 3, 4, 6]}, sizes).describe() == (
+        "order probes: 9 calls at N = 2..6 (float32); M = 2N-1, 2N (N = 2); "
+        "M = N-1, 2N-1, 2N, 2N+1 (N = 3..4, 6)"
+    )
+    found, ran = first_failing_probe(SPEC_ORDER, 4, [torch.float32], lambda case: False)
+    assert found is None and ran.sizes == {2: [4], 3: [6, 9], 4: [8, 12]}  # 2N, and 3N from N = 3
