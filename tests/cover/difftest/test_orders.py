@@ -616,10 +616,13 @@ def test_a_library_ring_by_name_passes_below_n_elements_where_the_ring_as_a_valu
         (planted_orders.openmpi_ring_algorithm, "openmpi-ring", "1,0,blocks"),
         (planted_orders.mlx_all_sum, "mlx-ring", "-1,0,ceil"),
     ):
-        common: dict[str, object] = {"modes": "exact", "examples": 60, "seed": 7, "max_workers": 4}
-        named = difftest(target, schedule=name, isolate=False, **common)
+        named = difftest(
+            target, schedule=name, modes="exact", examples=60, seed=7, max_workers=4, isolate=False
+        )
         assert named.verdict == "pass", named.render()
-        as_ring = difftest(target, schedule=ring, isolate=False, **common)
+        as_ring = difftest(
+            target, schedule=ring, modes="exact", examples=60, seed=7, max_workers=4, isolate=False
+        )
         exact = as_ring.modes["exact"]
         assert as_ring.verdict == "fail" and exact.counterexample is not None, as_ring.render()
         assert exact.counterexample.m < exact.counterexample.n, as_ring.render()  # only below N
