@@ -138,3 +138,22 @@ def test_mca_options_under_hydra_are_refused_with_the_variables_to_use(launchers
     command = MpiJob(2, env=env).command()
     assert command[command.index("-genvlist") + 1].split(",")[-1] == "MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM"
     assert "ring" not in command  # values stay in the environment
+
+
+def test_one_implementation_and_for_openmpi_one_major_version() -> None:
+    assert _launchers._same(("OpenMPI", "4.1.4"), ("OpenMPI", "4.1.6"))  # minor releases: one runtime
+    assert _launchers._same(("OpenMPI", "5.0.11"), ("OpenMPI", "5.1.0"))
+    assert not _launchers._same(("OpenMPI", "4.1.4"), ("OpenMPI", "5.0.11"))
+    assert _launchers._same(("MPICH", "5.0.2"), ("MPICH", "4.3.0"))  # hydra starts its own library's ranks
+    assert not _launchers._same(("MPICH", "5.0.2"), ("OpenMPI", "5.0.2"))
+
+
+def test_asking_a_program_gives_its_output_and_errors_or_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    ask = _launchers._ask
+    both = "import sys; print('out'); print('err', file=sys.stderr); print(repr(sys.stdin.read()))"
+    assert ask([sys.executable, "-c", both]) == "out\n''\nerr\n"  # stdin: nothing to read
+    assert ask([sys.executable, "-c", "print('version 1'); raise SystemExit(3)"]) == "version 1\n"
+    assert ask([str(Path(sys.executable).parent / "no-such-launcher"), "--version"]) == ""
+    monkeypatch.setattr(_launchers, "_ASK_TIMEOUT_S", 0.5)
+    hangs = "import time; print('started', flush=True); time.sleep(30)"
+    assert ask([sys.executable, "-c", hangs]) == ""  # a launcher that hangs is no answer

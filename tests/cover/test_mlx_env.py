@@ -105,3 +105,13 @@ def test_ranks_mlx_refuses_to_fork_a_process_that_imported_mlx(monkeypatch: pyte
     monkeypatch.setitem(sys.modules, "mlx", types.SimpleNamespace())
     with pytest.raises(RuntimeError, match="forks its ranks from this process, which has imported mlx"):
         difftest("ring_ref.targets:mlx_all_sum", ranks="mlx", examples=1)
+
+
+def test_a_job_of_two_ranks_without_a_hostfile_is_refused(
+    fake_mlx: list[tuple[bool, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(RuntimeError, match=r"of a job of WORLD_SIZE=2, but MLX_HOSTFILE is not set"):
+        join_ring()
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert join_ring().size() == 1 and fake_mlx == [(False, "ring")]

@@ -20,7 +20,13 @@ import torch
 from numpy.lib.stride_tricks import as_strided
 
 from ring_ref import ring_all_reduce
-from ring_ref._ranks._rules import rank_array_problem, rank_tensor_problem
+from ring_ref._ranks._rules import (
+    rank_array_problem,
+    rank_array_shards_problem,
+    rank_shards_problem,
+    rank_tensor_problem,
+    shards_problem,
+)
 from ring_ref._validate import (
     check_numpy,
     check_numpy_structure,
@@ -30,7 +36,7 @@ from ring_ref._validate import (
     scan_blocks,
     torch_finite,
 )
-from ring_ref.schedule import RingSchedule
+from ring_ref.schedule import SPEC, Collective, RingSchedule
 
 pytestmark = pytest.mark.clause("bad-input", "input-shape", "supported-dtypes", "input-finite")
 
@@ -364,3 +370,52 @@ def test_a_direction_that_is_not_the_int_plus_or_minus_1_is_refused_before_the_r
         assert _message(lambda: ring_all_reduce(torch.ones(2, 4), schedule=schedule), ValueError) == (  # noqa: B023
             f"schedule direction must be +1 (worker i sends to i + 1) or -1 (to i - 1); got {direction!r}."
         )
+
+
+# --- one rank's reduce-scatter and all-gather arguments (ring_ref._ranks._rules), word for word ----------
+
+
+def test_a_ranks_shards_are_refused_word_for_word() -> None:
+    rs, ag = Collective.REDUCE_SCATTER, Collective.ALL_GATHER
+    found = [
+        shards_problem(rs, 3, (5,), (1,), SPEC),  # 5 rows: the next multiple of 3 is 6
+        shards_problem(rs, 4, (8, 3), (8, 3), SPEC),  # 8 rows over 4 ranks: 2 each, whole rows
+        shards_problem(ag, 2, (3,), (3,), SPEC),
+        shards_problem(rs, 2, (6,), (3,), RingSchedule(-1, -1, "gloo")),  # gloo cuts 6 float32 as 4 and 2
+    ]
+    assert [p.message if p is not None else None for p in found] == [
+        "reduce-scatter gives every rank M / N rows, but M = 5 is not divisible by N = 3; pad M to a "
+        "multiple of 3 (e.g. 6).",
+        "the output has shape (8, 3); a reduce-scatter of an input of shape (8, 3) over N = 4 ranks gives "
+        "shape (2, 3). Pass an output of that shape.",
+        "the output has shape (3,); an all-gather of an input of shape (3,) over N = 2 ranks gives shape "
+        "(6,). Pass an output of that shape.",
+        "the 'gloo' layout cuts the 6 elements of shape (6,) into chunks of [4, 2] elements, not 2 equal "
+        "shards of shape (3,); use a ring whose layout gives equal shards here (e.g. schedule='spec' or "
+        "'openmpi-ring').",
+    ]
+    cpu = rank_shards_problem(rs, torch.zeros(2), torch.zeros(4), 2, "nccl", SPEC)  # the input's device first
+    assert cpu is not None and cpu.message == "input: the nccl backend needs cuda tensors; got a cpu tensor."
+    wide = rank_shards_problem(rs, torch.zeros(2, dtype=torch.float64), torch.zeros(4), 2, "gloo", SPEC)
+    assert wide is not None and wide.message == (
+        "output: a torch.strided torch.float64 tensor on cpu, but the input is a torch.strided "
+        "torch.float32 tensor on cpu; pass a dense output of the input's dtype on its device."
+    )
+    nested = torch.nested.nested_tensor([torch.zeros(1), torch.zeros(1)])
+    refused = rank_shards_problem(rs, nested, torch.zeros(4), 2, "gloo", SPEC)
+    assert refused is not None and refused.kind is TypeError and refused.message.startswith("output: a ")
+    listed = rank_array_shards_problem(rs, [0.0], np.zeros(4), 2, SPEC)
+    assert listed is not None and listed.message == "output: expects a numpy.ndarray; got list."
+    narrow = rank_array_shards_problem(rs, np.zeros(2, np.float32), np.zeros(4), 2, SPEC)
+    assert narrow is not None and narrow.message == (
+        "output: dtype float32, but the input's is float64; pass an output of the input's dtype."
+    )
+
+
+def test_a_shards_input_is_only_read_so_it_may_be_read_only_or_share_memory() -> None:
+    frozen = np.arange(4.0)
+    frozen.flags.writeable = False
+    assert rank_array_shards_problem(Collective.REDUCE_SCATTER, np.zeros(2), frozen, 2, SPEC) is None
+    shared = as_strided(np.arange(1.0), shape=(4,), strides=(0,))  # one element seen four times
+    assert rank_array_problem(shared, 2, written=False) is None
+    assert rank_array_problem(shared, 2) is not None  # written in place: refused
