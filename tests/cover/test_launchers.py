@@ -151,7 +151,17 @@ def test_one_implementation_and_for_openmpi_one_major_version() -> None:
 def test_asking_a_program_gives_its_output_and_errors_or_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     ask = _launchers._ask
     both = "import sys; print('out'); print('err', file=sys.stderr); print(repr(sys.stdin.read()))"
-    assert ask([sys.executable, "-c", both]) == "out\n''\nerr\n"  # stdin: nothing to read
+    typed, typing = os.pipe()  # this process's stdin holds text: the program must not read it
+    os.write(typing, b"typed")
+    os.close(typing)
+    saved = os.dup(0)
+    os.dup2(typed, 0)
+    try:
+        assert ask([sys.executable, "-c", both]) == "out\n''\nerr\n"  # its stdin: nothing to read
+    finally:
+        os.dup2(saved, 0)
+        os.close(saved)
+        os.close(typed)
     assert ask([sys.executable, "-c", "print('version 1'); raise SystemExit(3)"]) == "version 1\n"
     assert ask([str(Path(sys.executable).parent / "no-such-launcher"), "--version"]) == ""
     monkeypatch.setattr(_launchers, "_ASK_TIMEOUT_S", 0.5)
