@@ -101,6 +101,8 @@ def placements(
         raise InvarianceError(f"sizes must be one or more integers >= 1 (elements per worker); got {sizes}")
     if offsets is not None and (not offsets or any(not isinstance(o, int) or o < 0 for o in offsets)):
         raise InvarianceError(f"offsets must be one or more integers >= 0; got {offsets}")
+    if offsets is None and n < 1:  # the default offsets cut the size among n workers
+        raise InvarianceError(f"N = {n} must be at least 1")
     ms, os_ = sorted(set(sizes)), sorted(set(offsets or [0]))
     k = min(DEFAULT_PROBE, ms[0] - os_[0]) if probe is None else probe
     if not isinstance(k, int) or k < 1:
@@ -169,7 +171,9 @@ class Embedded:
             buffer = torch.zeros((n, m), dtype=x.dtype)
         else:
             if tuple(self.fill.shape) != (n, m) or self.fill.dtype != x.dtype:
-                raise RevealError(f"the fill must be ({n}, {m}) {x.dtype}; got {tuple(self.fill.shape)}")
+                raise RevealError(
+                    f"the fill must be ({n}, {m}) {x.dtype}; got {tuple(self.fill.shape)} {self.fill.dtype}"
+                )
             buffer = self.fill.clone()
         for i, offset in enumerate(offsets):
             buffer[:, offset : offset + k] = x[:, i * k : (i + 1) * k]
