@@ -269,10 +269,8 @@ class Invariance:
         if runs is not None:
             return _switch_text(what, changes, runs)
         moved = _moved_at_one_size(self.placements, self.outcomes)
-        if moved is not None:
-            return f"{what} {depends} on the position (offset, or distance to the end): {moved}"
-        first = self.changes[0]
-        return f"{what} {changes} with M: element {first.element} at {first.a.text()} vs {first.b.text()}"
+        assert moved is not None  # no runs: some size has no rule, so two of its placements differ
+        return f"{what} {depends} on the position (offset, or distance to the end): {moved}"
 
     @cached_property
     def _runs(self) -> list[_Run] | None:
