@@ -138,8 +138,9 @@ def test_a_named_library_ring_runs_what_the_library_runs_below_n_elements(engine
     # from N elements on, the named preset is its ring: N = 3, M = 3, element 0 of mlx-ring folds 0, 2, 1
     z = np.array([[1e8, 0.0, 0.0], [1.0, 0.0, 0.0], [-1e8, 0.0, 0.0]], f32)
     assert float(ring_all_reduce(z, engine, schedule="mlx-ring")[0]) == mlx
-    # every other preset is the same schedule at every size
+    # every other preset is the same schedule at every size; an empty buffer keeps the ring (nothing to add)
     assert set(schedule.BELOW_N) == {"openmpi-ring", "mlx-ring"}
+    assert schedule.preset_schedule("openmpi-ring", 4, 0) == OPENMPI_RING
 
 
 @pytest.mark.clause("schedule-layouts")

@@ -9,6 +9,7 @@ import json
 import math
 import random
 from collections.abc import Callable
+from dataclasses import replace
 from fractions import Fraction
 
 import pytest
@@ -17,12 +18,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ring_ref._dtypes import FORMATS
+from ring_ref._order import canonical
 from ring_ref.difftest import DTYPES, Case
 from ring_ref.difftest._inputs import (
     cases,
 )
 from ring_ref.difftest._oracles import (
+    SPEC_ORDER,
     BoundCheck,
+    SavedOrder,
     ValueMismatch,
     check_avg_bound,
     check_bound,
@@ -37,6 +41,7 @@ from ring_ref.difftest._oracles import (
 )
 from ring_ref.difftest._orders import schedule_order
 from ring_ref.difftest._vocabulary import Mode, Op
+from ring_ref.schedule import OPENMPI_RING
 from tests.common.oracles import blocks_bounds, gloo_bounds, ring_fold, sums_in_several_orders
 from tests.common.paths import ROOT
 
@@ -714,3 +719,32 @@ def test_a_result_of_another_length_is_refused() -> None:
     for op in ("max", "min"):
         with pytest.raises(ValueError, match="zip"):
             extreme_oracle(column_case([1.0, 2.0], F32, op), result([2.0], F32))  # type: ignore[arg-type]
+
+
+# --- the trees and sizes the order probes are designed from ------------------------------------------
+
+
+def test_an_orders_trees_follow_its_preset_below_n_and_its_file_at_its_own_inputs_only() -> None:
+    named = replace(SPEC_ORDER, ring=OPENMPI_RING, preset="openmpi-ring")
+    doubling = ((0, 1), (2, 3))  # N = 4: (x0 + x1) + (x2 + x3), OpenMPI's ring below 4 elements
+    assert named.trees(4, 3, torch.float32) == [doubling] * 3
+    # the ring itself from N elements on (chunk c folds c, c+1, ...), and at every size as a value
+    folds = [(((c, (c + 1) % 4), (c + 2) % 4), (c + 3) % 4) for c in range(4)]
+    assert named.trees(4, 4, torch.float32) == replace(named, preset=None).trees(4, 4, torch.float32)
+    assert [canonical(t) for t in replace(named, preset=None).trees(4, 4, torch.float32) or []] == [
+        canonical(t) for t in folds
+    ]
+    assert replace(named, preset=None).trees(4, 3, torch.float32) != [doubling] * 3
+    saved = SavedOrder(3, 2, torch.float32, [((0, 1), 2), ((1, 2), 0)], "blocks")
+    from_file = replace(SPEC_ORDER, ring=None, saved=saved)
+    assert from_file.trees(3, 2, torch.float32) == saved.trees
+    assert from_file.trees(3, 2, torch.float64) is None and from_file.trees(4, 2, torch.float32) is None
+    assert replace(SPEC_ORDER, ring=None).trees(3, 2, torch.float32) is None  # neither ring nor file
+    assert from_file.probe_sizes(3) == (2,) and from_file.probe_sizes(4) == ()
+
+
+def test_the_probe_sizes_add_n_minus_1_for_a_library_ring_from_two_workers_on() -> None:
+    named = replace(SPEC_ORDER, ring=OPENMPI_RING, preset="openmpi-ring")
+    assert named.probe_sizes(2) == (4, 3, 1)  # 2N, 2N - 1 (blocks take any M), N - 1
+    assert named.probe_sizes(1) == (2, 1)  # one worker: no size below it
+    assert SPEC_ORDER.probe_sizes(2) == (4,)  # at two workers every chunk folds alike: no layout sizes

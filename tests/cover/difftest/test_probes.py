@@ -317,10 +317,10 @@ def test_the_probes_line_names_each_size_probed_as_a_multiple_of_n() -> None:
     assert [size_form(m, 3) for m in (6, 5, 7, 2, 4, 9, 11, 14)] == [
         "2N", "2N-1", "2N+1", "N-1", "N+1", "3N", "4N-1", "14"
     ]  # fmt: skip
-    sizes = {2: [4, 3], 3: [6, 5, 7, 2], 4: [8, 7, 9, 3], 6: [12, 11, 13, 5]}
-    assert ProbeRun(9, {"float32": [2, 3, 4, 6]}, sizes).describe() == (
-        "order probes: 9 calls at N = 2..6 (float32); M = 2N-1, 2N (N = 2); "
-        "M = N-1, 2N-1, 2N, 2N+1 (N = 3..4, 6)"
+    sizes = {2: [4, 3], 3: [6, 5, 7, 2], 4: [8, 7, 9, 3], 5: [10, 9, 11, 4], 7: [14, 13, 15, 6]}
+    assert ProbeRun(9, {"float32": [2, 3, 4, 5, 7]}, sizes).describe() == (
+        "order probes: 9 calls at N = 2..7 (float32); M = 2N-1, 2N (N = 2); "
+        "M = N-1, 2N-1, 2N, 2N+1 (N = 3..5, 7)"
     )
     found, ran = first_failing_probe(SPEC_ORDER, 4, [torch.float32], lambda case: False)
     assert found is None and ran.sizes == {2: [4], 3: [6, 9], 4: [8, 12]}  # 2N, and 3N from N = 3
