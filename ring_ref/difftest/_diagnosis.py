@@ -383,9 +383,9 @@ def _classify_values(
                 )
             revealed = ""
             if revealing is not None:
-                precision = "float64" if case.dtype == torch.float64 else "float32"
                 revealed = (
-                    f"; revealed on {precision} inputs of that shape (ring-ref reveal), {revealing.text}"
+                    f"; revealed on {dtype_name(case.dtype)} inputs of that shape (ring-ref reveal), "
+                    f"{revealing.text}"
                 )
                 revealed += f", where {expected}" if expected else ""
             return Finding(
@@ -646,8 +646,7 @@ def _revealed_order(
     """What reveal finds for the element (``None``: it cannot run), and ``the spec's ring folds 0,1,2``:
     the expected ``order``'s tree of it (``""`` where the order has no trees).
 
-    Clause ``difftest-exact-orders``; the probes are float32 (float64 for a
-    float64 case) of the counterexample's shape.
+    Clause ``difftest-exact-orders``; the probes are of the counterexample's shape and dtype.
     """
     from ring_ref.difftest._orders import explain_element
 

@@ -40,7 +40,7 @@ import torch
 from hypothesis import strategies as st
 
 from ring_ref._dispatch import ring_all_reduce
-from ring_ref._dtypes import FORMATS, bits
+from ring_ref._dtypes import FORMATS, bits, dtype_name
 from ring_ref._hints import ORDER_FILE, shape_hint
 from ring_ref._ops import OPS
 from ring_ref._order import (
@@ -432,11 +432,11 @@ class Explained(NamedTuple):
 def explain_element(call: Callable[[torch.Tensor], torch.Tensor], case: Case, flat: int) -> Explained | None:
     """``the target sums that element as fold 2,1,0``: the revealed order of one element of ``case``'s shape.
 
-    Reveals on ``(N, S)`` inputs, ``S`` the elements per worker, in float32 (or
-    float64 for a float64 case); ``None`` when the sizes are beyond reveal's
-    limits or the target misbehaves on the probes.
+    Reveals on ``(N, S)`` inputs, ``S`` the elements per worker, in the case's own dtype (a target's
+    order may depend on it: OpenMPI 5's default all-reduce runs another algorithm in float16); ``None``
+    when the sizes are beyond reveal's limits or the target misbehaves on the probes.
     """
-    dtype = "float64" if case.dtype == torch.float64 else "float32"
+    dtype = dtype_name(case.dtype)
     per_worker = len(case.values) // case.n
     try:
         found = reveal(lambda x: call(x.reshape(case.shape)).reshape(-1), case.n, per_worker, dtype, checks=2)

@@ -33,7 +33,7 @@ from ring_ref.difftest._orders import per_rank_target
 from ring_ref.difftest._verdict import difference, passes, structural
 from ring_ref.difftest._vocabulary import RANKS, Mode, Op
 from ring_ref.testing import assert_matches_reference
-from tests.common import planted_impls, planted_rank_impls
+from tests.common import planted_impls, planted_orders, planted_rank_impls
 from tests.common.oracles import exact_sum, ring_fold, same_bits, spec_slot
 from tests.common.paths import ROOT
 from tests.common.planted_impls import Impl, run_all
@@ -1490,17 +1490,23 @@ def test_dividing_by_two_first_shows_in_subnormals() -> None:
 F16_ORDERED = Case(3, 3, (), torch.float16, "contiguous", (1.0, 1.0, 1.0) + (2.0**-11,) * 6)
 
 
-def _torch_sum_refusing_float32(x: torch.Tensor) -> torch.Tensor:
-    if x.dtype == torch.float32:
-        raise RuntimeError("float16 only")
-    return torch.sum(x, 0)
+def _reverse_fold_refusing_large_values(x: torch.Tensor) -> torch.Tensor:
+    if x.abs().max() > 1024:  # reveal's probes swamp with +-2^15 in float16 at N = 3
+        raise RuntimeError("values up to 1024 only")
+    return planted_orders.reverse_fold(x)
 
 
 @pytest.mark.clause("difftest-diagnoses")
 def test_not_ring_order_without_a_reveal_when_the_target_refuses_its_probes() -> None:
+    codes, text = find(planted_orders.reverse_fold, F16_ORDERED, "exact")
+    assert codes == ["not-ring-order"]  # revealed in the case's own dtype
+    # ((x2 + x1) + x0): its first two operands commute, so reveal writes it fold 1,2,0
+    revealed = "revealed on float16 inputs of that shape (ring-ref reveal), the target sums that element as"
+    assert f"{revealed} fold 1,2,0" in text
+    # torch.sum adds float16 in a wider accumulator: in float16 no tree explains it (in float32 one would)
     codes, text = find(planted_impls.torch_sum, F16_ORDERED, "exact")
-    assert codes == ["not-ring-order"] and "revealed on float32 inputs" in text
-    codes, text = find(_torch_sum_refusing_float32, F16_ORDERED, "exact")
+    assert codes == ["not-ring-order"] and "A correct sum that rounds once" in text
+    codes, text = find(_reverse_fold_refusing_large_values, F16_ORDERED, "exact")
     assert codes == ["not-ring-order"]
     assert text.endswith("(clause fold-order); only --mode exact requires that order")
 
