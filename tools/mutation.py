@@ -182,6 +182,10 @@ MODULES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
             "ring_ref/_fast/_run.py",
             "ring_ref/_fast/_forward.py",
             *tests_from("tests/cover/test_fast.py", "test_every_op_dtype_and_layout_equals_the_reference"),
+            # the chain's, recursive doubling's and the two collectives' paths (seconds each)
+            "tests/cover/test_chain.py",
+            "tests/cover/test_doubling.py",
+            "tests/cover/test_collectives.py",
         ),
     ),
     "kernel": (
