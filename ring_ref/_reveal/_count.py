@@ -24,7 +24,7 @@ its next question in the same call.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -102,22 +102,16 @@ class CountSearch:
         return search
 
     def copy(self) -> CountSearch:
-        return CountSearch(
-            self.n,
-            list(self.pending),
-            self.current,
-            self.pivot,
-            self.asking,
-            self.answers.copy(),
-            self.asked_here,
-            dict(self.counts),
-            dict(self.built),
-            dict(self.forests),
-            dict(self.known),
-            list(self.hints),
-            self.next_pid,
-            self.failure,
-            self.spliced,
+        """A search that goes on apart: its own containers; ``asking`` and ``answers`` are shared (only
+        ever replaced, never written into)."""
+        return replace(
+            self,
+            pending=list(self.pending),
+            counts=dict(self.counts),
+            built=dict(self.built),
+            forests=dict(self.forests),
+            known=dict(self.known),
+            hints=list(self.hints),
         )
 
     def question(self) -> tuple[int, int] | None:
@@ -165,9 +159,6 @@ class CountSearch:
 
     def _begin(self, problem: _Problem) -> None:
         members = problem.members
-        if problem.size == 1:
-            self.forests[problem.pid] = members
-            return
         if problem.size == 0 and len(members) <= 2:
             self.built[problem.pid] = members[0] if len(members) == 1 else (members[0], members[1])
             return
