@@ -355,16 +355,20 @@ def test_terms_of_two_leaves_at_one_node_are_searched_as_a_forest() -> None:
     assert tree == ((0, 1), (2, 3), (4, 5), (6, 7))
     sweeps = [(0, j) for j in range(2, 8)] + [(2, j) for j in range(3, 8)] + [(4, 5), (4, 6), (4, 7)]
     assert asked == [(0, 1), (1, 2), *sweeps] and calls == 16
-    # Two elements, other pairs from 2 on: they agree on all of pivot 0's answers (4) and part in the
-    # forest's sweep at (2, 3) (2, then 4); each then takes its own forest apart, in the same 16 calls.
-    pairings = [[[0, 1], [2, 3], [4, 5], [6, 7]], [[0, 1], [2, 4], [3, 5], [6, 7]]]
-    (first, second), calls = _search([_leaf_counts(tree, 8) for tree in pairings])
-    assert first.tree() == ((0, 1), (2, 3), (4, 5), (6, 7)) and second.tree() == (
-        (0, 1),
-        (2, 4),
-        (3, 5),
-        (6, 7),
-    )
+    # Other pairs from 2 on agree on all of pivot 0's answers (4) and part in the forest's sweep at (2, 3)
+    # (2, then 4).  The pairs from 2 under one node of their own part at (0, 2) (8): there the forest is
+    # {4..7}, inside that node.  Each element takes its own forests apart, in the same 16 calls.
+    pairings = [
+        [[0, 1], [2, 3], [4, 5], [6, 7]],
+        [[0, 1], [2, 4], [3, 5], [6, 7]],
+        [[0, 1], [[2, 3], [4, 5], [6, 7]]],
+    ]
+    searches, calls = _search([_leaf_counts(tree, 8) for tree in pairings])
+    assert [s.tree() for s in searches] == [
+        ((0, 1), (2, 3), (4, 5), (6, 7)),
+        ((0, 1), (2, 4), (3, 5), (6, 7)),
+        (((2, 3), (4, 5), (6, 7)), (0, 1)),
+    ]
     assert calls == 16
 
 
