@@ -24,7 +24,7 @@ its next question in the same call.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -102,22 +102,16 @@ class CountSearch:
         return search
 
     def copy(self) -> CountSearch:
-        return CountSearch(
-            self.n,
-            list(self.pending),
-            self.current,
-            self.pivot,
-            self.asking,
-            self.answers.copy(),
-            self.asked_here,
-            dict(self.counts),
-            dict(self.built),
-            dict(self.forests),
-            dict(self.known),
-            list(self.hints),
-            self.next_pid,
-            self.failure,
-            self.spliced,
+        """A search that goes on apart: its own containers; ``asking`` and ``answers`` are shared (only
+        ever replaced, never written into)."""
+        return replace(
+            self,
+            pending=list(self.pending),
+            counts=dict(self.counts),
+            built=dict(self.built),
+            forests=dict(self.forests),
+            known=dict(self.known),
+            hints=list(self.hints),
         )
 
     def question(self) -> tuple[int, int] | None:
@@ -165,9 +159,6 @@ class CountSearch:
 
     def _begin(self, problem: _Problem) -> None:
         members = problem.members
-        if problem.size == 1:
-            self.forests[problem.pid] = members
-            return
         if problem.size == 0 and len(members) <= 2:
             self.built[problem.pid] = members[0] if len(members) == 1 else (members[0], members[1])
             return
@@ -215,7 +206,7 @@ class CountSearch:
         first = [pivot, *(j for j, c in counts.items() if c <= d)]
         rest = [j for j, c in counts.items() if c == 2 * d]
         if len(first) != d or len(first) + len(rest) != len(problem.members):
-            self._fail(pivot, counts, f"terms of {d} leaves each")
+            self._fail(pivot, counts, f" with terms of {d} leaves each")
             return
         sub, self.next_pid = self.next_pid, self.next_pid + 1
         self._subtree(sub, first, pivot, {j: counts[j] for j in first[1:]})
@@ -239,7 +230,7 @@ class CountSearch:
         for c in sorted(by_count):
             group = by_count[c]
             if c > len(members):
-                self._fail(pivot, counts, f"one subtree of {len(members)} leaves")
+                self._fail(pivot, counts, f" with one subtree of {len(members)} leaves")
                 return
             # Its terms hang off a new node on the path (L = size + d) or off the last one (L = base + d);
             # one term before several (a subtree before a multiway node's terms), a new node first.
@@ -247,7 +238,7 @@ class CountSearch:
             readings = [(new, True), (last, False)]
             fitting = [(d, fresh) for d, fresh in readings if d >= 1 and len(group) % d == 0]
             if not fitting:
-                self._fail(pivot, counts, "a tree")
+                self._fail(pivot, counts, "")
                 return
             d, fresh = min(fitting, key=lambda r: (r[0] != len(group), not r[1]))
             if fresh:
@@ -275,7 +266,7 @@ class CountSearch:
         shown = ", ".join(f"{j}: {c}" for j, c in sorted(counts.items())[:8])
         self.failure = (
             f"the counts with +B at worker {pivot} ({shown}{', ...' if len(counts) > 8 else ''}) "
-            f"fit no {what} of additions"
+            f"fit no tree of additions{what}"
         )
 
     def tree(self) -> Tree:
