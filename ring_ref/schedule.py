@@ -361,8 +361,10 @@ MPICH_RING: Final = RingSchedule(1, 1, "ceil")
 ``c + 1``, on ``ceil(S / N)``-element chunks."""
 
 MLX_RING: Final = RingSchedule(-1, 0, "ceil")
-"""MLX's ring all-reduce (``mx.distributed.all_sum``, ring backend, one ring): rank ``i`` sends to ``i - 1``
-and chunk ``c`` folds from worker ``c`` down, on ``ceil(S / N)``-element chunks."""
+"""MLX's ring all-reduce (``mx.distributed.all_sum``, ring backend, below ``2 N 256 KiB`` per rank, where it
+runs one ring): rank ``i`` sends to ``i - 1`` and chunk ``c`` folds from worker ``c`` down, on
+``ceil(S / N)``-element chunks.  Past that size MLX runs two rings, one per half, in opposite directions
+(no preset names it; ``docs/guide/ranks.md``)."""
 
 INTEL_RING: Final = RingSchedule(1, 0, "floor")
 """Intel MPI's ring allreduce (``I_MPI_ADJUST_ALLREDUCE=8``): the spec's fold on ``floor(S / N)``-element
