@@ -122,15 +122,9 @@ def ring_for(args: object, name: object, n: int) -> tuple[Schedule | None, BadIn
     """
     if not isinstance(args, Shards):
         ring, bad = ring_of(name)
-        size = (
-            args.numel()
-            if isinstance(args, torch.Tensor)
-            else args.size
-            if isinstance(args, np.ndarray)
-            else 0
-        )
-        if ring is not None and isinstance(name, str):  # a preset by name: the library's, at this size
-            ring = preset_schedule(name, n, size)
+        if ring is not None and isinstance(name, str) and isinstance(args, torch.Tensor | np.ndarray):
+            size = args.numel() if isinstance(args, torch.Tensor) else args.size  # nested: no shape, a numel
+            ring = preset_schedule(name, n, size)  # a preset by name: what its library runs at this size
         return ring, bad
     ring, bad = ring_of("spec" if name is None else name)
     if ring is None:
