@@ -415,6 +415,9 @@ FORKED: Final[dict[str, Forked]] = {
         ("ring_ref._processes._shared.x_die_with_parent",),
         (
             "tests/cover/difftest/test_worker.py::test_a_worker_whose_parent_is_already_gone_leaves_at_once_with_status_0",
+            # and in the children these tests fork themselves
+            "tests/cover/test_processes_shared.py::test_a_child_asks_for_a_signal_when_its_parent_dies_and_stays_while_its_parent_lives",
+            "tests/cover/test_processes_shared.py::test_a_child_whose_parent_is_not_the_one_named_leaves_at_once_with_status_0",
         ),
     ),
     # The backend's groups live in the ranks only (torch calls _create there).

@@ -11,13 +11,32 @@ on real processes: ``nocover/test_procs.py``, ``nocover/test_mpi.py``,
 
 from __future__ import annotations
 
+import ctypes
+import datetime
+import os
+import signal
+import socket
+import subprocess
+import sys
 import time
 
 import pytest
+import torch
+import torch.distributed as dist
 
 from ring_ref._processes._gloo import SpawnedGroup
 from ring_ref._processes._mpi_job import MpiJob
-from ring_ref._processes._shared import STOP_GRACE_S, Harness, PerSize, wait_for_stacks
+from ring_ref._processes._shared import (
+    STOP_GRACE_S,
+    Harness,
+    PerSize,
+    ask_for_stack,
+    die_with_parent,
+    host_store,
+    join_group,
+    loopback_listener,
+    wait_for_stacks,
+)
 from ring_ref.difftest._ranks import ForkedRanks
 
 
@@ -108,3 +127,90 @@ def test_the_wait_for_stacks_gives_up_at_its_deadline_when_a_rank_writes_none() 
     start = time.monotonic()
     wait_for_stacks(lambda: [0, 7], start + 0.3)
     assert 0.3 <= time.monotonic() - start < 2
+
+
+@pytest.mark.parametrize(
+    ("interfaces", "chosen"),
+    [
+        (["eth0", "lo"], "lo"),  # Linux
+        (["en0", "lo0"], "lo0"),  # macOS and the BSDs
+        (["lo0", "lo"], "lo"),  # both: Linux's name first
+        (["eth0"], "lo"),  # neither listed: Linux's name
+    ],
+)
+def test_a_rank_joins_gloo_on_the_loopback_interface_by_its_name_here(
+    monkeypatch: pytest.MonkeyPatch, interfaces: list[str], chosen: str
+) -> None:
+    monkeypatch.setattr(socket, "if_nameindex", lambda: list(enumerate(interfaces, start=1)))
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "not-yet-set")
+    monkeypatch.setattr(dist, "init_process_group", lambda *args, **kwargs: None)
+    host = host_store(loopback_listener(), datetime.timedelta(seconds=5))
+    join_group("gloo", host.port, 0, 1, datetime.timedelta(seconds=5))
+    assert os.environ["GLOO_SOCKET_IFNAME"] == chosen
+
+
+def test_a_rank_joins_the_default_group_through_the_hosts_store_with_the_timeout_given(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    timeout = datetime.timedelta(seconds=23)  # neither torch's default nor the host's
+    host = host_store(loopback_listener(), datetime.timedelta(seconds=5))
+    join_group("gloo", host.port, 0, 1, timeout)
+    try:
+        assert (dist.get_backend(), dist.get_rank(), dist.get_world_size()) == ("gloo", 0, 1)
+        group = dist.distributed_c10d._get_default_group()
+        assert group._get_backend(torch.device("cpu")).options._timeout == timeout
+        assert "lo" in [name for _, name in socket.if_nameindex()]  # Linux: the name below
+        assert os.environ["GLOO_SOCKET_IFNAME"] == "lo"
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_rank_whose_host_is_gone_gives_up_after_its_own_timeout() -> None:
+    listener = loopback_listener()
+    port = listener.getsockname()[1]
+    listener.close()  # nothing serves the port now
+    started = time.monotonic()
+    with pytest.raises(dist.DistNetworkError, match="timed out after 1000ms"):
+        join_group("gloo", port, 0, 1, datetime.timedelta(seconds=1))
+    assert time.monotonic() - started < 20  # torch's own default would wait 300 s
+
+
+_PR_GET_PDEATHSIG = 2
+
+
+def test_a_child_asks_for_a_signal_when_its_parent_dies_and_stays_while_its_parent_lives() -> None:
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: what prctl reports after the call, through the pipe
+        try:
+            os.close(read)
+            die_with_parent(signal.SIGUSR2, parent=os.getppid())
+            got = ctypes.c_int(-1)
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_GET_PDEATHSIG, ctypes.byref(got))
+            os.write(write, str(got.value).encode())
+        finally:
+            os._exit(7)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        reported = pipe.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 7  # it went on: its parent (this process) is alive
+    assert reported == str(int(signal.SIGUSR2)).encode()
+
+
+def test_a_child_whose_parent_is_not_the_one_named_leaves_at_once_with_status_0() -> None:
+    pid = os.fork()
+    if pid == 0:
+        try:
+            die_with_parent(signal.SIGUSR2, parent=os.getpid())  # not its parent: "gone" already
+        finally:
+            os._exit(7)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_asking_a_process_that_is_gone_for_its_stack_is_no_error() -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # reaped: its pid names no process (until the kernel gives it out again)
+    ask_for_stack(gone.pid)
