@@ -192,6 +192,31 @@ class _BroadcastsEarly(ChainSchedule):
         return super().send_segment(phase, i, t + 1 if phase == A else t, n)
 
 
+class _BroadcastsNothing(ChainSchedule):
+    """A broken chain: the reduce is right, the broadcast sends nothing."""
+
+    def send_segment(self, phase: Phase, i: int, t: int, n: int) -> int | None:
+        return None if phase == A else super().send_segment(phase, i, t, n)
+
+
+@pytest.mark.clause("chain-invariants")
+@pytest.mark.parametrize(
+    ("broken", "words"),
+    [
+        # the last worker of the fold (3) holds every complete segment; worker 0 holds none
+        (_BroadcastsNothing(), r"after the chain broadcast worker 0 lacks segments \[0, 1, 2, 3\]"),
+        (_BroadcastsEarly(), r"chain broadcast step 0: worker \d forwards incomplete segment \d"),
+    ],
+    ids=["nothing", "early"],
+)
+def test_the_fast_plans_broadcast_check_names_what_a_broken_chain_did(
+    broken: ChainSchedule, words: str
+) -> None:
+    chain_fold_order.cache_clear()
+    with pytest.raises(InvariantViolation, match=f"^{words}$"):
+        chain_fold_order(4, broken)
+
+
 @pytest.mark.clause("chain-invariants")
 @pytest.mark.parametrize("broken", [_SkipsAWorker(), _BroadcastsEarly()], ids=["skips", "early"])
 def test_a_broken_chain_is_caught_by_both_engines(broken: ChainSchedule) -> None:
@@ -257,3 +282,26 @@ def test_schedule_auto_takes_a_matched_chain_even_where_no_ring_fits() -> None:
         fitted = _fit_of(doc, 4, even_only=even_only)
         assert fitted is not None and fitted.ring == CHAIN and fitted.option == "--schedule chain"
     assert _fit_of({"ring": None, "matches": []}, 4) is None
+
+
+@pytest.mark.clause("chain-order", "input-finite")
+@pytest.mark.parametrize(
+    ("op", "tail", "want"),
+    [
+        ("sum", [3.0e38, 3.0e38, 3.0e38], float("inf")),  # overflows
+        ("prod", [3.0e38, 3.0e38, 0.0], float("nan")),  # overflows, then infinity times zero
+        ("prod", [1.0e-30, 1.0e-30, 1.0], 0.0),  # underflows to zero
+    ],
+)
+def test_the_fast_chains_tail_rounds_silently_whatever_numpys_error_settings(
+    op: str, tail: list[float], want: float
+) -> None:
+    """``N = 3``, ``M = 4``: the kernel folds the first 3 elements, numpy the 4th; a user's ``np.seterr``
+    (here: raise on everything) must not turn its rounding into a ``FloatingPointError``."""
+    x = np.ones((3, 4), dtype=np.float32)
+    x[:, 3] = tail
+    with np.errstate(all="raise"):
+        got = ring_all_reduce(x, engine="fast", op=op, schedule="chain")  # type: ignore[call-overload]
+    head = 3.0 if op == "sum" else 1.0  # three ones added, or multiplied
+    assert got[:3].tolist() == [head] * 3
+    assert (np.isnan(got[3]) and np.isnan(want)) or got[3] == want

@@ -467,3 +467,16 @@ def test_collectives_on_cuda_keep_device_and_bits(dtype: torch.dtype, engine: En
     gathered = ring_all_gather(raw.cuda(), engine=engine)
     assert gathered.device == x.cuda().device
     assert torch.equal(bits(gathered.cpu()), bits(raw).reshape(40, 3))
+
+
+@pytest.mark.clause("agc-copy")
+def test_the_fast_all_gather_is_a_c_ordered_copy_whatever_the_shards_strides() -> None:
+    shards = torch.arange(24.0).reshape(4, 2, 3).permute(1, 2, 0)  # (N, S, 4): the last dim outermost
+    want = torch.tensor([[float(t * 6 + r * 3 + s) for t in range(4)] for r in range(2) for s in range(3)])
+    got = ring_all_gather(shards, engine="fast")
+    assert got.is_contiguous() and torch.equal(got, want)
+    assert got.untyped_storage().data_ptr() != shards.untyped_storage().data_ptr()
+    array = shards.numpy()
+    gathered = ring_all_gather(array, engine="fast")
+    assert gathered.flags.c_contiguous and np.array_equal(gathered, want.numpy())
+    assert not np.shares_memory(gathered, array)
