@@ -272,7 +272,8 @@ MODULES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
     ),
     "difftest.diagnosis": (
         ("ring_ref/difftest/_diagnosis.py",),
-        ("ring_ref/difftest/_diagnosis.py", *DIAGNOSIS_TESTS),
+        # and the collectives' findings (wrong-shard, gather-misplaced, gather-changed-bits)
+        ("ring_ref/difftest/_diagnosis.py", *DIAGNOSIS_TESTS, "tests/cover/difftest/test_collectives.py"),
     ),
     "difftest.search": (("ring_ref/difftest/_search.py",), ("ring_ref/difftest/_search.py", *SEARCH_TESTS)),
     # The process-group launchers: fake communicators in pytest's process, and real gloo groups and MPI
