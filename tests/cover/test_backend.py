@@ -13,7 +13,15 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import HashStore, _make_nccl_premul_sum
 
-from ring_ref._ranks._backend import ORDER_ENV, RingRefOptions, _op_of, _order_text, agree_on_order, on_cpu
+from ring_ref._ranks._backend import (
+    ORDER_ENV,
+    RingRefOptions,
+    _done,
+    _op_of,
+    _order_text,
+    agree_on_order,
+    on_cpu,
+)
 
 
 def agree(asked: list[str]) -> list[str]:
@@ -40,16 +48,23 @@ def test_every_rank_gets_the_order_all_asked_for() -> None:
 @pytest.mark.clause("backend-order")
 def test_differing_orders_are_refused_naming_every_rank() -> None:
     outcomes = agree(["spec", "chain", "spec"])
-    assert len(set(outcomes)) == 1, outcomes
-    assert "rank 0: 'spec'; rank 1: 'chain'; rank 2: 'spec'" in outcomes[0]
-    assert ORDER_ENV in outcomes[0]
+    refused = (
+        "ValueError: ring_ref backend: every rank of a group must choose the same order; got rank 0: "
+        "'spec'; rank 1: 'chain'; rank 2: 'spec'. Set RING_REF_ORDER alike on every rank (torchrun passes "
+        "its environment on) or pass the same RingRefOptions(order=...)."
+    )
+    assert outcomes == [refused] * 3
 
 
 @pytest.mark.clause("backend-order")
 def test_an_unknown_order_is_refused_with_the_choices() -> None:
     outcomes = agree(["ring", "ring"])
-    assert outcomes[0] == outcomes[1]
-    assert "unknown order 'ring'" in outcomes[0] and "'spec', 'openmpi-ring', 'gloo', 'chain'" in outcomes[0]
+    refused = (
+        "ValueError: ring_ref backend: unknown order 'ring' (from RingRefOptions(order=...) or "
+        "RING_REF_ORDER); choose one of 'spec', 'openmpi-ring', 'gloo', 'chain', 'mpich-ring', "
+        "'intel-ring', 'mlx-ring', 'recursive-doubling'."
+    )
+    assert outcomes == [refused] * 2
 
 
 @pytest.mark.clause("backend-order")
@@ -61,15 +76,20 @@ def test_the_options_come_before_the_environment(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv(ORDER_ENV, "chain")
     assert _order_text(None) == "chain"
     assert _order_text(RingRefOptions(order="gloo")) == "gloo"
-    assert "not ring_ref.distributed.RingRefOptions" in _order_text(object())
+    assert _order_text(object()) == "<pg_options of type object, not ring_ref.distributed.RingRefOptions>"
+    assert _order_text(3) == "<pg_options of type int, not ring_ref.distributed.RingRefOptions>"
 
 
 @pytest.mark.clause("backend-reductions")
 def test_premul_sum_is_refused_with_the_fix() -> None:
     opts = dist.AllreduceOptions()
     opts.reduceOp = _make_nccl_premul_sum(2.0)
-    with pytest.raises(ValueError, match=r"PREMUL_SUM .* scale the tensor first"):
+    with pytest.raises(ValueError) as raised:
         _op_of(opts)
+    assert str(raised.value) == (
+        "ring_ref backend: ReduceOp.PREMUL_SUM (a sum of pre-scaled tensors) is not one of the ring's ops; "
+        "scale the tensor first (tensor.mul_(factor)) and reduce with SUM, or use AVG."
+    )
     opts.reduceOp = dist.ReduceOp(dist.ReduceOp.MAX)
     assert _op_of(opts) == "max"  # by name: the ring's per-call cache keys on it
     opts.reduceOp = dist.ReduceOp(dist.ReduceOp.BAND)
@@ -81,10 +101,12 @@ def test_a_reduction_of_a_tensor_off_the_cpu_is_refused_with_the_fix() -> None:
     # torch hands a Python group every device's tensors; the meta device stands in for CUDA here
     with pytest.raises(ValueError) as raised:
         on_cpu(torch.ones(2), torch.ones(2, device="meta"))
-    assert str(raised.value).startswith(
-        "ring_ref backend: reductions run on CPU tensors only; got a tensor on meta. Move it to the CPU"
+    assert str(raised.value) == (
+        "ring_ref backend: reductions run on CPU tensors only; got a tensor on meta. Move it to the CPU "
+        "(tensor.cpu()) and back, or, for CUDA tensors in the same order, call "
+        "ring_ref.distributed.ring_all_reduce_(tensor, group=...) on an NCCL group; the backend does not "
+        "route CUDA tensors to NCCL."
     )
-    assert "ring_all_reduce_(tensor, group=...) on an NCCL group" in str(raised.value)
     on_cpu(torch.ones(2), torch.zeros((), dtype=torch.float64))  # CPU tensors pass
 
 
@@ -106,3 +128,11 @@ def test_every_reduction_of_a_one_rank_group_refuses_a_tensor_off_the_cpu() -> N
         assert cpu.tolist() == [1.0] * 4
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.clause("backend-reductions")
+def test_a_collective_returns_a_completed_work_whose_future_holds_its_tensors() -> None:
+    tensors = [torch.ones(2)]
+    work = _done(tensors)
+    assert work.is_completed()
+    assert work.get_future().value() is tensors
