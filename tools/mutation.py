@@ -90,6 +90,7 @@ BACKEND_TESTS: Final = tuple(
         "test_coalesced_calls_any_source_receives_and_bad_sizes_on_every_rank[spec]",
         "test_coalesced_calls_any_source_receives_and_bad_sizes_on_every_rank[chain]",
         "test_destroying_a_group_releases_its_inner_gloo_group",
+        "test_a_group_of_some_ranks_reduces_over_its_own_ranks_only",
     )
 )
 """The backend's collectives on a module's world of three spawned ranks (its fixture spawns them, so that

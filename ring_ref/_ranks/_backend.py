@@ -204,7 +204,7 @@ class RingRefProcessGroup(_Group):
         (``backend-flat``): unequal counts are unequal unpadded tensors to that check, which this
         words as a count error (as before the padding moved into the ring's layout).  The counts
         are exchanged on this refused path only, never before a call."""
-        mine = torch.tensor([tensor.numel() if isinstance(tensor, torch.Tensor) else -1])
+        mine = torch.tensor([tensor.numel()])
         everyone = [torch.empty_like(mine) for _ in range(self._n)]
         waiter = Waiter(self._rank, self._n, None, call="the ring_ref backend's all_reduce")
         waiter.wait(

@@ -6,12 +6,15 @@ process plays every rank in turn; the backend on real ranks is ``nocover/test_ba
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import datetime
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import HashStore, _make_nccl_premul_sum
+from torch.distributed import distributed_c10d
+from torch.distributed.distributed_c10d import _coalescing_manager
 
 from ring_ref._ranks._backend import (
     ORDER_ENV,
@@ -136,3 +139,80 @@ def test_a_collective_returns_a_completed_work_whose_future_holds_its_tensors() 
     work = _done(tensors)
     assert work.is_completed()
     assert work.get_future().value() is tensors
+
+
+@pytest.fixture
+def alone() -> Iterator[dist.ProcessGroup]:
+    """A ``ring_ref`` group (order ``chain``, timeout 77 s, described ``alone``) of a one-rank gloo world."""
+    dist.init_process_group("gloo", store=HashStore(), rank=0, world_size=1)
+    try:
+        yield dist.new_group(
+            backend="ring_ref",
+            pg_options=RingRefOptions(order="chain"),
+            timeout=datetime.timedelta(seconds=77),
+            group_desc="alone",
+        )
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.clause("backend-movement")
+def test_the_inner_gloo_group_is_registered_as_gloo_with_the_groups_timeout(alone: dist.ProcessGroup) -> None:
+    inner = alone.inner  # type: ignore[attr-defined]  # the backend's own attribute
+    assert alone.group_desc == "alone"
+    assert (dist.get_backend(inner), dist.get_backend_config(inner)) == ("gloo", "cpu:gloo")
+    assert inner._get_backend(torch.device("cpu")).options._timeout == datetime.timedelta(seconds=77)
+    store = distributed_c10d._get_process_group_store(inner)  # torch's record of the group's store
+    store.set("written", "read back")
+    assert store.get("written") == b"read back"
+
+
+@pytest.mark.clause("backend-reductions")
+def test_every_reductions_work_holds_its_tensors_as_ddp_hooks_read_them(alone: dist.ProcessGroup) -> None:
+    """DDP's communication hooks read ``work.get_future().value()[0]``: the reduced tensor itself."""
+    tensor, output, piece = torch.ones(3), torch.empty(2), torch.ones(2)
+    works = {
+        "all_reduce": (dist.all_reduce(tensor, group=alone, async_op=True), [tensor]),
+        "reduce": (dist.reduce(tensor, dst=0, group=alone, async_op=True), [tensor]),
+        "reduce_scatter_tensor": (
+            dist.reduce_scatter_tensor(output, torch.ones(2), group=alone, async_op=True),
+            [output],
+        ),
+        "reduce_scatter": (dist.reduce_scatter(piece, [torch.ones(2)], group=alone, async_op=True), [piece]),
+    }
+    for name, (work, tensors) in works.items():
+        assert work is not None
+        value = work.get_future().value()
+        assert len(value) == len(tensors) and all(v is t for v, t in zip(value, tensors, strict=True)), name
+    shards = [torch.empty(2), torch.empty(3)]
+    with _coalescing_manager(group=alone, async_ops=True) as coalesced:
+        dist.reduce_scatter_tensor(shards[0], torch.ones(2), group=alone)
+        dist.reduce_scatter_tensor(shards[1], torch.full((3,), 2.0), group=alone)
+    (work,) = coalesced.works
+    value = work.get_future().value()
+    assert len(value) == 2 and value[0] is shards[0] and value[1] is shards[1]
+    assert shards[1].tolist() == [2.0, 2.0, 2.0]
+
+
+@pytest.mark.clause("backend-movement")
+def test_the_coalesced_all_gathers_fill_every_output(alone: dist.ProcessGroup) -> None:
+    lists = [[torch.zeros(2), torch.zeros(3)]]  # one rank: its own list of one output per input
+    dist.all_gather_coalesced(lists, [torch.ones(2), torch.full((3,), 2.0)], group=alone)
+    assert [t.tolist() for t in lists[0]] == [[1.0, 1.0], [2.0, 2.0, 2.0]]
+    into = [torch.zeros(2), torch.zeros(3)]
+    with _coalescing_manager(group=alone):
+        dist.all_gather_into_tensor(into[0], torch.full((2,), 3.0), group=alone)
+        dist.all_gather_into_tensor(into[1], torch.full((3,), 4.0), group=alone)
+    assert [t.tolist() for t in into] == [[3.0, 3.0], [4.0, 4.0, 4.0]]
+
+
+@pytest.mark.clause("backend-devices")
+def test_a_reduce_scatter_refuses_an_output_or_an_input_off_the_cpu(alone: dist.ProcessGroup) -> None:
+    for output, input in (
+        (torch.empty(2, device="meta"), torch.ones(2)),
+        (torch.empty(2), torch.ones(2, device="meta")),
+    ):
+        with pytest.raises(
+            ValueError, match=r"^ring_ref backend: reductions run on CPU tensors only; got a tensor on meta"
+        ):
+            dist.reduce_scatter_tensor(output, input, group=alone)

@@ -142,10 +142,12 @@ def movements(rank: int, n: int, order: str) -> dict[str, list[torch.Tensor]]:
             dist.recv(received, src=0, group=group)
         pieces = [torch.empty(2) for _ in range(n)]
         dist.all_to_all(pieces, list(inputs(n, 5, (n, 2))[rank]), group=group)
-        collected = [torch.empty(SHAPE) for _ in range(n)] if rank == 0 else None
-        dist.gather(mine, collected, dst=0, group=group)
+        # the last rank is the root: not rank 0, which the options' default would name
+        collected = [torch.empty(SHAPE) for _ in range(n)] if rank == n - 1 else None
+        dist.gather(mine, collected, dst=n - 1, group=group)
         scattered = torch.empty(2)
-        dist.scatter(scattered, list(inputs(n, 6, (n, 2))[0]) if rank == 0 else None, src=0, group=group)
+        pieces_sent = list(inputs(n, 6, (n, 2))[0]) if rank == n - 1 else None
+        dist.scatter(scattered, pieces_sent, src=n - 1, group=group)
         dist.barrier(group=group)
         out[label] = [*gathered, into, sent, swapped, received, *pieces, *(collected or []), scattered]
     return out
@@ -200,6 +202,12 @@ def corners(rank: int, n: int, order: str) -> dict[str, Any]:
     calls: tuple[tuple[str, Callable[[], object]], ...] = (
         ("longer on the last rank", lambda: dist.all_reduce(torch.ones(4 + (rank == n - 1)), group=group)),
         (
+            "float64 on the last rank",
+            lambda: dist.all_reduce(
+                torch.ones(4, dtype=torch.float64 if rank == n - 1 else torch.float32), group=group
+            ),
+        ),
+        (
             "a short reduce-scatter input",
             lambda: dist.reduce_scatter_tensor(torch.empty(2), torch.ones(5), group=group),
         ),
@@ -248,6 +256,11 @@ def test_coalesced_calls_any_source_receives_and_bad_sizes_on_every_rank(
                 "ring_all_reduce_ rejected the input on every rank: the ranks passed different"
             )
             assert "rank 2: shape (5,)" in longer, longer
+        wider = mine["float64 on the last rank"]  # the same length: the ring's own refusal, padded or not
+        assert wider.startswith(
+            "ring_all_reduce_ rejected the input on every rank: the ranks passed different"
+        )
+        assert "rank 2: shape (4,) torch.float64 on cpu" in wider, wider
         short = mine["a short reduce-scatter input"]
         if order == "chain":  # no ring: the all-reduce runs, then the sizes are checked
             assert short == (
@@ -263,6 +276,38 @@ def test_coalesced_calls_any_source_receives_and_bad_sizes_on_every_rank(
     received = got[-1]["recv from any rank"]
     assert received[0] == 0 and same_bits(received[1], inputs(n, 11, (2,))[0])
     assert "recv from any rank" not in got[0]
+
+
+def on_a_subgroup(rank: int, n: int, orders: tuple[str, ...]) -> dict[str, Any] | None:
+    """On each rank: ``ring_ref`` groups of ranks 0 and ``n - 1`` only (the ranks between stay out, as
+    ``new_group`` lets them), their all-reduce and reduce-scatter."""
+    groups = {o: dist.new_group([0, n - 1], backend="ring_ref", pg_options=RingRefOptions(o)) for o in orders}
+    if rank not in (0, n - 1):
+        return None
+    out: dict[str, Any] = {}
+    member = 0 if rank == 0 else 1
+    for order, group in groups.items():
+        mine = inputs(2, 12)[member].clone()
+        dist.all_reduce(mine, group=group)
+        half = torch.empty(SHARD)
+        dist.reduce_scatter_tensor(half, inputs(2, 13, (2 * SHARD,))[member], group=group)
+        out[order] = (mine, half)
+    return out
+
+
+@pytest.mark.clause("backend-reductions")
+def test_a_group_of_some_ranks_reduces_over_its_own_ranks_only(world: SpawnedGroup) -> None:
+    """A ring over the world instead (a group not passed on) would wait for rank 1, which never calls."""
+    orders = ("spec", "chain")  # a ring's reduce-scatter, and the chain's all-reduce cut into shards
+    got = world.run(on_a_subgroup, orders, timeout_s=TIMEOUT_S)
+    assert got[1] is None
+    for member, rank in enumerate((0, 2)):
+        mine = got[rank]
+        assert mine is not None
+        for order in orders:
+            total, half = mine[order]
+            assert same_bits(total, all_reduce_reference(inputs(2, 12), order)), (rank, order)
+            assert same_bits(half, reduce_scatter_reference(inputs(2, 13, (2 * SHARD,)), order)[member])
 
 
 @pytest.fixture(scope="module")
