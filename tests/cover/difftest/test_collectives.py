@@ -16,7 +16,7 @@ from ring_ref._cli import main
 from ring_ref._dtypes import format_of
 from ring_ref.difftest import Case, difftest
 from ring_ref.difftest._call import call_target
-from ring_ref.difftest._diagnosis import _kind_of, gather_findings, wrong_shard
+from ring_ref.difftest._diagnosis import _kind_of, diagnose, gather_findings, wrong_shard
 from ring_ref.difftest._inputs import exact_tensor, gather_values
 from ring_ref.difftest._launch import as_launcher
 from ring_ref.difftest._oracles import reduce_scatter_reference
@@ -400,3 +400,19 @@ def test_wrong_shard_names_each_rank_holding_another_chunk_on_the_ops_shard_prob
         "chunk r at rank r (reduce_scatter_tensor, MPI_Reduce_scatter_block, NCCL; clause "
         "difftest-collectives)"
     )
+
+
+def _modifies_and_moves_shards(x: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    """Bugs: the input modified, and rank r holding chunk r + 1."""
+    out = planted_impls.reduce_scatter_next_chunk(x.clone())
+    x.zero_()
+    return out
+
+
+@pytest.mark.clause("difftest-collectives", "difftest-diagnoses")
+def test_no_shard_probe_runs_after_a_structural_finding() -> None:
+    c = Case(2, 2, (), torch.float32, "contiguous", (1.0, 2.0, 3.0, 4.0), collective="reduce-scatter")  # type: ignore[arg-type]
+    outcome = call_target(_modifies_and_moves_shards, c)
+    assert wrong_shard(as_launcher(_modifies_and_moves_shards), outcome) is not None  # it would name one
+    finding = diagnose(_modifies_and_moves_shards, outcome, "bound")
+    assert finding is not None and finding.codes[0] == "input-modified" and "wrong-shard" not in finding.codes

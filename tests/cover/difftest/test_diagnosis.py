@@ -16,7 +16,7 @@ import torch
 from ring_ref import ring_all_reduce
 from ring_ref._reveal import RevealError, reveal
 from ring_ref.difftest import CODES, DTYPES, Case, difftest
-from ring_ref.difftest._call import Answer, Failure, Outcome, call_target, decode, observe
+from ring_ref.difftest._call import Answer, Failure, Outcome, RaisedAt, call_target, decode, observe
 from ring_ref.difftest._diagnosis import _divided_first, diagnose
 from ring_ref.difftest._diagnosis_probes import (
     count_contributions,
@@ -375,6 +375,30 @@ def test_an_exception_is_raised_on_a_valid_input_and_the_launchers_note_follows_
     assert finding is not None
     assert (finding.codes, finding.explanation) == (["raised"], f"raised: {said}; rank 1 was stopped")
     assert finding.mismatch is None and finding.ranks == []
+
+
+@pytest.mark.clause("difftest-diagnoses", "difftest-raised-at")
+def test_a_group_s_raised_finding_says_where_the_first_rank_that_has_a_place_raised_and_keeps_the_stack() -> (
+    None
+):
+    at = RaisedAt("/u/t.py", 12, "return xs[9]")
+    answers = (
+        Answer("IndexError", raised="IndexError: list index out of range", rank=0),  # no place of its own
+        Answer("IndexError", raised="IndexError: list index out of range", rank=1, raised_at=at),
+        Answer(
+            "IndexError",
+            raised="IndexError: list index out of range",
+            rank=2,
+            raised_at=RaisedAt("/u/t.py", 3),
+        ),
+    )
+    outcome = Outcome(case((1.0, 2.0, 3.0), n=3), answers, stack="rank 1:\n  File /u/t.py, line 12")
+    finding = diagnose(planted_impls.torch_sum, outcome, "bound")
+    assert finding is not None and finding.codes == ["raised"]
+    assert finding.raised_at == at
+    assert finding.stack == "rank 1:\n  File /u/t.py, line 12"
+    nowhere = diagnose(planted_impls.torch_sum, replace(outcome, answers=answers[:1]), "bound")
+    assert nowhere is not None and nowhere.codes == ["raised"] and nowhere.raised_at is None
 
 
 @pytest.mark.clause("difftest-diagnoses")
