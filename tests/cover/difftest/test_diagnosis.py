@@ -17,7 +17,7 @@ from ring_ref import ring_all_reduce
 from ring_ref._reveal import RevealError, reveal
 from ring_ref.difftest import CODES, DTYPES, Case, difftest
 from ring_ref.difftest._call import Answer, Failure, Outcome, RaisedAt, call_target, decode, observe
-from ring_ref.difftest._diagnosis import _divided_first, diagnose
+from ring_ref.difftest._diagnosis import _divided_first, diagnose, plus_zeros_only
 from ring_ref.difftest._diagnosis_probes import (
     count_contributions,
     op_probe_rows,
@@ -980,7 +980,7 @@ def test_another_zero_where_minus_and_plus_zero_tie_is_signed_zero_under_exact(o
 @pytest.mark.parametrize(("op", "word", "mirror"), [("max", "maximum", "min"), ("min", "minimum", "max")])
 def test_a_zero_no_worker_holds_is_signed_zero_in_every_mode(op: Op, word: str, mirror: str) -> None:
     c = case((-0.0, 1.0, -0.0, 1.0), op)  # both workers hold -0 at element 0
-    for mode in ("order-free", "bound"):
+    for mode in MODES:
         codes, text = find(_zero_as_plus, c, mode)
         assert codes == ["signed-zero"]
         assert text.endswith(
@@ -1009,7 +1009,33 @@ def test_an_averages_plus_zero_of_minus_zeros_is_a_fold_from_plus_zero() -> None
     # every worker holds -0.0 at element 0: the ring's average is -0.0, a fold from +0.0 gives +0.0
     codes, text = find(_plus_zero_avg, case((-0.0, 2.0, -0.0, 4.0), "avg"), "exact")
     assert codes == ["signed-zero"]
-    assert "a fold that starts from the identity +0.0" in text
+    assert text.endswith(f". {FOLD_FROM_PLUS_ZERO.format(op='avg')}")
+    # a sum the same, its words the same
+    codes, text = find(_zero_as_plus, case((-0.0, 2.0, -0.0, 4.0), "sum"), "exact")
+    assert codes == ["signed-zero"]
+    assert text.endswith(f". {FOLD_FROM_PLUS_ZERO.format(op='sum')}")
+
+
+FOLD_FROM_PLUS_ZERO = (
+    "Every element has the ring's value, but the sign of a zero differs: where every worker holds -0.0, "
+    "every order of IEEE 754 additions, the ring's included, gives -0.0, and a fold that starts from the "
+    "identity +0.0 (XLA's psum, torch.sum, numpy.sum) gives +0.0: a correct {op} by value, which order-free "
+    "and bound accept; only --mode exact requires the ring's zeros"
+)
+
+
+@pytest.mark.clause("difftest-diagnoses")
+def test_plus_zeros_only_is_plus_zero_where_the_order_has_minus_zero_and_nothing_else() -> None:
+    c = case((1.0, -0.0, 3.0, 5.0, -1.0, -0.0, 4.0, 5.0))  # the ring: 0.0 (1 + -1), -0.0, 7.0, 10.0
+    assert plus_zeros_only(c, torch.tensor([0.0, 0.0, 7.0, 10.0]))
+    assert plus_zeros_only(c, torch.tensor([0.0, -0.0, 7.0, 10.0]))  # the ring's own result
+    assert not plus_zeros_only(c, torch.tensor([-0.0, 0.0, 7.0, 10.0]))  # -0.0 where the ring has +0.0
+    assert not plus_zeros_only(c, torch.tensor([-0.0, -0.0, 7.0, 10.0]))
+    assert not plus_zeros_only(c, torch.tensor([0.0, 0.0, 8.0, 10.0]))  # a value wrong too
+    # against another order: its zeros and values, not the ring's
+    made_up = ExactOrder("a made-up order", lambda _: torch.tensor([-0.0, -0.0, 8.0, 10.0]))
+    assert plus_zeros_only(c, torch.tensor([0.0, 0.0, 8.0, 10.0]), made_up)
+    assert not plus_zeros_only(c, torch.tensor([0.0, 0.0, 7.0, 10.0]), made_up)
 
 
 def _zero_as_plus_and_seven_thrice(x: torch.Tensor, op: str) -> torch.Tensor:
