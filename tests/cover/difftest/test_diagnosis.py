@@ -10,10 +10,12 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
 from ring_ref import ring_all_reduce
+from ring_ref._dtypes import format_of
 from ring_ref._reveal import RevealError, reveal
 from ring_ref.difftest import CODES, DTYPES, Case, difftest
 from ring_ref.difftest._call import Answer, Failure, Outcome, RaisedAt, call_target, decode, observe
@@ -23,6 +25,7 @@ from ring_ref.difftest._diagnosis_probes import (
     op_probe_rows,
     op_probe_values,
     position_probe,
+    times_reciprocal,
 )
 from ring_ref.difftest._inputs import (
     LAYOUTS,
@@ -1072,6 +1075,13 @@ def test_the_ring_sum_of_quotients_bit_for_bit_is_avg_divided_first(fn: Callable
         )
 
 
+# float32, N = 3: 1384399 + -2293284 = -908885, times fl(1/3) rounds to -302961.6875, the exact average
+# to -302961.65625, as do the quotients summed (typed in from the counterexample jax gave)
+XLA_PMEAN = Case(
+    3, 3, (), torch.float32, "contiguous", (0.0, 0.0, 0.0, 1384399.0, 0.0, 0.0, -2293284.0, 0.0, 0.0), "avg"
+)
+
+
 @pytest.mark.clause("difftest-diagnoses", "op-avg")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 def test_the_sum_times_a_rounded_reciprocal_is_named_not_divided_first(dtype: torch.dtype) -> None:
@@ -1079,14 +1089,40 @@ def test_the_sum_times_a_rounded_reciprocal_is_named_not_divided_first(dtype: to
     where it also equals the ring's sum of quotients (the coincidence once read as avg-divided-first)."""
     # float32, N = 3: 1384399 + -2293284 = -908885, times fl(1/3) rounds to -302961.6875, the exact
     # average to -302961.65625, as do the quotients summed (typed in from the counterexample jax gave)
-    values = (0.0, 0.0, 0.0, 1384399.0, 0.0, 0.0, -2293284.0, 0.0, 0.0)
-    case = Case(3, 3, (), dtype, "contiguous", values if dtype == torch.float32 else F16_THIRDS.values, "avg")
+    case = XLA_PMEAN if dtype == torch.float32 else F16_THIRDS
+    # the two-worker probe's contributions, and the values the words name, by numpy's own arithmetic
+    pair = times_reciprocal(format_of(dtype), 3)
+    assert pair is not None
+    a, b, times = pair
+    same = {torch.float16: np.float16, torch.float32: np.float32}[dtype]
+    reciprocal = same(1) / same(3)
+    assert times == float(same(a + b) * reciprocal)
+    once = float(same(a + b) / same(3))
     for mode in ("exact", "order-free"):
         codes, text = find(planted_impls.multiplies_after_the_sum, case, mode)
         assert codes == ["avg-times-reciprocal"], (mode, text)
-        assert "the sum multiplied by 1/N rounded" in text and "as XLA's pmean does" in text
+        assert text.endswith(
+            f". With only workers 0 and 1 holding {a} and {b} (one addition, the same in every order) the "
+            f"target gives {times!r} everywhere: the sum multiplied by 1/N rounded ({float(reciprocal)!r}) "
+            f"after the sum, as XLA's pmean does; an average divided once gives {once!r} (clause op-avg)"
+        )
     for fn in (planted_impls.divides_first, planted_impls.premultiplies):
         assert find(fn, F16_THIRDS, "order-free")[0] == ["avg-divided-first"]
+
+
+def _twice_the_average_of_no_zeros(x: torch.Tensor, op: str) -> torch.Tensor:
+    if bool((x == 0).any()):
+        raise ValueError("zeros refused")
+    return 2 * ring_all_reduce(x, op="avg")
+
+
+@pytest.mark.clause("difftest-diagnoses", "op-avg")
+def test_an_average_that_refuses_the_two_worker_probe_is_not_named_by_it() -> None:
+    c = Case(3, 3, (), torch.float32, "contiguous", (3.0, 6.0, 9.0) * 3, "avg")  # every worker holds 3, 6, 9
+    for mode in MODES:
+        codes, text = find(_twice_the_average_of_no_zeros, c, mode)
+        assert codes == ["out-of-bound"], (mode, text)
+        assert text.startswith("First differing element (0,) (chunk 0): expected 3.0, actual 6.0")
 
 
 def _premultiplies_in_torch_order(x: torch.Tensor, op: str) -> torch.Tensor:
@@ -1975,8 +2011,9 @@ def _bug_on_every_rank(bug: Callable[..., torch.Tensor]) -> PerRank:
             "With only workers 0 and 1 holding",
         ),
         (planted_impls.torch_sum, ORDERED, "not-ring-order", "the target sums that element as fold 0,1,2"),
+        (planted_impls.multiplies_after_the_sum, XLA_PMEAN, "avg-times-reciprocal", "as XLA's pmean does"),
     ],
-    ids=["wrong-op", "signed-zero", "divided-first", "not-ring-order"],
+    ids=["wrong-op", "signed-zero", "divided-first", "not-ring-order", "times-reciprocal"],
 )
 def test_a_ranks_probes_are_read_from_that_rank(
     bug: Callable[..., torch.Tensor], c: Case, code: str, words: str
