@@ -268,6 +268,7 @@ VALUE_CODES = {
     "wrong-op",
     "avg-divided-first",
     "signed-zero",
+    "narrowed-dtype",
 }
 
 # N = 2 workers of M = 2: worker 0 holds 1, 2 and worker 1 holds 3, 4, so the sum is 4, 6 in every order.
@@ -2045,6 +2046,10 @@ def _in_bfloat16(x: torch.Tensor) -> torch.Tensor:
     return ring_all_reduce(x.to(torch.bfloat16)).to(x.dtype)
 
 
+def _in_float16(x: torch.Tensor) -> torch.Tensor:
+    return ring_all_reduce(x.to(torch.float16)).to(x.dtype)
+
+
 def _max_in_float32(x: torch.Tensor, op: str) -> torch.Tensor:
     return ring_all_reduce(x.to(torch.float32), op=op).to(x.dtype)
 
@@ -2055,6 +2060,9 @@ def _max_in_float32(x: torch.Tensor, op: str) -> torch.Tensor:
 WIDE = (1 + 2**-40, 2.0, 2**-40, 3.0)
 F32 = (1 + 2**-20, 2.0, 2**-20, 3.0)
 WIDE_BF16 = (1 + 2**-10 + 2**-40, 2.0, 2**-40, 3.0)
+# Both workers hold 1 + 2^-10 + 2^-20, a float32 value (so float32 is passed over) of neither bfloat16 nor
+# float16, which round it to 1 and 1 + 2^-10; float16's sum 2 + 2^-9 is no bfloat16 value: float16 is named.
+F32_IN_F16 = (1 + 2**-10 + 2**-20, 2.0, 1 + 2**-10 + 2**-20, 3.0)
 
 
 @pytest.mark.clause("difftest-narrowed-dtype")
@@ -2065,8 +2073,9 @@ WIDE_BF16 = (1 + 2**-10 + 2**-40, 2.0, 2**-40, 3.0)
         (_in_bfloat16, case(F32), "bfloat16"),
         (_in_bfloat16, case(WIDE_BF16, dtype=torch.float64), "bfloat16"),
         (_max_in_float32, case(WIDE, "max", dtype=torch.float64), "float32"),
+        (_in_float16, case(F32_IN_F16, dtype=torch.float64), "float16"),
     ],
-    ids=["float64-in-float32", "float32-in-bfloat16", "float64-in-bfloat16", "max"],
+    ids=["float64-in-float32", "float32-in-bfloat16", "float64-in-bfloat16", "max", "float64-in-float16"],
 )
 def test_a_result_computed_in_a_narrower_dtype_is_named_for_any_target(
     bug: Callable[..., torch.Tensor], c: Case, narrow: str
@@ -2075,7 +2084,12 @@ def test_a_result_computed_in_a_narrower_dtype_is_named_for_any_target(
     for mode in MODES:
         codes, text = find(bug, c, mode)
         assert codes == ["narrowed-dtype"], (mode, text)
-        assert f"Every element is a {narrow} value" in text and f"widened the result back to {wide}" in text
+        assert text.endswith(
+            f". Every element is a {narrow} value, within {narrow}'s forward-error bound of the "
+            f"{c.reduction} of the inputs rounded to {narrow}: the target computed in {narrow} and widened "
+            f"the result back to {wide} (a conversion that narrows silently, as mlx.core.array makes float32 "
+            "of a float64 numpy array)"
+        )
     # The same on every rank of a group: each rank's result is named, the ranks listed.
     group = _bug_on_every_rank(bug)
     finding = diagnose(group, group.call(c), "bound")
