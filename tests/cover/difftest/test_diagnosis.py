@@ -32,7 +32,7 @@ from ring_ref.difftest._inputs import (
 )
 from ring_ref.difftest._launch import Launcher, OutputLog, as_launcher
 from ring_ref.difftest._oracles import SPEC_ORDER, ExactOrder
-from ring_ref.difftest._orders import per_rank_target
+from ring_ref.difftest._orders import per_rank_target, schedule_order
 from ring_ref.difftest._verdict import difference, passes, structural
 from ring_ref.difftest._vocabulary import RANKS, Mode, Op
 from ring_ref.testing import assert_matches_reference
@@ -1596,6 +1596,55 @@ def test_not_ring_order_without_a_reveal_when_the_target_refuses_its_probes() ->
     codes, text = find(_reverse_fold_refusing_large_values, F16_ORDERED, "exact")
     assert codes == ["not-ring-order"]
     assert text.endswith("(clause fold-order); only --mode exact requires that order")
+
+
+ROUNDS_ONCE_WORDS = (
+    "A correct sum that rounds once: every contribution is counted once and every element is the exact "
+    "sum correctly rounded, but no tree of additions in the dtype gives the target's answers on reveal's "
+    "swamping probes: the target accumulates in higher precision or otherwise does not round after every "
+    "addition (a wider accumulator, a fused or compensated sum), so it has no summation order at all, the "
+    "ring's included (clause fold-order); only --mode exact requires the ring's order"
+)
+# N = 4 float16 workers: worker 0 holds 1, the others 2^-11: recursive doubling's (1 + 2^-11) +
+# (2^-11 + 2^-11) is 1 + 2^-10 (the first sum a tie, to even: 1), the sum 1 + 3 * 2^-11 rounded once a tie
+# to 1 + 2^-9.
+F16_PAIRWISE = Case(4, 4, (), torch.float16, "contiguous", (1.0,) * 4 + (2.0**-11,) * 12)
+
+
+@pytest.mark.clause("difftest-diagnoses", "difftest-exact-orders")
+@pytest.mark.parametrize(
+    ("order", "c", "shown", "tree"),
+    [
+        # chunk c of the ring (+1, +1) folds c + 1, c + 2, ..., c: element 1 folds 2, 0, 1 (1 + 2^-11 is 1)
+        (
+            schedule_order("1,1,even"),
+            F16_ORDERED,
+            "(1,) (chunk 1): expected 1.0, actual 1.0009765625",
+            "the order of the ring with direction +1, offset 1, layout even folds 2,0,1",
+        ),
+        (
+            schedule_order("recursive-doubling"),
+            F16_PAIRWISE,
+            "(0,) (chunk 0): expected 1.0009765625, actual 1.001953125",
+            "the recursive-doubling schedule's order sums it as ((0+1)+(2+3))",
+        ),
+        # no trees to name: the words end with the order's
+        (
+            ExactOrder("the ring's values", lambda c: ring_all_reduce(c.tensor())),
+            F16_ORDERED,
+            "(0,) (chunk 0): expected 1.0, actual 1.0009765625",
+            "",
+        ),
+    ],
+    ids=["ring-by-value", "recursive-doubling", "no-trees"],
+)
+def test_a_sum_that_rounds_once_is_named_with_the_expected_orders_tree(
+    order: ExactOrder, c: Case, shown: str, tree: str
+) -> None:
+    codes, text = find(planted_impls.torch_sum, c, "exact", order)
+    assert codes == ["not-ring-order"]
+    assert text.startswith(f"First differing element {shown}; not bitwise equal to {order.name}")
+    assert text.endswith(f". {ROUNDS_ONCE_WORDS}" + (f" ({tree} at that element)" if tree else ""))
 
 
 @pytest.mark.clause("difftest-diagnoses")
