@@ -1798,6 +1798,42 @@ def test_every_failing_rank_has_its_counts_whatever_the_code() -> None:
     assert unanswered.explanation.endswith("per failing rank: rank 1: no well-formed result on some probe")
 
 
+@pytest.mark.clause("difftest-diagnoses", "difftest-exact-orders")
+def test_each_failing_rank_s_counts_label_the_chunk_by_the_expected_orders_layout() -> None:
+    # N = 3, M = 4 under openmpi-ring's blocks layout: chunks of 2, 1, 1 elements, element 3 in chunk 2.
+    # Workers hold 0 but at element 3 (5, 6, 7): every rank below is wrong only there.
+    c = Case(
+        3, 4, (), torch.float32, "contiguous", (0.0, 0.0, 0.0, 5.0, 0.0, 0.0, 0.0, 6.0, 0.0, 0.0, 0.0, 7.0)
+    )
+    blocks = schedule_order("openmpi-ring")
+    twice_and_lost = (
+        "worker 0: 1, worker 1: 2, worker 2: 0 (worker(s) [1] counted more than once, worker(s) [2] lost)"
+    )
+
+    def counting(c: Case, r: int) -> torch.Tensor:
+        x = c.tensor()
+        return {0: x.sum(0), 1: x.sum(0) + x[0], 2: x.sum(0) + x[1] - x[2]}[r]
+
+    finding = diagnose(PerRank(counting), PerRank(counting).call(c), "bound", blocks)
+    assert finding is not None and finding.codes == ["double-counted"] and finding.ranks == [1, 2]
+    assert "element (3,) (chunk 2) is worker 0: 2, worker 1: 1, worker 2: 1" in finding.explanation
+    assert finding.explanation.endswith(
+        "; the one-hot probes (only worker j holding ones (the rest zeros)) per failing rank: rank 2: "
+        f"element (3,) (chunk 2) is {twice_and_lost}"
+    ), finding.explanation
+
+    def disagreeing(c: Case, r: int) -> torch.Tensor:
+        x = c.tensor()
+        return {0: x.sum(0), 1: x.sum(0) - x[2], 2: x.sum(0) + x[1] - x[2]}[r]
+
+    finding = diagnose(PerRank(disagreeing), PerRank(disagreeing).call(c), "bound", blocks)
+    assert finding is not None and finding.codes == ["ranks-disagree"] and finding.ranks == [1, 2]
+    assert finding.explanation.endswith(
+        "per failing rank: rank 1: element (3,) (chunk 2) is worker 0: 1, worker 1: 1, worker 2: 0 "
+        f"(worker(s) [2] lost); rank 2: element (3,) (chunk 2) is {twice_and_lost}"
+    ), finding.explanation
+
+
 def _avg_off_on_marks(steps: int) -> Callable[..., torch.Tensor]:
     """The average, plus ``steps`` float16 ulps of 1/4 (2**-12) wherever a worker holds 1."""
 
