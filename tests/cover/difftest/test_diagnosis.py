@@ -980,6 +980,39 @@ def test_another_zero_where_minus_and_plus_zero_tie_is_signed_zero_under_exact(o
     )
 
 
+@pytest.mark.clause("difftest-diagnoses", "difftest-exact-orders")
+@pytest.mark.parametrize(("op", "word"), [("max", "maximum"), ("min", "minimum")])
+def test_the_zeros_of_a_tie_are_the_expected_orders(op: Op, word: str) -> None:
+    # N = 2, workers 0.0, -0.0 and -0.0, 0.0: the ring (+1, +1) folds chunk 0 from worker 1, chunk 1 from
+    # worker 0, so it keeps -0.0 twice where the spec's ring keeps 0.0 twice: the spec's ring is signed-zero
+    # against it
+    c = case((0.0, -0.0, -0.0, 0.0), op)
+    codes, text = find(ring_all_reduce, c, "exact", schedule_order("1,1,even"))
+    assert codes == ["signed-zero"], text
+    assert text.startswith("First differing element (0,) (chunk 0): expected -0.0, actual 0.0")
+    assert text.endswith(
+        f"where -0 and +0 tie for the {word}, the ring keeps the first in its fold order (clause op-{op}), "
+        "the target another (another fold order, or another tie rule such as numpy's second argument or "
+        f"IEEE 754-2019's -0 < +0): a correct {op} by value; only --mode exact requires the ring's zeros"
+    )
+
+
+def _sums_from_plus_zero(x: torch.Tensor, op: str) -> torch.Tensor:
+    return x.sum(0) + 0.0
+
+
+@pytest.mark.clause("difftest-diagnoses")
+def test_one_workers_op_probes_run_at_two_workers_and_say_so() -> None:
+    # One worker holding -0.0: its max is -0.0; a sum from +0.0 gives +0.0, which the sum's bound accepts
+    codes, text = find(_sums_from_plus_zero, case((-0.0,), "max", n=1), "bound")
+    assert codes == ["sum-not-op"]
+    assert text.endswith(
+        ". On the op probes at N = 2, M = 2 (worker j holds 2 + j % 2: 2, 3, 2, ..., and 3 - j % 2, where "
+        "every op gives another value) every element is the sum (5.0 on the first, where max gives 3.0): the "
+        "target computed sum when asked for max"
+    )
+
+
 @pytest.mark.clause("difftest-diagnoses")
 @pytest.mark.parametrize(("op", "word", "mirror"), [("max", "maximum", "min"), ("min", "minimum", "max")])
 def test_a_zero_no_worker_holds_is_signed_zero_in_every_mode(op: Op, word: str, mirror: str) -> None:
