@@ -112,7 +112,7 @@ def test_all_gather_inputs_hold_nan_payloads_signed_zeros_and_subnormals() -> No
 def test_shapes_per_collective() -> None:
     rs = Case(2, 4, (3,), torch.float32, "contiguous", (0.0,) * 24, collective=Collective.REDUCE_SCATTER)
     assert rs.result_shape() == (2, 2, 3) and rs.result_shape(0) == (2, 3)
-    ag = Case(3, 2, (), torch.float32, "contiguous", (0.0,) * 6, collective="all-gather")  # type: ignore[arg-type]
+    ag = Case(3, 2, (), torch.float32, "contiguous", (0.0,) * 6, collective=Collective.ALL_GATHER)
     assert ag.collective is Collective.ALL_GATHER  # a name is read as the value
     assert ag.result_shape() == (6,) and ag.result_shape(2) == (6,)
     assert torch.isnan(ag.output_tensor(1)).all() and ag.output_tensor(1).shape == (6,)
@@ -309,7 +309,7 @@ def test_an_all_gather_report_prints_its_one_check_once() -> None:
 # --- the collectives' findings, word for word (ring_ref.difftest._diagnosis) ----------------------------
 
 # N = 4 workers of one element each: worker r holds r + 1, so slot r of an all-gather holds r + 1.
-GATHER4 = Case(4, 1, (), torch.float32, "contiguous", (1.0, 2.0, 3.0, 4.0), collective="all-gather")  # type: ignore[arg-type]
+GATHER4 = Case(4, 1, (), torch.float32, "contiguous", (1.0, 2.0, 3.0, 4.0), collective=Collective.ALL_GATHER)
 
 
 @pytest.mark.clause("difftest-collectives")
@@ -386,7 +386,7 @@ def test_wrong_shard_names_each_rank_holding_another_chunk_on_the_ops_shard_prob
         "contiguous",
         tuple(float(v % 3 + 1) for v in range(16)),
         "prod",
-        collective="reduce-scatter",  # type: ignore[arg-type]
+        collective=Collective.REDUCE_SCATTER,
     )
     SHARD_PROBES.clear()
     finding = wrong_shard(as_launcher(_shards_moved), call_target(_shards_moved, c))
@@ -411,7 +411,9 @@ def _modifies_and_moves_shards(x: torch.Tensor, op: str = "sum") -> torch.Tensor
 
 @pytest.mark.clause("difftest-collectives", "difftest-diagnoses")
 def test_no_shard_probe_runs_after_a_structural_finding() -> None:
-    c = Case(2, 2, (), torch.float32, "contiguous", (1.0, 2.0, 3.0, 4.0), collective="reduce-scatter")  # type: ignore[arg-type]
+    c = Case(
+        2, 2, (), torch.float32, "contiguous", (1.0, 2.0, 3.0, 4.0), collective=Collective.REDUCE_SCATTER
+    )
     outcome = call_target(_modifies_and_moves_shards, c)
     assert wrong_shard(as_launcher(_modifies_and_moves_shards), outcome) is not None  # it would name one
     finding = diagnose(_modifies_and_moves_shards, outcome, "bound")

@@ -382,9 +382,7 @@ def test_an_exception_is_raised_on_a_valid_input_and_the_launchers_note_follows_
 
 
 @pytest.mark.clause("difftest-diagnoses", "difftest-raised-at")
-def test_a_group_s_raised_finding_says_where_the_first_rank_that_has_a_place_raised_and_keeps_the_stack() -> (
-    None
-):
+def test_a_group_raised_where_its_first_rank_with_a_place_raised_and_keeps_the_stack() -> None:
     at = RaisedAt("/u/t.py", 12, "return xs[9]")
     answers = (
         Answer("IndexError", raised="IndexError: list index out of range", rank=0),  # no place of its own
@@ -1128,7 +1126,7 @@ def test_the_sum_times_a_rounded_reciprocal_is_named_not_divided_first(dtype: to
     pair = times_reciprocal(format_of(dtype), 3)
     assert pair is not None
     a, b, times = pair
-    same = {torch.float16: np.float16, torch.float32: np.float32}[dtype]
+    same: type[np.floating[Any]] = np.float16 if dtype == torch.float16 else np.float32
     reciprocal = same(1) / same(3)
     assert times == float(same(a + b) * reciprocal)
     once = float(same(a + b) / same(3))
