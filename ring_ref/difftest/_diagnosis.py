@@ -197,10 +197,7 @@ def diagnose(
         failure = outcome.failure
         return Finding([failure.code], failure.text, stack=failure.stack, ranks=list(failure.ranks))
     where = next((a.raised_at for a in outcome.answers if a.raised and a.raised_at is not None), None)
-    findings = [
-        Finding([code], text, raised_at=where if code == "raised" else None)
-        for code, text in structural(outcome)
-    ]
+    findings = [Finding([code], text) for code, text in structural(outcome)]
     launcher, case = as_launcher(fn), outcome.case
     by_rank = results_of(outcome)
     results = list(by_rank.values())

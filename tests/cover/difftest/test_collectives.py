@@ -13,8 +13,12 @@ import torch
 
 from ring_ref import RingSchedule, ring_all_reduce
 from ring_ref._cli import main
+from ring_ref._dtypes import format_of
 from ring_ref.difftest import Case, difftest
+from ring_ref.difftest._call import call_target
+from ring_ref.difftest._diagnosis import _kind_of, diagnose, gather_findings, wrong_shard
 from ring_ref.difftest._inputs import exact_tensor, gather_values
+from ring_ref.difftest._launch import as_launcher
 from ring_ref.difftest._oracles import reduce_scatter_reference
 from ring_ref.schedule import GLOO, Collective, reduce_scatter_ring
 from ring_ref.testing import assert_matches_reference
@@ -108,7 +112,7 @@ def test_all_gather_inputs_hold_nan_payloads_signed_zeros_and_subnormals() -> No
 def test_shapes_per_collective() -> None:
     rs = Case(2, 4, (3,), torch.float32, "contiguous", (0.0,) * 24, collective=Collective.REDUCE_SCATTER)
     assert rs.result_shape() == (2, 2, 3) and rs.result_shape(0) == (2, 3)
-    ag = Case(3, 2, (), torch.float32, "contiguous", (0.0,) * 6, collective="all-gather")  # type: ignore[arg-type]
+    ag = Case(3, 2, (), torch.float32, "contiguous", (0.0,) * 6, collective=Collective.ALL_GATHER)
     assert ag.collective is Collective.ALL_GATHER  # a name is read as the value
     assert ag.result_shape() == (6,) and ag.result_shape(2) == (6,)
     assert torch.isnan(ag.output_tensor(1)).all() and ag.output_tensor(1).shape == (6,)
@@ -300,3 +304,117 @@ def test_an_all_gather_report_prints_its_one_check_once() -> None:
     assert "  exact, order-free, bound: PASS (one check for an all-gather" in text, text
     assert "  exact: " not in text and "  bound: " not in text, text
     assert set(report.to_json()["modes"]) == {"exact", "order-free", "bound"}
+
+
+# --- the collectives' findings, word for word (ring_ref.difftest._diagnosis) ----------------------------
+
+# N = 4 workers of one element each: worker r holds r + 1, so slot r of an all-gather holds r + 1.
+GATHER4 = Case(4, 1, (), torch.float32, "contiguous", (1.0, 2.0, 3.0, 4.0), collective=Collective.ALL_GATHER)
+
+
+@pytest.mark.clause("difftest-collectives")
+def test_gather_findings_name_each_rank_its_slots_and_the_first_changed_element() -> None:
+    by_rank: dict[int | None, torch.Tensor | None] = {
+        0: None,  # no well-formed result: skipped, the ranks after it still read
+        1: torch.tensor([1.0, 2.0, 3.0, 4.0]),  # right: nothing to say, the ranks after it still read
+        2: torch.tensor([2.0, 1.0, 3.0, 4.0]),  # slots 0 and 1 swapped
+        3: torch.tensor([1.0, 2.0, 3.0, 7.0]),  # slot 3 holds 7.0 (0x40e00000), which no rank sent
+    }
+    misplaced, changed = gather_findings(GATHER4, by_rank)
+    assert misplaced.codes == ["gather-misplaced"] and misplaced.ranks == [2]
+    assert misplaced.explanation == (
+        "rank(s) [2]: slot 0 holds rank 1's shard, slot 1 holds rank 0's shard: an all-gather puts rank r's "
+        "shard in slot r"
+    )
+    assert changed.codes == ["gather-changed-bits"] and changed.ranks == [3]
+    assert changed.explanation == (
+        "rank(s) [3]: element (3,) (slot 3) should be a normal value: bits 0x40e00000 where rank 3's shard "
+        "holds 0x40800000 (an all-gather copies every bit)"
+    )
+    m = changed.mismatch
+    assert m is not None and (m.index, m.chunk, m.expected, m.actual) == ((3,), 3, 4.0, 7.0)
+    # two ranks alike are one finding naming both; the element shown is the first rank's
+    both = gather_findings(
+        GATHER4, {0: torch.tensor([1.0, 2.0, 3.0, 7.0]), 1: torch.tensor([1.0, 9.0, 3.0, 4.0])}
+    )
+    assert [f.explanation.split(":")[0] for f in both] == ["rank(s) [0]", "rank(s) [1]"]
+    assert both[0].mismatch is not None and both[0].mismatch.index == (3,)
+    # a stacked result names no rank
+    [stacked] = gather_findings(GATHER4, {None: torch.tensor([4.0, 2.0, 3.0, 1.0])})
+    assert stacked.explanation == (
+        "slot 0 holds rank 3's shard, slot 3 holds rank 0's shard: an all-gather puts rank r's shard in "
+        "slot r"
+    )
+    assert stacked.ranks == []
+    [stacked] = gather_findings(GATHER4, {None: torch.tensor([1.0, 2.0, 3.0, -0.0])})
+    assert stacked.explanation.startswith("element (3,) (slot 3) should be a normal value: bits 0x80000000 ")
+    assert stacked.ranks == [] and stacked.mismatch is not None
+
+
+@pytest.mark.clause("difftest-collectives")
+def test_a_copied_value_is_named_by_its_kind() -> None:
+    fmt = format_of(torch.float32)
+    tiny = torch.finfo(torch.float32).tiny
+    assert _kind_of(0.0, fmt) == "a positive zero"
+    assert _kind_of(-0.0, fmt) == "a negative zero"
+    assert _kind_of(1.0, fmt) == "a normal value"
+    assert _kind_of(-math.inf, fmt) == "an infinity"
+    assert _kind_of(tiny, fmt) == "a normal value"  # the smallest normal is normal
+    assert _kind_of(-tiny / 2, fmt) == "a subnormal (flushed to zero?)"
+    assert _kind_of(math.nan, fmt) == "a NaN (its sign and payload must be copied too)"
+
+
+SHARD_PROBES: list[torch.Tensor] = []
+
+
+def _shards_moved(x: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    """Bug, at N = 4 and one element per shard: rank 0 holds chunk 0, rank 1 chunk 2, rank 2 chunk 1, and
+    rank 3 a value of no chunk; the product of the workers' rows (small whole numbers: exact in every
+    order)."""
+    SHARD_PROBES.append(x.clone())
+    total = x.prod(0)
+    return torch.stack([total[0], total[2], total[1], torch.tensor(-5.0)])[:, None]
+
+
+@pytest.mark.clause("difftest-collectives")
+def test_wrong_shard_names_each_rank_holding_another_chunk_on_the_ops_shard_probe() -> None:
+    c = Case(
+        4,
+        4,
+        (),
+        torch.float32,
+        "contiguous",
+        tuple(float(v % 3 + 1) for v in range(16)),
+        "prod",
+        collective=Collective.REDUCE_SCATTER,
+    )
+    SHARD_PROBES.clear()
+    finding = wrong_shard(as_launcher(_shards_moved), call_target(_shards_moved, c))
+    assert finding is not None and finding.codes == ["wrong-shard"] and finding.ranks == [1, 2]
+    # prod's probe: worker 0 holds 2 * (e + 1) at element e, the others 1
+    assert torch.equal(SHARD_PROBES[-1][0], torch.tensor([2.0, 4.0, 6.0, 8.0]))
+    assert torch.equal(SHARD_PROBES[-1][1:], torch.ones(3, 4))
+    assert finding.explanation == (
+        "On the shard probe (worker 0 holds 2 * (e + 1) at element e, the rest 1: every element a different "
+        "value, the same in every order) rank 1 holds chunk 2, rank 2 holds chunk 1: a reduce-scatter leaves "
+        "chunk r at rank r (reduce_scatter_tensor, MPI_Reduce_scatter_block, NCCL; clause "
+        "difftest-collectives)"
+    )
+
+
+def _modifies_and_moves_shards(x: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    """Bugs: the input modified, and rank r holding chunk r + 1."""
+    out = planted_impls.reduce_scatter_next_chunk(x.clone())
+    x.zero_()
+    return out
+
+
+@pytest.mark.clause("difftest-collectives", "difftest-diagnoses")
+def test_no_shard_probe_runs_after_a_structural_finding() -> None:
+    c = Case(
+        2, 2, (), torch.float32, "contiguous", (1.0, 2.0, 3.0, 4.0), collective=Collective.REDUCE_SCATTER
+    )
+    outcome = call_target(_modifies_and_moves_shards, c)
+    assert wrong_shard(as_launcher(_modifies_and_moves_shards), outcome) is not None  # it would name one
+    finding = diagnose(_modifies_and_moves_shards, outcome, "bound")
+    assert finding is not None and finding.codes[0] == "input-modified" and "wrong-shard" not in finding.codes

@@ -10,26 +10,29 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
 from ring_ref import ring_all_reduce
+from ring_ref._dtypes import format_of
 from ring_ref._reveal import RevealError, reveal
 from ring_ref.difftest import CODES, DTYPES, Case, difftest
-from ring_ref.difftest._call import Answer, Failure, Outcome, call_target, decode, observe
-from ring_ref.difftest._diagnosis import _divided_first, diagnose
+from ring_ref.difftest._call import Answer, Failure, Outcome, RaisedAt, call_target, decode, observe
+from ring_ref.difftest._diagnosis import _divided_first, diagnose, plus_zeros_only
 from ring_ref.difftest._diagnosis_probes import (
     count_contributions,
     op_probe_rows,
     op_probe_values,
     position_probe,
+    times_reciprocal,
 )
 from ring_ref.difftest._inputs import (
     LAYOUTS,
 )
 from ring_ref.difftest._launch import Launcher, OutputLog, as_launcher
 from ring_ref.difftest._oracles import SPEC_ORDER, ExactOrder
-from ring_ref.difftest._orders import per_rank_target
+from ring_ref.difftest._orders import per_rank_target, schedule_order
 from ring_ref.difftest._verdict import difference, passes, structural
 from ring_ref.difftest._vocabulary import RANKS, Mode, Op
 from ring_ref.testing import assert_matches_reference
@@ -265,6 +268,7 @@ VALUE_CODES = {
     "wrong-op",
     "avg-divided-first",
     "signed-zero",
+    "narrowed-dtype",
 }
 
 # N = 2 workers of M = 2: worker 0 holds 1, 2 and worker 1 holds 3, 4, so the sum is 4, 6 in every order.
@@ -375,6 +379,28 @@ def test_an_exception_is_raised_on_a_valid_input_and_the_launchers_note_follows_
     assert finding is not None
     assert (finding.codes, finding.explanation) == (["raised"], f"raised: {said}; rank 1 was stopped")
     assert finding.mismatch is None and finding.ranks == []
+
+
+@pytest.mark.clause("difftest-diagnoses", "difftest-raised-at")
+def test_a_group_raised_where_its_first_rank_with_a_place_raised_and_keeps_the_stack() -> None:
+    at = RaisedAt("/u/t.py", 12, "return xs[9]")
+    answers = (
+        Answer("IndexError", raised="IndexError: list index out of range", rank=0),  # no place of its own
+        Answer("IndexError", raised="IndexError: list index out of range", rank=1, raised_at=at),
+        Answer(
+            "IndexError",
+            raised="IndexError: list index out of range",
+            rank=2,
+            raised_at=RaisedAt("/u/t.py", 3),
+        ),
+    )
+    outcome = Outcome(case((1.0, 2.0, 3.0), n=3), answers, stack="rank 1:\n  File /u/t.py, line 12")
+    finding = diagnose(planted_impls.torch_sum, outcome, "bound")
+    assert finding is not None and finding.codes == ["raised"]
+    assert finding.raised_at == at
+    assert finding.stack == "rank 1:\n  File /u/t.py, line 12"
+    nowhere = diagnose(planted_impls.torch_sum, replace(outcome, answers=answers[:1]), "bound")
+    assert nowhere is not None and nowhere.codes == ["raised"] and nowhere.raised_at is None
 
 
 @pytest.mark.clause("difftest-diagnoses")
@@ -952,11 +978,44 @@ def test_another_zero_where_minus_and_plus_zero_tie_is_signed_zero_under_exact(o
     )
 
 
+@pytest.mark.clause("difftest-diagnoses", "difftest-exact-orders")
+@pytest.mark.parametrize(("op", "word"), [("max", "maximum"), ("min", "minimum")])
+def test_the_zeros_of_a_tie_are_the_expected_orders(op: Op, word: str) -> None:
+    # N = 2, workers 0.0, -0.0 and -0.0, 0.0: the ring (+1, +1) folds chunk 0 from worker 1, chunk 1 from
+    # worker 0, so it keeps -0.0 twice where the spec's ring keeps 0.0 twice: the spec's ring is signed-zero
+    # against it
+    c = case((0.0, -0.0, -0.0, 0.0), op)
+    codes, text = find(ring_all_reduce, c, "exact", schedule_order("1,1,even"))
+    assert codes == ["signed-zero"], text
+    assert text.startswith("First differing element (0,) (chunk 0): expected -0.0, actual 0.0")
+    assert text.endswith(
+        f"where -0 and +0 tie for the {word}, the ring keeps the first in its fold order (clause op-{op}), "
+        "the target another (another fold order, or another tie rule such as numpy's second argument or "
+        f"IEEE 754-2019's -0 < +0): a correct {op} by value; only --mode exact requires the ring's zeros"
+    )
+
+
+def _sums_from_plus_zero(x: torch.Tensor, op: str) -> torch.Tensor:
+    return x.sum(0) + 0.0
+
+
+@pytest.mark.clause("difftest-diagnoses")
+def test_one_workers_op_probes_run_at_two_workers_and_say_so() -> None:
+    # One worker holding -0.0: its max is -0.0; a sum from +0.0 gives +0.0, which the sum's bound accepts
+    codes, text = find(_sums_from_plus_zero, case((-0.0,), "max", n=1), "bound")
+    assert codes == ["sum-not-op"]
+    assert text.endswith(
+        ". On the op probes at N = 2, M = 2 (worker j holds 2 + j % 2: 2, 3, 2, ..., and 3 - j % 2, where "
+        "every op gives another value) every element is the sum (5.0 on the first, where max gives 3.0): the "
+        "target computed sum when asked for max"
+    )
+
+
 @pytest.mark.clause("difftest-diagnoses")
 @pytest.mark.parametrize(("op", "word", "mirror"), [("max", "maximum", "min"), ("min", "minimum", "max")])
 def test_a_zero_no_worker_holds_is_signed_zero_in_every_mode(op: Op, word: str, mirror: str) -> None:
     c = case((-0.0, 1.0, -0.0, 1.0), op)  # both workers hold -0 at element 0
-    for mode in ("order-free", "bound"):
+    for mode in MODES:
         codes, text = find(_zero_as_plus, c, mode)
         assert codes == ["signed-zero"]
         assert text.endswith(
@@ -985,7 +1044,33 @@ def test_an_averages_plus_zero_of_minus_zeros_is_a_fold_from_plus_zero() -> None
     # every worker holds -0.0 at element 0: the ring's average is -0.0, a fold from +0.0 gives +0.0
     codes, text = find(_plus_zero_avg, case((-0.0, 2.0, -0.0, 4.0), "avg"), "exact")
     assert codes == ["signed-zero"]
-    assert "a fold that starts from the identity +0.0" in text
+    assert text.endswith(f". {FOLD_FROM_PLUS_ZERO.format(op='avg')}")
+    # a sum the same, its words the same
+    codes, text = find(_zero_as_plus, case((-0.0, 2.0, -0.0, 4.0), "sum"), "exact")
+    assert codes == ["signed-zero"]
+    assert text.endswith(f". {FOLD_FROM_PLUS_ZERO.format(op='sum')}")
+
+
+FOLD_FROM_PLUS_ZERO = (
+    "Every element has the ring's value, but the sign of a zero differs: where every worker holds -0.0, "
+    "every order of IEEE 754 additions, the ring's included, gives -0.0, and a fold that starts from the "
+    "identity +0.0 (XLA's psum, torch.sum, numpy.sum) gives +0.0: a correct {op} by value, which order-free "
+    "and bound accept; only --mode exact requires the ring's zeros"
+)
+
+
+@pytest.mark.clause("difftest-diagnoses")
+def test_plus_zeros_only_is_plus_zero_where_the_order_has_minus_zero_and_nothing_else() -> None:
+    c = case((1.0, -0.0, 3.0, 5.0, -1.0, -0.0, 4.0, 5.0))  # the ring: 0.0 (1 + -1), -0.0, 7.0, 10.0
+    assert plus_zeros_only(c, torch.tensor([0.0, 0.0, 7.0, 10.0]))
+    assert plus_zeros_only(c, torch.tensor([0.0, -0.0, 7.0, 10.0]))  # the ring's own result
+    assert not plus_zeros_only(c, torch.tensor([-0.0, 0.0, 7.0, 10.0]))  # -0.0 where the ring has +0.0
+    assert not plus_zeros_only(c, torch.tensor([-0.0, -0.0, 7.0, 10.0]))
+    assert not plus_zeros_only(c, torch.tensor([0.0, 0.0, 8.0, 10.0]))  # a value wrong too
+    # against another order: its zeros and values, not the ring's
+    made_up = ExactOrder("a made-up order", lambda _: torch.tensor([-0.0, -0.0, 8.0, 10.0]))
+    assert plus_zeros_only(c, torch.tensor([0.0, 0.0, 8.0, 10.0]), made_up)
+    assert not plus_zeros_only(c, torch.tensor([0.0, 0.0, 7.0, 10.0]), made_up)
 
 
 def _zero_as_plus_and_seven_thrice(x: torch.Tensor, op: str) -> torch.Tensor:
@@ -1022,6 +1107,13 @@ def test_the_ring_sum_of_quotients_bit_for_bit_is_avg_divided_first(fn: Callable
         )
 
 
+# float32, N = 3: 1384399 + -2293284 = -908885, times fl(1/3) rounds to -302961.6875, the exact average
+# to -302961.65625, as do the quotients summed (typed in from the counterexample jax gave)
+XLA_PMEAN = Case(
+    3, 3, (), torch.float32, "contiguous", (0.0, 0.0, 0.0, 1384399.0, 0.0, 0.0, -2293284.0, 0.0, 0.0), "avg"
+)
+
+
 @pytest.mark.clause("difftest-diagnoses", "op-avg")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 def test_the_sum_times_a_rounded_reciprocal_is_named_not_divided_first(dtype: torch.dtype) -> None:
@@ -1029,14 +1121,40 @@ def test_the_sum_times_a_rounded_reciprocal_is_named_not_divided_first(dtype: to
     where it also equals the ring's sum of quotients (the coincidence once read as avg-divided-first)."""
     # float32, N = 3: 1384399 + -2293284 = -908885, times fl(1/3) rounds to -302961.6875, the exact
     # average to -302961.65625, as do the quotients summed (typed in from the counterexample jax gave)
-    values = (0.0, 0.0, 0.0, 1384399.0, 0.0, 0.0, -2293284.0, 0.0, 0.0)
-    case = Case(3, 3, (), dtype, "contiguous", values if dtype == torch.float32 else F16_THIRDS.values, "avg")
+    case = XLA_PMEAN if dtype == torch.float32 else F16_THIRDS
+    # the two-worker probe's contributions, and the values the words name, by numpy's own arithmetic
+    pair = times_reciprocal(format_of(dtype), 3)
+    assert pair is not None
+    a, b, times = pair
+    same: type[np.floating[Any]] = np.float16 if dtype == torch.float16 else np.float32
+    reciprocal = same(1) / same(3)
+    assert times == float(same(a + b) * reciprocal)
+    once = float(same(a + b) / same(3))
     for mode in ("exact", "order-free"):
         codes, text = find(planted_impls.multiplies_after_the_sum, case, mode)
         assert codes == ["avg-times-reciprocal"], (mode, text)
-        assert "the sum multiplied by 1/N rounded" in text and "as XLA's pmean does" in text
+        assert text.endswith(
+            f". With only workers 0 and 1 holding {a} and {b} (one addition, the same in every order) the "
+            f"target gives {times!r} everywhere: the sum multiplied by 1/N rounded ({float(reciprocal)!r}) "
+            f"after the sum, as XLA's pmean does; an average divided once gives {once!r} (clause op-avg)"
+        )
     for fn in (planted_impls.divides_first, planted_impls.premultiplies):
         assert find(fn, F16_THIRDS, "order-free")[0] == ["avg-divided-first"]
+
+
+def _twice_the_average_of_no_zeros(x: torch.Tensor, op: str) -> torch.Tensor:
+    if bool((x == 0).any()):
+        raise ValueError("zeros refused")
+    return 2 * ring_all_reduce(x, op="avg")
+
+
+@pytest.mark.clause("difftest-diagnoses", "op-avg")
+def test_an_average_that_refuses_the_two_worker_probe_is_not_named_by_it() -> None:
+    c = Case(3, 3, (), torch.float32, "contiguous", (3.0, 6.0, 9.0) * 3, "avg")  # every worker holds 3, 6, 9
+    for mode in MODES:
+        codes, text = find(_twice_the_average_of_no_zeros, c, mode)
+        assert codes == ["out-of-bound"], (mode, text)
+        assert text.startswith("First differing element (0,) (chunk 0): expected 3.0, actual 6.0")
 
 
 def _premultiplies_in_torch_order(x: torch.Tensor, op: str) -> torch.Tensor:
@@ -1511,6 +1629,55 @@ def test_not_ring_order_without_a_reveal_when_the_target_refuses_its_probes() ->
     assert text.endswith("(clause fold-order); only --mode exact requires that order")
 
 
+ROUNDS_ONCE_WORDS = (
+    "A correct sum that rounds once: every contribution is counted once and every element is the exact "
+    "sum correctly rounded, but no tree of additions in the dtype gives the target's answers on reveal's "
+    "swamping probes: the target accumulates in higher precision or otherwise does not round after every "
+    "addition (a wider accumulator, a fused or compensated sum), so it has no summation order at all, the "
+    "ring's included (clause fold-order); only --mode exact requires the ring's order"
+)
+# N = 4 float16 workers: worker 0 holds 1, the others 2^-11: recursive doubling's (1 + 2^-11) +
+# (2^-11 + 2^-11) is 1 + 2^-10 (the first sum a tie, to even: 1), the sum 1 + 3 * 2^-11 rounded once a tie
+# to 1 + 2^-9.
+F16_PAIRWISE = Case(4, 4, (), torch.float16, "contiguous", (1.0,) * 4 + (2.0**-11,) * 12)
+
+
+@pytest.mark.clause("difftest-diagnoses", "difftest-exact-orders")
+@pytest.mark.parametrize(
+    ("order", "c", "shown", "tree"),
+    [
+        # chunk c of the ring (+1, +1) folds c + 1, c + 2, ..., c: element 1 folds 2, 0, 1 (1 + 2^-11 is 1)
+        (
+            schedule_order("1,1,even"),
+            F16_ORDERED,
+            "(1,) (chunk 1): expected 1.0, actual 1.0009765625",
+            "the order of the ring with direction +1, offset 1, layout even folds 2,0,1",
+        ),
+        (
+            schedule_order("recursive-doubling"),
+            F16_PAIRWISE,
+            "(0,) (chunk 0): expected 1.0009765625, actual 1.001953125",
+            "the recursive-doubling schedule's order sums it as ((0+1)+(2+3))",
+        ),
+        # no trees to name: the words end with the order's
+        (
+            ExactOrder("the ring's values", lambda c: ring_all_reduce(c.tensor())),
+            F16_ORDERED,
+            "(0,) (chunk 0): expected 1.0, actual 1.0009765625",
+            "",
+        ),
+    ],
+    ids=["ring-by-value", "recursive-doubling", "no-trees"],
+)
+def test_a_sum_that_rounds_once_is_named_with_the_expected_orders_tree(
+    order: ExactOrder, c: Case, shown: str, tree: str
+) -> None:
+    codes, text = find(planted_impls.torch_sum, c, "exact", order)
+    assert codes == ["not-ring-order"]
+    assert text.startswith(f"First differing element {shown}; not bitwise equal to {order.name}")
+    assert text.endswith(f". {ROUNDS_ONCE_WORDS}" + (f" ({tree} at that element)" if tree else ""))
+
+
 @pytest.mark.clause("difftest-diagnoses")
 def test_the_spec_fold_is_named_only_when_exact_is_the_specs_ring() -> None:
     torch_order = ExactOrder("torch.sum's order", lambda c: torch.sum(c.tensor(), 0))
@@ -1660,6 +1827,42 @@ def test_every_failing_rank_has_its_counts_whatever_the_code() -> None:
     unanswered = diagnose(flaky, flaky.call(PAIR), "bound")
     assert unanswered is not None and unanswered.codes == ["ranks-disagree"]
     assert unanswered.explanation.endswith("per failing rank: rank 1: no well-formed result on some probe")
+
+
+@pytest.mark.clause("difftest-diagnoses", "difftest-exact-orders")
+def test_each_failing_rank_s_counts_label_the_chunk_by_the_expected_orders_layout() -> None:
+    # N = 3, M = 4 under openmpi-ring's blocks layout: chunks of 2, 1, 1 elements, element 3 in chunk 2.
+    # Workers hold 0 but at element 3 (5, 6, 7): every rank below is wrong only there.
+    c = Case(
+        3, 4, (), torch.float32, "contiguous", (0.0, 0.0, 0.0, 5.0, 0.0, 0.0, 0.0, 6.0, 0.0, 0.0, 0.0, 7.0)
+    )
+    blocks = schedule_order("openmpi-ring")
+    twice_and_lost = (
+        "worker 0: 1, worker 1: 2, worker 2: 0 (worker(s) [1] counted more than once, worker(s) [2] lost)"
+    )
+
+    def counting(c: Case, r: int) -> torch.Tensor:
+        x = c.tensor()
+        return {0: x.sum(0), 1: x.sum(0) + x[0], 2: x.sum(0) + x[1] - x[2]}[r]
+
+    finding = diagnose(PerRank(counting), PerRank(counting).call(c), "bound", blocks)
+    assert finding is not None and finding.codes == ["double-counted"] and finding.ranks == [1, 2]
+    assert "element (3,) (chunk 2) is worker 0: 2, worker 1: 1, worker 2: 1" in finding.explanation
+    assert finding.explanation.endswith(
+        "; the one-hot probes (only worker j holding ones (the rest zeros)) per failing rank: rank 2: "
+        f"element (3,) (chunk 2) is {twice_and_lost}"
+    ), finding.explanation
+
+    def disagreeing(c: Case, r: int) -> torch.Tensor:
+        x = c.tensor()
+        return {0: x.sum(0), 1: x.sum(0) - x[2], 2: x.sum(0) + x[1] - x[2]}[r]
+
+    finding = diagnose(PerRank(disagreeing), PerRank(disagreeing).call(c), "bound", blocks)
+    assert finding is not None and finding.codes == ["ranks-disagree"] and finding.ranks == [1, 2]
+    assert finding.explanation.endswith(
+        "per failing rank: rank 1: element (3,) (chunk 2) is worker 0: 1, worker 1: 1, worker 2: 0 "
+        f"(worker(s) [2] lost); rank 2: element (3,) (chunk 2) is {twice_and_lost}"
+    ), finding.explanation
 
 
 def _avg_off_on_marks(steps: int) -> Callable[..., torch.Tensor]:
@@ -1925,8 +2128,9 @@ def _bug_on_every_rank(bug: Callable[..., torch.Tensor]) -> PerRank:
             "With only workers 0 and 1 holding",
         ),
         (planted_impls.torch_sum, ORDERED, "not-ring-order", "the target sums that element as fold 0,1,2"),
+        (planted_impls.multiplies_after_the_sum, XLA_PMEAN, "avg-times-reciprocal", "as XLA's pmean does"),
     ],
-    ids=["wrong-op", "signed-zero", "divided-first", "not-ring-order"],
+    ids=["wrong-op", "signed-zero", "divided-first", "not-ring-order", "times-reciprocal"],
 )
 def test_a_ranks_probes_are_read_from_that_rank(
     bug: Callable[..., torch.Tensor], c: Case, code: str, words: str
@@ -1958,6 +2162,10 @@ def _in_bfloat16(x: torch.Tensor) -> torch.Tensor:
     return ring_all_reduce(x.to(torch.bfloat16)).to(x.dtype)
 
 
+def _in_float16(x: torch.Tensor) -> torch.Tensor:
+    return ring_all_reduce(x.to(torch.float16)).to(x.dtype)
+
+
 def _max_in_float32(x: torch.Tensor, op: str) -> torch.Tensor:
     return ring_all_reduce(x.to(torch.float32), op=op).to(x.dtype)
 
@@ -1968,6 +2176,9 @@ def _max_in_float32(x: torch.Tensor, op: str) -> torch.Tensor:
 WIDE = (1 + 2**-40, 2.0, 2**-40, 3.0)
 F32 = (1 + 2**-20, 2.0, 2**-20, 3.0)
 WIDE_BF16 = (1 + 2**-10 + 2**-40, 2.0, 2**-40, 3.0)
+# Both workers hold 1 + 2^-10 + 2^-20, a float32 value (so float32 is passed over) of neither bfloat16 nor
+# float16, which round it to 1 and 1 + 2^-10; float16's sum 2 + 2^-9 is no bfloat16 value: float16 is named.
+F32_IN_F16 = (1 + 2**-10 + 2**-20, 2.0, 1 + 2**-10 + 2**-20, 3.0)
 
 
 @pytest.mark.clause("difftest-narrowed-dtype")
@@ -1978,8 +2189,9 @@ WIDE_BF16 = (1 + 2**-10 + 2**-40, 2.0, 2**-40, 3.0)
         (_in_bfloat16, case(F32), "bfloat16"),
         (_in_bfloat16, case(WIDE_BF16, dtype=torch.float64), "bfloat16"),
         (_max_in_float32, case(WIDE, "max", dtype=torch.float64), "float32"),
+        (_in_float16, case(F32_IN_F16, dtype=torch.float64), "float16"),
     ],
-    ids=["float64-in-float32", "float32-in-bfloat16", "float64-in-bfloat16", "max"],
+    ids=["float64-in-float32", "float32-in-bfloat16", "float64-in-bfloat16", "max", "float64-in-float16"],
 )
 def test_a_result_computed_in_a_narrower_dtype_is_named_for_any_target(
     bug: Callable[..., torch.Tensor], c: Case, narrow: str
@@ -1988,7 +2200,12 @@ def test_a_result_computed_in_a_narrower_dtype_is_named_for_any_target(
     for mode in MODES:
         codes, text = find(bug, c, mode)
         assert codes == ["narrowed-dtype"], (mode, text)
-        assert f"Every element is a {narrow} value" in text and f"widened the result back to {wide}" in text
+        assert text.endswith(
+            f". Every element is a {narrow} value, within {narrow}'s forward-error bound of the "
+            f"{c.reduction} of the inputs rounded to {narrow}: the target computed in {narrow} and widened "
+            f"the result back to {wide} (a conversion that narrows silently, as mlx.core.array makes float32 "
+            "of a float64 numpy array)"
+        )
     # The same on every rank of a group: each rank's result is named, the ranks listed.
     group = _bug_on_every_rank(bug)
     finding = diagnose(group, group.call(c), "bound")
