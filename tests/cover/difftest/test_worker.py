@@ -39,8 +39,20 @@ import torch
 from ring_ref import ring_all_reduce
 from ring_ref._processes._shared import die_with_parent
 from ring_ref.difftest import Case, TargetError, _worker
-from ring_ref.difftest._call import decode
-from ring_ref.difftest._worker import Died, Reply, Stuck, Worker, exit_description, target_frames, trim
+from ring_ref.difftest._call import Garbled, decode
+from ring_ref.difftest._worker import (
+    MAX_HEADER,
+    MAX_PAYLOAD,
+    Died,
+    Reply,
+    Stuck,
+    Worker,
+    exit_description,
+    frame,
+    target_frames,
+    trim,
+    unframe,
+)
 from tests.common.processes import gone
 
 # A per-test limit too: a hang (under mutation testing, say) fails its test instead of stalling the run.
@@ -997,3 +1009,38 @@ def test_a_worker_whose_parent_is_already_gone_leaves_at_once_with_status_0() ->
         finally:
             os._exit(7)  # reached only if it did not leave
     assert os.waitpid(pid, 0)[1] == 0
+
+
+def _lengths(head: int, payload: int) -> bytes:
+    return head.to_bytes(8, "big") + payload.to_bytes(8, "big")
+
+
+@pytest.mark.parametrize(
+    ("data", "words"),
+    [
+        (b"", "a frame of 0 bytes"),
+        (b"\0" * 15, "a frame of 15 bytes"),
+        (frame({"kind": "ready"}, b"xy") + b"!", "a frame of 36 bytes announcing 17 + 2"),  # one byte more
+        (frame({"kind": "ready"}, b"xy")[:-1], "a frame of 34 bytes announcing 17 + 2"),  # one byte less
+        # a payload length whose top byte is set: over the limit, whatever the bytes after it say
+        (_lengths(2, 1 << 56) + b"{}", f"a frame of 18 bytes announcing 2 + {1 << 56}"),
+    ],
+)
+def test_a_garbled_frame_is_named_by_its_length_and_what_it_announced(data: bytes, words: str) -> None:
+    with pytest.raises(Garbled) as raised:
+        unframe(data)
+    assert str(raised.value) == words
+
+
+def test_a_frame_of_lengths_alone_is_read_as_an_empty_header() -> None:
+    with pytest.raises(Garbled, match=r"^the header is not JSON"):  # 16 bytes: a frame, its header empty
+        unframe(_lengths(0, 0))
+
+
+def test_a_frame_may_announce_exactly_the_largest_header_and_payload() -> None:
+    head = b"{}" + b" " * (MAX_HEADER - 2)  # JSON with trailing blanks: exactly MAX_HEADER bytes
+    assert unframe(_lengths(MAX_HEADER, 0) + head) == Reply({}, b"")
+    assert unframe(_lengths(2, MAX_PAYLOAD) + b"{}" + bytes(MAX_PAYLOAD)).payload == bytes(MAX_PAYLOAD)
+    with pytest.raises(Garbled) as raised:  # one byte over the header's limit, the length right
+        unframe(_lengths(MAX_HEADER + 1, 0) + head + b" ")
+    assert str(raised.value) == f"a frame of {MAX_HEADER + 17} bytes announcing {MAX_HEADER + 1} + 0"
