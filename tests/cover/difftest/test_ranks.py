@@ -127,6 +127,7 @@ def test_the_mlx_hub_writes_a_hostfile_of_free_loopback_ports_and_removes_it(
     hub.started()
     hub.close()
     assert not hostfile.parent.exists()
+    hub.close()  # closing again finds nothing to remove: no error
     two = _ranks._MlxHub(2)  # the smallest ring
     assert two.hostfile is not None and len(json.loads(Path(two.hostfile).read_text())) == 2
     two.close()
@@ -159,6 +160,14 @@ def test_an_mlx_rank_joins_with_the_variables_mlx_launch_sets(
     monkeypatch.setattr(_ranks, "join_ring", join)
     join_mlx(hostfile, 2, 3)
     assert seen == [("2", hostfile)]
+
+
+def test_a_lone_mlx_rank_joins_with_no_hostfile_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MLX_RANK", "stale")  # restored after the test, as join_mlx sets it
+    monkeypatch.delenv("MLX_HOSTFILE", raising=False)
+    monkeypatch.setattr(_ranks, "join_ring", lambda: _Group(1))
+    join_mlx(None, 0, 1)
+    assert "MLX_HOSTFILE" not in os.environ and os.environ["MLX_RANK"] == "0"
 
 
 def test_an_mlx_ring_of_another_size_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
