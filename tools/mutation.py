@@ -240,7 +240,7 @@ MODULES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
     ),
     "difftest.options": (
         ("ring_ref/difftest/_options.py",),
-        ("ring_ref/difftest/_options.py", *SEARCH_TESTS),
+        ("ring_ref/difftest/_options.py", "tests/cover/difftest/test_options.py", *SEARCH_TESTS),
     ),
     "difftest.rules": (
         ("ring_ref/difftest/_rules.py",),

@@ -19,7 +19,6 @@ from torch.distributed.distributed_c10d import _coalescing_manager
 from ring_ref._ranks._backend import (
     ORDER_ENV,
     RingRefOptions,
-    _done,
     _op_of,
     _order_text,
     agree_on_order,
@@ -131,14 +130,6 @@ def test_every_reduction_of_a_one_rank_group_refuses_a_tensor_off_the_cpu() -> N
         assert cpu.tolist() == [1.0] * 4
     finally:
         dist.destroy_process_group()
-
-
-@pytest.mark.clause("backend-reductions")
-def test_a_collective_returns_a_completed_work_whose_future_holds_its_tensors() -> None:
-    tensors = [torch.ones(2)]
-    work = _done(tensors)
-    assert work.is_completed()
-    assert work.get_future().value() is tensors
 
 
 @pytest.fixture

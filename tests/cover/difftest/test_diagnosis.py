@@ -1119,8 +1119,6 @@ XLA_PMEAN = Case(
 def test_the_sum_times_a_rounded_reciprocal_is_named_not_divided_first(dtype: torch.dtype) -> None:
     """XLA's pmean multiplies the sum by fl(1/N): named so in exact and order-free, on a counterexample
     where it also equals the ring's sum of quotients (the coincidence once read as avg-divided-first)."""
-    # float32, N = 3: 1384399 + -2293284 = -908885, times fl(1/3) rounds to -302961.6875, the exact
-    # average to -302961.65625, as do the quotients summed (typed in from the counterexample jax gave)
     case = XLA_PMEAN if dtype == torch.float32 else F16_THIRDS
     # the two-worker probe's contributions, and the values the words name, by numpy's own arithmetic
     pair = times_reciprocal(format_of(dtype), 3)
