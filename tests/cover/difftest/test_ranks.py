@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import socket
 import sys
 import types
 from pathlib import Path
@@ -21,16 +20,6 @@ import pytest
 
 from ring_ref.difftest import _ranks
 from ring_ref.difftest._ranks import JaxRanks, MlxRanks, _in_environment, join_jax, join_mlx
-
-
-def _free(port: int) -> bool:
-    """Whether ``127.0.0.1:port`` can be bound now (a port the hub chose and let go of)."""
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def test_a_rank_sets_the_environment_before_it_joins() -> None:
@@ -97,12 +86,12 @@ def test_a_jax_group_of_another_size_is_an_error_naming_both(
     )
 
 
-def test_the_jax_hub_is_a_free_loopback_port_and_each_rank_joins_it(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_jax_hub_is_a_loopback_port_and_each_rank_joins_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delitem(sys.modules, "jax", raising=False)
     hub = JaxRanks("ring_ref:ring_all_reduce", 12.5).hub(4)
     assert isinstance(hub, _ranks._JaxHub)
     assert (hub.n, hub.timeout_s) == (4, 55)  # twice the call's time limit and 30 s, whole seconds
-    assert _free(hub.port)
+    assert 0 < hub.port < 1 << 16  # a port of loopback_listener's (tested with it), let go of
     setup = hub.rank_setup(3)
     assert isinstance(setup, functools.partial)
     assert (setup.func, setup.args, setup.keywords) == (join_jax, (hub.port, 3, 4, 55), {})
@@ -110,7 +99,7 @@ def test_the_jax_hub_is_a_free_loopback_port_and_each_rank_joins_it(monkeypatch:
     hub.close()
 
 
-def test_the_mlx_hub_writes_a_hostfile_of_free_loopback_ports_and_removes_it(
+def test_the_mlx_hub_writes_a_hostfile_of_loopback_ports_and_removes_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delitem(sys.modules, "mlx", raising=False)
@@ -120,7 +109,7 @@ def test_the_mlx_hub_writes_a_hostfile_of_free_loopback_ports_and_removes_it(
     assert hostfile.parent == Path(hub.directory) and hostfile.parent.name.startswith("ring-ref-mlx-")
     hosts = json.loads(hostfile.read_text())
     assert len(hosts) == 3 and all(len(h) == 1 and h[0].startswith("127.0.0.1:") for h in hosts)
-    assert all(_free(int(h[0].rsplit(":", 1)[1])) for h in hosts)
+    assert all(0 < int(h[0].rsplit(":", 1)[1]) < 1 << 16 for h in hosts)
     setup = hub.rank_setup(1)
     assert isinstance(setup, functools.partial)
     assert (setup.func, setup.args, setup.keywords) == (join_mlx, (hub.hostfile, 1, 3), {})
