@@ -28,7 +28,7 @@ from ring_ref.difftest._in_job import command_in_job, job_rank, reveal_in_job
 from ring_ref.difftest._launch import Launcher
 from ring_ref.difftest._options import Options, rank_launcher, refused
 from ring_ref.difftest._report import Report
-from ring_ref.difftest._search import run_difftest
+from ring_ref.difftest._run import run_difftest
 from ring_ref.invariants import Provenance, State
 from ring_ref.schedule import (
     PRESETS,

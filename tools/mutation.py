@@ -76,9 +76,14 @@ DIAGNOSIS_TESTS: Final = tests_from(
 """The diagnosis' fast tests (the file's last section): outcomes built by hand, targets run in pytest."""
 
 SEARCH_TESTS: Final = tests_from(
-    "tests/cover/difftest/test_search.py", "test_options_within_the_documented_ranges_are_accepted"
+    "tests/cover/difftest/test_search.py",
+    "test_a_passing_mode_counts_every_call_and_runs_the_one_worker_cases_first",
 )
-"""The search's fast tests (the file's last section), which also hold the option rules'."""
+"""The search's fast tests (the file's last section): scripted launchers, ``zero_out`` with predicates."""
+
+RUN_TESTS: Final = ("tests/cover/difftest/test_run.py",)
+"""The run's tests: options refused, launchers chosen, reports and replay lines (targets in pytest's process,
+workers, stand-ins for the rank launchers)."""
 
 BACKEND_TESTS: Final = tuple(
     f"tests/nocover/test_backend.py::{name}"
@@ -240,14 +245,14 @@ MODULES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
     ),
     "difftest.options": (
         ("ring_ref/difftest/_options.py",),
-        ("ring_ref/difftest/_options.py", "tests/cover/difftest/test_options.py", *SEARCH_TESTS),
+        ("ring_ref/difftest/_options.py", "tests/cover/difftest/test_options.py", *RUN_TESTS),
     ),
     "difftest.rules": (
         ("ring_ref/difftest/_rules.py",),
         (
             "ring_ref/difftest/_rules.py",
             "tests/cover/difftest/test_rules.py",
-            *SEARCH_TESTS,
+            *RUN_TESTS,
             *tests_from(
                 "tests/cover/test_cli.py", "test_help_and_usage_errors_answer_without_importing_torch"
             ),
@@ -277,6 +282,7 @@ MODULES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
         ("ring_ref/difftest/_diagnosis.py", *DIAGNOSIS_TESTS, "tests/cover/difftest/test_collectives.py"),
     ),
     "difftest.search": (("ring_ref/difftest/_search.py",), ("ring_ref/difftest/_search.py", *SEARCH_TESTS)),
+    "difftest.run": (("ring_ref/difftest/_run.py",), ("ring_ref/difftest/_run.py", *RUN_TESTS)),
     # The process-group launchers: fake communicators in pytest's process, and real gloo groups and MPI
     # jobs (seconds per mutant).
     "difftest.ranks": (

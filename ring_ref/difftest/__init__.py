@@ -65,8 +65,9 @@ isolated), ``_ranks`` (process groups for per-rank targets), ``_mpi``
 (per-rank targets on MPI jobs), ``_job`` and ``_in_job`` (inside a job),
 ``_diagnosis_probes`` (the diagnosis' probes), ``_diagnosis`` (codes and
 explanations), ``_report`` (text and JSON), ``_options`` (the options, their
-rules, the launcher table), ``_search`` (Hypothesis, shrinking and
-:func:`difftest`), ``_loading`` (loading ``TARGET`` by name).  The command
+rules, the launcher table), ``_search`` (one mode: Hypothesis, shrinking,
+replays), ``_run`` (:func:`difftest`: the plan, the launcher, the replay line,
+the modes run and the report), ``_loading`` (loading ``TARGET`` by name).  The command
 line, which parses arguments and calls :func:`difftest`'s internals with an
 ``Options`` value, lives in :mod:`ring_ref._cli`.  Each name here is imported
 when first used (:mod:`ring_ref._exports`), so that the command line checks
@@ -94,7 +95,7 @@ if TYPE_CHECKING:
     from ring_ref.difftest._loading import TargetError, load_target
     from ring_ref.difftest._orders import OrderError
     from ring_ref.difftest._report import ModeResult, Report
-    from ring_ref.difftest._search import difftest
+    from ring_ref.difftest._run import difftest
     from ring_ref.difftest._vocabulary import (
         CODES,
         COLLECTIVES,
@@ -137,7 +138,7 @@ __getattr__, __dir__ = lazy_exports(
         "ring_ref.difftest._loading": ("TargetError", "load_target"),
         "ring_ref.difftest._orders": ("OrderError",),
         "ring_ref.difftest._report": ("ModeResult", "Report"),
-        "ring_ref.difftest._search": ("difftest",),
+        "ring_ref.difftest._run": ("difftest",),
         "ring_ref.difftest._vocabulary": (
             "CODES",
             "COLLECTIVES",

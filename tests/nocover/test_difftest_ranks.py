@@ -26,7 +26,7 @@ from ring_ref.difftest._call import Outcome
 from ring_ref.difftest._options import Options
 from ring_ref.difftest._orders import schedule_order
 from ring_ref.difftest._ranks import GlooRanks
-from ring_ref.difftest._search import run_difftest
+from ring_ref.difftest._run import run_difftest
 from ring_ref.testing import assert_matches_reference
 from tests.common import planted_rank_impls
 from tests.common.leftovers import left_behind

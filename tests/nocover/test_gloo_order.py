@@ -134,7 +134,7 @@ def test_gloo_fails_exact_at_every_seed_and_passes_its_schedule() -> None:
     from ring_ref.difftest import Report
     from ring_ref.difftest._options import Options
     from ring_ref.difftest._orders import schedule_order
-    from ring_ref.difftest._search import run_difftest
+    from ring_ref.difftest._run import run_difftest
 
     def exact(target: str, seed: int, order: ExactOrder | None = None) -> Report:
         options = Options(

@@ -31,7 +31,7 @@ from ring_ref.difftest._inputs import cases, near_one_log_bound
 from ring_ref.difftest._options import Options
 from ring_ref.difftest._oracles import check_values
 from ring_ref.difftest._orders import schedule_order
-from ring_ref.difftest._search import run_difftest
+from ring_ref.difftest._run import run_difftest
 from tests.common import planted_impls
 from tests.common.oracles import bits, ring_fold_op, same_bits, sums_in_several_orders
 from tests.common.paths import ROOT

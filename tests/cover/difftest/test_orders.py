@@ -29,7 +29,7 @@ from ring_ref.difftest._orders import (
     schedule_order,
 )
 from ring_ref.difftest._rules import Spawn
-from ring_ref.difftest._search import run_difftest
+from ring_ref.difftest._run import run_difftest
 from ring_ref.testing import assert_matches_reference
 from tests.common import planted_orders
 from tests.common.oracles import blocks_bounds, gloo_bounds, same_bits, schedule_fold

@@ -22,7 +22,7 @@ from ring_ref.difftest._options import Options
 from ring_ref.difftest._oracles import SPEC_ORDER, ExactOrder, SavedOrder
 from ring_ref.difftest._orders import file_order, schedule_order
 from ring_ref.difftest._probes import ProbeRun, first_failing_probe, probe_cases, size_form
-from ring_ref.difftest._search import run_difftest
+from ring_ref.difftest._run import run_difftest
 from ring_ref.difftest._vocabulary import Collective
 from tests.common.paths import ROOT
 from tests.common.planted_orders import mpich_ring

@@ -1,15 +1,14 @@
-"""The search: correct implementations pass, the N = 1 and non-contiguous cases are always tried."""
+"""The search of one mode (``ring_ref.difftest._search``): correct implementations pass, the N = 1 and
+non-contiguous cases are always tried, every input is counted, a failure is shrunk, zeroed, replayed twice
+and diagnosed."""
 
 from __future__ import annotations
 
 import json
-import math
-import shlex
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from datetime import timedelta
-from typing import Any, ClassVar
 
 import jsonschema  # type: ignore[import-untyped]
 import pytest
@@ -17,21 +16,15 @@ import torch
 from hypothesis import settings
 from hypothesis import strategies as st
 
-import ring_ref
 from ring_ref import ring_all_reduce
-from ring_ref._cli import main
 from ring_ref.difftest import DTYPES, Case, difftest
-from ring_ref.difftest._call import Failure, Outcome, call_target
+from ring_ref.difftest._call import Outcome, call_target
 from ring_ref.difftest._inputs import every_n_cases, one_worker_cases
-from ring_ref.difftest._launch import Launcher, OutputLog
-from ring_ref.difftest._options import Options, option_problem
 from ring_ref.difftest._oracles import SPEC_ORDER, ExactOrder
-from ring_ref.difftest._rules import Spawn
 from ring_ref.difftest._search import (
     ZERO_OUT_BUDGET,
     _Failed,
     _first_failed,
-    run_difftest,
     run_mode,
     zero_out,
 )
@@ -39,6 +32,7 @@ from ring_ref.difftest._vocabulary import Mode, Op
 from tests.common import planted_impls
 from tests.common.paths import ROOT
 from tests.common.planted_impls import Impl, run_all
+from tests.common.scripted import Answer, Scripted, crashed, off_by, right
 
 SCHEMA = json.loads((ROOT / "spec" / "difftest_report.schema.json").read_text(encoding="utf-8"))
 BUGGY_EXAMPLE = ROOT / "examples" / "buggy_allreduce.py"
@@ -118,80 +112,26 @@ def test_a_pass_names_the_remainders_it_never_tried_and_the_option_that_tries_th
 
 
 # ==========================================================================================================
-# The search (``ring_ref.difftest._search``): options refused, cases run, failures shrunk, replay lines.
+# The search (``ring_ref.difftest._search``): cases run, failures shrunk, zeroed and replayed.
 #
 # Fast, so that ``make mutation`` can run it for each mutant of the search: tiny
 # example budgets, targets run in pytest's process (the correct
 # ``ring_all_reduce``, small wrong ones written here, and a scripted launcher
 # whose every answer is chosen by the test), and ``zero_out`` with predicates
 # written here.  What is checked is what the difftest guide (``docs/guide/difftest.md``)
-# and ``difftest``'s docstring promise: the usage errors name the
-# option and the fix, every generated input is answered and counted, the
+# and ``difftest``'s docstring promise: every generated input is answered and counted, the
 # ``N = 1`` cases run first, a failure is shrunk and then zeroed value by value,
 # replayed twice (``nondeterministic`` when the answers differ), a call that
-# does not answer ends the mode at once, and the replay line reproduces the run.
+# does not answer ends the mode at once.
 # ==========================================================================================================
 
 
 F32 = [torch.float32]
-ALL_DTYPE_NAMES = "float16 bfloat16 float32 float64"
 CASE = Case(2, 2, (), torch.float32, "contiguous", (1.0, 2.0, 3.0, 4.0))
 OVERFLOWS = Case(2, 2, (), torch.float16, "contiguous", (60000.0,) * 4)
 """Each element's sum, 120000, is past float16's largest finite value in every order: two elements skipped."""
 UNDERFLOWS = Case(2, 2, (), torch.float16, "contiguous", (2.0**-14,) * 4, "prod")
 """Each element's product, 2^-28, is below float16's smallest subnormal: two elements skipped."""
-
-NAMELESS = lambda x: ring_all_reduce(x).clone()  # noqa: E731
-"""A target the CLI cannot import."""
-SUM_ONLY = ExactOrder("a sum order", SPEC_ORDER.expected)
-"""An order that computes sums only (as a saved ``--order`` file does)."""
-
-Answer = Callable[[Case, int], Outcome]
-
-
-class Scripted(Launcher):
-    """A launcher whose ``k``-th call (from 1) answers ``answer(case, k)``; it keeps the cases it got."""
-
-    isolated = True
-    kind = "scripted"
-
-    def __init__(self, answer: Answer, *, per_rank: bool = False) -> None:
-        self.answer = answer
-        self.per_rank = per_rank
-        self.output = OutputLog()
-        self.cases: list[Case] = []
-        self.started = self.closed = 0
-
-    def start(self) -> None:
-        self.started += 1
-
-    def call(self, case: Case) -> Outcome:
-        self.cases.append(case)
-        return self.answer(case, len(self.cases))
-
-    def close(self) -> None:
-        self.closed += 1
-
-
-def right(case: Case, k: int = 0) -> Outcome:
-    outcome = call_target(ring_all_reduce, case)
-    outcome.output = f"call {k}"
-    return outcome
-
-
-def off_by(delta: float) -> Answer:
-    def answer(case: Case, k: int) -> Outcome:
-        outcome = call_target(lambda x: ring_all_reduce(x) + delta, case)
-        outcome.output = f"call {k}"
-        return outcome
-
-    return answer
-
-
-def crashed(case: Case, k: int) -> Outcome:
-    return Outcome(
-        case, failure=Failure("crashed", f"died on call {k}", "stack of the dead"), output=f"call {k}"
-    )
 
 
 def all_zero(case: Case) -> bool:
@@ -201,472 +141,6 @@ def all_zero(case: Case) -> bool:
 def zero_calls(launcher: Scripted) -> list[int]:
     """The call numbers (from 1) of the calls on an all-zero case."""
     return [k for k, c in enumerate(launcher.cases, 1) if all_zero(c)]
-
-
-# --- option_problem ---------------------------------------------------------------------------------
-
-
-@pytest.mark.clause("difftest-oracles")
-@pytest.mark.parametrize(
-    "options",
-    [
-        {"examples": 1, "seed": None, "max_workers": 1},
-        {"examples": 1, "seed": 0, "max_workers": 64, "timeout": 0.001},
-        {"examples": 100, "seed": 2**40, "max_workers": 16, "timeout": 60.0},
-    ],
-)
-def test_options_within_the_documented_ranges_are_accepted(options: dict[str, Any]) -> None:
-    assert option_problem(**options) == ""
-
-
-@pytest.mark.clause("difftest-oracles")
-@pytest.mark.parametrize(
-    ("options", "words"),
-    [
-        ({"examples": 0}, ["examples (--examples)", "at least 1", "got 0"]),
-        ({"examples": -3}, ["--examples", "at least 1", "got -3"]),
-        ({"seed": -1}, ["seed (--seed)", "non-negative integer", "got -1"]),
-        ({"max_workers": 0}, ["max_workers (--max-workers)", "between 1 and 64", "got 0"]),
-        ({"max_workers": 65}, ["--max-workers", "between 1 and 64", "got 65"]),
-        ({"timeout": 0.0}, ["timeout (--timeout)", "positive number of seconds", "got 0"]),
-        ({"timeout": -2.5}, ["--timeout", "positive", "got -2.5"]),
-        ({"timeout": math.inf}, ["--timeout", "positive", "got inf"]),
-        ({"timeout": math.nan}, ["--timeout", "positive", "got nan"]),
-    ],
-)
-def test_each_refused_option_is_named_with_its_range(options: dict[str, Any], words: list[str]) -> None:
-    problem = option_problem(**{"examples": 5, "seed": 3, "max_workers": 4, **options})
-    for word in words:
-        assert word in problem
-
-
-@pytest.mark.clause("difftest-oracles")
-@pytest.mark.parametrize(
-    ("options", "word"),
-    [
-        ({"examples": 0}, "--examples"),
-        ({"seed": -1}, "--seed"),
-        ({"max_workers": 65}, "--max-workers"),
-        ({"max_workers": 0}, "--max-workers"),
-        ({"timeout": 0.0}, "--timeout"),
-    ],
-)
-def test_difftest_refuses_the_same_options_before_calling_the_target(
-    options: dict[str, Any], word: str
-) -> None:
-    calls: list[int] = []
-
-    def target(x: torch.Tensor) -> torch.Tensor:
-        calls.append(1)
-        return ring_all_reduce(x)
-
-    with pytest.raises(ValueError, match=word):
-        difftest(target, **{"examples": 1, "seed": 0, **options})
-    assert calls == []
-
-
-# --- difftest: the other refused combinations ------------------------------------------------------------
-
-
-def refusal(exact: ExactOrder | None = None, **kwargs: Any) -> str:
-    """Why difftest refuses these options (``exact``: checking ``exact`` against that order)."""
-    calls: list[int] = []
-
-    def target(x: torch.Tensor) -> torch.Tensor:
-        calls.append(1)
-        return ring_all_reduce(x)
-
-    fn, kwargs = kwargs.pop("fn", target), {"examples": 1, "seed": 0, **kwargs}
-    with pytest.raises(ValueError) as refused:
-        run_difftest(fn, Options(**kwargs), exact) if exact is not None else difftest(fn, **kwargs)
-    assert calls == []
-    return str(refused.value)
-
-
-@pytest.mark.clause("difftest-oracles")
-def test_an_unknown_ranks_kind_is_refused_with_the_kinds() -> None:
-    problem = refusal(ranks="nccl")
-    assert "ranks" in problem and "'gloo'" in problem and "'mpi'" in problem and "'nccl'" in problem
-
-
-@pytest.mark.clause("difftest-oracles")
-@pytest.mark.parametrize("dtypes", [[], [torch.int32], [torch.float32, torch.int64]], ids=str)
-def test_dtypes_must_be_a_non_empty_set_of_the_four(dtypes: list[torch.dtype]) -> None:
-    problem = refusal(dtypes=dtypes)
-    assert "dtypes" in problem and "non-empty" in problem
-    for name in ALL_DTYPE_NAMES.split():
-        assert name in problem
-
-
-@pytest.mark.clause("difftest-oracles")
-def test_bfloat16_is_refused_for_mpi_ranks_with_the_dtypes_numpy_has() -> None:
-    problem = refusal(fn="ring_ref:ring_all_reduce", ranks="mpi", dtypes=[torch.float32, torch.bfloat16])
-    assert "numpy has no bfloat16" in problem and "--ranks mpi" in problem
-    assert "['float16', 'float32', 'float64']; got ['float32', 'bfloat16']" in problem
-
-
-@pytest.mark.clause("difftest-oracles")
-@pytest.mark.parametrize("ranks", [None, "gloo"])
-def test_mca_options_are_refused_without_mpi_ranks(ranks: str | None) -> None:
-    problem = refusal(fn="ring_ref:ring_all_reduce", ranks=ranks, mca={"btl": "self"})
-    assert "mca (--mca)" in problem and "ranks='mpi'" in problem and repr(ranks) in problem
-
-
-@pytest.mark.clause("difftest-oracles")
-@pytest.mark.parametrize("modes", [(), ("exact", "fast"), ("all", "bitwise")])
-def test_modes_must_be_a_non_empty_set_of_the_three(modes: tuple[str, ...]) -> None:
-    problem = refusal(modes=modes)
-    assert "modes" in problem and "non-empty" in problem
-    assert "'exact', 'order-free', 'bound'" in problem and str(list(modes)) in problem
-
-
-@pytest.mark.clause("difftest-oracles")
-@pytest.mark.parametrize("op", ["max", "prod", "avg"])
-def test_exact_against_a_sum_only_order_refuses_another_op_and_says_what_to_drop(op: str) -> None:
-    problem = refusal(SUM_ONLY, op=op)
-    assert f"for sum only; op {op!r} is checked against the spec's ring" in problem
-    assert problem.endswith("(drop --schedule / --order, or run --mode order-free or bound)")
-
-
-@pytest.mark.clause("difftest-oracles")
-def test_an_order_of_several_ops_lists_them_when_it_refuses_another() -> None:
-    problem = refusal(replace(SUM_ONLY, ops=("sum", "max")), op="prod")
-    assert problem.startswith("exact checks a sum order for sum, max only; op 'prod' is checked")
-
-
-@pytest.mark.clause("difftest-oracles")
-def test_a_sum_only_order_takes_sum_and_the_other_modes_take_any_op() -> None:
-    options = Options(examples=1, seed=0, dtypes=F32, isolate=False)
-    summed = run_difftest(ring_all_reduce, replace(options, modes=("exact",), op="sum"), SUM_ONLY)
-    maxed = run_difftest(planted_impls.op_ring, replace(options, modes=("bound",), op="max"), SUM_ONLY)
-    assert summed.verdict == "pass" and summed.op == "sum"
-    assert maxed.verdict == "pass" and list(maxed.modes) == ["bound"]
-
-
-class Summer:
-    """A callable object: no ``__qualname__`` of its own, so no name to import it by."""
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return ring_all_reduce(x)
-
-    def __repr__(self) -> str:
-        return "Summer()"
-
-
-@pytest.mark.clause("difftest-oracles")
-def test_a_per_rank_target_must_be_importable_and_isolated() -> None:
-    problem = refusal(fn=NAMELESS, ranks="gloo")
-    assert "'<lambda>' must be a module-level function or a TARGET string" in problem
-    assert "Summer() must be a module-level function" in refusal(fn=Summer(), ranks="gloo")
-    problem = refusal(fn="ring_ref:ring_all_reduce", ranks="mpi", isolate=False)
-    assert problem.startswith("isolate=False (--in-process) cannot be combined with ranks (--ranks)")
-
-
-@pytest.mark.clause("difftest-oracles")
-def test_a_lambda_cannot_be_isolated_and_the_message_says_how_to_run_it() -> None:
-    problem = refusal(fn=NAMELESS, isolate=True)
-    assert problem.startswith("'<lambda>' cannot be isolated")
-    assert (
-        "define it at module level" in problem and "pass isolate=False to run it in this process" in problem
-    )
-    assert refusal(fn=Summer(), isolate=True).startswith("Summer() cannot be isolated")
-
-
-@pytest.mark.clause("difftest-oracles")
-def test_a_callable_object_runs_in_process_under_its_repr() -> None:
-    report = difftest(Summer(), modes=("exact",), examples=1, seed=0, dtypes=F32)
-    assert report.verdict == "pass" and not report.isolated and report.target == "Summer()"
-    assert report.replay.startswith("ring_ref.difftest.difftest(Summer(), modes=('exact',), ")
-
-
-# --- difftest: what runs, and the report -------------------------------------------------------------
-
-
-@pytest.mark.clause("difftest-oracles")
-def test_a_correct_target_passes_every_mode_with_the_documented_defaults() -> None:
-    report = difftest(ring_all_reduce, examples=2, seed=5, isolate=False)
-    assert report.verdict == "pass" and list(report.modes) == ["exact", "order-free", "bound"]
-    assert report.target == "ring_ref:ring_all_reduce" and report.seed == 5
-    assert not report.isolated and report.timeout_s is None and report.op is None and report.ranks is None
-    assert report.replay == (
-        "ring-ref difftest ring_ref:ring_all_reduce --examples 2 --seed 5 "
-        f"--max-workers 16 --dtypes {ALL_DTYPE_NAMES} --in-process"
-    )
-    for mode, result in report.modes.items():
-        assert result.mode == mode and result.verdict == "pass"
-        assert result.finding is None and result.counterexample is None
-        # the asked ones, the N = 1 ones (two per dtype), and per N from 1 to 16 the position and one-hot
-        # probes (clause difftest-every-n) and, but in exact, a pseudo-random case
-        assert result.examples == 2 + 2 * 4 + 16 * (2 if mode == "exact" else 3)
-
-
-@pytest.mark.clause("difftest-oracles")
-def test_the_default_is_a_hundred_examples() -> None:
-    def raises(x: torch.Tensor) -> torch.Tensor:
-        raise ValueError("no")
-
-    report = difftest(raises, modes=("exact",), seed=0, dtypes=F32)
-    assert ", examples=100, " in report.replay
-
-
-@pytest.mark.clause("difftest-oracles")
-def test_only_the_asked_modes_run_and_the_target_label_is_kept() -> None:
-    report = difftest(
-        NAMELESS,
-        modes=("bound", "exact"),
-        examples=2,
-        seed=1,
-        max_workers=3,
-        dtypes=[torch.float64, torch.float16],
-        label="my label",
-    )
-    assert list(report.modes) == ["bound", "exact"] and report.target == "my label"
-    with pytest.warns(
-        DeprecationWarning, match=r"difftest\(target=\) is the name the report prints: pass label="
-    ):
-        old = difftest(NAMELESS, modes=("bound",), examples=1, seed=1, target="my label")
-    assert old.target == "my label"
-    assert report.replay == (
-        f"ring_ref.difftest.difftest({NAMELESS.__qualname__}, modes=('bound', 'exact'), examples=2, seed=1, "
-        "max_workers=3, dtypes=[torch.float64, torch.float16])"
-    )
-
-
-def counting(record: list[Case], fn: Callable[..., torch.Tensor] = ring_all_reduce) -> Callable[..., Any]:
-    def target(x: torch.Tensor, **kw: Any) -> torch.Tensor:
-        record.append(Case(x.shape[0], x.shape[1], tuple(x.shape[2:]), x.dtype, "?", (), kw.get("op")))
-        return fn(x, **kw)
-
-    return target
-
-
-@pytest.mark.clause("difftest-oracles")
-def test_the_generated_inputs_respect_max_workers_dtypes_and_op() -> None:
-    seen: list[Case] = []
-    report = difftest(
-        counting(seen, planted_impls.op_ring),
-        modes=("order-free",),
-        examples=4,
-        seed=1,
-        max_workers=3,
-        dtypes=[torch.float64, torch.bfloat16],
-        isolate=False,
-        op="max",
-    )
-    assert report.verdict == "pass" and report.op == "max"
-    assert len(seen) == report.modes["order-free"].examples
-    assert {c.n for c in seen} <= {1, 2, 3} and 3 in {c.n for c in seen}
-    assert {c.dtype for c in seen} == {torch.float64, torch.bfloat16}
-    assert {c.op for c in seen} == {"max"}
-
-
-@pytest.mark.clause("difftest-oracles")
-def test_without_an_op_the_target_is_called_without_one() -> None:
-    seen: list[Case] = []
-    report = difftest(counting(seen), modes=("bound",), examples=3, seed=2, dtypes=F32, isolate=False)
-    assert report.verdict == "pass" and report.op is None
-    assert seen and {c.op for c in seen} == {None}
-
-
-@pytest.mark.clause("difftest-oracles")
-def test_an_importable_target_runs_isolated_with_its_timeout_and_its_output_is_reported() -> None:
-    report = difftest(
-        planted_impls.chatty_correct, modes=("exact",), examples=1, seed=0, dtypes=F32, timeout=7
-    )
-    assert report.isolated and report.timeout_s == 7 and report.verdict == "pass"
-    assert report.replay == (
-        "ring-ref difftest tests.common.planted_impls:chatty_correct --mode exact --examples 1 --seed 0 "
-        "--max-workers 16 --dtypes float32 --timeout 7"
-    )
-    assert "on fd 2" in report.output and report.output_bytes >= len(report.output.encode()) > 0
-
-
-@pytest.mark.clause("difftest-oracles")
-def test_a_target_string_runs_isolated_unless_asked() -> None:
-    report = difftest(
-        "tests.common.planted_impls:chatty_correct",
-        modes=("bound",),
-        examples=1,
-        seed=3,
-        dtypes=F32,
-        timeout=5,
-    )
-    assert report.isolated and report.timeout_s == 5 and report.verdict == "pass"
-    assert report.modes["bound"].mode == "bound" and "printed" in report.output
-    assert report.replay.endswith(" --dtypes float32 --timeout 5")
-
-
-@pytest.mark.clause("difftest-oracles")
-def test_a_target_string_runs_in_process_when_asked() -> None:
-    report = difftest(
-        "tests.common.planted_impls:op_ring",
-        modes=("exact",),
-        examples=1,
-        seed=0,
-        dtypes=F32,
-        isolate=False,
-        op="min",
-    )
-    assert (
-        not report.isolated
-        and report.verdict == "pass"
-        and report.target == "tests.common.planted_impls:op_ring"
-    )
-    assert report.replay.startswith(
-        "ring-ref difftest tests.common.planted_impls:op_ring --op min --mode exact "
-    )
-    assert report.replay.endswith(" --in-process") and report.output == "" and report.output_bytes == 0
-
-
-class FakeRanks(Scripted):
-    """Stands in for a process-group launcher: answers the stacked reference, records how it was made."""
-
-    made: ClassVar[list[tuple[Any, ...]]] = []
-
-    def __init__(self, *args: Any) -> None:
-        super().__init__(right, per_rank=True)
-        FakeRanks.made.append(args)
-        FakeRanks.last = self
-
-    last: Scripted
-
-
-@pytest.fixture
-def fake_ranks(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[FakeRanks]]:
-    from ring_ref.difftest import _options
-
-    FakeRanks.made = []
-    monkeypatch.setitem(
-        _options.RANK_LAUNCHERS, "gloo", lambda target, timeout, _: FakeRanks("gloo", target, timeout)
-    )
-    monkeypatch.setitem(_options.RANK_LAUNCHERS, "mpi", lambda *a: FakeRanks("mpi", *a))
-    yield FakeRanks
-
-
-@pytest.mark.clause("difftest-oracles")
-def test_gloo_ranks_get_their_launcher_eight_workers_and_a_replay_with_ranks(
-    fake_ranks: type[FakeRanks],
-) -> None:
-    report = difftest("tests.common.planted_rank_impls:x", ranks="gloo", modes=("bound",), examples=1, seed=4)
-    assert fake_ranks.made == [("gloo", "tests.common.planted_rank_impls:x", 60.0)]
-    assert fake_ranks.last.started == 1 and fake_ranks.last.closed == 1
-    assert report.ranks == "gloo" and report.isolated and report.timeout_s == 60.0
-    assert report.replay == (
-        "ring-ref difftest --ranks gloo tests.common.planted_rank_impls:x --mode bound --examples 1 --seed 4 "
-        f"--max-workers 8 --dtypes {ALL_DTYPE_NAMES}"
-    )
-    assert {c.layout for c in fake_ranks.last.cases} == {"contiguous"}
-
-
-@pytest.mark.clause("difftest-oracles")
-def test_mpi_ranks_get_the_mca_options_and_numpys_dtypes(fake_ranks: type[FakeRanks]) -> None:
-    mca = {"coll_tuned_use_dynamic_rules": "1", "btl": "self,vader"}
-    report = difftest(
-        ring_all_reduce, ranks="mpi", mca=mca, modes=("exact",), examples=1, seed=4, max_workers=2, timeout=3
-    )
-    assert fake_ranks.made == [("mpi", "ring_ref:ring_all_reduce", 3, Spawn(mca, {}, None))]
-    assert report.ranks == "mpi" and report.timeout_s == 3
-    assert report.replay == (
-        "ring-ref difftest --ranks mpi ring_ref:ring_all_reduce --mode exact --examples 1 --seed 4 "
-        "--max-workers 2 --dtypes float16 float32 float64 --timeout 3 "
-        "--mca coll_tuned_use_dynamic_rules=1 --mca btl=self,vader"
-    )
-    assert {c.dtype for c in fake_ranks.last.cases} == {torch.float16, torch.float32, torch.float64}
-
-
-@pytest.mark.clause("difftest-rank-env")
-def test_mpi_ranks_get_the_environment_and_the_launcher_asked_for(fake_ranks: type[FakeRanks]) -> None:
-    env = {"MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM": "ring"}
-    report = difftest(
-        ring_all_reduce, ranks="mpi", env=env, mpiexec="/v/bin/mpiexec", modes="bound", examples=1, seed=4
-    )
-    assert fake_ranks.made == [("mpi", "ring_ref:ring_all_reduce", 60.0, Spawn({}, env, "/v/bin/mpiexec"))]
-    assert report.replay.endswith(
-        " --env MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM=ring --mpiexec /v/bin/mpiexec"
-    ), report.replay
-
-
-@pytest.mark.clause("difftest-oracles")
-def test_the_launcher_is_closed_when_the_run_raises(fake_ranks: type[FakeRanks], monkeypatch: Any) -> None:
-    def broken(case: Case, k: int) -> Outcome:
-        raise RuntimeError("the launcher broke")
-
-    monkeypatch.setattr(FakeRanks, "call", lambda self, case: broken(case, 0))
-    with pytest.raises(RuntimeError, match="the launcher broke"):
-        difftest("m:f", ranks="gloo", modes=("exact",), examples=1, seed=0)
-    assert fake_ranks.last.started == 1 and fake_ranks.last.closed == 1
-
-
-@pytest.mark.clause("difftest-oracles")
-def test_without_a_seed_a_random_one_is_chosen_reported_and_replayed() -> None:
-    seeds = set()
-    for _ in range(30):
-        report = difftest(NAMELESS, modes=("exact",), examples=1, dtypes=F32)
-        assert report.seed >= 0 and f"seed={report.seed}," in report.replay
-        seeds.add(report.seed)
-    assert len(seeds) == 30  # each run its own search
-
-
-# --- the replay line reproduces the run ------------------------------------------------------------------
-
-
-def wrong_for_three_workers(x: torch.Tensor, op: str = "sum") -> torch.Tensor:
-    """Right except for ``N = 3``, where the first element is off by one (an in-process target)."""
-    result = ring_all_reduce(x, op=op)
-    if x.shape[0] == 3:
-        result = result.clone()
-        result.view(-1)[0] += 1
-    return result
-
-
-def run_replay(replay: str, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
-    argv = shlex.split(replay)
-    assert argv[:2] == ["ring-ref", "difftest"]
-    capsys.readouterr()
-    main([*argv[1:], "--json"])
-    out: dict[str, Any] = json.loads(capsys.readouterr().out)
-    return out
-
-
-@pytest.mark.clause("difftest-oracles")
-@pytest.mark.parametrize(
-    "options",
-    [
-        {"modes": ("bound",), "dtypes": [torch.float64]},
-        {"modes": ("exact", "bound"), "dtypes": [torch.float64]},  # --mode given twice, not left out (all)
-        {
-            "modes": ("exact",),
-            "dtypes": [torch.float16],
-            "op": "max",
-            "timeout": 2.5,
-        },
-    ],
-)
-def test_the_command_line_replay_finds_the_same_counterexample(
-    options: dict[str, Any], capsys: pytest.CaptureFixture[str]
-) -> None:
-    report = difftest(wrong_for_three_workers, examples=12, seed=2, max_workers=3, isolate=False, **options)
-    assert report.verdict == "fail", report.render()
-    replayed = run_replay(report.replay, capsys)
-    original = json.loads(report.to_json_text())
-    assert replayed["seed"] == original["seed"] == 2 and replayed["op"] == original["op"]
-    assert replayed["modes"] == original["modes"]
-    assert replayed["replay"] == report.replay
-
-
-@pytest.mark.clause("difftest-oracles")
-def test_the_python_replay_of_a_lambda_finds_the_same_counterexample() -> None:
-    target = lambda x, op: wrong_for_three_workers(x, op).clone()  # noqa: E731
-    report = difftest(target, modes=("exact",), examples=12, seed=1, max_workers=3, dtypes=F32, op="min")
-    assert report.verdict == "fail" and not report.isolated and report.target == target.__qualname__
-    assert report.replay == (
-        f"ring_ref.difftest.difftest({target.__qualname__}, modes=('exact',), examples=12, seed=1, "
-        "max_workers=3, dtypes=[torch.float32], op='min')"
-    )
-    call = report.replay.replace(target.__qualname__, "target", 1)
-    replayed = eval(call, {"ring_ref": ring_ref, "torch": torch, "target": target})
-    assert replayed.replay == report.replay
-    assert replayed.to_json()["modes"] == report.to_json()["modes"]
 
 
 # --- run_mode: counting, order of cases, per-rank layouts ------------------------------------------------
