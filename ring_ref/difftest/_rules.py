@@ -157,7 +157,24 @@ def kinds_refused(options: Options) -> str | None:
             "mca (--mca) options are passed to mpirun: they need ranks='mpi' (--ranks mpi); "
             f"got ranks={ranks!r}"
         )
-    return spawn_refused(options)
+    return auto_in_job_refused(options) or spawn_refused(options)
+
+
+def auto_in_job_refused(options: Options) -> str | None:
+    """Why ``schedule="auto"`` cannot run in the user's job (``None``: not asked there): revealing first
+    is a run of its own, which rank 0 cannot start inside the job.
+
+    >>> auto_in_job_refused(Options(schedule="auto", ranks="gloo")) is None
+    True
+    """
+    ranks = options.ranks
+    if options.schedule != "auto" or ranks not in ("job", "mpi-job"):
+        return None
+    return (
+        "--schedule auto reveals the target's order first, which a job cannot do inside difftest: run "
+        f"`ring-ref reveal --ranks {ranks} TARGET --json > order.json` in the job, then "
+        f"`ring-ref difftest --ranks {ranks} TARGET --order order.json`"
+    )
 
 
 ENV_RANKS: Final = ("gloo", "mpi", "jax", "mlx")

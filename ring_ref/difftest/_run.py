@@ -263,7 +263,7 @@ def run_difftest(fn: Target | OpTarget | str, options: Options, exact: ExactOrde
         )
     seed = options.seed if options.seed is not None else random.SystemRandom().randrange(2**32)
     launcher, name = (
-        _job_target(fn, ranks, workers, exact, schedule, device=options.device)
+        _job_target(fn, ranks, workers, exact, device=options.device)
         if ranks in ("job", "mpi-job")
         else _launcher(fn, options.isolate, timeout, ranks, options.spawn, framework=options.framework)
     )
@@ -339,10 +339,10 @@ def _replay(  # noqa: PLR0917 - one line made of every option
     shown = str(getattr(fn, "__qualname__", repr(fn)))
     asked = f", op={op!r}" if op is not None else ""
     asked += f", framework={framework!r}" if framework != "torch" else ""
-    named = exact.option or collective.option.lstrip()
-    if named:
-        key, _, value = named.lstrip("-").replace("=", " ", 1).partition(" ")
-        asked += f", {key}={value!r}"
+    for named in (exact.option, collective.option):  # e.g. "--schedule=1,1,even", " --collective all-gather"
+        if named:
+            key, _, value = named.strip().lstrip("-").replace("=", " ", 1).partition(" ")
+            asked += f", {key}={value!r}"
     return shown, (
         f"ring_ref.difftest.difftest({shown}, modes={modes!r}, examples={options.examples}, seed={seed}, "
         f"max_workers={workers}, dtypes=[{', '.join(f'torch.{dtype_name(d)}' for d in dtypes)}]{asked})"
@@ -428,15 +428,10 @@ def _collective_order(
 
 
 def _job_target(
-    fn: Target | OpTarget | str, ranks: str, size: int, exact: ExactOrder, schedule: object, *, device: str
+    fn: Target | OpTarget | str, ranks: str, size: int, exact: ExactOrder, *, device: str
 ) -> tuple[None, str | None]:
     """No launcher yet (rank 0 makes it inside the job) and ``fn``'s name; ``ValueError`` for what
     ``ranks="job"`` cannot do with these options."""
-    if schedule == "auto":
-        raise ValueError(
-            "--schedule auto reveals the target's order first; in a job, run `ring-ref reveal --ranks job "
-            "... --json > order.json` and then `difftest --ranks job --order order.json`"
-        )
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device (--device) must be 'cpu' or 'cuda'; got {device!r}")
     if exact.saved is not None and exact.saved.n != size:
@@ -445,7 +440,7 @@ def _job_target(
             "reveal it in a job of the same size"
         )
     name = fn if isinstance(fn, str) else importable_name(fn)
-    if name is None and not isinstance(fn, str) and ranks == "mpi-job":
+    if name is None and ranks == "mpi-job":
         raise ValueError(
             f"--ranks mpi-job loads the target by name on every rank: {getattr(fn, '__qualname__', fn)!r} "
             "must be a module-level function or a TARGET string"

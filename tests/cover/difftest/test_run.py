@@ -11,10 +11,13 @@ import json
 import shlex
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
 import torch
+import torch.distributed as dist
+from torch.distributed import HashStore
 
 import ring_ref
 from ring_ref import ring_all_reduce
@@ -24,7 +27,7 @@ from ring_ref.difftest._call import Outcome
 from ring_ref.difftest._options import Options
 from ring_ref.difftest._oracles import SPEC_ORDER, ExactOrder
 from ring_ref.difftest._rules import Spawn
-from ring_ref.difftest._run import run_difftest
+from ring_ref.difftest._run import _job_target, run_difftest
 from tests.common import planted_impls
 from tests.common.scripted import Scripted, right
 
@@ -467,3 +470,183 @@ def test_the_python_replay_of_a_lambda_finds_the_same_counterexample() -> None:
     replayed = eval(call, {"ring_ref": ring_ref, "torch": torch, "target": target})
     assert replayed.replay == report.replay
     assert replayed.to_json()["modes"] == report.to_json()["modes"]
+
+
+# --- collectives: what exact checks them against, and what they refuse ---------------------------------
+
+
+@pytest.mark.clause("difftest-collectives")
+def test_a_reduce_scatter_is_checked_against_the_named_rings_shards_and_replayed_with_both() -> None:
+    target = lambda x: planted_impls.reduce_scatter_folded(x).clone()  # noqa: E731
+    options = {"modes": ("exact",), "examples": 3, "seed": 1, "max_workers": 3, "dtypes": F32}
+    spec = difftest(target, collective="reduce-scatter", **options)
+    assert spec.verdict == "pass" and spec.collective == "reduce-scatter", spec.render()
+    assert spec.to_json()["exact_against"] == {
+        "source": "spec",
+        "order": "the spec reduce-scatter ring (direction +1, offset 1, layout even)",
+        "option": "",
+        "inputs": None,
+        "revealed": None,
+    }
+    ring = difftest(target, collective="reduce-scatter", schedule="1,1,even", **options)
+    assert ring.verdict == "pass" and ring.replay.endswith(
+        ", dtypes=[torch.float32], schedule='1,1,even', collective='reduce-scatter')"
+    ), ring.replay
+    names = {"ring_ref": ring_ref, "torch": torch, "target": target}
+    replayed = eval(ring.replay.replace(target.__qualname__, "target", 1), names)
+    assert replayed.collective == "reduce-scatter" and replayed.replay == ring.replay
+
+
+@pytest.mark.clause("difftest-collectives")
+def test_an_all_gathers_one_bitwise_check_runs_once_for_every_mode() -> None:
+    calls: list[int] = []
+
+    def target(x: torch.Tensor) -> torch.Tensor:
+        calls.append(1)
+        return planted_impls.all_gather_copied(x)
+
+    report = difftest(target, collective="all-gather", examples=3, seed=2, max_workers=3, dtypes=F32)
+    assert report.verdict == "pass" and list(report.modes) == ["exact", "order-free", "bound"]
+    first = report.modes["exact"]
+    assert calls and first.examples == len(calls)  # one search: the other modes are its copies
+    for mode in ("order-free", "bound"):
+        assert report.modes[mode] == replace(first, mode=mode)
+    assert report.to_json()["exact_against"] == {
+        "source": "spec",
+        "order": "a bitwise copy of every shard (all-gather)",
+        "option": "",
+        "inputs": None,
+        "revealed": None,
+    }
+    assert report.replay.endswith(", dtypes=[torch.float32], collective='all-gather')"), report.replay
+
+
+@pytest.mark.clause("difftest-collectives")
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (
+            {"collective": "all-gather", "op": "max"},
+            "an all-gather copies, it reduces nothing: drop op (--op) for --collective all-gather",
+        ),
+        (
+            {"collective": "reduce-scatter", "schedule": "auto"},
+            "--collective reduce-scatter checks exact against a named --schedule (or the spec's); --schedule "
+            "auto and --order reveal and name all-reduce orders (drop them; ring-ref reveal --collective "
+            "reduce-scatter names a reduce-scatter's order)",
+        ),
+        (
+            {"collective": "all-gather", "order": "saved.json"},
+            "--collective all-gather checks exact against a named --schedule (or the spec's); --schedule "
+            "auto and --order reveal and name all-reduce orders (drop them; ring-ref reveal --collective "
+            "reduce-scatter names a reduce-scatter's order)",
+        ),
+    ],
+)
+def test_a_collective_refuses_what_only_an_all_reduce_can_do(options: dict[str, Any], message: str) -> None:
+    assert refusal(fn=lambda x: x, **options) == message
+
+
+# --- inside a job: a world of one rank in pytest's own process ---------------------------------------
+
+
+@pytest.fixture
+def one_rank_job(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A gloo world of this one process, as ``torchrun --nproc-per-node 1`` would start it."""
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "pytest")
+    dist.init_process_group("gloo", store=HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+ON_GROUP = "tests.common.planted_group_impls:all_reduce_on_group"
+
+
+@pytest.mark.clause("difftest-job")
+def test_in_a_job_every_rank_is_called_and_the_replay_starts_the_job_again(one_rank_job: None) -> None:
+    report = difftest(ON_GROUP, ranks="job", modes="bound", examples=2, seed=3, dtypes=F32, timeout=7.5)
+    assert report.verdict == "pass" and report.ranks == "job" and report.tested_n == [1], report.render()
+    assert report.timeout_s == 7.5 and report.isolated
+    assert report.replay == (
+        f"torchrun --nproc-per-node 1 --no-python ring-ref difftest --ranks job {ON_GROUP} --mode bound "
+        "--examples 2 --seed 3 --max-workers 1 --dtypes float32 --timeout 7.5"
+    )
+    grouped = difftest(ON_GROUP, ranks="job", modes="bound", examples=2, seed=3, dtypes=F32, subgroups=True)
+    assert grouped.verdict == "pass" and grouped.replay.endswith(" --dtypes float32 --subgroups")
+
+
+@pytest.mark.clause("difftest-job")
+def test_in_a_job_the_group_given_is_the_one_called(one_rank_job: None) -> None:
+    group = dist.new_group([0])
+    seen: list[object] = []
+    report = difftest(
+        lambda tensor: seen.append(dist.get_world_size(group)) or dist.all_reduce(tensor, group=group),
+        ranks="job",
+        group=group,
+        modes="bound",
+        examples=1,
+        seed=0,
+        dtypes=F32,
+    )
+    assert report.verdict == "pass" and seen, report.render()
+
+
+@pytest.mark.clause("difftest-job")
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (
+            {"max_workers": 2},
+            "max_workers (--max-workers) 2 differs from the job's 1 ranks: --ranks job tests N = the number "
+            "of ranks (drop the option, or start a job of that many ranks)",
+        ),
+        ({"device": "tpu"}, "device (--device) must be 'cpu' or 'cuda'; got 'tpu'"),
+    ],
+)
+def test_in_a_job_what_it_cannot_do_is_refused_before_any_call(
+    one_rank_job: None, options: dict[str, Any], message: str
+) -> None:
+    assert refusal(ranks="job", fn=ON_GROUP, **options) == message
+
+
+@pytest.mark.clause("difftest-job")
+def test_outside_a_job_ranks_job_says_how_to_start_one() -> None:
+    assert refusal(ranks="job", fn=ON_GROUP) == (
+        "ranks='job' runs inside a job's torch.distributed process group, and none is initialised: "
+        "call torch.distributed.init_process_group first on every rank, or run "
+        "`torchrun ... -m ring_ref difftest --ranks job TARGET`"
+    )
+
+
+def test_an_mpi_job_refuses_a_target_its_ranks_cannot_import() -> None:
+    with pytest.raises(ValueError) as refused:
+        _job_target(NAMELESS, "mpi-job", 2, SPEC_ORDER, device="cpu")
+    assert str(refused.value) == (
+        "--ranks mpi-job loads the target by name on every rank: '<lambda>' must be a module-level "
+        "function or a TARGET string"
+    )
+    assert _job_target(NAMELESS, "job", 2, SPEC_ORDER, device="cuda") == (None, None)
+    assert _job_target(ON_GROUP, "mpi-job", 2, SPEC_ORDER, device="cpu") == (None, ON_GROUP)
+
+
+@pytest.mark.clause("difftest-job")
+@pytest.mark.parametrize("ranks", ["job", "mpi-job"])
+def test_schedule_auto_in_a_job_is_refused_with_the_two_commands_that_do_it(ranks: str) -> None:
+    assert refusal(ranks=ranks, fn=ON_GROUP, schedule="auto") == (
+        "--schedule auto reveals the target's order first, which a job cannot do inside difftest: run "
+        f"`ring-ref reveal --ranks {ranks} TARGET --json > order.json` in the job, then "
+        f"`ring-ref difftest --ranks {ranks} TARGET --order order.json`"
+    )
+
+
+@pytest.mark.clause("difftest-job")
+def test_in_a_job_an_order_saved_at_another_n_is_refused(one_rank_job: None, tmp_path: Path) -> None:
+    path = tmp_path / "order.json"  # by hand (spec/reveal.schema.json): N = 2, M = 2, every element 0 + 1
+    doc = {"format": "ring-ref-reveal", "version": 1, "n": 2, "m": 2, "dtype": "float32"}
+    path.write_text(json.dumps({**doc, "trees": [[0, 1]] * 2}), encoding="utf-8")
+    assert refusal(ranks="job", fn=ON_GROUP, order=str(path), dtypes=F32) == (
+        "order (--order) holds an order for N = 2, but this job has 1 ranks: reveal it in a job of the "
+        "same size"
+    )

@@ -17,18 +17,23 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 from ring_ref import ring_all_reduce
+from ring_ref._chunks import chunk_bounds, chunk_rows
 from ring_ref.difftest import DTYPES, Case, difftest
 from ring_ref.difftest._call import Outcome, call_target
 from ring_ref.difftest._inputs import every_n_cases, one_worker_cases
-from ring_ref.difftest._oracles import SPEC_ORDER, ExactOrder
+from ring_ref.difftest._oracles import SPEC_ORDER, ExactOrder, reduce_scatter_reference
+from ring_ref.difftest._orders import reduce_scatter_order, schedule_order
 from ring_ref.difftest._search import (
     ZERO_OUT_BUDGET,
+    _equal_chunks,
     _Failed,
     _first_failed,
+    _searched,
     run_mode,
     zero_out,
 )
 from ring_ref.difftest._vocabulary import Mode, Op
+from ring_ref.schedule import Collective, RingSchedule
 from tests.common import planted_impls
 from tests.common.paths import ROOT
 from tests.common.planted_impls import Impl, run_all
@@ -127,6 +132,7 @@ def test_a_pass_names_the_remainders_it_never_tried_and_the_option_that_tries_th
 
 
 F32 = [torch.float32]
+F64 = [torch.float64]
 CASE = Case(2, 2, (), torch.float32, "contiguous", (1.0, 2.0, 3.0, 4.0))
 OVERFLOWS = Case(2, 2, (), torch.float16, "contiguous", (60000.0,) * 4)
 """Each element's sum, 120000, is past float16's largest finite value in every order: two elements skipped."""
@@ -171,6 +177,110 @@ def test_a_per_rank_launcher_is_given_contiguous_inputs_only() -> None:
     assert {c.layout for c in per_rank.cases} == {"contiguous"}
     assert per_rank.cases[:2] == one_worker_cases("order-free", F32, per_rank=True)
     assert len({c.layout for c in stacked.cases[2:]}) > 1
+
+
+@pytest.mark.clause("difftest-oracles")
+def test_a_launcher_that_cannot_run_one_worker_gets_no_one_worker_case() -> None:
+    launcher = Scripted(right)
+    launcher.min_workers = 2  # a job of two ranks: N = 1 cannot be called
+    result = run_mode(launcher, "bound", examples=6, seed=1, max_workers=3, dtypes=F32)
+    assert result.verdict == "pass" and {c.n for c in launcher.cases} == {2, 3}, launcher.cases
+
+
+@pytest.mark.clause("difftest-exact-orders")
+def test_an_order_whose_layout_takes_any_m_is_searched_at_m_not_a_multiple_of_n() -> None:
+    order = schedule_order("openmpi-ring")  # layout blocks: any M
+    launcher = Scripted(lambda case, k: call_target(lambda x: order.expected(case), case))
+    result = run_mode(launcher, "bound", examples=5, seed=4, max_workers=3, dtypes=F64, order=order)
+    assert result.verdict == "pass", result
+    assert {c.dtype for c in launcher.cases} == {torch.float64} and max(c.n for c in launcher.cases) == 3
+    uneven = [c for c in launcher.cases if c.m % c.n]
+    assert uneven, launcher.cases  # the uneven examples run first, whatever Hypothesis draws
+    assert launcher.cases.index(uneven[0]) < 3 + 2 * 3 + 2  # before the generated inputs
+
+
+@pytest.mark.clause("difftest-order-probes")
+def test_a_sum_that_passes_exact_is_then_probed_and_the_probes_reported() -> None:
+    launcher = Scripted(right)
+    result = run_mode(launcher, "exact", examples=2, seed=0, max_workers=3, dtypes=F32)
+    assert result.verdict == "pass" and result.probes is not None, result
+    # N - 1 calls per N from 2 to 3 and per size probed there (clause difftest-order-probes)
+    probes = result.probes
+    assert probes.workers == {"float32": [2, 3]} and set(probes.sizes) == {2, 3}
+    assert probes.calls == sum((n - 1) * len(sizes) for n, sizes in probes.sizes.items()), probes
+    assert result.examples < len(launcher.cases)  # the probes are calls beyond the counted examples
+    for mode, op in (("bound", None), ("exact", "max")):
+        other = run_mode(Scripted(right), mode, examples=2, seed=0, max_workers=3, dtypes=F32, op=op)
+        assert other.verdict == "pass" and other.probes is None, (mode, op)
+
+
+def plus_zero_fold(x: torch.Tensor) -> torch.Tensor:
+    """Worker 0 to N - 1 added in turn onto ``+0.0``: not the ring's order, and ``+0.0`` where every
+    worker holds ``-0.0``."""
+    total = torch.zeros_like(x[0])
+    for row in x:
+        total = total + row
+    return total
+
+
+@pytest.mark.clause("difftest-order-probes")
+def test_a_fold_from_plus_zero_is_reported_on_the_probe_that_shows_its_order() -> None:
+    launcher = Scripted(lambda case, k: call_target(plus_zero_fold, case))
+    result = run_mode(launcher, "exact", examples=3, seed=0, max_workers=4, dtypes=F32)
+    assert result.verdict == "fail" and result.counterexample is not None, result
+    # the search fails first on -0.0 (N = 1); the order probes then find an input where the order shows
+    assert not all_zero(result.counterexample) and result.counterexample.n >= 3, result.counterexample
+    assert result.probes is not None and result.probes.calls >= 1
+    assert result.finding is not None and result.finding.codes == ["not-ring-order"], result.finding
+
+
+def reduce_scatter_answer(ring: RingSchedule) -> Answer:
+    def answer(case: Case, k: int) -> Outcome:
+        return call_target(lambda x: reduce_scatter_reference(x, schedule=ring), case)
+
+    return answer
+
+
+@pytest.mark.clause("difftest-collectives")
+@pytest.mark.parametrize("per_rank", [False, True])
+def test_a_reduce_scatter_draws_shards_the_orders_layout_cuts_equally(per_rank: bool) -> None:
+    ring = RingSchedule(1, 1, "gloo")  # gloo's layout: unequal chunks at many M a multiple of N
+    order = reduce_scatter_order(ring, 4)
+    launcher = Scripted(reduce_scatter_answer(ring), per_rank=per_rank)
+    collective = Collective.REDUCE_SCATTER
+    result = run_mode(
+        launcher, "bound", examples=20, seed=3, max_workers=4, dtypes=F64, collective=collective, order=order
+    )
+    assert result.verdict == "pass", result
+    cases = launcher.cases
+    assert {c.collective for c in cases} == {collective} and {c.dtype for c in cases} == {torch.float64}
+    assert cases[0].n == 1 and max(c.n for c in cases) <= 4  # the one-worker cases first
+    for case in cases:
+        s = len(case.values) // case.n
+        assert case.m % case.n == 0 and chunk_bounds("gloo", case.n, s) == chunk_rows(s, case.n), case
+    layouts = {c.layout for c in cases}
+    assert layouts == {"contiguous"} if per_rank else len(layouts) > 1, layouts
+
+
+@pytest.mark.clause("difftest-collectives")
+def test_an_all_gather_draws_shards_of_any_bits_in_every_layout() -> None:
+    launcher = Scripted(lambda case, k: call_target(planted_impls.all_gather_copied, case))
+    collective = Collective.ALL_GATHER
+    result = run_mode(
+        launcher, "order-free", examples=8, seed=2, max_workers=3, dtypes=F32, collective=collective
+    )
+    assert result.verdict == "pass", result
+    assert {c.collective for c in launcher.cases} == {collective} and launcher.cases[0].n == 1
+    assert {c.dtype for c in launcher.cases} == {torch.float32} and len(
+        {c.layout for c in launcher.cases}
+    ) > 1
+
+
+def test_equal_chunks_under_a_layout_are_the_shards_of_a_reduce_scatter() -> None:
+    # by hand from gloo's segments (ring_ref/_chunks.py): N = 4, 4 elements each cut 2, 2, 0, 0
+    four = Case(4, 4, (), torch.float64, "contiguous", (0.0,) * 16)
+    assert not _equal_chunks(four, "gloo") and _equal_chunks(four, "even") and _equal_chunks(four, "blocks")
+    assert _equal_chunks(replace(four, m=8, values=(0.0,) * 32), "gloo")  # 2, 2, 2, 2
 
 
 def fixed(case: Case, then: Answer | None = None, after: int = 0) -> Answer:
@@ -396,6 +506,17 @@ def test_no_health_check_stops_the_search() -> None:
     order = replace(SPEC_ORDER, cases=large)
     result = run_mode(Scripted(right), "exact", examples=2, seed=0, max_workers=2, dtypes=F32, order=order)
     assert result.verdict == "pass" and result.examples == 2  # (Hypothesis checks health from 2 examples)
+
+
+@pytest.mark.clause("difftest-oracles")
+def test_a_failure_raised_in_a_group_is_shrunk_like_any_other() -> None:
+    def test() -> None:
+        raise BaseExceptionGroup("two", [ValueError("no"), _Failed(CASE)])
+
+    found = _searched(test, lambda c: c.values[0] != 0)
+    assert found == replace(CASE, values=(1.0, 0.0, 0.0, 0.0))  # zeroed where it still fails
+    with pytest.raises(BaseExceptionGroup):
+        _searched(lambda: (_ for _ in ()).throw(ExceptionGroup("e", [KeyError()])), lambda c: True)
 
 
 @pytest.mark.clause("difftest-oracles")
