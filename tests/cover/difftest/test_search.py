@@ -209,7 +209,8 @@ def test_a_sum_that_passes_exact_is_then_probed_and_the_probes_reported() -> Non
     assert probes.workers == {"float32": [2, 3]} and set(probes.sizes) == {2, 3}
     assert probes.calls == sum((n - 1) * len(sizes) for n, sizes in probes.sizes.items()), probes
     assert result.examples < len(launcher.cases)  # the probes are calls beyond the counted examples
-    for mode, op in (("bound", None), ("exact", "max")):
+    others: tuple[tuple[Mode, Op | None], ...] = (("bound", None), ("exact", "max"))
+    for mode, op in others:
         other = run_mode(Scripted(right), mode, examples=2, seed=0, max_workers=3, dtypes=F32, op=op)
         assert other.verdict == "pass" and other.probes is None, (mode, op)
 
