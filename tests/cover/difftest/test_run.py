@@ -24,10 +24,13 @@ from ring_ref import ring_all_reduce
 from ring_ref._cli import main
 from ring_ref.difftest import Case, difftest
 from ring_ref.difftest._call import Outcome
+from ring_ref.difftest._launch import Isolated
 from ring_ref.difftest._options import Options
 from ring_ref.difftest._oracles import SPEC_ORDER, ExactOrder
+from ring_ref.difftest._orders import reduce_scatter_order, schedule_order
 from ring_ref.difftest._rules import Spawn
-from ring_ref.difftest._run import _job_target, run_difftest
+from ring_ref.difftest._run import _job_target, _launcher, _replay, run_difftest
+from ring_ref.difftest._vocabulary import MODES
 from tests.common import planted_impls
 from tests.common.scripted import Scripted, right
 
@@ -633,4 +636,72 @@ def test_in_a_job_an_order_saved_at_another_n_is_refused(one_rank_job: None, tmp
     assert refusal(ranks="job", fn=ON_GROUP, order=str(path), dtypes=F32) == (
         "order (--order) holds an order for N = 2, but this job has 1 ranks: reveal it in a job of the "
         "same size"
+    )
+
+
+# --- the replay line, option by option, and the launcher each target gets -----------------------------
+
+
+JAX_TARGET = "tests.common.planted_jax:psum_loses_the_last_device"
+
+
+@pytest.mark.clause("jax-difftest")
+def test_a_jax_target_is_loaded_for_jax_and_replayed_with_its_framework_and_timeout() -> None:
+    report = difftest(
+        JAX_TARGET,
+        framework="jax",
+        isolate=False,
+        timeout=5,
+        modes="bound",
+        examples=1,
+        seed=0,
+        max_workers=2,
+    )
+    assert report.replay == (
+        f"ring-ref difftest {JAX_TARGET} --mode bound --examples 1 --seed 0 --max-workers 2 "
+        f"--dtypes {ALL_DTYPE_NAMES} --framework jax --timeout 5 --in-process"
+    )
+    # it ran on a jax.Array and its wrong answer was read back (on a tensor it would have raised)
+    finding = report.modes["bound"].finding
+    assert report.verdict == "fail" and finding is not None and finding.codes == ["out-of-bound"], finding
+    launcher, name = _launcher(JAX_TARGET, None, 5.0, None, framework="jax")
+    assert isinstance(launcher, Isolated) and launcher.worker.framework == "jax" and name == JAX_TARGET
+
+
+def replay_of(options: Options, exact: ExactOrder = SPEC_ORDER, workers: int = 4) -> str:
+    """The command line that replays a run of ``TARGET`` with these options (seed 9, float32)."""
+    _, line = _replay(TARGET, TARGET, options, MODES, exact, 9, workers, F32, None, True)
+    return line
+
+
+TARGET = "pkg.mod:fn"
+BASE = "--examples 100 --seed 9 --max-workers 4 --dtypes float32"
+
+
+@pytest.mark.clause("difftest-job")
+def test_a_replay_line_in_a_job_starts_it_with_its_launcher_and_every_option(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("TORCHELASTIC_RUN_ID", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    assert replay_of(Options(ranks="mpi-job", subgroups=True)) == (
+        f"mpiexec -n 4 ring-ref difftest --ranks mpi-job {TARGET} {BASE} --subgroups"
+    )
+    assert replay_of(Options(ranks="job", device="cuda")) == (
+        f"ring-ref difftest --ranks job {TARGET} {BASE} --device cuda"  # ranks started by hand: no launcher
+    )
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "0")
+    assert replay_of(Options(ranks="mpi-job"), workers=3) == (
+        f"mpirun -n 3 ring-ref difftest --ranks mpi-job {TARGET} {BASE.replace('4', '3')}"
+    )
+    assert replay_of(Options(ranks="gloo")) == f"ring-ref difftest --ranks gloo {TARGET} {BASE}"
+
+
+@pytest.mark.clause("difftest-exact-orders")
+def test_a_replay_line_names_the_order_exact_checked_and_the_collective() -> None:
+    gloo = schedule_order("gloo")
+    assert replay_of(Options(), gloo) == f"ring-ref difftest {TARGET} {BASE} --schedule gloo"
+    scatter = Options(collective="reduce-scatter")
+    assert replay_of(scatter, reduce_scatter_order("1,1,even", 4)) == (
+        f"ring-ref difftest {TARGET} {BASE} --schedule=1,1,even --collective reduce-scatter"
     )
