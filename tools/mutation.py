@@ -81,9 +81,24 @@ SEARCH_TESTS: Final = tests_from(
 )
 """The search's fast tests (the file's last section): scripted launchers, ``zero_out`` with predicates."""
 
-RUN_TESTS: Final = ("tests/cover/difftest/test_run.py",)
+RUN_TESTS: Final = (
+    "tests/cover/difftest/test_run.py",
+    # the orders a run checks exact against: saved files read and refused, auto revealed (under a second each)
+    *(
+        f"tests/cover/difftest/test_orders.py::{name}"
+        for name in (
+            "test_order_file_records_an_order_and_catches_a_changed_one",
+            "test_order_files_that_cannot_serve_are_refused",
+            "test_an_order_file_refuses_options_its_inputs_would_break",
+            "test_schedule_auto_reveals_a_function_in_this_process",
+            "test_schedule_auto_reveals_with_the_ranks_environment",
+            *(f"test_order_files_of_every_version_conform_and_check_exact[{v}]" for v in (1, 2, 3)),
+        )
+    ),
+)
 """The run's tests: options refused, launchers chosen, reports and replay lines (targets in pytest's process,
-workers, stand-ins for the rank launchers)."""
+workers, stand-ins for the rank launchers, a world of one rank), and the order files and auto reveals that
+reach it."""
 
 BACKEND_TESTS: Final = tuple(
     f"tests/nocover/test_backend.py::{name}"
