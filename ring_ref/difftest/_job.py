@@ -120,7 +120,7 @@ printing; ``None`` (the Python API): the caller gets the report, and only a job 
 
 def job_size(ranks: str, group: object, max_workers: int | None) -> int:
     """The group's size (``COMM_WORLD``'s for ``"mpi-job"``), the only ``N`` of ``ranks="job"``;
-    ``ValueError`` without a group or for another ``max_workers``."""
+    ``ValueError`` without a process group, for a ``group`` that is none, or for another ``max_workers``."""
     if ranks == "mpi-job":
         from mpi4py import MPI
 
@@ -131,7 +131,12 @@ def job_size(ranks: str, group: object, max_workers: int | None) -> int:
             "call torch.distributed.init_process_group first on every rank, or run "
             "`torchrun ... -m ring_ref difftest --ranks job TARGET`"
         )
-    return _size_fits(dist.get_world_size(group), max_workers)  # type: ignore[arg-type]
+    if group is not None and not isinstance(group, dist.ProcessGroup):
+        raise ValueError(
+            "group must be a torch.distributed process group (torch.distributed.new_group's result) or None "
+            f"for the default one; got {type(group).__name__}"
+        )
+    return _size_fits(dist.get_world_size(group), max_workers)
 
 
 def _size_fits(size: int, max_workers: int | None) -> int:

@@ -434,6 +434,11 @@ def _job_target(
     ``ranks="job"`` cannot do with these options."""
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device (--device) must be 'cpu' or 'cuda'; got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            "device (--device) cuda puts each rank's tensors on its GPU, but torch here sees no CUDA device "
+            "(torch.cuda.is_available() is False): drop --device, or run the job where torch has CUDA"
+        )
     if exact.saved is not None and exact.saved.n != size:
         raise ValueError(
             f"order (--order) holds an order for N = {exact.saved.n}, but this job has {size} ranks: "
@@ -453,9 +458,9 @@ def _launcher(
     isolate: bool | None,
     timeout: float,
     ranks: Ranks | None,
-    spawn: Spawn | None = None,
+    spawn: Spawn,
     *,
-    framework: Framework = "torch",
+    framework: Framework,
 ) -> tuple[Launcher, str | None]:
     """The launcher for ``fn`` and its importable name (``None`` for a lambda or local function)."""
     name = fn if isinstance(fn, str) else importable_name(fn)
@@ -465,7 +470,7 @@ def _launcher(
                 f"a per-rank target runs in the ranks' own processes, which import it by name: "
                 f"{getattr(fn, '__qualname__', fn)!r} must be a module-level function or a TARGET string"
             )
-        return rank_launcher(ranks, name, timeout, **({} if spawn is None else spawn._asdict())), name
+        return rank_launcher(ranks, name, timeout, **spawn._asdict()), name
     if name is None and isolate:
         raise ValueError(
             f"{getattr(fn, '__qualname__', fn)!r} cannot be isolated: the worker imports the target by "

@@ -22,7 +22,7 @@ from torch._C._distributed_c10d import HashStore
 import ring_ref
 from ring_ref import ring_all_reduce
 from ring_ref._cli import main
-from ring_ref.difftest import Case, difftest
+from ring_ref.difftest import Case, Report, TargetError, difftest
 from ring_ref.difftest._call import Outcome
 from ring_ref.difftest._launch import Isolated
 from ring_ref.difftest._options import Options
@@ -32,7 +32,7 @@ from ring_ref.difftest._rules import Spawn
 from ring_ref.difftest._run import _job_target, _launcher, _replay, run_difftest
 from ring_ref.difftest._vocabulary import MODES
 from tests.common import planted_impls
-from tests.common.scripted import Scripted, right
+from tests.common.scripted import Scripted, crashed, right
 
 F32 = [torch.float32]
 ALL_DTYPE_NAMES = "float16 bfloat16 float32 float64"
@@ -329,8 +329,10 @@ class FakeRanks(Scripted):
 
     made: ClassVar[list[tuple[Any, ...]]] = []
 
+    answer_with: ClassVar[Callable[[Case, int], Outcome]] = right
+
     def __init__(self, *args: Any) -> None:
-        super().__init__(right, per_rank=True)
+        super().__init__(FakeRanks.answer_with, per_rank=True)
         FakeRanks.made.append(args)
         FakeRanks.last = self
 
@@ -341,7 +343,7 @@ class FakeRanks(Scripted):
 def fake_ranks(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[FakeRanks]]:
     from ring_ref.difftest import _options
 
-    FakeRanks.made = []
+    FakeRanks.made, FakeRanks.answer_with = [], right
     monkeypatch.setitem(
         _options.RANK_LAUNCHERS, "gloo", lambda target, timeout, _: FakeRanks("gloo", target, timeout)
     )
@@ -411,6 +413,7 @@ def test_without_a_seed_a_random_one_is_chosen_reported_and_replayed() -> None:
         assert report.seed >= 0 and f"seed={report.seed}," in report.replay
         seeds.add(report.seed)
     assert len(seeds) == 8  # each run its own search
+    assert max(seeds) >= 2**16  # from all of 0 .. 2^32 - 1: fails about once in 2^128 runs of this test
 
 
 # --- the replay line reproduces the run ------------------------------------------------------------------
@@ -614,7 +617,7 @@ def test_an_mpi_job_refuses_a_target_its_ranks_cannot_import() -> None:
         "--ranks mpi-job loads the target by name on every rank: '<lambda>' must be a module-level "
         "function or a TARGET string"
     )
-    assert _job_target(NAMELESS, "job", 2, SPEC_ORDER, device="cuda") == (None, None)
+    assert _job_target(NAMELESS, "job", 2, SPEC_ORDER, device="cpu") == (None, None)
     assert _job_target(ON_GROUP, "mpi-job", 2, SPEC_ORDER, device="cpu") == (None, ON_GROUP)
 
 
@@ -664,7 +667,7 @@ def test_a_jax_target_is_loaded_for_jax_and_replayed_with_its_framework_and_time
     # it ran on a jax.Array and its wrong answer was read back (on a tensor it would have raised)
     finding = report.modes["bound"].finding
     assert report.verdict == "fail" and finding is not None and finding.codes == ["out-of-bound"], finding
-    launcher, name = _launcher(JAX_TARGET, None, 5.0, None, framework="jax")
+    launcher, name = _launcher(JAX_TARGET, None, 5.0, None, Options().spawn, framework="jax")
     assert isinstance(launcher, Isolated) and launcher.worker.framework == "jax" and name == JAX_TARGET
 
 
@@ -705,3 +708,97 @@ def test_a_replay_line_names_the_order_exact_checked_and_the_collective() -> Non
     assert replay_of(scatter, reduce_scatter_order("1,1,even", 4)) == (
         f"ring-ref difftest {TARGET} {BASE} --schedule=1,1,even --collective reduce-scatter"
     )
+
+
+@pytest.mark.clause("difftest-job")
+def test_in_a_job_cuda_is_refused_where_torch_has_none_and_taken_where_it_has(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError) as refused:
+        _job_target(ON_GROUP, "job", 2, SPEC_ORDER, device="cuda")
+    assert str(refused.value) == (
+        "device (--device) cuda puts each rank's tensors on its GPU, but torch here sees no CUDA device "
+        "(torch.cuda.is_available() is False): drop --device, or run the job where torch has CUDA"
+    )
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert _job_target(ON_GROUP, "job", 2, SPEC_ORDER, device="cuda") == (None, ON_GROUP)
+
+
+@pytest.mark.clause("difftest-job")
+def test_in_a_job_a_group_that_is_no_process_group_is_refused(one_rank_job: None) -> None:
+    assert refusal(ranks="job", fn=ON_GROUP, group="world") == (
+        "group must be a torch.distributed process group (torch.distributed.new_group's result) or None "
+        "for the default one; got str"
+    )
+
+
+@pytest.mark.clause("difftest-job")
+def test_in_a_job_subgroups_refuse_a_target_without_group(one_rank_job: None) -> None:
+    with pytest.raises(TargetError, match="'takes_no_group' does not take group=: --subgroups calls"):
+        difftest(
+            "tests.common.planted_group_impls:takes_no_group",
+            ranks="job",
+            subgroups=True,
+            modes="bound",
+            examples=1,
+            seed=0,
+        )
+
+
+# --- the report: what it says of the run ------------------------------------------------------------------
+
+
+def test_the_old_name_of_label_still_works_and_warns_at_the_callers_line() -> None:
+    with pytest.warns(DeprecationWarning, match=r"pass label= instead \(target= is its old name\)") as seen:
+        old = difftest(NAMELESS, target="old", modes="bound", examples=1, seed=0, max_workers=1)
+    assert old.target == "old" and seen[0].filename == __file__
+    with pytest.warns(DeprecationWarning):
+        both = difftest(NAMELESS, target="old", label="new", modes="bound", examples=1, seed=0, max_workers=1)
+    assert both.target == "new"
+
+
+@pytest.mark.clause("difftest-hints")
+def test_a_target_of_the_wrong_signature_is_refused_before_it_is_called() -> None:
+    with pytest.raises(TargetError, match=r"TARGET\(a, b, c\) needs 3 positional arguments, but a stacked"):
+        difftest(lambda a, b, c: a, modes="bound", examples=1, seed=0)
+
+
+@pytest.mark.clause("difftest-hints")
+def test_a_per_rank_mpi_target_must_take_the_communicator(fake_ranks: type[FakeRanks]) -> None:
+    with pytest.raises(TargetError, match="comm"):
+        difftest("tests.common.planted_rank_impls:plain_ring", ranks="mpi", modes="bound", examples=1, seed=0)
+    assert fake_ranks.made == []
+
+
+@pytest.mark.clause("difftest-coverage")
+def test_the_report_says_what_each_mode_never_tried_for_the_launcher_and_op(
+    fake_ranks: type[FakeRanks],
+) -> None:
+    mpi = difftest(ring_all_reduce, ranks="mpi", modes="bound", examples=1, seed=0, max_workers=2, dtypes=F32)
+    coverage = mpi.modes["bound"].coverage
+    assert coverage is not None and coverage.untried == [
+        ("M not a multiple of N", "--schedule openmpi-ring"),
+        ("float16/float64", "--dtypes"),  # numpy has no bfloat16: never offered under MPI
+        ("ops other than sum", "--op prod/max/min/avg"),
+    ]
+    maxed = difftest(NAMELESS, modes="bound", examples=1, seed=0, max_workers=2, dtypes=F32, op="max")
+    coverage = maxed.modes["bound"].coverage
+    assert coverage is not None and coverage.untried == [
+        ("M not a multiple of N", "--schedule openmpi-ring"),
+        ("float16/bfloat16/float64", "--dtypes"),
+    ]
+    assert maxed.exact_against is None  # exact did not run
+    exact = difftest(NAMELESS, modes="exact", examples=1, seed=0, max_workers=2, dtypes=F32)
+    assert exact.exact_against == SPEC_ORDER
+
+
+def test_a_launcher_that_broke_ends_the_run_with_the_modes_it_finished(fake_ranks: type[FakeRanks]) -> None:
+    def crash_and_break(case: Case, k: int) -> Outcome:
+        fake_ranks.last.broken = "a rank crashed: the group cannot call again"
+        return crashed(case, k)
+
+    fake_ranks.answer_with = crash_and_break
+    report = difftest("m:f", ranks="gloo", examples=1, seed=0, max_workers=2)
+    assert isinstance(report, Report) and list(report.modes) == ["exact"], report.render()
+    assert report.verdict == "fail" and fake_ranks.last.closed == 1
