@@ -95,6 +95,8 @@ RUN_TESTS: Final = (
             *(f"test_order_files_of_every_version_conform_and_check_exact[{v}]" for v in (1, 2, 3)),
         )
     ),
+    # an MPI job of one rank (seconds): the run inside it (see FORKED)
+    "tests/nocover/test_difftest_job.py::test_an_mpi_job_of_one_rank_ends_a_call_at_the_time_limit_asked",
 )
 """The run's tests: options refused, launchers chosen, reports and replay lines (targets in pytest's process,
 workers, stand-ins for the rank launchers, a world of one rank), and the order files and auto reveals that
@@ -490,6 +492,15 @@ FORKED: Final[dict[str, Forked]] = {
             ),
         ),
         BACKEND_TESTS,
+    ),
+    # Inside an MPI job the run is the ranks' (mpirun starts them); in pytest's process it is reached too,
+    # so its own tests stay, and the job's test is added.
+    "difftest.run": Forked(
+        "ring_ref.difftest._run.x_run_difftest",
+        (),
+        (
+            "tests/nocover/test_difftest_job.py::test_an_mpi_job_of_one_rank_ends_a_call_at_the_time_limit_asked",
+        ),
     ),
     # The at-fork handler runs only in a child the test forks itself.
     "kernel": Forked(

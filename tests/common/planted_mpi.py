@@ -10,6 +10,7 @@ to the diagnosis code the tester must give it.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -107,6 +108,12 @@ def exits_mid_call(comm: Any, array: Array) -> None:
     if comm.Get_rank() == 1:
         os._exit(3)
     _ring(comm, array)
+
+
+def never_returns(comm: Any, array: Array) -> None:
+    """Every rank sleeps in the call for an hour (``timed-out`` at any ``N``, one rank included; not in
+    :data:`EXPECTED`, whose bugs the multi-rank tests run)."""
+    time.sleep(3600)
 
 
 EXPECTED: dict[str, str] = {

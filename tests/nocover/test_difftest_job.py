@@ -282,6 +282,23 @@ def test_an_mpi_job_that_hangs_or_raises_ends_with_a_report(bug: str) -> None:
         assert cex["ranks"] == [0, 1, 2, 3] and cex["stack"].count("in send_send_deadlock") == 4, cex
 
 
+def test_an_mpi_job_of_one_rank_ends_a_call_at_the_time_limit_asked() -> None:
+    """``--ranks mpi-job`` under ``mpirun -n 1``: a call that never returns is ``timed-out`` after the
+    ``--timeout`` asked (3 s), not the default 60 s, and the job ends with status 1."""
+    timeout = 3.0
+    target = "tests.common.planted_mpi:never_returns"
+    cmd = [*_mpirun(1), "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS", sys.executable, "-m", "ring_ref"]
+    cmd += ["difftest", "--ranks", "mpi-job", target, "--mode", "bound", "--examples", "1", "--seed", "0"]
+    started = time.monotonic()
+    done = _run([*cmd, "--timeout", f"{timeout:g}", "--json"], 300)
+    took = time.monotonic() - started
+    doc = json.loads(done.stdout)
+    assert doc["diagnoses"] == ["timed-out"] and doc["target"] == target, done.stdout
+    assert doc["replay"].startswith(f"mpirun -n 1 ring-ref difftest --ranks mpi-job {target} ")
+    # one rank starts in seconds: well under the 60 s a lost --timeout would take
+    assert done.returncode == 1 and took < timeout + JOB_GRACE_S + 30, (took, done.stderr[-3000:])
+
+
 @pytest.mark.clause("difftest-job-mpirun-death")
 @pytest.mark.parametrize(
     "ranks",

@@ -8,6 +8,7 @@ pytest's process or a worker, and stand-ins for the rank launchers that record h
 from __future__ import annotations
 
 import json
+import os
 import shlex
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -752,7 +753,9 @@ def test_in_a_job_subgroups_refuse_a_target_without_group(one_rank_job: None) ->
 def test_the_old_name_of_label_still_works_and_warns_at_the_callers_line() -> None:
     with pytest.warns(DeprecationWarning, match=r"pass label= instead \(target= is its old name\)") as seen:
         old = difftest(NAMELESS, target="old", modes="bound", examples=1, seed=0, max_workers=1)
-    assert old.target == "old" and seen[0].filename == __file__
+    assert old.target == "old"
+    if "MUTANT_UNDER_TEST" not in os.environ:  # mutmut's trampolines add frames between warn and caller
+        assert seen[0].filename == __file__
     with pytest.warns(DeprecationWarning):
         both = difftest(NAMELESS, target="old", label="new", modes="bound", examples=1, seed=0, max_workers=1)
     assert both.target == "new"
