@@ -29,6 +29,7 @@ from ring_ref.difftest._search import (
     _Failed,
     _first_failed,
     _searched,
+    _zero_signs_only,
     run_mode,
     zero_out,
 )
@@ -233,6 +234,19 @@ def test_a_fold_from_plus_zero_is_reported_on_the_probe_that_shows_its_order() -
     assert not all_zero(result.counterexample) and result.counterexample.n >= 3, result.counterexample
     assert result.probes is not None and result.probes.calls >= 1
     assert result.finding is not None and result.finding.codes == ["not-ring-order"], result.finding
+
+
+def test_a_difference_only_in_zero_signs_is_read_against_the_order_checked() -> None:
+    # by hand: element 0 is -0.0 on every worker; elements 1 and 2 sum 1 + 1 + 2^24, which the chain
+    # (((1 + 1) + 2^24) = 2^24 + 2) and the spec's ring (1 + 2^24 first: 2^24, then + 1: 2^24) round apart
+    case = Case(
+        3, 3, (), torch.float32, "contiguous", (-0.0, 1.0, 1.0, -0.0, 1.0, 1.0, -0.0, 2.0**24, 2.0**24)
+    )
+    chain = schedule_order("chain")
+    answer = torch.tensor([0.0, 2.0**24 + 2, 2.0**24 + 2])  # the chain's sums, from +0.0
+    outcome = call_target(lambda x: answer.clone(), case)
+    assert _zero_signs_only(outcome, chain)
+    assert not _zero_signs_only(outcome, SPEC_ORDER)  # against the spec's ring the sums differ too
 
 
 def reduce_scatter_answer(ring: RingSchedule) -> Answer:
