@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import random
+import shlex
 import subprocess
 import sys
 from collections.abc import Callable
@@ -286,7 +287,7 @@ def file_order(path: str | Path) -> ExactOrder:
     return ExactOrder(
         f"the order saved in {path} (N = {n}, M = {m}, {dtype_name})",
         expected,
-        f"--order {path}",
+        f"--order {shlex.quote(str(path))}",  # a path with spaces or quotes replays as it was given
         _cases_of(n, m, dtype),
         source="order",
         saved=SavedOrder(n, m, dtype, trees, layout),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import random
+import shlex
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -254,7 +255,7 @@ def run_difftest(fn: Target | OpTarget | str, options: Options, exact: ExactOrde
             exact_order(schedule, order, fn, workers, ranks, framework=options.framework, spawn=options.spawn)
             or SPEC_ORDER
         )
-        if order is not None and exact.saved is not None:
+        if exact.saved is not None:  # an order file's
             check_order_file_fits(order, exact.saved, max_workers, options.dtypes)
     if reduce_op is not None and "exact" in chosen and reduce_op not in exact.ops:
         raise ValueError(
@@ -339,10 +340,11 @@ def _replay(  # noqa: PLR0917 - one line made of every option
     shown = str(getattr(fn, "__qualname__", repr(fn)))
     asked = f", op={op!r}" if op is not None else ""
     asked += f", framework={framework!r}" if framework != "torch" else ""
-    for named in (exact.option, collective.option):  # e.g. "--schedule=1,1,even", " --collective all-gather"
+    for named in (exact.option, collective.option):  # "--schedule=1,1,even", "--order 'a b.json'", ...
         if named:
-            key, _, value = named.strip().lstrip("-").replace("=", " ", 1).partition(" ")
-            asked += f", {key}={value!r}"
+            flag, *rest = shlex.split(named)
+            key, _, value = flag.lstrip("-").partition("=")
+            asked += f", {key}={value or rest[0]!r}"
     return shown, (
         f"ring_ref.difftest.difftest({shown}, modes={modes!r}, examples={options.examples}, seed={seed}, "
         f"max_workers={workers}, dtypes=[{', '.join(f'torch.{dtype_name(d)}' for d in dtypes)}]{asked})"
@@ -423,7 +425,7 @@ def _collective_order(
             raise ValueError(
                 "an all-gather copies, it reduces nothing: drop op (--op) for --collective all-gather"
             )
-        return replace(SPEC_ORDER, name="a bitwise copy of every shard (all-gather)", source="spec")
+        return replace(SPEC_ORDER, name="a bitwise copy of every shard (all-gather)")
     return reduce_scatter_order(schedule, workers)
 
 

@@ -297,6 +297,17 @@ def test_an_mpi_job_of_one_rank_ends_a_call_at_the_time_limit_asked() -> None:
     assert doc["replay"].startswith(f"mpirun -n 1 ring-ref difftest --ranks mpi-job {target} ")
     # one rank starts in seconds: well under the 60 s a lost --timeout would take
     assert done.returncode == 1 and took < timeout + JOB_GRACE_S + 30, (took, done.stderr[-3000:])
+    # from Python, a target the ranks cannot import by name is refused before any call
+    code = "from ring_ref.difftest import difftest; difftest(lambda comm, array: None, ranks='mpi-job')"
+    refused = _run([*cmd[: cmd.index(sys.executable) + 1], "-c", code], 120)
+    assert (
+        refused.returncode != 0
+        and (
+            "ValueError: --ranks mpi-job loads the target by name on every rank: '<lambda>' must be a "
+            "module-level function or a TARGET string"
+        )
+        in refused.stderr
+    ), refused.stderr[-3000:]
 
 
 @pytest.mark.clause("difftest-job-mpirun-death")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -28,7 +29,7 @@ from ring_ref.difftest._call import Outcome
 from ring_ref.difftest._launch import Isolated
 from ring_ref.difftest._options import Options
 from ring_ref.difftest._oracles import SPEC_ORDER, ExactOrder
-from ring_ref.difftest._orders import reduce_scatter_order, schedule_order
+from ring_ref.difftest._orders import OrderError, reduce_scatter_order, schedule_order
 from ring_ref.difftest._rules import Spawn
 from ring_ref.difftest._run import _job_target, _launcher, _replay, run_difftest
 from ring_ref.difftest._vocabulary import MODES
@@ -619,6 +620,19 @@ def test_an_mpi_job_refuses_a_target_its_ranks_cannot_import() -> None:
         "function or a TARGET string"
     )
     assert _job_target(NAMELESS, "job", 2, SPEC_ORDER, device="cpu") == (None, None)
+    assert _job_target(wrong_for_three_workers, "job", 2, SPEC_ORDER, device="cpu") == (
+        None,
+        "tests.cover.difftest.test_run:wrong_for_three_workers",
+    )
+
+    class NoName:
+        def __call__(self, comm: object, array: object) -> None: ...
+
+        def __repr__(self) -> str:
+            return "a callable object"
+
+    with pytest.raises(ValueError, match="on every rank: a callable object must be a module-level"):
+        _job_target(NoName(), "mpi-job", 2, SPEC_ORDER, device="cpu")
     assert _job_target(ON_GROUP, "mpi-job", 2, SPEC_ORDER, device="cpu") == (None, ON_GROUP)
 
 
@@ -751,9 +765,11 @@ def test_in_a_job_subgroups_refuse_a_target_without_group(one_rank_job: None) ->
 
 
 def test_the_old_name_of_label_still_works_and_warns_at_the_callers_line() -> None:
-    with pytest.warns(DeprecationWarning, match=r"pass label= instead \(target= is its old name\)") as seen:
+    with pytest.warns(DeprecationWarning) as seen:
         old = difftest(NAMELESS, target="old", modes="bound", examples=1, seed=0, max_workers=1)
-    assert old.target == "old"
+    assert old.target == "old" and str(seen[0].message) == (
+        "difftest(target=) is the name the report prints: pass label= instead (target= is its old name)"
+    )
     if "MUTANT_UNDER_TEST" not in os.environ:  # mutmut's trampolines add frames between warn and caller
         assert seen[0].filename == __file__
     with pytest.warns(DeprecationWarning):
@@ -805,3 +821,57 @@ def test_a_launcher_that_broke_ends_the_run_with_the_modes_it_finished(fake_rank
     report = difftest("m:f", ranks="gloo", examples=1, seed=0, max_workers=2)
     assert isinstance(report, Report) and list(report.modes) == ["exact"], report.render()
     assert report.verdict == "fail" and fake_ranks.last.closed == 1
+
+
+@pytest.mark.clause("difftest-rank-env")
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        (
+            {"ranks": "mpi", "env": {"I_MPI_ADJUST_ALLREDUCE": "8"}, "mpiexec": "/v/bin/mpiexec"},
+            ["--ranks", "mpi", "--env", "I_MPI_ADJUST_ALLREDUCE=8", "--mpiexec", "/v/bin/mpiexec"],
+        ),
+        ({"framework": "jax"}, ["--framework", "jax"]),
+    ],
+)
+def test_schedule_auto_reveals_the_target_as_the_run_will_call_it(
+    monkeypatch: pytest.MonkeyPatch, options: dict[str, Any], words: list[str]
+) -> None:
+    seen: list[list[str]] = []
+
+    def run(argv: list[str], **_: object) -> subprocess.CompletedProcess[str]:
+        seen.append(argv)
+        return subprocess.CompletedProcess(argv, 2, "", "ring-ref reveal: error: stood in")
+
+    monkeypatch.setattr("ring_ref.difftest._orders.subprocess.run", run)
+    with pytest.raises(OrderError, match="stood in"):
+        difftest("m:f", schedule="auto", modes="exact", examples=1, seed=0, **options)
+    assert seen and all(argv[-len(words) :] == words for argv in seen), seen
+
+
+@pytest.mark.clause("difftest-exact-orders")
+def test_an_order_file_at_any_path_is_named_and_replayed_as_given(tmp_path: Path) -> None:
+    path = tmp_path / "my order=v1.json"  # by hand (spec/reveal.schema.json): N = 2, M = 2, 0 + 1 each
+    doc = {"format": "ring-ref-reveal", "version": 1, "n": 2, "m": 2, "dtype": "float32"}
+    path.write_text(json.dumps({**doc, "trees": [[0, 1]] * 2}), encoding="utf-8")
+    assert refusal(order=str(path), max_workers=1) == (
+        f"order (--order) {str(path)!r} holds an order for N = 2, M = 2, float32, the only inputs exact "
+        "draws with it, but max_workers (--max-workers) 1 is below its N: drop the option or change it (it "
+        "applies to the other modes)"
+    )
+    named = difftest("ring_ref:ring_all_reduce", order=str(path), modes="exact", examples=1, seed=0)
+    assert named.verdict == "pass" and shlex.split(named.replay)[-2:] == ["--order", str(path)]
+    nameless = difftest(NAMELESS, order=str(path), modes="exact", examples=1, seed=0, isolate=False)
+    assert nameless.verdict == "pass" and nameless.replay.endswith(f", order={str(path)!r})")
+
+
+@pytest.mark.clause("jax-difftest")
+def test_the_python_replay_of_a_jax_lambda_names_its_framework() -> None:
+    import jax.numpy as jnp  # the extra ring-ref[jax]
+
+    target = lambda x: jnp.sum(x, axis=0)  # noqa: E731
+    report = difftest(target, framework="jax", modes="bound", examples=1, seed=0, max_workers=2, dtypes=F32)
+    assert report.verdict == "pass" and report.replay == (
+        f"ring_ref.difftest.difftest({target.__qualname__}, modes=('bound',), examples=1, seed=0, "
+        "max_workers=2, dtypes=[torch.float32], framework='jax')"
+    )
