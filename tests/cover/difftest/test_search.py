@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from datetime import timedelta
+from typing import Any
 
 import jsonschema  # type: ignore[import-untyped]
 import pytest
@@ -20,7 +21,7 @@ from ring_ref import ring_all_reduce
 from ring_ref._chunks import chunk_bounds, chunk_rows
 from ring_ref.difftest import DTYPES, Case, difftest
 from ring_ref.difftest._call import Outcome, call_target
-from ring_ref.difftest._inputs import every_n_cases, one_worker_cases
+from ring_ref.difftest._inputs import every_n_cases, one_worker_cases, uneven_cases
 from ring_ref.difftest._oracles import SPEC_ORDER, ExactOrder, reduce_scatter_reference
 from ring_ref.difftest._orders import reduce_scatter_order, schedule_order
 from ring_ref.difftest._search import (
@@ -251,7 +252,7 @@ def test_a_difference_only_in_zero_signs_is_read_against_the_order_checked() -> 
 
 def reduce_scatter_answer(ring: RingSchedule) -> Answer:
     def answer(case: Case, k: int) -> Outcome:
-        return call_target(lambda x: reduce_scatter_reference(x, schedule=ring), case)
+        return call_target(lambda x, op="sum": reduce_scatter_reference(x, op=op, schedule=ring), case)
 
     return answer
 
@@ -625,3 +626,167 @@ def test_the_search_ends_with_mostly_zeros_for_a_one_element_bug() -> None:
     result = run_mode(first_doubled, mode, examples=2, seed=0, max_workers=2, dtypes=F32)
     first = one_worker_cases(mode, F32)[0]
     assert result.counterexample == replace(first, values=(first.values[0], 0.0))
+
+
+# --- run_mode: the order checked, probes, coverage and the first cases, per collective -------------------
+
+
+def order_answer(order: ExactOrder) -> Answer:
+    """Answers what ``order`` computes (a target of that order, right by it)."""
+
+    def answer(case: Case, k: int) -> Outcome:
+        return call_target(lambda x, op=None: order.expected(case), case)  # expected reads the case's op
+
+    return answer
+
+
+@pytest.mark.clause("difftest-exact-orders")
+def test_exact_passes_a_target_of_the_order_checked_and_names_that_order_when_it_fails() -> None:
+    backwards = schedule_order("-1,0,even")  # the spec's ring run the other way round (even: M = kN)
+    options: dict[str, Any] = {"examples": 5, "seed": 1, "max_workers": 3, "dtypes": F32, "order": backwards}
+    same = run_mode(Scripted(order_answer(backwards)), "exact", **options)
+    assert same.verdict == "pass" and same.probes is not None and same.coverage is not None, same
+    other = run_mode(Scripted(right), "exact", **options)
+    assert other.verdict == "fail" and other.coverage is not None, other
+    assert other.finding is not None and other.finding.codes == ["not-ring-order"], other.finding
+    assert "direction -1, offset 0, layout even" in other.finding.explanation, other.finding
+
+
+@pytest.mark.clause("difftest-order-probes")
+def test_an_explicit_sum_is_probed_as_the_default_and_draws_the_same_first_cases() -> None:
+    launcher = Scripted(right)
+    result = run_mode(launcher, "exact", examples=2, seed=5, max_workers=3, dtypes=F32, op="sum")
+    assert result.verdict == "pass" and result.probes is not None, result
+    first = one_worker_cases("exact", F32, op="sum")
+    every_n = every_n_cases("exact", F32, range(1, 4), seed=5, op="sum", drawn=False)
+    assert launcher.cases[: len(first) + len(every_n)] == [*first, *every_n]
+
+
+@pytest.mark.clause("difftest-order-probes")
+def test_a_job_of_three_ranks_is_probed_at_three_only() -> None:
+    launcher = Scripted(right)
+    launcher.min_workers = 3
+    result = run_mode(launcher, "exact", examples=2, seed=0, max_workers=3, dtypes=F32)
+    assert (
+        result.verdict == "pass" and result.probes is not None and result.probes.workers == {"float32": [3]}
+    )
+    assert {c.n for c in launcher.cases} == {3}
+
+
+@pytest.mark.clause("difftest-coverage")
+def test_a_mode_that_failed_or_did_not_answer_still_reports_what_it_tried() -> None:
+    wrong = run_mode(Scripted(off_by(1.0)), "bound", examples=3, seed=0, max_workers=2, dtypes=F32)
+    crash = run_mode(Scripted(crashed), "bound", examples=3, seed=0, max_workers=2, dtypes=F32)
+    for result in (wrong, crash):
+        assert result.verdict == "fail" and result.coverage is not None and result.coverage.n == {1}, result
+
+
+@pytest.mark.clause("difftest-order-probes")
+def test_a_crash_when_a_failing_probe_is_replayed_keeps_the_probes_run() -> None:
+    seen = set()
+
+    def answer(case: Case, k: int) -> Outcome:
+        """A fold from +0.0 (fails first on -0.0 at N = 1, then a probe at N = 3), and a crash when a case
+        of three workers is asked again (the probe's replay)."""
+        if case.n >= 3 and case in seen:
+            return crashed(case, k)
+        seen.add(case)
+        return call_target(plus_zero_fold, case)
+
+    result = run_mode(Scripted(answer), "exact", examples=1, seed=0, max_workers=3, dtypes=F32)
+    assert result.finding is not None and result.finding.codes == ["crashed"], result
+    assert result.probes is not None and result.probes.calls >= 1 and result.coverage is not None
+
+
+def exactly_summed(case: Case) -> bool:
+    """Whether every element's sum over the workers is the same in the dtype in both directions (order-free
+    values: every partial sum exact)."""
+    x = case.tensor().reshape(case.n, -1)
+    forward, backward = x[0].clone(), x[-1].clone()
+    for i in range(1, case.n):
+        forward, backward = forward + x[i], backward + x[case.n - 1 - i]
+    return bool(torch.equal(forward, backward))
+
+
+@pytest.mark.clause("difftest-collectives")
+def test_a_reduce_scatter_search_runs_its_first_cases_then_draws_the_modes_values_with_the_op() -> None:
+    ring = RingSchedule(1, 1, "blocks")
+    order = reduce_scatter_order(ring, 4)
+    scatter = Collective.REDUCE_SCATTER
+    launcher = Scripted(reduce_scatter_answer(ring))
+    result = run_mode(
+        launcher,
+        "order-free",
+        examples=30,
+        seed=1,
+        max_workers=4,
+        dtypes=F32,
+        op="max",
+        collective=scatter,
+        order=order,
+    )
+    assert result.verdict == "pass", result
+    first = one_worker_cases("order-free", F32, op="max", collective=scatter)
+    every_n = every_n_cases("order-free", F32, range(1, 5), seed=1, op="max", collective=scatter)
+    assert launcher.cases[: len(first) + len(every_n)] == [*first, *every_n]
+    drawn = launcher.cases[len(first) + len(every_n) :]
+    assert drawn and {c.op for c in drawn} == {"max"} and len({c.layout for c in drawn}) > 1
+    # a layout that cuts M a multiple of N equally keeps the sizes gloo's layout would refuse
+    assert any(chunk_bounds("gloo", c.n, c.m) != chunk_rows(c.m, c.n) for c in drawn if not c.trailing)
+    summed = Scripted(reduce_scatter_answer(ring))
+    run_mode(
+        summed, "order-free", examples=30, seed=1, max_workers=4, dtypes=F32, collective=scatter, order=order
+    )
+    assert all(exactly_summed(c) for c in summed.cases), "order-free draws values every order sums alike"
+
+
+@pytest.mark.clause("difftest-collectives")
+def test_a_reduce_scatter_in_a_job_of_two_gets_no_one_worker_case() -> None:
+    launcher = Scripted(reduce_scatter_answer(RingSchedule(1, 1, "even")))
+    launcher.min_workers = 2
+    order = reduce_scatter_order(None, 3)
+    result = run_mode(
+        launcher,
+        "bound",
+        examples=8,
+        seed=2,
+        max_workers=3,
+        dtypes=F32,
+        collective=Collective.REDUCE_SCATTER,
+        order=order,
+    )
+    assert result.verdict == "pass" and {c.n for c in launcher.cases} == {2, 3}, launcher.cases
+
+
+@pytest.mark.clause("difftest-exact-orders")
+@pytest.mark.parametrize("per_rank", [False, True])
+def test_an_uneven_layout_runs_the_one_worker_then_the_uneven_cases_first(per_rank: bool) -> None:
+    order = schedule_order("openmpi-ring")
+    launcher = Scripted(order_answer(order), per_rank=per_rank)
+    launcher.min_workers = 2
+    result = run_mode(
+        launcher, "bound", examples=30, seed=3, max_workers=3, dtypes=F64, op="max", order=order
+    )
+    assert result.verdict == "pass", result
+    uneven = uneven_cases("bound", F64, 3, per_rank=per_rank, op="max", min_workers=2)
+    assert launcher.cases[: len(uneven)] == uneven and all(c.n >= 2 for c in launcher.cases)
+    one = Scripted(order_answer(order))
+    run_mode(one, "bound", examples=2, seed=3, max_workers=3, dtypes=F64, op="max", order=order)
+    first = one_worker_cases("bound", F64, op="max")
+    assert one.cases[: len(first) + len(uneven)] == [
+        *first,
+        *uneven_cases("bound", F64, 3, per_rank=False, op="max", min_workers=1),
+    ]
+    every_n = len(every_n_cases("bound", F64, range(2, 4), seed=3, per_rank=per_rank, op="max"))
+    drawn = launcher.cases[len(uneven) + every_n :]
+    assert any(c.m % c.n for c in drawn)  # Hypothesis draws M not a multiple of N too
+
+
+@pytest.mark.clause("difftest-oracles")
+def test_a_stacked_target_is_drawn_every_layout_by_hypothesis_too() -> None:
+    launcher = Scripted(right)
+    run_mode(launcher, "order-free", examples=30, seed=2, max_workers=3, dtypes=F32)
+    skip = len(one_worker_cases("order-free", F32)) + len(
+        every_n_cases("order-free", F32, range(1, 4), seed=2)
+    )
+    assert len({c.layout for c in launcher.cases[skip:]}) > 1
