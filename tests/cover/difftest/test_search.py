@@ -738,6 +738,26 @@ def test_a_reduce_scatter_search_runs_its_first_cases_then_draws_the_modes_value
         summed, "order-free", examples=30, seed=1, max_workers=4, dtypes=F32, collective=scatter, order=order
     )
     assert all(exactly_summed(c) for c in summed.cases), "order-free draws values every order sums alike"
+    first = one_worker_cases("order-free", F32, collective=scatter)
+    assert summed.cases[: len(first)] == first
+
+
+@pytest.mark.clause("difftest-collectives", "difftest-order-probes")
+def test_exact_probes_a_reduce_scatter_as_a_reduce_scatter() -> None:
+    ring = RingSchedule(1, 1, "even")  # the spec's reduce-scatter ring
+    launcher = Scripted(reduce_scatter_answer(ring))
+    result = run_mode(
+        launcher,
+        "exact",
+        examples=2,
+        seed=0,
+        max_workers=3,
+        dtypes=F32,
+        collective=Collective.REDUCE_SCATTER,
+        order=reduce_scatter_order(None, 3),
+    )
+    assert result.verdict == "pass" and result.probes is not None and result.probes.calls >= 1, result
+    assert {c.collective for c in launcher.cases} == {Collective.REDUCE_SCATTER}
 
 
 @pytest.mark.clause("difftest-collectives")
@@ -763,21 +783,18 @@ def test_a_reduce_scatter_in_a_job_of_two_gets_no_one_worker_case() -> None:
 def test_an_uneven_layout_runs_the_one_worker_then_the_uneven_cases_first(per_rank: bool) -> None:
     order = schedule_order("openmpi-ring")
     launcher = Scripted(order_answer(order), per_rank=per_rank)
-    launcher.min_workers = 2
+    launcher.min_workers = 3  # a job of three ranks: of the uneven shapes, (N, M) = (3, 4) only
     result = run_mode(
         launcher, "bound", examples=30, seed=3, max_workers=3, dtypes=F64, op="max", order=order
     )
     assert result.verdict == "pass", result
-    uneven = uneven_cases("bound", F64, 3, per_rank=per_rank, op="max", min_workers=2)
-    assert launcher.cases[: len(uneven)] == uneven and all(c.n >= 2 for c in launcher.cases)
-    one = Scripted(order_answer(order))
-    run_mode(one, "bound", examples=2, seed=3, max_workers=3, dtypes=F64, op="max", order=order)
-    first = one_worker_cases("bound", F64, op="max")
-    assert one.cases[: len(first) + len(uneven)] == [
-        *first,
-        *uneven_cases("bound", F64, 3, per_rank=False, op="max", min_workers=1),
-    ]
-    every_n = len(every_n_cases("bound", F64, range(2, 4), seed=3, per_rank=per_rank, op="max"))
+    uneven = uneven_cases("bound", F64, 3, per_rank=per_rank, op="max", min_workers=3)
+    assert launcher.cases[: len(uneven)] == uneven and all(c.n == 3 for c in launcher.cases)
+    one = Scripted(order_answer(order))  # order-free sums: the values are the mode's own
+    run_mode(one, "order-free", examples=2, seed=3, max_workers=3, dtypes=F64, order=order)
+    first = [*one_worker_cases("order-free", F64), *uneven_cases("order-free", F64, 3, min_workers=1)]
+    assert one.cases[: len(first)] == first
+    every_n = len(every_n_cases("bound", F64, range(3, 4), seed=3, per_rank=per_rank, op="max"))
     drawn = launcher.cases[len(uneven) + every_n :]
     assert any(c.m % c.n for c in drawn)  # Hypothesis draws M not a multiple of N too
 
