@@ -3,6 +3,9 @@ each rule, typed in from the option rules the difftest spec and the CLI's help s
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import pytest
 
 from ring_ref.difftest._rules import (
@@ -11,6 +14,7 @@ from ring_ref.difftest._rules import (
     env_refused,
     kinds_refused,
     modes_of,
+    option_problem,
     refused_before_torch,
     subgroups_refused,
 )
@@ -103,3 +107,37 @@ def test_env_inside_a_job_says_to_give_it_to_the_jobs_launcher(ranks: str) -> No
         f"mpirun -x NAME=VALUE, or export NAME=VALUE before torchrun or mlx.launch); got ranks={ranks!r}"
     )
     assert env_refused({}, None, ranks) is None
+
+
+@pytest.mark.clause("difftest-oracles")
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"examples": 1, "seed": None, "max_workers": 1},
+        {"examples": 1, "seed": 0, "max_workers": 64, "timeout": 0.001},
+        {"examples": 100, "seed": 2**40, "max_workers": 16, "timeout": 60.0},
+    ],
+)
+def test_options_within_the_documented_ranges_are_accepted(options: dict[str, Any]) -> None:
+    assert option_problem(**options) == ""
+
+
+@pytest.mark.clause("difftest-oracles")
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        ({"examples": 0}, ["examples (--examples)", "at least 1", "got 0"]),
+        ({"examples": -3}, ["--examples", "at least 1", "got -3"]),
+        ({"seed": -1}, ["seed (--seed)", "non-negative integer", "got -1"]),
+        ({"max_workers": 0}, ["max_workers (--max-workers)", "between 1 and 64", "got 0"]),
+        ({"max_workers": 65}, ["--max-workers", "between 1 and 64", "got 65"]),
+        ({"timeout": 0.0}, ["timeout (--timeout)", "positive number of seconds", "got 0"]),
+        ({"timeout": -2.5}, ["--timeout", "positive", "got -2.5"]),
+        ({"timeout": math.inf}, ["--timeout", "positive", "got inf"]),
+        ({"timeout": math.nan}, ["--timeout", "positive", "got nan"]),
+    ],
+)
+def test_each_refused_option_is_named_with_its_range(options: dict[str, Any], words: list[str]) -> None:
+    problem = option_problem(**{"examples": 5, "seed": 3, "max_workers": 4, **options})
+    for word in words:
+        assert word in problem
