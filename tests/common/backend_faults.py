@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed import distributed_c10d
 
 import ring_ref.distributed  # noqa: F401 (registers the backend)
 
@@ -47,9 +48,12 @@ def main(mode: str, out: Path) -> None:
                 time.sleep(4 * TIMEOUT_S)
                 os._exit(0)
     group = None
+    store = distributed_c10d._get_default_store()
     if mode == "subgroup":  # no fault: new_group() in a "ring_ref" world is a "ring_ref" group
         group = dist.new_group([0, 1])
-        if rank > 1:
+        if rank > 1:  # not a member: it leaves once the members are done (leaving at once could close
+            # its connections while a member still finishes the world's gloo mesh: "closed by peer")
+            store.wait(["done0", "done1"], datetime.timedelta(seconds=4 * TIMEOUT_S))
             os._exit(0)
     start = time.monotonic()
     try:
@@ -58,6 +62,7 @@ def main(mode: str, out: Path) -> None:
     except Exception as exc:
         outcome = f"{type(exc).__name__}: {exc}"
     (out / f"rank{rank}.txt").write_text(f"{time.monotonic() - start:.2f}\n{outcome}")
+    store.set(f"done{rank}", "1")
     os._exit(0)
 
 
