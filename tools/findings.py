@@ -466,6 +466,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "svg").mkdir(exist_ok=True)
     document = findings_pages.load(args.out / "findings.json")
+    today = datetime.now(UTC).strftime("%Y-%m-%d")
     for key in args.library or sorted(LIBRARIES):
         library = LIBRARIES[key]
         environment = Environment(library, where.get(key, ROOT / library.venv))
@@ -477,11 +478,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{library.title}: skipped, {info}", flush=True)
             continue
         run = Run(environment, args.out / "svg", cached_only=args.cached_only)
-        entry = run_library(run, info, args.algorithm, ns)
+        entry = {**run_library(run, info, args.algorithm, ns), "generated": today}
         document["libraries"][key] = findings_pages.merge(document["libraries"].get(key), entry)
     if args.no_pages:
         return 0
-    document["generated"] = datetime.now(UTC).strftime("%Y-%m-%d")
+    document["generated"] = today
     findings_pages.write(document, args.out)
     print(f"findings: wrote {args.out}")
     return 0

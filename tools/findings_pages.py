@@ -285,12 +285,13 @@ def _not_run(library: dict[str, Any]) -> list[tuple[str, list[int]]]:
     return missing
 
 
-def library_page(library: dict[str, Any], generated: str) -> str:
+def library_page(library: dict[str, Any]) -> str:
     """One library's page: versions, machine, the command, the switch points and every finding."""
     lines = [
         f"# {library['title']}: the order of each all-reduce algorithm",
         "",
-        f"Generated {generated} by `{library['command']}` (float32; see the [catalogue](index.md)).",
+        f"Generated {library['generated']} by `{library['command']}` "
+        "(float32; see the [catalogue](index.md)).",
         "",
         "| | |",
         "|---|---|",
@@ -387,7 +388,7 @@ def write(document: dict[str, Any], out: Path) -> None:
     (out / "findings.json").write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")
     (out / "index.md").write_text(index_page(document))
     for key, library in document["libraries"].items():
-        (out / f"{key}.md").write_text(library_page(library, document["generated"]) + "\n")
+        (out / f"{key}.md").write_text(library_page(library) + "\n")
     drawn = {
         item["svg"]
         for library in document["libraries"].values()

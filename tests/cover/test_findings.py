@@ -68,6 +68,7 @@ def _catalogue() -> dict[str, Any]:
         "algorithms": ["default", "ring", "tree"],
         "algorithms_error": "",
         "command": "make findings FINDINGS=lib",
+        "generated": "2025-12-31",
         "n_planned": [2, 3],
         "scan": [{"n": 3, "sizes": [{"m": 7, "kind": "trees", "svg": ""}]}],
         "switches": [],
@@ -102,7 +103,10 @@ def test_a_catalogue_is_written_and_read_back(tmp_path: Path) -> None:
     assert "| no preset | pass |" in page  # the default's trees name no preset
     assert "- default: N = 2\n- ring: N = 2\n- tree: N = 2\n" in page  # what was not run is said
     assert page.count("Generated ") == 1  # the one line that changes between reruns
-    assert "[Lib](lib.md)" in (tmp_path / "index.md").read_text()
+    # each page the date its library was run, the index the last run's
+    assert "Generated 2025-12-31 by `make findings FINDINGS=lib`" in page
+    index = (tmp_path / "index.md").read_text()
+    assert "[Lib](lib.md)" in index and "Generated 2026-01-01 by `make findings`" in index
     (tmp_path / "again").mkdir()
     pages.write(back, tmp_path / "again")
     assert (tmp_path / "again" / "lib.md").read_text() == page  # deterministic
