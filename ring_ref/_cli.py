@@ -23,6 +23,7 @@ from ring_ref._version import __version__
 from ring_ref.difftest._rules import (
     DEFAULT_TIMEOUT_S,
     FRAMEWORKS,
+    IN_JOB,
     MAX_RANKS,
     MODES,
     MPI_MAX_RANKS,
@@ -444,7 +445,7 @@ def _difftest_problem(args: argparse.Namespace) -> str:
     if (args.backend or args.device) and args.ranks != "job":
         return "--backend and --device choose the job's process group and device: they need --ranks job"
     # in a job N is the job's size, known only inside it: --max-workers is checked there
-    in_job = args.ranks in ("job", "mpi-job")
+    in_job = args.ranks in IN_JOB
     workers = default_max_workers(args.ranks) if args.max_workers is None or in_job else args.max_workers
     return refused_before_torch(args.options) or option_problem(
         examples=args.examples, seed=args.seed, max_workers=workers, timeout=args.timeout

@@ -28,6 +28,7 @@ from ring_ref.difftest._in_job import command_in_job, job_rank, reveal_in_job
 from ring_ref.difftest._launch import Launcher
 from ring_ref.difftest._options import Options, rank_launcher, refused
 from ring_ref.difftest._report import Report
+from ring_ref.difftest._rules import IN_JOB
 from ring_ref.difftest._run import run_difftest
 from ring_ref.invariants import Provenance, State
 from ring_ref.schedule import (
@@ -128,7 +129,7 @@ def _difftest_command(args: argparse.Namespace) -> int:
     if problem:
         print(f"ring-ref difftest: error: {problem}", file=sys.stderr)
         return 2
-    if args.ranks in ("job", "mpi-job"):
+    if args.ranks in IN_JOB:
         return _difftest_in_job(args, options)
     with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
         try:
@@ -181,14 +182,14 @@ def _difftest_in_job(args: argparse.Namespace, options: Options) -> int:
 
 def _reveal_command(args: argparse.Namespace) -> int:  # noqa: PLR0912 - one branch a usage error
     """Run ``ring-ref reveal``: 0 when it ran, 2 on a usage error or a misbehaving target."""
-    if args.ranks in ("job", "mpi-job") and args.collective.alone:
+    if args.ranks in IN_JOB and args.collective.alone:
         print(
             "ring-ref reveal: error: --collective reduce-scatter is revealed on --ranks gloo or mpi (or "
             "stacked), not yet inside a job: drop --collective or run it on a gloo group of the same N",
             file=sys.stderr,
         )
         return 2
-    if args.ranks in ("job", "mpi-job"):
+    if args.ranks in IN_JOB:
         return _reveal_in_job(args)
     with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
         try:
@@ -335,7 +336,7 @@ _INVARIANCE_ERRORS: Final = (TargetError, _reveal.RevealError, _order_stability.
 
 def _invariance_command(args: argparse.Namespace) -> int:
     """Run ``ring-ref invariance``: 0 invariant, 1 not invariant, 2 usage error or misbehaving target."""
-    if args.ranks in ("job", "mpi-job"):
+    if args.ranks in IN_JOB:
         return _invariance_in_job(args)
     with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
         try:

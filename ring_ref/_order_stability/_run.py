@@ -31,7 +31,7 @@ from ring_ref.difftest._job import job_size, run_in_job, run_in_mpi_job
 from ring_ref.difftest._launch import Launcher
 from ring_ref.difftest._options import rank_launcher
 from ring_ref.difftest._orders import per_rank_target
-from ring_ref.difftest._rules import Options, Spawn, spawn_refused
+from ring_ref.difftest._rules import IN_JOB, Options, Spawn, spawn_refused
 from ring_ref.difftest._vocabulary import DEFAULT_TIMEOUT_S, RANKS, Ranks
 
 __all__ = ["BITS_DRAWS", "invariance"]
@@ -214,7 +214,7 @@ def invariance(
             start=start,
         )
 
-    if ranks in ("job", "mpi-job"):
+    if ranks in IN_JOB:
         assert isinstance(target, str) and ranks is not None  # _refuse
         return _in_job(target, ranks, n, timeout, measure)
     fn, launcher = _resolve(target, ranks, spawn, timeout)

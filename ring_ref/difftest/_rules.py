@@ -22,6 +22,7 @@ __all__ = [
     "DEFAULT_TIMEOUT_S",
     "ENV_RANKS",
     "FRAMEWORKS",
+    "IN_JOB",
     "MAX_RANKS",
     "MODES",
     "MPI_MAX_RANKS",
@@ -63,6 +64,8 @@ on every rank of the job the tester runs in (``torchrun``, ``srun``, ``mpirun``)
 (:class:`~ring_ref.difftest._ranks.JaxRanks`); mlx, ``TARGET(tensor)`` on every process of an MLX ring
 group on ``127.0.0.1``, joined from ``MLX_HOSTFILE`` and ``MLX_RANK``
 (:class:`~ring_ref.difftest._ranks.MlxRanks`)."""
+IN_JOB: Final[tuple[Ranks, ...]] = ("job", "mpi-job")
+"""The ``--ranks`` that run inside the user's own job: its launcher started the ranks, not the tester."""
 
 MAX_RANKS: Final = 8
 """The default largest group for a per-rank target (``--max-workers``; 16 for a stacked one)."""
@@ -168,7 +171,7 @@ def auto_in_job_refused(options: Options) -> str | None:
     True
     """
     ranks = options.ranks
-    if options.schedule != "auto" or ranks not in ("job", "mpi-job"):
+    if options.schedule != "auto" or ranks not in IN_JOB:
         return None
     return (
         "--schedule auto reveals the target's order first, which a job cannot do inside difftest: run "
@@ -239,7 +242,7 @@ def subgroups_refused(subgroups: object, ranks: str | None) -> str | None:
     """
     if not isinstance(subgroups, bool):
         return f"subgroups (--subgroups) must be True or False; got {subgroups!r}"
-    if subgroups and ranks not in ("job", "mpi-job"):
+    if subgroups and ranks not in IN_JOB:
         return (
             "subgroups (--subgroups) tests every smaller N inside a job, through subgroups of its ranks: it "
             f"needs ranks='job' or 'mpi-job' (--ranks job / mpi-job); got ranks={ranks!r} (--ranks gloo and "

@@ -34,7 +34,7 @@ from ring_ref.difftest._options import (
 from ring_ref.difftest._oracles import SPEC_ORDER, ExactOrder
 from ring_ref.difftest._orders import exact_order, reduce_scatter_order, spawn_options
 from ring_ref.difftest._report import ModeResult, Report, untried
-from ring_ref.difftest._rules import Spawn
+from ring_ref.difftest._rules import IN_JOB, Spawn
 from ring_ref.difftest._search import run_mode
 from ring_ref.difftest._vocabulary import (
     DEFAULT_TIMEOUT_S,
@@ -242,7 +242,7 @@ def run_difftest(fn: Target | OpTarget | str, options: Options, exact: ExactOrde
         raise TargetError(misfit)
     ranks, max_workers, timeout = options.ranks, options.max_workers, options.timeout
     workers = max_workers if max_workers is not None else default_max_workers(ranks)
-    workers = job_size(ranks, options.group, max_workers) if ranks in ("job", "mpi-job") else workers
+    workers = job_size(ranks, options.group, max_workers) if ranks in IN_JOB else workers
     problem = option_problem(
         examples=options.examples, seed=options.seed, max_workers=workers, timeout=timeout
     )
@@ -265,7 +265,7 @@ def run_difftest(fn: Target | OpTarget | str, options: Options, exact: ExactOrde
     seed = options.seed if options.seed is not None else random.SystemRandom().randrange(2**32)
     launcher, name = (
         _job_target(fn, ranks, workers, exact, device=options.device)
-        if ranks in ("job", "mpi-job")
+        if ranks in IN_JOB
         else _launcher(fn, options.isolate, timeout, ranks, options.spawn, framework=options.framework)
     )
     isolated = launcher is None or launcher.isolated
@@ -330,7 +330,7 @@ def _replay(  # noqa: PLR0917 - one line made of every option
         extra += f" {exact.option}" if exact.option else ""
         extra += collective.option
         # inside a job the line starts it again: its launcher and its number of ranks
-        in_job = options.ranks in ("job", "mpi-job")
+        in_job = options.ranks in IN_JOB
         launch = launch_prefix(workers, options.ranks == "mpi-job") if in_job else ""
         launch += " " if launch else ""
         return name, (
